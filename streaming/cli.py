@@ -1,0 +1,137 @@
+"""The ``spark-abs`` command line: the local runtime, the smoke pipeline and the
+protocol simulator.  Errors of the project print as one clear line (exit 2);
+anything else is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import uuid
+from typing import Sequence
+
+from streaming.config import Connection, LocalRuntimeSettings, SparkSettings, default_home
+from streaming.errors import SparkAbsError
+
+__all__ = ["main", "build_parser"]
+
+DESCRIPTION = """\
+spark-abs: Asynchronous Barrier Snapshots (Chandy-Lamport) for pipelines of
+PySpark Structured Streaming queries joined by Kafka topics.
+
+Everything runs on loopback.  `spark-abs local up` starts a Kafka broker (KRaft)
+and an S3 API server (versitygw) from artifacts it fetches once into the cache
+($SPARK_ABS_HOME, default ~/.cache/spark-abs); the connection details go to
+<home>/runtime/connection.json, which every other command reads.
+"""
+
+
+def _say(message: str) -> None:
+    print(f"[spark-abs] {message}", flush=True)
+
+
+def _runtime_settings(args: argparse.Namespace) -> LocalRuntimeSettings:
+    home = args.home if args.home else default_home()
+    return LocalRuntimeSettings(
+        home=home,
+        kafka_port=getattr(args, "kafka_port", 0) or 0,
+        s3_port=getattr(args, "s3_port", 0) or 0,
+    )
+
+
+def _cmd_local(args: argparse.Namespace) -> int:
+    from streaming.local import LocalRuntime
+
+    runtime = LocalRuntime(_runtime_settings(args), progress=_say)
+    if args.action == "up":
+        runtime.up()
+        print(runtime.status().render())
+    elif args.action == "down":
+        for line in runtime.down(purge=args.purge):
+            _say(line)
+    else:
+        status = runtime.status()
+        print(status.render())
+        return 0 if status.all_running else 1
+    return 0
+
+
+def _cmd_smoke(args: argparse.Namespace) -> int:
+    from streaming.local import LocalRuntime
+    from streaming.smoke import run_smoke
+    from streaming.spark import spark_session
+
+    settings = _runtime_settings(args)
+    connection = Connection.from_env(os.environ) or LocalRuntime(settings, progress=_say).up()
+    _say("starting Spark (local master) with the Kafka connector")
+    started = time.monotonic()
+    spark = spark_session(SparkSettings(master=connection.spark_master), settings, progress=_say)
+    _say(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
+    run_id = uuid.uuid4().hex[:8]
+    try:
+        report = run_smoke(spark, connection, topic=f"smoke-{run_id}", prefix=f"smoke/{run_id}",
+                           records=args.records, partitions=args.partitions, progress=_say)
+    finally:
+        spark.stop()
+    print(report.render())
+    _say("smoke pipeline passed: Kafka -> Structured Streaming foreachBatch -> Arrow -> Parquet on S3 -> read back")
+    return 0
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from barriers import narrate
+
+    return narrate.main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spark-abs", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--home", help="cache and state directory (default: $SPARK_ABS_HOME or ~/.cache/spark-abs)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    local = sub.add_parser("local", help="start, stop or inspect the embedded runtime (Kafka + S3 server)",
+                           description="The embedded runtime on loopback: a KRaft Kafka broker and "
+                                       "an S3 API server, plus Spark's Kafka connector jars.")
+    local.add_argument("action", choices=["up", "down", "status"],
+                       help="up: start what is not running (idempotent); down: stop what up started; "
+                            "status: what runs where (exit 1 unless all run)")
+    local.add_argument("--kafka-port", type=int, default=0, help="broker port (default: a free one, kept)")
+    local.add_argument("--s3-port", type=int, default=0, help="S3 server port (default: a free one, kept)")
+    local.add_argument("--purge", action="store_true", help="with down: also delete data and logs")
+    local.set_defaults(func=_cmd_local)
+
+    smoke = sub.add_parser("smoke", help="run the smoke pipeline through real Kafka, Spark and S3",
+                           description="Brings the local runtime up (unless SPARK_ABS_KAFKA_BOOTSTRAP "
+                                       "names a deployment), produces records with headers, streams them "
+                                       "through foreachBatch into Parquet on S3 and checks them.")
+    smoke.add_argument("--records", type=int, default=2000, help="records to produce (default 2000)")
+    smoke.add_argument("--partitions", type=int, default=2, help="partitions of the topic (default 2)")
+    smoke.set_defaults(func=_cmd_smoke)
+
+    simulate = sub.add_parser("simulate", add_help=False,
+                              help="narrate a simulated snapshot run (see `spark-abs simulate --help`)")
+    simulate.add_argument("rest", nargs=argparse.REMAINDER)
+    simulate.set_defaults(func=_cmd_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except SparkAbsError as exc:
+        print(f"spark-abs: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("spark-abs: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

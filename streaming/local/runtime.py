@@ -1,0 +1,241 @@
+"""``spark-abs local up | down | status``: the embedded runtime that demos and
+tests run on.  ``up`` is idempotent (what runs is kept, what does not is
+started), ``down`` stops by pid only what ``up`` started, and the connection
+details go to one JSON file that ``Connection.load()`` reads."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pyspark
+
+from streaming.config import Connection, LocalRuntimeSettings
+from streaming.errors import ConfigError, ServiceStartError
+from streaming.local import artifacts, kafka_broker, processes, s3_server
+from streaming.store import ensure_bucket
+
+__all__ = ["LocalRuntime", "RuntimeStatus", "ServiceStatus"]
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceStatus:
+    name: str
+    pid: int | None
+    address: str
+    listening: bool
+    log: Path
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None and self.listening
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeStatus:
+    services: tuple[ServiceStatus, ...]
+    connection_file: Path
+    connection: Connection | None
+
+    @property
+    def all_running(self) -> bool:
+        return bool(self.services) and all(s.running for s in self.services)
+
+    def render(self) -> str:
+        rows = [("service", "state", "pid", "address", "log")]
+        for s in self.services:
+            state = "running" if s.running else ("starting?" if s.pid else "stopped")
+            rows.append((s.name, state, str(s.pid or "-"), s.address, str(s.log)))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        if self.connection is not None:
+            lines.append(f"connection file: {self.connection_file}")
+        else:
+            lines.append("not started: run `spark-abs local up`")
+        return "\n".join(lines)
+
+
+class LocalRuntime:
+    """The local Kafka broker and S3 server, and the connector jars for Spark."""
+
+    def __init__(self, settings: LocalRuntimeSettings | None = None, progress: Progress = log.info):
+        self.settings = settings or LocalRuntimeSettings()
+        self._progress = progress
+        self._dir = self.settings.runtime_dir
+
+    # -- paths -------------------------------------------------------------
+
+    @property
+    def _ports_file(self) -> Path:
+        return self._dir / "ports.json"
+
+    def _kafka_spec(self, java: str = "java") -> processes.ServiceSpec:
+        return kafka_broker.broker_spec(java, self._kafka_jars_dir(), self._dir, self.settings.kafka_heap)
+
+    def _s3_spec(self, binary: Path | None = None, port: int = 0) -> processes.ServiceSpec:
+        binary = binary or Path("versitygw")
+        s = self.settings
+        return s3_server.server_spec(binary, self._dir, port, s.s3_access_key, s.s3_secret_key)
+
+    def _kafka_jars_dir(self) -> Path:
+        return self.settings.cache_dir / "jars" / f"kafka-{self.settings.kafka_version}"
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        with open(self._dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    # -- ports -------------------------------------------------------------
+
+    def _load_ports(self) -> dict[str, int]:
+        try:
+            return {k: int(v) for k, v in json.loads(self._ports_file.read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def _choose_port(self, name: str, configured: int, remembered: dict[str, int],
+                     taken: set[int], what: str) -> int:
+        if configured:
+            processes.ensure_port_free(configured, what)
+            return configured
+        previous = remembered.get(name)
+        if previous and previous not in taken and processes.port_is_free(previous):
+            return previous
+        while True:
+            port = processes.free_port()
+            if port not in taken:
+                return port
+
+    # -- up / down / status -------------------------------------------------
+
+    def up(self) -> Connection:
+        """Start whatever is not running yet and return the connection details."""
+        started = time.monotonic()
+        s = self.settings
+        if s.spark_version != pyspark.__version__:
+            raise ConfigError(
+                f"spark_version {s.spark_version} differs from the installed pyspark "
+                f"{pyspark.__version__}; the Kafka connector must match pyspark exactly"
+            )
+        java = artifacts.require_tool("java")
+        artifacts.resolve_jars(f"kafka-{s.kafka_version}", artifacts.kafka_broker_artifacts(s.kafka_version),
+                               s.cache_dir, self._progress)
+        binary = artifacts.build_versitygw(s.s3_server_version, s.cache_dir, self._progress)
+        artifacts.connector_jars(s.spark_version, s.cache_dir,
+                                 Path(pyspark.__file__).parent / "jars", self._progress)
+        with self._locked():
+            ports = self._load_ports()
+            kafka_ports = self._up_kafka(java, ports)
+            s3_port = self._up_s3(binary, ports, set(kafka_ports.values()))
+            ports = {**kafka_ports, "s3": s3_port}
+            self._ports_file.write_text(json.dumps(ports))
+            connection = Connection(
+                kafka_bootstrap=f"127.0.0.1:{ports['kafka']}",
+                s3_endpoint=f"http://127.0.0.1:{ports['s3']}",
+                s3_access_key=s.s3_access_key,
+                s3_secret_key=s.s3_secret_key,
+                s3_bucket=s.s3_bucket,
+            )
+            ensure_bucket(connection)
+            self._write_connection(connection, ports)
+        self._progress(f"local runtime up in {time.monotonic() - started:.1f} s: "
+                       f"kafka {connection.kafka_bootstrap}, s3 {connection.s3_endpoint} "
+                       f"(bucket {connection.s3_bucket})")
+        return connection
+
+    def _up_kafka(self, java: str, remembered: dict[str, int]) -> dict[str, int]:
+        spec = self._kafka_spec(java)
+        if processes.running_pid(spec.pid_path, spec.marker) is not None and "kafka" in remembered:
+            return {"kafka": remembered["kafka"], "kafka_controller": remembered["kafka_controller"]}
+        port = self._choose_port("kafka", self.settings.kafka_port, remembered, set(), "the Kafka broker")
+        cport = self._choose_port("kafka_controller", self.settings.kafka_controller_port, remembered,
+                                  {port}, "the Kafka controller")
+        config, log4j = kafka_broker.write_config(self._dir, port, cport)
+        if not kafka_broker.is_formatted(self._dir):
+            cmd = kafka_broker.format_command(java, self._kafka_jars_dir(), config, log4j, self._dir / "logs")
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                raise ServiceStartError(f"formatting the Kafka data dir failed:\n{done.stdout}{done.stderr}")
+        self._progress(f"starting Kafka {self.settings.kafka_version} (KRaft) on 127.0.0.1:{port}")
+        proc = processes.start(spec)
+        took = processes.wait_ready(spec, proc, lambda: processes.port_open(port)
+                                    and kafka_broker.broker_ready(f"127.0.0.1:{port}"),
+                                    self.settings.start_timeout_s, extra_logs=[self._dir / "logs" / "kafka.log"])
+        self._progress(f"Kafka ready after {took:.1f} s")
+        return {"kafka": port, "kafka_controller": cport}
+
+    def _up_s3(self, binary: Path, remembered: dict[str, int], taken: set[int]) -> int:
+        probe = self._s3_spec(binary)
+        if processes.running_pid(probe.pid_path, probe.marker) is not None and "s3" in remembered:
+            return remembered["s3"]
+        port = self._choose_port("s3", self.settings.s3_port, remembered, taken, "the S3 server")
+        spec = self._s3_spec(binary, port)
+        self._progress(f"starting S3 API server versitygw {self.settings.s3_server_version} on 127.0.0.1:{port}")
+        proc = processes.start(spec)
+        took = processes.wait_ready(spec, proc, lambda: processes.port_open(port), self.settings.start_timeout_s)
+        self._progress(f"S3 server ready after {took:.1f} s")
+        return port
+
+    def _write_connection(self, connection: Connection, ports: dict[str, int]) -> None:
+        path = self.settings.connection_file
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({
+            "connection": connection.to_dict(),
+            "ports": ports,
+            "logs": str(self._dir / "logs"),
+            "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }, indent=2) + "\n")
+        tmp.replace(path)
+
+    def down(self, purge: bool = False) -> list[str]:
+        """Stop the services ``up`` started (by pid file, checked against their
+        command line).  ``purge`` also deletes their data and logs (not the cache).
+        Returns a line per service saying what happened."""
+        report = []
+        with self._locked():
+            for spec in (self._kafka_spec(), self._s3_spec()):
+                pid = processes.stop(spec.pid_path, spec.marker)
+                report.append(f"{spec.name}: stopped pid {pid}" if pid else f"{spec.name}: was not running")
+            self.settings.connection_file.unlink(missing_ok=True)
+            if purge:
+                for sub in ("kafka", "s3", "logs", "pids"):
+                    shutil.rmtree(self._dir / sub, ignore_errors=True)
+                self._ports_file.unlink(missing_ok=True)
+                report.append(f"purged data and logs under {self._dir}")
+        return report
+
+    def status(self) -> RuntimeStatus:
+        ports = self._load_ports()
+        try:
+            connection = Connection.from_dict(
+                json.loads(self.settings.connection_file.read_text())["connection"])
+        except (OSError, ValueError, KeyError, ConfigError):
+            connection = None
+        services = []
+        for spec, port_name in ((self._kafka_spec(), "kafka"), (self._s3_spec(), "s3")):
+            port = ports.get(port_name)
+            services.append(ServiceStatus(
+                name=spec.name,
+                pid=processes.running_pid(spec.pid_path, spec.marker),
+                address=f"127.0.0.1:{port}" if port else "-",
+                listening=bool(port) and processes.port_open(port),
+                log=spec.log_path,
+            ))
+        return RuntimeStatus(tuple(services), self.settings.connection_file, connection)
