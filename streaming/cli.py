@@ -59,12 +59,14 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
+    from streaming.kafka_admin import check_broker
     from streaming.local import LocalRuntime
     from streaming.smoke import run_smoke
     from streaming.spark import spark_session
 
     settings = _runtime_settings(args)
     connection = Connection.from_env(os.environ) or LocalRuntime(settings, progress=_say).up()
+    check_broker(connection.kafka_bootstrap)
     _say("starting Spark (local master) with the Kafka connector")
     started = time.monotonic()
     spark = spark_session(SparkSettings(master=connection.spark_master), settings, progress=_say)

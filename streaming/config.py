@@ -73,6 +73,9 @@ class LocalRuntimeSettings:
 
     # Root of the cache (jars, binaries) and of the runtime's state (data, logs, pids).
     home: Path = field(default_factory=default_home)
+    # Where artifacts are cached; None = <home>/cache.  Runtimes with different
+    # homes may share one cache.
+    cache: Path | None = None
     # Broker: org.apache.kafka:kafka_2.13 from Maven Central, KRaft combined node.
     kafka_version: str = "4.1.1"
     # Spark's Kafka connector; must equal the installed pyspark version.
@@ -106,7 +109,7 @@ class LocalRuntimeSettings:
 
     @property
     def cache_dir(self) -> Path:
-        return self.home / "cache"
+        return self.cache if self.cache is not None else self.home / "cache"
 
     @property
     def runtime_dir(self) -> Path:

@@ -14,7 +14,14 @@ from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
 from streaming.errors import ConfigError, SparkAbsError
 
-__all__ = ["KafkaUnavailableError", "admin_client", "create_topic", "delete_topics", "end_offsets"]
+__all__ = [
+    "KafkaUnavailableError",
+    "admin_client",
+    "check_broker",
+    "create_topic",
+    "delete_topics",
+    "end_offsets",
+]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +39,11 @@ def admin_client(bootstrap: str, timeout_s: float = 15.0) -> KafkaAdminClient:
         raise KafkaUnavailableError(
             f"no Kafka broker answers at {bootstrap}; is the runtime up (`spark-abs local status`)?"
         ) from exc
+
+
+def check_broker(bootstrap: str, timeout_s: float = 10.0) -> None:
+    """Fail fast, with KafkaUnavailableError, when no broker answers."""
+    admin_client(bootstrap, timeout_s).close()
 
 
 def create_topic(bootstrap: str, name: str, partitions: int, *, config: dict[str, str] | None = None,

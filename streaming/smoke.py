@@ -28,7 +28,7 @@ from streaming.errors import SparkAbsError
 from streaming.kafka_admin import create_topic
 from streaming.store import open_store
 
-__all__ = ["SmokeReport", "SmokeFailure", "produce_records", "run_smoke"]
+__all__ = ["SmokeReport", "SmokeFailure", "check_round_trip", "produce_records", "run_smoke"]
 
 log = logging.getLogger(__name__)
 
@@ -130,14 +130,16 @@ def run_smoke(spark: SparkSession, connection: Connection, *, topic: str, prefix
             raise SmokeFailure(f"the streaming query failed: {query.exception()}")
 
     back = pq.read_table(store.root, filesystem=store.filesystem)
-    _check(back, records, partitions)
+    check_round_trip(back, records, partitions)
     files = store.filesystem.get_file_info(pafs.FileSelector(store.root))
     parquet_files = sum(1 for f in files if f.path.endswith(".parquet"))
     return SmokeReport(topic, partitions, records, len(batches), rows_seen, store.uri, parquet_files,
                        back.num_rows, time.monotonic() - started)
 
 
-def _check(table: pa.Table, records: int, partitions: int) -> None:
+def check_round_trip(table: pa.Table, records: int, partitions: int) -> None:
+    """Raise SmokeFailure unless ``table`` holds each produced record exactly once,
+    on the partition it was sent to, in FIFO order, with matching key and value."""
     if table.num_rows != records:
         raise SmokeFailure(f"read back {table.num_rows} rows, produced {records}")
     seq = pc.cast(table["seq_header"], pa.int64())

@@ -68,5 +68,5 @@ def ensure_bucket(connection: Connection) -> None:
         if fs.get_file_info(connection.s3_bucket).type == pafs.FileType.NotFound:
             fs.create_dir(connection.s3_bucket)
     except OSError as exc:
-        raise StoreError(f"S3 server at {connection.s3_endpoint} refused bucket "
+        raise StoreError(f"S3 server at {connection.s3_endpoint}: cannot check or create bucket "
                          f"{connection.s3_bucket!r}: {exc}") from exc

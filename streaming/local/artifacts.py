@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -144,13 +145,14 @@ def resolve_jars(name: str, artifacts: Sequence[Artifact], cache_dir: Path,
     return sorted(target.glob("*.jar"))
 
 
+_JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+\.\d+[^_]*)$")
+
+
 def _artifact_id(jar: Path) -> str:
-    """``kafka-clients-3.9.1.jar`` -> ``kafka-clients``."""
-    parts = jar.stem.split("-")
-    for i, part in enumerate(parts):
-        if part[:1].isdigit():
-            return "-".join(parts[:i])
-    return jar.stem
+    """``kafka-clients-3.9.1.jar`` -> ``kafka-clients``; the version is the first
+    dash-separated tail that starts like ``N.N`` (so ``-0-10_2.13`` stays a name)."""
+    match = _JAR_NAME.match(jar.stem)
+    return match.group("artifact") if match else jar.stem
 
 
 def connector_jars(spark_version: str, cache_dir: Path, spark_jars_dir: Path,

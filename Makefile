@@ -1,0 +1,27 @@
+# The two commands of the README.  Everything they need is installed here:
+# a virtualenv with the package and its test extras; the local runtime
+# (Kafka, S3 server, connector jars) is fetched by `spark-abs local up` on first use.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test install clean
+
+run: $(STAMP)
+	$(BIN)/spark-abs smoke
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+clean:
+	-$(BIN)/spark-abs local down
+	rm -rf $(VENV) .pytest_cache .hypothesis
