@@ -10,10 +10,12 @@ import os
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Sequence
 
 from streaming.config import Connection, LocalRuntimeSettings, SparkSettings, default_home
 from streaming.errors import SparkAbsError
+from streaming.local.artifacts import FETCHABLE
 
 __all__ = ["main", "build_parser"]
 
@@ -33,7 +35,7 @@ def _say(message: str) -> None:
 
 
 def _runtime_settings(args: argparse.Namespace) -> LocalRuntimeSettings:
-    home = args.home if args.home else default_home()
+    home = Path(args.home).expanduser().resolve() if args.home else default_home()
     return LocalRuntimeSettings(
         home=home,
         kafka_port=getattr(args, "kafka_port", 0) or 0,
@@ -45,7 +47,10 @@ def _cmd_local(args: argparse.Namespace) -> int:
     from streaming.local import LocalRuntime
 
     runtime = LocalRuntime(_runtime_settings(args), progress=_say)
-    if args.action == "up":
+    if args.action == "fetch":
+        for what, paths in runtime.fetch(args.only or FETCHABLE).items():
+            _say(f"{what}: {len(paths)} file(s) cached, e.g. {paths[0] if paths else '-'}")
+    elif args.action == "up":
         runtime.up()
         print(runtime.status().render())
     elif args.action == "down":
@@ -98,9 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     local = sub.add_parser("local", help="start, stop or inspect the embedded runtime (Kafka + S3 server)",
                            description="The embedded runtime on loopback: a KRaft Kafka broker and "
                                        "an S3 API server, plus Spark's Kafka connector jars.")
-    local.add_argument("action", choices=["up", "down", "status"],
+    local.add_argument("action", choices=["up", "down", "status", "fetch"],
                        help="up: start what is not running (idempotent); down: stop what up started; "
-                            "status: what runs where (exit 1 unless all run)")
+                            "status: what runs where (exit 1 unless all run); "
+                            "fetch: only download/build the artifacts into the cache")
+    local.add_argument("--only", action="append", choices=FETCHABLE,
+                       help="with fetch: just this artifact (repeatable)")
     local.add_argument("--kafka-port", type=int, default=0, help="broker port (default: a free one, kept)")
     local.add_argument("--s3-port", type=int, default=0, help="S3 server port (default: a free one, kept)")
     local.add_argument("--purge", action="store_true", help="with down: also delete data and logs")

@@ -96,6 +96,8 @@ class LocalRuntimeSettings:
     start_timeout_s: float = 90.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.home, Path):
+            raise ConfigError(f"home must be a pathlib.Path, got {type(self.home).__name__}")
         for name in ("kafka_port", "kafka_controller_port", "s3_port"):
             _check_port(name, getattr(self, name))
         nonzero = [p for p in (self.kafka_port, self.kafka_controller_port, self.s3_port) if p]

@@ -22,6 +22,7 @@ from streaming.config import ENV
 from streaming.errors import ArtifactResolutionError, ToolMissingError
 
 __all__ = [
+    "FETCHABLE",
     "Artifact",
     "kafka_broker_artifacts",
     "spark_kafka_connector_artifacts",
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 
 MAVEN_CENTRAL = "https://repo.maven.apache.org/maven2"
+
+# What `spark-abs local fetch` can resolve into the cache.
+FETCHABLE = ("kafka", "s3-server", "spark-connector")
 _COMPLETE = ".complete"
 
 _INSTALL_HINTS = {

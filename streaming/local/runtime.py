@@ -14,13 +14,14 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import pyspark
 
 from streaming.config import Connection, LocalRuntimeSettings
 from streaming.errors import ConfigError, ServiceStartError
 from streaming.local import artifacts, kafka_broker, processes, s3_server
+from streaming.local.artifacts import FETCHABLE
 from streaming.store import ensure_bucket
 
 __all__ = ["LocalRuntime", "RuntimeStatus", "ServiceStatus"]
@@ -125,6 +126,25 @@ class LocalRuntime:
 
     # -- up / down / status -------------------------------------------------
 
+    def fetch(self, only: Sequence[str] = FETCHABLE) -> dict[str, list[Path]]:
+        """Resolve (once, into the cache) the artifacts named in ``only``:
+        ``kafka`` jars, the ``s3-server`` binary, the ``spark-connector`` jars."""
+        unknown = sorted(set(only) - set(FETCHABLE))
+        if unknown:
+            raise ConfigError(f"cannot fetch {', '.join(unknown)}; choose from {', '.join(FETCHABLE)}")
+        s = self.settings
+        fetched: dict[str, list[Path]] = {}
+        if "kafka" in only:
+            fetched["kafka"] = artifacts.resolve_jars(
+                f"kafka-{s.kafka_version}", artifacts.kafka_broker_artifacts(s.kafka_version),
+                s.cache_dir, self._progress)
+        if "s3-server" in only:
+            fetched["s3-server"] = [artifacts.build_versitygw(s.s3_server_version, s.cache_dir, self._progress)]
+        if "spark-connector" in only:
+            fetched["spark-connector"] = artifacts.connector_jars(
+                s.spark_version, s.cache_dir, Path(pyspark.__file__).parent / "jars", self._progress)
+        return fetched
+
     def up(self) -> Connection:
         """Start whatever is not running yet and return the connection details."""
         started = time.monotonic()
@@ -135,11 +155,7 @@ class LocalRuntime:
                 f"{pyspark.__version__}; the Kafka connector must match pyspark exactly"
             )
         java = artifacts.require_tool("java")
-        artifacts.resolve_jars(f"kafka-{s.kafka_version}", artifacts.kafka_broker_artifacts(s.kafka_version),
-                               s.cache_dir, self._progress)
-        binary = artifacts.build_versitygw(s.s3_server_version, s.cache_dir, self._progress)
-        artifacts.connector_jars(s.spark_version, s.cache_dir,
-                                 Path(pyspark.__file__).parent / "jars", self._progress)
+        binary = self.fetch()["s3-server"][0]
         with self._locked():
             ports = self._load_ports()
             kafka_ports = self._up_kafka(java, ports)
