@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -20,9 +19,9 @@ import pyarrow.fs as pafs
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from kafka import KafkaProducer
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 
+from streaming.channels import Channel, ChannelQuery, ChannelQueryError, header_values
 from streaming.config import Connection
 from streaming.errors import SparkAbsError
 from streaming.kafka_admin import create_topic
@@ -76,16 +75,6 @@ def produce_records(bootstrap: str, topic: str, count: int, partitions: int) -> 
         producer.close()
 
 
-def _batch_columns(df: DataFrame) -> DataFrame:
-    seq = F.filter("headers", lambda h: h["key"] == F.lit(SEQ_HEADER))
-    return df.select(
-        "partition", "offset",
-        F.col("key").cast("string").alias("key"),
-        F.col("value").cast("string").alias("value"),
-        F.element_at(seq, 1)["value"].cast("string").alias("seq_header"),
-    )
-
-
 def run_smoke(spark: SparkSession, connection: Connection, *, topic: str, prefix: str,
               records: int = 1000, partitions: int = 2, batch_limit: int = 300,
               progress: Callable[[str], None] = log.info, timeout_s: float = 180.0) -> SmokeReport:
@@ -99,35 +88,29 @@ def run_smoke(spark: SparkSession, connection: Connection, *, topic: str, prefix
     batches: list[int] = []
     rows_seen = 0
 
-    def write_batch(df: DataFrame, batch_id: int) -> None:
+    def write_batch(batch: pa.Table, batch_id: int) -> None:
         nonlocal rows_seen
-        table = _batch_columns(df).toArrow()
-        if table.num_rows == 0:
-            return
+        table = pa.table({
+            "partition": batch["partition"],
+            "offset": batch["offset"],
+            "key": batch["key"].cast(pa.string()),
+            "value": batch["value"].cast(pa.string()),
+            "seq_header": header_values(batch, SEQ_HEADER).cast(pa.string()),
+        })
         pq.write_table(table, store.path(f"batch-{batch_id:06d}.parquet"), filesystem=store.filesystem)
         batches.append(batch_id)
         rows_seen += table.num_rows
         progress(f"batch {batch_id}: {table.num_rows} rows -> {store.uri}/batch-{batch_id:06d}.parquet")
 
-    starting = {topic: {str(p): -2 for p in range(partitions)}}
-    reader = (spark.readStream.format("kafka")
-              .option("kafka.bootstrap.servers", connection.kafka_bootstrap)
-              .option("assign", json.dumps({topic: list(range(partitions))}))
-              .option("startingOffsets", json.dumps(starting))
-              .option("includeHeaders", "true")
-              .option("maxOffsetsPerTrigger", str(batch_limit))
-              .option("failOnDataLoss", "true")
-              .load())
-    with tempfile.TemporaryDirectory(prefix="spark-abs-smoke-") as chk:
-        query = (reader.writeStream.foreachBatch(write_batch)
-                 .option("checkpointLocation", chk)
-                 .trigger(availableNow=True)
-                 .start())
-        if not query.awaitTermination(timeout_s):
-            query.stop()
-            raise SmokeFailure(f"the streaming query did not finish within {timeout_s:.0f} s")
-        if query.exception() is not None:
-            raise SmokeFailure(f"the streaming query failed: {query.exception()}")
+    query = ChannelQuery(spark, connection, name=f"smoke-{topic}",
+                         channels=[Channel(topic, p) for p in range(partitions)],
+                         max_records_per_batch=batch_limit, on_batch=write_batch)
+    try:
+        query.start(available_now=True).await_done(timeout_s)
+    except ChannelQueryError as exc:
+        raise SmokeFailure(str(exc)) from exc
+    finally:
+        query.stop()
 
     back = pq.read_table(store.root, filesystem=store.filesystem)
     check_round_trip(back, records, partitions)
