@@ -1,6 +1,65 @@
-"""Operators users write stages with: stateless transforms over Arrow batches
-and keyed state that hands everything to ``snapshot()`` and takes it back in
-``restore()``.  The operators arrive with the engine; this package holds their
-place in the distribution."""
+"""Operators users write stages with: stateless transforms over Arrow
+batches, keyed state, and the built-in stateful operators (keyed and
+windowed aggregates, a stream-table join, balances for the money-in-transit
+demo), each handing all its state to ``snapshot()`` and taking it back in
+``restore()``.  The contract is in ``operators.base``; test helpers users
+can import are in ``operators.testing``."""
 
-__all__: list[str] = []
+from operators.aggregations import Aggregation, AggregateFunction, count, max_, min_, sum_
+from operators.base import Chain, MultiInputOperator, Operator, Stateless, WatermarkAware
+from operators.dead_letters import DeadLetter, DeadLetterBatch, DeadLetters, Reason
+from operators.errors import InputSchemaError, OperatorConfigError, OperatorError, StateRestoreError
+from operators.joins import LatestValueJoin, Union, Unmatched
+from operators.keyed import KeyedAggregate
+from operators.money import Balances, TransferLegs, transfer_legs
+from operators.state import KeyedState, latest_per_key
+from operators.stateless import FilterRows, FlatMap, MapBatches, filter_rows, flat_map, map_batches, select, with_column
+from operators.windows import WINDOW_END, WINDOW_START, TumblingWindowAggregate
+
+__all__ = [
+    # the contract
+    "Operator",
+    "MultiInputOperator",
+    "WatermarkAware",
+    "Stateless",
+    "Chain",
+    # stateless
+    "MapBatches",
+    "FilterRows",
+    "FlatMap",
+    "map_batches",
+    "filter_rows",
+    "flat_map",
+    "select",
+    "with_column",
+    # keyed state and aggregates
+    "KeyedState",
+    "latest_per_key",
+    "Aggregation",
+    "AggregateFunction",
+    "count",
+    "sum_",
+    "min_",
+    "max_",
+    "KeyedAggregate",
+    "TumblingWindowAggregate",
+    "WINDOW_START",
+    "WINDOW_END",
+    # two inputs
+    "Union",
+    "LatestValueJoin",
+    "Unmatched",
+    # money in transit
+    "Balances",
+    "TransferLegs",
+    "transfer_legs",
+    # dead letters and errors
+    "DeadLetters",
+    "DeadLetter",
+    "DeadLetterBatch",
+    "Reason",
+    "OperatorError",
+    "OperatorConfigError",
+    "InputSchemaError",
+    "StateRestoreError",
+]

@@ -1,0 +1,201 @@
+"""The operator contract: what the stage task calls on every operator, and
+``Chain``, operators applied one after the other.
+
+The stage task hands each micro-batch (a ``pyarrow.Table``) to
+``process()``; at a checkpoint barrier it calls ``snapshot()`` on every
+operator and stores the tables as Parquet; on restore it builds fresh
+operators, calls ``restore()`` with what ``snapshot()`` returned, and replays
+the input that came after the snapshot.
+
+The resume contract, which every stateful operator keeps and the property
+tests check:
+
+1. ``snapshot()`` returns *all* the state, as Arrow tables.  Anything not in
+   it is lost on restore.  The tables are an immutable copy: processing more
+   batches never changes a snapshot already returned.
+2. ``restore(state)`` receives exactly that mapping back (after a Parquet
+   round trip) and replaces whatever state the operator had.  State it
+   cannot take (a table missing or extra, wrong columns or types, duplicate
+   or null keys) raises ``StateRestoreError`` and leaves the operator as it was.
+3. After ``restore()``, processing the rest of the input gives exactly the
+   output (and dead letters) of a run that was never interrupted.  Output
+   therefore depends only on the sequence of batches, never on wall-clock
+   time, thread scheduling or how the input was cut into snapshots.
+
+Output and dead letters are not state: rows returned by ``process()`` belong
+to the batch that produced them."""
+
+from __future__ import annotations
+
+from typing import Mapping, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from operators._arrow import concat
+from operators.dead_letters import DeadLetters
+from operators.errors import OperatorConfigError, OperatorError, StateRestoreError
+
+__all__ = ["Operator", "MultiInputOperator", "WatermarkAware", "Stateless", "Chain"]
+
+@runtime_checkable
+class Operator(Protocol):
+    """A step of a stage: one input table in, one output table out.
+
+    ``process(batch)`` returns the output rows for this batch (possibly none,
+    as an empty table).  ``snapshot()`` returns all the state as named Arrow
+    tables (``{}`` for a stateless operator); ``restore(state)`` takes such a
+    mapping back.  See the module docstring for the resume contract."""
+
+    def process(self, batch: pa.Table) -> pa.Table: ...
+
+    def snapshot(self) -> dict[str, pa.Table]: ...
+
+    def restore(self, state: Mapping[str, pa.Table]) -> None: ...
+
+
+@runtime_checkable
+class MultiInputOperator(Protocol):
+    """An operator with named inputs (``inputs``), e.g. a join or a union.
+
+    ``process(batches)`` takes one table per input name for the same
+    micro-batch; a missing name means no rows from that input.  The operator
+    documents the order in which it applies its inputs within one call."""
+
+    inputs: tuple[str, ...]
+
+    def process(self, batches: Mapping[str, pa.Table]) -> pa.Table: ...
+
+    def snapshot(self) -> dict[str, pa.Table]: ...
+
+    def restore(self, state: Mapping[str, pa.Table]) -> None: ...
+
+
+@runtime_checkable
+class WatermarkAware(Protocol):
+    """An operator that can emit when event time moves on without input rows
+    (idle input, end of stream).  ``on_watermark(watermark)`` advances its
+    watermark (it never goes back) and returns what that releases."""
+
+    def on_watermark(self, watermark: int) -> pa.Table: ...
+
+
+class Stateless:
+    """Base for operators without state: ``snapshot()`` is ``{}`` and
+    ``restore()`` accepts only ``{}``."""
+
+    def process(self, batch: pa.Table) -> pa.Table:
+        raise NotImplementedError
+
+    def snapshot(self) -> dict[str, pa.Table]:
+        return {}
+
+    def restore(self, state: Mapping[str, pa.Table]) -> None:
+        if state:
+            raise StateRestoreError(f"{type(self).__name__} is stateless but was given tables {sorted(state)}")
+
+
+def _is_operator(candidate: object) -> bool:
+    return all(callable(getattr(candidate, name, None)) for name in ("process", "snapshot", "restore"))
+
+
+def _inputs_of(operator: object) -> tuple[str, ...] | None:
+    inputs = getattr(operator, "inputs", None)
+    return tuple(inputs) if inputs else None
+
+
+class Chain:
+    """Operators applied in order: the output of one is the input of the next.
+
+    Only the first may be a ``MultiInputOperator``; the chain then takes what
+    it takes (``process(batches)``) and has its ``inputs`` (a chain of
+    single-input operators has no ``inputs`` attribute).  The chain is
+    itself an operator: ``snapshot()`` prefixes each operator's tables with
+    its position (``"0.counts"``, ``"2.windows"``; a nested chain gives
+    ``"1.0.counts"``), ``restore()`` hands each operator its own tables and
+    is all-or-nothing.  Dead letters of every operator are moved into
+    ``chain.dead_letters`` after each step.
+
+    When a step returns no rows, the steps after it are not called for that
+    batch (they would have nothing to do) and that empty table is the output."""
+
+    def __init__(self, *operators: Operator | MultiInputOperator):
+        if not operators:
+            raise OperatorConfigError("Chain needs at least one operator")
+        for position, operator in enumerate(operators):
+            if not _is_operator(operator):
+                raise OperatorConfigError(
+                    f"Chain: operator {position} ({operator!r}) has no process/snapshot/restore methods"
+                )
+            if position and _inputs_of(operator):
+                raise OperatorConfigError(
+                    f"Chain: only the first operator may have several inputs; operator {position} has {_inputs_of(operator)}"
+                )
+        self.operators: tuple[Operator | MultiInputOperator, ...] = operators
+        self.dead_letters = DeadLetters()
+        head_inputs = _inputs_of(operators[0])
+        if head_inputs:
+            # only then is the chain a MultiInputOperator
+            self.inputs: tuple[str, ...] = head_inputs
+
+    def process(self, batch: pa.Table | Mapping[str, pa.Table]) -> pa.Table:
+        inputs = _inputs_of(self)
+        if inputs is None and not isinstance(batch, pa.Table):
+            raise OperatorError(f"Chain: the first operator takes one pyarrow.Table, got {type(batch).__name__}")
+        if inputs is not None and not isinstance(batch, Mapping):
+            raise OperatorError(f"Chain: the first operator takes a mapping of {inputs} to tables")
+        return self._run(0, batch)
+
+    def on_watermark(self, watermark: int) -> pa.Table:
+        """Advance every watermark-aware operator in order; what one releases
+        flows through the operators after it before they get the watermark."""
+        outputs: list[pa.Table] = []
+        for position, operator in enumerate(self.operators):
+            if isinstance(operator, WatermarkAware):
+                released = operator.on_watermark(watermark)
+                self._collect(operator)
+                outputs.append(self._run(position + 1, released))
+        return concat(outputs) if outputs else pa.table({})
+
+    def snapshot(self) -> dict[str, pa.Table]:
+        return {
+            f"{position}.{name}": table
+            for position, operator in enumerate(self.operators)
+            for name, table in operator.snapshot().items()
+        }
+
+    def restore(self, state: Mapping[str, pa.Table]) -> None:
+        parts: list[dict[str, pa.Table]] = [{} for _ in self.operators]
+        for name, table in state.items():
+            head, dot, rest = str(name).partition(".")
+            if not (dot and head.isdigit() and int(head) < len(self.operators)):
+                raise StateRestoreError(
+                    f"Chain: snapshot table {name!r} belongs to no operator (expected '<position>.<table>' "
+                    f"with position below {len(self.operators)})"
+                )
+            parts[int(head)][rest] = table
+        before = [operator.snapshot() for operator in self.operators]
+        for position, operator in enumerate(self.operators):
+            try:
+                operator.restore(parts[position])
+            except Exception as exc:
+                for done in range(position):
+                    self.operators[done].restore(before[done])
+                if isinstance(exc, StateRestoreError):
+                    raise StateRestoreError(f"Chain operator {position}: {exc}") from exc
+                raise
+
+    def _run(self, start: int, data: pa.Table | Mapping[str, pa.Table]) -> pa.Table:
+        for operator in self.operators[start:]:
+            if isinstance(data, pa.Table) and data.num_rows == 0:
+                break  # nothing for the rest to do (and an empty table may lack their columns)
+            data = operator.process(data)  # type: ignore[arg-type]
+            self._collect(operator)
+        return data  # type: ignore[return-value]
+
+    def _collect(self, operator: object) -> None:
+        letters = getattr(operator, "dead_letters", None)
+        if isinstance(letters, DeadLetters):
+            self.dead_letters.absorb(letters)
+
+    def __repr__(self) -> str:
+        return f"Chain({', '.join(map(repr, self.operators))})"

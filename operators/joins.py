@@ -1,0 +1,209 @@
+"""Two-input operators: ``Union`` and the keyed ``LatestValueJoin``.
+
+Both are ``MultiInputOperator``s: ``process(batches)`` takes one table per
+input name for the same micro-batch (a missing name means no rows from that
+input) and returns one table."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators._arrow import concat, expect_tables, require_columns, storable
+from operators.base import Stateless
+from operators.dead_letters import DeadLetters, Reason
+from operators.errors import InputSchemaError, OperatorConfigError, OperatorError, StateRestoreError
+from operators.keyed import key_name, split_null_keys
+from operators.state import KeyedState, latest_per_key
+
+__all__ = ["Union", "LatestValueJoin", "Unmatched"]
+
+
+def _check_inputs(operator: str, inputs: tuple[str, ...], batches: Mapping[str, pa.Table]) -> None:
+    if not isinstance(batches, Mapping):
+        raise OperatorError(f"{operator}: process() takes a mapping of input name to table, got {type(batches).__name__}")
+    for name, table in batches.items():
+        if name not in inputs:
+            raise OperatorError(f"{operator}: unknown input {name!r} (inputs: {', '.join(inputs)})")
+        if not isinstance(table, pa.Table):
+            raise OperatorError(f"{operator}: input {name!r} is a {type(table).__name__}, not a pyarrow.Table")
+
+
+class Union(Stateless):
+    """The inputs' rows one after the other, in the order of ``inputs``,
+    each tagged with its input's name in ``tag_column`` (None: no tag).
+    Schemas are unified: a column one input lacks is null in its rows,
+    numeric types widen.  Stateless."""
+
+    def __init__(self, inputs: Sequence[str], *, tag_column: str | None = "input"):
+        self.inputs: tuple[str, ...] = tuple(inputs)
+        if len(self.inputs) < 2 or len(set(self.inputs)) != len(self.inputs) \
+                or not all(isinstance(name, str) and name for name in self.inputs):
+            raise OperatorConfigError(f"Union: inputs must be two or more distinct names, got {inputs!r}")
+        if tag_column is not None and not (isinstance(tag_column, str) and tag_column):
+            raise OperatorConfigError(f"Union: tag_column must be a column name or None, got {tag_column!r}")
+        self.tag_column = tag_column
+
+    def process(self, batches: Mapping[str, pa.Table]) -> pa.Table:  # type: ignore[override]
+        _check_inputs("Union", self.inputs, batches)
+        tables = [self._tagged(name, batches[name]) for name in self.inputs if name in batches]
+        if not tables:
+            return pa.table({self.tag_column: pa.array([], pa.string())}) if self.tag_column else pa.table({})
+        try:
+            return pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise InputSchemaError(f"Union: the inputs' schemas cannot be unified: {exc}") from None
+
+    def _tagged(self, name: str, table: pa.Table) -> pa.Table:
+        if self.tag_column is None:
+            return table
+        if self.tag_column in table.column_names:
+            raise InputSchemaError(f"Union: input {name!r} already has a column {self.tag_column!r} (the tag column)")
+        return table.append_column(self.tag_column, pa.array([name] * table.num_rows, pa.string()))
+
+    def __repr__(self) -> str:
+        return f"Union({', '.join(self.inputs)})"
+
+
+class Unmatched(StrEnum):
+    """What ``LatestValueJoin`` does with a left row whose key has no right value yet."""
+
+    BUFFER = "buffer"
+    """Keep it in state; emit it, enriched, when its key's right row arrives (default)."""
+    EMIT_NULLS = "emit_nulls"
+    """Emit it at once with null right columns (a left outer join)."""
+    DEAD_LETTER = "dead_letter"
+    """Send it to the dead letters with reason ``no_match``."""
+
+
+class LatestValueJoin:
+    """Enriches each left row with the latest right row seen for its key (a
+    stream-table join: the right input is a changelog, the left a stream).
+
+    Output: the left row's columns, then the right row's columns except its
+    key (a name the left already has gets ``right_suffix``).
+
+    Within one ``process()`` call the right input is applied first, so left
+    rows see right rows of the same micro-batch (the last right row of a key
+    wins).  Then left rows buffered earlier whose key now has a value are
+    emitted, in arrival order, then this batch's left rows.  A left row whose
+    key has no right value yet is handled by ``unmatched``: by default
+    (``Unmatched.BUFFER``) it waits in state and is emitted as soon as its
+    key's right row arrives, so every left row is enriched exactly once, as
+    a stream user expects; buffered rows are visible as ``pending``, and a
+    key whose right row never comes keeps its left rows in state (choose
+    ``EMIT_NULLS`` or ``DEAD_LETTER`` where that can happen).  Null keys on
+    either side go to the dead letters (``null_key``).
+
+    State: ``{"right": latest right row per key, "pending": buffered left rows}``."""
+
+    RIGHT = "right"
+    PENDING = "pending"
+
+    def __init__(self, left_key: str, right_key: str | None = None, *, left: str = "left", right: str = "right",
+                 unmatched: Unmatched | str = Unmatched.BUFFER, right_suffix: str = "_right",
+                 dead_letters: DeadLetters | None = None):
+        name = type(self).__name__
+        self.left_key = key_name(left_key, name)
+        self.right_key = key_name(right_key if right_key is not None else left_key, name)
+        if not (isinstance(left, str) and isinstance(right, str) and left and right and left != right):
+            raise OperatorConfigError(f"{name}: left and right must be two distinct input names, got {left!r}, {right!r}")
+        try:
+            self.unmatched = Unmatched(unmatched)
+        except ValueError:
+            raise OperatorConfigError(f"{name}: unmatched must be one of {[u.value for u in Unmatched]}, got {unmatched!r}") from None
+        if not (isinstance(right_suffix, str) and right_suffix):
+            raise OperatorConfigError(f"{name}: right_suffix must be a non-empty string, got {right_suffix!r}")
+        self.left, self.right, self.right_suffix = left, right, right_suffix
+        self.inputs: tuple[str, ...] = (left, right)
+        self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
+        self._latest = KeyedState([self.right_key], operator=name)
+        self._pending = pa.table({self.left_key: pa.array([], pa.int64())})
+
+    @property
+    def latest(self) -> pa.Table:
+        """The latest right row per key."""
+        return self._latest.table
+
+    @property
+    def pending(self) -> pa.Table:
+        """Left rows waiting for their key's right row (``Unmatched.BUFFER``)."""
+        return self._pending
+
+    def process(self, batches: Mapping[str, pa.Table]) -> pa.Table:
+        name = type(self).__name__
+        _check_inputs(name, self.inputs, batches)
+        out: list[pa.Table] = []
+        if self.right in batches:
+            rows = batches[self.right]
+            require_columns(rows, [self.right_key], f"{name} (right input)")
+            rows = split_null_keys(rows, self.right_key, self.dead_letters, name)
+            self._latest.upsert(latest_per_key(rows, [self.right_key]))
+            if self._pending.num_rows:
+                joined, matched = self._join(self._pending)
+                self._pending = self._pending.filter(pc.invert(matched))
+                out.append(joined.filter(matched))
+        if self.left in batches:
+            rows = batches[self.left]
+            require_columns(rows, [self.left_key], f"{name} (left input)")
+            rows = split_null_keys(rows, self.left_key, self.dead_letters, name)
+            joined, matched = self._join(rows)
+            if self.unmatched is Unmatched.EMIT_NULLS:
+                out.append(joined)
+            else:
+                out.append(joined.filter(matched))
+                unmatched = rows.filter(pc.invert(matched))
+                if self.unmatched is Unmatched.BUFFER:
+                    self._pending = concat([self._pending, unmatched])
+                else:
+                    self.dead_letters.add(unmatched, Reason.NO_MATCH, name)
+        if not out:
+            out.append(self._join(self._pending.slice(0, 0))[0])
+        return concat(out)
+
+    def snapshot(self) -> dict[str, pa.Table]:
+        return {self.RIGHT: self._latest.snapshot(), self.PENDING: storable(self._pending)}
+
+    def restore(self, state: Mapping[str, pa.Table]) -> None:
+        name = type(self).__name__
+        tables = expect_tables(state, [self.RIGHT, self.PENDING], name)
+        pending = tables[self.PENDING]
+        if self.left_key not in pending.column_names:
+            raise StateRestoreError(f"{name}: snapshot table 'pending' lacks the left key {self.left_key!r} (has {pending.column_names})")
+        if pending[self.left_key].null_count:
+            raise StateRestoreError(f"{name}: snapshot table 'pending' has null keys")
+        if pending.num_rows and self.unmatched is not Unmatched.BUFFER:
+            raise StateRestoreError(f"{name}: snapshot has {pending.num_rows} buffered rows but unmatched={self.unmatched.value} never buffers")
+        probe = KeyedState([self.right_key], operator=name)
+        probe.restore(tables[self.RIGHT], self.RIGHT)
+        if pending.num_rows and len(probe):
+            try:
+                waiting = probe.lookup(pending[self.left_key])[self.right_key]
+            except InputSchemaError as exc:
+                raise StateRestoreError(f"{name}: snapshot keys of 'pending' and 'right' differ in type: {exc}") from None
+            if waiting.null_count != pending.num_rows:
+                raise StateRestoreError(f"{name}: snapshot has buffered rows whose key already has a right value")
+        self._latest = probe
+        self._pending = pending
+
+    def _join(self, rows: pa.Table) -> tuple[pa.Table, pa.ChunkedArray | pa.Array]:
+        """``rows`` with the right columns appended, and which rows matched."""
+        if len(self._latest) == 0:
+            right = self._latest.table.take(pa.nulls(rows.num_rows, pa.int32()))
+        else:
+            right = self._latest.lookup(rows[self.left_key])
+        matched = pc.is_valid(right[self.right_key])
+        joined = rows
+        for field in right.schema:
+            if field.name == self.right_key:
+                continue
+            column = field.name + self.right_suffix if field.name in rows.column_names else field.name
+            joined = joined.append_column(column, right[field.name])
+        return joined, matched
+
+    def __repr__(self) -> str:
+        return (f"LatestValueJoin({self.left}.{self.left_key} = {self.right}.{self.right_key}, "
+                f"unmatched={self.unmatched.value})")

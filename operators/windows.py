@@ -1,0 +1,221 @@
+"""Tumbling event-time windows: per key, aggregates over fixed, adjacent
+windows ``[floor(t / size) * size, + size)``, each emitted exactly once, when
+the watermark passes its end.
+
+Event time comes from an integer column (milliseconds) or a timestamp column
+(any unit, any time zone); sizes and lateness are whole milliseconds (an
+``int``) or a ``timedelta``.  Time never comes from the clock: the output
+depends only on the sequence of batches (and ``on_watermark`` calls).
+
+Within one batch every row is judged against the watermark as it was before
+the batch (as in Spark Structured Streaming, the watermark moves between
+micro-batches):
+
+1. rows with a null key or a null event time go to the dead letters
+   (``null_key``, ``null_event_time``);
+2. rows whose window has already closed (window end <= watermark) are late:
+   they go to the dead letters with reason ``late``, never into a result;
+3. the other rows are aggregated into their open windows;
+4. the watermark becomes ``max(watermark, max event time of those rows -
+   allowed_lateness)``;
+5. every window whose end is <= the watermark closes: its final row is
+   returned and it leaves the state.
+
+Output: ``key, window_start, window_end, <aggregations>`` ordered by window
+start, then key.  ``window_start``/``window_end`` are int64 milliseconds for
+an integer time column, ``timestamp[ms]`` (with the column's zone) for a
+timestamp column."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators import aggregations as agg
+from operators._arrow import expect_columns, expect_tables, require_columns
+from operators.aggregations import Aggregation
+from operators.dead_letters import DeadLetters, Reason
+from operators.errors import InputSchemaError, OperatorConfigError, StateRestoreError
+from operators.keyed import key_name, split_null_keys
+from operators.state import KeyedState
+
+__all__ = ["TumblingWindowAggregate", "WINDOW_START", "WINDOW_END"]
+
+WINDOW_START = "window_start"
+WINDOW_END = "window_end"
+
+_PER_MS = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _millis(value: int | dt.timedelta, argument: str, *, positive: bool) -> int:
+    if isinstance(value, dt.timedelta):
+        whole, rest = divmod(value, dt.timedelta(milliseconds=1))
+        if rest:
+            raise OperatorConfigError(f"TumblingWindowAggregate: {argument} must be whole milliseconds, got {value}")
+        value = whole
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OperatorConfigError(f"TumblingWindowAggregate: {argument} must be an int (ms) or a timedelta, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise OperatorConfigError(f"TumblingWindowAggregate: {argument} must be {'> 0' if positive else '>= 0'}, got {value}")
+    return value
+
+
+def _floor_div(values: pa.Array | pa.ChunkedArray, divisor: int) -> pa.Array | pa.ChunkedArray:
+    """Integer division rounding down (Arrow's rounds toward zero)."""
+    quotient = pc.divide(values, divisor)
+    return pc.if_else(pc.greater(pc.multiply(quotient, divisor), values), pc.subtract(quotient, 1), quotient)
+
+
+class TumblingWindowAggregate:
+    """Aggregates per ``key`` over tumbling windows of ``size`` on
+    ``time_column``, each window's final result emitted once (see the
+    module docstring for the rules).
+
+    ``allowed_lateness`` holds the watermark back: it is the max event time
+    seen minus this much, so rows that far behind the newest still count.
+
+    State: ``{"windows": open windows (key, window_start, aggregations),
+    "watermark": one row, int64 ms or null before the first row}``."""
+
+    WINDOWS = "windows"
+    WATERMARK = "watermark"
+
+    def __init__(self, key: str, time_column: str, size: int | dt.timedelta, aggregations: Mapping[str, Aggregation],
+                 *, allowed_lateness: int | dt.timedelta = 0, dead_letters: DeadLetters | None = None):
+        name = type(self).__name__
+        self.key = key_name(key, name)
+        if not (isinstance(time_column, str) and time_column):
+            raise OperatorConfigError(f"{name}: time_column must be a non-empty column name, got {time_column!r}")
+        self.time_column = time_column
+        self.size = _millis(size, "size", positive=True)
+        self.allowed_lateness = _millis(allowed_lateness, "allowed_lateness", positive=False)
+        self.aggregations = agg.validate([self.key, WINDOW_START, WINDOW_END], aggregations, name)
+        reserved = {WINDOW_START, WINDOW_END} & {self.key, *agg.input_columns(self.aggregations)}
+        if reserved:
+            raise OperatorConfigError(f"{name}: column names {sorted(reserved)} are reserved for the window bounds")
+        self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
+        self._windows = KeyedState([self.key, WINDOW_START], list(self.aggregations), operator=name)
+        self._watermark: int | None = None
+
+    @property
+    def watermark(self) -> int | None:
+        """Milliseconds; None until the first on-time row or ``on_watermark``."""
+        return self._watermark
+
+    @property
+    def open_windows(self) -> pa.Table:
+        return self._windows.table
+
+    def process(self, batch: pa.Table) -> pa.Table:
+        name = type(self).__name__
+        inputs = agg.input_columns(self.aggregations)
+        require_columns(batch, [self.key, self.time_column, *inputs], name)
+        window_type = self._window_type(batch.schema.field(self.time_column).type)
+        batch = split_null_keys(batch, self.key, self.dead_letters, name)
+        times = batch[self.time_column]
+        if times.null_count:
+            self.dead_letters.add(batch.filter(pc.is_null(times)), Reason.NULL_EVENT_TIME, name)
+            batch = batch.filter(pc.is_valid(times))
+            times = batch[self.time_column]
+        millis = self._to_millis(times)
+        starts = pc.multiply(_floor_div(millis, self.size), self.size)
+        if self._watermark is not None:
+            late = pc.less_equal(pc.add(starts, self.size), self._watermark)
+            self.dead_letters.add(batch.filter(late), Reason.LATE, name)
+            on_time = pc.invert(late)
+            batch, millis, starts = batch.filter(on_time), millis.filter(on_time), starts.filter(on_time)
+        rows = pa.table({
+            self.key: batch[self.key],
+            WINDOW_START: starts.cast(window_type),
+            **{column: batch[column] for column in inputs if column != self.key},
+        })
+        partial = agg.partial(rows, [self.key, WINDOW_START], self.aggregations)
+        self._windows.merge(partial, lambda r: agg.combine(r, [self.key, WINDOW_START], self.aggregations))
+        if len(millis):
+            self._advance(pc.max(millis).as_py() - self.allowed_lateness)
+        return self._close()
+
+    def on_watermark(self, watermark: int | dt.datetime) -> pa.Table:
+        """Move the watermark to ``watermark`` (ms, or a datetime; naive means
+        UTC) if that is later, and return the windows that closes.  For idle
+        inputs and the end of a stream; allowed lateness is not applied."""
+        if isinstance(watermark, dt.datetime):
+            moment = watermark if watermark.tzinfo else watermark.replace(tzinfo=dt.timezone.utc)
+            watermark = (moment - _EPOCH) // dt.timedelta(milliseconds=1)
+        if isinstance(watermark, bool) or not isinstance(watermark, int):
+            raise OperatorConfigError(f"{type(self).__name__}: watermark must be an int (ms) or a datetime, got {watermark!r}")
+        self._advance(watermark)
+        return self._close()
+
+    def snapshot(self) -> dict[str, pa.Table]:
+        return {
+            self.WINDOWS: self._windows.snapshot(),
+            self.WATERMARK: pa.table({self.WATERMARK: pa.array([self._watermark], pa.int64())}),
+        }
+
+    def restore(self, state: Mapping[str, pa.Table]) -> None:
+        name = type(self).__name__
+        tables = expect_tables(state, [self.WINDOWS, self.WATERMARK], name)
+        marks = tables[self.WATERMARK]
+        expect_columns(marks, self.WATERMARK, [self.WATERMARK], name)
+        if marks.num_rows != 1 or not pa.types.is_integer(marks.schema.field(0).type):
+            raise StateRestoreError(f"{name}: snapshot table 'watermark' must be one integer row, got {marks.num_rows} of {marks.schema.field(0).type}")
+        watermark = marks.column(0)[0].as_py()
+        windows = tables[self.WINDOWS]
+        expect_columns(windows, self.WINDOWS, [self.key, WINDOW_START, *self.aggregations], name)
+        if windows.num_rows:
+            start_type = windows.schema.field(WINDOW_START).type
+            if not (start_type == pa.int64() or (pa.types.is_timestamp(start_type) and start_type.unit == "ms")):
+                raise StateRestoreError(f"{name}: snapshot window_start is {start_type}, expected int64 or timestamp[ms]")
+            for column, aggregation in self.aggregations.items():
+                if not agg.state_type_ok(aggregation, windows.schema.field(column).type):
+                    raise StateRestoreError(f"{name}: snapshot column {column!r} is {windows.schema.field(column).type}, which cannot hold {aggregation}")
+            starts = windows[WINDOW_START].cast(pa.int64())
+            if watermark is None or pc.min(starts).as_py() + self.size <= watermark:
+                raise StateRestoreError(f"{name}: snapshot holds windows that should have closed at watermark {watermark}")
+            if pc.any(pc.not_equal(pc.multiply(_floor_div(starts, self.size), self.size), starts)).as_py():
+                raise StateRestoreError(f"{name}: snapshot window starts are not multiples of size {self.size} ms")
+        self._windows.restore(windows, self.WINDOWS)
+        self._watermark = watermark
+
+    def _window_type(self, time_type: pa.DataType) -> pa.DataType:
+        if pa.types.is_integer(time_type):
+            return pa.int64()
+        if pa.types.is_timestamp(time_type):
+            return pa.timestamp("ms", time_type.tz)
+        raise InputSchemaError(
+            f"{type(self).__name__}: time column {self.time_column!r} is {time_type}; expected integer milliseconds or a timestamp"
+        )
+
+    @staticmethod
+    def _to_millis(times: pa.ChunkedArray) -> pa.ChunkedArray:
+        if pa.types.is_integer(times.type):
+            return times.cast(pa.int64())
+        units = times.cast(pa.int64())
+        per_ms = _PER_MS[times.type.unit]
+        return pc.multiply(units, 1000) if per_ms is None else _floor_div(units, per_ms) if per_ms > 1 else units
+
+    def _advance(self, watermark: int) -> None:
+        if self._watermark is None or watermark > self._watermark:
+            self._watermark = watermark
+
+    def _close(self) -> pa.Table:
+        windows = self._windows.table
+        if self._watermark is None or windows.num_rows == 0:
+            closed = windows.slice(0, 0)
+        else:
+            ends = pc.add(windows[WINDOW_START].cast(pa.int64()), self.size)
+            closed = self._windows.pop(pc.less_equal(ends, self._watermark))
+        closed = closed.sort_by([(WINDOW_START, "ascending"), (self.key, "ascending")])
+        start_type = closed.schema.field(WINDOW_START).type
+        ends = pc.add(closed[WINDOW_START].cast(pa.int64()), self.size).cast(start_type)
+        return closed.add_column(2, WINDOW_END, ends)
+
+    def __repr__(self) -> str:
+        specs = ", ".join(f"{n}={a}" for n, a in self.aggregations.items())
+        return (f"TumblingWindowAggregate(key={self.key!r}, time={self.time_column!r}, size={self.size}ms, "
+                f"lateness={self.allowed_lateness}ms, {specs})")
