@@ -14,7 +14,6 @@ import json
 import logging
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -24,6 +23,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from barriers.messages import ChannelId
 from streaming.config import Connection
 from streaming.errors import ConfigError, SparkAbsError
 
@@ -41,22 +41,8 @@ class ChannelQueryError(SparkAbsError):
     """The stage's streaming query failed or did not finish in time."""
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Channel:
-    """One Kafka (topic, partition): FIFO, which is all Chandy-Lamport needs."""
-
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}:{self.partition}"
-
-    @classmethod
-    def parse(cls, text: str) -> "Channel":
-        topic, sep, partition = text.rpartition(":")
-        if not sep or not topic or not partition.isdigit():
-            raise ConfigError(f"channel {text!r} is not of the form topic:partition")
-        return cls(topic, int(partition))
+# One Kafka (topic, partition), the protocol's channel.
+Channel = ChannelId
 
 
 BatchHandler = Callable[[pa.Table, int], None]
