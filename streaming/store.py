@@ -28,8 +28,13 @@ class StoreLocation:
         return "/".join([self.root, *(p.strip("/") for p in parts if p)])
 
 
-def s3_filesystem(connection: Connection, *, allow_bucket_creation: bool = False) -> pafs.S3FileSystem:
+def s3_filesystem(connection: Connection, *, allow_bucket_creation: bool = False,
+                  max_attempts: int | None = None) -> pafs.S3FileSystem:
+    """The S3 server of ``connection``; ``max_attempts`` caps the attempts per
+    request (None = pyarrow's default retry strategy)."""
     endpoint = urlparse(connection.s3_endpoint)
+    retry = {} if max_attempts is None else {
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=max_attempts)}
     return pafs.S3FileSystem(
         access_key=connection.s3_access_key,
         secret_key=connection.s3_secret_key,
@@ -40,6 +45,7 @@ def s3_filesystem(connection: Connection, *, allow_bucket_creation: bool = False
         allow_bucket_creation=allow_bucket_creation,
         connect_timeout=5,
         request_timeout=30,
+        **retry,
     )
 
 
