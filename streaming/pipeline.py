@@ -69,6 +69,9 @@ class Stage:
     parallelism: int = 1
     key: str | None = None
     sink: Sink | None = None
+    # event-time column (ms): the task moves a watermark-aware operator to the
+    # minimum over its input channels of the latest event time each delivered
+    event_time: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

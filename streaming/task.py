@@ -1,0 +1,387 @@
+"""A stage task: the barrier handler of ``barriers`` driven by the micro-batches
+of one Structured Streaming query.
+
+Each micro-batch (all channels of the task, ordered by channel and offset)
+is cut into segments per channel: runs of data records, and single control
+records (barriers, cancellations).  Segments wait in per-channel queues; the
+task takes them round-robin from the channels the handler has not blocked,
+so a blocked channel's records are held (alignment) while the others go on.
+Data segments are decoded (malformed records go to the dead-letter topic with
+their reason), run through the operator, and the output is routed to the
+task's output partitions, or kept for the sink's current epoch.
+
+At barrier n the handler calls back (``Controller``): ``snapshot`` takes the
+operator's state (immutable Arrow tables) and closes the sink epoch,
+``forward_barrier`` appends barrier n to every output partition, and
+``acknowledge`` uploads the snapshot in the background and then acknowledges
+on the job's control topic, so processing never waits for the upload.  A
+failed upload declines the checkpoint; the job goes on.
+
+After a restore (generation g), records of older generations read from
+internal topics were written after the snapshot by the run that failed:
+they are skipped, since the new generation writes them again."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from barriers.failures import CheckpointFailure
+from barriers.handler import BarrierHandler, TaskCheckpoint
+from barriers.messages import (
+    GENERATION_HEADER,
+    KIND_HEADER,
+    Barrier,
+    BarrierRejected,
+    CancelBarrier,
+    ChannelId,
+    encode,
+    decode,
+)
+from operators.base import WatermarkAware
+from operators.dead_letters import DeadLetters as OperatorDeadLetters
+from streaming import codec
+from streaming.channels import header_values
+from streaming.kafka_io import ControlEvent, append_markers
+from streaming.pipeline import Pipeline, TaskSpec, route
+
+__all__ = ["StageTask", "TaskStart", "TaskIO", "Segment"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStart:
+    """Where a task starts: its generation, the checkpoint it restores (None
+    for a fresh start), each channel's offset and the operator state."""
+
+    generation: int = 0
+    checkpoint_id: int | None = None
+    positions: Mapping[ChannelId, int] = field(default_factory=dict)
+    state: Mapping[str, pa.Table] = field(default_factory=dict)
+    watermarks: Mapping[ChannelId, int] = field(default_factory=dict)
+
+
+@dataclass
+class TaskIO:
+    """What a task talks to, given to it so the processing core stays testable:
+    ``send(channel, key, value, headers)`` for output records, ``append_barrier``
+    (channels, headers) -> offsets, ``publish(ControlEvent)``, ``dead_letter``
+    (channel, offset, key, value, headers, reason), ``write_snapshot`` (the
+    store's ``write_task``), ``stage_epoch(epoch, table)`` for sink tasks."""
+
+    send: Callable[[ChannelId, bytes | None, bytes, list[tuple[str, bytes]]], None]
+    append_barrier: Callable[[tuple[ChannelId, ...], list[tuple[str, bytes]]], Mapping[ChannelId, int]]
+    publish: Callable[[ControlEvent], Any]
+    dead_letter: Callable[[ChannelId, int, bytes | None, bytes | None, list[tuple[str, bytes]], str], None]
+    write_snapshot: Callable[..., Any]
+    stage_epoch: Callable[[int, pa.Table], Any] | None = None
+    flush: Callable[[], None] = lambda: None
+
+
+@dataclass(slots=True)
+class Segment:
+    """A run of records of one channel: data (``kind="data"``), one control
+    record (``"control"``), or
+    records skipped as a whole (``"skip"``: older generation)."""
+
+    channel: ChannelId
+    rows: pa.Table
+    kind: str = "data"
+
+    @property
+    def first_offset(self) -> int:
+        return int(self.rows["offset"][0].as_py())
+
+    @property
+    def last_offset(self) -> int:
+        return int(self.rows["offset"][-1].as_py())
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.nbytes
+
+
+class StageTask:
+    """One task of a stage (see the module docstring).  ``process_batch`` is
+    the ``foreachBatch`` body; ``on_control`` takes the control topic's events."""
+
+    def __init__(self, pipeline: Pipeline, spec: TaskSpec, io: TaskIO, *, start: TaskStart | None = None,
+                 options=None, max_concurrent: int = 1, clock: Callable[[], float] = time.monotonic,
+                 upload: concurrent.futures.Executor | None = None, job_key: bytes | None = None):
+        self.pipeline = pipeline
+        self.spec = spec
+        self.stage = pipeline.stage(spec.stage)
+        self.downstream = pipeline.downstream(spec.stage)
+        self.io = io
+        self.start = start or TaskStart()
+        self.generation = self.start.generation
+        self.job_key = job_key
+        self.operator = self.stage.operator()
+        if self.start.state:
+            self.operator.restore(dict(self.start.state))
+        self._multi_input = bool(getattr(self.operator, "inputs", None))
+        self._schemas = {i.topic: i.schema for i in pipeline.ingress}
+        self._internal = {pipeline.topic_of(s.name) for s in pipeline.stages}
+        self.handler = BarrierHandler(self, spec.inputs, positions=self.start.positions,
+                                      generation=self.generation, max_concurrent=max_concurrent, clock=clock,
+                                      newest_started=self.start.checkpoint_id or 0)
+        self._queues: dict[ChannelId, collections.deque[Segment]] = {c: collections.deque() for c in spec.inputs}
+        self._lock = threading.RLock()
+        self._upload = upload or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"upload-{spec.name}")
+        self._own_upload = upload is None
+        self._snapshots: dict[int, dict[str, pa.Table]] = {}
+        self._epoch_rows: list[pa.Table] = []
+        self._epochs: dict[int, list[pa.Table]] = {}
+        self._watermarks: dict[ChannelId, int] = dict(self.start.watermarks)
+        self._pending_uploads: list[concurrent.futures.Future] = []
+        self.counters = collections.Counter()
+
+    # ------------------------------------------------------------------ input
+
+    def process_batch(self, table: pa.Table, batch_id: int = -1) -> None:
+        """One micro-batch, ordered by channel and offset (``ChannelQuery`` order)."""
+        with self._lock:
+            for segment in self._segments(table):
+                self._queues[segment.channel].append(segment)
+            self._drain()
+
+    def _segments(self, table: pa.Table) -> list[Segment]:
+        n = table.num_rows
+        is_control = pc.is_valid(header_values(table, KIND_HEADER)).to_numpy(zero_copy_only=False)
+        generations = header_values(table, GENERATION_HEADER).to_pylist()
+        topics = table["topic"].to_pylist()
+        partitions = table["partition"].to_pylist()
+        # data records of an older generation on internal topics were written
+        # after the restored snapshot by the run that failed
+        stale = [not is_control[i] and topics[i] in self._internal and generations[i] is not None
+                 and int(generations[i]) < self.generation for i in range(n)]
+        kinds = ["control" if is_control[i] else "skip" if stale[i] else "data" for i in range(n)]
+        segments: list[Segment] = []
+        start = 0
+        for i in range(1, n + 1):
+            if i < n and kinds[i] == kinds[start] != "control" and (topics[i], partitions[i]) == (
+                    topics[start], partitions[start]):
+                continue
+            channel = ChannelId(topics[start], int(partitions[start]))
+            rows = table.slice(start, i - start)
+            segments.append(Segment(channel, rows, kinds[start]))
+            start = i
+        return segments
+
+    def _decode_control(self, channel: ChannelId, row: pa.Table) -> Barrier | CancelBarrier | None:
+        headers = [(h["key"], h["value"]) for h in row["headers"][0].as_py()]
+        try:
+            return decode(headers, job=self.pipeline.job, key=self.job_key)
+        except BarrierRejected as exc:
+            offset = int(row["offset"][0].as_py())
+            self.counters["rejected_control_records"] += 1
+            log.warning("%s: control record at %s offset %d rejected: %s", self.spec.name, channel, offset, exc)
+            self.io.dead_letter(channel, offset, row["key"][0].as_py(), row["value"][0].as_py(), headers,
+                                f"rejected control record: {exc.reason}")
+            return None
+
+    def _drain(self) -> None:
+        progress = True
+        while progress:
+            progress = False
+            for channel in sorted(self._queues):
+                queue = self._queues[channel]
+                if queue and not self.handler.is_blocked(channel):
+                    self._handle(queue.popleft())
+                    progress = True
+        self.handler.tick(self.held_bytes)
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(s.nbytes for c in self.handler.blocked for s in self._queues[c])
+
+    def _handle(self, segment: Segment) -> None:
+        channel = segment.channel
+        position = self.handler.position(channel)
+        if segment.last_offset < position:
+            return  # Spark handed these again (a retried batch): already processed
+        if segment.first_offset < position:
+            segment = Segment(channel, segment.rows.filter(pc.greater_equal(segment.rows["offset"], position)),
+                              segment.kind)
+        if segment.kind == "control":
+            self._handle_control(segment)
+            return
+        self.handler.record_processed(channel, segment.last_offset)
+        if segment.kind == "skip":
+            self.counters["skipped_older_generation"] += segment.rows.num_rows
+            return
+        self._process(channel, segment.rows)
+
+    def _handle_control(self, segment: Segment) -> None:
+        offset = segment.first_offset
+        message = self._decode_control(segment.channel, segment.rows)
+        if message is None:  # rejected: already a dead letter; only its position counts
+            self.handler.record_processed(segment.channel, offset)
+            return
+        if isinstance(message, CancelBarrier):
+            ignored = self.handler.cancel_received(segment.channel, message, offset)
+        else:
+            ignored = self.handler.barrier_received(segment.channel, message, offset)
+        if ignored is not None:
+            self.counters[f"ignored_{ignored.reason.name.lower()}"] += 1
+
+    def _process(self, channel: ChannelId, rows: pa.Table) -> None:
+        decoded = codec.decode(rows["value"].to_pylist(), self._schemas.get(channel.topic))
+        for index, reason in decoded.rejected:
+            self._dead_letter(channel, rows.slice(index, 1), reason)
+        if decoded.table.num_rows:
+            batch = decoded.table
+            if self._multi_input:
+                output = self.operator.process({self.spec.inputs[channel]: batch})
+            else:
+                output = self.operator.process(batch)
+            self._collect_dead_letters(channel)
+            self._emit(output)
+            if self.stage.event_time and self.stage.event_time in batch.column_names:
+                self._advance_watermark(channel, batch)
+        self.counters["records"] += rows.num_rows
+
+    def _advance_watermark(self, channel: ChannelId, batch: pa.Table) -> None:
+        if not isinstance(self.operator, WatermarkAware):
+            return
+        latest = pc.max(batch[self.stage.event_time]).as_py()
+        if latest is None:
+            return
+        self._watermarks[channel] = max(self._watermarks.get(channel, latest), int(latest))
+        if all(c in self._watermarks for c in self.handler.open_inputs):
+            watermark = min(self._watermarks[c] for c in self.handler.open_inputs)
+            self._emit(self.operator.on_watermark(watermark))
+            self._collect_dead_letters(channel)
+
+    def _dead_letter(self, channel: ChannelId, row: pa.Table, reason: str) -> None:
+        self.counters["dead_letters"] += 1
+        headers = [(h["key"], h["value"]) for h in (row["headers"][0].as_py() or [])]
+        self.io.dead_letter(channel, int(row["offset"][0].as_py()), row["key"][0].as_py(),
+                            row["value"][0].as_py(), headers, reason)
+
+    def _collect_dead_letters(self, channel: ChannelId) -> None:
+        letters = getattr(self.operator, "dead_letters", None)
+        if not isinstance(letters, OperatorDeadLetters) or not len(letters):
+            return
+        for letter in letters.drain():
+            self.counters["dead_letters"] += 1
+            value = json.dumps(letter.row, default=str, separators=(",", ":")).encode()
+            self.io.dead_letter(channel, -1, None, value, [], f"{letter.operator}: {letter.reason}")
+
+    # ----------------------------------------------------------------- output
+
+    def _emit(self, output: pa.Table | None) -> None:
+        if output is None or output.num_rows == 0:
+            return
+        self.counters["output_rows"] += output.num_rows
+        if self.downstream is None:
+            self._epoch_rows.append(output)
+            return
+        targets = route(output, self.stage.key, len(self.spec.outputs)).to_numpy()
+        keys = (pc.cast(output[self.stage.key], pa.string()).to_pylist() if self.stage.key
+                else [None] * output.num_rows)
+        headers = [(GENERATION_HEADER, str(self.generation).encode())]
+        for target, key, value in zip(targets, keys, codec.encode(output)):
+            self.io.send(self.spec.outputs[int(target)], key.encode() if key is not None else None, value, headers)
+
+    # ------------------------------------------------------------- controller
+
+    def block(self, channel: ChannelId) -> None:
+        log.debug("%s: %s blocked", self.spec.name, channel)
+
+    def release(self, channel: ChannelId) -> None:
+        log.debug("%s: %s released", self.spec.name, channel)
+
+    def snapshot(self, barrier: Barrier) -> None:
+        self._snapshots[barrier.checkpoint_id] = self.operator.snapshot()
+        self._epochs[barrier.checkpoint_id] = self._epoch_rows
+        self._epoch_rows = []
+
+    def forward_barrier(self, barrier: Barrier) -> None:
+        if not self.spec.outputs:
+            return
+        self.io.flush()
+        offsets = self.io.append_barrier(self.spec.outputs, encode(barrier, key=self.job_key))
+        self.io.publish(ControlEvent("announce", barrier.checkpoint_id, self.spec.name,
+                                     {"generation": self.generation,
+                                      "offsets": {str(c): o for c, o in offsets.items()}}))
+
+    def record_in_flight(self, checkpoint_id: int, channel: ChannelId, start: int, end: int) -> None:
+        log.debug("%s: checkpoint %d: %s in flight [%d, %d)", self.spec.name, checkpoint_id, channel, start, end)
+
+    def acknowledge(self, checkpoint: TaskCheckpoint) -> None:
+        checkpoint_id = checkpoint.checkpoint_id
+        state = self._snapshots.pop(checkpoint_id)
+        epoch = self._epochs.pop(checkpoint_id, [])
+        self._pending_uploads = [f for f in self._pending_uploads if not f.done()]
+        self._pending_uploads.append(self._upload.submit(self._upload_and_ack, checkpoint, state, epoch,
+                                                         dict(self._watermarks)))
+
+    def _upload_and_ack(self, checkpoint: TaskCheckpoint, state: dict[str, pa.Table], epoch: list[pa.Table],
+                        watermarks: dict[ChannelId, int]) -> None:
+        checkpoint_id = checkpoint.checkpoint_id
+        try:
+            if self.io.stage_epoch is not None:
+                table = pa.concat_tables(epoch, promote_options="default") if epoch else pa.table({})
+                self.io.stage_epoch(checkpoint_id, table)
+            snapshot = self.io.write_snapshot(
+                checkpoint_id, self.generation, self.spec.name, state,
+                positions={str(c): p for c, p in checkpoint.positions.items()},
+                in_flight={str(c): r for c, r in checkpoint.in_flight.items()},
+                metadata={"kind": checkpoint.kind.value,
+                          "watermarks": {str(c): w for c, w in watermarks.items()},
+                          "alignment_s": checkpoint.alignment_duration,
+                          "sync_snapshot_at": checkpoint.snapshot_at - checkpoint.started_at},
+            )
+        except Exception as exc:  # the store or the sink staging failed: decline, keep running
+            log.warning("%s: checkpoint %d: snapshot upload failed, declining: %s", self.spec.name, checkpoint_id, exc)
+            self.counters["declined"] += 1
+            self.io.publish(ControlEvent("decline", checkpoint_id, self.spec.name,
+                                         {"generation": self.generation,
+                                          "reason": CheckpointFailure.STORE_FAILURE.name, "detail": str(exc)}))
+            return
+        self.io.publish(ControlEvent("ack", checkpoint_id, self.spec.name,
+                                     {"generation": self.generation, "snapshot": json.loads(snapshot.to_json())}))
+        self.counters["acknowledged"] += 1
+
+    def abort(self, checkpoint_id: int, reason: CheckpointFailure, detail: str) -> None:
+        self._snapshots.pop(checkpoint_id, None)
+        # the output of an aborted epoch belongs to the next one
+        self._epoch_rows = self._epochs.pop(checkpoint_id, []) + self._epoch_rows
+        self.counters["aborted"] += 1
+        self.io.publish(ControlEvent("decline", checkpoint_id, self.spec.name,
+                                     {"generation": self.generation, "reason": reason.name, "detail": detail}))
+
+    # ---------------------------------------------------------------- control
+
+    def on_control(self, event: ControlEvent) -> None:
+        """Events of the job's control topic that concern tasks: the
+        coordinator's abort of a checkpoint."""
+        if event.payload.get("generation") != self.generation:
+            return
+        if event.kind == "abort" and event.task != self.spec.name:
+            with self._lock:
+                if event.checkpoint_id in self.handler.pending:
+                    self.handler.abort(event.checkpoint_id, CheckpointFailure[event.payload.get("reason", "USER")],
+                                       str(event.payload.get("detail", "aborted by the coordinator")))
+
+    def tick(self) -> None:
+        with self._lock:
+            self.handler.tick(self.held_bytes)
+
+    def wait_for_uploads(self, timeout_s: float = 60.0) -> None:
+        concurrent.futures.wait(list(self._pending_uploads), timeout=timeout_s)
+
+    def close(self) -> None:
+        if self._own_upload:
+            self._upload.shutdown(wait=True)
