@@ -546,6 +546,11 @@ class BarrierHandler:
         """Checkpoint ids this task started and has not acknowledged or aborted."""
         return self._state.pending_ids()
 
+    @property
+    def newest_started(self) -> int:
+        """The newest checkpoint id this task started (or restored from)."""
+        return self._newest_started
+
     def is_blocked(self, channel: ChannelId) -> bool:
         return channel in self._ctx.blocked
 

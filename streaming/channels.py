@@ -127,6 +127,13 @@ class ChannelQuery:
             self.stop()
             raise ChannelQueryError(f"stage query {self.name!r} did not finish within {timeout_s:.0f} s")
 
+    def failure(self) -> str | None:
+        """Why the query stopped, if it failed; None while it runs (or stopped cleanly)."""
+        if self._query is None:
+            return None
+        error = self._query.exception()
+        return None if error is None else str(error)
+
     def stop(self) -> None:
         if self._query is not None:
             self._query.stop()

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 Headers = Sequence[tuple[str, bytes]]
 
-CONTROL_KINDS = ("announce", "ack", "decline", "complete", "abort", "trigger")
+CONTROL_KINDS = ("announce", "ack", "decline", "complete", "committed", "abort", "trigger")
 
 
 def control_topic_name(job: str) -> str:
@@ -120,6 +120,12 @@ class ControlTopic:
         self._consumer.assign([self._tp])
         self._consumer.seek(self._tp, start_at)
         self.malformed = 0
+
+    def seek_to_end(self) -> int:
+        """Skip everything published so far; returns the position."""
+        end = self._consumer.end_offsets([self._tp])[self._tp]
+        self._consumer.seek(self._tp, end)
+        return end
 
     def publish(self, event: ControlEvent, timeout_s: float = 30.0) -> int:
         try:

@@ -37,6 +37,9 @@ class Ingress:
     topic: str
     partitions: int = 1
     schema: pa.Schema | None = None  # None: inferred per batch
+    # event-time column (int ms), non-decreasing within each partition: it
+    # drives watermarks, which tasks carry downstream in an ``abs.wm`` header
+    event_time: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +72,6 @@ class Stage:
     parallelism: int = 1
     key: str | None = None
     sink: Sink | None = None
-    # event-time column (ms): the task moves a watermark-aware operator to the
-    # minimum over its input channels of the latest event time each delivered
-    event_time: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

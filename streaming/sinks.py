@@ -128,6 +128,12 @@ class _TwoPhaseSink:
         log.info("sink task %s committed epoch %d", self.task_id, epoch)
         return True
 
+    def commit_through(self, completed_checkpoint: int) -> list[int]:
+        """Commit every staged epoch up to ``completed_checkpoint`` (an epoch of
+        an aborted checkpoint is committed with the next one that completes).
+        Returns the epochs committed now."""
+        return [epoch for epoch in self._staging.epochs() if epoch <= completed_checkpoint and self.commit(epoch)]
+
     def recover(self, completed_checkpoint: int) -> tuple[list[int], list[int]]:
         """After a restore to ``completed_checkpoint``: commit the staged epochs up
         to it, discard those after it.  Returns (committed now, discarded)."""

@@ -49,12 +49,17 @@ from barriers.messages import (
 )
 from operators.base import WatermarkAware
 from operators.dead_letters import DeadLetters as OperatorDeadLetters
+from operators.errors import InputSchemaError
 from streaming import codec
 from streaming.channels import header_values
 from streaming.kafka_io import ControlEvent, append_markers
 from streaming.pipeline import Pipeline, TaskSpec, route
 
-__all__ = ["StageTask", "TaskStart", "TaskIO", "Segment"]
+__all__ = ["StageTask", "TaskStart", "TaskIO", "Segment", "WATERMARK_HEADER", "watermark_headers"]
+
+WATERMARK_HEADER = "abs.wm"
+# a record with only headers that moves the watermark of its channel
+WATERMARK_KIND = b"watermark"
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +136,7 @@ class StageTask:
             self.operator.restore(dict(self.start.state))
         self._multi_input = bool(getattr(self.operator, "inputs", None))
         self._schemas = {i.topic: i.schema for i in pipeline.ingress}
+        self._event_time = {i.topic: i.event_time for i in pipeline.ingress if i.event_time}
         self._internal = {pipeline.topic_of(s.name) for s in pipeline.stages}
         self.handler = BarrierHandler(self, spec.inputs, positions=self.start.positions,
                                       generation=self.generation, max_concurrent=max_concurrent, clock=clock,
@@ -144,6 +150,7 @@ class StageTask:
         self._epochs: dict[int, list[pa.Table]] = {}
         self._watermarks: dict[ChannelId, int] = dict(self.start.watermarks)
         self._pending_uploads: list[concurrent.futures.Future] = []
+        self._sent_watermark = -(1 << 63)
         self.counters = collections.Counter()
 
     # ------------------------------------------------------------------ input
@@ -154,22 +161,27 @@ class StageTask:
             for segment in self._segments(table):
                 self._queues[segment.channel].append(segment)
             self._drain()
+            self._forward_watermark()
 
     def _segments(self, table: pa.Table) -> list[Segment]:
         n = table.num_rows
-        is_control = pc.is_valid(header_values(table, KIND_HEADER)).to_numpy(zero_copy_only=False)
+        marks = header_values(table, KIND_HEADER).to_pylist()
         generations = header_values(table, GENERATION_HEADER).to_pylist()
         topics = table["topic"].to_pylist()
         partitions = table["partition"].to_pylist()
-        # data records of an older generation on internal topics were written
-        # after the restored snapshot by the run that failed
-        stale = [not is_control[i] and topics[i] in self._internal and generations[i] is not None
-                 and int(generations[i]) < self.generation for i in range(n)]
-        kinds = ["control" if is_control[i] else "skip" if stale[i] else "data" for i in range(n)]
+        kinds = []
+        for i in range(n):
+            kind = "data" if marks[i] is None else "watermark" if marks[i] == WATERMARK_KIND else "control"
+            # records of an older generation on internal topics were written
+            # after the restored snapshot by the run that failed
+            if (kind != "control" and topics[i] in self._internal and generations[i] is not None
+                    and int(generations[i]) < self.generation):
+                kind = "skip"
+            kinds.append(kind)
         segments: list[Segment] = []
         start = 0
         for i in range(1, n + 1):
-            if i < n and kinds[i] == kinds[start] != "control" and (topics[i], partitions[i]) == (
+            if i < n and kinds[i] == kinds[start] and kinds[i] in ("data", "skip") and (topics[i], partitions[i]) == (
                     topics[start], partitions[start]):
                 continue
             channel = ChannelId(topics[start], int(partitions[start]))
@@ -219,8 +231,10 @@ class StageTask:
         self.handler.record_processed(channel, segment.last_offset)
         if segment.kind == "skip":
             self.counters["skipped_older_generation"] += segment.rows.num_rows
-            return
-        self._process(channel, segment.rows)
+        elif segment.kind == "watermark":
+            self._advance_watermark(channel, segment.rows, None)
+        else:
+            self._process(channel, segment.rows)
 
     def _handle_control(self, segment: Segment) -> None:
         offset = segment.first_offset
@@ -239,28 +253,46 @@ class StageTask:
         decoded = codec.decode(rows["value"].to_pylist(), self._schemas.get(channel.topic))
         for index, reason in decoded.rejected:
             self._dead_letter(channel, rows.slice(index, 1), reason)
+        # outputs of this segment carry the watermark from before it: no record
+        # of the segment is older than that
+        watermark = self.watermark
         if decoded.table.num_rows:
             batch = decoded.table
-            if self._multi_input:
-                output = self.operator.process({self.spec.inputs[channel]: batch})
-            else:
-                output = self.operator.process(batch)
+            try:
+                if self._multi_input:
+                    output = self.operator.process({self.spec.inputs[channel]: batch})
+                else:
+                    output = self.operator.process(batch)
+            except InputSchemaError as exc:
+                # records the operator cannot take at all: quarantined, with the reason
+                for index in decoded.index:
+                    self._dead_letter(channel, rows.slice(index, 1), str(exc))
+                output = None
             self._collect_dead_letters(channel)
-            self._emit(output)
-            if self.stage.event_time and self.stage.event_time in batch.column_names:
-                self._advance_watermark(channel, batch)
+            self._emit(output, watermark)
+        self._advance_watermark(channel, rows, decoded.table)
         self.counters["records"] += rows.num_rows
 
-    def _advance_watermark(self, channel: ChannelId, batch: pa.Table) -> None:
-        if not isinstance(self.operator, WatermarkAware):
+    @property
+    def watermark(self) -> int | None:
+        """The minimum over open inputs of each channel's watermark (None until all have one)."""
+        inputs = self.handler.open_inputs or self.spec.inputs.keys()
+        if not all(c in self._watermarks for c in inputs):
+            return None
+        return min(self._watermarks[c] for c in inputs)
+
+    def _advance_watermark(self, channel: ChannelId, rows: pa.Table, decoded: pa.Table | None) -> None:
+        latest = max((int(m) for m in header_values(rows, WATERMARK_HEADER).to_pylist() if m), default=None)
+        column = self._event_time.get(channel.topic)
+        if column is not None and decoded is not None and column in decoded.column_names and decoded.num_rows:
+            latest = max(v for v in (latest, pc.max(decoded[column]).as_py()) if v is not None)
+        if latest is None or latest <= self._watermarks.get(channel, latest - 1):
             return
-        latest = pc.max(batch[self.stage.event_time]).as_py()
-        if latest is None:
-            return
-        self._watermarks[channel] = max(self._watermarks.get(channel, latest), int(latest))
-        if all(c in self._watermarks for c in self.handler.open_inputs):
-            watermark = min(self._watermarks[c] for c in self.handler.open_inputs)
-            self._emit(self.operator.on_watermark(watermark))
+        before = self.watermark
+        self._watermarks[channel] = int(latest)
+        after = self.watermark
+        if after is not None and after != before and isinstance(self.operator, WatermarkAware):
+            self._emit(self.operator.on_watermark(after), after)
             self._collect_dead_letters(channel)
 
     def _dead_letter(self, channel: ChannelId, row: pa.Table, reason: str) -> None:
@@ -280,7 +312,17 @@ class StageTask:
 
     # ----------------------------------------------------------------- output
 
-    def _emit(self, output: pa.Table | None) -> None:
+    def _forward_watermark(self) -> None:
+        """Tell every output channel how far event time got, once per batch
+        when it moved, so downstream windows close even where no row goes."""
+        watermark = self.watermark
+        if watermark is None or not self.spec.outputs or watermark <= self._sent_watermark:
+            return
+        self._sent_watermark = watermark
+        for channel in self.spec.outputs:
+            self.io.send(channel, None, b"", watermark_headers(watermark, self.generation))
+
+    def _emit(self, output: pa.Table | None, watermark: int | None) -> None:
         if output is None or output.num_rows == 0:
             return
         self.counters["output_rows"] += output.num_rows
@@ -291,6 +333,8 @@ class StageTask:
         keys = (pc.cast(output[self.stage.key], pa.string()).to_pylist() if self.stage.key
                 else [None] * output.num_rows)
         headers = [(GENERATION_HEADER, str(self.generation).encode())]
+        if watermark is not None:
+            headers.append((WATERMARK_HEADER, str(watermark).encode()))
         for target, key, value in zip(targets, keys, codec.encode(output)):
             self.io.send(self.spec.outputs[int(target)], key.encode() if key is not None else None, value, headers)
 
@@ -385,3 +429,12 @@ class StageTask:
     def close(self) -> None:
         if self._own_upload:
             self._upload.shutdown(wait=True)
+
+
+def watermark_headers(watermark: int, generation: int | None = None) -> list[tuple[str, bytes]]:
+    """Headers of a watermark record (sources append one to say event time
+    reached ``watermark``, e.g. a far-future one at the end of their input)."""
+    headers = [(KIND_HEADER, WATERMARK_KIND), (WATERMARK_HEADER, str(watermark).encode())]
+    if generation is not None:
+        headers.append((GENERATION_HEADER, str(generation).encode()))
+    return headers

@@ -8,19 +8,20 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions, encode
-from operators import KeyedAggregate, count, sum_
+from operators import KeyedAggregate, count, filter_rows, sum_
 from operators.windows import TumblingWindowAggregate
 from streaming.pipeline import Ingress, Pipeline, Sink, Stage
-from streaming.task import StageTask, TaskIO, TaskStart
+from streaming.task import StageTask, TaskIO, TaskStart, watermark_headers
 
 HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
 def batch(*records) -> pa.Table:
-    """records: (topic, partition, offset, value-dict | bytes | Barrier | CancelBarrier, generation)."""
+    """records: (topic, partition, offset, value-dict | bytes | Barrier | CancelBarrier[, generation[, headers]])."""
     rows = []
     for topic, partition, offset, value, *rest in records:
         headers = []
@@ -30,6 +31,8 @@ def batch(*records) -> pa.Table:
             value = json.dumps(value).encode()
         if rest:
             headers.append(("abs.gen", str(rest[0]).encode()))
+        if len(rest) > 1:
+            headers += [(k, v) for k, v in rest[1].items() if k != "abs.gen"]
         rows.append({"topic": topic, "partition": partition, "offset": offset, "key": None, "value": value,
                      "headers": [{"key": k, "value": v} for k, v in headers], "timestamp": None})
     schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
@@ -46,6 +49,7 @@ class RecordedIO:
         self.events = []
         self.snapshots = {}
         self.staged = {}
+        self.watermarks = []
 
     def io(self, sink=False) -> TaskIO:
         return TaskIO(send=self._send, append_barrier=self._barrier, publish=self._publish,
@@ -53,6 +57,9 @@ class RecordedIO:
                       stage_epoch=self._stage if sink else None)
 
     def _send(self, channel, key, value, headers):
+        if dict(headers).get("abs.kind") == b"watermark":
+            self.watermarks.append((channel, int(dict(headers)["abs.wm"])))
+            return
         self.sent.append((channel, json.loads(value), dict(headers)))
         self.log.append(("send", str(channel)))
 
@@ -186,8 +193,8 @@ def test_windows_close_on_the_minimum_watermark_over_channels():
         return TumblingWindowAggregate("account", "ts", 100, {"amount": sum_("amount")},
                                        allowed_lateness=10**12)
     schema = pa.schema([("account", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
-    pipeline = Pipeline("job", (Ingress("in", 2, schema),),
-                        (Stage("w", ("in",), windows, event_time="ts", sink=Sink()),))
+    pipeline = Pipeline("job", (Ingress("in", 2, schema, event_time="ts"),),
+                        (Stage("w", ("in",), windows, sink=Sink()),))
     task, io = make_task(pipeline, "w-0", sink=True)
     task.process_batch(batch(("in", 0, 0, {"account": "x", "amount": 1, "ts": 10}),
                              ("in", 0, 1, {"account": "x", "amount": 2, "ts": 250})))
@@ -195,3 +202,36 @@ def test_windows_close_on_the_minimum_watermark_over_channels():
     task.process_batch(batch(("in", 1, 0, {"account": "x", "amount": 5, "ts": 120})))
     closed = [row for table in task._epoch_rows for row in table.to_pylist()]
     assert [(r["window_start"], r["amount"]) for r in closed] == [(0, 1)]
+
+
+def test_watermarks_travel_downstream_in_headers_and_watermark_records():
+    schema = pa.schema([("account", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
+
+    def windows():
+        return TumblingWindowAggregate("account", "ts", 100, {"amount": sum_("amount")}, allowed_lateness=10**12)
+    pipeline = Pipeline("job", (Ingress("in", 1, schema, event_time="ts"),),
+                        (Stage("pass", ("in",), lambda: filter_rows(lambda t: pc.greater(t["amount"], -1))),
+                         Stage("out", ("pass",), windows, sink=Sink())))
+    task, io = make_task(pipeline, "pass-0")
+    task.process_batch(batch(("in", 0, 0, {"account": "x", "amount": 1, "ts": 10}),
+                             ("in", 0, 1, {"account": "x", "amount": 2, "ts": 20})))
+    task.process_batch(batch(("in", 0, 2, {"account": "x", "amount": 4, "ts": 130})))
+    marks = [headers.get("abs.wm") for _, _, headers in io.sent]
+    assert marks == [None, None, b"20"]  # never newer than the record it rides on
+    out = ChannelId("spark-abs.job.pass", 0)
+    assert io.watermarks == [(out, 20), (out, 130)]  # once per batch, when it moved
+
+    downstream, down_io = make_task(pipeline, "out-0", sink=True)
+    topic = "spark-abs.job.pass"
+    rows = [(topic, 0, i, row, 0, headers) for i, (_, row, headers) in enumerate(io.sent)]
+    downstream.process_batch(batch(*rows))
+    assert downstream.watermark == 20 and downstream._epoch_rows == []
+    downstream.process_batch(batch((topic, 0, 3, {"account": "x"}, 0)))
+    assert [r for _, _, r in down_io.dead] == [
+        "TumblingWindowAggregate: input has no column 'ts' (columns: account)"]
+    end = batch((topic, 0, 4, b""))
+    end = end.set_column(end.schema.get_field_index("headers"), "headers",
+                         pa.array([[{"key": k, "value": v} for k, v in watermark_headers(10**6, 0)]], HEADER_TYPE))
+    downstream.process_batch(end)
+    closed = [(r["window_start"], r["amount"]) for t in downstream._epoch_rows for r in t.to_pylist()]
+    assert closed == [(0, 3), (100, 4)]

@@ -1,0 +1,190 @@
+"""The coordinator service: the bookkeeping of ``barriers.coordinator`` wired
+to Kafka and the snapshot store.
+
+- **Injector**: on trigger n, barrier n is appended to every partition of
+  every ingress topic; the offsets Kafka gives back are published on the
+  job's control topic (a ``trigger`` event) and kept in the manifest.
+- **Acks**: tasks acknowledge on the control topic with their snapshot's
+  metadata; a decline aborts the checkpoint and the abort is published so
+  every task lets it go.
+- **Completion**: when every task acknowledged, the manifest is written (last,
+  so only a checkpoint with a manifest is complete), a ``complete`` event
+  tells the sinks to commit, and retention deletes what it gives up (never a
+  checkpoint pinned by a restore).  A manifest that cannot be written aborts
+  the checkpoint; the job goes on.
+
+Events of other generations are ignored (a task of the run that failed may
+still speak)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kafka import KafkaProducer
+
+from barriers.coordinator import CheckpointCoordinator, CompletedCheckpoint, PendingCheckpoint
+from barriers.failures import CheckpointFailure
+from barriers.messages import Barrier, CheckpointOptions, encode
+from streaming.errors import StoreError
+from streaming.kafka_io import ControlEvent, ControlTopic, append_markers
+from streaming.pipeline import Pipeline
+from streaming.snapshots import SnapshotStore, TaskSnapshot
+
+__all__ = ["CoordinatorService", "CheckpointRecord"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CheckpointRecord:
+    """What the service saw of one checkpoint, for progress output and tests."""
+
+    checkpoint_id: int
+    generation: int
+    triggered_at: float
+    ingress_offsets: dict[str, int]
+    status: str = "pending"
+    reason: str = ""
+    completed_at: float | None = None
+    committed: set[str] = field(default_factory=set)
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.completed_at is None else self.completed_at - self.triggered_at
+
+
+class CoordinatorService:
+    """Triggers checkpoints, collects acks, writes manifests, applies retention."""
+
+    def __init__(self, pipeline: Pipeline, bootstrap: str, store: SnapshotStore, *,
+                 options: CheckpointOptions | None = None, generation: int = 0, next_checkpoint_id: int = 1,
+                 max_concurrent: int = 1, timeout_s: float = 60.0, retain: int = 3,
+                 pinned: int | None = None, job_key: bytes | None = None,
+                 on_event: Callable[[str], None] = lambda line: None, control_start: int | None = None):
+        self.pipeline = pipeline
+        self.store = store
+        self.options = options or CheckpointOptions.aligned()
+        self.job_key = job_key
+        self.say = on_event
+        self.tasks = [t.name for t in pipeline.tasks()]
+        self.sink_tasks = {t.name for t in pipeline.tasks() if pipeline.stage(t.stage).sink is not None}
+        self.coordinator = CheckpointCoordinator(self.tasks, job=pipeline.job, generation=generation,
+                                                 next_checkpoint_id=next_checkpoint_id,
+                                                 max_concurrent=max_concurrent, timeout_s=timeout_s,
+                                                 retain=retain)
+        self.retain = retain
+        self.pinned = pinned
+        self.records: dict[int, CheckpointRecord] = {}
+        self._producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+        self.control = ControlTopic(bootstrap, pipeline.job, start_at=control_start or 0)
+        if control_start is None:
+            self.control.seek_to_end()
+
+    @property
+    def generation(self) -> int:
+        return self.coordinator.generation
+
+    # ---- trigger
+
+    def trigger(self, options: CheckpointOptions | None = None) -> Barrier | None:
+        """Inject barrier n into every ingress partition (None when too many are pending)."""
+        if not self.coordinator.can_trigger():
+            return None
+        barrier = self.coordinator.trigger(options or self.options, timestamp_ms=int(time.time() * 1000))
+        offsets = append_markers(self._producer, self.pipeline.ingress_channels(), encode(barrier, key=self.job_key))
+        by_channel = {str(c): o for c, o in offsets.items()}
+        self.records[barrier.checkpoint_id] = CheckpointRecord(barrier.checkpoint_id, barrier.generation,
+                                                               time.monotonic(), by_channel)
+        self.control.publish(ControlEvent("trigger", barrier.checkpoint_id, "",
+                                          {"generation": self.generation, "offsets": by_channel,
+                                           "options": barrier.options.describe()}))
+        return barrier
+
+    # ---- events
+
+    def poll(self, timeout_s: float = 0.2) -> None:
+        for event in self.control.poll(timeout_s):
+            self.handle(event)
+        for expired in self.coordinator.expire():
+            self._aborted(expired.checkpoint_id, expired.failure, expired.failure_detail)
+
+    def handle(self, event: ControlEvent) -> None:
+        if event.payload.get("generation") != self.generation or event.kind in ("trigger", "announce", "abort",
+                                                                                 "complete"):
+            return
+        if event.kind == "committed":
+            record = self.records.get(event.checkpoint_id)
+            if record is not None:
+                record.committed.add(event.task)
+            return
+        if event.kind == "decline":
+            result = self.coordinator.decline(event.task, event.checkpoint_id,
+                                              _failure(event.payload.get("reason")), str(event.payload.get("detail", "")))
+            if isinstance(result, PendingCheckpoint):
+                self._aborted(event.checkpoint_id, result.failure, result.failure_detail)
+            return
+        if event.kind == "ack":
+            result = self.coordinator.acknowledge(event.task, event.checkpoint_id, event.payload.get("snapshot"))
+            if isinstance(result, PendingCheckpoint):
+                self._complete(result.checkpoint_id)
+
+    def _complete(self, checkpoint_id: int) -> None:
+        pending = self.coordinator.pending[checkpoint_id]
+        record = self.records.get(checkpoint_id)
+        try:
+            snapshots = {task: TaskSnapshot.from_json(json.dumps(payload)) for task, payload in pending.acks.items()}
+            self.store.write_manifest(
+                checkpoint_id, self.generation, snapshots, options={"alignment": pending.barrier.options.describe()},
+                metrics={"ingress_barrier_offsets": record.ingress_offsets if record else {},
+                         "trigger_to_complete_s": time.monotonic() - record.triggered_at if record else None,
+                         "tasks": {t: s.metadata for t, s in snapshots.items()}})
+        except (StoreError, ValueError) as exc:
+            self.coordinator.abort(checkpoint_id, CheckpointFailure.STORE_FAILURE, f"manifest not written: {exc}")
+            self._aborted(checkpoint_id, CheckpointFailure.STORE_FAILURE, f"manifest not written: {exc}")
+            return
+        done, dropped = self.coordinator.complete(checkpoint_id)
+        for older in [a for a in self.coordinator.aborted if a.failure is CheckpointFailure.SUBSUMED]:
+            if older.checkpoint_id in self.records and self.records[older.checkpoint_id].status == "pending":
+                self._aborted(older.checkpoint_id, older.failure, older.failure_detail)
+        self.control.publish(ControlEvent("complete", checkpoint_id, "", {"generation": self.generation}))
+        if record:
+            record.status, record.completed_at = "completed", time.monotonic()
+        self.say(f"checkpoint {checkpoint_id} complete in {record.duration_s:.2f} s" if record
+                 else f"checkpoint {checkpoint_id} complete")
+        try:
+            deleted = self.store.apply_retention(self.retain, pinned=[self.pinned] if self.pinned else [])
+            if deleted:
+                log.info("retention deleted checkpoints %s", deleted)
+        except StoreError as exc:
+            log.warning("checkpoint %d: retention failed (will retry next time): %s", checkpoint_id, exc)
+
+    def _aborted(self, checkpoint_id: int, failure: CheckpointFailure | None, detail: str) -> None:
+        record = self.records.get(checkpoint_id)
+        if record is not None:
+            record.status, record.reason = "aborted", f"{failure.value if failure else ''}: {detail}"
+        self.control.publish(ControlEvent("abort", checkpoint_id, "", {
+            "generation": self.generation, "reason": failure.name if failure else "USER", "detail": detail}))
+        self.say(f"checkpoint {checkpoint_id} aborted: {failure.value if failure else ''} ({detail})")
+
+    # ---- queries
+
+    def completed(self) -> list[CheckpointRecord]:
+        return [r for r in self.records.values() if r.status == "completed"]
+
+    def latest_completed(self) -> CompletedCheckpoint | None:
+        return self.coordinator.completed.latest()
+
+    def close(self) -> None:
+        self._producer.close()
+        self.control.close()
+
+
+def _failure(name: object) -> CheckpointFailure:
+    try:
+        return CheckpointFailure[str(name)]
+    except KeyError:
+        return CheckpointFailure.DECLINED

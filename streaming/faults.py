@@ -1,0 +1,90 @@
+"""Fault injection for restore drills and the end-to-end tests: a worker
+kills itself with SIGKILL (no clean-up, like a lost machine) at a named point.
+
+``SPARK_ABS_FAULT`` holds ``<task>:<point>:<checkpoint>:<generation>`` entries,
+comma-separated; ``*`` matches any checkpoint.  Points:
+
+- ``mid_batch``: halfway through the first micro-batch that arrives once the
+  task has started checkpoint n;
+- ``during_alignment``: when a micro-batch arrives while checkpoint n is
+  aligning (some channel blocked);
+- ``during_upload``: while checkpoint n's snapshot is being written;
+- ``before_sink_commit``: after checkpoint n's manifest, before the sink commits;
+- ``during_restore``: while restoring checkpoint n, after loading its snapshot.
+
+The generation makes a fault fire once: the restored run has the next one."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import Callable
+
+import pyarrow as pa
+
+__all__ = ["ENV", "POINTS", "parse", "point", "wrap_batch"]
+
+log = logging.getLogger(__name__)
+
+ENV = "SPARK_ABS_FAULT"
+POINTS = ("mid_batch", "during_alignment", "during_upload", "before_sink_commit", "during_restore")
+
+
+def parse(text: str) -> list[tuple[str, str, int | None, int]]:
+    faults = []
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        parts = entry.split(":")
+        if len(parts) != 4 or parts[1] not in POINTS:
+            raise ValueError(f"{ENV} entry {entry!r}: expected <task>:<point>:<checkpoint|*>:<generation> "
+                             f"with point one of {', '.join(POINTS)}")
+        task, where, checkpoint, generation = parts
+        faults.append((task, where, None if checkpoint == "*" else int(checkpoint), int(generation)))
+    return faults
+
+
+_generation = 0
+
+
+def set_generation(generation: int) -> None:
+    global _generation
+    _generation = generation
+
+
+def _armed(task: str, where: str, checkpoint_id: int) -> bool:
+    for f_task, f_where, f_checkpoint, f_generation in parse(os.environ.get(ENV, "")):
+        if (f_task, f_where, f_generation) == (task, where, _generation) and f_checkpoint in (None, checkpoint_id):
+            return True
+    return False
+
+
+def _die(task: str, where: str, checkpoint_id: int) -> None:
+    print(f"[fault] {task}: killed at {where} of checkpoint {checkpoint_id} (generation {_generation})",
+          file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def point(task: str, where: str, checkpoint_id: int) -> None:
+    """Die here if a fault is armed for it."""
+    if _armed(task, where, checkpoint_id):
+        _die(task, where, checkpoint_id)
+
+
+def wrap_batch(name: str, task) -> Callable[[pa.Table, int], None]:
+    """``task.process_batch`` with the batch-level faults armed."""
+    if not os.environ.get(ENV):
+        return task.process_batch
+
+    def on_batch(table: pa.Table, batch_id: int) -> None:
+        handler = task.handler
+        for checkpoint_id in handler.pending:
+            if handler.blocked and _armed(name, "during_alignment", checkpoint_id):
+                _die(name, "during_alignment", checkpoint_id)
+        started = handler.newest_started
+        if started and _armed(name, "mid_batch", started) and table.num_rows > 1:
+            task.process_batch(table.slice(0, table.num_rows // 2), batch_id)
+            _die(name, "mid_batch", started)
+        task.process_batch(table, batch_id)
+
+    return on_batch
