@@ -64,12 +64,14 @@ class CoordinatorService:
                  options: CheckpointOptions | None = None, generation: int = 0, next_checkpoint_id: int = 1,
                  max_concurrent: int = 1, timeout_s: float = 60.0, retain: int = 3,
                  pinned: int | None = None, job_key: bytes | None = None,
-                 on_event: Callable[[str], None] = lambda line: None, control_start: int | None = None):
+                 on_event: Callable[[str], None] = lambda line: None, control_start: int | None = None,
+                 on_complete: Callable[[int], None] | None = None):
         self.pipeline = pipeline
         self.store = store
         self.options = options or CheckpointOptions.aligned()
         self.job_key = job_key
         self.say = on_event
+        self.on_complete = on_complete
         self.tasks = [t.name for t in pipeline.tasks()]
         self.sink_tasks = {t.name for t in pipeline.tasks() if pipeline.stage(t.stage).sink is not None}
         self.coordinator = CheckpointCoordinator(self.tasks, job=pipeline.job, generation=generation,
@@ -155,6 +157,8 @@ class CoordinatorService:
             record.status, record.completed_at = "completed", time.monotonic()
         self.say(f"checkpoint {checkpoint_id} complete in {record.duration_s:.2f} s" if record
                  else f"checkpoint {checkpoint_id} complete")
+        if self.on_complete is not None:
+            self.on_complete(checkpoint_id)
         try:
             deleted = self.store.apply_retention(self.retain, pinned=[self.pinned] if self.pinned else [])
             if deleted:

@@ -61,13 +61,15 @@ class JobRunner:
 
     def __init__(self, pipeline_ref: str, settings: JobSettings, connection: Connection, *, job: str | None = None,
                  workers: Mapping[str, list[str]] | None = None, faults: str = "",
-                 say: Callable[[str], None] = print, log_dir: Path | None = None, max_restores: int = 10):
+                 say: Callable[[str], None] = print, log_dir: Path | None = None, max_restores: int = 10,
+                 on_complete: Callable[[int], None] | None = None):
         self.pipeline_ref = pipeline_ref
         self.pipeline: Pipeline = load_pipeline(pipeline_ref, job)
         self.job = self.pipeline.job
         self.settings = settings
         self.connection = connection
         self.say = say
+        self.on_complete = on_complete
         self.faults = faults
         self.groups = dict(workers) if workers else self._by_stage()
         tasks = {t.name for t in self.pipeline.tasks()}
@@ -120,7 +122,7 @@ class JobRunner:
             self.pipeline, self.connection.kafka_bootstrap, self.store, options=self.settings.options,
             generation=generation, next_checkpoint_id=next_id, max_concurrent=self.settings.max_concurrent,
             timeout_s=self.settings.timeout_s, retain=self.settings.retain, pinned=checkpoint_id,
-            on_event=self.say)
+            on_event=self.say, on_complete=self.on_complete)
         env = {**os.environ, **self.connection.as_env(), "PYTHONUNBUFFERED": "1"}
         if self.faults:
             env["SPARK_ABS_FAULT"] = self.faults
@@ -188,21 +190,20 @@ class JobRunner:
 
     def kill_worker(self, name: str) -> None:
         """SIGKILL a worker (a drill): the next ``step`` restores."""
-        worker = self.workers[name]
-        os.killpg(worker.process.pid, signal.SIGKILL)
-        worker.process.wait()
+        _kill_group(self.workers[name].process)
 
     def stop_workers(self, timeout_s: float = 15.0) -> None:
         for worker in self.workers.values():
             if worker.process.poll() is None:
-                os.killpg(worker.process.pid, signal.SIGTERM)
+                # the worker stops its queries and its Spark JVM goes with it
+                worker.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for worker in self.workers.values():
             try:
                 worker.process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(worker.process.pid, signal.SIGKILL)
-                worker.process.wait()
+                pass
+            _kill_group(worker.process)
         self.workers.clear()
 
     def ingress_end_offsets(self) -> dict[str, int]:
@@ -245,6 +246,15 @@ class JobRunner:
         if self.coordinator is None:
             raise SparkAbsError(f"job {self.job} is not started")
         return self.coordinator
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the worker and its Spark JVM (its own process group)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
 
 
 def _exit_text(code: int | None) -> str:

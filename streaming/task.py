@@ -354,6 +354,7 @@ class StageTask:
     def forward_barrier(self, barrier: Barrier) -> None:
         if not self.spec.outputs:
             return
+        self._forward_watermark()  # event-time progress before the barrier belongs to its epoch
         self.io.flush()
         offsets = self.io.append_barrier(self.spec.outputs, encode(barrier, key=self.job_key))
         self.io.publish(ControlEvent("announce", barrier.checkpoint_id, self.spec.name,

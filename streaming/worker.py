@@ -189,7 +189,10 @@ class Worker:
 
     def close(self) -> None:
         for running in self.running:
-            running.query.stop()
+            try:
+                running.query.stop()
+            except Exception as exc:  # the JVM may already be gone on a signal
+                log.warning("%s: stopping the query: %s", running.task.spec.name, exc)
             running.task.wait_for_uploads(10)
             running.task.close()
             if isinstance(running.sink, KafkaSink):
