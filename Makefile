@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: run test install clean
 
 run: $(STAMP)
-	$(BIN)/spark-abs smoke
+	$(BIN)/spark-abs demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -87,6 +87,14 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from streaming import demo
+
+    if args.home:
+        os.environ["SPARK_ABS_HOME"] = str(Path(args.home).expanduser().resolve())
+    return demo.main(args.rest)
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from barriers import narrate
 
@@ -122,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.add_argument("--partitions", type=int, default=2, help="partitions of the topic (default 2)")
     smoke.set_defaults(func=_cmd_smoke)
 
+    demo = sub.add_parser("demo", add_help=False,
+                          help="the money-in-transit pipeline: checkpoints, a killed stage, a restore, "
+                               "checked output (see `spark-abs demo --help`)")
+    demo.add_argument("rest", nargs=argparse.REMAINDER)
+    demo.set_defaults(func=_cmd_demo)
+
     simulate = sub.add_parser("simulate", add_help=False,
                               help="narrate a simulated snapshot run (see `spark-abs simulate --help`)")
     simulate.add_argument("rest", nargs=argparse.REMAINDER)
@@ -129,8 +143,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _passthrough(argv: list[str]) -> tuple[str, list[str]] | None:
+    """``simulate`` and ``demo`` take their own options: everything after the
+    command name goes to them untouched."""
+    for index, token in enumerate(argv):
+        if token in _OWN_OPTIONS:
+            return token, argv[index + 1:]
+        if not token.startswith("-"):
+            return None
+    return None
+
+
+_OWN_OPTIONS = ("simulate", "demo")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough = _passthrough(argv)
+    if passthrough is not None:
+        command, rest = passthrough
+        index = argv.index(command)
+        args = build_parser().parse_args(argv[:index + 1])
+        args.rest = rest
+    else:
+        args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -113,7 +113,7 @@ class JobRunner:
         else:
             self.restore(f"restore requested from checkpoint {restore}" if restore else "restart", restore)
 
-    def _launch(self, generation: int, checkpoint_id: int | None) -> None:
+    def _launch(self, generation: int, checkpoint_id: int | None, live: Mapping[str, _WorkerProcess] = {}) -> None:
         if self.coordinator is not None:
             self.history.extend(self.coordinator.records.values())
             self.coordinator.close()
@@ -127,6 +127,9 @@ class JobRunner:
         if self.faults:
             env["SPARK_ABS_FAULT"] = self.faults
         for name, tasks in self.groups.items():
+            if name in live and _tell(live[name].process, f"restore {generation} {checkpoint_id or 'none'}"):
+                self.workers[name] = live[name]
+                continue
             log_path = self.log_dir / f"worker-{name}-g{generation}.log"
             command = [sys.executable, "-m", "streaming.worker", "--pipeline", self.pipeline_ref, "--job", self.job,
                        "--tasks", ",".join(tasks), "--settings", self.settings.to_json(),
@@ -134,8 +137,8 @@ class JobRunner:
             if checkpoint_id is not None:
                 command += ["--restore", str(checkpoint_id)]
             with open(log_path, "wb") as log_file:
-                process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                           start_new_session=True)
+                process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
+                                           env=env, start_new_session=True)
             self.workers[name] = _WorkerProcess(name, tasks, process, log_path)
         self._last_trigger = time.monotonic()
 
@@ -167,7 +170,10 @@ class JobRunner:
         ``checkpoint_id`` or the latest that verifies."""
         if len(self.restores) >= self.max_restores:
             raise JobFailed(f"job {self.job}: {len(self.restores)} restores already; giving up ({reason})")
-        self.stop_workers()
+        # workers that still run restore in place (their Spark stays up); dead ones start again
+        live = {name: w for name, w in self.workers.items() if w.process.poll() is None}
+        for name in [n for n in self.workers if n not in live]:
+            del self.workers[name]
         skipped: list[tuple[int, list[str]]] = []
         if checkpoint_id is None:
             manifest, skipped = self.store.latest_verified()
@@ -185,7 +191,7 @@ class JobRunner:
         self.say(f"restoring generation {generation} from "
                  + (f"checkpoint {checkpoint_id}" if checkpoint_id else "the beginning (no complete checkpoint)")
                  + f" ({reason})")
-        self._launch(generation, checkpoint_id)
+        self._launch(generation, checkpoint_id, live)
         return record
 
     def kill_worker(self, name: str) -> None:
@@ -246,6 +252,18 @@ class JobRunner:
         if self.coordinator is None:
             raise SparkAbsError(f"job {self.job} is not started")
         return self.coordinator
+
+
+def _tell(process: subprocess.Popen, command: str) -> bool:
+    """Send a command line to a worker; False when it cannot take it (it died)."""
+    if process.poll() is not None or process.stdin is None:
+        return False
+    try:
+        process.stdin.write(f"{command}\n".encode())
+        process.stdin.flush()
+        return True
+    except (BrokenPipeError, OSError):
+        return False
 
 
 def _kill_group(process: subprocess.Popen) -> None:

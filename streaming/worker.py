@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import queue
 import signal
 import sys
 import threading
@@ -87,6 +88,7 @@ class Worker:
         self.task_names = task_names
         self._spark = spark
         self._stop = threading.Event()
+        self.commands: queue.Queue[tuple[int, int | None]] = queue.Queue()
         self.running: list[_Running] = []
         faults.set_generation(generation)
 
@@ -102,10 +104,10 @@ class Worker:
         self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
                                       max_in_flight_requests_per_connection=1)
         self.dead_letters = DeadLetters(bootstrap, job)
-        spark = self._spark or spark_session(SparkSettings(master=self.connection.spark_master,
-                                                           app_name=f"spark-abs-{job}"))
+        self._spark = self._spark or spark_session(SparkSettings(master=self.connection.spark_master,
+                                                                 app_name=f"spark-abs-{job}"))
         for name in self.task_names:
-            self.running.append(self._start_task(spark, name))
+            self.running.append(self._start_task(self._spark, name))
         self.say(f"worker g{self.generation}: tasks {', '.join(self.task_names)} running"
                  + (f" (restored checkpoint {self.restore})" if self.restore else ""))
 
@@ -160,9 +162,27 @@ class Worker:
             return self.store.write_task(checkpoint_id, generation, task, state, **kwargs)
         return write
 
+    def restart(self, generation: int, restore: int | None) -> None:
+        """Restore in place: stop this generation's queries and start the next
+        one's from checkpoint ``restore`` in the same Spark application (no
+        new JVM), as the job does after another worker died."""
+        self._stop_tasks()
+        self.producer.flush(30)
+        self.generation, self.restore = generation, restore
+        faults.set_generation(generation)
+        self.control.seek_to_end()
+        for name in self.task_names:
+            self.running.append(self._start_task(self._spark, name))
+        self.say(f"worker g{generation}: tasks {', '.join(self.task_names)} restored in place from "
+                 + (f"checkpoint {restore}" if restore else "the beginning"))
+
     def serve(self) -> int:
         """Follow the control topic until stopped; 1 if a query failed."""
         while not self._stop.is_set():
+            try:
+                self.restart(*self.commands.get_nowait())
+            except queue.Empty:
+                pass
             for event in self.control.poll(0.2):
                 self._on_control(event)
             for running in self.running:
@@ -187,7 +207,7 @@ class Worker:
     def stop(self) -> None:
         self._stop.set()
 
-    def close(self) -> None:
+    def _stop_tasks(self) -> None:
         for running in self.running:
             try:
                 running.query.stop()
@@ -197,11 +217,25 @@ class Worker:
             running.task.close()
             if isinstance(running.sink, KafkaSink):
                 running.sink.close()
+        self.running = []
+
+    def close(self) -> None:
+        self._stop_tasks()
         self.producer.flush(10)
         self.producer.close()
         self.dead_letters.close()
         self.control.close()
         self.store.close()
+
+
+def _read_commands(worker: Worker) -> None:
+    """The job runner's commands on stdin: ``restore <generation> <checkpoint|none>``."""
+    for line in sys.stdin:
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "restore":
+            worker.commands.put((int(parts[1]), None if parts[2] == "none" else int(parts[2])))
+        elif parts:
+            print(f"[worker] ignored command {line.strip()!r}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         worker = Worker(pipeline, [t for t in args.tasks.split(",") if t], JobSettings.from_json(args.settings),
                         Connection.load(), generation=args.generation, restore=args.restore, say=say)
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+        threading.Thread(target=_read_commands, args=(worker,), daemon=True).start()
         worker.start()
     except SparkAbsError as exc:
         print(f"worker: {exc}", file=sys.stderr, flush=True)
