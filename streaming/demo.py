@@ -212,8 +212,12 @@ class DemoReport:
 
 def run_demo(connection, *, store_uri: str, transfers: int = 2000, kill: str | None = "accounts",
              mode: str = "aligned", job: str | None = None, faults: str = "", interval_s: float = 1.0,
-             timeout_s: float = 300.0, say: Callable[[str], None] = print, **settings) -> DemoReport:
-    """Run the demo on ``connection`` (see the module docstring)."""
+             timeout_s: float = 300.0, chunks: int = 2, workers: Mapping[str, list[str]] | None = None,
+             say: Callable[[str], None] = print, **settings) -> DemoReport:
+    """Run the demo on ``connection`` (see the module docstring): the
+    transfers go in ``chunks`` parts, each after a checkpoint completed; with
+    ``kill``, that worker is SIGKILLed after the first checkpoint; ``faults``
+    arms ``SPARK_ABS_FAULT`` in the workers."""
     import uuid
 
     from streaming.job import JobRunner
@@ -237,25 +241,30 @@ def run_demo(connection, *, store_uri: str, transfers: int = 2000, kill: str | N
             + ("money conserved" if m.total == 0 else f"MONEY NOT CONSERVED ({m.total:+d})"))
 
     runner = JobRunner("streaming.demo:pipeline", job_settings, connection, job=job, say=say, faults=faults,
-                       on_complete=check)
+                       on_complete=check, workers=workers)
     data = make_transfers(transfers)
     ingress = runner.pipeline.ingress[0]
-    half = len(data) // 2
+    parts = [data[i * len(data) // chunks:(i + 1) * len(data) // chunks] for i in range(chunks)]
+    deadline = time.monotonic() + timeout_s
     try:
         runner.prepare()
-        say(f"producing {half} transfers to {ingress.topic}")
-        produce_transfers(connection.kafka_bootstrap, ingress.topic, data[:half], ingress.partitions, end=False)
-        say(f"starting job {job}: {len(runner.groups)} worker processes ({mode} checkpoints every {interval_s:g} s)")
-        runner.start()
-        deadline = time.monotonic() + timeout_s
-        while not money and time.monotonic() < deadline:
-            runner.step()
-        if kill:
-            say(f"killing worker {kill!r} with SIGKILL")
-            runner.kill_worker(kill)
-        say(f"producing {len(data) - half} more transfers and the end of input")
-        produce_transfers(connection.kafka_bootstrap, ingress.topic, data[half:], ingress.partitions)
-        runner.run_until_caught_up(timeout_s)
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            say(f"producing {len(part)} transfers to {ingress.topic}" + (" and the end of input" if last else ""))
+            produce_transfers(connection.kafka_bootstrap, ingress.topic, part, ingress.partitions, end=last)
+            if index == 0:
+                say(f"starting job {job}: {len(runner.groups)} worker processes ({mode} checkpoints every "
+                    f"{interval_s:g} s)")
+                runner.start()
+            if last:
+                break
+            seen = len(money)
+            while len(money) == seen and time.monotonic() < deadline:
+                runner.step()
+            if index == 0 and kill:
+                say(f"killing worker {kill!r} with SIGKILL")
+                runner.kill_worker(kill)
+        runner.run_until_caught_up(max(1.0, deadline - time.monotonic()))
     finally:
         runner.close()
     output = normalise(read_committed_output(sink_location(job_settings, job, connection)))

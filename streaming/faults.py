@@ -6,8 +6,8 @@ comma-separated; ``*`` matches any checkpoint.  Points:
 
 - ``mid_batch``: halfway through the first micro-batch that arrives once the
   task has started checkpoint n;
-- ``during_alignment``: when a micro-batch arrives while checkpoint n is
-  aligning (some channel blocked);
+- ``during_alignment``: when checkpoint n blocks a channel (its barrier came
+  there first; the task waits for the others);
 - ``during_upload``: while checkpoint n's snapshot is being written;
 - ``before_sink_commit``: after checkpoint n's manifest, before the sink commits;
 - ``during_restore``: while restoring checkpoint n, after loading its snapshot.
@@ -77,11 +77,7 @@ def wrap_batch(name: str, task) -> Callable[[pa.Table, int], None]:
         return task.process_batch
 
     def on_batch(table: pa.Table, batch_id: int) -> None:
-        handler = task.handler
-        for checkpoint_id in handler.pending:
-            if handler.blocked and _armed(name, "during_alignment", checkpoint_id):
-                _die(name, "during_alignment", checkpoint_id)
-        started = handler.newest_started
+        started = task.handler.newest_started
         if started and _armed(name, "mid_batch", started) and table.num_rows > 1:
             task.process_batch(table.slice(0, table.num_rows // 2), batch_id)
             _die(name, "mid_batch", started)

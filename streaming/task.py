@@ -50,7 +50,7 @@ from barriers.messages import (
 from operators.base import WatermarkAware
 from operators.dead_letters import DeadLetters as OperatorDeadLetters
 from operators.errors import InputSchemaError
-from streaming import codec
+from streaming import codec, faults
 from streaming.channels import header_values
 from streaming.kafka_io import ControlEvent, append_markers
 from streaming.pipeline import Pipeline, TaskSpec, route
@@ -342,6 +342,7 @@ class StageTask:
 
     def block(self, channel: ChannelId) -> None:
         log.debug("%s: %s blocked", self.spec.name, channel)
+        faults.point(self.spec.name, "during_alignment", self.handler.newest_started)
 
     def release(self, channel: ChannelId) -> None:
         log.debug("%s: %s released", self.spec.name, channel)

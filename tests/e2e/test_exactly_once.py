@@ -1,0 +1,86 @@
+"""End to end on real Kafka, the S3 server and Spark: the three-stage money
+pipeline (keyed balances, event-time windows) is killed with SIGKILL at
+chosen points, one per generation, restored each time, and must commit
+exactly the output of a run without failures while every completed
+checkpoint conserves money."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from streaming import demo
+from streaming.job import JobRunner
+from streaming.kafka_admin import end_offsets
+from streaming.kafka_io import dead_letter_topic_name
+from streaming.settings import JobSettings
+from streaming.sinks import read_committed_output
+from streaming.snapshots import SnapshotStore
+from streaming.store import ensure_bucket, open_store
+from streaming.worker import sink_location
+
+pytestmark = pytest.mark.integration
+
+# one fault per generation: each restore arms the next
+FAULTS = [
+    ("accounts-0", "mid_batch"),
+    ("accounts-1", "during_alignment"),
+    ("windows-0", "during_upload"),
+    ("windows-0", "before_sink_commit"),
+    ("accounts-0", "during_restore"),
+]
+
+
+def _run(connection, job: str, store: str, faults: list[tuple[str, str]], *, transfers: int, chunk: int,
+         timeout_s: float, lines: list[str]):
+    settings = JobSettings(store=store, interval_s=0.7, timeout_s=60, max_records_per_batch=200)
+    reader = SnapshotStore(open_store(store, connection), job)
+    money = []
+    runner = JobRunner("streaming.demo:pipeline", settings, connection, job=job, say=lines.append,
+                       faults=",".join(f"{task}:{point}:*:{g}" for g, (task, point) in enumerate(faults)),
+                       on_complete=lambda cid: money.append(demo.money_in_checkpoint(reader, cid)))
+    data = demo.make_transfers(transfers)
+    topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
+    deadline = time.monotonic() + timeout_s
+    sent = after = 0
+    try:
+        runner.prepare()
+        # feed chunks until every fault fired, then two more
+        while sent < len(data) and after < 2 and time.monotonic() < deadline:
+            after += len(runner.restores) >= len(faults)
+            demo.produce_transfers(connection.kafka_bootstrap, topic, data[sent:sent + chunk], partitions, end=False)
+            sent += chunk
+            if runner.coordinator is None:
+                runner.start()
+            seen, restores = len(money), len(runner.restores)
+            while len(money) == seen and len(runner.restores) == restores and time.monotonic() < deadline:
+                runner.step()
+        demo.produce_transfers(connection.kafka_bootstrap, topic, [], partitions, end=True)
+        runner.run_until_caught_up(max(1.0, deadline - time.monotonic()))
+    finally:
+        runner.close()
+    output = demo.normalise(read_committed_output(sink_location(settings, job, connection)))
+    reader.close()
+    return runner, data[:sent], money, output
+
+
+def test_kills_at_every_point_then_output_equals_a_failure_free_run(connection, unique_name):
+    ensure_bucket(connection)
+    lines: list[str] = []
+    job = f"e2e-{unique_name[-8:]}"
+    store = f"s3://{connection.s3_bucket}/{unique_name}"
+    runner, sent, money, output = _run(connection, job, store, FAULTS, transfers=6000, chunk=300,
+                                       timeout_s=420, lines=lines)
+    log = "\n".join(lines)
+    fired = [r.reason for r in runner.restores]
+    assert len(runner.restores) == len(FAULTS), f"restores: {fired}\n{log}"
+    assert [r.generation for r in runner.restores] == list(range(1, len(FAULTS) + 1))
+    assert all(r.checkpoint_id for r in runner.restores[1:]), log  # every later restore had a checkpoint
+    assert money and all(m.total == 0 for m in money), money
+    assert all(m.accounts > 0 for m in money)
+    expected = demo.expected_output(sent)
+    assert len(output) == len(expected)
+    assert output == expected
+    dead = sum(end_offsets(connection.kafka_bootstrap, dead_letter_topic_name(job), 1).values())
+    assert dead == 0
