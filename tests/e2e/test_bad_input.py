@@ -1,0 +1,112 @@
+"""Bad input and a failing store on the real runtime: malformed records and
+forged barriers become dead letters with their reason, a barrier of another
+generation is ignored, an unreachable store declines checkpoints while the
+job goes on, and a damaged checkpoint is skipped on restore (the runner says
+why) in favour of the previous one, with the output still exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from barriers.messages import Barrier, encode
+from streaming import demo
+from streaming.job import JobRunner
+from streaming.kafka_io import dead_letter_topic_name
+from streaming.settings import JobSettings
+from streaming.sinks import read_committed_output
+from streaming.snapshots import SnapshotStore
+from streaming.store import open_store
+from streaming.worker import sink_location
+
+pytestmark = pytest.mark.integration
+
+
+def _step_until(runner, condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        runner.step()
+
+
+def _dead_letters(bootstrap: str, job: str) -> list[tuple[str, bytes]]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
+    tp = TopicPartition(dead_letter_topic_name(job), 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    letters = [(dict(r.headers)["spark-abs-reason"].decode(), r.value) for r in consumer]
+    consumer.close()
+    return letters
+
+
+def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique_name, tmp_path):
+    job = f"bad-{unique_name[-8:]}"
+    store_dir = tmp_path / "store"
+    settings = JobSettings(store=f"file://{store_dir}", interval_s=0.7, timeout_s=60, max_records_per_batch=200)
+    lines: list[str] = []
+    runner = JobRunner("streaming.demo:pipeline", settings, connection, job=job, say=lines.append)
+    topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
+    data = demo.make_transfers(1200)
+    bootstrap = connection.kafka_bootstrap
+    try:
+        runner.prepare()
+        demo.produce_transfers(bootstrap, topic, data[:400], partitions, end=False)
+        producer = KafkaProducer(bootstrap_servers=bootstrap)
+        producer.send(topic, value=b"{not json", partition=0)
+        producer.send(topic, value=json.dumps({"id": "x", "source": "a", "target": "b", "amount": "lots",
+                                               "ts": 1}).encode(), partition=1)
+        producer.send(topic, value=b"", headers=encode(Barrier(1, job="someone-else")), partition=0)
+        producer.send(topic, value=b"", headers=encode(Barrier(99, generation=7, job=job)), partition=1)
+        producer.flush()
+        producer.close()
+        runner.start()
+        _step_until(runner, lambda: runner.coordinator.completed(), 240, "a first checkpoint")
+
+        # the store becomes unusable: checkpoints are declined, processing goes on
+        checkpoints = store_dir / job / "checkpoints"
+        moved = checkpoints.with_name("checkpoints.moved")
+        checkpoints.rename(moved)
+        checkpoints.write_text("not a directory")
+        before = len(runner.coordinator.completed())
+        def declined():
+            return [r for r in runner.coordinator.records.values() if "snapshot store failed" in r.reason]
+        _step_until(runner, declined, 60, "a checkpoint declined for the store")
+        assert declined()[0].status == "aborted" and "not a directory" in declined()[0].reason.lower()
+        demo.produce_transfers(bootstrap, topic, data[400:800], partitions, end=False)
+        checkpoints.unlink()
+        moved.rename(checkpoints)
+        _step_until(runner, lambda: len(runner.coordinator.completed()) >= before + 2, 120, "checkpoints again")
+
+        # damage the newest complete checkpoint, then lose a worker: the restore skips it
+        reader = SnapshotStore(open_store(settings.store, connection), job)
+        newest = reader.completed()[-1]
+        part = next(Path(checkpoints, f"chk-{newest:08d}").glob("accounts-0/state/*.parquet"))
+        raw = bytearray(part.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        part.write_bytes(bytes(raw))
+        runner.kill_worker("windows")
+        _step_until(runner, lambda: runner.restores, 30, "the restore")
+        restore = runner.restores[0]
+        assert restore.checkpoint_id < newest
+        assert restore.skipped and restore.skipped[0][0] == newest
+        assert any(f"checkpoint {newest} skipped" in line and "checksum" in line for line in lines), lines
+
+        demo.produce_transfers(bootstrap, topic, data[800:], partitions, end=True)
+        runner.run_until_caught_up(240)
+    finally:
+        runner.close()
+    output = demo.normalise(read_committed_output(sink_location(settings, job, connection)))
+    assert output == demo.expected_output(data)
+    letters = _dead_letters(bootstrap, job)
+    reasons = {value: reason for reason, value in letters}
+    assert len(letters) == 3, letters
+    assert reasons[b"{not json"].startswith("value is not JSON")
+    assert [r for v, r in reasons.items() if b"lots" in v][0].startswith("value does not fit the schema")
+    assert reasons[b""] == f"rejected control record: belongs to job 'someone-else', not '{job}'"
+    worker_logs = "".join(p.read_text(errors="replace") for p in runner.log_dir.glob("worker-legs-*.log"))
+    assert "of a generation this task has not reached" in worker_logs
