@@ -38,6 +38,7 @@ __all__ = [
     "WINDOW_MS",
     "ApplyLegs",
     "pipeline",
+    "kafka_pipeline",
     "make_transfers",
     "produce_transfers",
     "expected_output",
@@ -68,13 +69,19 @@ def _windows() -> TumblingWindowAggregate:
                                    allowed_lateness=END_OF_INPUT)
 
 
-def pipeline(job: str = "money-demo", *, partitions: int = 2, legs_tasks: int = 2, account_tasks: int = 2) -> Pipeline:
+def pipeline(job: str = "money-demo", *, partitions: int = 2, legs_tasks: int = 2, account_tasks: int = 2,
+             sink: Sink | None = None) -> Pipeline:
     return Pipeline(job, (Ingress(f"{job}.transfers", partitions, TRANSFERS, event_time="ts"),), (
         Stage("legs", (f"{job}.transfers",), lambda: transfer_legs(), parallelism=legs_tasks, key="account"),
         Stage("accounts", ("legs",), lambda: ApplyLegs("account", "amount"), parallelism=account_tasks,
               key="account"),
-        Stage("windows", ("accounts",), _windows, sink=Sink()),
+        Stage("windows", ("accounts",), _windows, key="account", sink=sink or Sink()),
     ))
+
+
+def kafka_pipeline(job: str = "money-demo") -> Pipeline:
+    """The demo with its windows committed to the Kafka topic ``<job>.windows`` in transactions."""
+    return pipeline(job, sink=Sink("kafka", f"{job}.windows"))
 
 
 def make_transfers(count_: int, *, accounts: int = 10, seed: int = 7) -> list[dict]:
@@ -127,11 +134,16 @@ def _row_key(row: Mapping) -> tuple:
     return (row["account"], row["window_start"])
 
 
+_COLUMNS = ("account", "window_start", "window_end", "net", "legs")
+
+
 def normalise(table: pa.Table | None) -> list[dict]:
-    if table is None:
-        return []
-    columns = ["account", "window_start", "window_end", "net", "legs"]
-    return sorted(table.select(columns).to_pylist(), key=_row_key)
+    """Committed window rows in a canonical order, to compare runs."""
+    return [] if table is None else normalise_rows(table.to_pylist())
+
+
+def normalise_rows(rows: list[Mapping]) -> list[dict]:
+    return sorted(({c: row[c] for c in _COLUMNS} for row in rows), key=_row_key)
 
 
 @dataclass(frozen=True)

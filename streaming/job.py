@@ -102,6 +102,9 @@ class JobRunner:
             create_topic(bootstrap, ingress.topic, ingress.partitions)
         for topic, partitions in self.pipeline.internal_topics().items():
             create_topic(bootstrap, topic, partitions)
+        for stage in self.pipeline.stages:
+            if stage.sink is not None and stage.sink.kind == "kafka":
+                create_topic(bootstrap, stage.sink.topic, 1)
         create_topic(bootstrap, control_topic_name(self.job), 1)
         create_topic(bootstrap, dead_letter_topic_name(self.job), 1)
 

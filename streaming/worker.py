@@ -28,10 +28,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from kafka import KafkaProducer
 
 from barriers.messages import ChannelId
-from streaming import faults
+from streaming import codec, faults
 from streaming.channels import ChannelQuery
 from streaming.config import Connection, SparkSettings
 from streaming.errors import ConfigError, SparkAbsError
@@ -144,7 +146,9 @@ class Worker:
             publish=self.control.publish,
             dead_letter=self.dead_letters.send,
             write_snapshot=self._write_snapshot(name),
-            stage_epoch=sink.stage if sink is not None else None,
+            stage_epoch=(None if sink is None else
+                         (lambda epoch, table: sink.stage(epoch, kafka_records(table, stage.key)))
+                         if isinstance(sink, KafkaSink) else sink.stage),
             flush=self.producer.flush,
         )
         task = StageTask(self.pipeline, spec, io, start=start, options=self.settings.options,
@@ -226,6 +230,14 @@ class Worker:
         self.dead_letters.close()
         self.control.close()
         self.store.close()
+
+
+def kafka_records(table: pa.Table, key: str | None) -> pa.Table:
+    """A sink epoch as the Kafka sink takes it: ``key`` (the stage's key column) and ``value`` (JSON)."""
+    keys = (pc.cast(table[key], pa.string()).to_pylist() if key and key in table.column_names
+            else [None] * table.num_rows)
+    return pa.table({"key": pa.array([k.encode() if k is not None else None for k in keys], pa.binary()),
+                     "value": pa.array(codec.encode(table), pa.binary())})
 
 
 def _read_commands(worker: Worker) -> None:
