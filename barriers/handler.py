@@ -76,7 +76,7 @@ class IgnoreReason(enum.Enum):
     FUTURE_GENERATION = "of a generation this task has not reached"
     DUPLICATE = "this channel already delivered it"
     OUT_OF_ORDER = "this channel already delivered a newer barrier"
-    LATE = "older than a checkpoint this task already started"
+    LATE = "not newer than a checkpoint this task already started or restored from"
     CANCELLED = "the checkpoint was cancelled"
     ANNOUNCEMENT_UNUSED = "announcements only start or close unaligned checkpoints"
 
@@ -589,7 +589,7 @@ class BarrierHandler:
             return None  # its announcement already closed this channel's part of the checkpoint
         if barrier.checkpoint_id in self._cancelled:
             return self._ignore(channel, barrier.checkpoint_id, IgnoreReason.CANCELLED)
-        if barrier.checkpoint_id < self._newest_started and barrier.checkpoint_id not in self.pending:
+        if barrier.checkpoint_id <= self._newest_started and barrier.checkpoint_id not in self.pending:
             return self._ignore(channel, barrier.checkpoint_id, IgnoreReason.LATE)
         self._newest_started = max(self._newest_started, barrier.checkpoint_id)
         self._state = self._state.barrier(self._ctx, channel, barrier, offset)
@@ -604,7 +604,7 @@ class BarrierHandler:
             return self._ignore(channel, barrier.checkpoint_id, IgnoreReason.DUPLICATE)
         if barrier.checkpoint_id in self._cancelled:
             return self._ignore(channel, barrier.checkpoint_id, IgnoreReason.CANCELLED)
-        if barrier.checkpoint_id < self._newest_started and barrier.checkpoint_id not in self.pending:
+        if barrier.checkpoint_id <= self._newest_started and barrier.checkpoint_id not in self.pending:
             return self._ignore(channel, barrier.checkpoint_id, IgnoreReason.LATE)
         next_state = self._state.announcement(self._ctx, channel, barrier, offset)
         if next_state is None:

@@ -28,11 +28,12 @@ from kafka import KafkaProducer
 
 from barriers.coordinator import CheckpointCoordinator, CompletedCheckpoint, PendingCheckpoint
 from barriers.failures import CheckpointFailure
-from barriers.messages import Barrier, CheckpointOptions, encode
+from barriers.messages import Alignment, Barrier, CheckpointOptions, encode
 from streaming.errors import StoreError
 from streaming.kafka_io import ControlEvent, ControlTopic, append_markers
 from streaming.pipeline import Pipeline
 from streaming.snapshots import SnapshotStore, TaskSnapshot
+from streaming.task import announced_barrier
 
 __all__ = ["CoordinatorService", "CheckpointRecord"]
 
@@ -51,6 +52,8 @@ class CheckpointRecord:
     reason: str = ""
     completed_at: float | None = None
     committed: set[str] = field(default_factory=set)
+    # offsets recorded as channel state (unaligned): input not yet processed into state or output
+    in_flight: int = 0
 
     @property
     def duration_s(self) -> float | None:
@@ -97,13 +100,14 @@ class CoordinatorService:
         if not self.coordinator.can_trigger():
             return None
         barrier = self.coordinator.trigger(options or self.options, timestamp_ms=int(time.time() * 1000))
-        offsets = append_markers(self._producer, self.pipeline.ingress_channels(), encode(barrier, key=self.job_key))
+        headers = encode(barrier, key=self.job_key)
+        offsets = append_markers(self._producer, self.pipeline.ingress_channels(), headers)
         by_channel = {str(c): o for c, o in offsets.items()}
         self.records[barrier.checkpoint_id] = CheckpointRecord(barrier.checkpoint_id, barrier.generation,
                                                                time.monotonic(), by_channel)
         self.control.publish(ControlEvent("trigger", barrier.checkpoint_id, "",
                                           {"generation": self.generation, "offsets": by_channel,
-                                           "options": barrier.options.describe()}))
+                                           "barrier": announced_barrier(headers)}))
         return barrier
 
     # ---- events
@@ -130,7 +134,7 @@ class CoordinatorService:
                 self._aborted(event.checkpoint_id, result.failure, result.failure_detail)
             return
         if event.kind == "ack":
-            result = self.coordinator.acknowledge(event.task, event.checkpoint_id, event.payload.get("snapshot"))
+            result = self.coordinator.acknowledge(event.task, event.checkpoint_id, dict(event.payload))
             if isinstance(result, PendingCheckpoint):
                 self._complete(result.checkpoint_id)
 
@@ -138,12 +142,20 @@ class CoordinatorService:
         pending = self.coordinator.pending[checkpoint_id]
         record = self.records.get(checkpoint_id)
         try:
-            snapshots = {task: TaskSnapshot.from_json(json.dumps(payload)) for task, payload in pending.acks.items()}
+            snapshots = {task: TaskSnapshot.from_json(json.dumps(ack.get("snapshot")))
+                         for task, ack in pending.acks.items()}
+            # per task: what it wrote with its snapshot, and what it measured after (the upload)
+            task_metrics = {task: {**snapshots[task].metadata, **(ack.get("metrics") or {})}
+                            for task, ack in pending.acks.items()}
+            options = pending.barrier.options
             self.store.write_manifest(
-                checkpoint_id, self.generation, snapshots, options={"alignment": pending.barrier.options.describe()},
+                checkpoint_id, self.generation, snapshots,
+                options={"alignment": options.describe(), "in_flight": options.in_flight.value,
+                         "guarantee": _GUARANTEE[options.alignment]},
                 metrics={"ingress_barrier_offsets": record.ingress_offsets if record else {},
                          "trigger_to_complete_s": time.monotonic() - record.triggered_at if record else None,
-                         "tasks": {t: s.metadata for t, s in snapshots.items()}})
+                         "kinds": sorted({m.get("kind", "") for m in task_metrics.values()}),
+                         "tasks": task_metrics})
         except (StoreError, ValueError) as exc:
             self.coordinator.abort(checkpoint_id, CheckpointFailure.STORE_FAILURE, f"manifest not written: {exc}")
             self._aborted(checkpoint_id, CheckpointFailure.STORE_FAILURE, f"manifest not written: {exc}")
@@ -155,6 +167,7 @@ class CoordinatorService:
         self.control.publish(ControlEvent("complete", checkpoint_id, "", {"generation": self.generation}))
         if record:
             record.status, record.completed_at = "completed", time.monotonic()
+            record.in_flight = sum(e - s for snap in snapshots.values() for s, e in snap.in_flight.values())
         self.say(f"checkpoint {checkpoint_id} complete in {record.duration_s:.2f} s" if record
                  else f"checkpoint {checkpoint_id} complete")
         if self.on_complete is not None:
@@ -185,6 +198,13 @@ class CoordinatorService:
     def close(self) -> None:
         self._producer.close()
         self.control.close()
+
+
+_GUARANTEE = {
+    Alignment.ALIGNED: "exactly-once",
+    Alignment.UNALIGNED: "exactly-once (in-flight records are channel state, replayed on restore)",
+    Alignment.AT_LEAST_ONCE: "at-least-once: no alignment, so replay after a restore may duplicate records",
+}
 
 
 def _failure(name: object) -> CheckpointFailure:

@@ -9,6 +9,8 @@ comma-separated; ``*`` matches any checkpoint.  Points:
 - ``during_alignment``: when checkpoint n blocks a channel (its barrier came
   there first; the task waits for the others);
 - ``during_upload``: while checkpoint n's snapshot is being written;
+- ``during_copy``: while checkpoint n's in-flight records are read from Kafka
+  into the snapshot (unaligned checkpoints that copy channel state);
 - ``before_sink_commit``: after checkpoint n's manifest, before the sink commits;
 - ``during_restore``: while restoring checkpoint n, after loading its snapshot.
 
@@ -29,7 +31,7 @@ __all__ = ["ENV", "POINTS", "parse", "point", "wrap_batch"]
 log = logging.getLogger(__name__)
 
 ENV = "SPARK_ABS_FAULT"
-POINTS = ("mid_batch", "during_alignment", "during_upload", "before_sink_commit", "during_restore")
+POINTS = ("mid_batch", "during_alignment", "during_upload", "during_copy", "before_sink_commit", "during_restore")
 
 
 def parse(text: str) -> list[tuple[str, str, int | None, int]]:

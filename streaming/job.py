@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
+from barriers.messages import CheckpointOptions
 from streaming.checkpointing import CheckpointRecord, CoordinatorService
 from streaming.config import Connection, default_home
 from streaming.errors import SparkAbsError
@@ -151,9 +152,9 @@ class JobRunner:
     def generation(self) -> int:
         return self.coordinator.generation if self.coordinator else 0
 
-    def step(self, *, trigger: bool = True) -> None:
-        """One round: trigger when the interval passed, read control events,
-        restore if a worker died."""
+    def step(self, *, trigger: bool = True, options: CheckpointOptions | None = None) -> None:
+        """One round: trigger when the interval passed (with ``options``, or
+        the job's), read control events, restore if a worker died."""
         coordinator = self._require()
         dead = [w for w in self.workers.values() if w.process.poll() is not None]
         if dead:
@@ -164,7 +165,7 @@ class JobRunner:
             self.restore(f"worker {worker.name} died")
             return
         if trigger and time.monotonic() - self._last_trigger >= self.settings.interval_s:
-            if coordinator.trigger() is not None:
+            if coordinator.trigger(options) is not None:
                 self._last_trigger = time.monotonic()
         coordinator.poll(0.2)
 
@@ -225,16 +226,19 @@ class JobRunner:
 
     def run_until_caught_up(self, timeout_s: float = 300.0) -> CheckpointRecord:
         """Run until a checkpoint whose barriers come after everything now in
-        the ingress topics is complete and every sink committed it."""
+        the ingress topics is complete with no channel state (so all of it was
+        processed, not only recorded in flight) and every sink committed it.
+        Checkpoints triggered meanwhile are aligned: like a stop-with-savepoint,
+        they drain the channels."""
         target = self.ingress_end_offsets()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            self.step()
+            self.step(options=CheckpointOptions.aligned())
             coordinator = self._require()
             sinks = coordinator.sink_tasks
             for record in coordinator.completed():
                 covers = all(record.ingress_offsets.get(c, -1) >= o for c, o in target.items())
-                if covers and sinks <= record.committed:
+                if covers and record.in_flight == 0 and sinks <= record.committed:
                     return record
         raise JobFailed(f"job {self.job}: input up to {target} not committed within {timeout_s:.0f} s")
 

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+import pyarrow as pa
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 
@@ -22,6 +23,9 @@ from streaming.errors import ConfigError
 from streaming.kafka_admin import KafkaUnavailableError, create_topic
 
 __all__ = [
+    "RECORD_SCHEMA",
+    "read_range",
+    "retention_ms",
     "Headers",
     "ControlEvent",
     "ControlTopic",
@@ -36,6 +40,66 @@ log = logging.getLogger(__name__)
 Headers = Sequence[tuple[str, bytes]]
 
 CONTROL_KINDS = ("announce", "ack", "decline", "complete", "committed", "abort", "trigger")
+
+
+# Records read straight from Kafka, in the shape a stage query hands them over.
+RECORD_SCHEMA = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                           ("key", pa.binary()), ("value", pa.binary()),
+                           ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+                           ("timestamp", pa.timestamp("ms"))])
+
+
+def read_range(bootstrap: str, channel: Channel, start: int, end: int, *, timeout_s: float = 60.0) -> pa.Table:
+    """The records at offsets ``[start, end)`` of ``channel``, read in bulk
+    (offsets without a record, e.g. transaction markers, are simply absent)."""
+    if end <= start:
+        return RECORD_SCHEMA.empty_table()
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=5000,
+                             client_id="spark-abs-range")
+    tp = TopicPartition(channel.topic, channel.partition)
+    rows: list[dict] = []
+    try:
+        consumer.assign([tp])
+        first = consumer.beginning_offsets([tp])[tp]
+        if first > start:
+            raise KafkaUnavailableError(f"{channel}: offsets [{start}, {end}) are no longer in Kafka "
+                                        f"(the partition starts at {first}; retention removed them)")
+        consumer.seek(tp, start)
+        deadline = time.monotonic() + timeout_s
+        while consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                raise KafkaUnavailableError(f"{channel}: reading offsets [{start}, {end}) took over {timeout_s:.0f} s "
+                                            f"(at {consumer.position(tp)})")
+            for record in consumer.poll(timeout_ms=500).get(tp, []):
+                if record.offset >= end:
+                    break
+                rows.append({"topic": channel.topic, "partition": channel.partition, "offset": record.offset,
+                             "key": record.key, "value": record.value,
+                             "headers": [{"key": k, "value": v} for k, v in record.headers],
+                             "timestamp": record.timestamp})
+    except KafkaError as exc:
+        raise KafkaUnavailableError(f"{channel}: reading offsets [{start}, {end}) failed: {exc}") from exc
+    finally:
+        consumer.close()
+    return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA)
+
+
+def retention_ms(bootstrap: str, topic: str) -> int | None:
+    """The topic's ``retention.ms`` (None: unlimited or unknown)."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    from streaming.kafka_admin import admin_client
+
+    admin = admin_client(bootstrap)
+    try:
+        result = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="All")
+        value = int(result["topic"][topic]["retention.ms"]["value"])
+        return None if value < 0 else value
+    except (KafkaError, KeyError, ValueError, TypeError) as exc:
+        log.warning("retention of topic %s unknown: %s", topic, exc)
+    finally:
+        admin.close()
+    return None
 
 
 def control_topic_name(job: str) -> str:

@@ -40,7 +40,9 @@ from barriers.handler import BarrierHandler, TaskCheckpoint
 from barriers.messages import (
     GENERATION_HEADER,
     KIND_HEADER,
+    Alignment,
     Barrier,
+    InFlightFormat,
     BarrierRejected,
     CancelBarrier,
     ChannelId,
@@ -74,6 +76,11 @@ class TaskStart:
     positions: Mapping[ChannelId, int] = field(default_factory=dict)
     state: Mapping[str, pa.Table] = field(default_factory=dict)
     watermarks: Mapping[ChannelId, int] = field(default_factory=dict)
+    # records of older generations are skipped from these offsets on (the
+    # restored barrier + 1); before them they are channel state, replayed
+    skip_from: Mapping[ChannelId, int] = field(default_factory=dict)
+    # copied channel state to process before anything the query reads
+    replay: Mapping[ChannelId, pa.Table] = field(default_factory=dict)
 
 
 @dataclass
@@ -91,6 +98,8 @@ class TaskIO:
     write_snapshot: Callable[..., Any]
     stage_epoch: Callable[[int, pa.Table], Any] | None = None
     flush: Callable[[], None] = lambda: None
+    # (channel, start, end) -> the records at [start, end), read from Kafka in bulk
+    read_range: Callable[[ChannelId, int, int], pa.Table] | None = None
 
 
 @dataclass(slots=True)
@@ -121,8 +130,9 @@ class StageTask:
     the ``foreachBatch`` body; ``on_control`` takes the control topic's events."""
 
     def __init__(self, pipeline: Pipeline, spec: TaskSpec, io: TaskIO, *, start: TaskStart | None = None,
-                 options=None, max_concurrent: int = 1, clock: Callable[[], float] = time.monotonic,
-                 upload: concurrent.futures.Executor | None = None, job_key: bytes | None = None):
+                 max_concurrent: int = 1, clock: Callable[[], float] = time.monotonic,
+                 upload: concurrent.futures.Executor | None = None, job_key: bytes | None = None,
+                 copy_in_flight: bool = False):
         self.pipeline = pipeline
         self.spec = spec
         self.stage = pipeline.stage(spec.stage)
@@ -131,6 +141,8 @@ class StageTask:
         self.start = start or TaskStart()
         self.generation = self.start.generation
         self.job_key = job_key
+        # copy unaligned channel state into the snapshot even when the barrier asks for ranges
+        self.copy_in_flight = copy_in_flight
         self.operator = self.stage.operator()
         if self.start.state:
             self.operator.restore(dict(self.start.state))
@@ -151,6 +163,13 @@ class StageTask:
         self._watermarks: dict[ChannelId, int] = dict(self.start.watermarks)
         self._pending_uploads: list[concurrent.futures.Future] = []
         self._sent_watermark = -(1 << 63)
+        self._skip_from = dict(self.start.skip_from)
+        self._held_max = 0
+        self._taken: dict[int, dict[str, float]] = {}
+        for channel, table in sorted(self.start.replay.items()):
+            if table.num_rows:
+                self.counters["replayed_in_flight"] += table.num_rows
+                self.process_batch(table)
         self.counters = collections.Counter()
 
     # ------------------------------------------------------------------ input
@@ -169,13 +188,15 @@ class StageTask:
         generations = header_values(table, GENERATION_HEADER).to_pylist()
         topics = table["topic"].to_pylist()
         partitions = table["partition"].to_pylist()
+        offsets = table["offset"].to_pylist()
         kinds = []
         for i in range(n):
             kind = "data" if marks[i] is None else "watermark" if marks[i] == WATERMARK_KIND else "control"
-            # records of an older generation on internal topics were written
-            # after the restored snapshot by the run that failed
+            # records of an older generation on internal topics after the
+            # restored barrier were written by the run that failed
             if (kind != "control" and topics[i] in self._internal and generations[i] is not None
-                    and int(generations[i]) < self.generation):
+                    and int(generations[i]) < self.generation
+                    and offsets[i] >= self._skip_from.get(ChannelId(topics[i], partitions[i]), 0)):
                 kind = "skip"
             kinds.append(kind)
         segments: list[Segment] = []
@@ -211,7 +232,9 @@ class StageTask:
                 if queue and not self.handler.is_blocked(channel):
                     self._handle(queue.popleft())
                     progress = True
-        self.handler.tick(self.held_bytes)
+        held = self.held_bytes
+        self._held_max = max(self._held_max, held)
+        self.handler.tick(held)
 
     @property
     def held_bytes(self) -> int:
@@ -348,18 +371,26 @@ class StageTask:
         log.debug("%s: %s released", self.spec.name, channel)
 
     def snapshot(self, barrier: Barrier) -> None:
+        began = time.perf_counter()
         self._snapshots[barrier.checkpoint_id] = self.operator.snapshot()
         self._epochs[barrier.checkpoint_id] = self._epoch_rows
         self._epoch_rows = []
+        self._taken[barrier.checkpoint_id] = {
+            "sync_snapshot_s": time.perf_counter() - began,
+            "snapshot_wall": time.time(),
+            "held_bytes_max": self._held_max,
+        }
+        self._held_max = 0
 
     def forward_barrier(self, barrier: Barrier) -> None:
         if not self.spec.outputs:
             return
         self._forward_watermark()  # event-time progress before the barrier belongs to its epoch
         self.io.flush()
-        offsets = self.io.append_barrier(self.spec.outputs, encode(barrier, key=self.job_key))
+        headers = encode(barrier, key=self.job_key)
+        offsets = self.io.append_barrier(self.spec.outputs, headers)
         self.io.publish(ControlEvent("announce", barrier.checkpoint_id, self.spec.name,
-                                     {"generation": self.generation,
+                                     {"generation": self.generation, "barrier": announced_barrier(headers),
                                       "offsets": {str(c): o for c, o in offsets.items()}}))
 
     def record_in_flight(self, checkpoint_id: int, channel: ChannelId, start: int, end: int) -> None:
@@ -369,35 +400,62 @@ class StageTask:
         checkpoint_id = checkpoint.checkpoint_id
         state = self._snapshots.pop(checkpoint_id)
         epoch = self._epochs.pop(checkpoint_id, [])
+        taken = self._taken.pop(checkpoint_id, {})
         self._pending_uploads = [f for f in self._pending_uploads if not f.done()]
         self._pending_uploads.append(self._upload.submit(self._upload_and_ack, checkpoint, state, epoch,
-                                                         dict(self._watermarks)))
+                                                         dict(self._watermarks), taken))
+
+    def _copy_in_flight(self, checkpoint: TaskCheckpoint) -> dict[str, pa.Table]:
+        """The in-flight records of the checkpoint, read straight from Kafka in
+        bulk (not by waiting for processing to reach them)."""
+        wanted = checkpoint.barrier.options.in_flight is InFlightFormat.RECORDS or self.copy_in_flight
+        if not (checkpoint.in_flight and wanted and self.io.read_range is not None):
+            return {}
+        faults.point(self.spec.name, "during_copy", checkpoint.checkpoint_id)
+        return {str(c): self.io.read_range(c, start, end) for c, (start, end) in checkpoint.in_flight.items()}
 
     def _upload_and_ack(self, checkpoint: TaskCheckpoint, state: dict[str, pa.Table], epoch: list[pa.Table],
-                        watermarks: dict[ChannelId, int]) -> None:
+                        watermarks: dict[ChannelId, int], taken: dict[str, float]) -> None:
         checkpoint_id = checkpoint.checkpoint_id
+        began = time.perf_counter()
         try:
+            copied = self._copy_in_flight(checkpoint)
             if self.io.stage_epoch is not None:
                 table = pa.concat_tables(epoch, promote_options="default") if epoch else pa.table({})
                 self.io.stage_epoch(checkpoint_id, table)
+            wall = taken.get("snapshot_wall", time.time())
+            metrics = {
+                "kind": checkpoint.kind.value,
+                "watermarks": {str(c): w for c, w in watermarks.items()},
+                # trigger -> this task saw checkpoint n (first barrier or announcement)
+                "first_barrier_s": max(0.0, wall - (checkpoint.snapshot_at - checkpoint.started_at)
+                                       - checkpoint.barrier.timestamp_ms / 1000) if checkpoint.barrier.timestamp_ms else None,
+                "alignment_s": checkpoint.alignment_duration,
+                "sync_snapshot_s": taken.get("sync_snapshot_s"),
+                "held_bytes_max": taken.get("held_bytes_max", 0),
+                "in_flight_records_referenced": sum(e - s for s, e in checkpoint.in_flight.values()),
+                "in_flight_records_copied": sum(t.num_rows for t in copied.values()),
+                "in_flight_bytes_copied": sum(t.nbytes for t in copied.values()),
+            }
             snapshot = self.io.write_snapshot(
                 checkpoint_id, self.generation, self.spec.name, state,
                 positions={str(c): p for c, p in checkpoint.positions.items()},
                 in_flight={str(c): r for c, r in checkpoint.in_flight.items()},
-                metadata={"kind": checkpoint.kind.value,
-                          "watermarks": {str(c): w for c, w in watermarks.items()},
-                          "alignment_s": checkpoint.alignment_duration,
-                          "sync_snapshot_at": checkpoint.snapshot_at - checkpoint.started_at},
+                channel_records=copied or None,
+                metadata=metrics,
             )
-        except Exception as exc:  # the store or the sink staging failed: decline, keep running
+            upload_s = time.perf_counter() - began
+        except Exception as exc:  # the store, Kafka or the sink staging failed: decline, keep running
             log.warning("%s: checkpoint %d: snapshot upload failed, declining: %s", self.spec.name, checkpoint_id, exc)
             self.counters["declined"] += 1
             self.io.publish(ControlEvent("decline", checkpoint_id, self.spec.name,
                                          {"generation": self.generation,
                                           "reason": CheckpointFailure.STORE_FAILURE.name, "detail": str(exc)}))
             return
-        self.io.publish(ControlEvent("ack", checkpoint_id, self.spec.name,
-                                     {"generation": self.generation, "snapshot": json.loads(snapshot.to_json())}))
+        self.io.publish(ControlEvent("ack", checkpoint_id, self.spec.name, {
+            "generation": self.generation, "snapshot": json.loads(snapshot.to_json()),
+            "metrics": {"async_snapshot_s": upload_s,
+                        "state_bytes": sum(p.bytes for p in getattr(snapshot, "state_parts", ()))}}))
         self.counters["acknowledged"] += 1
 
     def abort(self, checkpoint_id: int, reason: CheckpointFailure, detail: str) -> None:
@@ -412,14 +470,35 @@ class StageTask:
 
     def on_control(self, event: ControlEvent) -> None:
         """Events of the job's control topic that concern tasks: the
-        coordinator's abort of a checkpoint."""
+        coordinator's abort of a checkpoint, and barrier positions announced
+        by the injector (``trigger``) and by upstream tasks (``announce``),
+        which let an unaligned checkpoint start before the backlog in front
+        of its barrier is read."""
         if event.payload.get("generation") != self.generation:
+            return
+        if event.kind in ("trigger", "announce") and event.payload.get("barrier"):
+            self._announced(event)
             return
         if event.kind == "abort" and event.task != self.spec.name:
             with self._lock:
                 if event.checkpoint_id in self.handler.pending:
                     self.handler.abort(event.checkpoint_id, CheckpointFailure[event.payload.get("reason", "USER")],
                                        str(event.payload.get("detail", "aborted by the coordinator")))
+
+    def _announced(self, event: ControlEvent) -> None:
+        try:
+            barrier = decode([(k, str(v).encode()) for k, v in event.payload["barrier"].items()],
+                             job=self.pipeline.job, key=self.job_key)
+        except BarrierRejected as exc:
+            log.warning("%s: announcement of checkpoint %d ignored: %s", self.spec.name, event.checkpoint_id, exc)
+            return
+        if not isinstance(barrier, Barrier) or barrier.options.alignment is not Alignment.UNALIGNED:
+            return
+        with self._lock:
+            for name, offset in sorted((event.payload.get("offsets") or {}).items()):
+                channel = ChannelId.parse(name)
+                if channel in self.spec.inputs:
+                    self.handler.announcement_received(channel, barrier, int(offset))
 
     def tick(self) -> None:
         with self._lock:
@@ -440,3 +519,8 @@ def watermark_headers(watermark: int, generation: int | None = None) -> list[tup
     if generation is not None:
         headers.append((GENERATION_HEADER, str(generation).encode()))
     return headers
+
+
+def announced_barrier(headers: list[tuple[str, bytes]]) -> dict[str, str]:
+    """A barrier's headers as JSON-friendly text, for announcements on the control topic."""
+    return {name: value.decode() for name, value in headers}

@@ -37,7 +37,7 @@ from streaming import codec, faults
 from streaming.channels import ChannelQuery
 from streaming.config import Connection, SparkSettings
 from streaming.errors import ConfigError, SparkAbsError
-from streaming.kafka_io import ControlEvent, ControlTopic, DeadLetters, append_markers
+from streaming.kafka_io import ControlEvent, ControlTopic, DeadLetters, append_markers, read_range, retention_ms
 from streaming.pipeline import Pipeline
 from streaming.settings import JobSettings
 from streaming.sinks import KafkaSink, ObjectStoreSink
@@ -117,17 +117,28 @@ class Worker:
         spec = self.pipeline.task(name)
         stage = self.pipeline.stage(spec.stage)
         start = TaskStart(generation=self.generation)
+        query_start: dict[ChannelId, int] = {}
         if self.restore:
             loaded = self.store.load_task(self.restore, name)
             faults.point(name, "during_restore", self.restore)
             snapshot = loaded.snapshot
+            positions = {ChannelId.parse(c): p for c, p in snapshot.positions.items()}
+            ranges = {ChannelId.parse(c): (int(a), int(b)) for c, (a, b) in snapshot.in_flight.items()}
+            replay = {ChannelId.parse(c): t for c, t in loaded.channel_records.items()}
+            # channel state first: copied records are replayed; a range is read again by the query,
+            # from its start (older-generation records skipped only after the barrier)
+            handler_positions = {c: min(p, ranges[c][0]) if c in ranges else p for c, p in positions.items()}
+            query_start = {c: handler_positions[c] if c in ranges and c not in replay else p
+                           for c, p in positions.items()}
             start = TaskStart(
                 generation=self.generation,
                 checkpoint_id=self.restore,
-                positions={ChannelId.parse(c): p for c, p in snapshot.positions.items()},
+                positions=handler_positions,
                 state=loaded.state,
                 watermarks={ChannelId.parse(c): int(w)
                             for c, w in (snapshot.metadata.get("watermarks") or {}).items()},
+                skip_from=positions,
+                replay=replay,
             )
         sink = None
         if stage.sink is not None:
@@ -146,19 +157,36 @@ class Worker:
             publish=self.control.publish,
             dead_letter=self.dead_letters.send,
             write_snapshot=self._write_snapshot(name),
+            read_range=lambda c, a, b: read_range(self.connection.kafka_bootstrap, c, a, b),
             stage_epoch=(None if sink is None else
                          (lambda epoch, table: sink.stage(epoch, kafka_records(table, stage.key)))
                          if isinstance(sink, KafkaSink) else sink.stage),
             flush=self.producer.flush,
         )
-        task = StageTask(self.pipeline, spec, io, start=start, options=self.settings.options,
-                         max_concurrent=self.settings.max_concurrent)
+        task = StageTask(self.pipeline, spec, io, start=start, max_concurrent=self.settings.max_concurrent,
+                         copy_in_flight=self._must_copy(spec))
         query = ChannelQuery(spark, self.connection, name=f"{self.pipeline.job}-{name}-g{self.generation}",
-                             channels=spec.inputs, starting=start.positions,
+                             channels=spec.inputs, starting=query_start,
                              max_records_per_batch=self.settings.max_records_per_batch,
                              on_batch=faults.wrap_batch(name, task))
         query.start(interval=self.settings.trigger_interval)
         return _Running(task, query, sink)
+
+    def _must_copy(self, spec) -> bool:
+        """Whether unaligned channel state must be copied: a range is only good
+        while Kafka keeps its records, at least until the checkpoint is superseded."""
+        if self.settings.in_flight == "records":
+            return True
+        if self.settings.mode not in ("unaligned", "aligned-timeout"):
+            return False
+        needed_ms = 10 * (self.settings.retain * self.settings.interval_s + self.settings.timeout_s) * 1000
+        for topic in sorted({c.topic for c in spec.inputs}):
+            kept = retention_ms(self.connection.kafka_bootstrap, topic)
+            if kept is not None and kept < needed_ms:
+                self.say(f"{spec.name}: topic {topic} keeps records {kept} ms, less than the {needed_ms:.0f} ms a "
+                         f"checkpoint may need them: copying in-flight records instead of keeping ranges")
+                return True
+        return False
 
     def _write_snapshot(self, name: str):
         def write(checkpoint_id, generation, task, state, **kwargs):

@@ -289,3 +289,11 @@ def test_the_coordinator_can_abort_a_pending_checkpoint():
     h.abort(1, CheckpointFailure.TIMEOUT, "too slow")
     assert rec.effects[-2:] == [("abort", 1, CheckpointFailure.TIMEOUT), ("release", A)]
     assert h.barrier_received(B, Barrier(1), 0).reason is IgnoreReason.CANCELLED
+
+
+def test_after_a_restore_the_restored_barrier_is_late_and_the_next_one_counts():
+    h, rec = handler(positions={A: 3, B: 7}, newest_started=5)
+    assert h.barrier_received(A, Barrier(5, options=UNALIGNED), 4).reason is IgnoreReason.LATE
+    h.barrier_received(A, Barrier(6, options=UNALIGNED), 5)
+    h.barrier_received(B, Barrier(6, options=UNALIGNED), 7)
+    assert rec.acks[6].positions == {A: 6, B: 8}

@@ -73,8 +73,9 @@ class RecordedIO:
     def _dead(self, channel, offset, key, value, headers, reason):
         self.dead.append((str(channel), offset, reason))
 
-    def _write(self, checkpoint_id, generation, task, state, *, positions, in_flight, metadata):
+    def _write(self, checkpoint_id, generation, task, state, *, positions, in_flight, metadata, channel_records=None):
         self.snapshots[checkpoint_id] = (state, positions, in_flight, metadata)
+        self.copied = channel_records
         self.log.append(("snapshot", checkpoint_id))
 
         class Snap:
