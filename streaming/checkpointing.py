@@ -22,6 +22,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from kafka import KafkaProducer
@@ -54,6 +55,8 @@ class CheckpointRecord:
     committed: set[str] = field(default_factory=set)
     # offsets recorded as channel state (unaligned): input not yet processed into state or output
     in_flight: int = 0
+    # what the tasks' checkpoints turned out to be (aligned, unaligned, switched after a timeout, ...)
+    kinds: tuple[str, ...] = ()
 
     @property
     def duration_s(self) -> float | None:
@@ -68,13 +71,14 @@ class CoordinatorService:
                  max_concurrent: int = 1, timeout_s: float = 60.0, retain: int = 3,
                  pinned: int | None = None, job_key: bytes | None = None,
                  on_event: Callable[[str], None] = lambda line: None, control_start: int | None = None,
-                 on_complete: Callable[[int], None] | None = None):
+                 on_complete: Callable[[int], None] | None = None, progress_log: Path | None = None):
         self.pipeline = pipeline
         self.store = store
         self.options = options or CheckpointOptions.aligned()
         self.job_key = job_key
         self.say = on_event
         self.on_complete = on_complete
+        self.progress_log = progress_log
         self.tasks = [t.name for t in pipeline.tasks()]
         self.sink_tasks = {t.name for t in pipeline.tasks() if pipeline.stage(t.stage).sink is not None}
         self.coordinator = CheckpointCoordinator(self.tasks, job=pipeline.job, generation=generation,
@@ -84,6 +88,8 @@ class CoordinatorService:
         self.retain = retain
         self.pinned = pinned
         self.records: dict[int, CheckpointRecord] = {}
+        # tasks of this generation whose queries run (a checkpoint before that would only wait)
+        self.ready: set[str] = set()
         self._producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
         self.control = ControlTopic(bootstrap, pipeline.job, start_at=control_start or 0)
         if control_start is None:
@@ -92,6 +98,10 @@ class CoordinatorService:
     @property
     def generation(self) -> int:
         return self.coordinator.generation
+
+    @property
+    def all_ready(self) -> bool:
+        return self.ready >= set(self.tasks)
 
     # ---- trigger
 
@@ -121,6 +131,9 @@ class CoordinatorService:
     def handle(self, event: ControlEvent) -> None:
         if event.payload.get("generation") != self.generation or event.kind in ("trigger", "announce", "abort",
                                                                                  "complete"):
+            return
+        if event.kind == "ready":
+            self.ready.add(event.task)
             return
         if event.kind == "committed":
             record = self.records.get(event.checkpoint_id)
@@ -168,8 +181,12 @@ class CoordinatorService:
         if record:
             record.status, record.completed_at = "completed", time.monotonic()
             record.in_flight = sum(e - s for snap in snapshots.values() for s, e in snap.in_flight.values())
-        self.say(f"checkpoint {checkpoint_id} complete in {record.duration_s:.2f} s" if record
+            record.kinds = tuple(sorted({m.get("kind", "") for m in task_metrics.values()}))
+        kinds = ", ".join(record.kinds) if record else ""
+        in_flight = f"; {record.in_flight} offsets in flight" if record and record.in_flight else ""
+        self.say(f"checkpoint {checkpoint_id} complete in {record.duration_s:.2f} s ({kinds}{in_flight})" if record
                  else f"checkpoint {checkpoint_id} complete")
+        self._log_progress(checkpoint_id, pending.barrier, record, task_metrics)
         if self.on_complete is not None:
             self.on_complete(checkpoint_id)
         try:
@@ -178,6 +195,21 @@ class CoordinatorService:
                 log.info("retention deleted checkpoints %s", deleted)
         except StoreError as exc:
             log.warning("checkpoint %d: retention failed (will retry next time): %s", checkpoint_id, exc)
+
+    def _log_progress(self, checkpoint_id: int, barrier: Barrier, record: CheckpointRecord | None,
+                      task_metrics: dict) -> None:
+        """One JSON line per completed checkpoint: its timings and every task's metrics."""
+        if self.progress_log is None:
+            return
+        line = {"checkpoint": checkpoint_id, "generation": self.generation, "options": barrier.options.describe(),
+                "trigger_to_complete_s": record.duration_s if record else None,
+                "kinds": list(record.kinds) if record else [], "in_flight_offsets": record.in_flight if record else 0,
+                "tasks": task_metrics}
+        try:
+            with open(self.progress_log, "a") as log_file:
+                log_file.write(json.dumps(line, sort_keys=True, default=str) + "\n")
+        except OSError as exc:
+            log.warning("progress log %s: %s", self.progress_log, exc)
 
     def _aborted(self, checkpoint_id: int, failure: CheckpointFailure | None, detail: str) -> None:
         record = self.records.get(checkpoint_id)

@@ -30,6 +30,7 @@ from typing import Callable, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from barriers.lineage import Lineage
 from barriers.messages import ChannelId
 from operators import Balances, TumblingWindowAggregate, count, sum_, transfer_legs
 from streaming.pipeline import Ingress, Pipeline, Sink, Stage
@@ -176,21 +177,30 @@ def money_in_checkpoint(store, checkpoint_id: int, read_range: Callable[[Channel
                 balances += pc.sum(table["balance"]).as_py() or 0
                 accounts += table.num_rows
         records = dict(loaded.channel_records)
+        lineage = Lineage.from_json(loaded.snapshot.metadata.get("lineage"))
         for channel, (start, end) in loaded.snapshot.in_flight.items():
             if channel not in records:
                 if read_range is None:
                     raise ValueError(f"checkpoint {checkpoint_id} task {task}: channel {channel} has in-flight "
                                      f"records [{start}, {end}) kept as a range; give read_range to count them")
                 records[channel] = read_range(ChannelId.parse(channel), start, end)
-        for table in records.values():
-            in_flight += _amounts(table)
+        for channel, table in records.items():
+            in_flight += _amounts(table, ChannelId.parse(channel), loaded.snapshot.generation, lineage)
     return Money(checkpoint_id, balances, in_flight, accounts)
 
 
-def _amounts(records: pa.Table) -> int:
-    """The money in raw leg records (control and watermark records carry none)."""
-    values = [v for v in records["value"].to_pylist() if v]
-    return sum(json.loads(v).get("amount", 0) for v in values)
+def _amounts(records: pa.Table, channel: ChannelId, generation: int, lineage: Lineage) -> int:
+    """The money in raw leg records that are channel state: control and
+    watermark records carry none, and stale records of older generations are
+    not channel state (the task skips them)."""
+    total = 0
+    for row in records.select(["offset", "value", "headers"]).to_pylist():
+        headers = {h["key"]: h["value"] for h in row["headers"] or []}
+        written_by = int(headers.get("abs.gen", b"-1") or -1)
+        if not row["value"] or (0 <= written_by < generation and lineage.is_stale(channel, written_by, row["offset"])):
+            continue
+        total += json.loads(row["value"]).get("amount", 0)
+    return total
 
 
 @dataclass

@@ -126,7 +126,7 @@ class JobRunner:
             self.pipeline, self.connection.kafka_bootstrap, self.store, options=self.settings.options,
             generation=generation, next_checkpoint_id=next_id, max_concurrent=self.settings.max_concurrent,
             timeout_s=self.settings.timeout_s, retain=self.settings.retain, pinned=checkpoint_id,
-            on_event=self.say, on_complete=self.on_complete)
+            on_event=self.say, on_complete=self.on_complete, progress_log=self.log_dir / "checkpoints.jsonl")
         env = {**os.environ, **self.connection.as_env(), "PYTHONUNBUFFERED": "1"}
         if self.faults:
             env["SPARK_ABS_FAULT"] = self.faults
@@ -164,7 +164,7 @@ class JobRunner:
                      + _tail(worker.log_path))
             self.restore(f"worker {worker.name} died")
             return
-        if trigger and time.monotonic() - self._last_trigger >= self.settings.interval_s:
+        if trigger and coordinator.all_ready and time.monotonic() - self._last_trigger >= self.settings.interval_s:
             if coordinator.trigger(options) is not None:
                 self._last_trigger = time.monotonic()
         coordinator.poll(0.2)

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 Headers = Sequence[tuple[str, bytes]]
 
-CONTROL_KINDS = ("announce", "ack", "decline", "complete", "committed", "abort", "trigger")
+CONTROL_KINDS = ("ready", "announce", "ack", "decline", "complete", "committed", "abort", "trigger")
 
 
 # Records read straight from Kafka, in the shape a stage query hands them over.

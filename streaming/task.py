@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 
 from barriers.failures import CheckpointFailure
 from barriers.handler import BarrierHandler, TaskCheckpoint
+from barriers.lineage import Lineage
 from barriers.messages import (
     GENERATION_HEADER,
     KIND_HEADER,
@@ -76,9 +77,9 @@ class TaskStart:
     positions: Mapping[ChannelId, int] = field(default_factory=dict)
     state: Mapping[str, pa.Table] = field(default_factory=dict)
     watermarks: Mapping[ChannelId, int] = field(default_factory=dict)
-    # records of older generations are skipped from these offsets on (the
-    # restored barrier + 1); before them they are channel state, replayed
-    skip_from: Mapping[ChannelId, int] = field(default_factory=dict)
+    # the restores this generation descends from: which records of older
+    # generations are stale (skipped) and which are channel state (replayed)
+    lineage: Lineage = field(default_factory=Lineage)
     # copied channel state to process before anything the query reads
     replay: Mapping[ChannelId, pa.Table] = field(default_factory=dict)
 
@@ -163,14 +164,15 @@ class StageTask:
         self._watermarks: dict[ChannelId, int] = dict(self.start.watermarks)
         self._pending_uploads: list[concurrent.futures.Future] = []
         self._sent_watermark = -(1 << 63)
-        self._skip_from = dict(self.start.skip_from)
+        self.lineage = self.start.lineage
         self._held_max = 0
         self._taken: dict[int, dict[str, float]] = {}
+        self.counters = collections.Counter()
+        # channel state copied into the restored snapshot goes first
         for channel, table in sorted(self.start.replay.items()):
             if table.num_rows:
                 self.counters["replayed_in_flight"] += table.num_rows
                 self.process_batch(table)
-        self.counters = collections.Counter()
 
     # ------------------------------------------------------------------ input
 
@@ -192,11 +194,11 @@ class StageTask:
         kinds = []
         for i in range(n):
             kind = "data" if marks[i] is None else "watermark" if marks[i] == WATERMARK_KIND else "control"
-            # records of an older generation on internal topics after the
-            # restored barrier were written by the run that failed
+            # records of an older generation on internal topics after a
+            # restored barrier were written by a run that failed
             if (kind != "control" and topics[i] in self._internal and generations[i] is not None
                     and int(generations[i]) < self.generation
-                    and offsets[i] >= self._skip_from.get(ChannelId(topics[i], partitions[i]), 0)):
+                    and self.lineage.is_stale(ChannelId(topics[i], partitions[i]), int(generations[i]), offsets[i])):
                 kind = "skip"
             kinds.append(kind)
         segments: list[Segment] = []
@@ -434,6 +436,8 @@ class StageTask:
                 "sync_snapshot_s": taken.get("sync_snapshot_s"),
                 "held_bytes_max": taken.get("held_bytes_max", 0),
                 "in_flight_records_referenced": sum(e - s for s, e in checkpoint.in_flight.values()),
+                # which records of older generations in the ranges are channel state
+                "lineage": self.lineage.to_json(),
                 "in_flight_records_copied": sum(t.num_rows for t in copied.values()),
                 "in_flight_bytes_copied": sum(t.nbytes for t in copied.values()),
             }

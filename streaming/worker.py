@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from kafka import KafkaProducer
 
+from barriers.lineage import Lineage
 from barriers.messages import ChannelId
 from streaming import codec, faults
 from streaming.channels import ChannelQuery
@@ -137,9 +138,11 @@ class Worker:
                 state=loaded.state,
                 watermarks={ChannelId.parse(c): int(w)
                             for c, w in (snapshot.metadata.get("watermarks") or {}).items()},
-                skip_from=positions,
+                lineage=Lineage.from_json(snapshot.metadata.get("lineage")).after_restore(self.generation, positions),
                 replay=replay,
             )
+        elif self.generation > 0:  # a restore from the beginning: everything older is stale
+            start = TaskStart(generation=self.generation, lineage=Lineage().after_restore(self.generation, None))
         sink = None
         if stage.sink is not None:
             location = sink_location(self.settings, self.pipeline.job, self.connection)
@@ -170,6 +173,7 @@ class Worker:
                              max_records_per_batch=self.settings.max_records_per_batch,
                              on_batch=faults.wrap_batch(name, task))
         query.start(interval=self.settings.trigger_interval)
+        self.control.publish(ControlEvent("ready", 0, name, {"generation": self.generation}))
         return _Running(task, query, sink)
 
     def _must_copy(self, spec) -> bool:

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from barriers.lineage import Lineage
 from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions, encode
 from operators import KeyedAggregate, count, filter_rows, sum_
 from operators.windows import TumblingWindowAggregate
@@ -144,16 +145,19 @@ def test_output_carries_the_generation_and_routes_by_key():
 
 def test_records_of_an_older_generation_on_internal_topics_are_skipped():
     pipeline = counting_pipeline()
-    task, io = make_task(pipeline, "out-0", start=TaskStart(generation=2, checkpoint_id=3,
-                                                             positions={ChannelId("spark-abs.job.count", 0): 5}),
-                         sink=True)
+    channel = ChannelId("spark-abs.job.count", 0)
+    # generation 2 restored a checkpoint whose barrier on the channel is at 4; the range [3, 4) is channel state
+    lineage = Lineage().after_restore(2, {channel: 5})
+    task, io = make_task(pipeline, "out-0", start=TaskStart(generation=2, checkpoint_id=3, positions={channel: 3},
+                                                             lineage=lineage), sink=True)
     topic = "spark-abs.job.count"
-    task.process_batch(batch((topic, 0, 5, {"account": "x"}, 1), (topic, 0, 6, Barrier(4, 1, job="job")),
+    task.process_batch(batch((topic, 0, 3, {"account": "y"}, 1),  # older, but before the barrier: replayed
+                             (topic, 0, 5, {"account": "x"}, 1), (topic, 0, 6, Barrier(4, 1, job="job")),
                              (topic, 0, 7, {"account": "x"}, 2), (topic, 0, 8, Barrier(4, 2, job="job"))))
     assert task.counters["skipped_older_generation"] == 1
     assert task.counters["ignored_stale_generation"] == 1
     task.wait_for_uploads()
-    assert io.staged[4].to_pylist() == [{"account": "x", "n": 1}]
+    assert sorted(io.staged[4].to_pylist(), key=str) == [{"account": "x", "n": 1}, {"account": "y", "n": 1}]
 
 
 def test_malformed_records_and_forged_barriers_become_dead_letters_with_reasons():
@@ -236,3 +240,15 @@ def test_watermarks_travel_downstream_in_headers_and_watermark_records():
     downstream.process_batch(end)
     closed = [(r["window_start"], r["amount"]) for t in downstream._epoch_rows for r in t.to_pylist()]
     assert closed == [(0, 3), (100, 4)]
+
+
+def test_copied_channel_state_is_replayed_before_anything_else():
+    pipeline = counting_pipeline(sink_stage=True)
+    copied = batch(("in", 0, 3, {"account": "x", "amount": 5}), ("in", 0, 4, {"account": "x", "amount": 6}))
+    task, io = make_task(pipeline, sink=True,
+                         start=TaskStart(generation=1, checkpoint_id=2, positions={A: 3, B: 0},
+                                         replay={A: copied}))
+    assert task.counters["replayed_in_flight"] == 2 and task.handler.position(A) == 5
+    task.process_batch(batch(("in", 0, 6, {"account": "x", "amount": 7})))  # the query resumes after the barrier
+    rows = [r for t in task._epoch_rows for r in t.to_pylist()]
+    assert rows[-1] == {"account": "x", "n": 3, "total": 18}
