@@ -161,19 +161,21 @@ class CoordinatorService:
             task_metrics = {task: {**snapshots[task].metadata, **(ack.get("metrics") or {})}
                             for task, ack in pending.acks.items()}
             options = pending.barrier.options
+            kinds = tuple(sorted({m.get("kind", "") for m in task_metrics.values()}))
             self.store.write_manifest(
                 checkpoint_id, self.generation, snapshots,
                 options={"alignment": options.describe(), "in_flight": options.in_flight.value,
                          "guarantee": _GUARANTEE[options.alignment]},
                 metrics={"ingress_barrier_offsets": record.ingress_offsets if record else {},
                          "trigger_to_complete_s": time.monotonic() - record.triggered_at if record else None,
-                         "kinds": sorted({m.get("kind", "") for m in task_metrics.values()}),
+                         "kinds": list(kinds),
                          "tasks": task_metrics})
         except (StoreError, ValueError) as exc:
             self.coordinator.abort(checkpoint_id, CheckpointFailure.STORE_FAILURE, f"manifest not written: {exc}")
             self._aborted(checkpoint_id, CheckpointFailure.STORE_FAILURE, f"manifest not written: {exc}")
             return
-        done, dropped = self.coordinator.complete(checkpoint_id)
+        # the store applies retention below (it also sees orphaned parts the bookkeeping never knew)
+        self.coordinator.complete(checkpoint_id)
         for older in [a for a in self.coordinator.aborted if a.failure is CheckpointFailure.SUBSUMED]:
             if older.checkpoint_id in self.records and self.records[older.checkpoint_id].status == "pending":
                 self._aborted(older.checkpoint_id, older.failure, older.failure_detail)
@@ -181,11 +183,10 @@ class CoordinatorService:
         if record:
             record.status, record.completed_at = "completed", time.monotonic()
             record.in_flight = sum(e - s for snap in snapshots.values() for s, e in snap.in_flight.values())
-            record.kinds = tuple(sorted({m.get("kind", "") for m in task_metrics.values()}))
-        kinds = ", ".join(record.kinds) if record else ""
+            record.kinds = kinds
         in_flight = f"; {record.in_flight} offsets in flight" if record and record.in_flight else ""
-        self.say(f"checkpoint {checkpoint_id} complete in {record.duration_s:.2f} s ({kinds}{in_flight})" if record
-                 else f"checkpoint {checkpoint_id} complete")
+        self.say(f"checkpoint {checkpoint_id} complete in {record.duration_s:.2f} s ({', '.join(kinds)}{in_flight})"
+                 if record else f"checkpoint {checkpoint_id} complete")
         self._log_progress(checkpoint_id, pending.barrier, record, task_metrics)
         if self.on_complete is not None:
             self.on_complete(checkpoint_id)

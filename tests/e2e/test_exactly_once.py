@@ -75,7 +75,8 @@ MODES = {
         ("accounts-1", "during_restore")]),
     "unaligned-copies": ({"mode": "unaligned", "in_flight": "records"}, [
         ("accounts-1", "during_copy"), ("accounts-0", "mid_batch"), ("accounts-0", "during_copy")]),
-    "aligned-timeout": ({"mode": "aligned-timeout", "alignment_timeout_ms": 30}, [
+    # a zero timeout switches every alignment that outlasts one micro-batch
+    "aligned-timeout": ({"mode": "aligned-timeout", "alignment_timeout_ms": 0}, [
         ("accounts-1", "during_alignment"), ("windows-0", "during_upload")]),
 }
 
