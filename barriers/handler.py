@@ -280,7 +280,9 @@ def _start(ctx: _Context, channel: ChannelId | None, barrier: Barrier, offset: i
         return Collecting(pending).check(ctx)
     if channel is not None and channel in ctx.open and ctx.owes_barrier(pending):
         ctx.block(barrier.checkpoint_id, channel)
-    return Aligning(pending).check(ctx)
+    state = Aligning(pending).check(ctx)
+    # a timeout of zero cannot wait at all: such a checkpoint turns unaligned at its first barrier
+    return state.tick(ctx, 0) if isinstance(state, Aligning) else state
 
 
 class Idle(_State):

@@ -297,3 +297,13 @@ def test_after_a_restore_the_restored_barrier_is_late_and_the_next_one_counts():
     h.barrier_received(A, Barrier(6, options=UNALIGNED), 5)
     h.barrier_received(B, Barrier(6, options=UNALIGNED), 7)
     assert rec.acks[6].positions == {A: 6, B: 8}
+
+
+def test_a_zero_alignment_timeout_turns_unaligned_at_the_first_barrier():
+    h, rec = handler()
+    options = CheckpointOptions.aligned_with_timeout(timeout_ms=0)
+    h.barrier_received(A, Barrier(1, options=options), 0)
+    assert rec.names() == ["block", "snapshot", "forward", "release"] and h.blocked == frozenset()
+    feed(h, B, 0)
+    h.barrier_received(B, Barrier(1, options=options), 1)
+    assert rec.acks[1].kind is CheckpointKind.TIMED_OUT_TO_UNALIGNED and rec.acks[1].in_flight == {B: (0, 1)}
