@@ -232,8 +232,11 @@ class DemoReport:
             m = money.get(record.checkpoint_id)
             seconds = f"{record.duration_s:7.2f}" if record.duration_s is not None else "      -"
             if m is None:
-                lines.append(f"{record.checkpoint_id:>10}  {record.status:<9}  {seconds}  "
-                             f"{'':>8}  {'':>9}  {'':>8}  {record.reason}")
+                status, reason = record.status, record.reason
+                if status == "pending":  # triggered, then the job was stopped: never finished
+                    status, reason = "stopped", "the job stopped before it completed"
+                lines.append(f"{record.checkpoint_id:>10}  {status:<9}  {seconds}  "
+                             f"{'':>8}  {'':>9}  {'':>8}  {reason}")
             else:
                 lines.append(f"{record.checkpoint_id:>10}  {record.status:<9}  {seconds}  {m.balances:>8}  "
                              f"{m.in_flight:>9}  {m.accounts:>8}  {'yes' if m.total == 0 else 'NO: ' + str(m.total)}")
