@@ -109,12 +109,13 @@ class CoordinatorService:
         """Inject barrier n into every ingress partition (None when too many are pending)."""
         if not self.coordinator.can_trigger():
             return None
+        triggered_at = time.monotonic()  # the injection counts towards the checkpoint's time
         barrier = self.coordinator.trigger(options or self.options, timestamp_ms=int(time.time() * 1000))
         headers = encode(barrier, key=self.job_key)
         offsets = append_markers(self._producer, self.pipeline.ingress_channels(), headers)
         by_channel = {str(c): o for c, o in offsets.items()}
         self.records[barrier.checkpoint_id] = CheckpointRecord(barrier.checkpoint_id, barrier.generation,
-                                                               time.monotonic(), by_channel)
+                                                               triggered_at, by_channel)
         self.control.publish(ControlEvent("trigger", barrier.checkpoint_id, "",
                                           {"generation": self.generation, "offsets": by_channel,
                                            "barrier": announced_barrier(headers)}))

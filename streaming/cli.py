@@ -95,6 +95,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo.main(args.rest)
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from streaming import compare
+
+    if args.home:
+        os.environ["SPARK_ABS_HOME"] = str(Path(args.home).expanduser().resolve())
+    return compare.main(args.rest)
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from barriers import narrate
 
@@ -136,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("rest", nargs=argparse.REMAINDER)
     demo.set_defaults(func=_cmd_demo)
 
+    compare = sub.add_parser("compare", add_help=False,
+                             help="aligned vs unaligned checkpoints side by side under a backlog: a table of "
+                                  "their costs (see `spark-abs compare --help`)")
+    compare.add_argument("rest", nargs=argparse.REMAINDER)
+    compare.set_defaults(func=_cmd_compare)
+
     simulate = sub.add_parser("simulate", add_help=False,
                               help="narrate a simulated snapshot run (see `spark-abs simulate --help`)")
     simulate.add_argument("rest", nargs=argparse.REMAINDER)
@@ -144,17 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _passthrough(argv: list[str]) -> tuple[str, list[str]] | None:
-    """``simulate`` and ``demo`` take their own options: everything after the
+    """``simulate``, ``demo`` and ``compare`` take their own options: everything after the
     command name goes to them untouched."""
-    for index, token in enumerate(argv):
+    index = 0
+    while index < len(argv):
+        token = argv[index]
         if token in _OWN_OPTIONS:
             return token, argv[index + 1:]
         if not token.startswith("-"):
             return None
+        index += 2 if token == "--home" else 1  # the one global option that takes a value
     return None
 
 
-_OWN_OPTIONS = ("simulate", "demo")
+_OWN_OPTIONS = ("simulate", "demo", "compare")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,6 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        # kafka-python warns when one of its own sends is slow; not the user's concern
+        logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
     try:
         return args.func(args)
     except SparkAbsError as exc:
