@@ -16,6 +16,7 @@ from typing import Sequence
 from streaming.config import Connection, LocalRuntimeSettings, SparkSettings, default_home
 from streaming.errors import SparkAbsError
 from streaming.local.artifacts import FETCHABLE
+from streaming.settings import MODES
 
 __all__ = ["main", "build_parser"]
 
@@ -95,6 +96,53 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo.main(args.rest)
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from streaming.commands import run_job
+    from streaming.job import JobRunner
+    from streaming.local import LocalRuntime
+    from streaming.settings import JobSettings
+
+    from streaming.errors import ConfigError
+
+    for flag, value in (("--for", args.seconds), ("--checkpoints", args.checkpoints)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} must be positive, got {value:g}")
+    if args.home:
+        os.environ["SPARK_ABS_HOME"] = str(Path(args.home).expanduser().resolve())
+    if os.getcwd() not in sys.path:  # the user's pipeline module, as `python -m` would find it
+        sys.path.insert(0, os.getcwd())
+    extra = {}
+    if args.alignment_timeout_ms is not None:
+        extra["alignment_timeout_ms"] = args.alignment_timeout_ms
+    if args.held_bytes_budget is not None:
+        extra["held_bytes_budget"] = args.held_bytes_budget
+    settings = JobSettings(store=args.store, mode=args.mode, in_flight=args.in_flight, interval_s=args.interval,
+                           retain=args.retain, **extra)
+    connection = Connection.from_env(os.environ) or LocalRuntime(_runtime_settings(args), progress=_say).up()
+    runner = JobRunner(args.pipeline, settings, connection, job=args.job, say=_say)
+    run_job(runner, restore=args.restore, seconds=args.seconds, checkpoints=args.checkpoints, say=_say)
+    return 0
+
+
+def _cmd_checkpoints(args: argparse.Namespace) -> int:
+    from streaming.commands import checkpoint_rows, render_checkpoints
+    from streaming.snapshots import SnapshotStore
+    from streaming.store import open_store
+
+    connection = None
+    if not args.store.startswith("file://"):
+        connection = Connection.load(_runtime_settings(args))
+    store = SnapshotStore(open_store(args.store, connection), args.job)
+    try:
+        meta = store.read_job()
+        rows = checkpoint_rows(store, checksums=not args.no_checksums)
+    finally:
+        store.close()
+    generation = meta.generation if meta else (0 if rows else None)  # generation 0 writes no job file
+    print(render_checkpoints(args.job, rows, generation))
+    return 0
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from streaming import compare
 
@@ -143,6 +191,43 @@ def build_parser() -> argparse.ArgumentParser:
                                "checked output (see `spark-abs demo --help`)")
     demo.add_argument("rest", nargs=argparse.REMAINDER)
     demo.set_defaults(func=_cmd_demo)
+
+    run = sub.add_parser("run", help="run a pipeline of yours with checkpoints (or restore it from one)",
+                         description="Starts the job of PIPELINE (module:attribute, a Pipeline or a function "
+                                     "(job=...) returning one; the module must be importable, e.g. from the "
+                                     "current directory) on the local runtime or the SPARK_ABS_* deployment. "
+                                     "A job the store already knows restarts from its latest complete "
+                                     "checkpoint that verifies; --restore N starts from checkpoint N instead "
+                                     "(a new generation). Checkpoints are taken every --interval seconds; a "
+                                     "worker that dies is restored. Runs until Ctrl-C, --for seconds after all "
+                                     "its tasks are up, or --checkpoints N completed.")
+    run.add_argument("pipeline", help="module:attribute, e.g. orders:orders")
+    run.add_argument("--store", required=True, help="snapshot store URI: file:///dir or s3://bucket/prefix")
+    run.add_argument("--job", help="job name (default: the pipeline's own)")
+    run.add_argument("--mode", default="aligned", choices=MODES, help="checkpoint mode (default aligned)")
+    run.add_argument("--in-flight", default="range", choices=("range", "records"),
+                     help="unaligned channel state: offset ranges or copied records (default range)")
+    run.add_argument("--alignment-timeout-ms", type=int, help="aligned-timeout: switch after this long aligning")
+    run.add_argument("--held-bytes-budget", type=int, help="aligned-timeout: switch past this many held bytes")
+    run.add_argument("--interval", type=float, default=2.0, help="seconds between checkpoints (default 2)")
+    run.add_argument("--retain", type=int, default=3, help="completed checkpoints kept (default 3)")
+    run.add_argument("--restore", type=int, metavar="N", help="start from checkpoint N (a restore drill)")
+    run.add_argument("--for", dest="seconds", type=float, metavar="SECONDS",
+                     help="stop this many seconds after all tasks are up (default: run until Ctrl-C)")
+    run.add_argument("--checkpoints", type=int, metavar="N",
+                     help="stop once N checkpoints completed in this run (with --for: whichever comes first)")
+    run.set_defaults(func=_cmd_run)
+
+    checkpoints = sub.add_parser("checkpoints", help="list a job's checkpoints, whether they verify, and "
+                                                     "which one a restore would pick",
+                                 description="Reads the job's checkpoints from the store, checks each "
+                                             "(manifest, task files, sizes and checksums) and marks the one a "
+                                             "restore would start from.")
+    checkpoints.add_argument("--store", required=True, help="snapshot store URI: file:///dir or s3://bucket/prefix")
+    checkpoints.add_argument("--job", required=True, help="job name")
+    checkpoints.add_argument("--no-checksums", action="store_true",
+                             help="check sizes only, without reading every part")
+    checkpoints.set_defaults(func=_cmd_checkpoints)
 
     compare = sub.add_parser("compare", add_help=False,
                              help="aligned vs unaligned checkpoints side by side under a backlog: a table of "

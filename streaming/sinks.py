@@ -16,14 +16,18 @@ Both commits are idempotent (a committed epoch is recognised and skipped), so
 ``recover(completed)`` after a restore simply commits every staged epoch up to
 the restored checkpoint, which covers a crash between the manifest and the
 sink's commit, and discards staged epochs after it: they belong to the run
-that failed and the new generation writes them again.
+that failed and the new generation writes them again.  Output committed
+after the restored checkpoint (a restore to an older, named checkpoint, or
+past a newer one that failed to verify) is taken back by the object-store
+sink (moved to ``<root>/retracted/``); a Kafka transaction cannot be taken
+back, so the Kafka sink reports those epochs as irrevocable.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -40,6 +44,7 @@ __all__ = [
     "SinkFencedError",
     "ObjectStoreSink",
     "KafkaSink",
+    "Recovery",
     "read_committed_output",
 ]
 
@@ -134,9 +139,12 @@ class _TwoPhaseSink:
         Returns the epochs committed now."""
         return [epoch for epoch in self._staging.epochs() if epoch <= completed_checkpoint and self.commit(epoch)]
 
-    def recover(self, completed_checkpoint: int) -> tuple[list[int], list[int]]:
-        """After a restore to ``completed_checkpoint``: commit the staged epochs up
-        to it, discard those after it.  Returns (committed now, discarded)."""
+    def recover(self, completed_checkpoint: int) -> Recovery:
+        """After a restore to ``completed_checkpoint``: take back what was
+        committed after it (a restore to an older checkpoint, or past one that
+        failed to verify: the new generation writes that output again), commit
+        the staged epochs up to it and discard those after it."""
+        retracted, kept = self._retract_after(completed_checkpoint)
         committed, discarded = [], []
         for epoch in self._staging.epochs():
             if epoch <= completed_checkpoint:
@@ -145,13 +153,34 @@ class _TwoPhaseSink:
             else:
                 self._staging.discard(epoch)
                 discarded.append(epoch)
-        return committed, discarded
+        return Recovery(committed, discarded, retracted, kept)
+
+    def _retract_after(self, checkpoint: int) -> tuple[list[int], list[int]]:
+        """Committed epochs after ``checkpoint``: (taken back, still visible)."""
+        return [], []
 
     def _committed(self, epoch: int) -> bool:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _publish(self, epoch: int, table: pa.Table) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What ``recover`` did, by epoch: committed now (their checkpoint completed
+    before the crash), discarded (staged by the run that failed), retracted
+    (committed after the restored checkpoint, moved out of the output) and
+    irrevocable (committed after it where nothing can take them back: a Kafka
+    transaction; readers have them and the replay writes them again)."""
+
+    committed: list[int] = field(default_factory=list)
+    discarded: list[int] = field(default_factory=list)
+    retracted: list[int] = field(default_factory=list)
+    irrevocable: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.committed or self.discarded or self.retracted or self.irrevocable)
 
 
 class ObjectStoreSink(_TwoPhaseSink):
@@ -168,6 +197,31 @@ class ObjectStoreSink(_TwoPhaseSink):
     def _committed(self, epoch: int) -> bool:
         fs = self._location.filesystem
         return fs.get_file_info(self.output_path(epoch)).type == pafs.FileType.File
+
+    def _retract_after(self, checkpoint: int) -> tuple[list[int], list[int]]:
+        """Move this task's committed epochs after ``checkpoint`` from
+        ``output/`` to ``retracted/``, where readers of the output do not look."""
+        fs = self._location.filesystem
+        retracted = []
+        try:
+            for info in fs.get_file_info(pafs.FileSelector(self._location.path("output"), allow_not_found=True)):
+                match = _EPOCH_DIR.search(info.path)
+                if not match or int(match.group(1)) <= checkpoint:
+                    continue
+                epoch = int(match.group(1))
+                if not self._committed(epoch):
+                    continue
+                fs.create_dir(self._location.path("retracted", _epoch_dir(epoch)))
+                fs.move(self.output_path(epoch),
+                        self._location.path("retracted", _epoch_dir(epoch), f"{self.task_id}.parquet"))
+                log.warning("sink task %s: epoch %d was committed after checkpoint %d, the restored one; "
+                            "moved to retracted/ (the new generation writes it again)", self.task_id, epoch,
+                            checkpoint)
+                retracted.append(epoch)
+        except OSError as exc:
+            raise StoreError(f"sink task {self.task_id}: taking back output committed after checkpoint "
+                             f"{checkpoint} failed: {exc}") from exc
+        return sorted(retracted), []
 
     def _publish(self, epoch: int, table: pa.Table) -> None:
         fs = self._location.filesystem
@@ -237,6 +291,19 @@ class KafkaSink(_TwoPhaseSink):
 
     def _committed(self, epoch: int) -> bool:
         return self._marker(epoch) in self._done
+
+    def _retract_after(self, checkpoint: int) -> tuple[list[int], list[int]]:
+        """A committed Kafka transaction cannot be taken back: the epochs
+        committed after ``checkpoint`` are reported, not retracted."""
+        prefix = f"{self.task_id}:".encode()
+        epochs = sorted(int(m[len(prefix):]) for m in self._done
+                        if m and m.startswith(prefix) and m[len(prefix):].isdigit())
+        later = [e for e in epochs if e > checkpoint]
+        if later:
+            log.warning("sink task %s: epochs %s were committed to %s after checkpoint %d, the restored one; "
+                        "read_committed readers have them and the replay writes their records again",
+                        self.task_id, later, self.topic, checkpoint)
+        return [], later
 
     def _publish(self, epoch: int, table: pa.Table) -> None:
         rows = table.to_pylist()

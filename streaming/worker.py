@@ -151,9 +151,13 @@ class Worker:
                                  transactional_id=f"spark-abs-{self.pipeline.job}-{name}")
             else:
                 sink = ObjectStoreSink(location, name)
-            committed, discarded = sink.recover(self.restore or 0)
-            if committed or discarded:
-                self.say(f"{name}: sink recovered: committed epochs {committed}, discarded {discarded}")
+            recovery = sink.recover(self.restore or 0)
+            if recovery:
+                self.say(f"{name}: sink recovered: committed epochs {recovery.committed}, discarded "
+                         f"{recovery.discarded}, retracted {recovery.retracted}")
+            if recovery.irrevocable:
+                self.say(f"{name}: WARNING: epochs {recovery.irrevocable} were committed to Kafka after "
+                         f"checkpoint {self.restore or 0}; readers have them and the replay writes them again")
         io = TaskIO(
             send=lambda c, k, v, h: self.producer.send(c.topic, key=k, value=v, headers=h, partition=c.partition),
             append_barrier=lambda channels, headers: append_markers(self.producer, channels, headers),

@@ -9,7 +9,8 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from streaming.kafka_admin import create_topic
-from streaming.sinks import KafkaSink, ObjectStoreSink, SinkError, SinkFencedError, read_committed_output
+from streaming.sinks import (KafkaSink, ObjectStoreSink, Recovery, SinkError, SinkFencedError,
+                             read_committed_output)
 from streaming.store import open_store
 
 
@@ -49,12 +50,32 @@ def test_object_store_sink_recovery_commits_up_to_the_checkpoint_and_discards_th
     # Checkpoint 2 completed (manifest written) but the crash came before the
     # sink's commit; epoch 3 was staged by the run that failed.
     restarted = ObjectStoreSink(location, "task-0")
-    assert restarted.recover(completed_checkpoint=2) == ([2], [3])
+    assert restarted.recover(completed_checkpoint=2) == Recovery(committed=[2], discarded=[3])
     assert _values(location) == ["1:0", "1:1", "2:0", "2:1"]
-    assert restarted.recover(completed_checkpoint=2) == ([], [])
+    assert not restarted.recover(completed_checkpoint=2)
     restarted.stage(3, _rows(3, 1))
     restarted.commit(3)
     assert _values(location) == ["1:0", "1:1", "2:0", "2:1", "3:0"]
+
+
+def test_a_restore_to_an_older_checkpoint_takes_back_the_output_committed_after_it(location):
+    first = ObjectStoreSink(location, "task-0")
+    other = ObjectStoreSink(location, "task-1")
+    for epoch in (1, 2, 3):
+        first.stage(epoch, _rows(epoch, 1))
+        first.commit(epoch)
+    other.stage(3, _rows(30, 1))
+    other.commit(3)
+    # restored from checkpoint 1: epochs 2 and 3 of task-0 go, task-1's epoch 3 is its own to take back
+    restored = ObjectStoreSink(location, "task-0")
+    assert restored.recover(completed_checkpoint=1) == Recovery(discarded=[2, 3], retracted=[2, 3])
+    assert _values(location) == ["1:0", "30:0"]
+    assert ObjectStoreSink(location, "task-1").recover(completed_checkpoint=1).retracted == [3]
+    assert _values(location) == ["1:0"]
+    # the replay writes them again under the new generation's epochs
+    restored.stage(4, _rows(2, 1))
+    restored.commit(4)
+    assert _values(location) == ["1:0", "2:0"]
 
 
 def test_committing_an_epoch_never_staged_is_a_clear_error(location):
@@ -90,9 +111,13 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name):
     # epoch 1 committed, commits epoch 2 (checkpoint 2 completed before the
     # crash) and discards epoch 3.
     second = KafkaSink(staging, "task-0", bootstrap=connection.kafka_bootstrap, topic=topic, transactional_id=txid)
-    assert second.recover(completed_checkpoint=2) == ([2], [3])
-    assert second.recover(completed_checkpoint=2) == ([], [])
+    assert second.recover(completed_checkpoint=2) == Recovery(committed=[2], discarded=[3])
+    assert not second.recover(completed_checkpoint=2)
     with pytest.raises(SinkFencedError):
         first.commit(2)
     assert _read_committed(connection.kafka_bootstrap, topic) == ["1:0", "1:1", "2:0", "2:1"]
     second.close()
+    # a restore to checkpoint 1 cannot take epoch 2 back from Kafka: it says so
+    third = KafkaSink(staging, "task-0", bootstrap=connection.kafka_bootstrap, topic=topic, transactional_id=txid)
+    assert third.recover(completed_checkpoint=1) == Recovery(discarded=[2], irrevocable=[2])
+    third.close()
