@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 
-from streaming.commands import checkpoint_rows, render_checkpoints
+from streaming.commands import checkpoint_rows, render_checkpoints, run_job
 from streaming.snapshots import SnapshotStore
 from streaming.store import open_store
 
@@ -80,3 +82,55 @@ def test_run_explains_itself_and_names_a_bad_option(tmp_path):
     for flag in ("--for", "--checkpoints"):
         zero = _cli("--home", str(tmp_path), "run", "orders:orders", "--store", f"file://{tmp_path}/s", flag, "0")
         assert zero.returncode == 2 and f"{flag} must be positive, got 0" in zero.stderr, zero.stderr
+
+
+class _Runner:
+    """The loop's view of a ``JobRunner``: tasks ready after ``ready_after``
+    steps, one checkpoint completed every ``every`` steps after that."""
+
+    def __init__(self, ready_after: int, every: int, interrupt_at: int | None = None):
+        self.job, self.groups, self.generation = "orders", {"w": ["t"]}, 0
+        self.settings = SimpleNamespace(interval_s=1.0)
+        self.coordinator = SimpleNamespace(all_ready=False)
+        self.ready_after, self.every, self.interrupt_at = ready_after, every, interrupt_at
+        self.steps, self.done, self.started_from, self.closed = 0, [], "not started", False
+
+    def start(self, restore=None):
+        self.started_from = restore
+
+    def step(self):
+        self.steps += 1
+        if not self.coordinator.all_ready:
+            time.sleep(0.02)  # workers starting
+        if self.steps == self.interrupt_at:
+            raise KeyboardInterrupt
+        self.coordinator.all_ready = self.steps >= self.ready_after
+        if self.coordinator.all_ready and (self.steps - self.ready_after) % self.every == self.every - 1:
+            self.done.append(SimpleNamespace(checkpoint_id=len(self.done) + 1, status="completed"))
+
+    def checkpoints(self):
+        return list(self.done)
+
+    def close(self):
+        self.closed = True
+
+
+def test_run_stops_after_the_checkpoints_asked_for_and_closes_the_job():
+    runner, said = _Runner(ready_after=5, every=3), []
+    run_job(runner, restore=4, checkpoints=2, say=said.append)
+    assert runner.started_from == 4 and runner.closed
+    assert len(runner.done) == 2 and runner.steps == 5 + 2 * 3 - 1
+    assert any(s.startswith("all tasks ready after") for s in said)
+    assert said[-1] == "stopped; 2 checkpoint(s) completed in this run, the last 2"
+
+
+def test_run_time_counts_from_when_the_tasks_are_up_and_ctrl_c_still_closes():
+    runner, said = _Runner(ready_after=10, every=10 ** 9), []
+    began = time.monotonic()
+    run_job(runner, seconds=0.1, say=said.append)
+    # ten starting steps of 0.02 s each, then the 0.1 s asked for
+    assert time.monotonic() - began >= 0.28 and runner.steps > 10 and runner.closed
+    assert said[-1] == "stopped; 0 checkpoint(s) completed in this run"
+    interrupted, said = _Runner(ready_after=1, every=1000, interrupt_at=4), []
+    run_job(interrupted, say=said.append)
+    assert interrupted.closed and "stopping (Ctrl-C)" in said
