@@ -88,11 +88,16 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_home(args: argparse.Namespace) -> None:
+    """``--home`` for the commands whose work reads the home from the environment."""
+    if args.home:
+        os.environ["SPARK_ABS_HOME"] = str(Path(args.home).expanduser().resolve())
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from streaming import demo
 
-    if args.home:
-        os.environ["SPARK_ABS_HOME"] = str(Path(args.home).expanduser().resolve())
+    _export_home(args)
     return demo.main(args.rest)
 
 
@@ -107,8 +112,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for flag, value in (("--for", args.seconds), ("--checkpoints", args.checkpoints)):
         if value is not None and value <= 0:
             raise ConfigError(f"{flag} must be positive, got {value:g}")
-    if args.home:
-        os.environ["SPARK_ABS_HOME"] = str(Path(args.home).expanduser().resolve())
+    _export_home(args)
     if os.getcwd() not in sys.path:  # the user's pipeline module, as `python -m` would find it
         sys.path.insert(0, os.getcwd())
     extra = {}
@@ -146,8 +150,7 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from streaming import compare
 
-    if args.home:
-        os.environ["SPARK_ABS_HOME"] = str(Path(args.home).expanduser().resolve())
+    _export_home(args)
     return compare.main(args.rest)
 
 
@@ -186,11 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.add_argument("--partitions", type=int, default=2, help="partitions of the topic (default 2)")
     smoke.set_defaults(func=_cmd_smoke)
 
-    demo = sub.add_parser("demo", add_help=False,
-                          help="the money-in-transit pipeline: checkpoints, a killed stage, a restore, "
-                               "checked output (see `spark-abs demo --help`)")
-    demo.add_argument("rest", nargs=argparse.REMAINDER)
-    demo.set_defaults(func=_cmd_demo)
+    _add_passthrough(sub, "demo", _cmd_demo, "the money-in-transit pipeline: checkpoints, a killed stage, a "
+                                             "restore, checked output")
 
     run = sub.add_parser("run", help="run a pipeline of yours with checkpoints (or restore it from one)",
                          description="Starts the job of PIPELINE (module:attribute, a Pipeline or a function "
@@ -229,17 +229,17 @@ def build_parser() -> argparse.ArgumentParser:
                              help="check sizes only, without reading every part")
     checkpoints.set_defaults(func=_cmd_checkpoints)
 
-    compare = sub.add_parser("compare", add_help=False,
-                             help="aligned vs unaligned checkpoints side by side under a backlog: a table of "
-                                  "their costs (see `spark-abs compare --help`)")
-    compare.add_argument("rest", nargs=argparse.REMAINDER)
-    compare.set_defaults(func=_cmd_compare)
-
-    simulate = sub.add_parser("simulate", add_help=False,
-                              help="narrate a simulated snapshot run (see `spark-abs simulate --help`)")
-    simulate.add_argument("rest", nargs=argparse.REMAINDER)
-    simulate.set_defaults(func=_cmd_simulate)
+    _add_passthrough(sub, "compare", _cmd_compare, "aligned vs unaligned checkpoints side by side under a "
+                                                   "backlog: a table of their costs")
+    _add_passthrough(sub, "simulate", _cmd_simulate, "narrate a simulated snapshot run")
     return parser
+
+
+def _add_passthrough(sub, name: str, func, help: str) -> None:
+    """A command that parses its own options (one of ``_OWN_OPTIONS``)."""
+    parser = sub.add_parser(name, add_help=False, help=f"{help} (see `spark-abs {name} --help`)")
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    parser.set_defaults(func=func)
 
 
 def _passthrough(argv: list[str]) -> tuple[str, list[str]] | None:
