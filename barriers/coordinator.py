@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from barriers.errors import CoordinatorError
 from barriers.failures import CheckpointFailure
 from barriers.messages import Barrier, CheckpointOptions
 
@@ -31,16 +32,13 @@ __all__ = [
     "CheckpointCoordinator",
     "CoordinatorError",
     "AckIgnored",
+    "AckIgnoreReason",
 ]
 
 log = logging.getLogger(__name__)
 
 
-class CoordinatorError(RuntimeError):
-    """The coordinator was asked for something its state does not allow."""
-
-
-class CheckpointStatus(enum.Enum):
+class CheckpointStatus(enum.StrEnum):
     PENDING = "pending"
     ACKNOWLEDGED = "acknowledged"
     COMPLETED = "completed"
@@ -55,13 +53,25 @@ _NEXT = {
 }
 
 
+class AckIgnoreReason(enum.StrEnum):
+    """Why the coordinator did not count an acknowledgement or decline."""
+
+    NOT_A_TASK = "not a task of this job"
+    NEVER_TRIGGERED = "never triggered"
+    NO_LONGER_PENDING = "no longer pending (completed, aborted or of an older run)"
+    ALREADY_ACKNOWLEDGED = "already acknowledged"
+    ALREADY_COMPLETED = "already completed"
+    ALREADY_ABORTED = "already aborted"
+    DUPLICATE = "duplicate acknowledgement"
+
+
 @dataclass(frozen=True, slots=True)
 class AckIgnored:
     """An acknowledgement or decline the coordinator did not count, and why."""
 
     task: str
     checkpoint_id: int
-    reason: str
+    reason: AckIgnoreReason
 
     def __str__(self) -> str:
         return f"checkpoint {self.checkpoint_id}: message from task {self.task!r} ignored: {self.reason}"
@@ -229,7 +239,7 @@ class CheckpointCoordinator:
         if isinstance(pending, AckIgnored):
             return pending
         if task in pending.acks:
-            return self._ignore(task, checkpoint_id, "duplicate acknowledgement")
+            return self._ignore(task, checkpoint_id, AckIgnoreReason.DUPLICATE)
         pending.acks[task] = payload
         if pending.missing:
             return None
@@ -309,17 +319,17 @@ class CheckpointCoordinator:
 
     def _addressed(self, task: str, checkpoint_id: int) -> PendingCheckpoint | AckIgnored:
         if task not in self.tasks:
-            return self._ignore(task, checkpoint_id, "not a task of this job")
+            return self._ignore(task, checkpoint_id, AckIgnoreReason.NOT_A_TASK)
         pending = self.pending.get(checkpoint_id)
         if pending is None:
             if checkpoint_id >= self._next_id:
-                return self._ignore(task, checkpoint_id, "never triggered")
-            return self._ignore(task, checkpoint_id, "no longer pending (completed, aborted or of an older run)")
+                return self._ignore(task, checkpoint_id, AckIgnoreReason.NEVER_TRIGGERED)
+            return self._ignore(task, checkpoint_id, AckIgnoreReason.NO_LONGER_PENDING)
         if pending.status is not CheckpointStatus.PENDING:
-            return self._ignore(task, checkpoint_id, f"already {pending.status.value}")
+            return self._ignore(task, checkpoint_id, AckIgnoreReason(f"already {pending.status.value}"))
         return pending
 
-    def _ignore(self, task: str, checkpoint_id: int, reason: str) -> AckIgnored:
+    def _ignore(self, task: str, checkpoint_id: int, reason: AckIgnoreReason) -> AckIgnored:
         ignored = AckIgnored(task, checkpoint_id, reason)
         self.ignored.append(ignored)
         log.warning("%s", ignored)

@@ -18,3 +18,13 @@ class CheckpointFailure(enum.Enum):
     STORE_FAILURE = "the snapshot store failed"
     RESTORED = "the job restored from an earlier checkpoint"
     USER = "aborted on request"
+
+    @classmethod
+    def parse(cls, name: object, default: CheckpointFailure | None = None) -> CheckpointFailure:
+        """The failure called ``name`` (as ``CheckpointFailure.X.name`` spells
+        it, e.g. from a control message); an unknown or missing name is
+        ``default`` (``DECLINED`` when not given)."""
+        try:
+            return cls[str(name)]
+        except KeyError:
+            return default if default is not None else cls.DECLINED

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Protocol
 
+from barriers.errors import ProtocolError
 from barriers.failures import CheckpointFailure
 from barriers.messages import Alignment, Barrier, CancelBarrier, ChannelId, CheckpointOptions
 
@@ -53,10 +54,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class ProtocolError(RuntimeError):
-    """The handler was driven in a way the protocol does not allow."""
 
 
 class CheckpointKind(enum.Enum):

@@ -15,6 +15,8 @@ import hmac
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
+from barriers.errors import BarrierRejected
+
 __all__ = [
     "ChannelId",
     "Alignment",
@@ -36,14 +38,6 @@ KIND_HEADER = "abs.kind"
 # carried by data records too: the generation of the task that wrote them
 GENERATION_HEADER = "abs.gen"
 _SIGNATURE_HEADER = "abs.sig"
-
-
-class BarrierRejected(ValueError):
-    """A record claims to be a barrier or a cancellation but cannot be one."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -1,5 +1,8 @@
-"""Errors raised by the adapters in ``streaming/``: one base class, one named
-subclass for each thing that can go wrong, each with a message a person can act on."""
+"""Every error ``streaming/`` raises on purpose: one base class, one named
+subclass for each thing that can go wrong, each with a message a person can
+act on.  The CLI prints them as one line (no traceback).  The protocol
+(``barriers.errors``) and the operators (``operators.errors``) have their own
+bases; see docs/architecture.md, "Errors"."""
 
 from __future__ import annotations
 
@@ -11,13 +14,24 @@ __all__ = [
     "PortInUseError",
     "ServiceStartError",
     "RuntimeNotRunningError",
+    "KafkaUnavailableError",
+    "ChannelQueryError",
     "StoreError",
+    "SnapshotMissingError",
+    "SnapshotCorruptError",
+    "SinkError",
+    "SinkFencedError",
+    "JobFailed",
+    "SmokeFailure",
 ]
 
 
 class SparkAbsError(Exception):
     """Base of every error spark-abs raises on purpose; the CLI prints its message
     without a traceback."""
+
+
+# ---- configuration and the local runtime
 
 
 class ConfigError(SparkAbsError, ValueError):
@@ -45,5 +59,49 @@ class RuntimeNotRunningError(SparkAbsError):
     """No connection file: the local runtime was never started (or was purged)."""
 
 
+# ---- Kafka and Spark
+
+
+class KafkaUnavailableError(SparkAbsError):
+    """No broker answered at the configured bootstrap address, or it refused
+    an operation (a topic, a send, a read of an offset range)."""
+
+
+class ChannelQueryError(SparkAbsError):
+    """The stage's streaming query failed or did not finish in time."""
+
+
+# ---- object storage: snapshots and sinks
+
+
 class StoreError(SparkAbsError):
     """The snapshot or output store is unreachable or refused an operation."""
+
+
+class SnapshotMissingError(StoreError):
+    """The checkpoint, its manifest or the task's snapshot does not exist."""
+
+
+class SnapshotCorruptError(StoreError):
+    """A manifest, task file or part exists but is unreadable, or its size or
+    checksum differs from what was recorded."""
+
+
+class SinkError(SparkAbsError):
+    """A sink could not stage or commit an epoch."""
+
+
+class SinkFencedError(SinkError):
+    """Another instance of the same sink task took over (a newer generation):
+    this one must stop writing."""
+
+
+# ---- jobs and tools
+
+
+class JobFailed(SparkAbsError):
+    """The job cannot go on (a worker fails again and again, or never starts)."""
+
+
+class SmokeFailure(SparkAbsError):
+    """The smoke pipeline read back something other than what it wrote."""

@@ -43,7 +43,7 @@ def slow_pipeline(job: str = "slow"):
     (``SLOW_SECONDS_PER_RECORD`` per record), counting events per key into
     an object-store sink: a backlog in front of a barrier takes it a while."""
     from operators import Chain, KeyedAggregate, count, map_batches
-    from streaming.pipeline import Ingress, Pipeline, Sink, Stage
+    from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 
     return Pipeline(job, (Ingress(f"{job}.events", 2, EVENTS),), (
         Stage("slow", (f"{job}.events",),

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from streaming.config import Connection, LocalRuntimeSettings
+from streaming.api.config import Connection, LocalRuntimeSettings
 
 
 def _say(message: str) -> None:
@@ -39,8 +39,8 @@ def connection(runtime_settings: LocalRuntimeSettings) -> Iterator[Connection]:
 
 @pytest.fixture(scope="session")
 def spark(connection: Connection, runtime_settings: LocalRuntimeSettings):
-    from streaming.config import SparkSettings
-    from streaming.spark import spark_session
+    from streaming.api.config import SparkSettings
+    from streaming.adapters.spark import spark_session
 
     session = spark_session(SparkSettings(master=connection.spark_master), runtime_settings, progress=_say)
     yield session

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 from xml.sax.saxutils import escape
 
-from streaming.config import ENV
+from streaming.api.config import ENV
 from streaming.errors import ArtifactResolutionError, ToolMissingError
 
 __all__ = [

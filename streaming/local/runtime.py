@@ -18,11 +18,11 @@ from typing import Callable, Iterator, Sequence
 
 import pyspark
 
-from streaming.config import Connection, LocalRuntimeSettings
+from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.errors import ConfigError, ServiceStartError
 from streaming.local import artifacts, kafka_broker, processes, s3_server
 from streaming.local.artifacts import FETCHABLE
-from streaming.store import ensure_bucket
+from streaming.adapters.objects import ensure_bucket
 
 __all__ = ["LocalRuntime", "RuntimeStatus", "ServiceStatus"]
 

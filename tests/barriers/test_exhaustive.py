@@ -7,10 +7,10 @@ import logging
 
 import pytest
 
-from barriers import checker
+from barriers.simulation import checker
 from barriers.handler import CheckpointKind
 from barriers.messages import CheckpointOptions
-from barriers.simulator import Initiation, Money, Simulator, Tokens, Topology, dataflow, explore
+from barriers.simulation.simulator import Initiation, Money, Simulator, Tokens, Topology, dataflow, explore
 
 UNALIGNED = CheckpointOptions.unaligned()
 CHAIN = Topology(("S", "K", "Z"), (("S", "K"), ("K", "Z")))

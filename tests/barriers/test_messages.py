@@ -113,3 +113,12 @@ def test_channel_ids_print_and_parse():
             ChannelId.parse(bad)
     with pytest.raises(ValueError):
         ChannelId("t", -1)
+
+
+def test_channel_names_round_trip():
+    assert ChannelId.parse("money.transfers:3") == ChannelId("money.transfers", 3)
+    assert str(ChannelId("orders", 0)) == "orders:0"
+    with pytest.raises(ValueError, match="topic:partition"):
+        ChannelId.parse("no-partition")
+    with pytest.raises(ValueError, match="contain no ':'"):
+        ChannelId.parse("a:b:0")  # Kafka topic names have no ':'

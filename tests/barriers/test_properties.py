@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from barriers import checker
+from barriers.simulation import checker
 from barriers.handler import CheckpointKind
 from barriers.messages import CheckpointOptions
-from barriers.simulator import Initiation, Money, RandomScheduler, Simulator, Tokens, Topology, dataflow
+from barriers.simulation.simulator import Initiation, Money, RandomScheduler, Simulator, Tokens, Topology, dataflow
 
 
 @pytest.fixture(autouse=True)

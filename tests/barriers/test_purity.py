@@ -26,7 +26,8 @@ def test_no_module_of_barriers_names_a_forbidden_import():
 
 
 def test_importing_every_module_loads_none_of_them():
-    modules = [f"barriers.{p.stem}" for p in sorted(PACKAGE.glob("*.py")) if p.stem != "__init__"]
+    modules = [".".join(("barriers", *p.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
+               for p in sorted(PACKAGE.rglob("*.py"))]
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"

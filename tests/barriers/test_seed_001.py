@@ -9,11 +9,11 @@ the message sent at H."""
 
 from __future__ import annotations
 
-from barriers import checker
+from barriers.simulation import checker
 from barriers.handler import CheckpointKind
 from barriers.messages import CheckpointOptions
-from barriers.narrate import SEED_001_SCRIPT, SEED_001_STEPS, seed_001
-from barriers.simulator import EventKind, Initiation, Scripted, Simulator, Topology, channel_id
+from barriers.simulation.narrate import SEED_001_SCRIPT, SEED_001_STEPS, seed_001
+from barriers.simulation.simulator import EventKind, Initiation, Scripted, Simulator, Topology, channel_id
 
 
 def C(i: int, j: int):

@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-from streaming.config import CONNECTION_ENV_FIELDS, ENV, Connection
+from streaming.api.config import CONNECTION_ENV_FIELDS, ENV, Connection
 from streaming.local.kafka_broker import broker_properties
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"

@@ -12,10 +12,10 @@ import pyarrow.compute as pc
 import pytest
 from kafka import KafkaProducer
 
-from streaming.job import JobRunner
-from streaming.settings import JobSettings
-from streaming.snapshots import SnapshotStore
-from streaming.store import open_store
+from streaming.engine.runner import JobRunner
+from streaming.api.settings import JobSettings
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.objects import open_store
 from streaming.testing import slow_pipeline
 
 pytestmark = pytest.mark.integration

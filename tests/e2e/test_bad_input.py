@@ -15,14 +15,14 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from barriers.messages import Barrier, encode
-from streaming import demo
-from streaming.job import JobRunner
-from streaming.kafka_io import dead_letter_topic_name
-from streaming.settings import JobSettings
-from streaming.sinks import read_committed_output
-from streaming.snapshots import SnapshotStore
-from streaming.store import open_store
-from streaming.worker import sink_location
+from streaming.tools import demo
+from streaming.engine.runner import JobRunner
+from streaming.adapters.kafka_io import dead_letter_topic_name
+from streaming.api.settings import JobSettings
+from streaming.adapters.sinks import read_committed_output
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.objects import open_store
+from streaming.adapters.sinks import sink_location
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
     store_dir = tmp_path / "store"
     settings = JobSettings(store=f"file://{store_dir}", interval_s=0.7, timeout_s=60, max_records_per_batch=200)
     lines: list[str] = []
-    runner = JobRunner("streaming.demo:pipeline", settings, connection, job=job, say=lines.append)
+    runner = JobRunner("streaming.tools.demo:pipeline", settings, connection, job=job, say=lines.append)
     topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
     data = demo.make_transfers(1200)
     bootstrap = connection.kafka_bootstrap

@@ -10,15 +10,15 @@ import time
 
 import pytest
 
-from streaming import demo
-from streaming.job import JobRunner
-from streaming.kafka_admin import end_offsets
-from streaming.kafka_io import dead_letter_topic_name, read_range
-from streaming.settings import JobSettings
-from streaming.sinks import read_committed_output
-from streaming.snapshots import SnapshotStore
-from streaming.store import ensure_bucket, open_store
-from streaming.worker import sink_location
+from streaming.tools import demo
+from streaming.engine.runner import JobRunner
+from streaming.adapters.kafka_admin import end_offsets
+from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
+from streaming.api.settings import JobSettings
+from streaming.adapters.sinks import read_committed_output
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.objects import ensure_bucket, open_store
+from streaming.adapters.sinks import sink_location
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,7 @@ def _run(connection, job: str, store: str, faults: list[tuple[str, str]], *, tra
 
     def in_flight(channel, start, end):
         return read_range(connection.kafka_bootstrap, channel, start, end)
-    runner = JobRunner("streaming.demo:pipeline", settings, connection, job=job, say=lines.append,
+    runner = JobRunner("streaming.tools.demo:pipeline", settings, connection, job=job, say=lines.append,
                        faults=",".join(f"{task}:{point}:*:{g}" for g, (task, point) in enumerate(faults)),
                        on_complete=lambda cid: money.append(demo.money_in_checkpoint(reader, cid, in_flight)))
     data = demo.make_transfers(transfers)

@@ -10,9 +10,9 @@ import time
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from streaming import demo
-from streaming.job import JobRunner
-from streaming.settings import JobSettings
+from streaming.tools import demo
+from streaming.engine.runner import JobRunner
+from streaming.api.settings import JobSettings
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tm
     job = f"ks-{unique_name[-8:]}"
     settings = JobSettings(store=f"file://{tmp_path}/store", interval_s=0.7, max_records_per_batch=200)
     lines: list[str] = []
-    runner = JobRunner("streaming.demo:kafka_pipeline", settings, connection, job=job, say=lines.append,
+    runner = JobRunner("streaming.tools.demo:kafka_pipeline", settings, connection, job=job, say=lines.append,
                        workers={"all": [t.name for t in demo.kafka_pipeline(job).tasks()]})
     topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
     data = demo.make_transfers(1000)

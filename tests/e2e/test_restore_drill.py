@@ -17,11 +17,11 @@ import time
 import pyarrow.fs as pafs
 import pytest
 
-from streaming import demo
-from streaming.job import JobRunner
-from streaming.settings import JobSettings
-from streaming.sinks import read_committed_output
-from streaming.worker import sink_location
+from streaming.tools import demo
+from streaming.engine.runner import JobRunner
+from streaming.api.settings import JobSettings
+from streaming.adapters.sinks import read_committed_output
+from streaming.adapters.sinks import sink_location
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ def test_roll_back_to_a_named_checkpoint(connection, tmp_path, unique_name):
     job, store = f"drill-{unique_name[-8:]}", f"file://{tmp_path}/store"
     data = demo.make_transfers(400)
     lines: list[str] = []
-    runner = JobRunner("streaming.demo:pipeline", JobSettings(store=store, interval_s=1, retain=20), connection,
+    runner = JobRunner("streaming.tools.demo:pipeline", JobSettings(store=store, interval_s=1, retain=20), connection,
                        job=job, say=lines.append)
     runner.prepare()
     ingress = runner.pipeline.ingress[0]
@@ -42,7 +42,7 @@ def test_roll_back_to_a_named_checkpoint(connection, tmp_path, unique_name):
             assert time.monotonic() < deadline, "\n".join(lines[-20:])
             runner.step()
 
-        listing = subprocess.run([sys.executable, "-m", "streaming.cli", "checkpoints", "--store", store,
+        listing = subprocess.run([sys.executable, "-m", "streaming.tools.cli", "checkpoints", "--store", store,
                                   "--job", job], capture_output=True, text=True, timeout=60,
                                  env={**os.environ, **connection.as_env()})
         assert listing.returncode == 0, listing.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from streaming.compare import run_compare
+from streaming.tools.compare import run_compare
 
 pytestmark = pytest.mark.integration
 

@@ -1,0 +1,144 @@
+"""Kafka transport of the protocol: markers appended to every channel of a
+topic (the offsets Kafka gives back are the barrier positions), offset
+ranges read back in bulk (unaligned channel state), and the dead-letter
+topic where malformed input goes with its reason.  The job's control topic
+is ``streaming.adapters.control``.
+
+What a barrier's headers say is the business of ``barriers``; this module only
+moves bytes and reports offsets."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import pyarrow as pa
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaError
+
+from barriers.messages import ChannelId
+from streaming.adapters.records import RECORD_SCHEMA, Headers
+from streaming.errors import ConfigError
+from streaming.adapters.kafka_admin import create_topic
+from streaming.errors import KafkaUnavailableError
+
+__all__ = [
+    "read_range",
+    "retention_ms",
+    "DeadLetters",
+    "append_markers",
+    "dead_letter_topic_name",
+    "producer",
+]
+
+log = logging.getLogger(__name__)
+
+
+def read_range(bootstrap: str, channel: ChannelId, start: int, end: int, *, timeout_s: float = 60.0) -> pa.Table:
+    """The records at offsets ``[start, end)`` of ``channel``, read in bulk
+    (offsets without a record, e.g. transaction markers, are simply absent)."""
+    if end <= start:
+        return RECORD_SCHEMA.empty_table()
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=5000,
+                             client_id="spark-abs-range")
+    tp = TopicPartition(channel.topic, channel.partition)
+    rows: list[dict] = []
+    try:
+        consumer.assign([tp])
+        first = consumer.beginning_offsets([tp])[tp]
+        if first > start:
+            raise KafkaUnavailableError(f"{channel}: offsets [{start}, {end}) are no longer in Kafka "
+                                        f"(the partition starts at {first}; retention removed them)")
+        consumer.seek(tp, start)
+        deadline = time.monotonic() + timeout_s
+        while consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                raise KafkaUnavailableError(f"{channel}: reading offsets [{start}, {end}) took over {timeout_s:.0f} s "
+                                            f"(at {consumer.position(tp)})")
+            for record in consumer.poll(timeout_ms=500).get(tp, []):
+                if record.offset >= end:
+                    break
+                rows.append({"topic": channel.topic, "partition": channel.partition, "offset": record.offset,
+                             "key": record.key, "value": record.value,
+                             "headers": [{"key": k, "value": v} for k, v in record.headers],
+                             "timestamp": record.timestamp})
+    except KafkaError as exc:
+        raise KafkaUnavailableError(f"{channel}: reading offsets [{start}, {end}) failed: {exc}") from exc
+    finally:
+        consumer.close()
+    return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA)
+
+
+def retention_ms(bootstrap: str, topic: str) -> int | None:
+    """The topic's ``retention.ms`` (None: unlimited or unknown)."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    from streaming.adapters.kafka_admin import admin_client
+
+    admin = admin_client(bootstrap)
+    try:
+        result = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="All")
+        value = int(result["topic"][topic]["retention.ms"]["value"])
+        return None if value < 0 else value
+    except (KafkaError, KeyError, ValueError, TypeError) as exc:
+        log.warning("retention of topic %s unknown: %s", topic, exc)
+    finally:
+        admin.close()
+    return None
+
+
+def dead_letter_topic_name(job: str) -> str:
+    return f"spark-abs.{job}.dead-letters"
+
+
+def producer(bootstrap: str, **extra: Any) -> KafkaProducer:
+    try:
+        return KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0, **extra)
+    except KafkaError as exc:
+        raise KafkaUnavailableError(f"cannot open a Kafka producer on {bootstrap}: {exc}") from exc
+
+
+def append_markers(producer: KafkaProducer, channels: Iterable[ChannelId], headers: Headers,
+                   timeout_s: float = 30.0) -> dict[ChannelId, int]:
+    """Append one empty record carrying ``headers`` to each channel and return
+    the offset each got.  Everything sent to a channel before this call comes
+    before the marker (the producer is flushed first)."""
+    producer.flush(timeout=timeout_s)
+    futures = {c: producer.send(c.topic, value=b"", headers=list(headers), partition=c.partition)
+               for c in channels}
+    offsets = {}
+    for channel, future in futures.items():
+        try:
+            offsets[channel] = future.get(timeout=timeout_s).offset
+        except KafkaError as exc:
+            raise KafkaUnavailableError(f"appending a marker to {channel} failed: {exc}") from exc
+    return offsets
+
+
+class DeadLetters:
+    """Malformed input, kept with its reason: the original key, value and
+    headers, plus ``spark-abs-reason``, ``spark-abs-source`` (channel) and
+    ``spark-abs-source-offset`` headers.  ``count`` says how many were sent."""
+
+    def __init__(self, bootstrap: str, job: str):
+        self.topic = dead_letter_topic_name(job)
+        create_topic(bootstrap, self.topic, 1)
+        self._producer = producer(bootstrap)
+        self.count = 0
+
+    def send(self, channel: ChannelId, offset: int, key: bytes | None, value: bytes | None,
+             headers: Headers, reason: str) -> None:
+        extra = [("spark-abs-reason", reason.encode()), ("spark-abs-source", str(channel).encode()),
+                 ("spark-abs-source-offset", str(offset).encode())]
+        self._producer.send(self.topic, key=key, value=value, headers=list(headers) + extra, partition=0)
+        self.count += 1
+        log.warning("dead letter from %s offset %d: %s", channel, offset, reason)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        self._producer.flush(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._producer.close()

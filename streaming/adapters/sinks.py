@@ -1,0 +1,353 @@
+"""Exactly-once sinks: the two-phase commit at the end of the pipeline.
+
+Epoch ``n`` of a sink task is the output it produced after barrier ``n-1`` and
+up to barrier ``n``.  Phase one (``stage``) writes the epoch's output to a
+staging area in object storage, immutable, before the task acknowledges
+checkpoint ``n``.  Phase two (``commit``) runs when checkpoint ``n`` is complete
+(its manifest exists) and makes the epoch visible:
+
+- ``ObjectStoreSink``: copies the staged file to ``<root>/output/epoch-<n>/<task>.parquet``;
+  one object per (epoch, task), so it appears whole or not at all.
+- ``KafkaSink``: publishes the staged rows to the output topic in one Kafka
+  transaction that also carries a commit marker ``<task>:<n>`` to the sink's
+  commit topic; ``read_committed`` readers see the epoch exactly once.
+
+Both commits are idempotent (a committed epoch is recognised and skipped), so
+``recover(completed)`` after a restore simply commits every staged epoch up to
+the restored checkpoint, which covers a crash between the manifest and the
+sink's commit, and discards staged epochs after it: they belong to the run
+that failed and the new generation writes them again.  Output committed
+after the restored checkpoint (a restore to an older, named checkpoint, or
+past a newer one that failed to verify) is taken back by the object-store
+sink (moved to ``<root>/retracted/``); a Kafka transaction cannot be taken
+back, so the Kafka sink reports those epochs as irrevocable.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaError
+
+from streaming.adapters import codec
+from streaming.api.config import Connection
+from streaming.api.pipeline import Sink, SinkKind
+from streaming.api.settings import JobSettings
+from streaming.errors import SinkError, SinkFencedError, StoreError
+from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.objects import ObjectFiles, StoreLocation, open_store
+
+__all__ = [
+    "open_sink",
+    "sink_location",
+    "kafka_records",
+    "ObjectStoreSink",
+    "KafkaSink",
+    "Recovery",
+    "read_committed_output",
+]
+
+log = logging.getLogger(__name__)
+
+_EPOCH_DIR = re.compile(r"epoch-(\d+)$")
+
+
+
+
+def _epoch_dir(epoch: int) -> str:
+    return f"epoch-{epoch:012d}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Staging:
+    """The staging area of one sink task: ``<root>/staging/epoch-<n>/<task>.parquet``."""
+
+    location: StoreLocation
+    task_id: str
+
+    def path(self, epoch: int) -> str:
+        return self.location.path("staging", _epoch_dir(epoch), f"{self.task_id}.parquet")
+
+    def write(self, epoch: int, table: pa.Table) -> str:
+        path = self.path(epoch)
+        try:
+            ObjectFiles(self.location).write_parquet(path, table)
+        except OSError as exc:
+            raise StoreError(f"staging epoch {epoch} of sink task {self.task_id} at "
+                             f"{self.location.uri} failed: {exc}") from exc
+        return path
+
+    def read(self, epoch: int) -> pa.Table:
+        try:
+            return pq.read_table(self.path(epoch), filesystem=self.location.filesystem)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise SinkError(f"staged output of epoch {epoch} for sink task {self.task_id} "
+                            f"is missing or unreadable at {self.path(epoch)}: {exc}") from exc
+
+    def epochs(self) -> list[int]:
+        """Epochs this task has staged output for."""
+        fs = self.location.filesystem
+        selector = pafs.FileSelector(self.location.path("staging"), allow_not_found=True)
+        found = []
+        for info in fs.get_file_info(selector):
+            match = _EPOCH_DIR.search(info.path)
+            if match and info.type == pafs.FileType.Directory:
+                if fs.get_file_info(self.path(int(match.group(1)))).type == pafs.FileType.File:
+                    found.append(int(match.group(1)))
+        return sorted(found)
+
+    def discard(self, epoch: int) -> None:
+        self.location.filesystem.delete_file(self.path(epoch))
+
+
+class _TwoPhaseSink:
+    """Staging, idempotent commit and recovery; subclasses say how an epoch is
+    made visible (``_publish``) and how to tell it already is (``_committed``)."""
+
+    def __init__(self, staging: StoreLocation, task_id: str):
+        self._staging = _Staging(staging, task_id)
+        self.task_id = task_id
+
+    def stage(self, epoch: int, table: pa.Table) -> str:
+        """Phase one: keep ``table`` as epoch ``epoch``'s output (not visible yet)."""
+        path = self._staging.write(epoch, table)
+        log.debug("sink task %s staged epoch %d (%d rows)", self.task_id, epoch, table.num_rows)
+        return path
+
+    def commit(self, epoch: int) -> bool:
+        """Phase two, once checkpoint ``epoch`` is complete.  Returns False when
+        the epoch was already committed (nothing is written twice)."""
+        if self._committed(epoch):
+            log.info("sink task %s: epoch %d already committed", self.task_id, epoch)
+            return False
+        self._publish(epoch, self._staging.read(epoch))
+        log.info("sink task %s committed epoch %d", self.task_id, epoch)
+        return True
+
+    def commit_through(self, completed_checkpoint: int) -> list[int]:
+        """Commit every staged epoch up to ``completed_checkpoint`` (an epoch of
+        an aborted checkpoint is committed with the next one that completes).
+        Returns the epochs committed now."""
+        return [epoch for epoch in self._staging.epochs() if epoch <= completed_checkpoint and self.commit(epoch)]
+
+    def recover(self, completed_checkpoint: int) -> Recovery:
+        """After a restore to ``completed_checkpoint``: take back what was
+        committed after it (a restore to an older checkpoint, or past one that
+        failed to verify: the new generation writes that output again), commit
+        the staged epochs up to it and discard those after it."""
+        retracted, kept = self._retract_after(completed_checkpoint)
+        committed, discarded = [], []
+        for epoch in self._staging.epochs():
+            if epoch <= completed_checkpoint:
+                if self.commit(epoch):
+                    committed.append(epoch)
+            else:
+                self._staging.discard(epoch)
+                discarded.append(epoch)
+        return Recovery(committed, discarded, retracted, kept)
+
+    def _retract_after(self, checkpoint: int) -> tuple[list[int], list[int]]:
+        """Committed epochs after ``checkpoint``: (taken back, still visible)."""
+        return [], []
+
+    def _committed(self, epoch: int) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _publish(self, epoch: int, table: pa.Table) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What ``recover`` did, by epoch: committed now (their checkpoint completed
+    before the crash), discarded (staged by the run that failed), retracted
+    (committed after the restored checkpoint, moved out of the output) and
+    irrevocable (committed after it where nothing can take them back: a Kafka
+    transaction; readers have them and the replay writes them again)."""
+
+    committed: list[int] = field(default_factory=list)
+    discarded: list[int] = field(default_factory=list)
+    retracted: list[int] = field(default_factory=list)
+    irrevocable: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.committed or self.discarded or self.retracted or self.irrevocable)
+
+
+class ObjectStoreSink(_TwoPhaseSink):
+    """Parquet per epoch and task under ``<root>/output``, visible only after the
+    checkpoint that closes the epoch completes."""
+
+    def __init__(self, location: StoreLocation, task_id: str):
+        super().__init__(location, task_id)
+        self._location = location
+
+    def output_path(self, epoch: int) -> str:
+        return self._location.path("output", _epoch_dir(epoch), f"{self.task_id}.parquet")
+
+    def _committed(self, epoch: int) -> bool:
+        fs = self._location.filesystem
+        return fs.get_file_info(self.output_path(epoch)).type == pafs.FileType.File
+
+    def _retract_after(self, checkpoint: int) -> tuple[list[int], list[int]]:
+        """Move this task's committed epochs after ``checkpoint`` from
+        ``output/`` to ``retracted/``, where readers of the output do not look."""
+        fs = self._location.filesystem
+        retracted = []
+        try:
+            for info in fs.get_file_info(pafs.FileSelector(self._location.path("output"), allow_not_found=True)):
+                match = _EPOCH_DIR.search(info.path)
+                if not match or int(match.group(1)) <= checkpoint:
+                    continue
+                epoch = int(match.group(1))
+                if not self._committed(epoch):
+                    continue
+                fs.create_dir(self._location.path("retracted", _epoch_dir(epoch)))
+                fs.move(self.output_path(epoch),
+                        self._location.path("retracted", _epoch_dir(epoch), f"{self.task_id}.parquet"))
+                log.warning("sink task %s: epoch %d was committed after checkpoint %d, the restored one; "
+                            "moved to retracted/ (the new generation writes it again)", self.task_id, epoch,
+                            checkpoint)
+                retracted.append(epoch)
+        except OSError as exc:
+            raise StoreError(f"sink task {self.task_id}: taking back output committed after checkpoint "
+                             f"{checkpoint} failed: {exc}") from exc
+        return sorted(retracted), []
+
+    def _publish(self, epoch: int, table: pa.Table) -> None:
+        try:
+            ObjectFiles(self._location).write_parquet(self.output_path(epoch), table)
+        except OSError as exc:
+            raise StoreError(f"committing epoch {epoch} of sink task {self.task_id} failed: {exc}") from exc
+
+
+def read_committed_output(location: StoreLocation) -> pa.Table | None:
+    """Every committed epoch of an ``ObjectStoreSink`` in epoch order (then task
+    order), or None when nothing is committed yet."""
+    fs = location.filesystem
+    files = [i.path for i in fs.get_file_info(pafs.FileSelector(location.path("output"), recursive=True,
+                                                                allow_not_found=True))
+             if i.type == pafs.FileType.File and i.path.endswith(".parquet")]
+    if not files:
+        return None
+    return pa.concat_tables([pq.read_table(p, filesystem=fs) for p in sorted(files)], promote_options="default")
+
+
+class KafkaSink(_TwoPhaseSink):
+    """Rows with ``key`` and ``value`` columns (binary or string; optional
+    ``partition``) published to ``topic`` in one transaction per epoch, with a
+    commit marker in ``<topic>.commits`` inside the same transaction."""
+
+    def __init__(self, staging: StoreLocation, task_id: str, *, bootstrap: str, topic: str,
+                 transactional_id: str):
+        super().__init__(staging, task_id)
+        self.topic = topic
+        self.commit_topic = f"{topic}.commits"
+        self._bootstrap = bootstrap
+        create_topic(bootstrap, self.commit_topic, 1, config={"cleanup.policy": "compact"})
+        try:
+            # init_transactions fences any older instance with the same id and
+            # aborts what it left open.
+            self._producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=transactional_id,
+                                           acks="all", enable_idempotence=True)
+            self._producer.init_transactions()
+        except KafkaError as exc:
+            raise SinkError(f"Kafka sink {transactional_id}: cannot start a transactional producer "
+                            f"on {bootstrap}: {exc}") from exc
+        self._done = self._read_markers()
+
+    def _marker(self, epoch: int) -> bytes:
+        return f"{self.task_id}:{epoch}".encode()
+
+    def _read_markers(self) -> set[bytes]:
+        consumer = KafkaConsumer(bootstrap_servers=self._bootstrap, isolation_level="read_committed",
+                                 enable_auto_commit=False, consumer_timeout_ms=2000)
+        try:
+            tp = TopicPartition(self.commit_topic, 0)
+            consumer.assign([tp])
+            consumer.seek_to_beginning(tp)
+            end = consumer.end_offsets([tp])[tp]
+            markers = set()
+            while consumer.position(tp) < end:
+                batch = consumer.poll(timeout_ms=1000)
+                if not batch:
+                    break
+                markers.update(r.key for records in batch.values() for r in records)
+            return markers
+        finally:
+            consumer.close()
+
+    def _committed(self, epoch: int) -> bool:
+        return self._marker(epoch) in self._done
+
+    def _retract_after(self, checkpoint: int) -> tuple[list[int], list[int]]:
+        """A committed Kafka transaction cannot be taken back: the epochs
+        committed after ``checkpoint`` are reported, not retracted."""
+        prefix = f"{self.task_id}:".encode()
+        epochs = sorted(int(m[len(prefix):]) for m in self._done
+                        if m and m.startswith(prefix) and m[len(prefix):].isdigit())
+        later = [e for e in epochs if e > checkpoint]
+        if later:
+            log.warning("sink task %s: epochs %s were committed to %s after checkpoint %d, the restored one; "
+                        "read_committed readers have them and the replay writes their records again",
+                        self.task_id, later, self.topic, checkpoint)
+        return [], later
+
+    def _publish(self, epoch: int, table: pa.Table) -> None:
+        rows = table.to_pylist()
+        try:
+            self._producer.begin_transaction()
+            for row in rows:
+                self._producer.send(self.topic, key=_bytes(row.get("key")), value=_bytes(row.get("value")),
+                                    partition=row.get("partition"))
+            self._producer.send(self.commit_topic, key=self._marker(epoch), value=str(len(rows)).encode())
+            self._producer.commit_transaction()
+        except KafkaError as exc:
+            if "Fenced" in type(exc).__name__:
+                raise SinkFencedError(f"sink task {self.task_id}: a newer instance took over; "
+                                      f"epoch {epoch} is left to it") from exc
+            try:
+                self._producer.abort_transaction()
+            except KafkaError:
+                pass
+            raise SinkError(f"sink task {self.task_id}: committing epoch {epoch} to {self.topic} "
+                            f"failed: {exc}") from exc
+        self._done.add(self._marker(epoch))
+
+    def close(self) -> None:
+        self._producer.close()
+
+
+def sink_location(settings: JobSettings, job: str, connection: Connection | None) -> StoreLocation:
+    """Where job ``job``'s sinks keep their epochs: ``<store>/<job>/sink``."""
+    return open_store(f"{settings.store.rstrip('/')}/{job}/sink", connection)
+
+
+def open_sink(sink: Sink, location: StoreLocation, task: str, *, job: str,
+              bootstrap: str) -> ObjectStoreSink | KafkaSink:
+    """The sink of sink task ``task`` of job ``job``."""
+    if sink.kind is SinkKind.KAFKA:
+        return KafkaSink(location, task, bootstrap=bootstrap, topic=sink.topic,
+                         transactional_id=f"spark-abs-{job}-{task}")
+    return ObjectStoreSink(location, task)
+
+
+def kafka_records(table: pa.Table, key: str | None) -> pa.Table:
+    """A sink epoch as the Kafka sink takes it: ``key`` (the stage's key column) and ``value`` (JSON)."""
+    keys = (pc.cast(table[key], pa.string()).to_pylist() if key and key in table.column_names
+            else [None] * table.num_rows)
+    return pa.table({"key": pa.array([k.encode() if k is not None else None for k in keys], pa.binary()),
+                     "value": pa.array(codec.encode(table), pa.binary())})
+
+
+def _bytes(value: object) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    return str(value).encode()

@@ -1,0 +1,208 @@
+"""The JSON documents of a checkpoint: what each task recorded
+(``_TASK.json``), the manifest that completes it (``_MANIFEST.json``) and the
+job's generations (``_JOB.json``), each versioned; malformed text is one
+ValueError that says what is wrong."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping, TypeVar
+
+import pyarrow as pa
+
+__all__ = ["FORMAT_VERSION", "PartInfo", "TaskSnapshot", "Manifest", "LoadedTask", "JobMeta", "now"]
+
+# Version of the JSON written to _TASK.json, _MANIFEST.json and _JOB.json.
+FORMAT_VERSION = 1
+
+T = TypeVar("T")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _check_version(data: Mapping[str, Any]) -> None:
+    version = data.get("format_version", FORMAT_VERSION)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ValueError(f"format_version {version!r} is not readable by this version "
+                         f"(reads up to {FORMAT_VERSION})")
+
+
+def _parsed(what: str, parse: Callable[[], T]) -> T:
+    """Run ``parse`` and turn any sign of malformed data into one ValueError."""
+    try:
+        return parse()
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ValueError(f"malformed {what}: {detail}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class PartInfo:
+    """One stored Parquet file: the table or channel it holds, its path relative
+    to the checkpoint directory, and what it must look like when read back."""
+
+    name: str
+    path: str
+    rows: int
+    bytes: int
+    sha256: str
+
+    def _to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "path": self.path, "rows": self.rows, "bytes": self.bytes,
+                "sha256": self.sha256}
+
+    @classmethod
+    def _from_dict(cls, data: Mapping[str, Any]) -> PartInfo:
+        return cls(str(data["name"]), str(data["path"]), int(data["rows"]), int(data["bytes"]),
+                   str(data["sha256"]))
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSnapshot:
+    """What one task recorded for one checkpoint.
+
+    ``positions`` maps each input channel (``"topic:partition"``) to the offset
+    to resume from; ``in_flight`` maps a channel to its channel state as the
+    offset range ``[start, end)``, whose records may also be copied into
+    ``channel_parts``.  ``metadata`` is free JSON (alignment kind, timings)."""
+
+    task: str
+    checkpoint_id: int
+    generation: int
+    positions: dict[str, int] = field(default_factory=dict)
+    in_flight: dict[str, tuple[int, int]] = field(default_factory=dict)
+    state_parts: tuple[PartInfo, ...] = ()
+    channel_parts: tuple[PartInfo, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def parts(self) -> tuple[PartInfo, ...]:
+        return self.state_parts + self.channel_parts
+
+    def to_json(self) -> str:
+        return json.dumps({"format_version": FORMAT_VERSION, **self._to_dict()}, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> TaskSnapshot:
+        """Raises ValueError when ``text`` is not a task snapshot."""
+        data = json.loads(text)
+
+        def parse() -> TaskSnapshot:
+            _check_version(data)
+            return cls._from_dict(data)
+
+        return _parsed("task snapshot", parse)
+
+    def _to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "checkpoint_id": self.checkpoint_id,
+            "generation": self.generation,
+            "positions": dict(self.positions),
+            "in_flight": {c: list(r) for c, r in self.in_flight.items()},
+            "state_parts": [p._to_dict() for p in self.state_parts],
+            "channel_parts": [p._to_dict() for p in self.channel_parts],
+            "metadata": self.metadata,
+        }
+
+    @classmethod
+    def _from_dict(cls, data: Mapping[str, Any]) -> TaskSnapshot:
+        in_flight = {}
+        for channel, (start, end) in data.get("in_flight", {}).items():
+            in_flight[str(channel)] = (int(start), int(end))
+        return cls(
+            task=str(data["task"]),
+            checkpoint_id=int(data["checkpoint_id"]),
+            generation=int(data["generation"]),
+            positions={str(c): int(o) for c, o in data.get("positions", {}).items()},
+            in_flight=in_flight,
+            state_parts=tuple(PartInfo._from_dict(p) for p in data.get("state_parts", [])),
+            channel_parts=tuple(PartInfo._from_dict(p) for p in data.get("channel_parts", [])),
+            metadata=dict(data.get("metadata", {})),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A completed checkpoint: every task's snapshot, the options it ran with
+    and the coordinator's metrics.  ``created_at`` is ISO 8601, UTC."""
+
+    job: str
+    checkpoint_id: int
+    generation: int
+    tasks: dict[str, TaskSnapshot]
+    created_at: str
+    options: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "format_version": self.format_version,
+            "job": self.job,
+            "checkpoint_id": self.checkpoint_id,
+            "generation": self.generation,
+            "created_at": self.created_at,
+            "options": self.options,
+            "metrics": self.metrics,
+            "tasks": {name: snap._to_dict() for name, snap in self.tasks.items()},
+        }, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Manifest:
+        """Raises ValueError when ``text`` is not a manifest."""
+        data = json.loads(text)
+
+        def parse() -> Manifest:
+            _check_version(data)
+            tasks = {str(name): TaskSnapshot._from_dict(snap) for name, snap in data["tasks"].items()}
+            manifest = cls(job=str(data["job"]), checkpoint_id=int(data["checkpoint_id"]),
+                           generation=int(data["generation"]), tasks=tasks,
+                           created_at=str(data["created_at"]), options=dict(data.get("options", {})),
+                           metrics=dict(data.get("metrics", {})),
+                           format_version=int(data.get("format_version", FORMAT_VERSION)))
+            for name, snap in tasks.items():
+                if snap.task != name or snap.checkpoint_id != manifest.checkpoint_id:
+                    raise ValueError(f"entry {name!r} is task {snap.task!r} of checkpoint {snap.checkpoint_id}")
+            return manifest
+
+        return _parsed("manifest", parse)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedTask:
+    """A task's snapshot read back, every part checked against its checksum."""
+
+    snapshot: TaskSnapshot
+    state: dict[str, pa.Table]
+    channel_records: dict[str, pa.Table]
+
+
+@dataclass(frozen=True, slots=True)
+class JobMeta:
+    """The job's current generation (0 = never started) and every generation
+    start: ``{"generation", "from_checkpoint" (None = from scratch), "at"}``."""
+
+    job: str
+    generation: int = 0
+    restores: tuple[dict[str, Any], ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps({"format_version": FORMAT_VERSION, "job": self.job, "generation": self.generation,
+                           "restores": list(self.restores)}, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> JobMeta:
+        """Raises ValueError when ``text`` is not job metadata."""
+        data = json.loads(text)
+
+        def parse() -> JobMeta:
+            _check_version(data)
+            return cls(str(data["job"]), int(data["generation"]),
+                       tuple(dict(r) for r in data.get("restores", [])))
+
+        return _parsed("job metadata", parse)

@@ -1,0 +1,52 @@
+"""The job's generations: ``_JOB.json`` holds the current generation and
+every generation start (from which checkpoint, when).  Written atomically,
+by one coordinator per job."""
+
+from __future__ import annotations
+
+import logging
+
+from streaming.adapters.objects import ObjectFiles
+from streaming.adapters.snapshots.format import JobMeta, now
+from streaming.adapters.snapshots.layout import Layout, checkpoint_dir_name
+from streaming.errors import SnapshotCorruptError
+
+__all__ = ["JobHistory"]
+
+log = logging.getLogger(__name__)
+
+
+class JobHistory:
+    def __init__(self, files: ObjectFiles, layout: Layout, job: str):
+        self.files = files
+        self.layout = layout
+        self.job = job
+
+    def read(self) -> JobMeta | None:
+        """The job's metadata, or None before its first generation."""
+        path = self.layout.job_file
+        data = self.files.read(path, "reading the job metadata")
+        if data is None:
+            return None
+        try:
+            meta = JobMeta.from_json(data)
+        except ValueError as exc:
+            raise SnapshotCorruptError(f"job {self.job}: {self.files.uri(path)} is unreadable: {exc}") from exc
+        return meta
+
+    def write(self, meta: JobMeta) -> None:
+        if meta.job != self.job:
+            raise ValueError(f"job metadata of {meta.job!r} cannot be written for job {self.job!r}")
+        with self.files.io("writing the job metadata"):
+            self.files.write(self.layout.job_file, meta.to_json().encode(), atomic=True)
+
+    def next_generation(self, from_checkpoint: int | None) -> int:
+        """Start the next generation, restored from ``from_checkpoint`` (None =
+        from scratch), record it and return its number."""
+        meta = self.read() or JobMeta(self.job)
+        generation = meta.generation + 1
+        entry = {"generation": generation, "from_checkpoint": from_checkpoint, "at": now()}
+        self.write(JobMeta(self.job, generation, (*meta.restores, entry)))
+        log.info("job %s: generation %d starts from %s", self.job, generation,
+                 "scratch" if from_checkpoint is None else checkpoint_dir_name(from_checkpoint))
+        return generation

@@ -1,0 +1,98 @@
+"""Whether a checkpoint can be restored, and which one a restore picks: the
+manifest reads, every task's ``_TASK.json`` is there and equals the
+manifest's entry, and every part exists with its recorded size (and, with
+``checksums``, its SHA-256)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Iterable
+
+import pyarrow.fs as pafs
+
+from streaming.adapters.snapshots.format import Manifest, PartInfo
+from streaming.adapters.snapshots.layout import TASK, checkpoint_dir_name
+from streaming.adapters.snapshots.reading import SnapshotReader
+from streaming.errors import SnapshotCorruptError, SnapshotMissingError
+
+__all__ = ["Verifier"]
+
+log = logging.getLogger(__name__)
+
+_HASH_CHUNK = 8 << 20
+
+
+class Verifier:
+    def __init__(self, reader: SnapshotReader):
+        self.reader = reader
+
+    def verify(self, checkpoint_id: int, *, checksums: bool = True) -> tuple[Manifest | None, list[str]]:
+        """The manifest (None when it is unreadable) and the problems that make
+        ``checkpoint_id`` unusable for a restore (empty when it is good).
+        Raises SnapshotMissingError when it has no manifest."""
+        try:
+            manifest = self.reader.manifest(checkpoint_id)
+        except SnapshotCorruptError as exc:
+            return None, [str(exc)]
+        problems = []
+        for task, recorded in manifest.tasks.items():
+            prefix = f"{checkpoint_dir_name(checkpoint_id)} task {task}"
+            try:
+                written = self.reader.task(checkpoint_id, task)
+            except SnapshotCorruptError as exc:
+                problems.append(str(exc))
+            else:
+                if written is None:
+                    problems.append(f"{prefix}: {TASK} is missing")
+                elif written != recorded:
+                    problems.append(f"{prefix}: {TASK} differs from the manifest")
+            problems.extend(f"{prefix}: {problem}"
+                            for problem in self._check_parts(checkpoint_id, recorded.parts, checksums))
+        return manifest, problems
+
+    def latest_verified(self, exclude: Iterable[int] = (), *,
+                        checksums: bool = True) -> tuple[Manifest | None, list[tuple[int, list[str]]]]:
+        """The newest complete checkpoint that verifies (None if none does) and
+        the newer ones skipped on the way, each with its problems.  Ids in
+        ``exclude`` are passed over without being checked or reported."""
+        excluded = set(exclude)
+        skipped: list[tuple[int, list[str]]] = []
+        for checkpoint_id in reversed(self.reader.completed()):
+            if checkpoint_id in excluded:
+                continue
+            try:
+                manifest, problems = self.verify(checkpoint_id, checksums=checksums)
+            except SnapshotMissingError as exc:  # deleted since the listing
+                manifest, problems = None, [str(exc)]
+            if manifest is not None and not problems:
+                if skipped:
+                    log.warning("chk-%d: falling back to it, newer checkpoints skipped: %s", checkpoint_id,
+                                ", ".join(checkpoint_dir_name(c) for c, _ in skipped))
+                return manifest, skipped
+            log.warning("chk-%d skipped: %s", checkpoint_id, "; ".join(problems))
+            skipped.append((checkpoint_id, problems))
+        return None, skipped
+
+    def _check_parts(self, checkpoint_id: int, parts: tuple[PartInfo, ...], checksums: bool) -> list[str]:
+        if not parts:
+            return []
+        files, layout = self.reader.files, self.reader.layout
+        problems = []
+        with files.io(f"verifying checkpoint {checkpoint_id}"):
+            infos = files.fs.get_file_info([layout.part(checkpoint_id, p.path) for p in parts])
+            for part, info in zip(parts, infos):
+                label = f"part {part.name!r} ({part.path})"
+                if info.type != pafs.FileType.File:
+                    problems.append(f"{label} is missing")
+                elif info.size != part.bytes:
+                    problems.append(f"{label} size mismatch: {info.size} bytes, {part.bytes} were written")
+                elif checksums:
+                    digest = hashlib.sha256()
+                    with files.fs.open_input_stream(info.path) as stream:
+                        while chunk := stream.read(_HASH_CHUNK):
+                            digest.update(chunk)
+                    if digest.hexdigest() != part.sha256:
+                        problems.append(f"{label} checksum mismatch: sha256 {digest.hexdigest()}, "
+                                        f"{part.sha256} was written")
+        return problems

@@ -1,0 +1,182 @@
+"""The Spark adapter, the one place that imports pyspark: the session factory
+(Spark's Kafka connector on the classpath, resolved once into the cache, and
+the project's settings applied in one place) and a stage task's input
+channels as a Structured Streaming query.
+
+A ``ChannelQuery`` reads an explicit set of Kafka partitions (``assign``),
+started at explicit offsets, and its ``foreachBatch`` hands each micro-batch
+to the task as one Arrow table ordered by channel and offset.  Spark's own
+checkpoint location is a detail of one generation: every start gets a fresh
+one, and the offsets the task's snapshot recorded are the only source of
+truth for where each channel resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+import pyarrow as pa
+import pyspark
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from barriers.messages import ChannelId
+from streaming.adapters.records import BATCH_COLUMNS
+from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings
+from streaming.errors import ChannelQueryError, ConfigError
+from streaming.local.artifacts import connector_jars, require_tool
+
+__all__ = ["spark_session", "spark_conf", "ChannelQuery"]
+
+log = logging.getLogger(__name__)
+
+
+
+def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
+    """Every option the factory sets, as a plain mapping (easy to read and test)."""
+    conf = {
+        "spark.jars": ",".join(str(j) for j in jars),
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.driver.memory": settings.driver_memory,
+        "spark.ui.enabled": str(settings.ui_enabled).lower(),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        # Arrow moves batches between the JVM and Python in foreachBatch.
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        "spark.sql.adaptive.enabled": "false",
+    }
+    conf.update(dict(settings.extra_conf))
+    return conf
+
+
+def spark_session(settings: SparkSettings | None = None,
+                  runtime: LocalRuntimeSettings | None = None,
+                  progress: Callable[[str], None] = log.info) -> SparkSession:
+    """A session on ``settings.master`` with the Kafka connector jars for the
+    installed pyspark.  Reuses the active session when one exists."""
+    settings = settings or SparkSettings()
+    runtime = runtime or LocalRuntimeSettings()
+    if runtime.spark_version != pyspark.__version__:
+        raise ConfigError(f"spark_version {runtime.spark_version} differs from the installed "
+                          f"pyspark {pyspark.__version__}; the Kafka connector must match it")
+    require_tool("java")
+    jars = connector_jars(runtime.spark_version, runtime.cache_dir,
+                          Path(pyspark.__file__).parent / "jars", progress)
+    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
+    for key, value in spark_conf(settings, jars).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+EARLIEST = -2
+
+
+BatchHandler = Callable[[pa.Table, int], None]
+
+
+class ChannelQuery:
+    """A Structured Streaming query reading ``channels`` from ``starting``
+    offsets (missing ones start at the earliest), calling ``on_batch(table,
+    batch_id)`` with each non-empty micro-batch."""
+
+    def __init__(self, spark: SparkSession, connection: Connection, *, name: str,
+                 channels: Iterable[ChannelId], starting: Mapping[ChannelId, int] | None = None,
+                 max_records_per_batch: int = 10_000, on_batch: BatchHandler,
+                 work_dir: Path | None = None):
+        self.channels = tuple(sorted(set(channels)))
+        if not self.channels:
+            raise ConfigError(f"stage query {name!r} has no input channel")
+        starting = dict(starting or {})
+        unknown = sorted(str(c) for c in set(starting) - set(self.channels))
+        if unknown:
+            raise ConfigError(f"stage query {name!r}: starting offsets for channels it does not read: "
+                              f"{', '.join(unknown)}")
+        if max_records_per_batch < 1:
+            raise ConfigError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
+        self.name = name
+        self._spark = spark
+        self._connection = connection
+        self._starting = {c: starting.get(c, EARLIEST) for c in self.channels}
+        self._limit = max_records_per_batch
+        self._on_batch = on_batch
+        self._work_dir = work_dir
+        self._checkpoint_dir: str | None = None
+        self._query: StreamingQuery | None = None
+
+    def _options(self) -> dict[str, str]:
+        assign: dict[str, list[int]] = {}
+        offsets: dict[str, dict[str, int]] = {}
+        for c in self.channels:
+            assign.setdefault(c.topic, []).append(c.partition)
+            offsets.setdefault(c.topic, {})[str(c.partition)] = self._starting[c]
+        return {
+            "kafka.bootstrap.servers": self._connection.kafka_bootstrap,
+            "assign": json.dumps(assign),
+            "startingOffsets": json.dumps(offsets),
+            "includeHeaders": "true",
+            "maxOffsetsPerTrigger": str(self._limit),
+            "failOnDataLoss": "true",
+        }
+
+    def _handle(self, df: DataFrame, batch_id: int) -> None:
+        table = df.select(*BATCH_COLUMNS).toArrow()
+        if table.num_rows == 0:
+            return
+        table = table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
+        self._on_batch(table, batch_id)
+
+    def start(self, *, available_now: bool = False, interval: str = "200 milliseconds") -> "ChannelQuery":
+        """Start the query with a fresh Spark checkpoint location.  ``available_now``
+        reads what the channels hold now and stops; otherwise it runs until ``stop``."""
+        if self._query is not None:
+            raise ChannelQueryError(f"stage query {self.name!r} is already started")
+        self._checkpoint_dir = tempfile.mkdtemp(prefix=f"spark-abs-{self.name}-",
+                                                dir=str(self._work_dir) if self._work_dir else None)
+        reader = self._spark.readStream.format("kafka")
+        for key, value in self._options().items():
+            reader = reader.option(key, value)
+        writer = (reader.load().writeStream.queryName(self.name).foreachBatch(self._handle)
+                  .option("checkpointLocation", self._checkpoint_dir))
+        writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=interval)
+        self._query = writer.start()
+        log.info("stage query %s started on %s", self.name,
+                 ", ".join(f"{c}@{self._starting[c]}" for c in self.channels))
+        return self
+
+    def await_done(self, timeout_s: float) -> None:
+        """Wait for an ``available_now`` query to finish; raise if it failed."""
+        query = self._require()
+        finished = query.awaitTermination(timeout_s)
+        if query.exception() is not None:
+            raise ChannelQueryError(f"stage query {self.name!r} failed: {query.exception()}")
+        if not finished:
+            self.stop()
+            raise ChannelQueryError(f"stage query {self.name!r} did not finish within {timeout_s:.0f} s")
+
+    def failure(self) -> str | None:
+        """Why the query stopped, if it failed; None while it runs (or stopped cleanly)."""
+        if self._query is None:
+            return None
+        error = self._query.exception()
+        return None if error is None else str(error)
+
+    def stop(self) -> None:
+        if self._query is not None:
+            self._query.stop()
+            self._query = None
+        if self._checkpoint_dir:
+            shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
+            self._checkpoint_dir = None
+
+    def _require(self) -> StreamingQuery:
+        if self._query is None:
+            raise ChannelQueryError(f"stage query {self.name!r} is not started")
+        return self._query

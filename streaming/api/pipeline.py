@@ -1,0 +1,252 @@
+"""A pipeline: ingress topics, stages (each an operator over the records of
+one epoch plus its state) and the topics between them, a sink at the end.
+
+Validated when built (unknown topic, cycle, a stage without input, a stage
+output read twice, bad parallelism), and turned into *tasks*: each task of a
+stage reads its own set of channels and is the only writer of its own
+partitions downstream.  An internal topic between stage U (``p_U`` tasks) and
+stage S (``p_S`` tasks) has ``p_U * p_S`` partitions: task ``u`` writes
+partition ``u * p_S + s`` for rows routed to task ``s`` (by the hash of the
+stage's ``key`` column), and task ``s`` reads ``{u * p_S + s}``.  One writer
+per partition keeps every channel FIFO with exactly one barrier n."""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from barriers.messages import ChannelId
+from streaming.errors import ConfigError
+
+__all__ = ["Ingress", "Stage", "Sink", "SinkKind", "Pipeline", "TaskSpec", "route", "load_pipeline"]
+
+_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
+
+OperatorFactory = Callable[[], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Ingress:
+    """An ingress topic fed by external producers (JSON values)."""
+
+    topic: str
+    partitions: int = 1
+    schema: pa.Schema | None = None  # None: inferred per batch
+    # event-time column (int ms), non-decreasing within each partition: it
+    # drives watermarks, which tasks carry downstream in an ``abs.wm`` header
+    event_time: str | None = None
+
+
+class SinkKind(enum.StrEnum):
+    OBJECT_STORE = "object-store"  # Parquet files under <store>/<job>/sink/output
+    KAFKA = "kafka"  # a topic, written in transactions (read with read_committed)
+
+
+@dataclass(frozen=True, slots=True)
+class Sink:
+    """Where the last stage's output goes, exactly once (see ``SinkKind``;
+    a name such as ``"kafka"`` is taken too)."""
+
+    kind: SinkKind = SinkKind.OBJECT_STORE
+    topic: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", SinkKind(self.kind))
+        except ValueError:
+            raise ConfigError(f"sink kind {self.kind!r}: use 'object-store' or 'kafka'") from None
+        if (self.kind is SinkKind.KAFKA) != bool(self.topic):
+            raise ConfigError("a kafka sink needs a topic, an object-store sink takes none")
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One stage: ``operator()`` builds a fresh operator per task (an
+    ``operators.Operator``, or a ``MultiInputOperator`` whose ``inputs`` are the
+    stage's input names).  ``inputs``: ingress topics or other stages' names.
+    ``key``: the output column that routes rows to the next stage's tasks."""
+
+    name: str
+    inputs: tuple[str, ...]
+    operator: OperatorFactory
+    parallelism: int = 1
+    key: str | None = None
+    sink: Sink | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """One task: its stage, index, input channels (by input name) and output channels."""
+
+    stage: str
+    index: int
+    inputs: Mapping[ChannelId, str]
+    outputs: tuple[ChannelId, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.stage}-{self.index}"
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    job: str
+    ingress: tuple[Ingress, ...]
+    stages: tuple[Stage, ...]
+    _downstream: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ingress", tuple(self.ingress))
+        object.__setattr__(self, "stages", tuple(self.stages))
+        self._validate()
+
+    # ---- validation
+
+    def _validate(self) -> None:
+        if not _NAME.match(self.job or ""):
+            raise ConfigError(f"job name {self.job!r}: use letters, digits, '-' and '_'")
+        if not self.stages:
+            raise ConfigError(f"pipeline {self.job}: no stage")
+        names: dict[str, str] = {}
+        for ingress in self.ingress:
+            if not _NAME.match(ingress.topic.replace(".", "_")):
+                raise ConfigError(f"ingress topic {ingress.topic!r} has characters Kafka does not allow")
+            if ingress.partitions < 1:
+                raise ConfigError(f"ingress topic {ingress.topic}: partitions must be >= 1")
+            names.setdefault(ingress.topic, "ingress topic")
+        for stage in self.stages:
+            if not _NAME.match(stage.name):
+                raise ConfigError(f"stage name {stage.name!r}: use letters, digits, '-' and '_'")
+            if stage.name in names:
+                raise ConfigError(f"stage {stage.name!r}: the name is already used by a {names[stage.name]}")
+            names[stage.name] = "stage"
+            if stage.parallelism < 1:
+                raise ConfigError(f"stage {stage.name}: parallelism must be >= 1, got {stage.parallelism}")
+            if not callable(stage.operator):
+                raise ConfigError(f"stage {stage.name}: operator must be a factory (a callable), "
+                                  f"got {stage.operator!r}")
+        for stage in self.stages:
+            if not stage.inputs:
+                raise ConfigError(f"stage {stage.name} has no input")
+            for name in stage.inputs:
+                if name not in names:
+                    raise ConfigError(f"stage {stage.name}: input {name!r} is neither an ingress topic nor a stage "
+                                      f"(known: {', '.join(sorted(names))})")
+                if name == stage.name:
+                    raise ConfigError(f"stage {stage.name} reads its own output: cycles are not supported")
+                if names[name] == "stage":
+                    if name in self._downstream:
+                        raise ConfigError(f"stage {name} is read by both {self._downstream[name]} and "
+                                          f"{stage.name}: a stage's output feeds one stage")
+                    self._downstream[name] = stage.name
+            if len(set(stage.inputs)) != len(stage.inputs):
+                raise ConfigError(f"stage {stage.name} names an input twice")
+        by_name = {s.name: s for s in self.stages}
+        for stage in self.stages:
+            seen, current = {stage.name}, stage.name
+            while current in self._downstream:
+                current = self._downstream[current]
+                if current in seen:
+                    raise ConfigError(f"stages {' -> '.join(sorted(seen))} form a cycle: cycles are not supported")
+                seen.add(current)
+            downstream = self._downstream.get(stage.name)
+            if downstream is None and stage.sink is None:
+                raise ConfigError(f"stage {stage.name}: its output goes nowhere (no stage reads it and it has no sink)")
+            if downstream is not None and stage.sink is not None:
+                raise ConfigError(f"stage {stage.name} has a sink but stage {downstream} also reads it")
+            if downstream is not None and by_name[downstream].parallelism > 1 and not stage.key:
+                raise ConfigError(f"stage {stage.name}: stage {downstream} runs {by_name[downstream].parallelism} "
+                                  f"tasks, so {stage.name} needs a key column to route its output")
+
+    # ---- topology
+
+    def stage(self, name: str) -> Stage:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise ConfigError(f"pipeline {self.job} has no stage {name!r}")
+
+    def topic_of(self, name: str) -> str:
+        """The Kafka topic behind an input name: the ingress topic, or a stage's output topic."""
+        return name if any(i.topic == name for i in self.ingress) else f"spark-abs.{self.job}.{name}"
+
+    def downstream(self, stage: str) -> Stage | None:
+        name = self._downstream.get(stage)
+        return self.stage(name) if name else None
+
+    def internal_topics(self) -> dict[str, int]:
+        """Every stage-to-stage topic and its partition count."""
+        return {
+            self.topic_of(stage.name): stage.parallelism * self.downstream(stage.name).parallelism
+            for stage in self.stages if self.downstream(stage.name) is not None
+        }
+
+    def ingress_channels(self) -> list[ChannelId]:
+        return [ChannelId(i.topic, p) for i in self.ingress for p in range(i.partitions)]
+
+    def tasks(self) -> list[TaskSpec]:
+        partitions = {i.topic: i.partitions for i in self.ingress}
+        specs: list[TaskSpec] = []
+        for stage in self.stages:
+            downstream = self.downstream(stage.name)
+            for index in range(stage.parallelism):
+                inputs: dict[ChannelId, str] = {}
+                for name in stage.inputs:
+                    topic = self.topic_of(name)
+                    if name in partitions:
+                        owned = [p for p in range(partitions[name]) if p % stage.parallelism == index]
+                    else:
+                        upstream = self.stage(name).parallelism
+                        owned = [u * stage.parallelism + index for u in range(upstream)]
+                    inputs.update({ChannelId(topic, p): name for p in owned})
+                outputs: tuple[ChannelId, ...] = ()
+                if downstream is not None:
+                    topic = self.topic_of(stage.name)
+                    outputs = tuple(ChannelId(topic, index * downstream.parallelism + s)
+                                    for s in range(downstream.parallelism))
+                specs.append(TaskSpec(stage.name, index, inputs, outputs))
+        for spec in specs:
+            if not spec.inputs:
+                raise ConfigError(f"task {spec.name} would read no channel: stage {spec.stage} has more tasks "
+                                  f"than its ingress topics have partitions")
+        return specs
+
+    def task(self, name: str) -> TaskSpec:
+        for spec in self.tasks():
+            if spec.name == name:
+                return spec
+        raise ConfigError(f"pipeline {self.job} has no task {name!r}")
+
+
+def route(table: pa.Table, key: str | None, targets: int) -> pa.Array:
+    """The downstream task index of every row: crc32 of the key's text, modulo ``targets``."""
+    if targets == 1 or key is None:
+        return pa.array([0] * table.num_rows, pa.int64())
+    if key not in table.column_names:
+        raise ConfigError(f"output has no key column {key!r} (columns: {table.column_names})")
+    texts = pc.cast(table[key], pa.string()).to_pylist()
+    return pa.array([zlib.crc32((t or "").encode()) % targets for t in texts], pa.int64())
+
+
+def load_pipeline(reference: str, job: str | None = None) -> Pipeline:
+    """``module:attribute``: a Pipeline, or a function ``(job=...)`` returning one."""
+    module_name, sep, attribute = reference.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigError(f"pipeline {reference!r}: expected 'module:attribute'")
+    try:
+        target = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"pipeline {reference!r} cannot be loaded: {exc}") from exc
+    pipeline = target(**({"job": job} if job else {})) if callable(target) else target
+    if not isinstance(pipeline, Pipeline):
+        raise ConfigError(f"pipeline {reference!r} gave {type(pipeline).__name__}, not a Pipeline")
+    if job and pipeline.job != job:
+        raise ConfigError(f"pipeline {reference!r} named its job {pipeline.job!r}, not {job!r}")
+    return pipeline

@@ -1,0 +1,115 @@
+"""A job's checkpointing settings: one frozen dataclass with commented
+defaults, validated when built (a conflicting option is named), and the one
+place that turns them into ``CheckpointOptions``."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from barriers.messages import CheckpointOptions, InFlightFormat
+from streaming.errors import ConfigError
+
+__all__ = ["JobSettings", "Mode", "MODES", "IN_FLIGHT_FORMATS"]
+
+
+class Mode(enum.StrEnum):
+    """A job's checkpoint mode (docs/architecture.md, "Modes")."""
+
+    ALIGNED = "aligned"
+    UNALIGNED = "unaligned"
+    ALIGNED_TIMEOUT = "aligned-timeout"
+    AT_LEAST_ONCE = "at-least-once"
+
+
+MODES = tuple(m.value for m in Mode)
+IN_FLIGHT_FORMATS = tuple(f.value for f in InFlightFormat)
+
+
+def _parse(kind: type[enum.Enum], name: str, value: object) -> enum.Enum:
+    try:
+        return kind(value)
+    except ValueError:
+        raise ConfigError(f"{name} {value!r}: use one of {', '.join(repr(k.value) for k in kind)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    # where snapshots (and the object-store sink) live: file:///dir or s3://bucket/prefix
+    store: str
+    # aligned | unaligned | aligned-timeout | at-least-once (a Mode, or its name)
+    mode: Mode = Mode.ALIGNED
+    # aligned-timeout: switch to unaligned after this long aligning ...
+    alignment_timeout_ms: int | None = None
+    # ... or once the held records pass this many bytes
+    held_bytes_budget: int | None = None
+    # unaligned channel state: "range" (offsets; Kafka keeps the records) or "records" (a copy)
+    in_flight: InFlightFormat = InFlightFormat.RANGE
+    # seconds between checkpoint triggers
+    interval_s: float = 2.0
+    # a checkpoint not complete after this long is aborted
+    timeout_s: float = 60.0
+    # completed checkpoints kept in the store
+    retain: int = 3
+    # checkpoints pending at once
+    max_concurrent: int = 1
+    # records per channel query micro-batch (Spark's maxOffsetsPerTrigger)
+    max_records_per_batch: int = 1000
+    # how often a stage query looks for new records
+    trigger_interval: str = "300 milliseconds"
+
+    def __post_init__(self) -> None:
+        if not self.store:
+            raise ConfigError("store: give a file:// or s3:// URI for snapshots")
+        object.__setattr__(self, "mode", _parse(Mode, "mode", self.mode))
+        object.__setattr__(self, "in_flight", _parse(InFlightFormat, "in_flight", self.in_flight))
+        if self.mode is Mode.ALIGNED_TIMEOUT and self.alignment_timeout_ms is None and self.held_bytes_budget is None:
+            raise ConfigError("mode aligned-timeout needs alignment_timeout_ms, held_bytes_budget or both")
+        if self.mode is not Mode.ALIGNED_TIMEOUT and (self.alignment_timeout_ms is not None
+                                               or self.held_bytes_budget is not None):
+            raise ConfigError(f"alignment_timeout_ms and held_bytes_budget apply to mode aligned-timeout, "
+                              f"not {self.mode}")
+        for name in ("interval_s", "timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("retain", "max_concurrent", "max_records_per_batch"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_concurrent > 1 and self.mode is not Mode.UNALIGNED:
+            raise ConfigError(f"max_concurrent={self.max_concurrent}: only unaligned checkpoints can overlap "
+                              f"(mode is {self.mode})")
+
+    @property
+    def options(self) -> CheckpointOptions:
+        if self.mode is Mode.UNALIGNED:
+            return CheckpointOptions.unaligned(self.in_flight)
+        if self.mode is Mode.ALIGNED_TIMEOUT:
+            return CheckpointOptions.aligned_with_timeout(self.alignment_timeout_ms, self.held_bytes_budget,
+                                                          self.in_flight)
+        if self.mode is Mode.AT_LEAST_ONCE:
+            return CheckpointOptions.at_least_once()
+        return CheckpointOptions.aligned()
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data.update(mode=self.mode.value, in_flight=self.in_flight.value)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "JobSettings":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"unknown job settings: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobSettings":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"job settings are not JSON: {exc}") from exc
+        return cls.from_dict(data)

@@ -1,0 +1,224 @@
+"""Running a job: topics, the coordinator service, worker processes, and
+restore when a worker dies.
+
+``JobRunner`` starts one worker process per group of tasks (by default one
+per stage), each its own Spark application (``WorkerSupervisor``), and runs
+the coordinator service in its own process.  When a worker dies, the whole job restores (every task
+rolls back to the same cut): the other workers are stopped, the latest
+complete checkpoint that verifies is chosen (newer ones that do not are
+skipped, and the runner says why), a new generation is recorded in the
+store, and the workers start again from that checkpoint.  With no complete
+checkpoint yet, the new generation starts from the beginning."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+from barriers.coordinator import CheckpointStatus
+from barriers.messages import CheckpointOptions
+from streaming.adapters.control import control_topic_name
+from streaming.adapters.kafka_admin import create_topic, end_offsets
+from streaming.adapters.kafka_io import dead_letter_topic_name
+from streaming.adapters.objects import open_store
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import Connection, default_home
+from streaming.api.pipeline import Pipeline, SinkKind, load_pipeline
+from streaming.api.settings import JobSettings
+from streaming.engine.coordinator import CheckpointRecord, CoordinatorService, kafka_io
+from streaming.engine.supervisor import WorkerProcess, WorkerSupervisor
+from streaming.errors import JobFailed, SparkAbsError
+
+__all__ = ["JobRunner", "RestoreRecord"]
+
+
+
+@dataclass(frozen=True)
+class RestoreRecord:
+    generation: int
+    checkpoint_id: int | None
+    reason: str
+    skipped: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+
+class JobRunner:
+    """Supervises one job (see the module docstring)."""
+
+    def __init__(self, pipeline_ref: str, settings: JobSettings, connection: Connection, *, job: str | None = None,
+                 workers: Mapping[str, list[str]] | None = None, faults: str = "",
+                 say: Callable[[str], None] = print, log_dir: Path | None = None, max_restores: int = 10,
+                 on_complete: Callable[[int], None] | None = None):
+        self.pipeline_ref = pipeline_ref
+        self.pipeline: Pipeline = load_pipeline(pipeline_ref, job)
+        self.job = self.pipeline.job
+        self.settings = settings
+        self.connection = connection
+        self.say = say
+        self.on_complete = on_complete
+        self.faults = faults
+        self.groups = dict(workers) if workers else self._by_stage()
+        tasks = {t.name for t in self.pipeline.tasks()}
+        grouped = [t for names in self.groups.values() for t in names]
+        if sorted(grouped) != sorted(tasks):
+            raise SparkAbsError(f"workers must run every task exactly once: tasks {sorted(tasks)}, "
+                                f"workers run {sorted(grouped)}")
+        self.log_dir = log_dir or default_home() / "runs" / self.job
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.store = SnapshotStore(open_store(settings.store, connection), self.job)
+        self.max_restores = max_restores
+        self.restores: list[RestoreRecord] = []
+        self.history: list[CheckpointRecord] = []
+        self.supervisor = WorkerSupervisor(pipeline_ref, self.job, self.groups, settings, self.log_dir)
+        self.coordinator: CoordinatorService | None = None
+        self._last_trigger = 0.0
+
+    def _by_stage(self) -> dict[str, list[str]]:
+        groups: dict[str, list[str]] = {}
+        for task in self.pipeline.tasks():
+            groups.setdefault(task.stage, []).append(task.name)
+        return groups
+
+    # ---- set-up
+
+    def prepare(self) -> None:
+        """Create the job's topics (idempotent)."""
+        bootstrap = self.connection.kafka_bootstrap
+        for ingress in self.pipeline.ingress:
+            create_topic(bootstrap, ingress.topic, ingress.partitions)
+        for topic, partitions in self.pipeline.internal_topics().items():
+            create_topic(bootstrap, topic, partitions)
+        for stage in self.pipeline.stages:
+            if stage.sink is not None and stage.sink.kind is SinkKind.KAFKA:
+                create_topic(bootstrap, stage.sink.topic, 1)
+        create_topic(bootstrap, control_topic_name(self.job), 1)
+        create_topic(bootstrap, dead_letter_topic_name(self.job), 1)
+
+    def start(self, restore: int | None = None) -> None:
+        """Start fresh, or from checkpoint ``restore`` (a new generation)."""
+        self.prepare()
+        if restore is None and self.store.read_job() is None:
+            self._launch(generation=0, checkpoint_id=None)
+        else:
+            self.restore(f"restore requested from checkpoint {restore}" if restore else "restart", restore)
+
+    @property
+    def workers(self) -> dict[str, WorkerProcess]:
+        return self.supervisor.workers
+
+    def _launch(self, generation: int, checkpoint_id: int | None) -> None:
+        if self.coordinator is not None:
+            self.history.extend(self.coordinator.records.values())
+            self.coordinator.close()
+        next_id = max(self.store.checkpoints() + [r.checkpoint_id for r in self.history] + [0]) + 1
+        self.coordinator = CoordinatorService(
+            self.pipeline, kafka_io(self.connection.kafka_bootstrap, self.job), self.store, self.settings,
+            generation=generation, next_checkpoint_id=next_id, pinned=checkpoint_id, on_event=self.say,
+            on_complete=self.on_complete, progress_log=self.log_dir / "checkpoints.jsonl")
+        env = {**os.environ, **self.connection.as_env(), "PYTHONUNBUFFERED": "1"}
+        if self.faults:
+            env["SPARK_ABS_FAULT"] = self.faults
+        self.supervisor.launch(generation, checkpoint_id, env)
+        self._last_trigger = time.monotonic()
+
+    # ---- running
+
+    @property
+    def generation(self) -> int:
+        return self.coordinator.generation if self.coordinator else 0
+
+    def step(self, *, trigger: bool = True, options: CheckpointOptions | None = None) -> None:
+        """One round: trigger when the interval passed (with ``options``, or
+        the job's), read control events, restore if a worker died."""
+        coordinator = self._require()
+        dead = self.supervisor.dead()
+        if dead:
+            worker = dead[0]
+            self.say(f"worker {worker.name} (tasks {', '.join(worker.tasks)}) exited with "
+                     f"{worker.exit_text()}; last lines of {worker.log_path}:\n{worker.tail()}")
+            self.restore(f"worker {worker.name} died")
+            return
+        if trigger and coordinator.all_ready and time.monotonic() - self._last_trigger >= self.settings.interval_s:
+            if coordinator.trigger(options) is not None:
+                self._last_trigger = time.monotonic()
+        coordinator.poll(0.2)
+
+    def restore(self, reason: str, checkpoint_id: int | None = None) -> RestoreRecord:
+        """Stop every worker and start the next generation from a checkpoint:
+        ``checkpoint_id`` or the latest that verifies."""
+        if len(self.restores) >= self.max_restores:
+            raise JobFailed(f"job {self.job}: {len(self.restores)} restores already; giving up ({reason})")
+        skipped: list[tuple[int, list[str]]] = []
+        if checkpoint_id is None:
+            manifest, skipped = self.store.latest_verified()
+            checkpoint_id = manifest.checkpoint_id if manifest else None
+        else:
+            problems = self.store.verify(checkpoint_id)
+            if problems:
+                raise JobFailed(f"checkpoint {checkpoint_id} cannot be restored: {'; '.join(problems)}")
+        for skipped_id, problems in skipped:
+            self.say(f"checkpoint {skipped_id} skipped: {'; '.join(problems)}")
+        generation = self.store.next_generation(checkpoint_id)
+        record = RestoreRecord(generation, checkpoint_id, reason,
+                               tuple((cid, tuple(p)) for cid, p in skipped))
+        self.restores.append(record)
+        self.say(f"restoring generation {generation} from "
+                 + (f"checkpoint {checkpoint_id}" if checkpoint_id else "the beginning (no complete checkpoint)")
+                 + f" ({reason})")
+        # workers that still run restore in place (their Spark stays up); dead ones start again
+        self._launch(generation, checkpoint_id)
+        return record
+
+    def kill_worker(self, name: str) -> None:
+        """SIGKILL a worker (a drill): the next ``step`` restores."""
+        self.supervisor.kill(name)
+
+    def stop_workers(self, timeout_s: float = 15.0) -> None:
+        self.supervisor.stop_all(timeout_s)
+
+    def ingress_end_offsets(self) -> dict[str, int]:
+        offsets = {}
+        for ingress in self.pipeline.ingress:
+            for partition, offset in end_offsets(self.connection.kafka_bootstrap, ingress.topic,
+                                                 ingress.partitions).items():
+                offsets[f"{ingress.topic}:{partition}"] = offset
+        return offsets
+
+    def run_until_caught_up(self, timeout_s: float = 300.0) -> CheckpointRecord:
+        """Run until a checkpoint whose barriers come after everything now in
+        the ingress topics is complete with no channel state (so all of it was
+        processed, not only recorded in flight) and every sink committed it.
+        Checkpoints triggered meanwhile are aligned: like a stop-with-savepoint,
+        they drain the channels."""
+        target = self.ingress_end_offsets()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.step(options=CheckpointOptions.aligned())
+            coordinator = self._require()
+            sinks = coordinator.sink_tasks
+            for record in coordinator.completed():
+                covers = all(record.ingress_offsets.get(c, -1) >= o for c, o in target.items())
+                if covers and record.in_flight == 0 and sinks <= record.committed:
+                    return record
+        raise JobFailed(f"job {self.job}: input up to {target} not committed within {timeout_s:.0f} s")
+
+    def checkpoints(self) -> list[CheckpointRecord]:
+        """Every checkpoint seen, in trigger order."""
+        current = list(self.coordinator.records.values()) if self.coordinator else []
+        return sorted(self.history + current, key=lambda r: r.checkpoint_id)
+
+    def close(self) -> None:
+        self.stop_workers()
+        if self.coordinator is not None:
+            self.history.extend(self.coordinator.records.values())
+            self.coordinator.close()
+            self.coordinator = None
+        self.store.close()
+
+    def _require(self) -> CoordinatorService:
+        if self.coordinator is None:
+            raise SparkAbsError(f"job {self.job} is not started")
+        return self.coordinator
+

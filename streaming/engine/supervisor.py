@@ -1,0 +1,121 @@
+"""The job runner's worker processes: started with the job's pipeline,
+settings and generation, told to restore in place on stdin, watched for
+death, and stopped (SIGTERM, then SIGKILL of the whole process group, so a
+worker's Spark JVM goes with it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from streaming.api.settings import JobSettings
+
+__all__ = ["WorkerProcess", "WorkerSupervisor"]
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    tasks: list[str]
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def exit_text(self) -> str:
+        code = self.process.returncode
+        if code is not None and code < 0:
+            return f"signal {signal.Signals(-code).name}"
+        return f"status {code}"
+
+    def tail(self, lines: int = 8) -> str:
+        """The last lines of the worker's log, indented for a message."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "  (no log)"
+        return "\n".join(f"  | {line}" for line in text[-lines:])
+
+
+class WorkerSupervisor:
+    """The worker processes of one job: ``groups`` maps a worker's name to
+    the tasks it runs; logs go to ``log_dir/worker-<name>-g<generation>.log``."""
+
+    def __init__(self, pipeline_ref: str, job: str, groups: Mapping[str, list[str]], settings: JobSettings,
+                 log_dir: Path):
+        self.pipeline_ref = pipeline_ref
+        self.job = job
+        self.groups = dict(groups)
+        self.settings = settings
+        self.log_dir = log_dir
+        self.workers: dict[str, WorkerProcess] = {}
+
+    def launch(self, generation: int, checkpoint_id: int | None, env: Mapping[str, str]) -> None:
+        """Every group in ``generation`` from ``checkpoint_id``: a worker that
+        still runs restores in place (its Spark stays up); the others start."""
+        live = {name: w for name, w in self.workers.items() if w.alive}
+        self.workers = {}
+        for name, tasks in self.groups.items():
+            if name in live and _tell(live[name].process, f"restore {generation} {checkpoint_id or 'none'}"):
+                self.workers[name] = live[name]
+                continue
+            log_path = self.log_dir / f"worker-{name}-g{generation}.log"
+            command = [sys.executable, "-m", "streaming.engine.worker", "--pipeline", self.pipeline_ref,
+                       "--job", self.job, "--tasks", ",".join(tasks), "--settings", self.settings.to_json(),
+                       "--generation", str(generation)]
+            if checkpoint_id is not None:
+                command += ["--restore", str(checkpoint_id)]
+            with open(log_path, "wb") as log_file:
+                process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
+                                           env=dict(env), start_new_session=True)
+            self.workers[name] = WorkerProcess(name, tasks, process, log_path)
+
+    def dead(self) -> list[WorkerProcess]:
+        return [w for w in self.workers.values() if not w.alive]
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a worker and its Spark JVM (a drill)."""
+        _kill_group(self.workers[name].process)
+
+    def stop_all(self, timeout_s: float = 15.0) -> None:
+        for worker in self.workers.values():
+            if worker.alive:
+                # the worker stops its queries and its Spark JVM goes with it
+                worker.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for worker in self.workers.values():
+            try:
+                worker.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _kill_group(worker.process)
+        self.workers.clear()
+
+
+def _tell(process: subprocess.Popen, command: str) -> bool:
+    """Send a command line to a worker; False when it cannot take it (it died)."""
+    if process.poll() is not None or process.stdin is None:
+        return False
+    try:
+        process.stdin.write(f"{command}\n".encode())
+        process.stdin.flush()
+        return True
+    except (BrokenPipeError, OSError):
+        return False
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the worker and its Spark JVM (its own process group)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()

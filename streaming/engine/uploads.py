@@ -1,0 +1,120 @@
+"""The asynchronous phase of a task's snapshot: off the processing thread,
+copy the in-flight records (unaligned checkpoints that keep a copy), stage
+the sink epoch, write the snapshot to the store, then acknowledge on the
+control topic with the snapshot's metadata and the task's metrics.  When any
+step fails the task declines the checkpoint and goes on processing."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import json
+import logging
+import time
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from barriers.failures import CheckpointFailure
+from barriers.handler import TaskCheckpoint
+from barriers.lineage import Lineage
+from barriers.messages import ChannelId, InFlightFormat
+from streaming.adapters.control import ControlEvent, ControlKind
+from streaming.engine import faults
+
+__all__ = ["SnapshotUploader"]
+
+log = logging.getLogger(__name__)
+
+
+class SnapshotUploader:
+    """Uploads the snapshots of task ``task`` (generation ``generation``) one
+    at a time on ``executor`` (its own thread when None) through the task's
+    ``io`` (a ``TaskIO``), counting ``acknowledged`` and ``declined``."""
+
+    def __init__(self, task: str, generation: int, io: Any, lineage: Lineage, counters: collections.Counter, *,
+                 copy_in_flight: bool = False, executor: concurrent.futures.Executor | None = None):
+        self.task = task
+        self.generation = generation
+        self.io = io
+        self.lineage = lineage
+        self.counters = counters
+        # copy unaligned channel state into the snapshot even when the barrier asks for ranges
+        self.copy_in_flight = copy_in_flight
+        self._executor = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"upload-{task}")
+        self._own_executor = executor is None
+        self._pending: list[concurrent.futures.Future] = []
+
+    def submit(self, checkpoint: TaskCheckpoint, state: dict[str, pa.Table], epoch: list[pa.Table],
+               watermarks: dict[ChannelId, int], taken: dict[str, float]) -> None:
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._executor.submit(self._upload_and_ack, checkpoint, state, epoch, watermarks, taken))
+
+    def wait(self, timeout_s: float) -> None:
+        concurrent.futures.wait(list(self._pending), timeout=timeout_s)
+
+    def close(self) -> None:
+        if self._own_executor:
+            self._executor.shutdown(wait=True)
+
+    def _publish(self, kind: ControlKind, checkpoint_id: int, payload: dict[str, Any]) -> None:
+        self.io.publish(ControlEvent(kind, checkpoint_id, self.task, {"generation": self.generation, **payload}))
+
+    def _copy_in_flight(self, checkpoint: TaskCheckpoint) -> dict[str, pa.Table]:
+        """The in-flight records of the checkpoint, read straight from Kafka in
+        bulk (not by waiting for processing to reach them)."""
+        wanted = checkpoint.barrier.options.in_flight is InFlightFormat.RECORDS or self.copy_in_flight
+        read_range: Callable[[ChannelId, int, int], pa.Table] | None = self.io.read_range
+        if not (checkpoint.in_flight and wanted and read_range is not None):
+            return {}
+        faults.point(self.task, "during_copy", checkpoint.checkpoint_id)
+        return {str(c): read_range(c, start, end) for c, (start, end) in checkpoint.in_flight.items()}
+
+    def _upload_and_ack(self, checkpoint: TaskCheckpoint, state: dict[str, pa.Table], epoch: list[pa.Table],
+                        watermarks: dict[ChannelId, int], taken: dict[str, float]) -> None:
+        checkpoint_id = checkpoint.checkpoint_id
+        began = time.perf_counter()
+        try:
+            copied = self._copy_in_flight(checkpoint)
+            if self.io.stage_epoch is not None:
+                table = pa.concat_tables(epoch, promote_options="default") if epoch else pa.table({})
+                self.io.stage_epoch(checkpoint_id, table)
+            snapshot = self.io.write_snapshot(
+                checkpoint_id, self.generation, self.task, state,
+                positions={str(c): p for c, p in checkpoint.positions.items()},
+                in_flight={str(c): r for c, r in checkpoint.in_flight.items()},
+                channel_records=copied or None,
+                metadata=self._metrics(checkpoint, watermarks, taken, copied),
+            )
+            upload_s = time.perf_counter() - began
+        except Exception as exc:  # the store, Kafka or the sink staging failed: decline, keep running
+            log.warning("%s: checkpoint %d: snapshot upload failed, declining: %s", self.task, checkpoint_id, exc)
+            self.counters["declined"] += 1
+            self._publish(ControlKind.DECLINE, checkpoint_id,
+                          {"reason": CheckpointFailure.STORE_FAILURE.name, "detail": str(exc)})
+            return
+        self._publish(ControlKind.ACK, checkpoint_id, {
+            "snapshot": json.loads(snapshot.to_json()),
+            "metrics": {"async_snapshot_s": upload_s,
+                        "state_bytes": sum(p.bytes for p in getattr(snapshot, "state_parts", ()))}})
+        self.counters["acknowledged"] += 1
+
+    def _metrics(self, checkpoint: TaskCheckpoint, watermarks: dict[ChannelId, int], taken: dict[str, float],
+                 copied: dict[str, pa.Table]) -> dict[str, Any]:
+        """What the task measured of this checkpoint, kept with its snapshot (and in the manifest)."""
+        wall = taken.get("snapshot_wall", time.time())
+        return {
+            "kind": checkpoint.kind.value,
+            "watermarks": {str(c): w for c, w in watermarks.items()},
+            # trigger -> this task saw checkpoint n (first barrier or announcement)
+            "first_barrier_s": max(0.0, wall - (checkpoint.snapshot_at - checkpoint.started_at)
+                                   - checkpoint.barrier.timestamp_ms / 1000) if checkpoint.barrier.timestamp_ms else None,
+            "alignment_s": checkpoint.alignment_duration,
+            "sync_snapshot_s": taken.get("sync_snapshot_s"),
+            "held_bytes_max": taken.get("held_bytes_max", 0),
+            "in_flight_records_referenced": sum(e - s for s, e in checkpoint.in_flight.values()),
+            # which records of older generations in the ranges are channel state
+            "lineage": self.lineage.to_json(),
+            "in_flight_records_copied": sum(t.num_rows for t in copied.values()),
+            "in_flight_bytes_copied": sum(t.nbytes for t in copied.values()),
+        }

@@ -1,0 +1,282 @@
+"""A worker process: runs some tasks of a pipeline in one Spark application,
+each as its own Structured Streaming query, until told to stop.  The job
+runner starts it (``streaming.engine.supervisor``) and talks to it on stdin;
+the coordinator on the control topic.
+
+    python -m streaming.engine.worker --pipeline streaming.tools.demo:pipeline --job demo \\
+        --tasks legs-0,accounts-0 --settings '{"store": "file:///..."}' \\
+        --generation 2 --restore 7
+
+With ``--restore N`` every task loads its snapshot of checkpoint N (state,
+positions, watermarks), sink tasks first commit their staged epochs up to N
+and discard later ones, and queries start at the snapshot's offsets with a
+fresh Spark checkpoint location.  The control topic brings ``complete``
+(sinks commit, then say ``committed``) and ``abort`` events.
+
+Fault injection for drills and tests: ``SPARK_ABS_FAULT=<task>:<point>:<n>``
+kills this process with SIGKILL at that point for checkpoint n (see
+``streaming.engine.faults``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import queue
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from kafka import KafkaProducer
+
+from barriers.messages import InFlightFormat
+from streaming.adapters.control import ControlEvent, ControlKind, ControlTopic
+from streaming.adapters.kafka_io import DeadLetters, append_markers, read_range, retention_ms
+from streaming.adapters.objects import open_store
+from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, kafka_records, open_sink, sink_location
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import Connection, SparkSettings
+from streaming.api.pipeline import Pipeline, Stage, TaskSpec, load_pipeline
+from streaming.api.settings import JobSettings, Mode
+from streaming.engine import faults
+from streaming.engine.restore import plan_start
+from streaming.engine.task import StageTask, TaskIO
+from streaming.errors import SparkAbsError
+
+if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this module is imported
+    from streaming.adapters.spark import ChannelQuery
+
+__all__ = ["Worker", "main"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Running:
+    task: StageTask
+    query: ChannelQuery
+    sink: ObjectStoreSink | KafkaSink | None
+
+
+class Worker:
+    """Runs ``task_names`` of ``pipeline`` in one Spark application (``spark``,
+    or a session of its own made when it starts)."""
+
+    def __init__(self, pipeline: Pipeline, task_names: list[str], settings: JobSettings, connection: Connection,
+                 *, generation: int, restore: int | None, spark=None, say: Callable[[str], None] = print):
+        self.pipeline = pipeline
+        self.settings = settings
+        self.connection = connection
+        self.generation = generation
+        self.restore = restore
+        self.say = say
+        self.task_names = task_names
+        self._spark = spark
+        self._stop = threading.Event()
+        self.commands: queue.Queue[tuple[int, int | None]] = queue.Queue()
+        self.running: list[_Running] = []
+        faults.set_generation(generation)
+
+    def start(self) -> None:
+        from streaming.adapters.spark import spark_session  # pyspark loads here, in the worker process
+
+        job = self.pipeline.job
+        bootstrap = self.connection.kafka_bootstrap
+        self.store = SnapshotStore(open_store(self.settings.store, self.connection), job)
+        self.control = ControlTopic(bootstrap, job)
+        self.control.seek_to_end()
+        # one in-flight request per connection keeps each partition in send order
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
+                                      max_in_flight_requests_per_connection=1)
+        self.dead_letters = DeadLetters(bootstrap, job)
+        self._spark = self._spark or spark_session(SparkSettings(master=self.connection.spark_master,
+                                                                 app_name=f"spark-abs-{job}"))
+        for name in self.task_names:
+            self.running.append(self._start_task(self._spark, name))
+        self.say(f"worker g{self.generation}: tasks {', '.join(self.task_names)} running"
+                 + (f" (restored checkpoint {self.restore})" if self.restore else ""))
+
+    def _start_task(self, spark, name: str) -> _Running:
+        from streaming.adapters.spark import ChannelQuery
+
+        spec = self.pipeline.task(name)
+        stage = self.pipeline.stage(spec.stage)
+        loaded = None
+        if self.restore:
+            loaded = self.store.load_task(self.restore, name)
+            faults.point(name, "during_restore", self.restore)
+        plan = plan_start(self.generation, self.restore, loaded)
+        sink = None if stage.sink is None else self._open_sink(name, stage)
+        task = StageTask(self.pipeline, spec, self._task_io(name, stage, sink), start=plan.start,
+                         max_concurrent=self.settings.max_concurrent, copy_in_flight=self._must_copy(spec))
+        query = ChannelQuery(spark, self.connection, name=f"{self.pipeline.job}-{name}-g{self.generation}",
+                             channels=spec.inputs, starting=plan.query_start,
+                             max_records_per_batch=self.settings.max_records_per_batch,
+                             on_batch=faults.wrap_batch(name, task))
+        query.start(interval=self.settings.trigger_interval)
+        self.control.publish(ControlEvent(ControlKind.READY, 0, name, {"generation": self.generation}))
+        return _Running(task, query, sink)
+
+    def _open_sink(self, name: str, stage: Stage) -> ObjectStoreSink | KafkaSink:
+        """The stage's sink, recovered to the restored checkpoint (staged epochs
+        up to it committed, later ones discarded, later output taken back)."""
+        location = sink_location(self.settings, self.pipeline.job, self.connection)
+        sink = open_sink(stage.sink, location, name, job=self.pipeline.job, bootstrap=self.connection.kafka_bootstrap)
+        recovery = sink.recover(self.restore or 0)
+        if recovery:
+            self.say(f"{name}: sink recovered: committed epochs {recovery.committed}, discarded "
+                     f"{recovery.discarded}, retracted {recovery.retracted}")
+        if recovery.irrevocable:
+            self.say(f"{name}: WARNING: epochs {recovery.irrevocable} were committed to Kafka after "
+                     f"checkpoint {self.restore or 0}; readers have them and the replay writes them again")
+        return sink
+
+    def _task_io(self, name: str, stage: Stage, sink: ObjectStoreSink | KafkaSink | None) -> TaskIO:
+        """The task's I/O on this worker's Kafka clients, store and sink."""
+        if sink is None:
+            stage_epoch = None
+        elif isinstance(sink, KafkaSink):
+            def stage_epoch(epoch, table):
+                return sink.stage(epoch, kafka_records(table, stage.key))
+        else:
+            stage_epoch = sink.stage
+        return TaskIO(
+            send=lambda c, k, v, h: self.producer.send(c.topic, key=k, value=v, headers=h, partition=c.partition),
+            append_barrier=lambda channels, headers: append_markers(self.producer, channels, headers),
+            publish=self.control.publish,
+            dead_letter=self.dead_letters.send,
+            write_snapshot=self._write_snapshot(name),
+            read_range=lambda c, a, b: read_range(self.connection.kafka_bootstrap, c, a, b),
+            stage_epoch=stage_epoch,
+            flush=self.producer.flush,
+        )
+
+    def _must_copy(self, spec: TaskSpec) -> bool:
+        """Whether unaligned channel state must be copied: a range is only good
+        while Kafka keeps its records, at least until the checkpoint is superseded."""
+        if self.settings.in_flight is InFlightFormat.RECORDS:
+            return True
+        if self.settings.mode not in (Mode.UNALIGNED, Mode.ALIGNED_TIMEOUT):
+            return False
+        needed_ms = 10 * (self.settings.retain * self.settings.interval_s + self.settings.timeout_s) * 1000
+        for topic in sorted({c.topic for c in spec.inputs}):
+            kept = retention_ms(self.connection.kafka_bootstrap, topic)
+            if kept is not None and kept < needed_ms:
+                self.say(f"{spec.name}: topic {topic} keeps records {kept} ms, less than the {needed_ms:.0f} ms a "
+                         f"checkpoint may need them: copying in-flight records instead of keeping ranges")
+                return True
+        return False
+
+    def _write_snapshot(self, name: str):
+        def write(checkpoint_id, generation, task, state, **kwargs):
+            faults.point(name, "during_upload", checkpoint_id)
+            return self.store.write_task(checkpoint_id, generation, task, state, **kwargs)
+        return write
+
+    def restart(self, generation: int, restore: int | None) -> None:
+        """Restore in place: stop this generation's queries and start the next
+        one's from checkpoint ``restore`` in the same Spark application (no
+        new JVM), as the job does after another worker died."""
+        self._stop_tasks()
+        self.producer.flush(30)
+        self.generation, self.restore = generation, restore
+        faults.set_generation(generation)
+        self.control.seek_to_end()
+        for name in self.task_names:
+            self.running.append(self._start_task(self._spark, name))
+        self.say(f"worker g{generation}: tasks {', '.join(self.task_names)} restored in place from "
+                 + (f"checkpoint {restore}" if restore else "the beginning"))
+
+    def serve(self) -> int:
+        """Follow the control topic until stopped; 1 if a query failed."""
+        while not self._stop.is_set():
+            try:
+                self.restart(*self.commands.get_nowait())
+            except queue.Empty:
+                pass
+            for event in self.control.poll(0.2):
+                self._on_control(event)
+            for running in self.running:
+                running.task.tick()
+                error = running.query.failure()
+                if error is not None:
+                    self.say(f"{running.task.spec.name}: stage query failed: {error}")
+                    return 1
+        return 0
+
+    def _on_control(self, event: ControlEvent) -> None:
+        if event.payload.get("generation") != self.generation:
+            return
+        for running in self.running:
+            running.task.on_control(event)
+            if event.kind is ControlKind.COMPLETE and running.sink is not None:
+                faults.point(running.task.spec.name, "before_sink_commit", event.checkpoint_id)
+                committed = running.sink.commit_through(event.checkpoint_id)
+                self.control.publish(ControlEvent(ControlKind.COMMITTED, event.checkpoint_id, running.task.spec.name,
+                                                  {"generation": self.generation, "epochs": committed}))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _stop_tasks(self) -> None:
+        for running in self.running:
+            try:
+                running.query.stop()
+            except Exception as exc:  # the JVM may already be gone on a signal
+                log.warning("%s: stopping the query: %s", running.task.spec.name, exc)
+            running.task.wait_for_uploads(10)
+            running.task.close()
+            if isinstance(running.sink, KafkaSink):
+                running.sink.close()
+        self.running = []
+
+    def close(self) -> None:
+        self._stop_tasks()
+        self.producer.flush(10)
+        self.producer.close()
+        self.dead_letters.close()
+        self.control.close()
+        self.store.close()
+
+
+def _read_commands(worker: Worker) -> None:
+    """The job runner's commands on stdin: ``restore <generation> <checkpoint|none>``."""
+    for line in sys.stdin:
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "restore":
+            worker.commands.put((int(parts[1]), None if parts[2] == "none" else int(parts[2])))
+        elif parts:
+            print(f"[worker] ignored command {line.strip()!r}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m streaming.engine.worker", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipeline", required=True, help="module:attribute of the pipeline")
+    parser.add_argument("--job", help="job name (passed to a pipeline factory)")
+    parser.add_argument("--tasks", required=True, help="comma-separated task names, e.g. legs-0,accounts-1")
+    parser.add_argument("--settings", required=True, help="JobSettings as JSON")
+    parser.add_argument("--generation", type=int, default=0)
+    parser.add_argument("--restore", type=int, default=None, help="checkpoint id to restore from")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    say = lambda line: print(f"[worker] {line}", flush=True)  # noqa: E731
+    try:
+        pipeline = load_pipeline(args.pipeline, args.job)
+        worker = Worker(pipeline, [t for t in args.tasks.split(",") if t], JobSettings.from_json(args.settings),
+                        Connection.load(), generation=args.generation, restore=args.restore, say=say)
+        signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+        threading.Thread(target=_read_commands, args=(worker,), daemon=True).start()
+        worker.start()
+    except SparkAbsError as exc:
+        print(f"worker: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        return worker.serve()
+    finally:
+        worker.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

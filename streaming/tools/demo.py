@@ -1,0 +1,349 @@
+"""The demo: money in transit (DESIGN.md), three stages on real Kafka, Spark
+and object storage, with a stage killed and the job restored.
+
+    transfers (2 partitions) --> legs (2 tasks) --> accounts (2 tasks) --> windows (1 task) --> sink
+
+- ``legs`` splits each transfer into its debit and its credit (stateless);
+- ``accounts`` applies each leg to the balance of its account (keyed state)
+  and passes the leg on; a transfer's debit and credit usually go to
+  different tasks, through Kafka;
+- ``windows`` sums the legs per account and one-second event-time window
+  (windowed state) and writes each closed window to the exactly-once sink.
+
+Every transfer moves money, none creates it, so in every consistent snapshot
+the balances in the ``accounts`` tasks' states (plus any legs recorded as
+channel state) add up to zero.  The demo checks that for every completed
+checkpoint, and at the end compares the committed output with what the
+transfers give when computed directly (a run without failures)."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from barriers.lineage import Lineage
+from barriers.messages import ChannelId
+from operators import Balances, TumblingWindowAggregate, count, sum_, transfer_legs
+from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
+from streaming.api.settings import MODES
+
+__all__ = [
+    "TRANSFERS",
+    "WINDOW_MS",
+    "ApplyLegs",
+    "pipeline",
+    "kafka_pipeline",
+    "make_transfers",
+    "produce_transfers",
+    "expected_output",
+    "money_in_checkpoint",
+    "main",
+]
+
+TRANSFERS = pa.schema([("id", pa.int64()), ("source", pa.string()), ("target", pa.string()),
+                       ("amount", pa.int64()), ("ts", pa.int64())])
+WINDOW_MS = 1_000
+STEP_MS = 10  # event time between two transfers
+END_OF_INPUT = 1 << 62  # the watermark the producer appends when it is done
+
+
+class ApplyLegs(Balances):
+    """Balances that pass the legs on: each leg changes its account's balance
+    and goes downstream unchanged (the output does not depend on how the
+    input was cut into batches)."""
+
+    def process(self, batch: pa.Table) -> pa.Table:
+        super().process(batch)
+        return batch
+
+
+def _windows() -> TumblingWindowAggregate:
+    # lateness is the watermark's business here: windows close when every input's watermark passed them
+    return TumblingWindowAggregate("account", "ts", WINDOW_MS, {"net": sum_("amount"), "legs": count()},
+                                   allowed_lateness=END_OF_INPUT)
+
+
+def pipeline(job: str = "money-demo", *, partitions: int = 2, legs_tasks: int = 2, account_tasks: int = 2,
+             sink: Sink | None = None) -> Pipeline:
+    return Pipeline(job, (Ingress(f"{job}.transfers", partitions, TRANSFERS, event_time="ts"),), (
+        Stage("legs", (f"{job}.transfers",), lambda: transfer_legs(), parallelism=legs_tasks, key="account"),
+        Stage("accounts", ("legs",), lambda: ApplyLegs("account", "amount"), parallelism=account_tasks,
+              key="account"),
+        Stage("windows", ("accounts",), _windows, key="account", sink=sink or Sink()),
+    ))
+
+
+def kafka_pipeline(job: str = "money-demo") -> Pipeline:
+    """The demo with its windows committed to the Kafka topic ``<job>.windows`` in transactions."""
+    return pipeline(job, sink=Sink("kafka", f"{job}.windows"))
+
+
+def make_transfers(count_: int, *, accounts: int = 10, seed: int = 7) -> list[dict]:
+    """``count_`` transfers between ``accounts`` accounts; event time grows with the id."""
+    rng = random.Random(seed)
+    names = [f"acct-{i:02d}" for i in range(accounts)]
+    transfers = []
+    for i in range(count_):
+        source, target = rng.sample(names, 2)
+        transfers.append({"id": i, "source": source, "target": target, "amount": rng.randint(1, 500),
+                          "ts": i * STEP_MS})
+    return transfers
+
+
+def produce_transfers(bootstrap: str, topic: str, transfers: list[dict], partitions: int, *,
+                      end: bool = True) -> None:
+    """Write the transfers (transfer i to partition i mod ``partitions``, so
+    event time grows within each partition), then, with ``end``, a watermark
+    record per partition that says the input is complete."""
+    from kafka import KafkaProducer
+
+    from streaming.engine.watermarks import watermark_headers
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    try:
+        for transfer in transfers:
+            producer.send(topic, value=json.dumps(transfer).encode(), key=transfer["source"].encode(),
+                          partition=transfer["id"] % partitions)
+        if end:
+            for partition in range(partitions):
+                producer.send(topic, value=b"", headers=watermark_headers(END_OF_INPUT), partition=partition)
+        producer.flush(60)
+    finally:
+        producer.close()
+
+
+def expected_output(transfers: list[dict]) -> list[dict]:
+    """The windows output computed directly from the transfers."""
+    windows: dict[tuple[str, int], list[int]] = collections.defaultdict(lambda: [0, 0])
+    for t in transfers:
+        start = t["ts"] // WINDOW_MS * WINDOW_MS
+        for account, amount in ((t["source"], -t["amount"]), (t["target"], t["amount"])):
+            windows[(account, start)][0] += amount
+            windows[(account, start)][1] += 1
+    return sorted(({"account": a, "window_start": s, "window_end": s + WINDOW_MS, "net": n, "legs": c}
+                   for (a, s), (n, c) in windows.items()), key=_row_key)
+
+
+def _row_key(row: Mapping) -> tuple:
+    return (row["account"], row["window_start"])
+
+
+_COLUMNS = ("account", "window_start", "window_end", "net", "legs")
+
+
+def normalise(table: pa.Table | None) -> list[dict]:
+    """Committed window rows in a canonical order, to compare runs."""
+    return [] if table is None else normalise_rows(table.to_pylist())
+
+
+def normalise_rows(rows: list[Mapping]) -> list[dict]:
+    return sorted(({c: row[c] for c in _COLUMNS} for row in rows), key=_row_key)
+
+
+@dataclass(frozen=True)
+class Money:
+    checkpoint_id: int
+    balances: int
+    in_flight: int
+    accounts: int
+
+    @property
+    def total(self) -> int:
+        return self.balances + self.in_flight
+
+
+def money_in_checkpoint(store, checkpoint_id: int, read_range: Callable[[ChannelId, int, int], pa.Table] | None = None
+                        ) -> Money:
+    """Sum of the balances in the ``accounts`` tasks' snapshots of a checkpoint,
+    plus the amounts of the legs that are their channel state: copied into
+    the snapshot, or (a range) read back from Kafka with ``read_range``."""
+    manifest = store.read_manifest(checkpoint_id)
+    balances = in_flight = accounts = 0
+    for task in manifest.tasks:
+        if not task.startswith("accounts-"):
+            continue
+        loaded = store.load_task(checkpoint_id, task)
+        for table in loaded.state.values():
+            if "balance" in table.column_names and table.num_rows:
+                balances += pc.sum(table["balance"]).as_py() or 0
+                accounts += table.num_rows
+        records = dict(loaded.channel_records)
+        lineage = Lineage.from_json(loaded.snapshot.metadata.get("lineage"))
+        for channel, (start, end) in loaded.snapshot.in_flight.items():
+            if channel not in records:
+                if read_range is None:
+                    raise ValueError(f"checkpoint {checkpoint_id} task {task}: channel {channel} has in-flight "
+                                     f"records [{start}, {end}) kept as a range; give read_range to count them")
+                records[channel] = read_range(ChannelId.parse(channel), start, end)
+        for channel, table in records.items():
+            in_flight += _amounts(table, ChannelId.parse(channel), loaded.snapshot.generation, lineage)
+    return Money(checkpoint_id, balances, in_flight, accounts)
+
+
+def _amounts(records: pa.Table, channel: ChannelId, generation: int, lineage: Lineage) -> int:
+    """The money in raw leg records that are channel state: control and
+    watermark records carry none, and stale records of older generations are
+    not channel state (the task skips them)."""
+    total = 0
+    for row in records.select(["offset", "value", "headers"]).to_pylist():
+        headers = {h["key"]: h["value"] for h in row["headers"] or []}
+        written_by = int(headers.get("abs.gen", b"-1") or -1)
+        if not row["value"] or (0 <= written_by < generation and lineage.is_stale(channel, written_by, row["offset"])):
+            continue
+        total += json.loads(row["value"]).get("amount", 0)
+    return total
+
+
+@dataclass
+class DemoReport:
+    mode: str
+    job: str
+    transfers: int
+    money: list[Money]
+    restores: list
+    output_rows: int
+    expected_rows: int
+    output_matches: bool
+    dead_letters: int
+    checkpoints: list
+
+    lost: int = 0
+
+    @property
+    def passed(self) -> bool:
+        if self.mode == "at-least-once":  # replay may duplicate; nothing may be lost
+            return self.lost == 0
+        return self.output_matches and bool(self.money) and all(m.total == 0 for m in self.money)
+
+    def render(self) -> str:
+        lines = [f"job {self.job}: {self.transfers} transfers", "",
+                 "checkpoint  status     seconds  balances  in flight  accounts  money conserved"]
+        money = {m.checkpoint_id: m for m in self.money}
+        for record in self.checkpoints:
+            m = money.get(record.checkpoint_id)
+            seconds = f"{record.duration_s:7.2f}" if record.duration_s is not None else "      -"
+            if m is None:
+                status, reason = record.status, record.reason
+                if status == "pending":  # triggered, then the job was stopped: never finished
+                    status, reason = "stopped", "the job stopped before it completed"
+                lines.append(f"{record.checkpoint_id:>10}  {status:<9}  {seconds}  "
+                             f"{'':>8}  {'':>9}  {'':>8}  {reason}")
+            else:
+                lines.append(f"{record.checkpoint_id:>10}  {record.status:<9}  {seconds}  {m.balances:>8}  "
+                             f"{m.in_flight:>9}  {m.accounts:>8}  {'yes' if m.total == 0 else 'NO: ' + str(m.total)}")
+        lines.append("")
+        for restore in self.restores:
+            origin = f"checkpoint {restore.checkpoint_id}" if restore.checkpoint_id else "the beginning"
+            lines.append(f"restore: generation {restore.generation} from {origin} ({restore.reason})")
+        lines.append(f"output: {self.output_rows} window rows committed, {self.expected_rows} expected from a "
+                     f"run without failures: {'identical' if self.output_matches else 'DIFFERENT'}")
+        if self.mode == "at-least-once":
+            lines.append(f"at-least-once: replay may duplicate legs; windows missing legs: {self.lost}")
+        lines.append(f"dead letters: {self.dead_letters}")
+        return "\n".join(lines)
+
+
+def run_demo(connection, *, store_uri: str, transfers: int = 2000, kill: str | None = "accounts",
+             mode: str = "aligned", job: str | None = None, faults: str = "", interval_s: float = 1.0,
+             timeout_s: float = 300.0, chunks: int = 2, workers: Mapping[str, list[str]] | None = None,
+             say: Callable[[str], None] = print, **settings) -> DemoReport:
+    """Run the demo on ``connection`` (see the module docstring): the
+    transfers go in ``chunks`` parts, each after a checkpoint completed; with
+    ``kill``, that worker is SIGKILLed after the first checkpoint; ``faults``
+    arms ``SPARK_ABS_FAULT`` in the workers."""
+    import uuid
+
+    from streaming.engine.runner import JobRunner
+    from streaming.adapters.kafka_admin import end_offsets
+    from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
+    from streaming.api.settings import JobSettings
+    from streaming.adapters.sinks import read_committed_output
+    from streaming.adapters.snapshots import SnapshotStore
+    from streaming.adapters.objects import open_store
+    from streaming.adapters.sinks import sink_location
+
+    job = job or f"money-demo-{uuid.uuid4().hex[:6]}"
+    job_settings = JobSettings(store=store_uri, mode=mode, interval_s=interval_s, **settings)
+    money: list[Money] = []
+    reader = SnapshotStore(open_store(store_uri, connection), job)
+
+    def check(checkpoint_id: int) -> None:
+        m = money_in_checkpoint(reader, checkpoint_id,
+                                lambda c, a, b: read_range(connection.kafka_bootstrap, c, a, b))
+        money.append(m)
+        say(f"checkpoint {checkpoint_id}: balances {m.balances:+d}, in flight {m.in_flight:+d} -> "
+            + ("money conserved" if m.total == 0 else f"MONEY NOT CONSERVED ({m.total:+d})"))
+
+    runner = JobRunner("streaming.tools.demo:pipeline", job_settings, connection, job=job, say=say, faults=faults,
+                       on_complete=check, workers=workers)
+    data = make_transfers(transfers)
+    ingress = runner.pipeline.ingress[0]
+    parts = [data[i * len(data) // chunks:(i + 1) * len(data) // chunks] for i in range(chunks)]
+    deadline = time.monotonic() + timeout_s
+    try:
+        runner.prepare()
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            say(f"producing {len(part)} transfers to {ingress.topic}" + (" and the end of input" if last else ""))
+            produce_transfers(connection.kafka_bootstrap, ingress.topic, part, ingress.partitions, end=last)
+            if index == 0:
+                say(f"starting job {job}: {len(runner.groups)} worker processes ({mode} checkpoints every "
+                    f"{interval_s:g} s)")
+                runner.start()
+            if last:
+                break
+            seen = len(money)
+            while len(money) == seen and time.monotonic() < deadline:
+                runner.step()
+            if index == 0 and kill:
+                say(f"killing worker {kill!r} with SIGKILL")
+                runner.kill_worker(kill)
+        runner.run_until_caught_up(max(1.0, deadline - time.monotonic()))
+    finally:
+        runner.close()
+    output = normalise(read_committed_output(sink_location(job_settings, job, connection)))
+    expected = expected_output(data)
+    dead = sum(end_offsets(connection.kafka_bootstrap, dead_letter_topic_name(job), 1).values())
+    reader.close()
+    got = {_row_key(r): r["legs"] for r in output}
+    lost = sum(1 for r in expected if got.get(_row_key(r), 0) < r["legs"])
+    return DemoReport(mode, job, len(data), money, runner.restores, len(output), len(expected), output == expected,
+                      dead, runner.checkpoints(), lost)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="spark-abs demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--transfers", type=int, default=2000, help="transfers to produce (default 2000)")
+    parser.add_argument("--mode", default="aligned", choices=MODES,
+                        help="checkpoint mode (default aligned; aligned-timeout switches after 200 ms)")
+    parser.add_argument("--in-flight", default="range", choices=("range", "records"),
+                        help="unaligned channel state: offset ranges or copied records (default range)")
+    parser.add_argument("--kill", default="accounts", help="worker (stage) to SIGKILL after the first "
+                        "checkpoint; 'none' for no failure (default accounts)")
+    parser.add_argument("--store", help="snapshot store URI (default file://<home>/demo-store)")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints (default 1)")
+    args = parser.parse_args(argv)
+    from streaming.api.config import Connection, default_home
+    from streaming.local import LocalRuntime
+    import os
+
+    say = lambda line: print(f"[demo] {line}", flush=True)  # noqa: E731
+    connection = Connection.from_env(os.environ) or LocalRuntime(progress=say).up()
+    store = args.store or f"file://{default_home() / 'demo-store'}"
+    extra = {"alignment_timeout_ms": 200} if args.mode == "aligned-timeout" else {}
+    report = run_demo(connection, store_uri=store, transfers=args.transfers, mode=args.mode,
+                      kill=None if args.kill == "none" else args.kill, interval_s=args.interval, say=say,
+                      in_flight=args.in_flight, **extra)
+    print()
+    print(report.render())
+    return 0 if report.passed else 1

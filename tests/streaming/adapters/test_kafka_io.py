@@ -1,0 +1,73 @@
+"""Kafka transport of the protocol on a real broker: marker offsets, the
+control topic, dead letters."""
+
+from __future__ import annotations
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from barriers.messages import ChannelId
+from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.control import ControlEvent, ControlTopic
+from streaming.adapters.kafka_io import DeadLetters, append_markers
+
+
+def test_control_events_round_trip_and_reject_garbage():
+    event = ControlEvent("ack", 7, task="stage-a/0", payload={"bytes": 12})
+    assert ControlEvent.decode(event.encode()) == event
+    for bad, reason in [(b"\xff", "not JSON"), (b"[]", "checkpoint_id"), (b'{"kind": "ack"}', "checkpoint_id"),
+                        (b'{"kind": "hello", "checkpoint_id": 1}', "hello")]:
+        with pytest.raises(ValueError, match=reason):
+            ControlEvent.decode(bad)
+
+
+def _read(bootstrap: str, topic: str, partition: int):
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
+    tp = TopicPartition(topic, partition)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    records = list(consumer)
+    consumer.close()
+    return records
+
+
+@pytest.mark.integration
+def test_markers_land_after_everything_sent_before_them(connection, unique_name):
+    create_topic(connection.kafka_bootstrap, unique_name, 2)
+    producer = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap)
+    for i in range(5):
+        producer.send(unique_name, value=b"x", partition=i % 2)
+    offsets = append_markers(producer, [ChannelId(unique_name, 0), ChannelId(unique_name, 1)], [("m", b"1")])
+    producer.close()
+    assert offsets == {ChannelId(unique_name, 0): 3, ChannelId(unique_name, 1): 2}
+    last = _read(connection.kafka_bootstrap, unique_name, 0)[-1]
+    assert (last.offset, last.headers) == (3, [("m", b"1")])
+
+
+@pytest.mark.integration
+def test_control_topic_delivers_events_in_order_and_counts_garbage(connection, unique_name):
+    control = ControlTopic(connection.kafka_bootstrap, unique_name)
+    reader = ControlTopic(connection.kafka_bootstrap, unique_name)
+    first = control.publish(ControlEvent("trigger", 1))
+    KafkaProducer(bootstrap_servers=connection.kafka_bootstrap).send(control.topic, value=b"garbage", partition=0).get(10)
+    control.publish(ControlEvent("ack", 1, task="t0", payload={"offsets": {"a:0": 4}}))
+    seen = reader.wait_for(lambda e: e.kind == "ack", timeout_s=20)
+    assert [(e.kind, e.offset) for e in seen] == [("trigger", first), ("ack", first + 2)]
+    assert seen[1].payload == {"offsets": {"a:0": 4}}
+    assert reader.malformed == 1
+    control.close()
+    reader.close()
+
+
+@pytest.mark.integration
+def test_dead_letters_keep_the_record_and_its_reason(connection, unique_name):
+    letters = DeadLetters(connection.kafka_bootstrap, unique_name)
+    letters.send(ChannelId("in", 1), 42, b"k", b"{broken", [("h", b"v")], "value is not JSON")
+    letters.flush()
+    assert letters.count == 1
+    (record,) = _read(connection.kafka_bootstrap, letters.topic, 0)
+    headers = dict(record.headers)
+    assert (record.key, record.value) == (b"k", b"{broken")
+    assert headers["spark-abs-reason"] == b"value is not JSON"
+    assert (headers["spark-abs-source"], headers["spark-abs-source-offset"], headers["h"]) == (b"in:1", b"42", b"v")
+    letters.close()

@@ -1,0 +1,82 @@
+"""Pipeline definitions: validation with clear errors, and the channels every
+task reads and writes (one writer per internal partition)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from barriers.messages import ChannelId
+from operators import filter_rows
+from streaming.errors import ConfigError
+from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage, route
+
+
+def _op():
+    return filter_rows(lambda t: pa.array([True] * t.num_rows))
+
+
+def three_stages(**changes) -> Pipeline:
+    stages = {
+        "a": Stage("a", ("transfers",), _op, parallelism=2, key="account"),
+        "b": Stage("b", ("a",), _op, parallelism=3, key="window"),
+        "c": Stage("c", ("b",), _op, sink=Sink()),
+    }
+    stages.update(changes)
+    return Pipeline("money", (Ingress("transfers", 4),), tuple(s for s in stages.values() if s is not None))
+
+
+def test_tasks_read_their_channels_and_are_the_only_writers_of_theirs():
+    pipeline = three_stages()
+    tasks = {t.name: t for t in pipeline.tasks()}
+    assert sorted(tasks) == ["a-0", "a-1", "b-0", "b-1", "b-2", "c-0"]
+    assert set(tasks["a-1"].inputs) == {ChannelId("transfers", 1), ChannelId("transfers", 3)}
+    assert pipeline.internal_topics() == {"spark-abs.money.a": 6, "spark-abs.money.b": 3}
+    written = [c for t in tasks.values() for c in t.outputs]
+    read = [c for t in tasks.values() for c in t.inputs if c.topic.startswith("spark-abs.")]
+    assert sorted(written) == sorted(read) and len(set(written)) == len(written)
+    assert tasks["b-2"].inputs == {ChannelId("spark-abs.money.a", 2): "a", ChannelId("spark-abs.money.a", 5): "a"}
+    assert tasks["c-0"].outputs == ()
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"b": Stage("b", ("nope",), _op, key="w")}, "neither an ingress topic nor a stage"),
+        ({"b": Stage("b", (), _op, key="w")}, "has no input"),
+        ({"b": Stage("b", ("a", "c"), _op, key="w")}, "cycle"),
+        ({"b": Stage("b", ("b",), _op, key="w")}, "reads its own output"),
+        ({"c": Stage("c", ("b",), _op)}, "goes nowhere"),
+        ({"c": Stage("c", ("b", "a"), _op, sink=Sink())}, "read by both"),
+        ({"a": Stage("a", ("transfers",), _op, parallelism=2)}, "needs a key column"),
+        ({"a": Stage("a", ("transfers",), _op, parallelism=0, key="k")}, "parallelism"),
+        ({"a": Stage("a b", ("transfers",), _op, key="k")}, "stage name"),
+        ({"a": Stage("a", ("transfers",), "not callable", key="k")}, "factory"),
+    ],
+)
+def test_bad_pipelines_fail_at_start_with_a_clear_message(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        three_stages(**changes)
+
+
+def test_more_tasks_than_ingress_partitions_is_an_error():
+    pipeline = Pipeline("j", (Ingress("in", 1),), (Stage("s", ("in",), _op, parallelism=2, sink=Sink()),))
+    with pytest.raises(ConfigError, match="more tasks than its ingress topics have partitions"):
+        pipeline.tasks()
+
+
+def test_sinks_validate_their_options():
+    with pytest.raises(ConfigError, match="needs a topic"):
+        Sink("kafka")
+    with pytest.raises(ConfigError, match="use 'object-store' or 'kafka'"):
+        Sink("ftp")
+
+
+def test_route_is_a_stable_hash_of_the_key():
+    table = pa.table({"account": ["x", "y", "x", None]})
+    targets = route(table, "account", 3).to_pylist()
+    assert targets[0] == targets[2] and all(0 <= t < 3 for t in targets)
+    assert route(table, "account", 3).to_pylist() == targets
+    assert route(table, None, 1).to_pylist() == [0, 0, 0, 0]
+    with pytest.raises(ConfigError, match="no key column"):
+        route(table, "missing", 2)

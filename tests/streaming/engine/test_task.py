@@ -1,0 +1,255 @@
+"""The stage task's processing core, fed hand-made micro-batches in the
+shape ``ChannelQuery`` hands over, with its I/O recorded: alignment holds a
+channel's records, snapshots and barriers go out in the right order, older
+generations are skipped, malformed input becomes dead letters."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from barriers.lineage import Lineage
+from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions, encode
+from operators import KeyedAggregate, count, filter_rows, sum_
+from operators.windows import TumblingWindowAggregate
+from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
+from streaming.engine.task import StageTask, TaskIO, TaskStart
+from streaming.engine.watermarks import watermark_headers
+
+HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def batch(*records) -> pa.Table:
+    """records: (topic, partition, offset, value-dict | bytes | Barrier | CancelBarrier[, generation[, headers]])."""
+    rows = []
+    for topic, partition, offset, value, *rest in records:
+        headers = []
+        if isinstance(value, (Barrier, CancelBarrier)):
+            headers, value = encode(value), b""
+        elif isinstance(value, dict):
+            value = json.dumps(value).encode()
+        if rest:
+            headers.append(("abs.gen", str(rest[0]).encode()))
+        if len(rest) > 1:
+            headers += [(k, v) for k, v in rest[1].items() if k != "abs.gen"]
+        rows.append({"topic": topic, "partition": partition, "offset": offset, "key": None, "value": value,
+                     "headers": [{"key": k, "value": v} for k, v in headers], "timestamp": None})
+    schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                        ("key", pa.binary()), ("value", pa.binary()), ("headers", HEADER_TYPE),
+                        ("timestamp", pa.timestamp("ms"))])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+class RecordedIO:
+    def __init__(self):
+        self.log = []
+        self.sent = []
+        self.dead = []
+        self.events = []
+        self.snapshots = {}
+        self.staged = {}
+        self.watermarks = []
+
+    def io(self, sink=False) -> TaskIO:
+        return TaskIO(send=self._send, append_barrier=self._barrier, publish=self._publish,
+                      dead_letter=self._dead, write_snapshot=self._write,
+                      stage_epoch=self._stage if sink else None)
+
+    def _send(self, channel, key, value, headers):
+        if dict(headers).get("abs.kind") == b"watermark":
+            self.watermarks.append((channel, int(dict(headers)["abs.wm"])))
+            return
+        self.sent.append((channel, json.loads(value), dict(headers)))
+        self.log.append(("send", str(channel)))
+
+    def _barrier(self, channels, headers):
+        self.log.append(("barrier", tuple(map(str, channels))))
+        return {c: 100 + i for i, c in enumerate(channels)}
+
+    def _publish(self, event):
+        self.events.append(event)
+
+    def _dead(self, channel, offset, key, value, headers, reason):
+        self.dead.append((str(channel), offset, reason))
+
+    def _write(self, checkpoint_id, generation, task, state, *, positions, in_flight, metadata, channel_records=None):
+        self.snapshots[checkpoint_id] = (state, positions, in_flight, metadata)
+        self.copied = channel_records
+        self.log.append(("snapshot", checkpoint_id))
+
+        class Snap:
+            def to_json(self):
+                return json.dumps({"task": task, "checkpoint_id": checkpoint_id})
+        return Snap()
+
+    def _stage(self, epoch, table):
+        self.staged[epoch] = table
+
+
+SCHEMA = pa.schema([("account", pa.string()), ("amount", pa.int64())])
+
+
+def counting_pipeline(parallelism=1, sink_stage=False):
+    stages = [Stage("count", ("in",), lambda: KeyedAggregate("account", {"n": count(), "total": sum_("amount")}),
+                    key="account", sink=Sink() if sink_stage else None)]
+    if not sink_stage:
+        stages.append(Stage("out", ("count",), lambda: KeyedAggregate("account", {"n": count()}),
+                            parallelism=parallelism, sink=Sink()))
+    return Pipeline("job", (Ingress("in", 2, SCHEMA),), tuple(stages))
+
+
+def make_task(pipeline, name="count-0", sink=False, **kwargs):
+    recorded = RecordedIO()
+    task = StageTask(pipeline, pipeline.task(name), recorded.io(sink), **kwargs)
+    return task, recorded
+
+
+A, B = ChannelId("in", 0), ChannelId("in", 1)
+
+
+def test_aligned_barrier_holds_the_early_channel_and_forwards_after_the_snapshot():
+    task, io = make_task(counting_pipeline())
+    task.process_batch(batch(("in", 0, 0, {"account": "x", "amount": 1}), ("in", 0, 1, Barrier(1, job="job")),
+                             ("in", 0, 2, {"account": "x", "amount": 10}),
+                             ("in", 1, 0, {"account": "y", "amount": 2})))
+    assert task.handler.blocked == {A}
+    assert [r[1] for r in io.sent] == [{"account": "x", "n": 1, "total": 1}, {"account": "y", "n": 1, "total": 2}]
+    assert task.held_bytes > 0
+    task.process_batch(batch(("in", 1, 1, Barrier(1, job="job"))))
+    task.wait_for_uploads()
+    state, positions, in_flight, metadata = io.snapshots[1]
+    totals = dict(zip(state["state"]["account"].to_pylist(), state["state"]["total"].to_pylist()))
+    assert totals == {"x": 1, "y": 2}  # the held record (10) is after the barrier
+    assert positions == {"in:0": 2, "in:1": 2} and in_flight == {} and metadata["kind"] == "aligned"
+    barrier_at = io.log.index(("barrier", ("spark-abs.job.count:0",)))
+    assert io.log[barrier_at - 1] == ("send", "spark-abs.job.count:0")  # output before the barrier
+    assert io.sent[-1][1] == {"account": "x", "n": 2, "total": 11}  # released after it
+    assert io.log.index(("send", "spark-abs.job.count:0"), barrier_at) > barrier_at
+    kinds = [e.kind for e in io.events]
+    assert kinds == ["announce", "ack"]
+    assert io.events[0].payload["offsets"] == {"spark-abs.job.count:0": 100}
+
+
+def test_output_carries_the_generation_and_routes_by_key():
+    task, io = make_task(counting_pipeline(parallelism=3), start=TaskStart(generation=4))
+    task.process_batch(batch(*[("in", 0, i, {"account": f"a{i}", "amount": i}) for i in range(12)]))
+    assert {headers["abs.gen"] for _, _, headers in io.sent} == {b"4"}
+    by_channel = {}
+    for channel, row, _ in io.sent:
+        by_channel.setdefault(row["account"], set()).add(channel)
+    assert all(len(channels) == 1 for channels in by_channel.values())
+    assert len({c for channels in by_channel.values() for c in channels}) > 1
+
+
+def test_records_of_an_older_generation_on_internal_topics_are_skipped():
+    pipeline = counting_pipeline()
+    channel = ChannelId("spark-abs.job.count", 0)
+    # generation 2 restored a checkpoint whose barrier on the channel is at 4; the range [3, 4) is channel state
+    lineage = Lineage().after_restore(2, {channel: 5})
+    task, io = make_task(pipeline, "out-0", start=TaskStart(generation=2, checkpoint_id=3, positions={channel: 3},
+                                                             lineage=lineage), sink=True)
+    topic = "spark-abs.job.count"
+    task.process_batch(batch((topic, 0, 3, {"account": "y"}, 1),  # older, but before the barrier: replayed
+                             (topic, 0, 5, {"account": "x"}, 1), (topic, 0, 6, Barrier(4, 1, job="job")),
+                             (topic, 0, 7, {"account": "x"}, 2), (topic, 0, 8, Barrier(4, 2, job="job"))))
+    assert task.counters["skipped_older_generation"] == 1
+    assert task.counters["ignored_stale_generation"] == 1
+    task.wait_for_uploads()
+    assert sorted(io.staged[4].to_pylist(), key=str) == [{"account": "x", "n": 1}, {"account": "y", "n": 1}]
+
+
+def test_malformed_records_and_forged_barriers_become_dead_letters_with_reasons():
+    task, io = make_task(counting_pipeline())
+    forged = Barrier(1, job="another-job")
+    task.process_batch(batch(("in", 0, 0, b"{oops"), ("in", 0, 1, {"account": "x", "amount": "many"}),
+                             ("in", 0, 2, forged), ("in", 0, 3, {"account": "x", "amount": 3})))
+    reasons = [r for _, _, r in io.dead]
+    assert len(reasons) == 3
+    assert "not JSON" in reasons[0] and "does not fit the schema" in reasons[1]
+    assert "rejected control record: belongs to job 'another-job'" in reasons[2]
+    assert io.sent[-1][1]["total"] == 3
+    assert task.handler.pending == () and task.handler.position(A) == 4
+
+
+def test_a_retried_batch_is_not_processed_twice():
+    task, io = make_task(counting_pipeline())
+    records = batch(("in", 0, 0, {"account": "x", "amount": 1}), ("in", 0, 1, {"account": "x", "amount": 1}))
+    task.process_batch(records)
+    task.process_batch(records)
+    assert task.counters["records"] == 2
+
+
+def test_sink_epochs_close_at_the_snapshot_and_an_aborted_epoch_moves_to_the_next():
+    task, io = make_task(counting_pipeline(sink_stage=True), sink=True)
+    task.process_batch(batch(("in", 0, 0, {"account": "x", "amount": 1}), ("in", 0, 1, Barrier(1, job="job")),
+                             ("in", 1, 0, {"account": "y", "amount": 2}),
+                             ("in", 1, 1, CancelBarrier(1, job="job", reason="test"))))
+    task.process_batch(batch(("in", 0, 2, Barrier(2, job="job")), ("in", 1, 2, Barrier(2, job="job"))))
+    task.wait_for_uploads()
+    assert 1 not in io.staged
+    assert sorted(io.staged[2]["account"].to_pylist()) == ["x", "y"]
+    assert [e.kind for e in io.events] == ["decline", "ack"]
+
+
+def test_windows_close_on_the_minimum_watermark_over_channels():
+    def windows():
+        return TumblingWindowAggregate("account", "ts", 100, {"amount": sum_("amount")},
+                                       allowed_lateness=10**12)
+    schema = pa.schema([("account", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
+    pipeline = Pipeline("job", (Ingress("in", 2, schema, event_time="ts"),),
+                        (Stage("w", ("in",), windows, sink=Sink()),))
+    task, io = make_task(pipeline, "w-0", sink=True)
+    task.process_batch(batch(("in", 0, 0, {"account": "x", "amount": 1, "ts": 10}),
+                             ("in", 0, 1, {"account": "x", "amount": 2, "ts": 250})))
+    assert task._epoch_rows == []  # channel 1 has not spoken: no window may close
+    task.process_batch(batch(("in", 1, 0, {"account": "x", "amount": 5, "ts": 120})))
+    closed = [row for table in task._epoch_rows for row in table.to_pylist()]
+    assert [(r["window_start"], r["amount"]) for r in closed] == [(0, 1)]
+
+
+def test_watermarks_travel_downstream_in_headers_and_watermark_records():
+    schema = pa.schema([("account", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
+
+    def windows():
+        return TumblingWindowAggregate("account", "ts", 100, {"amount": sum_("amount")}, allowed_lateness=10**12)
+    pipeline = Pipeline("job", (Ingress("in", 1, schema, event_time="ts"),),
+                        (Stage("pass", ("in",), lambda: filter_rows(lambda t: pc.greater(t["amount"], -1))),
+                         Stage("out", ("pass",), windows, sink=Sink())))
+    task, io = make_task(pipeline, "pass-0")
+    task.process_batch(batch(("in", 0, 0, {"account": "x", "amount": 1, "ts": 10}),
+                             ("in", 0, 1, {"account": "x", "amount": 2, "ts": 20})))
+    task.process_batch(batch(("in", 0, 2, {"account": "x", "amount": 4, "ts": 130})))
+    marks = [headers.get("abs.wm") for _, _, headers in io.sent]
+    assert marks == [None, None, b"20"]  # never newer than the record it rides on
+    out = ChannelId("spark-abs.job.pass", 0)
+    assert io.watermarks == [(out, 20), (out, 130)]  # once per batch, when it moved
+
+    downstream, down_io = make_task(pipeline, "out-0", sink=True)
+    topic = "spark-abs.job.pass"
+    rows = [(topic, 0, i, row, 0, headers) for i, (_, row, headers) in enumerate(io.sent)]
+    downstream.process_batch(batch(*rows))
+    assert downstream.watermark == 20 and downstream._epoch_rows == []
+    downstream.process_batch(batch((topic, 0, 3, {"account": "x"}, 0)))
+    assert [r for _, _, r in down_io.dead] == [
+        "TumblingWindowAggregate: input has no column 'ts' (columns: account)"]
+    end = batch((topic, 0, 4, b""))
+    end = end.set_column(end.schema.get_field_index("headers"), "headers",
+                         pa.array([[{"key": k, "value": v} for k, v in watermark_headers(10**6, 0)]], HEADER_TYPE))
+    downstream.process_batch(end)
+    closed = [(r["window_start"], r["amount"]) for t in downstream._epoch_rows for r in t.to_pylist()]
+    assert closed == [(0, 3), (100, 4)]
+
+
+def test_copied_channel_state_is_replayed_before_anything_else():
+    pipeline = counting_pipeline(sink_stage=True)
+    copied = batch(("in", 0, 3, {"account": "x", "amount": 5}), ("in", 0, 4, {"account": "x", "amount": 6}))
+    task, io = make_task(pipeline, sink=True,
+                         start=TaskStart(generation=1, checkpoint_id=2, positions={A: 3, B: 0},
+                                         replay={A: copied}))
+    assert task.counters["replayed_in_flight"] == 2 and task.handler.position(A) == 5
+    task.process_batch(batch(("in", 0, 6, {"account": "x", "amount": 7})))  # the query resumes after the barrier
+    rows = [r for t in task._epoch_rows for r in t.to_pylist()]
+    assert rows[-1] == {"account": "x", "n": 3, "total": 18}

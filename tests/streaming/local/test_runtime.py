@@ -1,0 +1,66 @@
+"""The local runtime on real services: idempotent up, status, and the errors
+of a broker that cannot start."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from streaming.api.config import Connection, LocalRuntimeSettings
+from streaming.errors import PortInUseError, ServiceStartError
+from streaming.local import LocalRuntime
+from streaming.adapters.objects import open_store
+
+pytestmark = pytest.mark.integration
+
+
+def test_up_is_idempotent_and_status_tells_what_runs(connection, runtime_settings):
+    runtime = LocalRuntime(runtime_settings)
+    before = runtime.status()
+    assert before.all_running
+    again = runtime.up()
+    after = runtime.status()
+    assert again == connection
+    assert [s.pid for s in after.services] == [s.pid for s in before.services]
+    assert Connection.load(runtime_settings, environ={}) == connection
+    rendered = after.render()
+    assert "kafka" in rendered and "s3" in rendered and "running" in rendered
+
+
+def test_the_s3_server_stores_and_lists_objects(connection, unique_name):
+    store = open_store(f"s3://{connection.s3_bucket}/tests/{unique_name}", connection)
+    with store.filesystem.open_output_stream(store.path("a.json")) as out:
+        out.write(b'{"ok": true}')
+    with store.filesystem.open_input_stream(store.path("a.json")) as src:
+        assert src.read() == b'{"ok": true}'
+    store.filesystem.delete_dir(store.root)
+
+
+def _second_runtime(tmp_path, runtime_settings: LocalRuntimeSettings, **over) -> LocalRuntime:
+    # Its own state dir, the shared artifact cache (nothing is downloaded again).
+    return LocalRuntime(LocalRuntimeSettings(home=tmp_path, cache=runtime_settings.cache_dir, **over))
+
+
+def test_a_kafka_port_in_use_is_a_clear_error(tmp_path, runtime_settings, connection):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        runtime = _second_runtime(tmp_path, runtime_settings, kafka_port=port)
+        with pytest.raises(PortInUseError, match=f"port {port}.*Kafka broker"):
+            runtime.up()
+
+
+def test_a_broker_that_is_not_ready_in_time_fails_with_its_log(tmp_path, runtime_settings, connection):
+    runtime = _second_runtime(tmp_path, runtime_settings, start_timeout_s=0.5)
+    with pytest.raises(ServiceStartError, match=r"kafka did not become ready within 0 s(.|\n)*starting kafka"):
+        runtime.up()
+    report = runtime.down(purge=True)
+    assert report[0] == "kafka: was not running"  # wait_ready already stopped it
+
+
+def test_down_without_up_stops_nothing(tmp_path, runtime_settings):
+    runtime = _second_runtime(tmp_path, runtime_settings)
+    assert runtime.down() == ["kafka: was not running", "s3: was not running"]
+    assert not runtime.status().all_running

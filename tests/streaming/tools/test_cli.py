@@ -1,0 +1,53 @@
+"""The command line as a user meets it: help that explains, and one clear line
+(no traceback) when something is wrong."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from streaming.local.processes import free_port
+
+
+def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "streaming.tools.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_help_explains_the_commands():
+    done = _run("--help")
+    assert done.returncode == 0
+    for word in ("local", "smoke", "simulate", "connection.json"):
+        assert word in done.stdout
+    local = _run("local", "--help")
+    assert "fetch" in local.stdout and "--purge" in local.stdout
+
+
+def test_status_of_a_runtime_never_started(tmp_path):
+    done = _run("--home", str(tmp_path), "local", "status")
+    assert done.returncode == 1
+    assert "stopped" in done.stdout and "spark-abs local up" in done.stdout
+
+
+def test_an_unreachable_broker_is_one_clear_line(tmp_path):
+    closed = free_port()
+    env = {
+        "SPARK_ABS_KAFKA_BOOTSTRAP": f"127.0.0.1:{closed}",
+        "SPARK_ABS_S3_ENDPOINT": "http://127.0.0.1:9",
+        "SPARK_ABS_S3_ACCESS_KEY": "a",
+        "SPARK_ABS_S3_SECRET_KEY": "b",
+        "SPARK_ABS_S3_BUCKET": "bucket",
+    }
+    done = _run("--home", str(tmp_path), "smoke", env=env)
+    assert done.returncode == 2
+    assert f"no Kafka broker answers at 127.0.0.1:{closed}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_malformed_setting_is_named(tmp_path):
+    env = {"SPARK_ABS_KAFKA_BOOTSTRAP": "h:1", "SPARK_ABS_S3_ENDPOINT": "not-a-url",
+           "SPARK_ABS_S3_ACCESS_KEY": "a", "SPARK_ABS_S3_SECRET_KEY": "b", "SPARK_ABS_S3_BUCKET": "x"}
+    done = _run("--home", str(tmp_path), "smoke", env=env)
+    assert done.returncode == 2
+    assert "SPARK_ABS_S3_ENDPOINT" in done.stderr and "Traceback" not in done.stderr
