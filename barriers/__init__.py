@@ -1,4 +1,6 @@
-"""The snapshot protocol as a pure core: barrier messages, the per-task
-handler for every alignment mode, the coordinator's bookkeeping, a
-deterministic simulator of processes joined by FIFO channels, and a checker
-for consistent cuts.  No Spark, Kafka or storage imports here."""
+"""The snapshot protocol as a pure core: barrier messages (``messages``), the
+per-task handler for every alignment mode (``handler``), the coordinator's
+bookkeeping (``coordinator``), why checkpoints fail (``failures``), the
+lineage of restores (``lineage``) and the errors (``errors``).  The
+simulator, checker and narration are in ``barriers.simulation``.  No Spark,
+Kafka or storage imports here (a test says so)."""

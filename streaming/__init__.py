@@ -1,7 +1,63 @@
-"""The adapters of spark-abs: Kafka, Spark, object storage, the local runtime
-and the command line.  The protocol itself lives in ``barriers``."""
+"""spark-abs on Spark and Kafka: what a user imports to define a pipeline and
+run it, re-exported here so a pipeline needs one import of ``streaming`` (and
+one of ``operators``)::
 
-from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings
-from streaming.errors import SparkAbsError
+    from streaming import Connection, Ingress, JobRunner, JobSettings, Pipeline, Sink, Stage
 
-__all__ = ["Connection", "LocalRuntimeSettings", "SparkSettings", "SparkAbsError"]
+The sub-packages, from the top down (docs/architecture.md has the picture):
+
+- ``streaming.tools``: the command line, the demo, ``compare``, the smoke pipeline;
+- ``streaming.engine``: stage tasks, worker processes, the coordinator
+  service, the job runner and restore;
+- ``streaming.adapters``: Kafka, Spark, object storage, snapshots, sinks;
+  ``streaming.local``: the local runtime (Kafka, an S3 server, connector jars);
+- ``streaming.api``: pipelines, job settings, connection settings;
+- ``streaming.errors``: every error, under ``SparkAbsError``.
+
+The protocol itself lives in ``barriers``, the operators in ``operators``.
+Names load on first use, so importing one sub-package does not import the rest."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "Connection",
+    "Ingress",
+    "JobRunner",
+    "JobSettings",
+    "LocalRuntimeSettings",
+    "Mode",
+    "Pipeline",
+    "Sink",
+    "SparkAbsError",
+    "SparkSettings",
+    "Stage",
+]
+
+_WHERE = {
+    "Connection": "streaming.api.config",
+    "LocalRuntimeSettings": "streaming.api.config",
+    "SparkSettings": "streaming.api.config",
+    "Ingress": "streaming.api.pipeline",
+    "Pipeline": "streaming.api.pipeline",
+    "Sink": "streaming.api.pipeline",
+    "Stage": "streaming.api.pipeline",
+    "JobSettings": "streaming.api.settings",
+    "Mode": "streaming.api.settings",
+    "JobRunner": "streaming.engine.runner",
+    "SparkAbsError": "streaming.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'streaming' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

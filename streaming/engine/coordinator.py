@@ -107,7 +107,8 @@ class CoordinatorService:
     def __init__(self, pipeline: Pipeline, io: CoordinatorIO, store: SnapshotStore, settings: JobSettings, *,
                  generation: int = 0, next_checkpoint_id: int = 1, pinned: int | None = None,
                  job_key: bytes | None = None, on_event: Callable[[str], None] = lambda line: None,
-                 on_complete: Callable[[int], None] | None = None, progress_log: Path | None = None):
+                 on_complete: Callable[[int], None] | None = None, progress_log: Path | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.pipeline = pipeline
         self.io = io
         self.store = store
@@ -122,7 +123,7 @@ class CoordinatorService:
         self.coordinator = CheckpointCoordinator(self.tasks, job=pipeline.job, generation=generation,
                                                  next_checkpoint_id=next_checkpoint_id,
                                                  max_concurrent=settings.max_concurrent,
-                                                 timeout_s=settings.timeout_s, retain=settings.retain)
+                                                 timeout_s=settings.timeout_s, retain=settings.retain, clock=clock)
         self.retain = settings.retain
         self.pinned = pinned
         self.records: dict[int, CheckpointRecord] = {}
