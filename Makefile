@@ -1,5 +1,5 @@
 # The two commands of the README.  Everything they need is installed here:
-# a virtualenv with the package and its test extras; the local runtime
+# a virtualenv with the package and its test extras (pytest, ruff); the local runtime
 # (Kafka, S3 server, connector jars) is fetched by `spark-abs local up` on first use.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -12,6 +12,8 @@ run: $(STAMP)
 	$(BIN)/spark-abs demo
 
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
 
 install: $(STAMP)

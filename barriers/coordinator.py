@@ -17,8 +17,9 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from barriers.errors import CoordinatorError
 from barriers.failures import CheckpointFailure
@@ -99,8 +100,9 @@ class PendingCheckpoint:
 
     def move_to(self, status: CheckpointStatus) -> None:
         if status not in _NEXT[self.status]:
-            raise CoordinatorError(f"checkpoint {self.checkpoint_id}: cannot go from {self.status.value} "
-                                   f"to {status.value}")
+            raise CoordinatorError(
+                f"checkpoint {self.checkpoint_id}: cannot go from {self.status.value} to {status.value}"
+            )
         self.status = status
 
 
@@ -160,7 +162,7 @@ class CompletedCheckpointStore:
         return self._completed.get(checkpoint_id)
 
     def _trim(self) -> list[int]:
-        keep = set(sorted(self._completed)[-self.retain:]) | self._pinned
+        keep = set(sorted(self._completed)[-self.retain :]) | self._pinned
         dropped = sorted(cid for cid in self._completed if cid not in keep)
         for cid in dropped:
             del self._completed[cid]
@@ -222,8 +224,9 @@ class CheckpointCoordinator:
                 f"checkpoint {self._next_id} not triggered: {len(self.pending)} pending "
                 f"(max_concurrent={self.max_concurrent}): {sorted(self.pending)}"
             )
-        barrier = Barrier(self._next_id, self.generation, options or CheckpointOptions.aligned(),
-                          timestamp_ms, self.job)
+        barrier = Barrier(
+            self._next_id, self.generation, options or CheckpointOptions.aligned(), timestamp_ms, self.job
+        )
         self._next_id += 1
         self.pending[barrier.checkpoint_id] = PendingCheckpoint(barrier, self.tasks, self.clock())
         log.info("checkpoint %d: triggered (%s)", barrier.checkpoint_id, barrier.options.describe())
@@ -247,8 +250,9 @@ class CheckpointCoordinator:
         log.info("checkpoint %d: acknowledged by all %d tasks", checkpoint_id, len(self.tasks))
         return pending
 
-    def decline(self, task: str, checkpoint_id: int, reason: CheckpointFailure = CheckpointFailure.DECLINED,
-                detail: str = "") -> PendingCheckpoint | AckIgnored:
+    def decline(
+        self, task: str, checkpoint_id: int, reason: CheckpointFailure = CheckpointFailure.DECLINED, detail: str = ""
+    ) -> PendingCheckpoint | AckIgnored:
         """``task`` cannot take checkpoint n: abort it."""
         pending = self._addressed(task, checkpoint_id)
         if isinstance(pending, AckIgnored):
@@ -287,8 +291,11 @@ class CheckpointCoordinator:
         now = self.clock()
         late = [cid for cid, p in self.pending.items() if now - p.triggered_at >= self.timeout_s]
         return [
-            self.abort(cid, CheckpointFailure.TIMEOUT,
-                       f"missing acks from {sorted(self.pending[cid].missing)} after {self.timeout_s:g} s")
+            self.abort(
+                cid,
+                CheckpointFailure.TIMEOUT,
+                f"missing acks from {sorted(self.pending[cid].missing)} after {self.timeout_s:g} s",
+            )
             for cid in sorted(late)
         ]
 

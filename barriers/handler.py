@@ -36,12 +36,13 @@ import collections
 import enum
 import logging
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Protocol
+from typing import Protocol
 
 from barriers.errors import ProtocolError
 from barriers.failures import CheckpointFailure
-from barriers.messages import Alignment, Barrier, CancelBarrier, ChannelId, CheckpointOptions
+from barriers.messages import Alignment, Barrier, CancelBarrier, ChannelId
 
 __all__ = [
     "Controller",
@@ -113,8 +114,10 @@ class TaskCheckpoint:
 
     @property
     def alignment_duration(self) -> float:
-        return self.completed_at - self.started_at if self.kind is CheckpointKind.ALIGNED else (
-            self.snapshot_at - self.started_at
+        return (
+            self.completed_at - self.started_at
+            if self.kind is CheckpointKind.ALIGNED
+            else (self.snapshot_at - self.started_at)
         )
 
 
@@ -166,8 +169,14 @@ class _Pending:
 class _Context:
     """What every state reads and changes: inputs, positions, the controller."""
 
-    def __init__(self, controller: Controller, inputs: Iterable[ChannelId], positions: Mapping[ChannelId, int],
-                 clock: Callable[[], float], max_concurrent: int):
+    def __init__(
+        self,
+        controller: Controller,
+        inputs: Iterable[ChannelId],
+        positions: Mapping[ChannelId, int],
+        clock: Callable[[], float],
+        max_concurrent: int,
+    ):
         self.controller = controller
         self.inputs = frozenset(inputs)
         self.open: set[ChannelId] = set(self.inputs)
@@ -236,31 +245,32 @@ class _Context:
 class _State:
     """A state of the handler; every event returns the next state."""
 
-    def barrier(self, ctx: _Context, channel: ChannelId, barrier: Barrier, offset: int) -> "_State":
+    def barrier(self, ctx: _Context, channel: ChannelId, barrier: Barrier, offset: int) -> _State:
         raise NotImplementedError
 
-    def announcement(self, ctx: _Context, channel: ChannelId, barrier: Barrier, offset: int) -> "_State | None":
+    def announcement(self, ctx: _Context, channel: ChannelId, barrier: Barrier, offset: int) -> _State | None:
         """None: the announcement is of no use in this state."""
         return None
 
-    def trigger(self, ctx: _Context, barrier: Barrier) -> "_State":
+    def trigger(self, ctx: _Context, barrier: Barrier) -> _State:
         raise NotImplementedError
 
-    def end_of_input(self, ctx: _Context, channel: ChannelId) -> "_State":
+    def end_of_input(self, ctx: _Context, channel: ChannelId) -> _State:
         return self
 
-    def tick(self, ctx: _Context, held_bytes: int) -> "_State":
+    def tick(self, ctx: _Context, held_bytes: int) -> _State:
         return self
 
-    def abort(self, ctx: _Context, checkpoint_id: int, reason: CheckpointFailure, detail: str) -> "_State":
+    def abort(self, ctx: _Context, checkpoint_id: int, reason: CheckpointFailure, detail: str) -> _State:
         return self
 
     def pending_ids(self) -> tuple[int, ...]:
         return ()
 
 
-def _start(ctx: _Context, channel: ChannelId | None, barrier: Barrier, offset: int | None,
-           announced: bool = False) -> _State:
+def _start(
+    ctx: _Context, channel: ChannelId | None, barrier: Barrier, offset: int | None, announced: bool = False
+) -> _State:
     """The state after the first barrier (or announcement, or trigger) of a new checkpoint."""
     pending = _Pending(barrier, ctx.clock())
     mode = barrier.options.alignment
@@ -299,9 +309,17 @@ class Idle(_State):
                 f"checkpoint {barrier.checkpoint_id}: a task with inputs can only initiate unaligned "
                 f"checkpoints (an aligned initiator would lose the messages in flight towards it)"
             )
-        pending = _Pending(barrier, ctx.clock(), kind=CheckpointKind.UNALIGNED if ctx.open else (
-            CheckpointKind.AT_LEAST_ONCE if barrier.options.alignment is Alignment.AT_LEAST_ONCE
-            else CheckpointKind.ALIGNED))
+        pending = _Pending(
+            barrier,
+            ctx.clock(),
+            kind=CheckpointKind.UNALIGNED
+            if ctx.open
+            else (
+                CheckpointKind.AT_LEAST_ONCE
+                if barrier.options.alignment is Alignment.AT_LEAST_ONCE
+                else CheckpointKind.ALIGNED
+            ),
+        )
         ctx.take_snapshot(pending)
         return Unaligned({}).add(ctx, pending)
 
@@ -388,8 +406,11 @@ class Unaligned(_State):
     def add(self, ctx: _Context, pending: _Pending) -> _State:
         while len(self.pending) >= ctx.max_concurrent:
             oldest = self.pending.pop(min(self.pending))
-            ctx.abort(oldest, CheckpointFailure.SUBSUMED,
-                      f"checkpoint {pending.checkpoint_id} started; at most {ctx.max_concurrent} may run at once")
+            ctx.abort(
+                oldest,
+                CheckpointFailure.SUBSUMED,
+                f"checkpoint {pending.checkpoint_id} started; at most {ctx.max_concurrent} may run at once",
+            )
         self.pending[pending.checkpoint_id] = pending
         return self.check(ctx)
 
@@ -410,11 +431,15 @@ class Unaligned(_State):
             return self._start_unaligned(ctx, channel, barrier, offset, announced=False)
         if barrier.options.may_switch_to_unaligned:
             # an older checkpoint is still unaligned: blocking now could not make this one aligned in time
-            return self._start_unaligned(ctx, channel, barrier, offset, announced=False,
-                                         kind=CheckpointKind.TIMED_OUT_TO_UNALIGNED)
+            return self._start_unaligned(
+                ctx, channel, barrier, offset, announced=False, kind=CheckpointKind.TIMED_OUT_TO_UNALIGNED
+            )
         for old in sorted(self.pending):
-            ctx.abort(self.pending[old], CheckpointFailure.SUBSUMED,
-                      f"checkpoint {barrier.checkpoint_id} ({barrier.options.alignment.value}) started")
+            ctx.abort(
+                self.pending[old],
+                CheckpointFailure.SUBSUMED,
+                f"checkpoint {barrier.checkpoint_id} ({barrier.options.alignment.value}) started",
+            )
         return _start(ctx, channel, barrier, offset)
 
     def announcement(self, ctx, channel, barrier, offset):
@@ -440,8 +465,7 @@ class Unaligned(_State):
             ctx.abort(pending, reason, detail)
         return self if self.pending else Idle()
 
-    def _start_unaligned(self, ctx, channel, barrier, offset, *, announced,
-                         kind=CheckpointKind.UNALIGNED) -> _State:
+    def _start_unaligned(self, ctx, channel, barrier, offset, *, announced, kind=CheckpointKind.UNALIGNED) -> _State:
         pending = _Pending(barrier, ctx.clock(), kind=kind)
         pending.barrier_offsets[channel] = offset
         ctx.take_snapshot(pending)
@@ -477,7 +501,9 @@ class Collecting(_State):
         return _start(ctx, channel, barrier, offset)
 
     def trigger(self, ctx, barrier):
-        raise ProtocolError(f"checkpoint {barrier.checkpoint_id} triggered while collecting {self.pending.checkpoint_id}")
+        raise ProtocolError(
+            f"checkpoint {barrier.checkpoint_id} triggered while collecting {self.pending.checkpoint_id}"
+        )
 
     def end_of_input(self, ctx, channel):
         return self.check(ctx)
@@ -573,8 +599,9 @@ class BarrierHandler:
         if channel in self._ctx.blocked:
             raise ProtocolError(f"record {offset} of {channel} delivered while the channel is blocked")
         if offset < self._ctx.positions[channel]:
-            raise ProtocolError(f"record {offset} of {channel} is behind the channel's position "
-                                f"{self._ctx.positions[channel]}")
+            raise ProtocolError(
+                f"record {offset} of {channel} is behind the channel's position {self._ctx.positions[channel]}"
+            )
         self._ctx.positions[channel] = offset + 1
 
     def barrier_received(self, channel: ChannelId, barrier: Barrier, offset: int) -> Ignored | None:
@@ -619,8 +646,11 @@ class BarrierHandler:
         if ignored is not None:
             return ignored
         self._ctx.positions[channel] = offset + 1
-        self.abort(cancel.checkpoint_id, CheckpointFailure.CANCELLED,
-                   f"cancelled upstream ({cancel.reason or 'no reason given'}), read on {channel}")
+        self.abort(
+            cancel.checkpoint_id,
+            CheckpointFailure.CANCELLED,
+            f"cancelled upstream ({cancel.reason or 'no reason given'}), read on {channel}",
+        )
         return None
 
     def trigger(self, barrier: Barrier) -> None:
@@ -628,8 +658,7 @@ class BarrierHandler:
         if barrier.generation != self.generation:
             raise ProtocolError(f"trigger of {barrier} in generation {self.generation}")
         if barrier.checkpoint_id <= self._newest_started:
-            raise ProtocolError(f"trigger of checkpoint {barrier.checkpoint_id}, not newer than "
-                                f"{self._newest_started}")
+            raise ProtocolError(f"trigger of checkpoint {barrier.checkpoint_id}, not newer than {self._newest_started}")
         self._state = self._state.trigger(self._ctx, barrier)
         self._newest_started = barrier.checkpoint_id
 
@@ -653,18 +682,29 @@ class BarrierHandler:
 
     # ---- validation
 
-    def _check(self, channel: ChannelId, checkpoint_id: int, generation: int, offset: int, *,
-               announcement: bool = False, cancellation: bool = False) -> Ignored | None:
+    def _check(
+        self,
+        channel: ChannelId,
+        checkpoint_id: int,
+        generation: int,
+        offset: int,
+        *,
+        announcement: bool = False,
+        cancellation: bool = False,
+    ) -> Ignored | None:
         if channel not in self._ctx.inputs:
             return self._ignore(channel, checkpoint_id, IgnoreReason.UNKNOWN_CHANNEL)
         if channel not in self._ctx.open:
             return self._ignore(channel, checkpoint_id, IgnoreReason.CHANNEL_ENDED)
         if not announcement and channel in self._ctx.blocked:
-            raise ProtocolError(f"checkpoint {checkpoint_id}: control record {offset} of {channel} "
-                                f"delivered while the channel is blocked")
+            raise ProtocolError(
+                f"checkpoint {checkpoint_id}: control record {offset} of {channel} "
+                f"delivered while the channel is blocked"
+            )
         if not announcement and offset < self._ctx.positions[channel]:
-            raise ProtocolError(f"control record {offset} of {channel} is behind the channel's position "
-                                f"{self._ctx.positions[channel]}")
+            raise ProtocolError(
+                f"control record {offset} of {channel} is behind the channel's position {self._ctx.positions[channel]}"
+            )
         if generation < self.generation:
             reason = IgnoreReason.STALE_GENERATION
         elif generation > self.generation:

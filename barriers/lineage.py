@@ -16,8 +16,9 @@ restores its generation descends from, and a restore appends its own."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from barriers.messages import ChannelId
 
@@ -32,7 +33,7 @@ class Lineage:
 
     restores: tuple[tuple[int, Mapping[ChannelId, int]], ...] = ()
 
-    def after_restore(self, generation: int, positions: Mapping[ChannelId, int] | None) -> "Lineage":
+    def after_restore(self, generation: int, positions: Mapping[ChannelId, int] | None) -> Lineage:
         """The lineage of ``generation``, restored at ``positions`` (None: from the beginning)."""
         if self.restores and generation <= self.restores[-1][0]:
             raise ValueError(f"generation {generation} does not come after {self.restores[-1][0]}")
@@ -40,18 +41,20 @@ class Lineage:
 
     def is_stale(self, channel: ChannelId, generation: int, offset: int) -> bool:
         """Whether a record written by ``generation`` at ``offset`` of ``channel`` is stale."""
-        return any(restored > generation and offset >= positions.get(channel, 0)
-                   for restored, positions in self.restores)
+        return any(
+            restored > generation and offset >= positions.get(channel, 0) for restored, positions in self.restores
+        )
 
     def to_json(self) -> list[Any]:
         return [[generation, {str(c): o for c, o in positions.items()}] for generation, positions in self.restores]
 
     @classmethod
-    def from_json(cls, data: Any) -> "Lineage":
+    def from_json(cls, data: Any) -> Lineage:
         if not data:
             return cls()
         try:
-            return cls(tuple((int(g), {ChannelId.parse(c): int(o) for c, o in positions.items()})
-                             for g, positions in data))
+            return cls(
+                tuple((int(g), {ChannelId.parse(c): int(o) for c, o in positions.items()}) for g, positions in data)
+            )
         except (TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"lineage {data!r} is not [[generation, {{channel: offset}}], ...]: {exc}") from exc

@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping
 
 from barriers.errors import BarrierRejected
 
@@ -57,7 +57,7 @@ class ChannelId:
         return f"{self.topic}:{self.partition}"
 
     @classmethod
-    def parse(cls, text: str) -> "ChannelId":
+    def parse(cls, text: str) -> ChannelId:
         topic, sep, partition = str(text).rpartition(":")
         if not sep or not partition.isdigit():
             raise ValueError(f"channel {text!r} is not 'topic:partition'")
@@ -103,11 +103,11 @@ class CheckpointOptions:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
 
     @classmethod
-    def aligned(cls) -> "CheckpointOptions":
+    def aligned(cls) -> CheckpointOptions:
         return cls(Alignment.ALIGNED)
 
     @classmethod
-    def unaligned(cls, in_flight: InFlightFormat = InFlightFormat.RANGE) -> "CheckpointOptions":
+    def unaligned(cls, in_flight: InFlightFormat = InFlightFormat.RANGE) -> CheckpointOptions:
         return cls(Alignment.UNALIGNED, in_flight=in_flight)
 
     @classmethod
@@ -116,13 +116,13 @@ class CheckpointOptions:
         timeout_ms: int | None = None,
         held_bytes_budget: int | None = None,
         in_flight: InFlightFormat = InFlightFormat.RANGE,
-    ) -> "CheckpointOptions":
+    ) -> CheckpointOptions:
         if timeout_ms is None and held_bytes_budget is None:
             raise ValueError("aligned_with_timeout needs a timeout, a held-bytes budget or both")
         return cls(Alignment.ALIGNED, timeout_ms, held_bytes_budget, in_flight)
 
     @classmethod
-    def at_least_once(cls) -> "CheckpointOptions":
+    def at_least_once(cls) -> CheckpointOptions:
         return cls(Alignment.AT_LEAST_ONCE)
 
     @property
@@ -158,7 +158,7 @@ class Barrier:
         if self.generation < 0:
             raise ValueError(f"generation must be non-negative, got {self.generation}")
 
-    def with_options(self, options: CheckpointOptions) -> "Barrier":
+    def with_options(self, options: CheckpointOptions) -> Barrier:
         return replace(self, options=options)
 
     def __str__(self) -> str:

@@ -5,7 +5,7 @@ demo), each handing all its state to ``snapshot()`` and taking it back in
 ``restore()``.  The contract is in ``operators.base``; test helpers users
 can import are in ``operators.testing``."""
 
-from operators.aggregations import Aggregation, AggregateFunction, count, max_, min_, sum_
+from operators.aggregations import AggregateFunction, Aggregation, count, max_, min_, sum_
 from operators.base import Chain, MultiInputOperator, Operator, Stateless, WatermarkAware
 from operators.dead_letters import DeadLetter, DeadLetterBatch, DeadLetters, Reason
 from operators.errors import InputSchemaError, OperatorConfigError, OperatorError, StateRestoreError

@@ -3,7 +3,7 @@ expression evaluation, concatenation and casts with operator-named errors."""
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.acero as acero
@@ -38,7 +38,9 @@ def expect_tables(state: Mapping[str, pa.Table], names: Sequence[str], operator:
     """The tables ``names`` of a snapshot, or StateRestoreError if the snapshot
     has a table missing, one too many, or something that is not a table."""
     if not isinstance(state, Mapping):
-        raise StateRestoreError(f"{operator}: state must be a mapping of table name to pyarrow.Table, got {type(state).__name__}")
+        raise StateRestoreError(
+            f"{operator}: state must be a mapping of table name to pyarrow.Table, got {type(state).__name__}"
+        )
     missing = [name for name in names if name not in state]
     extra = sorted(str(name) for name in state if name not in names)
     if missing or extra:
@@ -48,7 +50,9 @@ def expect_tables(state: Mapping[str, pa.Table], names: Sequence[str], operator:
         )
     for name in names:
         if not isinstance(state[name], pa.Table):
-            raise StateRestoreError(f"{operator}: snapshot table {name!r} is a {type(state[name]).__name__}, not a pyarrow.Table")
+            raise StateRestoreError(
+                f"{operator}: snapshot table {name!r} is a {type(state[name]).__name__}, not a pyarrow.Table"
+            )
     return {name: state[name] for name in names}
 
 
@@ -67,9 +71,9 @@ def storable(table: pa.Table) -> pa.Table:
     not used anyway (the next batch's types are)."""
     if table.num_rows or not any(pa.types.is_null(field.type) for field in table.schema):
         return table
-    return table.cast(pa.schema([
-        field.with_type(pa.int64()) if pa.types.is_null(field.type) else field for field in table.schema
-    ]))
+    return table.cast(
+        pa.schema([field.with_type(pa.int64()) if pa.types.is_null(field.type) else field for field in table.schema])
+    )
 
 
 def concat(tables: Sequence[pa.Table]) -> pa.Table:
@@ -104,10 +108,12 @@ def conform(rows: pa.Table, schema: pa.Schema, operator: str, what: str) -> pa.T
 
 def evaluate(table: pa.Table, expression: pc.Expression) -> pa.ChunkedArray:
     """The value of ``expression`` for every row of ``table``, in row order."""
-    plan = acero.Declaration.from_sequence([
-        acero.Declaration("table_source", acero.TableSourceNodeOptions(table)),
-        acero.Declaration("project", acero.ProjectNodeOptions([expression], ["value"])),
-    ])
+    plan = acero.Declaration.from_sequence(
+        [
+            acero.Declaration("table_source", acero.TableSourceNodeOptions(table)),
+            acero.Declaration("project", acero.ProjectNodeOptions([expression], ["value"])),
+        ]
+    )
     return plan.to_table(use_threads=False).column(0)
 
 

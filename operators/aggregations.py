@@ -14,9 +14,9 @@ counts non-null values, ``count()`` counts rows."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,7 +55,9 @@ class Aggregation:
         if self.column is None and self.function is not AggregateFunction.COUNT:
             raise OperatorConfigError(f"{self.function.value}() needs a column")
         if self.column is not None and not (isinstance(self.column, str) and self.column):
-            raise OperatorConfigError(f"{self.function.value}(): column must be a non-empty string, got {self.column!r}")
+            raise OperatorConfigError(
+                f"{self.function.value}(): column must be a non-empty string, got {self.column!r}"
+            )
 
     def __str__(self) -> str:
         return f"{self.function.value}({self.column or ''})"
@@ -84,7 +86,9 @@ def max_(column: str) -> Aggregation:
 def validate(keys: Sequence[str], aggregations: Mapping[str, Aggregation], operator: str) -> dict[str, Aggregation]:
     """The aggregations as a plain dict, or OperatorConfigError on a bad spec."""
     if not isinstance(aggregations, Mapping) or not aggregations:
-        raise OperatorConfigError(f"{operator}: aggregations must be a non-empty mapping of output column to Aggregation")
+        raise OperatorConfigError(
+            f"{operator}: aggregations must be a non-empty mapping of output column to Aggregation"
+        )
     for name, aggregation in aggregations.items():
         if not isinstance(name, str) or not name:
             raise OperatorConfigError(f"{operator}: aggregation names must be non-empty strings, got {name!r}")

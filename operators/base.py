@@ -27,7 +27,8 @@ to the batch that produced them."""
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -36,6 +37,7 @@ from operators.dead_letters import DeadLetters
 from operators.errors import OperatorConfigError, OperatorError, StateRestoreError
 
 __all__ = ["Operator", "MultiInputOperator", "WatermarkAware", "Stateless", "Chain"]
+
 
 @runtime_checkable
 class Operator(Protocol):

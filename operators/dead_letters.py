@@ -8,9 +8,10 @@ drained on (to the job's dead-letter topic, a log, a test's assertion)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 

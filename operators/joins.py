@@ -6,8 +6,8 @@ input) and returns one table."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,7 +24,9 @@ __all__ = ["Union", "LatestValueJoin", "Unmatched"]
 
 def _check_inputs(operator: str, inputs: tuple[str, ...], batches: Mapping[str, pa.Table]) -> None:
     if not isinstance(batches, Mapping):
-        raise OperatorError(f"{operator}: process() takes a mapping of input name to table, got {type(batches).__name__}")
+        raise OperatorError(
+            f"{operator}: process() takes a mapping of input name to table, got {type(batches).__name__}"
+        )
     for name, table in batches.items():
         if name not in inputs:
             raise OperatorError(f"{operator}: unknown input {name!r} (inputs: {', '.join(inputs)})")
@@ -40,8 +42,11 @@ class Union(Stateless):
 
     def __init__(self, inputs: Sequence[str], *, tag_column: str | None = "input"):
         self.inputs: tuple[str, ...] = tuple(inputs)
-        if len(self.inputs) < 2 or len(set(self.inputs)) != len(self.inputs) \
-                or not all(isinstance(name, str) and name for name in self.inputs):
+        if (
+            len(self.inputs) < 2
+            or len(set(self.inputs)) != len(self.inputs)
+            or not all(isinstance(name, str) and name for name in self.inputs)
+        ):
             raise OperatorConfigError(f"Union: inputs must be two or more distinct names, got {inputs!r}")
         if tag_column is not None and not (isinstance(tag_column, str) and tag_column):
             raise OperatorConfigError(f"Union: tag_column must be a column name or None, got {tag_column!r}")
@@ -103,18 +108,30 @@ class LatestValueJoin:
     RIGHT = "right"
     PENDING = "pending"
 
-    def __init__(self, left_key: str, right_key: str | None = None, *, left: str = "left", right: str = "right",
-                 unmatched: Unmatched | str = Unmatched.BUFFER, right_suffix: str = "_right",
-                 dead_letters: DeadLetters | None = None):
+    def __init__(
+        self,
+        left_key: str,
+        right_key: str | None = None,
+        *,
+        left: str = "left",
+        right: str = "right",
+        unmatched: Unmatched | str = Unmatched.BUFFER,
+        right_suffix: str = "_right",
+        dead_letters: DeadLetters | None = None,
+    ):
         name = type(self).__name__
         self.left_key = key_name(left_key, name)
         self.right_key = key_name(right_key if right_key is not None else left_key, name)
         if not (isinstance(left, str) and isinstance(right, str) and left and right and left != right):
-            raise OperatorConfigError(f"{name}: left and right must be two distinct input names, got {left!r}, {right!r}")
+            raise OperatorConfigError(
+                f"{name}: left and right must be two distinct input names, got {left!r}, {right!r}"
+            )
         try:
             self.unmatched = Unmatched(unmatched)
         except ValueError:
-            raise OperatorConfigError(f"{name}: unmatched must be one of {[u.value for u in Unmatched]}, got {unmatched!r}") from None
+            raise OperatorConfigError(
+                f"{name}: unmatched must be one of {[u.value for u in Unmatched]}, got {unmatched!r}"
+            ) from None
         if not (isinstance(right_suffix, str) and right_suffix):
             raise OperatorConfigError(f"{name}: right_suffix must be a non-empty string, got {right_suffix!r}")
         self.left, self.right, self.right_suffix = left, right, right_suffix
@@ -172,18 +189,24 @@ class LatestValueJoin:
         tables = expect_tables(state, [self.RIGHT, self.PENDING], name)
         pending = tables[self.PENDING]
         if self.left_key not in pending.column_names:
-            raise StateRestoreError(f"{name}: snapshot table 'pending' lacks the left key {self.left_key!r} (has {pending.column_names})")
+            raise StateRestoreError(
+                f"{name}: snapshot table 'pending' lacks the left key {self.left_key!r} (has {pending.column_names})"
+            )
         if pending[self.left_key].null_count:
             raise StateRestoreError(f"{name}: snapshot table 'pending' has null keys")
         if pending.num_rows and self.unmatched is not Unmatched.BUFFER:
-            raise StateRestoreError(f"{name}: snapshot has {pending.num_rows} buffered rows but unmatched={self.unmatched.value} never buffers")
+            raise StateRestoreError(
+                f"{name}: snapshot has {pending.num_rows} buffered rows but unmatched={self.unmatched.value} never buffers"
+            )
         probe = KeyedState([self.right_key], operator=name)
         probe.restore(tables[self.RIGHT], self.RIGHT)
         if pending.num_rows and len(probe):
             try:
                 waiting = probe.lookup(pending[self.left_key])[self.right_key]
             except InputSchemaError as exc:
-                raise StateRestoreError(f"{name}: snapshot keys of 'pending' and 'right' differ in type: {exc}") from None
+                raise StateRestoreError(
+                    f"{name}: snapshot keys of 'pending' and 'right' differ in type: {exc}"
+                ) from None
             if waiting.null_count != pending.num_rows:
                 raise StateRestoreError(f"{name}: snapshot has buffered rows whose key already has a right value")
         self._latest = probe
@@ -205,5 +228,7 @@ class LatestValueJoin:
         return joined, matched
 
     def __repr__(self) -> str:
-        return (f"LatestValueJoin({self.left}.{self.left_key} = {self.right}.{self.right_key}, "
-                f"unmatched={self.unmatched.value})")
+        return (
+            f"LatestValueJoin({self.left}.{self.left_key} = {self.right}.{self.right_key}, "
+            f"unmatched={self.unmatched.value})"
+        )

@@ -9,7 +9,7 @@ per batch, in order of each key's first row in the batch."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc

@@ -10,7 +10,7 @@ shows ``sum(balances in task states) + sum(credits in channel state) = total``.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,8 +34,14 @@ class Balances(KeyedAggregate):
 
     State: ``{"state": table of (key, balance)}``."""
 
-    def __init__(self, key: str = "account", amount: str = "amount", *, balance: str = "balance",
-                 dead_letters: DeadLetters | None = None):
+    def __init__(
+        self,
+        key: str = "account",
+        amount: str = "amount",
+        *,
+        balance: str = "balance",
+        dead_letters: DeadLetters | None = None,
+    ):
         if not (isinstance(amount, str) and amount):
             raise OperatorConfigError(f"Balances: amount must be a non-empty column name, got {amount!r}")
         super().__init__(key, {balance: sum_(amount)}, dead_letters=dead_letters)
@@ -50,7 +56,11 @@ class Balances(KeyedAggregate):
 
     def restore(self, state: Mapping[str, pa.Table]) -> None:
         table = state.get(self.TABLE) if isinstance(state, Mapping) else None
-        if isinstance(table, pa.Table) and self.balance_column in table.column_names and table[self.balance_column].null_count:
+        if (
+            isinstance(table, pa.Table)
+            and self.balance_column in table.column_names
+            and table[self.balance_column].null_count
+        ):
             raise StateRestoreError(f"Balances: snapshot has null balances in {self.balance_column!r}")
         super().restore(state)
 
@@ -64,7 +74,9 @@ class Balances(KeyedAggregate):
         """The balance of ``account``, or None if it was never touched."""
         if len(self.state) == 0:
             return None
-        found = self.state.filter(pc.equal(self.state[self.key], pa.scalar(account, self.state.schema.field(self.key).type)))
+        found = self.state.filter(
+            pc.equal(self.state[self.key], pa.scalar(account, self.state.schema.field(self.key).type))
+        )
         return found[self.balance_column][0].as_py() if found.num_rows else None
 
     def __repr__(self) -> str:
@@ -77,8 +89,15 @@ class TransferLegs(Stateless):
     ``leg`` column (``"debit"``/``"credit"``).  Other columns are kept; the
     source and target columns are dropped."""
 
-    def __init__(self, source: str = "source", target: str = "target", amount: str = "amount", *,
-                 key: str = "account", leg: str = "leg"):
+    def __init__(
+        self,
+        source: str = "source",
+        target: str = "target",
+        amount: str = "amount",
+        *,
+        key: str = "account",
+        leg: str = "leg",
+    ):
         names = {"source": source, "target": target, "amount": amount, "key": key, "leg": leg}
         for argument, value in names.items():
             if not (isinstance(value, str) and value):
@@ -104,7 +123,8 @@ class TransferLegs(Stateless):
         return f"transfer_legs({self.source!r} -> {self.target!r}, {self.amount!r})"
 
 
-def transfer_legs(source: str = "source", target: str = "target", amount: str = "amount", *,
-                  key: str = "account", leg: str = "leg") -> TransferLegs:
+def transfer_legs(
+    source: str = "source", target: str = "target", amount: str = "amount", *, key: str = "account", leg: str = "leg"
+) -> TransferLegs:
     """Split each transfer row into its debit and credit legs (see TransferLegs)."""
     return TransferLegs(source, target, amount, key=key, leg=leg)

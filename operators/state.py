@@ -10,7 +10,7 @@ whether its empty state is fresh or restored."""
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -136,14 +136,18 @@ class KeyedState:
         try:
             return values.cast(type_)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise InputSchemaError(f"{self.operator}: keys of type {values.type} do not match the state's {type_}: {exc}") from None
+            raise InputSchemaError(
+                f"{self.operator}: keys of type {values.type} do not match the state's {type_}: {exc}"
+            ) from None
 
     def _mask(self, rows: pa.Table) -> pa.ChunkedArray | pa.Array:
         """True for each state row whose key is among ``rows``' keys."""
         if len(self.keys) == 1:
             key = self.keys[0]
             values = self._same_type(rows[key], self._table.schema.field(key).type)
-            return pc.is_in(self._table[key], value_set=values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values)
+            return pc.is_in(
+                self._table[key], value_set=values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+            )
         probe = conform(rows.select(list(self.keys)), self._table.select(list(self.keys)).schema, self.operator, "keys")
         indexed = self._table.select(list(self.keys)).append_column("__row", row_index(self._table.num_rows))
         hits = indexed.join(probe, list(self.keys), join_type="left semi")["__row"]

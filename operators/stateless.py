@@ -8,7 +8,8 @@ Arrow array, never a function called row by row."""
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from collections.abc import Callable
+from typing import Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,7 +29,7 @@ __all__ = [
     "with_column",
 ]
 
-ColumnValue = Union[pc.Expression, Callable[[pa.Table], "pa.Array | pa.ChunkedArray"]]
+ColumnValue = Union[pc.Expression, Callable[[pa.Table], "pa.Array | pa.ChunkedArray"]]  # noqa: UP007 - a runtime alias
 
 
 def _name(fn: object) -> str:
@@ -74,7 +75,9 @@ class FilterRows(Stateless):
 
     def __init__(self, predicate: ColumnValue):
         if not (isinstance(predicate, pc.Expression) or callable(predicate)):
-            raise OperatorConfigError(f"filter_rows: predicate must be a pyarrow.compute expression or a function, got {predicate!r}")
+            raise OperatorConfigError(
+                f"filter_rows: predicate must be a pyarrow.compute expression or a function, got {predicate!r}"
+            )
         self.predicate = predicate
 
     def process(self, batch: pa.Table) -> pa.Table:
@@ -108,8 +111,11 @@ class FlatMap(Stateless):
         column = self.column
         require_columns(batch, [column], repr(self))
         values = batch[column]
-        if not (pa.types.is_list(values.type) or pa.types.is_large_list(values.type)
-                or pa.types.is_fixed_size_list(values.type)):
+        if not (
+            pa.types.is_list(values.type)
+            or pa.types.is_large_list(values.type)
+            or pa.types.is_fixed_size_list(values.type)
+        ):
             raise OperatorError(f"{self!r}: column {column!r} is {values.type}, not a list")
         values = values.combine_chunks()
         parents = pc.list_parent_indices(values)
@@ -139,7 +145,9 @@ class _WithColumn(Stateless):
         if not (isinstance(name, str) and name):
             raise OperatorConfigError(f"with_column: name must be a non-empty string, got {name!r}")
         if not (isinstance(value, pc.Expression) or callable(value)):
-            raise OperatorConfigError(f"with_column: value must be a pyarrow.compute expression or a function, got {value!r}")
+            raise OperatorConfigError(
+                f"with_column: value must be a pyarrow.compute expression or a function, got {value!r}"
+            )
         self.name, self.value = name, value
 
     def process(self, batch: pa.Table) -> pa.Table:

@@ -6,8 +6,9 @@ of the uninterrupted one (the resume contract of ``operators.base``)."""
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Union
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,7 +25,7 @@ class Watermark:
     value: int
 
 
-Step = Union[pa.Table, Mapping[str, pa.Table], Watermark]
+Step = Union[pa.Table, Mapping[str, pa.Table], Watermark]  # noqa: UP007 - a runtime alias
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +69,13 @@ def parquet_roundtrip(state: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
     return restored
 
 
-def run_with_restore(make_operator: Callable[[], Any], steps: Sequence[Step], cut: int, *,
-                     through: Callable[[Mapping[str, pa.Table]], Mapping[str, pa.Table]] = parquet_roundtrip) -> RunResult:
+def run_with_restore(
+    make_operator: Callable[[], Any],
+    steps: Sequence[Step],
+    cut: int,
+    *,
+    through: Callable[[Mapping[str, pa.Table]], Mapping[str, pa.Table]] = parquet_roundtrip,
+) -> RunResult:
     """Run ``steps[:cut]``, snapshot, restore a new operator from the snapshot
     (passed ``through`` storage), run ``steps[cut:]`` on it; both parts' output."""
     first = make_operator()

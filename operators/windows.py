@@ -29,7 +29,7 @@ timestamp column."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Mapping
+from collections.abc import Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,7 +48,7 @@ WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 
 _PER_MS = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def _millis(value: int | dt.timedelta, argument: str, *, positive: bool) -> int:
@@ -58,9 +58,13 @@ def _millis(value: int | dt.timedelta, argument: str, *, positive: bool) -> int:
             raise OperatorConfigError(f"TumblingWindowAggregate: {argument} must be whole milliseconds, got {value}")
         value = whole
     if isinstance(value, bool) or not isinstance(value, int):
-        raise OperatorConfigError(f"TumblingWindowAggregate: {argument} must be an int (ms) or a timedelta, got {value!r}")
+        raise OperatorConfigError(
+            f"TumblingWindowAggregate: {argument} must be an int (ms) or a timedelta, got {value!r}"
+        )
     if value < 0 or (positive and value == 0):
-        raise OperatorConfigError(f"TumblingWindowAggregate: {argument} must be {'> 0' if positive else '>= 0'}, got {value}")
+        raise OperatorConfigError(
+            f"TumblingWindowAggregate: {argument} must be {'> 0' if positive else '>= 0'}, got {value}"
+        )
     return value
 
 
@@ -84,8 +88,16 @@ class TumblingWindowAggregate:
     WINDOWS = "windows"
     WATERMARK = "watermark"
 
-    def __init__(self, key: str, time_column: str, size: int | dt.timedelta, aggregations: Mapping[str, Aggregation],
-                 *, allowed_lateness: int | dt.timedelta = 0, dead_letters: DeadLetters | None = None):
+    def __init__(
+        self,
+        key: str,
+        time_column: str,
+        size: int | dt.timedelta,
+        aggregations: Mapping[str, Aggregation],
+        *,
+        allowed_lateness: int | dt.timedelta = 0,
+        dead_letters: DeadLetters | None = None,
+    ):
         name = type(self).__name__
         self.key = key_name(key, name)
         if not (isinstance(time_column, str) and time_column):
@@ -128,11 +140,13 @@ class TumblingWindowAggregate:
             self.dead_letters.add(batch.filter(late), Reason.LATE, name)
             on_time = pc.invert(late)
             batch, millis, starts = batch.filter(on_time), millis.filter(on_time), starts.filter(on_time)
-        rows = pa.table({
-            self.key: batch[self.key],
-            WINDOW_START: starts.cast(window_type),
-            **{column: batch[column] for column in inputs if column != self.key},
-        })
+        rows = pa.table(
+            {
+                self.key: batch[self.key],
+                WINDOW_START: starts.cast(window_type),
+                **{column: batch[column] for column in inputs if column != self.key},
+            }
+        )
         partial = agg.partial(rows, [self.key, WINDOW_START], self.aggregations)
         self._windows.merge(partial, lambda r: agg.combine(r, [self.key, WINDOW_START], self.aggregations))
         if len(millis):
@@ -144,10 +158,12 @@ class TumblingWindowAggregate:
         UTC) if that is later, and return the windows that closes.  For idle
         inputs and the end of a stream; allowed lateness is not applied."""
         if isinstance(watermark, dt.datetime):
-            moment = watermark if watermark.tzinfo else watermark.replace(tzinfo=dt.timezone.utc)
+            moment = watermark if watermark.tzinfo else watermark.replace(tzinfo=dt.UTC)
             watermark = (moment - _EPOCH) // dt.timedelta(milliseconds=1)
         if isinstance(watermark, bool) or not isinstance(watermark, int):
-            raise OperatorConfigError(f"{type(self).__name__}: watermark must be an int (ms) or a datetime, got {watermark!r}")
+            raise OperatorConfigError(
+                f"{type(self).__name__}: watermark must be an int (ms) or a datetime, got {watermark!r}"
+            )
         self._advance(watermark)
         return self._close()
 
@@ -163,20 +179,28 @@ class TumblingWindowAggregate:
         marks = tables[self.WATERMARK]
         expect_columns(marks, self.WATERMARK, [self.WATERMARK], name)
         if marks.num_rows != 1 or not pa.types.is_integer(marks.schema.field(0).type):
-            raise StateRestoreError(f"{name}: snapshot table 'watermark' must be one integer row, got {marks.num_rows} of {marks.schema.field(0).type}")
+            raise StateRestoreError(
+                f"{name}: snapshot table 'watermark' must be one integer row, got {marks.num_rows} of {marks.schema.field(0).type}"
+            )
         watermark = marks.column(0)[0].as_py()
         windows = tables[self.WINDOWS]
         expect_columns(windows, self.WINDOWS, [self.key, WINDOW_START, *self.aggregations], name)
         if windows.num_rows:
             start_type = windows.schema.field(WINDOW_START).type
             if not (start_type == pa.int64() or (pa.types.is_timestamp(start_type) and start_type.unit == "ms")):
-                raise StateRestoreError(f"{name}: snapshot window_start is {start_type}, expected int64 or timestamp[ms]")
+                raise StateRestoreError(
+                    f"{name}: snapshot window_start is {start_type}, expected int64 or timestamp[ms]"
+                )
             for column, aggregation in self.aggregations.items():
                 if not agg.state_type_ok(aggregation, windows.schema.field(column).type):
-                    raise StateRestoreError(f"{name}: snapshot column {column!r} is {windows.schema.field(column).type}, which cannot hold {aggregation}")
+                    raise StateRestoreError(
+                        f"{name}: snapshot column {column!r} is {windows.schema.field(column).type}, which cannot hold {aggregation}"
+                    )
             starts = windows[WINDOW_START].cast(pa.int64())
             if watermark is None or pc.min(starts).as_py() + self.size <= watermark:
-                raise StateRestoreError(f"{name}: snapshot holds windows that should have closed at watermark {watermark}")
+                raise StateRestoreError(
+                    f"{name}: snapshot holds windows that should have closed at watermark {watermark}"
+                )
             if pc.any(pc.not_equal(pc.multiply(_floor_div(starts, self.size), self.size), starts)).as_py():
                 raise StateRestoreError(f"{name}: snapshot window starts are not multiples of size {self.size} ms")
         self._windows.restore(windows, self.WINDOWS)
@@ -217,5 +241,7 @@ class TumblingWindowAggregate:
 
     def __repr__(self) -> str:
         specs = ", ".join(f"{n}={a}" for n, a in self.aggregations.items())
-        return (f"TumblingWindowAggregate(key={self.key!r}, time={self.time_column!r}, size={self.size}ms, "
-                f"lateness={self.allowed_lateness}ms, {specs})")
+        return (
+            f"TumblingWindowAggregate(key={self.key!r}, time={self.time_column!r}, size={self.size}ms, "
+            f"lateness={self.allowed_lateness}ms, {specs})"
+        )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import pyarrow as pa
 
@@ -45,8 +46,15 @@ def slow_pipeline(job: str = "slow"):
     from operators import Chain, KeyedAggregate, count, map_batches
     from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 
-    return Pipeline(job, (Ingress(f"{job}.events", 2, EVENTS),), (
-        Stage("slow", (f"{job}.events",),
-              lambda: Chain(map_batches(_slowly, name="slowly"), KeyedAggregate("key", {"n": count()})),
-              sink=Sink()),
-    ))
+    return Pipeline(
+        job,
+        (Ingress(f"{job}.events", 2, EVENTS),),
+        (
+            Stage(
+                "slow",
+                (f"{job}.events",),
+                lambda: Chain(map_batches(_slowly, name="slowly"), KeyedAggregate("key", {"n": count()})),
+                sink=Sink(),
+            ),
+        ),
+    )

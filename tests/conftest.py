@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -39,8 +39,8 @@ def connection(runtime_settings: LocalRuntimeSettings) -> Iterator[Connection]:
 
 @pytest.fixture(scope="session")
 def spark(connection: Connection, runtime_settings: LocalRuntimeSettings):
-    from streaming.api.config import SparkSettings
     from streaming.adapters.spark import spark_session
+    from streaming.api.config import SparkSettings
 
     session = spark_session(SparkSettings(master=connection.spark_master), runtime_settings, progress=_say)
     yield session

@@ -22,8 +22,9 @@ from __future__ import annotations
 import collections
 import copy
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from barriers.messages import ChannelId
 from barriers.simulation.simulator import Action, Behaviour, GlobalSnapshot, GlobalState, History, Message
@@ -75,14 +76,16 @@ class Verdict:
         head = f"{self.check}: {'holds' if self.ok else f'{len(self.violations)} violation(s)'}"
         return "\n".join([head, *(f"  - {v}" for v in self.violations), *(f"  . {n}" for n in self.notes)])
 
-    def __add__(self, other: "Verdict") -> "Verdict":
+    def __add__(self, other: Verdict) -> Verdict:
         return Verdict(f"{self.check} + {other.check}", self.violations + other.violations, self.notes + other.notes)
 
 
 def _require_one_generation(history: History) -> None:
     if history.generations > 1:
-        raise ValueError(f"the history spans {history.generations} generations (restores); "
-                         f"check the snapshots of a run without failures")
+        raise ValueError(
+            f"the history spans {history.generations} generations (restores); "
+            f"check the snapshots of a run without failures"
+        )
 
 
 def _describe(history: History, action: Action) -> str:
@@ -92,8 +95,11 @@ def _describe(history: History, action: Action) -> str:
 
 def _message(history: History, message_id: int) -> str:
     message = history.messages.get(message_id)
-    return f"message {message_id}" if message is None else (
-        f"message {message.id} ({message.payload!r}, {message.sender} -> {message.receiver})")
+    return (
+        f"message {message_id}"
+        if message is None
+        else (f"message {message.id} ({message.payload!r}, {message.sender} -> {message.receiver})")
+    )
 
 
 def _is_white(action: Action, cut: Mapping[str, int]) -> bool:
@@ -108,8 +114,13 @@ def is_consistent_cut(history: History, snapshot: GlobalSnapshot) -> Verdict:
     counts = collections.Counter(a.process for a in history.actions)
     for process, taken in sorted(snapshot.cut.items()):
         if taken > counts[process]:
-            violations.append(Violation("cut-beyond-history", f"the cut puts {taken} actions of {process} "
-                                        f"before it, but {process} took only {counts[process]}", process))
+            violations.append(
+                Violation(
+                    "cut-beyond-history",
+                    f"the cut puts {taken} actions of {process} before it, but {process} took only {counts[process]}",
+                    process,
+                )
+            )
     sender = {m: a for a in history.actions for m in a.sent}
     white_received: set[int] = set()
     for action in history.actions:
@@ -118,16 +129,27 @@ def is_consistent_cut(history: History, snapshot: GlobalSnapshot) -> Verdict:
         white_received.add(action.received)
         sent_by = sender.get(action.received)
         if sent_by is None:
-            violations.append(Violation(
-                "receive-without-send", f"{_describe(history, action)} receives {_message(history, action.received)}, "
-                f"which no action sends", action.process, message=action.received))
+            violations.append(
+                Violation(
+                    "receive-without-send",
+                    f"{_describe(history, action)} receives {_message(history, action.received)}, "
+                    f"which no action sends",
+                    action.process,
+                    message=action.received,
+                )
+            )
         elif not _is_white(sent_by, snapshot.cut):
-            violations.append(Violation(
-                "received-before-sent",
-                f"{_describe(history, action)} is before the cut and receives {_message(history, action.received)}, "
-                f"but {_describe(history, sent_by)} sends it after the cut "
-                f"(a red message accepted in a white action)",
-                action.process, history.messages[action.received].channel, action.received))
+            violations.append(
+                Violation(
+                    "received-before-sent",
+                    f"{_describe(history, action)} is before the cut and receives {_message(history, action.received)}, "
+                    f"but {_describe(history, sent_by)} sends it after the cut "
+                    f"(a red message accepted in a white action)",
+                    action.process,
+                    history.messages[action.received].channel,
+                    action.received,
+                )
+            )
     in_transit: dict[ChannelId, list[Message]] = collections.defaultdict(list)
     for action in history.actions:
         if _is_white(action, snapshot.cut):
@@ -144,17 +166,27 @@ def is_consistent_cut(history: History, snapshot: GlobalSnapshot) -> Verdict:
         extra = [m for m in recorded if m not in expected]
         parts = []
         if missing:
-            parts.append("misses " + ", ".join(_message(history, m) for m in missing)
-                         + " (sent before the cut, received after it)")
+            parts.append(
+                "misses "
+                + ", ".join(_message(history, m) for m in missing)
+                + " (sent before the cut, received after it)"
+            )
         if extra:
-            parts.append("holds " + ", ".join(_message(history, m) for m in extra)
-                         + " (not in transit across the cut)")
+            parts.append("holds " + ", ".join(_message(history, m) for m in extra) + " (not in transit across the cut)")
         if not parts:
             parts.append(f"has them in the order {recorded}, sent in the order {expected}")
-        violations.append(Violation("channel-state", f"channel {channel.topic} " + "; ".join(parts),
-                                    channel=channel, message=(missing or extra or [None])[0]))
-    notes = (f"{sum(1 for a in history.actions if _is_white(a, snapshot.cut))} of {len(history.actions)} "
-             f"actions before the cut",)
+        violations.append(
+            Violation(
+                "channel-state",
+                f"channel {channel.topic} " + "; ".join(parts),
+                channel=channel,
+                message=(missing or extra or [None])[0],
+            )
+        )
+    notes = (
+        f"{sum(1 for a in history.actions if _is_white(a, snapshot.cut))} of {len(history.actions)} "
+        f"actions before the cut",
+    )
     return Verdict("consistent cut", tuple(violations), notes)
 
 
@@ -175,12 +207,21 @@ class _Replay:
             message = self.history.messages[action.received]
             queue = self.channels[message.channel]
             if not queue or queue[0] != message.id:
-                where = ("it is not in the channel yet" if message.id not in queue else
-                         f"{_message(self.history, queue[0])} is ahead of it (FIFO)")
-                self.violations.append(Violation(
-                    "not-enabled", f"in the reordered computation {colour} {_describe(self.history, action)} "
-                    f"cannot receive {_message(self.history, message.id)} on {message.channel.topic}: {where}",
-                    action.process, message.channel, message.id))
+                where = (
+                    "it is not in the channel yet"
+                    if message.id not in queue
+                    else f"{_message(self.history, queue[0])} is ahead of it (FIFO)"
+                )
+                self.violations.append(
+                    Violation(
+                        "not-enabled",
+                        f"in the reordered computation {colour} {_describe(self.history, action)} "
+                        f"cannot receive {_message(self.history, message.id)} on {message.channel.topic}: {where}",
+                        action.process,
+                        message.channel,
+                        message.id,
+                    )
+                )
                 if message.id in queue:
                     queue.remove(message.id)
             else:
@@ -191,30 +232,48 @@ class _Replay:
             outputs = behaviour.spontaneous(state, rng) or []
         recorded = [(self.history.messages[m].channel, self.history.messages[m].payload) for m in action.sent]
         if list(outputs) != recorded:
-            self.violations.append(Violation(
-                "replay-diverged", f"replaying {_describe(self.history, action)} sends {list(outputs)!r}, "
-                f"the run recorded {recorded!r}", action.process))
+            self.violations.append(
+                Violation(
+                    "replay-diverged",
+                    f"replaying {_describe(self.history, action)} sends {list(outputs)!r}, "
+                    f"the run recorded {recorded!r}",
+                    action.process,
+                )
+            )
         for message_id in action.sent:
             self.channels[self.history.messages[message_id].channel].append(message_id)
 
     def compare(self, target: GlobalState, name: str) -> None:
         for process in sorted(target.states):
             if self.states.get(process) != target.states[process]:
-                self.violations.append(Violation(
-                    "state-mismatch", f"{name}: {process} is {self.states.get(process)!r} in the reordered "
-                    f"computation, {target.states[process]!r} in the {name}", process))
+                self.violations.append(
+                    Violation(
+                        "state-mismatch",
+                        f"{name}: {process} is {self.states.get(process)!r} in the reordered "
+                        f"computation, {target.states[process]!r} in the {name}",
+                        process,
+                    )
+                )
         for channel in sorted(set(target.channels) | set(self.channels)):
             here = list(self.channels.get(channel, ()))
             there = [m.id for m in target.channels.get(channel, ())]
             if here != there:
-                self.violations.append(Violation(
-                    "channel-mismatch", f"{name}: channel {channel.topic} holds messages {here} in the reordered "
-                    f"computation, {there} in the {name}", channel=channel))
+                self.violations.append(
+                    Violation(
+                        "channel-mismatch",
+                        f"{name}: channel {channel.topic} holds messages {here} in the reordered "
+                        f"computation, {there} in the {name}",
+                        channel=channel,
+                    )
+                )
 
 
-def check_reachability(history: History, snapshot: GlobalSnapshot,
-                       behaviours: Behaviour | Mapping[str, Behaviour],
-                       final: GlobalState | None = None) -> Verdict:
+def check_reachability(
+    history: History,
+    snapshot: GlobalSnapshot,
+    behaviours: Behaviour | Mapping[str, Behaviour],
+    final: GlobalState | None = None,
+) -> Verdict:
     """EWD 864a's argument, executed: replay all white actions, then all red
     ones, in their original orders, from the initial state.  Every action
     must be enabled, the state between the two halves must be the snapshot
@@ -236,8 +295,12 @@ def check_reachability(history: History, snapshot: GlobalSnapshot,
     return Verdict("reachability (EWD 864a)", tuple(replay.violations), notes)
 
 
-def check_snapshot(history: History, snapshot: GlobalSnapshot, behaviours: Behaviour | Mapping[str, Behaviour],
-                   final: GlobalState | None = None) -> Verdict:
+def check_snapshot(
+    history: History,
+    snapshot: GlobalSnapshot,
+    behaviours: Behaviour | Mapping[str, Behaviour],
+    final: GlobalState | None = None,
+) -> Verdict:
     """Both checks: a consistent cut whose state lies between start and end."""
     return is_consistent_cut(history, snapshot) + check_reachability(history, snapshot, behaviours, final)
 
@@ -247,16 +310,26 @@ def termination(state: GlobalState, behaviours: Behaviour | Mapping[str, Behavio
     act on its own) and every channel empty."""
     if not isinstance(behaviours, Mapping):
         behaviours = {p: behaviours for p in state.states}
-    violations = [Violation("active", f"{p} can still act: {s!r}", p)
-                  for p, s in sorted(state.states.items()) if behaviours[p].can_act(s)]
-    violations += [Violation("in-transit", f"channel {c.topic} holds {', '.join(map(str, ms))}", channel=c,
-                             message=ms[0].id)
-                   for c, ms in sorted(state.channels.items()) if ms]
+    violations = [
+        Violation("active", f"{p} can still act: {s!r}", p)
+        for p, s in sorted(state.states.items())
+        if behaviours[p].can_act(s)
+    ]
+    violations += [
+        Violation("in-transit", f"channel {c.topic} holds {', '.join(map(str, ms))}", channel=c, message=ms[0].id)
+        for c, ms in sorted(state.channels.items())
+        if ms
+    ]
     return Verdict("termination", tuple(violations))
 
 
-def conservation(state: GlobalState, total: int, *, value: Callable[[Any], int] = lambda s: s["balance"],
-                 message_value: Callable[[Any], int] = lambda p: p) -> Verdict:
+def conservation(
+    state: GlobalState,
+    total: int,
+    *,
+    value: Callable[[Any], int] = lambda s: s["balance"],
+    message_value: Callable[[Any], int] = lambda p: p,
+) -> Verdict:
     """The invariant "nothing created or lost": the values held by the
     processes plus the values of messages in the channels add up to ``total``."""
     held = {p: value(s) for p, s in sorted(state.states.items())}
@@ -265,6 +338,7 @@ def conservation(state: GlobalState, total: int, *, value: Callable[[Any], int] 
     notes = (f"held: {held}", f"in transit: {{{', '.join(f'{c.topic}: {v}' for c, v in moving.items())}}}")
     if found == total:
         return Verdict("conservation", (), notes)
-    text = (f"processes hold {sum(held.values())} and channels carry {sum(moving.values())}: "
-            f"{found}, not the total {total}")
+    text = (
+        f"processes hold {sum(held.values())} and channels carry {sum(moving.values())}: {found}, not the total {total}"
+    )
     return Verdict("conservation", (Violation("not-conserved", text),), notes)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Sequence, TextIO
+from collections.abc import Sequence
+from typing import Any, TextIO
 
-from barriers.simulation import checker
 from barriers.handler import CheckpointKind
 from barriers.messages import ChannelId, CheckpointOptions
+from barriers.simulation import checker
 from barriers.simulation.simulator import (
     Act,
     Event,
@@ -47,17 +48,17 @@ _C = channel_id
 # reaches P3 quickly; P3's markers reach P1, then P2 (after H); P1's marker
 # on C12 arrives late; D receives H's message before P2's marker on C21.
 SEED_001_STEPS = (
-    Act("P3"),                      # I
-    Act("P1"),                      # A: sends to P2 on C12
-    Act("P1"),                      # B
-    Initiate("P1", 0),              # P1 records {A, B}, markers on C12 and C13
+    Act("P3"),  # I
+    Act("P1"),  # A: sends to P2 on C12
+    Act("P1"),  # B
+    Initiate("P1", 0),  # P1 records {A, B}, markers on C12 and C13
     Receive("P2", _C("P1", "P2")),  # F: receives A's message
     Receive("P3", _C("P1", "P3")),  # P3's first marker: records {I}, markers on C31, C32
     Receive("P1", _C("P3", "P1")),  # C31 recorded empty
-    Act("P2"),                      # G
-    Act("P2"),                      # H: sends to P1 on C21
+    Act("P2"),  # G
+    Act("P2"),  # H: sends to P1 on C21
     Receive("P2", _C("P3", "P2")),  # P2's first marker: records {F, G, H}
-    Act("P1"),                      # C
+    Act("P1"),  # C
     Receive("P2", _C("P1", "P2")),  # P1's marker, at last: C12 recorded empty
     Receive("P1", _C("P2", "P1")),  # D: receives H's message, recorded on C21
     Receive("P1", _C("P2", "P1")),  # P2's marker: C21 recorded as [H's message]
@@ -89,8 +90,9 @@ accepts every mode.  One simulated millisecond passes per step.
 
 def seed_001() -> Simulator:
     """Seed 001's worked example, run to its end."""
-    sim = Simulator(Topology.complete(3), Scripted(SEED_001_SCRIPT),
-                    plan=[Initiation(CheckpointOptions.unaligned(), ("P1",))])
+    sim = Simulator(
+        Topology.complete(3), Scripted(SEED_001_SCRIPT), plan=[Initiation(CheckpointOptions.unaligned(), ("P1",))]
+    )
     for step in SEED_001_STEPS:
         sim.apply(step)
     return sim
@@ -98,8 +100,9 @@ def seed_001() -> Simulator:
 
 def _money(processes: int, seed: int) -> tuple[Simulator, Money]:
     money = Money(balance=100, transfers=3)
-    sim = Simulator(Topology.complete(processes), money, seed=seed,
-                    plan=[Initiation(CheckpointOptions.unaligned(), ("P1",))])
+    sim = Simulator(
+        Topology.complete(processes), money, seed=seed, plan=[Initiation(CheckpointOptions.unaligned(), ("P1",))]
+    )
     sim.run(RandomScheduler(seed))
     return sim, money
 
@@ -115,8 +118,9 @@ def _dataflow_topology(processes: int) -> Topology:
 
 def _dataflow(processes: int, seed: int, options: CheckpointOptions) -> Simulator:
     topology = _dataflow_topology(processes)
-    sim = Simulator(topology, dataflow(topology, records=4, keys=2), seed=seed,
-                    plan=[Initiation(options), Initiation(options)])
+    sim = Simulator(
+        topology, dataflow(topology, records=4, keys=2), seed=seed, plan=[Initiation(options), Initiation(options)]
+    )
     sim.run(RandomScheduler(seed))
     sim.finish()
     return sim
@@ -183,12 +187,15 @@ class _Teller:
             who = event.process
             if event.kind is EventKind.MARKER_SEND:
                 group = [event]
-                while i + 1 < len(events) and events[i + 1].kind is EventKind.MARKER_SEND \
-                        and events[i + 1].process == who:
+                while (
+                    i + 1 < len(events) and events[i + 1].kind is EventKind.MARKER_SEND and events[i + 1].process == who
+                ):
                     i += 1
                     group.append(events[i])
-                sentences.append(f"{who} sends markers of checkpoint {event.checkpoint_id} on "
-                                 f"{', '.join(self.channel(e.channel) for e in group)}, before anything else.")
+                sentences.append(
+                    f"{who} sends markers of checkpoint {event.checkpoint_id} on "
+                    f"{', '.join(self.channel(e.channel) for e in group)}, before anything else."
+                )
             else:
                 sentence = self._event(event, events)
                 if sentence:
@@ -209,10 +216,12 @@ class _Teller:
             for (process, checkpoint), channels in self.recording.items():
                 if process == who and event.channel in channels:
                     channels[event.channel].append(self.message(event.message))
-                    notes.append(f" (recorded as in transit on {self.channel(event.channel)} for checkpoint "
-                                 f"{checkpoint})")
-            return f"{who}: {label}receives {self.message(event.message)} on {self.channel(event.channel)}." \
-                + "".join(notes)
+                    notes.append(
+                        f" (recorded as in transit on {self.channel(event.channel)} for checkpoint {checkpoint})"
+                    )
+            return f"{who}: {label}receives {self.message(event.message)} on {self.channel(event.channel)}." + "".join(
+                notes
+            )
         if kind is EventKind.TRIGGER:
             return f"{who} initiates checkpoint {cid}."
         if kind is EventKind.SNAPSHOT:
@@ -229,16 +238,21 @@ class _Teller:
                 text += f"; starts recording {', '.join(self.channel(c) for c in inputs)}"
             return text + "."
         if kind is EventKind.MARKER_RECEIVE:
-            first = any(e.kind is EventKind.SNAPSHOT and e.process == who and e.checkpoint_id == cid
-                        and e.seq > event.seq for e in step)
+            first = any(
+                e.kind is EventKind.SNAPSHOT and e.process == who and e.checkpoint_id == cid and e.seq > event.seq
+                for e in step
+            )
             text = f"{who} receives the marker of checkpoint {cid} on {self.channel(event.channel)}"
             channels = self.recording.get((who, cid), {})
             if first:
                 return text + " - its first one."
             if event.channel in channels:
                 held = channels.pop(event.channel)
-                return text + f" and stops recording it: {self.channel(event.channel)} = " \
+                return (
+                    text
+                    + f" and stops recording it: {self.channel(event.channel)} = "
                     + (f"[{', '.join(held)}]." if held else "empty.")
+                )
             return text + "."
         if kind is EventKind.BLOCK:
             return f"{who} holds back {self.channel(event.channel)} until the marker has come on every input."
@@ -253,8 +267,11 @@ class _Teller:
         if kind is EventKind.CRASH:
             return f"{who} crashes."
         if kind is EventKind.RESTORE:
-            return f"{who} restores checkpoint {cid} ({event.detail})." if cid else \
-                f"{who} restarts from its initial state ({event.detail})."
+            return (
+                f"{who} restores checkpoint {cid} ({event.detail})."
+                if cid
+                else f"{who} restarts from its initial state ({event.detail})."
+            )
         if kind is EventKind.SKIP:
             return f"{who} skips an entry of {self.channel(event.channel)} ({event.detail})."
         return None
@@ -284,21 +301,33 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spark-abs simulate",
         description="Run a simulated snapshot (Chandy-Lamport / asynchronous barrier snapshots) and tell it "
-                    "in words: every event, every marker, what each process records, the resulting "
-                    "snapshot and whether it is a consistent cut.",
+        "in words: every event, every marker, what each process records, the resulting "
+        "snapshot and whether it is a consistent cut.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--example", choices=("seed-001", "money", "dataflow"), default="seed-001",
-                        help="which run to tell (default: seed-001, the worked example of the seeds)")
-    parser.add_argument("--seed", type=int, default=1, metavar="N",
-                        help="seed of the random interleaving (money, dataflow; default: 1)")
-    parser.add_argument("--mode", choices=tuple(_MODES), default=None,
-                        help="alignment mode of the checkpoints (default: unaligned for seed-001 and money, "
-                             "aligned for dataflow)")
-    parser.add_argument("--processes", type=_positive, default=None, metavar="N",
-                        help="number of processes (money: 2-9, default 3; dataflow: 3-9, default 4; "
-                             "seed-001 always has 3)")
+    parser.add_argument(
+        "--example",
+        choices=("seed-001", "money", "dataflow"),
+        default="seed-001",
+        help="which run to tell (default: seed-001, the worked example of the seeds)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=1, metavar="N", help="seed of the random interleaving (money, dataflow; default: 1)"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=tuple(_MODES),
+        default=None,
+        help="alignment mode of the checkpoints (default: unaligned for seed-001 and money, aligned for dataflow)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="number of processes (money: 2-9, default 3; dataflow: 3-9, default 4; seed-001 always has 3)",
+    )
     return parser
 
 
@@ -322,8 +351,10 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     out = out or sys.stdout
     mode = args.mode or ("aligned" if args.example == "dataflow" else "unaligned")
     if args.example != "dataflow" and mode != "unaligned":
-        parser.error(f"--mode {mode}: the {args.example} example runs on a graph with cycles, where an "
-                     f"initiator must take an unaligned snapshot; use --example dataflow for {mode}")
+        parser.error(
+            f"--mode {mode}: the {args.example} example runs on a graph with cycles, where an "
+            f"initiator must take an unaligned snapshot; use --example dataflow for {mode}"
+        )
     if args.example == "seed-001" and args.processes not in (None, 3):
         parser.error("--processes: the seed-001 example has exactly 3 processes")
     if args.example == "money" and not 2 <= (args.processes or 3) <= 9:
@@ -337,12 +368,16 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         sim = seed_001()
     elif args.example == "money":
         sim, money = _money(args.processes or 3, args.seed)
-        out.write(f"Money: {len(sim.topology.processes)} accounts of 100 send each other transfers; "
-                  f"P1 initiates a snapshot (seed {args.seed}).\n\n")
+        out.write(
+            f"Money: {len(sim.topology.processes)} accounts of 100 send each other transfers; "
+            f"P1 initiates a snapshot (seed {args.seed}).\n\n"
+        )
     else:
         sim = _dataflow(args.processes or 4, args.seed, _MODES[mode]())
-        out.write(f"Dataflow {', '.join(f'{a}->{b}' for a, b in sim.topology.edges)}: the sources trigger "
-                  f"{mode} checkpoints (seed {args.seed}).\n\n")
+        out.write(
+            f"Dataflow {', '.join(f'{a}->{b}' for a, b in sim.topology.edges)}: the sources trigger "
+            f"{mode} checkpoints (seed {args.seed}).\n\n"
+        )
     teller = _Teller(sim, out)
     teller.tell()
     if not sim.completed:
@@ -362,6 +397,5 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
             status = 1
     if args.example == "dataflow":
         committed = sim.committed_output(sim.topology.sinks[0])
-        out.write(f"\nThe sink committed {len(committed)} records: "
-                  f"{', '.join(r['id'] for r in committed)}.\n")
+        out.write(f"\nThe sink committed {len(committed)} records: {', '.join(r['id'] for r in committed)}.\n")
     return status

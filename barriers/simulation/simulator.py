@@ -38,8 +38,9 @@ import copy
 import enum
 import random
 import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, Union
+from typing import Any, Protocol, Union
 
 from barriers.coordinator import CheckpointCoordinator, PendingCheckpoint
 from barriers.errors import SimulationError
@@ -117,7 +118,7 @@ class Topology:
                 raise ValueError(f"channel {src}->{dst} is a self-loop")
 
     @classmethod
-    def ring(cls, n: int, *, both_ways: bool = False) -> "Topology":
+    def ring(cls, n: int, *, both_ways: bool = False) -> Topology:
         names = tuple(f"P{i + 1}" for i in range(n))
         edges = [(names[i], names[(i + 1) % n]) for i in range(n)]
         if both_ways:
@@ -125,7 +126,7 @@ class Topology:
         return cls(names, tuple(edges))
 
     @classmethod
-    def complete(cls, n: int) -> "Topology":
+    def complete(cls, n: int) -> Topology:
         names = tuple(f"P{i + 1}" for i in range(n))
         return cls(names, tuple((a, b) for a in names for b in names if a != b))
 
@@ -165,8 +166,7 @@ class Topology:
         return all(self.reachable_from(p) == set(self.processes) for p in self.processes)
 
     def is_acyclic(self) -> bool:
-        return all(p not in self.reachable_from(dst) for p in self.processes
-                   for src, dst in self.edges if src == p)
+        return all(p not in self.reachable_from(dst) for p in self.processes for src, dst in self.edges if src == p)
 
 
 # --------------------------------------------------------------------------
@@ -279,8 +279,10 @@ class Scripted:
 
     def on_message(self, state, channel, payload):
         if not state["script"] or state["script"][0][0] != "receive":
-            raise SimulationError(f"{state['process']} got {payload!r} on {channel} but its script does not "
-                                  f"receive next: {state['script'][:1]}")
+            raise SimulationError(
+                f"{state['process']} got {payload!r} on {channel} but its script does not "
+                f"receive next: {state['script'][:1]}"
+            )
         _, label = state["script"].pop(0)
         state["events"].append(label)
         return []
@@ -567,7 +569,7 @@ class Crash:
     process: str
 
 
-Step = Union[Receive, Act, Initiate, Crash]
+Step = Union[Receive, Act, Initiate, Crash]  # noqa: UP007 - a runtime alias
 
 
 # --------------------------------------------------------------------------
@@ -575,7 +577,7 @@ Step = Union[Receive, Act, Initiate, Crash]
 
 
 class _Process:
-    def __init__(self, sim: "Simulator", name: str, behaviour: Behaviour):
+    def __init__(self, sim: Simulator, name: str, behaviour: Behaviour):
         self.sim = sim
         self.name = name
         self.behaviour = behaviour
@@ -596,9 +598,15 @@ class _Process:
         self.pos = {c: positions.get(c, 0) for c in self.inputs}
         self.actions = actions
         self.snapshots, self.acks = {}, {}
-        self.handler = BarrierHandler(self, self.inputs, positions=self.pos, generation=self.sim.generation,
-                                      max_concurrent=self.sim.max_concurrent, clock=self.sim.now,
-                                      newest_started=newest_started)
+        self.handler = BarrierHandler(
+            self,
+            self.inputs,
+            positions=self.pos,
+            generation=self.sim.generation,
+            max_concurrent=self.sim.max_concurrent,
+            clock=self.sim.now,
+            newest_started=newest_started,
+        )
 
     @property
     def newest_snapshot(self) -> int:
@@ -615,7 +623,8 @@ class _Process:
     def snapshot(self, barrier: Barrier) -> None:
         event = self.sim._event(self, EventKind.SNAPSHOT, checkpoint_id=barrier.checkpoint_id)
         self.snapshots[barrier.checkpoint_id] = LocalSnapshot(
-            self.name, barrier.checkpoint_id, copy.deepcopy(self.state), self.actions, event.seq)
+            self.name, barrier.checkpoint_id, copy.deepcopy(self.state), self.actions, event.seq
+        )
 
     def forward_barrier(self, barrier: Barrier) -> None:
         for channel in self.outputs:
@@ -628,8 +637,9 @@ class _Process:
 
     def acknowledge(self, checkpoint: TaskCheckpoint) -> None:
         self.acks[checkpoint.checkpoint_id] = checkpoint
-        self.sim._event(self, EventKind.ACKNOWLEDGE, checkpoint_id=checkpoint.checkpoint_id,
-                        detail=checkpoint.kind.value)
+        self.sim._event(
+            self, EventKind.ACKNOWLEDGE, checkpoint_id=checkpoint.checkpoint_id, detail=checkpoint.kind.value
+        )
         self.sim._acknowledged(self, checkpoint)
 
     def abort(self, checkpoint_id: int, reason: CheckpointFailure, detail: str) -> None:
@@ -675,8 +685,9 @@ class Simulator:
         self.steps = 0
         self._now = 0.0
         self._seq = 0
-        self.coordinator = CheckpointCoordinator(topology.processes, max_concurrent=max_concurrent,
-                                                 timeout_s=1e9, retain=1_000_000, clock=self.now)
+        self.coordinator = CheckpointCoordinator(
+            topology.processes, max_concurrent=max_concurrent, timeout_s=1e9, retain=1_000_000, clock=self.now
+        )
         self.logs: dict[ChannelId, list[Message | Marker]] = {c: [] for c in topology.channels}
         self.stale: dict[ChannelId, list[tuple[int, int]]] = {c: [] for c in topology.channels}
         self.procs = {p: _Process(self, p, self.behaviours[p]) for p in topology.processes}
@@ -773,7 +784,7 @@ class Simulator:
             held = sum(len(self.logs[c]) - proc.pos[c] for c in proc.handler.blocked)
             proc.handler.tick(held)
 
-    def run(self, scheduler: "RandomScheduler | None" = None, *, max_steps: int = 10_000) -> "Simulator":
+    def run(self, scheduler: RandomScheduler | None = None, *, max_steps: int = 10_000) -> Simulator:
         """Take steps chosen by ``scheduler`` (default: seeded by ``seed``)
         until none is enabled or ``max_steps`` were taken."""
         scheduler = scheduler or RandomScheduler(self.seed)
@@ -784,7 +795,7 @@ class Simulator:
             self.apply(step)
         return self
 
-    def drain(self, *, max_steps: int = 100_000) -> "Simulator":
+    def drain(self, *, max_steps: int = 100_000) -> Simulator:
         """Take the first enabled step until none is left."""
         for _ in range(max_steps):
             steps = self.enabled_steps()
@@ -793,8 +804,9 @@ class Simulator:
             self.apply(steps[0])
         raise SimulationError(f"still not quiescent after {max_steps} steps")
 
-    def finish(self, options: CheckpointOptions | None = None,
-               initiators: tuple[str, ...] | None = None) -> GlobalSnapshot | None:
+    def finish(
+        self, options: CheckpointOptions | None = None, initiators: tuple[str, ...] | None = None
+    ) -> GlobalSnapshot | None:
         """Drain, then take one last checkpoint so the sinks commit
         everything; returns it (None when it could not complete)."""
         self.drain()
@@ -813,10 +825,14 @@ class Simulator:
         entry = self.logs[channel][offset]
         proc.pos[channel] = offset + 1
         if self._is_stale(channel, offset):
-            self._event(proc, EventKind.SKIP, channel=channel,
-                        message=entry.id if isinstance(entry, Message) else None,
-                        checkpoint_id=entry.barrier.checkpoint_id if isinstance(entry, Marker) else None,
-                        detail=f"generation {entry.generation} after the restored cut")
+            self._event(
+                proc,
+                EventKind.SKIP,
+                channel=channel,
+                message=entry.id if isinstance(entry, Message) else None,
+                checkpoint_id=entry.barrier.checkpoint_id if isinstance(entry, Marker) else None,
+                detail=f"generation {entry.generation} after the restored cut",
+            )
             return
         if isinstance(entry, Marker):
             self._event(proc, EventKind.MARKER_RECEIVE, channel=channel, checkpoint_id=entry.barrier.checkpoint_id)
@@ -827,8 +843,9 @@ class Simulator:
         label = self._label(proc)
         self._event(proc, EventKind.RECEIVE, channel=channel, message=entry.id, label=label)
         sent = self._send(proc, outputs, label)
-        self._record_action(proc, Action(self.steps, proc.name, proc.actions, entry.id, sent, label,
-                                         None, self.generation))
+        self._record_action(
+            proc, Action(self.steps, proc.name, proc.actions, entry.id, sent, label, None, self.generation)
+        )
 
     def _act(self, proc: _Process) -> None:
         rng_seed = zlib.crc32(f"{self.seed}/{proc.name}/{self.generation}/{proc.spontaneous}".encode())
@@ -840,8 +857,9 @@ class Simulator:
         sent = self._send(proc, outputs, label)
         if not sent:
             self._event(proc, EventKind.INTERNAL, label=label)
-        self._record_action(proc, Action(self.steps, proc.name, proc.actions, None, sent, label,
-                                         rng_seed, self.generation))
+        self._record_action(
+            proc, Action(self.steps, proc.name, proc.actions, None, sent, label, rng_seed, self.generation)
+        )
 
     def _initiate(self, proc: _Process, index: int) -> None:
         checkpoint_id = self._plan_ids.get(index)
@@ -861,8 +879,11 @@ class Simulator:
             if checkpoint_id is None:
                 earlier_untriggered = any(i not in self._plan_ids and i not in self._dead for i in range(index))
                 return None if earlier_untriggered or not self.coordinator.can_trigger() else index
-            if checkpoint_id not in self.coordinator.pending or checkpoint_id <= proc.newest_snapshot \
-                    or checkpoint_id <= max(proc.handler.pending, default=0):
+            if (
+                checkpoint_id not in self.coordinator.pending
+                or checkpoint_id <= proc.newest_snapshot
+                or checkpoint_id <= max(proc.handler.pending, default=0)
+            ):
                 proc.initiated.add(index)  # over, or reached this process through a marker first
                 continue
             return index
@@ -874,8 +895,15 @@ class Simulator:
             if channel not in self.logs or self.topology.ends(channel)[0] != proc.name:
                 raise SimulationError(f"{proc.name} sent on {channel}, which is not one of its outputs")
             log = self.logs[channel]
-            message = Message(self._next_message, channel, proc.name, self.topology.ends(channel)[1], payload,
-                              self.generation, len(log))
+            message = Message(
+                self._next_message,
+                channel,
+                proc.name,
+                self.topology.ends(channel)[1],
+                payload,
+                self.generation,
+                len(log),
+            )
             self._next_message += 1
             log.append(message)
             self.history.messages[message.id] = message
@@ -917,8 +945,11 @@ class Simulator:
         self._event(proc, EventKind.COMPLETE, checkpoint_id=checkpoint_id)
 
     def _messages(self, channel: ChannelId, start: int, end: int) -> tuple[Message, ...]:
-        return tuple(entry for offset, entry in enumerate(self.logs[channel][start:end], start)
-                     if isinstance(entry, Message) and not self._is_stale(channel, offset))
+        return tuple(
+            entry
+            for offset, entry in enumerate(self.logs[channel][start:end], start)
+            if isinstance(entry, Message) and not self._is_stale(channel, offset)
+        )
 
     def _is_stale(self, channel: ChannelId, offset: int) -> bool:
         return any(start <= offset < end for start, end in self.stale[channel])
@@ -959,9 +990,12 @@ class Simulator:
             else:
                 state, actions = copy.deepcopy(latest.states[name]), latest.cut[name]
             other.reset(state, positions[name], actions, newest)
-            self._event(other, EventKind.RESTORE,
-                        checkpoint_id=latest.checkpoint_id if latest else None,
-                        detail=f"generation {self.generation}")
+            self._event(
+                other,
+                EventKind.RESTORE,
+                checkpoint_id=latest.checkpoint_id if latest else None,
+                detail=f"generation {self.generation}",
+            )
 
     # ---- history
 

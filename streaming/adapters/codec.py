@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.json as pajson
@@ -29,10 +29,16 @@ class Decoded:
 
 
 def _bulk(values: Sequence[bytes], schema: pa.Schema | None) -> pa.Table:
-    options = (pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-               if schema is not None else pajson.ParseOptions())
-    return pajson.read_json(io.BytesIO(b"\n".join(values)), parse_options=options,
-                            read_options=pajson.ReadOptions(use_threads=False, block_size=1 << 24))
+    options = (
+        pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+        if schema is not None
+        else pajson.ParseOptions()
+    )
+    return pajson.read_json(
+        io.BytesIO(b"\n".join(values)),
+        parse_options=options,
+        read_options=pajson.ReadOptions(use_threads=False, block_size=1 << 24),
+    )
 
 
 def decode(values: Sequence[bytes | None], schema: pa.Schema | None = None) -> Decoded:
@@ -63,8 +69,9 @@ def decode(values: Sequence[bytes | None], schema: pa.Schema | None = None) -> D
             table = pa.Table.from_pylist(rows)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             # without a schema, types that disagree between records cannot be one table
-            return Decoded(pa.table({}), [], [(i, f"value types disagree within the batch: {exc}")
-                                                for i in range(len(values))])
+            return Decoded(
+                pa.table({}), [], [(i, f"value types disagree within the batch: {exc}") for i in range(len(values))]
+            )
     return Decoded(table, index, rejected)
 
 

@@ -20,8 +20,9 @@ import enum
 import json
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
@@ -65,8 +66,7 @@ class ControlKind(enum.StrEnum):
         try:
             return cls(value)
         except ValueError:
-            raise ConfigError(f"control event kind {value!r} is not one of "
-                              f"{', '.join(k.value for k in cls)}") from None
+            raise ConfigError(f"control event kind {value!r} is not one of {', '.join(k.value for k in cls)}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +83,18 @@ class ControlEvent:
         object.__setattr__(self, "kind", ControlKind.parse(self.kind))
 
     def encode(self) -> bytes:
-        return json.dumps({"kind": self.kind.value, "checkpoint_id": self.checkpoint_id, "task": self.task,
-                           "payload": dict(self.payload)}, sort_keys=True).encode()
+        return json.dumps(
+            {
+                "kind": self.kind.value,
+                "checkpoint_id": self.checkpoint_id,
+                "task": self.task,
+                "payload": dict(self.payload),
+            },
+            sort_keys=True,
+        ).encode()
 
     @classmethod
-    def decode(cls, data: bytes, offset: int = -1) -> "ControlEvent":
+    def decode(cls, data: bytes, offset: int = -1) -> ControlEvent:
         """Raises ValueError with the reason for anything that is not a control event."""
         try:
             raw = json.loads(data)
@@ -96,8 +103,13 @@ class ControlEvent:
         if not isinstance(raw, dict) or not isinstance(raw.get("checkpoint_id"), int):
             raise ValueError("control message lacks an integer checkpoint_id")
         try:
-            return cls(kind=str(raw.get("kind")), checkpoint_id=raw["checkpoint_id"],
-                       task=str(raw.get("task", "")), payload=dict(raw.get("payload") or {}), offset=offset)
+            return cls(
+                kind=str(raw.get("kind")),
+                checkpoint_id=raw["checkpoint_id"],
+                task=str(raw.get("task", "")),
+                payload=dict(raw.get("payload") or {}),
+                offset=offset,
+            )
         except ConfigError as exc:
             raise ValueError(str(exc)) from exc
 
@@ -112,8 +124,9 @@ class ControlTopic:
         self.topic = control_topic_name(job)
         create_topic(bootstrap, self.topic, 1)
         self._producer = producer(bootstrap)
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                       client_id=f"spark-abs-control-{job}")
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap, enable_auto_commit=False, client_id=f"spark-abs-control-{job}"
+        )
         self._tp = TopicPartition(self.topic, 0)
         self._consumer.assign([self._tp])
         self._consumer.seek(self._tp, start_at)
@@ -129,8 +142,9 @@ class ControlTopic:
         try:
             return self._producer.send(self.topic, value=event.encode(), partition=0).get(timeout=timeout_s).offset
         except KafkaError as exc:
-            raise KafkaUnavailableError(f"publishing {event.kind.value} of checkpoint {event.checkpoint_id} "
-                                        f"failed: {exc}") from exc
+            raise KafkaUnavailableError(
+                f"publishing {event.kind.value} of checkpoint {event.checkpoint_id} failed: {exc}"
+            ) from exc
 
     def poll(self, timeout_s: float = 0.0) -> list[ControlEvent]:
         events = []

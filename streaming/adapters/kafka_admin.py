@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
@@ -25,12 +25,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-
 def admin_client(bootstrap: str, timeout_s: float = 15.0) -> KafkaAdminClient:
     try:
-        return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="spark-abs-admin",
-                                request_timeout_ms=int(timeout_s * 1000),
-                                bootstrap_timeout_ms=int(timeout_s * 1000))
+        return KafkaAdminClient(
+            bootstrap_servers=bootstrap,
+            client_id="spark-abs-admin",
+            request_timeout_ms=int(timeout_s * 1000),
+            bootstrap_timeout_ms=int(timeout_s * 1000),
+        )
     except KafkaTimeoutError as exc:
         raise KafkaUnavailableError(
             f"no Kafka broker answers at {bootstrap}; is the runtime up (`spark-abs local status`)?"
@@ -42,8 +44,9 @@ def check_broker(bootstrap: str, timeout_s: float = 10.0) -> None:
     admin_client(bootstrap, timeout_s).close()
 
 
-def create_topic(bootstrap: str, name: str, partitions: int, *, config: dict[str, str] | None = None,
-                 timeout_s: float = 30.0) -> None:
+def create_topic(
+    bootstrap: str, name: str, partitions: int, *, config: dict[str, str] | None = None, timeout_s: float = 30.0
+) -> None:
     """Create ``name`` with ``partitions`` partitions, or accept it if it already
     has exactly that many; waits until its metadata is visible."""
     if partitions < 1:
@@ -86,8 +89,7 @@ def delete_topics(bootstrap: str, names: Iterable[str]) -> None:
 
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
     """The next offset to be written on each partition of ``topic``."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="spark-abs-offsets",
-                             enable_auto_commit=False)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="spark-abs-offsets", enable_auto_commit=False)
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()}

@@ -9,20 +9,18 @@ moves bytes and reports offsets."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable
+from typing import Any
 
 import pyarrow as pa
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 
 from barriers.messages import ChannelId
-from streaming.adapters.records import RECORD_SCHEMA, Headers
-from streaming.errors import ConfigError
 from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.records import RECORD_SCHEMA, Headers
 from streaming.errors import KafkaUnavailableError
 
 __all__ = [
@@ -42,29 +40,41 @@ def read_range(bootstrap: str, channel: ChannelId, start: int, end: int, *, time
     (offsets without a record, e.g. transaction markers, are simply absent)."""
     if end <= start:
         return RECORD_SCHEMA.empty_table()
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=5000,
-                             client_id="spark-abs-range")
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=5000, client_id="spark-abs-range"
+    )
     tp = TopicPartition(channel.topic, channel.partition)
     rows: list[dict] = []
     try:
         consumer.assign([tp])
         first = consumer.beginning_offsets([tp])[tp]
         if first > start:
-            raise KafkaUnavailableError(f"{channel}: offsets [{start}, {end}) are no longer in Kafka "
-                                        f"(the partition starts at {first}; retention removed them)")
+            raise KafkaUnavailableError(
+                f"{channel}: offsets [{start}, {end}) are no longer in Kafka "
+                f"(the partition starts at {first}; retention removed them)"
+            )
         consumer.seek(tp, start)
         deadline = time.monotonic() + timeout_s
         while consumer.position(tp) < end:
             if time.monotonic() > deadline:
-                raise KafkaUnavailableError(f"{channel}: reading offsets [{start}, {end}) took over {timeout_s:.0f} s "
-                                            f"(at {consumer.position(tp)})")
+                raise KafkaUnavailableError(
+                    f"{channel}: reading offsets [{start}, {end}) took over {timeout_s:.0f} s "
+                    f"(at {consumer.position(tp)})"
+                )
             for record in consumer.poll(timeout_ms=500).get(tp, []):
                 if record.offset >= end:
                     break
-                rows.append({"topic": channel.topic, "partition": channel.partition, "offset": record.offset,
-                             "key": record.key, "value": record.value,
-                             "headers": [{"key": k, "value": v} for k, v in record.headers],
-                             "timestamp": record.timestamp})
+                rows.append(
+                    {
+                        "topic": channel.topic,
+                        "partition": channel.partition,
+                        "offset": record.offset,
+                        "key": record.key,
+                        "value": record.value,
+                        "headers": [{"key": k, "value": v} for k, v in record.headers],
+                        "timestamp": record.timestamp,
+                    }
+                )
     except KafkaError as exc:
         raise KafkaUnavailableError(f"{channel}: reading offsets [{start}, {end}) failed: {exc}") from exc
     finally:
@@ -101,14 +111,14 @@ def producer(bootstrap: str, **extra: Any) -> KafkaProducer:
         raise KafkaUnavailableError(f"cannot open a Kafka producer on {bootstrap}: {exc}") from exc
 
 
-def append_markers(producer: KafkaProducer, channels: Iterable[ChannelId], headers: Headers,
-                   timeout_s: float = 30.0) -> dict[ChannelId, int]:
+def append_markers(
+    producer: KafkaProducer, channels: Iterable[ChannelId], headers: Headers, timeout_s: float = 30.0
+) -> dict[ChannelId, int]:
     """Append one empty record carrying ``headers`` to each channel and return
     the offset each got.  Everything sent to a channel before this call comes
     before the marker (the producer is flushed first)."""
     producer.flush(timeout=timeout_s)
-    futures = {c: producer.send(c.topic, value=b"", headers=list(headers), partition=c.partition)
-               for c in channels}
+    futures = {c: producer.send(c.topic, value=b"", headers=list(headers), partition=c.partition) for c in channels}
     offsets = {}
     for channel, future in futures.items():
         try:
@@ -129,10 +139,14 @@ class DeadLetters:
         self._producer = producer(bootstrap)
         self.count = 0
 
-    def send(self, channel: ChannelId, offset: int, key: bytes | None, value: bytes | None,
-             headers: Headers, reason: str) -> None:
-        extra = [("spark-abs-reason", reason.encode()), ("spark-abs-source", str(channel).encode()),
-                 ("spark-abs-source-offset", str(offset).encode())]
+    def send(
+        self, channel: ChannelId, offset: int, key: bytes | None, value: bytes | None, headers: Headers, reason: str
+    ) -> None:
+        extra = [
+            ("spark-abs-reason", reason.encode()),
+            ("spark-abs-source", str(channel).encode()),
+            ("spark-abs-source-offset", str(offset).encode()),
+        ]
         self._producer.send(self.topic, key=key, value=value, headers=list(headers) + extra, partition=0)
         self.count += 1
         log.warning("dead letter from %s offset %d: %s", channel, offset, reason)

@@ -9,10 +9,10 @@ into a ``StoreError`` that names the store."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -37,13 +37,15 @@ class StoreLocation:
         return "/".join([self.root, *(p.strip("/") for p in parts if p)])
 
 
-def s3_filesystem(connection: Connection, *, allow_bucket_creation: bool = False,
-                  max_attempts: int | None = None) -> pafs.S3FileSystem:
+def s3_filesystem(
+    connection: Connection, *, allow_bucket_creation: bool = False, max_attempts: int | None = None
+) -> pafs.S3FileSystem:
     """The S3 server of ``connection``; ``max_attempts`` caps the attempts per
     request (None = pyarrow's default retry strategy)."""
     endpoint = urlparse(connection.s3_endpoint)
-    retry = {} if max_attempts is None else {
-        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=max_attempts)}
+    retry = (
+        {} if max_attempts is None else {"retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=max_attempts)}
+    )
     return pafs.S3FileSystem(
         access_key=connection.s3_access_key,
         secret_key=connection.s3_secret_key,
@@ -83,8 +85,9 @@ def ensure_bucket(connection: Connection) -> None:
         if fs.get_file_info(connection.s3_bucket).type == pafs.FileType.NotFound:
             fs.create_dir(connection.s3_bucket)
     except OSError as exc:
-        raise StoreError(f"S3 server at {connection.s3_endpoint}: cannot check or create bucket "
-                         f"{connection.s3_bucket!r}: {exc}") from exc
+        raise StoreError(
+            f"S3 server at {connection.s3_endpoint}: cannot check or create bucket {connection.s3_bucket!r}: {exc}"
+        ) from exc
 
 
 class ObjectFiles:

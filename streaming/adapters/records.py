@@ -5,7 +5,7 @@ Pure Arrow: the engine uses these without Spark."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -17,10 +17,17 @@ __all__ = ["BATCH_COLUMNS", "RECORD_SCHEMA", "Headers", "header_values"]
 BATCH_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "timestamp")
 
 # Records read straight from Kafka, in the shape a stage query hands them over.
-RECORD_SCHEMA = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-                           ("key", pa.binary()), ("value", pa.binary()),
-                           ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
-                           ("timestamp", pa.timestamp("ms"))])
+RECORD_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+        ("timestamp", pa.timestamp("ms")),
+    ]
+)
 
 Headers = Sequence[tuple[str, bytes]]
 

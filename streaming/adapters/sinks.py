@@ -37,12 +37,12 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 
 from streaming.adapters import codec
+from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.objects import ObjectFiles, StoreLocation, open_store
 from streaming.api.config import Connection
 from streaming.api.pipeline import Sink, SinkKind
 from streaming.api.settings import JobSettings
 from streaming.errors import SinkError, SinkFencedError, StoreError
-from streaming.adapters.kafka_admin import create_topic
-from streaming.adapters.objects import ObjectFiles, StoreLocation, open_store
 
 __all__ = [
     "open_sink",
@@ -57,8 +57,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _EPOCH_DIR = re.compile(r"epoch-(\d+)$")
-
-
 
 
 def _epoch_dir(epoch: int) -> str:
@@ -80,16 +78,19 @@ class _Staging:
         try:
             ObjectFiles(self.location).write_parquet(path, table)
         except OSError as exc:
-            raise StoreError(f"staging epoch {epoch} of sink task {self.task_id} at "
-                             f"{self.location.uri} failed: {exc}") from exc
+            raise StoreError(
+                f"staging epoch {epoch} of sink task {self.task_id} at {self.location.uri} failed: {exc}"
+            ) from exc
         return path
 
     def read(self, epoch: int) -> pa.Table:
         try:
             return pq.read_table(self.path(epoch), filesystem=self.location.filesystem)
         except (OSError, pa.ArrowInvalid) as exc:
-            raise SinkError(f"staged output of epoch {epoch} for sink task {self.task_id} "
-                            f"is missing or unreadable at {self.path(epoch)}: {exc}") from exc
+            raise SinkError(
+                f"staged output of epoch {epoch} for sink task {self.task_id} "
+                f"is missing or unreadable at {self.path(epoch)}: {exc}"
+            ) from exc
 
     def epochs(self) -> list[int]:
         """Epochs this task has staged output for."""
@@ -98,9 +99,12 @@ class _Staging:
         found = []
         for info in fs.get_file_info(selector):
             match = _EPOCH_DIR.search(info.path)
-            if match and info.type == pafs.FileType.Directory:
-                if fs.get_file_info(self.path(int(match.group(1)))).type == pafs.FileType.File:
-                    found.append(int(match.group(1)))
+            if (
+                match
+                and info.type == pafs.FileType.Directory
+                and fs.get_file_info(self.path(int(match.group(1)))).type == pafs.FileType.File
+            ):
+                found.append(int(match.group(1)))
         return sorted(found)
 
     def discard(self, epoch: int) -> None:
@@ -210,15 +214,22 @@ class ObjectStoreSink(_TwoPhaseSink):
                 if not self._committed(epoch):
                     continue
                 fs.create_dir(self._location.path("retracted", _epoch_dir(epoch)))
-                fs.move(self.output_path(epoch),
-                        self._location.path("retracted", _epoch_dir(epoch), f"{self.task_id}.parquet"))
-                log.warning("sink task %s: epoch %d was committed after checkpoint %d, the restored one; "
-                            "moved to retracted/ (the new generation writes it again)", self.task_id, epoch,
-                            checkpoint)
+                fs.move(
+                    self.output_path(epoch),
+                    self._location.path("retracted", _epoch_dir(epoch), f"{self.task_id}.parquet"),
+                )
+                log.warning(
+                    "sink task %s: epoch %d was committed after checkpoint %d, the restored one; "
+                    "moved to retracted/ (the new generation writes it again)",
+                    self.task_id,
+                    epoch,
+                    checkpoint,
+                )
                 retracted.append(epoch)
         except OSError as exc:
-            raise StoreError(f"sink task {self.task_id}: taking back output committed after checkpoint "
-                             f"{checkpoint} failed: {exc}") from exc
+            raise StoreError(
+                f"sink task {self.task_id}: taking back output committed after checkpoint {checkpoint} failed: {exc}"
+            ) from exc
         return sorted(retracted), []
 
     def _publish(self, epoch: int, table: pa.Table) -> None:
@@ -232,9 +243,11 @@ def read_committed_output(location: StoreLocation) -> pa.Table | None:
     """Every committed epoch of an ``ObjectStoreSink`` in epoch order (then task
     order), or None when nothing is committed yet."""
     fs = location.filesystem
-    files = [i.path for i in fs.get_file_info(pafs.FileSelector(location.path("output"), recursive=True,
-                                                                allow_not_found=True))
-             if i.type == pafs.FileType.File and i.path.endswith(".parquet")]
+    files = [
+        i.path
+        for i in fs.get_file_info(pafs.FileSelector(location.path("output"), recursive=True, allow_not_found=True))
+        if i.type == pafs.FileType.File and i.path.endswith(".parquet")
+    ]
     if not files:
         return None
     return pa.concat_tables([pq.read_table(p, filesystem=fs) for p in sorted(files)], promote_options="default")
@@ -245,8 +258,7 @@ class KafkaSink(_TwoPhaseSink):
     ``partition``) published to ``topic`` in one transaction per epoch, with a
     commit marker in ``<topic>.commits`` inside the same transaction."""
 
-    def __init__(self, staging: StoreLocation, task_id: str, *, bootstrap: str, topic: str,
-                 transactional_id: str):
+    def __init__(self, staging: StoreLocation, task_id: str, *, bootstrap: str, topic: str, transactional_id: str):
         super().__init__(staging, task_id)
         self.topic = topic
         self.commit_topic = f"{topic}.commits"
@@ -255,20 +267,26 @@ class KafkaSink(_TwoPhaseSink):
         try:
             # init_transactions fences any older instance with the same id and
             # aborts what it left open.
-            self._producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=transactional_id,
-                                           acks="all", enable_idempotence=True)
+            self._producer = KafkaProducer(
+                bootstrap_servers=bootstrap, transactional_id=transactional_id, acks="all", enable_idempotence=True
+            )
             self._producer.init_transactions()
         except KafkaError as exc:
-            raise SinkError(f"Kafka sink {transactional_id}: cannot start a transactional producer "
-                            f"on {bootstrap}: {exc}") from exc
+            raise SinkError(
+                f"Kafka sink {transactional_id}: cannot start a transactional producer on {bootstrap}: {exc}"
+            ) from exc
         self._done = self._read_markers()
 
     def _marker(self, epoch: int) -> bytes:
         return f"{self.task_id}:{epoch}".encode()
 
     def _read_markers(self) -> set[bytes]:
-        consumer = KafkaConsumer(bootstrap_servers=self._bootstrap, isolation_level="read_committed",
-                                 enable_auto_commit=False, consumer_timeout_ms=2000)
+        consumer = KafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            consumer_timeout_ms=2000,
+        )
         try:
             tp = TopicPartition(self.commit_topic, 0)
             consumer.assign([tp])
@@ -291,13 +309,19 @@ class KafkaSink(_TwoPhaseSink):
         """A committed Kafka transaction cannot be taken back: the epochs
         committed after ``checkpoint`` are reported, not retracted."""
         prefix = f"{self.task_id}:".encode()
-        epochs = sorted(int(m[len(prefix):]) for m in self._done
-                        if m and m.startswith(prefix) and m[len(prefix):].isdigit())
+        epochs = sorted(
+            int(m[len(prefix) :]) for m in self._done if m and m.startswith(prefix) and m[len(prefix) :].isdigit()
+        )
         later = [e for e in epochs if e > checkpoint]
         if later:
-            log.warning("sink task %s: epochs %s were committed to %s after checkpoint %d, the restored one; "
-                        "read_committed readers have them and the replay writes their records again",
-                        self.task_id, later, self.topic, checkpoint)
+            log.warning(
+                "sink task %s: epochs %s were committed to %s after checkpoint %d, the restored one; "
+                "read_committed readers have them and the replay writes their records again",
+                self.task_id,
+                later,
+                self.topic,
+                checkpoint,
+            )
         return [], later
 
     def _publish(self, epoch: int, table: pa.Table) -> None:
@@ -305,20 +329,26 @@ class KafkaSink(_TwoPhaseSink):
         try:
             self._producer.begin_transaction()
             for row in rows:
-                self._producer.send(self.topic, key=_bytes(row.get("key")), value=_bytes(row.get("value")),
-                                    partition=row.get("partition"))
+                self._producer.send(
+                    self.topic,
+                    key=_bytes(row.get("key")),
+                    value=_bytes(row.get("value")),
+                    partition=row.get("partition"),
+                )
             self._producer.send(self.commit_topic, key=self._marker(epoch), value=str(len(rows)).encode())
             self._producer.commit_transaction()
         except KafkaError as exc:
             if "Fenced" in type(exc).__name__:
-                raise SinkFencedError(f"sink task {self.task_id}: a newer instance took over; "
-                                      f"epoch {epoch} is left to it") from exc
+                raise SinkFencedError(
+                    f"sink task {self.task_id}: a newer instance took over; epoch {epoch} is left to it"
+                ) from exc
             try:
                 self._producer.abort_transaction()
             except KafkaError:
                 pass
-            raise SinkError(f"sink task {self.task_id}: committing epoch {epoch} to {self.topic} "
-                            f"failed: {exc}") from exc
+            raise SinkError(
+                f"sink task {self.task_id}: committing epoch {epoch} to {self.topic} failed: {exc}"
+            ) from exc
         self._done.add(self._marker(epoch))
 
     def close(self) -> None:
@@ -330,21 +360,28 @@ def sink_location(settings: JobSettings, job: str, connection: Connection | None
     return open_store(f"{settings.store.rstrip('/')}/{job}/sink", connection)
 
 
-def open_sink(sink: Sink, location: StoreLocation, task: str, *, job: str,
-              bootstrap: str) -> ObjectStoreSink | KafkaSink:
+def open_sink(
+    sink: Sink, location: StoreLocation, task: str, *, job: str, bootstrap: str
+) -> ObjectStoreSink | KafkaSink:
     """The sink of sink task ``task`` of job ``job``."""
     if sink.kind is SinkKind.KAFKA:
-        return KafkaSink(location, task, bootstrap=bootstrap, topic=sink.topic,
-                         transactional_id=f"spark-abs-{job}-{task}")
+        return KafkaSink(
+            location, task, bootstrap=bootstrap, topic=sink.topic, transactional_id=f"spark-abs-{job}-{task}"
+        )
     return ObjectStoreSink(location, task)
 
 
 def kafka_records(table: pa.Table, key: str | None) -> pa.Table:
     """A sink epoch as the Kafka sink takes it: ``key`` (the stage's key column) and ``value`` (JSON)."""
-    keys = (pc.cast(table[key], pa.string()).to_pylist() if key and key in table.column_names
-            else [None] * table.num_rows)
-    return pa.table({"key": pa.array([k.encode() if k is not None else None for k in keys], pa.binary()),
-                     "value": pa.array(codec.encode(table), pa.binary())})
+    keys = (
+        pc.cast(table[key], pa.string()).to_pylist() if key and key in table.column_names else [None] * table.num_rows
+    )
+    return pa.table(
+        {
+            "key": pa.array([k.encode() if k is not None else None for k in keys], pa.binary()),
+            "value": pa.array(codec.encode(table), pa.binary()),
+        }
+    )
 
 
 def _bytes(value: object) -> bytes | None:

@@ -17,8 +17,8 @@ import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
 
 import pyarrow as pa
 import pyspark
@@ -34,7 +34,6 @@ from streaming.local.artifacts import connector_jars, require_tool
 __all__ = ["spark_session", "spark_conf", "ChannelQuery"]
 
 log = logging.getLogger(__name__)
-
 
 
 def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
@@ -55,19 +54,22 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
     return conf
 
 
-def spark_session(settings: SparkSettings | None = None,
-                  runtime: LocalRuntimeSettings | None = None,
-                  progress: Callable[[str], None] = log.info) -> SparkSession:
+def spark_session(
+    settings: SparkSettings | None = None,
+    runtime: LocalRuntimeSettings | None = None,
+    progress: Callable[[str], None] = log.info,
+) -> SparkSession:
     """A session on ``settings.master`` with the Kafka connector jars for the
     installed pyspark.  Reuses the active session when one exists."""
     settings = settings or SparkSettings()
     runtime = runtime or LocalRuntimeSettings()
     if runtime.spark_version != pyspark.__version__:
-        raise ConfigError(f"spark_version {runtime.spark_version} differs from the installed "
-                          f"pyspark {pyspark.__version__}; the Kafka connector must match it")
+        raise ConfigError(
+            f"spark_version {runtime.spark_version} differs from the installed "
+            f"pyspark {pyspark.__version__}; the Kafka connector must match it"
+        )
     require_tool("java")
-    jars = connector_jars(runtime.spark_version, runtime.cache_dir,
-                          Path(pyspark.__file__).parent / "jars", progress)
+    jars = connector_jars(runtime.spark_version, runtime.cache_dir, Path(pyspark.__file__).parent / "jars", progress)
     builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
     for key, value in spark_conf(settings, jars).items():
         builder = builder.config(key, value)
@@ -87,18 +89,27 @@ class ChannelQuery:
     offsets (missing ones start at the earliest), calling ``on_batch(table,
     batch_id)`` with each non-empty micro-batch."""
 
-    def __init__(self, spark: SparkSession, connection: Connection, *, name: str,
-                 channels: Iterable[ChannelId], starting: Mapping[ChannelId, int] | None = None,
-                 max_records_per_batch: int = 10_000, on_batch: BatchHandler,
-                 work_dir: Path | None = None):
+    def __init__(
+        self,
+        spark: SparkSession,
+        connection: Connection,
+        *,
+        name: str,
+        channels: Iterable[ChannelId],
+        starting: Mapping[ChannelId, int] | None = None,
+        max_records_per_batch: int = 10_000,
+        on_batch: BatchHandler,
+        work_dir: Path | None = None,
+    ):
         self.channels = tuple(sorted(set(channels)))
         if not self.channels:
             raise ConfigError(f"stage query {name!r} has no input channel")
         starting = dict(starting or {})
         unknown = sorted(str(c) for c in set(starting) - set(self.channels))
         if unknown:
-            raise ConfigError(f"stage query {name!r}: starting offsets for channels it does not read: "
-                              f"{', '.join(unknown)}")
+            raise ConfigError(
+                f"stage query {name!r}: starting offsets for channels it does not read: {', '.join(unknown)}"
+            )
         if max_records_per_batch < 1:
             raise ConfigError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
         self.name = name
@@ -133,22 +144,28 @@ class ChannelQuery:
         table = table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
         self._on_batch(table, batch_id)
 
-    def start(self, *, available_now: bool = False, interval: str = "200 milliseconds") -> "ChannelQuery":
+    def start(self, *, available_now: bool = False, interval: str = "200 milliseconds") -> ChannelQuery:
         """Start the query with a fresh Spark checkpoint location.  ``available_now``
         reads what the channels hold now and stops; otherwise it runs until ``stop``."""
         if self._query is not None:
             raise ChannelQueryError(f"stage query {self.name!r} is already started")
-        self._checkpoint_dir = tempfile.mkdtemp(prefix=f"spark-abs-{self.name}-",
-                                                dir=str(self._work_dir) if self._work_dir else None)
+        self._checkpoint_dir = tempfile.mkdtemp(
+            prefix=f"spark-abs-{self.name}-", dir=str(self._work_dir) if self._work_dir else None
+        )
         reader = self._spark.readStream.format("kafka")
         for key, value in self._options().items():
             reader = reader.option(key, value)
-        writer = (reader.load().writeStream.queryName(self.name).foreachBatch(self._handle)
-                  .option("checkpointLocation", self._checkpoint_dir))
+        writer = (
+            reader.load()
+            .writeStream.queryName(self.name)
+            .foreachBatch(self._handle)
+            .option("checkpointLocation", self._checkpoint_dir)
+        )
         writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=interval)
         self._query = writer.start()
-        log.info("stage query %s started on %s", self.name,
-                 ", ".join(f"{c}@{self._starting[c]}" for c in self.channels))
+        log.info(
+            "stage query %s started on %s", self.name, ", ".join(f"{c}@{self._starting[c]}" for c in self.channels)
+        )
         return self
 
     def await_done(self, timeout_s: float) -> None:

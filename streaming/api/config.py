@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlparse
 
 from streaming.errors import ConfigError, RuntimeNotRunningError
@@ -141,8 +142,7 @@ class Connection:
         endpoint = urlparse(self.s3_endpoint)
         if endpoint.scheme not in ("http", "https") or not endpoint.netloc:
             raise ConfigError(
-                f"s3_endpoint ({ENV['s3_endpoint']}) must look like http://host:port, "
-                f"got {self.s3_endpoint!r}"
+                f"s3_endpoint ({ENV['s3_endpoint']}) must look like http://host:port, got {self.s3_endpoint!r}"
             )
         if not self.s3_bucket:
             raise ConfigError(f"s3_bucket ({ENV['s3_bucket']}) is empty")
@@ -155,16 +155,15 @@ class Connection:
         return {ENV[name]: str(getattr(self, name)) for name in CONNECTION_ENV_FIELDS}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Connection":
+    def from_dict(cls, data: Mapping[str, Any]) -> Connection:
         names = {f.name for f in dataclasses.fields(cls)}
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.default is dataclasses.MISSING and f.name not in data]
+        missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in data]
         if missing:
             raise ConfigError(f"connection details lack {', '.join(missing)}")
         return cls(**{k: v for k, v in data.items() if k in names})
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> "Connection | None":
+    def from_env(cls, environ: Mapping[str, str]) -> Connection | None:
         """The connection given in ``SPARK_ABS_*`` variables, or None when
         ``SPARK_ABS_KAFKA_BOOTSTRAP`` is not set."""
         if not environ.get(ENV["kafka_bootstrap"]):
@@ -173,8 +172,7 @@ class Connection:
         return cls.from_dict(data)
 
     @classmethod
-    def load(cls, settings: LocalRuntimeSettings | None = None,
-             environ: Mapping[str, str] | None = None) -> "Connection":
+    def load(cls, settings: LocalRuntimeSettings | None = None, environ: Mapping[str, str] | None = None) -> Connection:
         """The environment's connection if it names one, else the local runtime's file."""
         environ = os.environ if environ is None else environ
         from_env = cls.from_env(environ)

@@ -16,8 +16,8 @@ import enum
 import importlib
 import re
 import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -130,21 +130,26 @@ class Pipeline:
             if stage.parallelism < 1:
                 raise ConfigError(f"stage {stage.name}: parallelism must be >= 1, got {stage.parallelism}")
             if not callable(stage.operator):
-                raise ConfigError(f"stage {stage.name}: operator must be a factory (a callable), "
-                                  f"got {stage.operator!r}")
+                raise ConfigError(
+                    f"stage {stage.name}: operator must be a factory (a callable), got {stage.operator!r}"
+                )
         for stage in self.stages:
             if not stage.inputs:
                 raise ConfigError(f"stage {stage.name} has no input")
             for name in stage.inputs:
                 if name not in names:
-                    raise ConfigError(f"stage {stage.name}: input {name!r} is neither an ingress topic nor a stage "
-                                      f"(known: {', '.join(sorted(names))})")
+                    raise ConfigError(
+                        f"stage {stage.name}: input {name!r} is neither an ingress topic nor a stage "
+                        f"(known: {', '.join(sorted(names))})"
+                    )
                 if name == stage.name:
                     raise ConfigError(f"stage {stage.name} reads its own output: cycles are not supported")
                 if names[name] == "stage":
                     if name in self._downstream:
-                        raise ConfigError(f"stage {name} is read by both {self._downstream[name]} and "
-                                          f"{stage.name}: a stage's output feeds one stage")
+                        raise ConfigError(
+                            f"stage {name} is read by both {self._downstream[name]} and "
+                            f"{stage.name}: a stage's output feeds one stage"
+                        )
                     self._downstream[name] = stage.name
             if len(set(stage.inputs)) != len(stage.inputs):
                 raise ConfigError(f"stage {stage.name} names an input twice")
@@ -162,8 +167,10 @@ class Pipeline:
             if downstream is not None and stage.sink is not None:
                 raise ConfigError(f"stage {stage.name} has a sink but stage {downstream} also reads it")
             if downstream is not None and by_name[downstream].parallelism > 1 and not stage.key:
-                raise ConfigError(f"stage {stage.name}: stage {downstream} runs {by_name[downstream].parallelism} "
-                                  f"tasks, so {stage.name} needs a key column to route its output")
+                raise ConfigError(
+                    f"stage {stage.name}: stage {downstream} runs {by_name[downstream].parallelism} "
+                    f"tasks, so {stage.name} needs a key column to route its output"
+                )
 
     # ---- topology
 
@@ -185,7 +192,8 @@ class Pipeline:
         """Every stage-to-stage topic and its partition count."""
         return {
             self.topic_of(stage.name): stage.parallelism * self.downstream(stage.name).parallelism
-            for stage in self.stages if self.downstream(stage.name) is not None
+            for stage in self.stages
+            if self.downstream(stage.name) is not None
         }
 
     def ingress_channels(self) -> list[ChannelId]:
@@ -209,13 +217,16 @@ class Pipeline:
                 outputs: tuple[ChannelId, ...] = ()
                 if downstream is not None:
                     topic = self.topic_of(stage.name)
-                    outputs = tuple(ChannelId(topic, index * downstream.parallelism + s)
-                                    for s in range(downstream.parallelism))
+                    outputs = tuple(
+                        ChannelId(topic, index * downstream.parallelism + s) for s in range(downstream.parallelism)
+                    )
                 specs.append(TaskSpec(stage.name, index, inputs, outputs))
         for spec in specs:
             if not spec.inputs:
-                raise ConfigError(f"task {spec.name} would read no channel: stage {spec.stage} has more tasks "
-                                  f"than its ingress topics have partitions")
+                raise ConfigError(
+                    f"task {spec.name} would read no channel: stage {spec.stage} has more tasks "
+                    f"than its ingress topics have partitions"
+                )
         return specs
 
     def task(self, name: str) -> TaskSpec:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from barriers.messages import CheckpointOptions, InFlightFormat
 from streaming.errors import ConfigError
@@ -68,10 +69,12 @@ class JobSettings:
         object.__setattr__(self, "in_flight", _parse(InFlightFormat, "in_flight", self.in_flight))
         if self.mode is Mode.ALIGNED_TIMEOUT and self.alignment_timeout_ms is None and self.held_bytes_budget is None:
             raise ConfigError("mode aligned-timeout needs alignment_timeout_ms, held_bytes_budget or both")
-        if self.mode is not Mode.ALIGNED_TIMEOUT and (self.alignment_timeout_ms is not None
-                                               or self.held_bytes_budget is not None):
-            raise ConfigError(f"alignment_timeout_ms and held_bytes_budget apply to mode aligned-timeout, "
-                              f"not {self.mode}")
+        if self.mode is not Mode.ALIGNED_TIMEOUT and (
+            self.alignment_timeout_ms is not None or self.held_bytes_budget is not None
+        ):
+            raise ConfigError(
+                f"alignment_timeout_ms and held_bytes_budget apply to mode aligned-timeout, not {self.mode}"
+            )
         for name in ("interval_s", "timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -79,16 +82,18 @@ class JobSettings:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_concurrent > 1 and self.mode is not Mode.UNALIGNED:
-            raise ConfigError(f"max_concurrent={self.max_concurrent}: only unaligned checkpoints can overlap "
-                              f"(mode is {self.mode})")
+            raise ConfigError(
+                f"max_concurrent={self.max_concurrent}: only unaligned checkpoints can overlap (mode is {self.mode})"
+            )
 
     @property
     def options(self) -> CheckpointOptions:
         if self.mode is Mode.UNALIGNED:
             return CheckpointOptions.unaligned(self.in_flight)
         if self.mode is Mode.ALIGNED_TIMEOUT:
-            return CheckpointOptions.aligned_with_timeout(self.alignment_timeout_ms, self.held_bytes_budget,
-                                                          self.in_flight)
+            return CheckpointOptions.aligned_with_timeout(
+                self.alignment_timeout_ms, self.held_bytes_budget, self.in_flight
+            )
         if self.mode is Mode.AT_LEAST_ONCE:
             return CheckpointOptions.at_least_once()
         return CheckpointOptions.aligned()
@@ -99,7 +104,7 @@ class JobSettings:
         return json.dumps(data, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "JobSettings":
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSettings:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -107,7 +112,7 @@ class JobSettings:
         return cls(**data)
 
     @classmethod
-    def from_json(cls, text: str) -> "JobSettings":
+    def from_json(cls, text: str) -> JobSettings:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:

@@ -24,9 +24,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from kafka import KafkaProducer
 
@@ -93,8 +94,12 @@ def kafka_io(bootstrap: str, job: str, *, control_start: int | None = None) -> C
         producer.close()
         control.close()
 
-    return CoordinatorIO(inject=lambda channels, headers: append_markers(producer, channels, headers),
-                         publish=control.publish, poll=control.poll, close=close)
+    return CoordinatorIO(
+        inject=lambda channels, headers: append_markers(producer, channels, headers),
+        publish=control.publish,
+        poll=control.poll,
+        close=close,
+    )
 
 
 class CoordinatorService:
@@ -104,11 +109,22 @@ class CoordinatorService:
     pending, the timeout and the retention; a restore passes the checkpoint it
     started from as ``pinned`` (retention never deletes it) and its generation."""
 
-    def __init__(self, pipeline: Pipeline, io: CoordinatorIO, store: SnapshotStore, settings: JobSettings, *,
-                 generation: int = 0, next_checkpoint_id: int = 1, pinned: int | None = None,
-                 job_key: bytes | None = None, on_event: Callable[[str], None] = lambda line: None,
-                 on_complete: Callable[[int], None] | None = None, progress_log: Path | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        io: CoordinatorIO,
+        store: SnapshotStore,
+        settings: JobSettings,
+        *,
+        generation: int = 0,
+        next_checkpoint_id: int = 1,
+        pinned: int | None = None,
+        job_key: bytes | None = None,
+        on_event: Callable[[str], None] = lambda line: None,
+        on_complete: Callable[[int], None] | None = None,
+        progress_log: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.pipeline = pipeline
         self.io = io
         self.store = store
@@ -120,10 +136,16 @@ class CoordinatorService:
         tasks = pipeline.tasks()
         self.tasks = [t.name for t in tasks]
         self.sink_tasks = {t.name for t in tasks if pipeline.stage(t.stage).sink is not None}
-        self.coordinator = CheckpointCoordinator(self.tasks, job=pipeline.job, generation=generation,
-                                                 next_checkpoint_id=next_checkpoint_id,
-                                                 max_concurrent=settings.max_concurrent,
-                                                 timeout_s=settings.timeout_s, retain=settings.retain, clock=clock)
+        self.coordinator = CheckpointCoordinator(
+            self.tasks,
+            job=pipeline.job,
+            generation=generation,
+            next_checkpoint_id=next_checkpoint_id,
+            max_concurrent=settings.max_concurrent,
+            timeout_s=settings.timeout_s,
+            retain=settings.retain,
+            clock=clock,
+        )
         self.retain = settings.retain
         self.pinned = pinned
         self.records: dict[int, CheckpointRecord] = {}
@@ -149,11 +171,17 @@ class CoordinatorService:
         headers = encode(barrier, key=self.job_key)
         offsets = self.io.inject(self.pipeline.ingress_channels(), headers)
         by_channel = {str(c): o for c, o in offsets.items()}
-        self.records[barrier.checkpoint_id] = CheckpointRecord(barrier.checkpoint_id, barrier.generation,
-                                                               triggered_at, by_channel)
-        self.io.publish(ControlEvent(ControlKind.TRIGGER, barrier.checkpoint_id, "",
-                                          {"generation": self.generation, "offsets": by_channel,
-                                           "barrier": announced_barrier(headers)}))
+        self.records[barrier.checkpoint_id] = CheckpointRecord(
+            barrier.checkpoint_id, barrier.generation, triggered_at, by_channel
+        )
+        self.io.publish(
+            ControlEvent(
+                ControlKind.TRIGGER,
+                barrier.checkpoint_id,
+                "",
+                {"generation": self.generation, "offsets": by_channel, "barrier": announced_barrier(headers)},
+            )
+        )
         return barrier
 
     # ---- events
@@ -176,9 +204,12 @@ class CoordinatorService:
                 record.committed.add(event.task)
             return
         if event.kind is ControlKind.DECLINE:
-            result = self.coordinator.decline(event.task, event.checkpoint_id,
-                                              CheckpointFailure.parse(event.payload.get("reason")),
-                                              str(event.payload.get("detail", "")))
+            result = self.coordinator.decline(
+                event.task,
+                event.checkpoint_id,
+                CheckpointFailure.parse(event.payload.get("reason")),
+                str(event.payload.get("detail", "")),
+            )
             if isinstance(result, PendingCheckpoint):
                 self._aborted(event.checkpoint_id, result.failure, result.failure_detail)
             return
@@ -191,21 +222,31 @@ class CoordinatorService:
         pending = self.coordinator.pending[checkpoint_id]
         record = self.records.get(checkpoint_id)
         try:
-            snapshots = {task: TaskSnapshot.from_json(json.dumps(ack.get("snapshot")))
-                         for task, ack in pending.acks.items()}
+            snapshots = {
+                task: TaskSnapshot.from_json(json.dumps(ack.get("snapshot"))) for task, ack in pending.acks.items()
+            }
             # per task: what it wrote with its snapshot, and what it measured after (the upload)
-            task_metrics = {task: {**snapshots[task].metadata, **(ack.get("metrics") or {})}
-                            for task, ack in pending.acks.items()}
+            task_metrics = {
+                task: {**snapshots[task].metadata, **(ack.get("metrics") or {})} for task, ack in pending.acks.items()
+            }
             options = pending.barrier.options
             kinds = tuple(sorted({m.get("kind", "") for m in task_metrics.values()}))
             self.store.write_manifest(
-                checkpoint_id, self.generation, snapshots,
-                options={"alignment": options.describe(), "in_flight": options.in_flight.value,
-                         "guarantee": _GUARANTEE[options.alignment]},
-                metrics={"ingress_barrier_offsets": record.ingress_offsets if record else {},
-                         "trigger_to_complete_s": time.monotonic() - record.triggered_at if record else None,
-                         "kinds": list(kinds),
-                         "tasks": task_metrics})
+                checkpoint_id,
+                self.generation,
+                snapshots,
+                options={
+                    "alignment": options.describe(),
+                    "in_flight": options.in_flight.value,
+                    "guarantee": _GUARANTEE[options.alignment],
+                },
+                metrics={
+                    "ingress_barrier_offsets": record.ingress_offsets if record else {},
+                    "trigger_to_complete_s": time.monotonic() - record.triggered_at if record else None,
+                    "kinds": list(kinds),
+                    "tasks": task_metrics,
+                },
+            )
         except (StoreError, ValueError) as exc:
             self.coordinator.abort(checkpoint_id, CheckpointFailure.STORE_FAILURE, f"manifest not written: {exc}")
             self._aborted(checkpoint_id, CheckpointFailure.STORE_FAILURE, f"manifest not written: {exc}")
@@ -213,8 +254,10 @@ class CoordinatorService:
         # the store applies retention below (it also sees orphaned parts the bookkeeping never knew)
         self.coordinator.complete(checkpoint_id)
         for older in [a for a in self.coordinator.aborted if a.failure is CheckpointFailure.SUBSUMED]:
-            if (older.checkpoint_id in self.records
-                    and self.records[older.checkpoint_id].status is CheckpointStatus.PENDING):
+            if (
+                older.checkpoint_id in self.records
+                and self.records[older.checkpoint_id].status is CheckpointStatus.PENDING
+            ):
                 self._aborted(older.checkpoint_id, older.failure, older.failure_detail)
         self.io.publish(ControlEvent(ControlKind.COMPLETE, checkpoint_id, "", {"generation": self.generation}))
         if record:
@@ -222,8 +265,11 @@ class CoordinatorService:
             record.in_flight = sum(e - s for snap in snapshots.values() for s, e in snap.in_flight.values())
             record.kinds = kinds
         in_flight = f"; {record.in_flight} offsets in flight" if record and record.in_flight else ""
-        self.say(f"checkpoint {checkpoint_id} complete in {record.duration_s:.2f} s ({', '.join(kinds)}{in_flight})"
-                 if record else f"checkpoint {checkpoint_id} complete")
+        self.say(
+            f"checkpoint {checkpoint_id} complete in {record.duration_s:.2f} s ({', '.join(kinds)}{in_flight})"
+            if record
+            else f"checkpoint {checkpoint_id} complete"
+        )
         self._log_progress(checkpoint_id, pending.barrier, record, task_metrics)
         if self.on_complete is not None:
             self.on_complete(checkpoint_id)
@@ -234,15 +280,21 @@ class CoordinatorService:
         except StoreError as exc:
             log.warning("checkpoint %d: retention failed (will retry next time): %s", checkpoint_id, exc)
 
-    def _log_progress(self, checkpoint_id: int, barrier: Barrier, record: CheckpointRecord | None,
-                      task_metrics: dict) -> None:
+    def _log_progress(
+        self, checkpoint_id: int, barrier: Barrier, record: CheckpointRecord | None, task_metrics: dict
+    ) -> None:
         """One JSON line per completed checkpoint: its timings and every task's metrics."""
         if self.progress_log is None:
             return
-        line = {"checkpoint": checkpoint_id, "generation": self.generation, "options": barrier.options.describe(),
-                "trigger_to_complete_s": record.duration_s if record else None,
-                "kinds": list(record.kinds) if record else [], "in_flight_offsets": record.in_flight if record else 0,
-                "tasks": task_metrics}
+        line = {
+            "checkpoint": checkpoint_id,
+            "generation": self.generation,
+            "options": barrier.options.describe(),
+            "trigger_to_complete_s": record.duration_s if record else None,
+            "kinds": list(record.kinds) if record else [],
+            "in_flight_offsets": record.in_flight if record else 0,
+            "tasks": task_metrics,
+        }
         try:
             with open(self.progress_log, "a") as log_file:
                 log_file.write(json.dumps(line, sort_keys=True, default=str) + "\n")
@@ -253,8 +305,14 @@ class CoordinatorService:
         record = self.records.get(checkpoint_id)
         if record is not None:
             record.status, record.reason = CheckpointStatus.ABORTED, f"{failure.value if failure else ''}: {detail}"
-        self.io.publish(ControlEvent(ControlKind.ABORT, checkpoint_id, "", {
-            "generation": self.generation, "reason": failure.name if failure else "USER", "detail": detail}))
+        self.io.publish(
+            ControlEvent(
+                ControlKind.ABORT,
+                checkpoint_id,
+                "",
+                {"generation": self.generation, "reason": failure.name if failure else "USER", "detail": detail},
+            )
+        )
         self.say(f"checkpoint {checkpoint_id} aborted: {failure.value if failure else ''} ({detail})")
 
     # ---- queries
@@ -274,4 +332,3 @@ _GUARANTEE = {
     Alignment.UNALIGNED: "exactly-once (in-flight records are channel state, replayed on restore)",
     Alignment.AT_LEAST_ONCE: "at-least-once: no alignment, so replay after a restore may duplicate records",
 }
-

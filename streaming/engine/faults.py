@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -39,8 +39,10 @@ def parse(text: str) -> list[tuple[str, str, int | None, int]]:
     for entry in filter(None, (e.strip() for e in text.split(","))):
         parts = entry.split(":")
         if len(parts) != 4 or parts[1] not in POINTS:
-            raise ValueError(f"{ENV} entry {entry!r}: expected <task>:<point>:<checkpoint|*>:<generation> "
-                             f"with point one of {', '.join(POINTS)}")
+            raise ValueError(
+                f"{ENV} entry {entry!r}: expected <task>:<point>:<checkpoint|*>:<generation> "
+                f"with point one of {', '.join(POINTS)}"
+            )
         task, where, checkpoint, generation = parts
         faults.append((task, where, None if checkpoint == "*" else int(checkpoint), int(generation)))
     return faults
@@ -62,8 +64,11 @@ def _armed(task: str, where: str, checkpoint_id: int) -> bool:
 
 
 def _die(task: str, where: str, checkpoint_id: int) -> None:
-    print(f"[fault] {task}: killed at {where} of checkpoint {checkpoint_id} (generation {_generation})",
-          file=sys.stderr, flush=True)
+    print(
+        f"[fault] {task}: killed at {where} of checkpoint {checkpoint_id} (generation {_generation})",
+        file=sys.stderr,
+        flush=True,
+    )
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -45,8 +45,7 @@ def plan_start(generation: int, checkpoint_id: int | None, loaded: LoadedTask | 
     # channel state first: copied records are replayed; a range is read again by the query,
     # from its start (older-generation records skipped only after the barrier)
     handler_positions = {c: min(p, ranges[c][0]) if c in ranges else p for c, p in positions.items()}
-    query_start = {c: handler_positions[c] if c in ranges and c not in replay else p
-                   for c, p in positions.items()}
+    query_start = {c: handler_positions[c] if c in ranges and c not in replay else p for c, p in positions.items()}
     start = TaskStart(
         generation=generation,
         checkpoint_id=checkpoint_id,

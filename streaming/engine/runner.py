@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
-from barriers.coordinator import CheckpointStatus
 from barriers.messages import CheckpointOptions
 from streaming.adapters.control import control_topic_name
 from streaming.adapters.kafka_admin import create_topic, end_offsets
@@ -35,7 +34,6 @@ from streaming.errors import JobFailed, SparkAbsError
 __all__ = ["JobRunner", "RestoreRecord"]
 
 
-
 @dataclass(frozen=True)
 class RestoreRecord:
     generation: int
@@ -47,10 +45,20 @@ class RestoreRecord:
 class JobRunner:
     """Supervises one job (see the module docstring)."""
 
-    def __init__(self, pipeline_ref: str, settings: JobSettings, connection: Connection, *, job: str | None = None,
-                 workers: Mapping[str, list[str]] | None = None, faults: str = "",
-                 say: Callable[[str], None] = print, log_dir: Path | None = None, max_restores: int = 10,
-                 on_complete: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        pipeline_ref: str,
+        settings: JobSettings,
+        connection: Connection,
+        *,
+        job: str | None = None,
+        workers: Mapping[str, list[str]] | None = None,
+        faults: str = "",
+        say: Callable[[str], None] = print,
+        log_dir: Path | None = None,
+        max_restores: int = 10,
+        on_complete: Callable[[int], None] | None = None,
+    ):
         self.pipeline_ref = pipeline_ref
         self.pipeline: Pipeline = load_pipeline(pipeline_ref, job)
         self.job = self.pipeline.job
@@ -63,8 +71,9 @@ class JobRunner:
         tasks = {t.name for t in self.pipeline.tasks()}
         grouped = [t for names in self.groups.values() for t in names]
         if sorted(grouped) != sorted(tasks):
-            raise SparkAbsError(f"workers must run every task exactly once: tasks {sorted(tasks)}, "
-                                f"workers run {sorted(grouped)}")
+            raise SparkAbsError(
+                f"workers must run every task exactly once: tasks {sorted(tasks)}, workers run {sorted(grouped)}"
+            )
         self.log_dir = log_dir or default_home() / "runs" / self.job
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.store = SnapshotStore(open_store(settings.store, connection), self.job)
@@ -114,9 +123,17 @@ class JobRunner:
             self.coordinator.close()
         next_id = max(self.store.checkpoints() + [r.checkpoint_id for r in self.history] + [0]) + 1
         self.coordinator = CoordinatorService(
-            self.pipeline, kafka_io(self.connection.kafka_bootstrap, self.job), self.store, self.settings,
-            generation=generation, next_checkpoint_id=next_id, pinned=checkpoint_id, on_event=self.say,
-            on_complete=self.on_complete, progress_log=self.log_dir / "checkpoints.jsonl")
+            self.pipeline,
+            kafka_io(self.connection.kafka_bootstrap, self.job),
+            self.store,
+            self.settings,
+            generation=generation,
+            next_checkpoint_id=next_id,
+            pinned=checkpoint_id,
+            on_event=self.say,
+            on_complete=self.on_complete,
+            progress_log=self.log_dir / "checkpoints.jsonl",
+        )
         env = {**os.environ, **self.connection.as_env(), "PYTHONUNBUFFERED": "1"}
         if self.faults:
             env["SPARK_ABS_FAULT"] = self.faults
@@ -136,13 +153,15 @@ class JobRunner:
         dead = self.supervisor.dead()
         if dead:
             worker = dead[0]
-            self.say(f"worker {worker.name} (tasks {', '.join(worker.tasks)}) exited with "
-                     f"{worker.exit_text()}; last lines of {worker.log_path}:\n{worker.tail()}")
+            self.say(
+                f"worker {worker.name} (tasks {', '.join(worker.tasks)}) exited with "
+                f"{worker.exit_text()}; last lines of {worker.log_path}:\n{worker.tail()}"
+            )
             self.restore(f"worker {worker.name} died")
             return
-        if trigger and coordinator.all_ready and time.monotonic() - self._last_trigger >= self.settings.interval_s:
-            if coordinator.trigger(options) is not None:
-                self._last_trigger = time.monotonic()
+        due = time.monotonic() - self._last_trigger >= self.settings.interval_s
+        if trigger and coordinator.all_ready and due and coordinator.trigger(options) is not None:
+            self._last_trigger = time.monotonic()
         coordinator.poll(0.2)
 
     def restore(self, reason: str, checkpoint_id: int | None = None) -> RestoreRecord:
@@ -161,12 +180,13 @@ class JobRunner:
         for skipped_id, problems in skipped:
             self.say(f"checkpoint {skipped_id} skipped: {'; '.join(problems)}")
         generation = self.store.next_generation(checkpoint_id)
-        record = RestoreRecord(generation, checkpoint_id, reason,
-                               tuple((cid, tuple(p)) for cid, p in skipped))
+        record = RestoreRecord(generation, checkpoint_id, reason, tuple((cid, tuple(p)) for cid, p in skipped))
         self.restores.append(record)
-        self.say(f"restoring generation {generation} from "
-                 + (f"checkpoint {checkpoint_id}" if checkpoint_id else "the beginning (no complete checkpoint)")
-                 + f" ({reason})")
+        self.say(
+            f"restoring generation {generation} from "
+            + (f"checkpoint {checkpoint_id}" if checkpoint_id else "the beginning (no complete checkpoint)")
+            + f" ({reason})"
+        )
         # workers that still run restore in place (their Spark stays up); dead ones start again
         self._launch(generation, checkpoint_id)
         return record
@@ -181,8 +201,9 @@ class JobRunner:
     def ingress_end_offsets(self) -> dict[str, int]:
         offsets = {}
         for ingress in self.pipeline.ingress:
-            for partition, offset in end_offsets(self.connection.kafka_bootstrap, ingress.topic,
-                                                 ingress.partitions).items():
+            for partition, offset in end_offsets(
+                self.connection.kafka_bootstrap, ingress.topic, ingress.partitions
+            ).items():
                 offsets[f"{ingress.topic}:{partition}"] = offset
         return offsets
 
@@ -221,4 +242,3 @@ class JobRunner:
         if self.coordinator is None:
             raise SparkAbsError(f"job {self.job} is not started")
         return self.coordinator
-

@@ -10,8 +10,8 @@ records are not processed, since the new generation writes them again."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import pyarrow as pa
 
@@ -70,20 +70,33 @@ class Segmenter:
         offsets = table["offset"].to_pylist()
         kinds = []
         for i in range(n):
-            kind = (SegmentKind.DATA if marks[i] is None else
-                    SegmentKind.WATERMARK if marks[i] == WATERMARK_KIND else SegmentKind.CONTROL)
+            kind = (
+                SegmentKind.DATA
+                if marks[i] is None
+                else SegmentKind.WATERMARK
+                if marks[i] == WATERMARK_KIND
+                else SegmentKind.CONTROL
+            )
             # records of an older generation on internal topics after a
             # restored barrier were written by a run that failed
-            if (kind is not SegmentKind.CONTROL and topics[i] in self._internal and generations[i] is not None
-                    and int(generations[i]) < self._generation
-                    and self._lineage.is_stale(ChannelId(topics[i], partitions[i]), int(generations[i]), offsets[i])):
+            if (
+                kind is not SegmentKind.CONTROL
+                and topics[i] in self._internal
+                and generations[i] is not None
+                and int(generations[i]) < self._generation
+                and self._lineage.is_stale(ChannelId(topics[i], partitions[i]), int(generations[i]), offsets[i])
+            ):
                 kind = SegmentKind.SKIP
             kinds.append(kind)
         segments: list[Segment] = []
         start = 0
         for i in range(1, n + 1):
-            if (i < n and kinds[i] is kinds[start] and kinds[i] in (SegmentKind.DATA, SegmentKind.SKIP)
-                    and (topics[i], partitions[i]) == (topics[start], partitions[start])):
+            if (
+                i < n
+                and kinds[i] is kinds[start]
+                and kinds[i] in (SegmentKind.DATA, SegmentKind.SKIP)
+                and (topics[i], partitions[i]) == (topics[start], partitions[start])
+            ):
                 continue
             channel = ChannelId(topics[start], int(partitions[start]))
             segments.append(Segment(channel, table.slice(start, i - start), kinds[start]))

@@ -10,9 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from streaming.api.settings import JobSettings
 
@@ -49,8 +49,9 @@ class WorkerSupervisor:
     """The worker processes of one job: ``groups`` maps a worker's name to
     the tasks it runs; logs go to ``log_dir/worker-<name>-g<generation>.log``."""
 
-    def __init__(self, pipeline_ref: str, job: str, groups: Mapping[str, list[str]], settings: JobSettings,
-                 log_dir: Path):
+    def __init__(
+        self, pipeline_ref: str, job: str, groups: Mapping[str, list[str]], settings: JobSettings, log_dir: Path
+    ):
         self.pipeline_ref = pipeline_ref
         self.job = job
         self.groups = dict(groups)
@@ -68,14 +69,32 @@ class WorkerSupervisor:
                 self.workers[name] = live[name]
                 continue
             log_path = self.log_dir / f"worker-{name}-g{generation}.log"
-            command = [sys.executable, "-m", "streaming.engine.worker", "--pipeline", self.pipeline_ref,
-                       "--job", self.job, "--tasks", ",".join(tasks), "--settings", self.settings.to_json(),
-                       "--generation", str(generation)]
+            command = [
+                sys.executable,
+                "-m",
+                "streaming.engine.worker",
+                "--pipeline",
+                self.pipeline_ref,
+                "--job",
+                self.job,
+                "--tasks",
+                ",".join(tasks),
+                "--settings",
+                self.settings.to_json(),
+                "--generation",
+                str(generation),
+            ]
             if checkpoint_id is not None:
                 command += ["--restore", str(checkpoint_id)]
             with open(log_path, "wb") as log_file:
-                process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
-                                           env=dict(env), start_new_session=True)
+                process = subprocess.Popen(
+                    command,
+                    stdin=subprocess.PIPE,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=dict(env),
+                    start_new_session=True,
+                )
             self.workers[name] = WorkerProcess(name, tasks, process, log_path)
 
     def dead(self) -> list[WorkerProcess]:

@@ -30,8 +30,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -105,10 +106,19 @@ class StageTask:
     """One task of a stage (see the module docstring).  ``process_batch`` is
     the ``foreachBatch`` body; ``on_control`` takes the control topic's events."""
 
-    def __init__(self, pipeline: Pipeline, spec: TaskSpec, io: TaskIO, *, start: TaskStart | None = None,
-                 max_concurrent: int = 1, clock: Callable[[], float] = time.monotonic,
-                 upload: concurrent.futures.Executor | None = None, job_key: bytes | None = None,
-                 copy_in_flight: bool = False):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        spec: TaskSpec,
+        io: TaskIO,
+        *,
+        start: TaskStart | None = None,
+        max_concurrent: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        upload: concurrent.futures.Executor | None = None,
+        job_key: bytes | None = None,
+        copy_in_flight: bool = False,
+    ):
         self.pipeline = pipeline
         self.spec = spec
         self.stage = pipeline.stage(spec.stage)
@@ -122,26 +132,33 @@ class StageTask:
             self.operator.restore(dict(self.start.state))
         self._multi_input = bool(getattr(self.operator, "inputs", None))
         self._schemas = {i.topic: i.schema for i in pipeline.ingress}
-        self.handler = BarrierHandler(self, spec.inputs, positions=self.start.positions,
-                                      generation=self.generation, max_concurrent=max_concurrent, clock=clock,
-                                      newest_started=self.start.checkpoint_id or 0)
+        self.handler = BarrierHandler(
+            self,
+            spec.inputs,
+            positions=self.start.positions,
+            generation=self.generation,
+            max_concurrent=max_concurrent,
+            clock=clock,
+            newest_started=self.start.checkpoint_id or 0,
+        )
         self.lineage = self.start.lineage
-        self._segmenter = Segmenter((pipeline.topic_of(s.name) for s in pipeline.stages), self.generation,
-                                    self.lineage)
-        self.watermarks = WatermarkTracker({i.topic: i.event_time for i in pipeline.ingress if i.event_time},
-                                           self.start.watermarks)
+        self._segmenter = Segmenter((pipeline.topic_of(s.name) for s in pipeline.stages), self.generation, self.lineage)
+        self.watermarks = WatermarkTracker(
+            {i.topic: i.event_time for i in pipeline.ingress if i.event_time}, self.start.watermarks
+        )
         self._queues: dict[ChannelId, collections.deque[Segment]] = {c: collections.deque() for c in spec.inputs}
         self._lock = threading.RLock()
         self.counters = collections.Counter()
-        self._uploader = SnapshotUploader(spec.name, self.generation, io, self.lineage, self.counters,
-                                          copy_in_flight=copy_in_flight, executor=upload)
+        self._uploader = SnapshotUploader(
+            spec.name, self.generation, io, self.lineage, self.counters, copy_in_flight=copy_in_flight, executor=upload
+        )
         self._snapshots: dict[int, dict[str, pa.Table]] = {}
         self._epoch_rows: list[pa.Table] = []
         self._epochs: dict[int, list[pa.Table]] = {}
         self._held_max = 0
         self._taken: dict[int, dict[str, float]] = {}
         # channel state copied into the restored snapshot goes first
-        for channel, table in sorted(self.start.replay.items()):
+        for _channel, table in sorted(self.start.replay.items()):
             if table.num_rows:
                 self.counters["replayed_in_flight"] += table.num_rows
                 self.process_batch(table)
@@ -164,8 +181,14 @@ class StageTask:
             offset = int(row["offset"][0].as_py())
             self.counters["rejected_control_records"] += 1
             log.warning("%s: control record at %s offset %d rejected: %s", self.spec.name, channel, offset, exc)
-            self.io.dead_letter(channel, offset, row["key"][0].as_py(), row["value"][0].as_py(), headers,
-                                f"rejected control record: {exc.reason}")
+            self.io.dead_letter(
+                channel,
+                offset,
+                row["key"][0].as_py(),
+                row["value"][0].as_py(),
+                headers,
+                f"rejected control record: {exc.reason}",
+            )
             return None
 
     def _drain(self) -> None:
@@ -191,8 +214,9 @@ class StageTask:
         if segment.last_offset < position:
             return  # Spark handed these again (a retried batch): already processed
         if segment.first_offset < position:
-            segment = Segment(channel, segment.rows.filter(pc.greater_equal(segment.rows["offset"], position)),
-                              segment.kind)
+            segment = Segment(
+                channel, segment.rows.filter(pc.greater_equal(segment.rows["offset"], position)), segment.kind
+            )
         if segment.kind is SegmentKind.CONTROL:
             self._handle_control(segment)
             return
@@ -259,8 +283,9 @@ class StageTask:
     def _dead_letter(self, channel: ChannelId, row: pa.Table, reason: str) -> None:
         self.counters["dead_letters"] += 1
         headers = [(h["key"], h["value"]) for h in (row["headers"][0].as_py() or [])]
-        self.io.dead_letter(channel, int(row["offset"][0].as_py()), row["key"][0].as_py(),
-                            row["value"][0].as_py(), headers, reason)
+        self.io.dead_letter(
+            channel, int(row["offset"][0].as_py()), row["key"][0].as_py(), row["value"][0].as_py(), headers, reason
+        )
 
     def _collect_dead_letters(self, channel: ChannelId) -> None:
         letters = getattr(self.operator, "dead_letters", None)
@@ -292,8 +317,7 @@ class StageTask:
             self._epoch_rows.append(output)
             return
         targets = route(output, self.stage.key, len(self.spec.outputs)).to_numpy()
-        keys = (pc.cast(output[self.stage.key], pa.string()).to_pylist() if self.stage.key
-                else [None] * output.num_rows)
+        keys = pc.cast(output[self.stage.key], pa.string()).to_pylist() if self.stage.key else [None] * output.num_rows
         headers = [(GENERATION_HEADER, str(self.generation).encode())]
         if watermark is not None:
             headers.append((WATERMARK_HEADER, str(watermark).encode()))
@@ -328,25 +352,45 @@ class StageTask:
         self.io.flush()
         headers = encode(barrier, key=self.job_key)
         offsets = self.io.append_barrier(self.spec.outputs, headers)
-        self.io.publish(ControlEvent(ControlKind.ANNOUNCE, barrier.checkpoint_id, self.spec.name,
-                                     {"generation": self.generation, "barrier": announced_barrier(headers),
-                                      "offsets": {str(c): o for c, o in offsets.items()}}))
+        self.io.publish(
+            ControlEvent(
+                ControlKind.ANNOUNCE,
+                barrier.checkpoint_id,
+                self.spec.name,
+                {
+                    "generation": self.generation,
+                    "barrier": announced_barrier(headers),
+                    "offsets": {str(c): o for c, o in offsets.items()},
+                },
+            )
+        )
 
     def record_in_flight(self, checkpoint_id: int, channel: ChannelId, start: int, end: int) -> None:
         log.debug("%s: checkpoint %d: %s in flight [%d, %d)", self.spec.name, checkpoint_id, channel, start, end)
 
     def acknowledge(self, checkpoint: TaskCheckpoint) -> None:
         checkpoint_id = checkpoint.checkpoint_id
-        self._uploader.submit(checkpoint, self._snapshots.pop(checkpoint_id), self._epochs.pop(checkpoint_id, []),
-                              self.watermarks.snapshot(), self._taken.pop(checkpoint_id, {}))
+        self._uploader.submit(
+            checkpoint,
+            self._snapshots.pop(checkpoint_id),
+            self._epochs.pop(checkpoint_id, []),
+            self.watermarks.snapshot(),
+            self._taken.pop(checkpoint_id, {}),
+        )
 
     def abort(self, checkpoint_id: int, reason: CheckpointFailure, detail: str) -> None:
         self._snapshots.pop(checkpoint_id, None)
         # the output of an aborted epoch belongs to the next one
         self._epoch_rows = self._epochs.pop(checkpoint_id, []) + self._epoch_rows
         self.counters["aborted"] += 1
-        self.io.publish(ControlEvent(ControlKind.DECLINE, checkpoint_id, self.spec.name,
-                                     {"generation": self.generation, "reason": reason.name, "detail": detail}))
+        self.io.publish(
+            ControlEvent(
+                ControlKind.DECLINE,
+                checkpoint_id,
+                self.spec.name,
+                {"generation": self.generation, "reason": reason.name, "detail": detail},
+            )
+        )
 
     # ---------------------------------------------------------------- control
 
@@ -364,9 +408,11 @@ class StageTask:
         if event.kind is ControlKind.ABORT and event.task != self.spec.name:
             with self._lock:
                 if event.checkpoint_id in self.handler.pending:
-                    self.handler.abort(event.checkpoint_id,
-                                       CheckpointFailure.parse(event.payload.get("reason"), CheckpointFailure.USER),
-                                       str(event.payload.get("detail", "aborted by the coordinator")))
+                    self.handler.abort(
+                        event.checkpoint_id,
+                        CheckpointFailure.parse(event.payload.get("reason"), CheckpointFailure.USER),
+                        str(event.payload.get("detail", "aborted by the coordinator")),
+                    )
 
     def _announced(self, event: ControlEvent) -> None:
         try:
@@ -391,4 +437,3 @@ class StageTask:
 
     def close(self) -> None:
         self._uploader.close()
-

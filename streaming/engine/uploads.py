@@ -11,7 +11,8 @@ import concurrent.futures
 import json
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 
@@ -32,8 +33,17 @@ class SnapshotUploader:
     at a time on ``executor`` (its own thread when None) through the task's
     ``io`` (a ``TaskIO``), counting ``acknowledged`` and ``declined``."""
 
-    def __init__(self, task: str, generation: int, io: Any, lineage: Lineage, counters: collections.Counter, *,
-                 copy_in_flight: bool = False, executor: concurrent.futures.Executor | None = None):
+    def __init__(
+        self,
+        task: str,
+        generation: int,
+        io: Any,
+        lineage: Lineage,
+        counters: collections.Counter,
+        *,
+        copy_in_flight: bool = False,
+        executor: concurrent.futures.Executor | None = None,
+    ):
         self.task = task
         self.generation = generation
         self.io = io
@@ -45,8 +55,14 @@ class SnapshotUploader:
         self._own_executor = executor is None
         self._pending: list[concurrent.futures.Future] = []
 
-    def submit(self, checkpoint: TaskCheckpoint, state: dict[str, pa.Table], epoch: list[pa.Table],
-               watermarks: dict[ChannelId, int], taken: dict[str, float]) -> None:
+    def submit(
+        self,
+        checkpoint: TaskCheckpoint,
+        state: dict[str, pa.Table],
+        epoch: list[pa.Table],
+        watermarks: dict[ChannelId, int],
+        taken: dict[str, float],
+    ) -> None:
         self._pending = [f for f in self._pending if not f.done()]
         self._pending.append(self._executor.submit(self._upload_and_ack, checkpoint, state, epoch, watermarks, taken))
 
@@ -70,8 +86,14 @@ class SnapshotUploader:
         faults.point(self.task, "during_copy", checkpoint.checkpoint_id)
         return {str(c): read_range(c, start, end) for c, (start, end) in checkpoint.in_flight.items()}
 
-    def _upload_and_ack(self, checkpoint: TaskCheckpoint, state: dict[str, pa.Table], epoch: list[pa.Table],
-                        watermarks: dict[ChannelId, int], taken: dict[str, float]) -> None:
+    def _upload_and_ack(
+        self,
+        checkpoint: TaskCheckpoint,
+        state: dict[str, pa.Table],
+        epoch: list[pa.Table],
+        watermarks: dict[ChannelId, int],
+        taken: dict[str, float],
+    ) -> None:
         checkpoint_id = checkpoint.checkpoint_id
         began = time.perf_counter()
         try:
@@ -80,7 +102,10 @@ class SnapshotUploader:
                 table = pa.concat_tables(epoch, promote_options="default") if epoch else pa.table({})
                 self.io.stage_epoch(checkpoint_id, table)
             snapshot = self.io.write_snapshot(
-                checkpoint_id, self.generation, self.task, state,
+                checkpoint_id,
+                self.generation,
+                self.task,
+                state,
                 positions={str(c): p for c, p in checkpoint.positions.items()},
                 in_flight={str(c): r for c, r in checkpoint.in_flight.items()},
                 channel_records=copied or None,
@@ -90,25 +115,41 @@ class SnapshotUploader:
         except Exception as exc:  # the store, Kafka or the sink staging failed: decline, keep running
             log.warning("%s: checkpoint %d: snapshot upload failed, declining: %s", self.task, checkpoint_id, exc)
             self.counters["declined"] += 1
-            self._publish(ControlKind.DECLINE, checkpoint_id,
-                          {"reason": CheckpointFailure.STORE_FAILURE.name, "detail": str(exc)})
+            self._publish(
+                ControlKind.DECLINE, checkpoint_id, {"reason": CheckpointFailure.STORE_FAILURE.name, "detail": str(exc)}
+            )
             return
-        self._publish(ControlKind.ACK, checkpoint_id, {
-            "snapshot": json.loads(snapshot.to_json()),
-            "metrics": {"async_snapshot_s": upload_s,
-                        "state_bytes": sum(p.bytes for p in getattr(snapshot, "state_parts", ()))}})
+        self._publish(
+            ControlKind.ACK,
+            checkpoint_id,
+            {
+                "snapshot": json.loads(snapshot.to_json()),
+                "metrics": {
+                    "async_snapshot_s": upload_s,
+                    "state_bytes": sum(p.bytes for p in getattr(snapshot, "state_parts", ())),
+                },
+            },
+        )
         self.counters["acknowledged"] += 1
 
-    def _metrics(self, checkpoint: TaskCheckpoint, watermarks: dict[ChannelId, int], taken: dict[str, float],
-                 copied: dict[str, pa.Table]) -> dict[str, Any]:
+    def _metrics(
+        self,
+        checkpoint: TaskCheckpoint,
+        watermarks: dict[ChannelId, int],
+        taken: dict[str, float],
+        copied: dict[str, pa.Table],
+    ) -> dict[str, Any]:
         """What the task measured of this checkpoint, kept with its snapshot (and in the manifest)."""
         wall = taken.get("snapshot_wall", time.time())
         return {
             "kind": checkpoint.kind.value,
             "watermarks": {str(c): w for c, w in watermarks.items()},
             # trigger -> this task saw checkpoint n (first barrier or announcement)
-            "first_barrier_s": max(0.0, wall - (checkpoint.snapshot_at - checkpoint.started_at)
-                                   - checkpoint.barrier.timestamp_ms / 1000) if checkpoint.barrier.timestamp_ms else None,
+            "first_barrier_s": max(
+                0.0, wall - (checkpoint.snapshot_at - checkpoint.started_at) - checkpoint.barrier.timestamp_ms / 1000
+            )
+            if checkpoint.barrier.timestamp_ms
+            else None,
             "alignment_s": checkpoint.alignment_duration,
             "sync_snapshot_s": taken.get("sync_snapshot_s"),
             "held_bytes_max": taken.get("held_bytes_max", 0),

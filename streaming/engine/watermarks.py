@@ -9,7 +9,7 @@ has one), so windows close only when every input passed them."""
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -51,8 +51,9 @@ class WatermarkTracker:
             return None
         return min(self._by_channel[c] for c in inputs)
 
-    def advance(self, channel: ChannelId, rows: pa.Table, decoded: pa.Table | None,
-                inputs: Iterable[ChannelId]) -> int | None:
+    def advance(
+        self, channel: ChannelId, rows: pa.Table, decoded: pa.Table | None, inputs: Iterable[ChannelId]
+    ) -> int | None:
         """Take what ``rows`` of ``channel`` say about event time (their
         ``abs.wm`` headers; with ``decoded``, the event-time column); the
         task's new watermark over ``inputs`` when that moved it, else None."""

@@ -25,8 +25,9 @@ import queue
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from kafka import KafkaProducer
 
@@ -63,8 +64,18 @@ class Worker:
     """Runs ``task_names`` of ``pipeline`` in one Spark application (``spark``,
     or a session of its own made when it starts)."""
 
-    def __init__(self, pipeline: Pipeline, task_names: list[str], settings: JobSettings, connection: Connection,
-                 *, generation: int, restore: int | None, spark=None, say: Callable[[str], None] = print):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        task_names: list[str],
+        settings: JobSettings,
+        connection: Connection,
+        *,
+        generation: int,
+        restore: int | None,
+        spark=None,
+        say: Callable[[str], None] = print,
+    ):
         self.pipeline = pipeline
         self.settings = settings
         self.connection = connection
@@ -87,15 +98,19 @@ class Worker:
         self.control = ControlTopic(bootstrap, job)
         self.control.seek_to_end()
         # one in-flight request per connection keeps each partition in send order
-        self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
-                                      max_in_flight_requests_per_connection=1)
+        self.producer = KafkaProducer(
+            bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_in_flight_requests_per_connection=1
+        )
         self.dead_letters = DeadLetters(bootstrap, job)
-        self._spark = self._spark or spark_session(SparkSettings(master=self.connection.spark_master,
-                                                                 app_name=f"spark-abs-{job}"))
+        self._spark = self._spark or spark_session(
+            SparkSettings(master=self.connection.spark_master, app_name=f"spark-abs-{job}")
+        )
         for name in self.task_names:
             self.running.append(self._start_task(self._spark, name))
-        self.say(f"worker g{self.generation}: tasks {', '.join(self.task_names)} running"
-                 + (f" (restored checkpoint {self.restore})" if self.restore else ""))
+        self.say(
+            f"worker g{self.generation}: tasks {', '.join(self.task_names)} running"
+            + (f" (restored checkpoint {self.restore})" if self.restore else "")
+        )
 
     def _start_task(self, spark, name: str) -> _Running:
         from streaming.adapters.spark import ChannelQuery
@@ -108,12 +123,23 @@ class Worker:
             faults.point(name, "during_restore", self.restore)
         plan = plan_start(self.generation, self.restore, loaded)
         sink = None if stage.sink is None else self._open_sink(name, stage)
-        task = StageTask(self.pipeline, spec, self._task_io(name, stage, sink), start=plan.start,
-                         max_concurrent=self.settings.max_concurrent, copy_in_flight=self._must_copy(spec))
-        query = ChannelQuery(spark, self.connection, name=f"{self.pipeline.job}-{name}-g{self.generation}",
-                             channels=spec.inputs, starting=plan.query_start,
-                             max_records_per_batch=self.settings.max_records_per_batch,
-                             on_batch=faults.wrap_batch(name, task))
+        task = StageTask(
+            self.pipeline,
+            spec,
+            self._task_io(name, stage, sink),
+            start=plan.start,
+            max_concurrent=self.settings.max_concurrent,
+            copy_in_flight=self._must_copy(spec),
+        )
+        query = ChannelQuery(
+            spark,
+            self.connection,
+            name=f"{self.pipeline.job}-{name}-g{self.generation}",
+            channels=spec.inputs,
+            starting=plan.query_start,
+            max_records_per_batch=self.settings.max_records_per_batch,
+            on_batch=faults.wrap_batch(name, task),
+        )
         query.start(interval=self.settings.trigger_interval)
         self.control.publish(ControlEvent(ControlKind.READY, 0, name, {"generation": self.generation}))
         return _Running(task, query, sink)
@@ -125,11 +151,15 @@ class Worker:
         sink = open_sink(stage.sink, location, name, job=self.pipeline.job, bootstrap=self.connection.kafka_bootstrap)
         recovery = sink.recover(self.restore or 0)
         if recovery:
-            self.say(f"{name}: sink recovered: committed epochs {recovery.committed}, discarded "
-                     f"{recovery.discarded}, retracted {recovery.retracted}")
+            self.say(
+                f"{name}: sink recovered: committed epochs {recovery.committed}, discarded "
+                f"{recovery.discarded}, retracted {recovery.retracted}"
+            )
         if recovery.irrevocable:
-            self.say(f"{name}: WARNING: epochs {recovery.irrevocable} were committed to Kafka after "
-                     f"checkpoint {self.restore or 0}; readers have them and the replay writes them again")
+            self.say(
+                f"{name}: WARNING: epochs {recovery.irrevocable} were committed to Kafka after "
+                f"checkpoint {self.restore or 0}; readers have them and the replay writes them again"
+            )
         return sink
 
     def _task_io(self, name: str, stage: Stage, sink: ObjectStoreSink | KafkaSink | None) -> TaskIO:
@@ -137,6 +167,7 @@ class Worker:
         if sink is None:
             stage_epoch = None
         elif isinstance(sink, KafkaSink):
+
             def stage_epoch(epoch, table):
                 return sink.stage(epoch, kafka_records(table, stage.key))
         else:
@@ -163,8 +194,10 @@ class Worker:
         for topic in sorted({c.topic for c in spec.inputs}):
             kept = retention_ms(self.connection.kafka_bootstrap, topic)
             if kept is not None and kept < needed_ms:
-                self.say(f"{spec.name}: topic {topic} keeps records {kept} ms, less than the {needed_ms:.0f} ms a "
-                         f"checkpoint may need them: copying in-flight records instead of keeping ranges")
+                self.say(
+                    f"{spec.name}: topic {topic} keeps records {kept} ms, less than the {needed_ms:.0f} ms a "
+                    f"checkpoint may need them: copying in-flight records instead of keeping ranges"
+                )
                 return True
         return False
 
@@ -172,6 +205,7 @@ class Worker:
         def write(checkpoint_id, generation, task, state, **kwargs):
             faults.point(name, "during_upload", checkpoint_id)
             return self.store.write_task(checkpoint_id, generation, task, state, **kwargs)
+
         return write
 
     def restart(self, generation: int, restore: int | None) -> None:
@@ -185,8 +219,10 @@ class Worker:
         self.control.seek_to_end()
         for name in self.task_names:
             self.running.append(self._start_task(self._spark, name))
-        self.say(f"worker g{generation}: tasks {', '.join(self.task_names)} restored in place from "
-                 + (f"checkpoint {restore}" if restore else "the beginning"))
+        self.say(
+            f"worker g{generation}: tasks {', '.join(self.task_names)} restored in place from "
+            + (f"checkpoint {restore}" if restore else "the beginning")
+        )
 
     def serve(self) -> int:
         """Follow the control topic until stopped; 1 if a query failed."""
@@ -213,8 +249,14 @@ class Worker:
             if event.kind is ControlKind.COMPLETE and running.sink is not None:
                 faults.point(running.task.spec.name, "before_sink_commit", event.checkpoint_id)
                 committed = running.sink.commit_through(event.checkpoint_id)
-                self.control.publish(ControlEvent(ControlKind.COMMITTED, event.checkpoint_id, running.task.spec.name,
-                                                  {"generation": self.generation, "epochs": committed}))
+                self.control.publish(
+                    ControlEvent(
+                        ControlKind.COMMITTED,
+                        event.checkpoint_id,
+                        running.task.spec.name,
+                        {"generation": self.generation, "epochs": committed},
+                    )
+                )
 
     def stop(self) -> None:
         self._stop.set()
@@ -251,8 +293,11 @@ def _read_commands(worker: Worker) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m streaming.engine.worker", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m streaming.engine.worker",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--pipeline", required=True, help="module:attribute of the pipeline")
     parser.add_argument("--job", help="job name (passed to a pipeline factory)")
     parser.add_argument("--tasks", required=True, help="comma-separated task names, e.g. legs-0,accounts-1")
@@ -264,8 +309,15 @@ def main(argv: list[str] | None = None) -> int:
     say = lambda line: print(f"[worker] {line}", flush=True)  # noqa: E731
     try:
         pipeline = load_pipeline(args.pipeline, args.job)
-        worker = Worker(pipeline, [t for t in args.tasks.split(",") if t], JobSettings.from_json(args.settings),
-                        Connection.load(), generation=args.generation, restore=args.restore, say=say)
+        worker = Worker(
+            pipeline,
+            [t for t in args.tasks.split(",") if t],
+            JobSettings.from_json(args.settings),
+            Connection.load(),
+            generation=args.generation,
+            restore=args.restore,
+            say=say,
+        )
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
         threading.Thread(target=_read_commands, args=(worker,), daemon=True).start()
         worker.start()

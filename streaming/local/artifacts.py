@@ -13,9 +13,9 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 from xml.sax.saxutils import escape
 
 from streaming.api.config import ENV
@@ -86,8 +86,7 @@ def require_tool(name: str) -> str:
 
 def _pom(name: str, artifacts: Iterable[Artifact]) -> str:
     deps = "\n".join(
-        "    <dependency><groupId>{}</groupId><artifactId>{}</artifactId>"
-        "<version>{}</version></dependency>".format(escape(a.group), escape(a.artifact), escape(a.version))
+        f"    <dependency><groupId>{escape(a.group)}</groupId><artifactId>{escape(a.artifact)}</artifactId><version>{escape(a.version)}</version></dependency>"
         for a in artifacts
     )
     return (
@@ -114,8 +113,9 @@ def _maven_errors(output: str) -> str:
     return "\n".join(lines[:6]) or output.strip()[-2000:]
 
 
-def resolve_jars(name: str, artifacts: Sequence[Artifact], cache_dir: Path,
-                 progress: Progress = log.info) -> list[Path]:
+def resolve_jars(
+    name: str, artifacts: Sequence[Artifact], cache_dir: Path, progress: Progress = log.info
+) -> list[Path]:
     """Resolve ``artifacts`` and their runtime dependencies into
     ``cache_dir/jars/<name>`` (once) and return the jar paths."""
     target = cache_dir / "jars" / name
@@ -130,13 +130,24 @@ def resolve_jars(name: str, artifacts: Sequence[Artifact], cache_dir: Path,
         (work / "pom.xml").write_text(_pom(name, artifacts))
         (work / "settings.xml").write_text(_settings(repo))
         out = work / "jars"
-        cmd = [mvn, "-B", "-q", "-s", str(work / "settings.xml"), "-f", str(work / "pom.xml"),
-               "dependency:copy-dependencies", f"-DoutputDirectory={out}", "-DincludeScope=runtime"]
+        cmd = [
+            mvn,
+            "-B",
+            "-q",
+            "-s",
+            str(work / "settings.xml"),
+            "-f",
+            str(work / "pom.xml"),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={out}",
+            "-DincludeScope=runtime",
+        ]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         except subprocess.TimeoutExpired as exc:
-            raise ArtifactResolutionError(f"mvn took over 15 minutes resolving {name}; "
-                                          "is the Maven registry reachable?") from exc
+            raise ArtifactResolutionError(
+                f"mvn took over 15 minutes resolving {name}; is the Maven registry reachable?"
+            ) from exc
         if done.returncode != 0 or not out.is_dir():
             raise ArtifactResolutionError(
                 f"mvn could not resolve {', '.join(map(str, artifacts))} "
@@ -159,13 +170,15 @@ def _artifact_id(jar: Path) -> str:
     return match.group("artifact") if match else jar.stem
 
 
-def connector_jars(spark_version: str, cache_dir: Path, spark_jars_dir: Path,
-                   progress: Progress = log.info) -> list[Path]:
+def connector_jars(
+    spark_version: str, cache_dir: Path, spark_jars_dir: Path, progress: Progress = log.info
+) -> list[Path]:
     """Spark's Kafka connector and what it needs beyond the jars Spark ships:
     jars whose artifact Spark already has (scala, hadoop, slf4j...) are left out
     so the classpath has one copy of each."""
-    resolved = resolve_jars(f"spark-kafka-{spark_version}",
-                            spark_kafka_connector_artifacts(spark_version), cache_dir, progress)
+    resolved = resolve_jars(
+        f"spark-kafka-{spark_version}", spark_kafka_connector_artifacts(spark_version), cache_dir, progress
+    )
     shipped = {_artifact_id(j) for j in spark_jars_dir.glob("*.jar")}
     return [j for j in resolved if _artifact_id(j) not in shipped]
 
@@ -177,8 +190,7 @@ def build_versitygw(version: str, cache_dir: Path, progress: Progress = log.info
     if (target / _COMPLETE).exists() and binary.exists():
         return binary
     go = require_tool("go")
-    progress(f"building the S3 API server versitygw {version} with `go install` "
-             "(first time only, about 2-3 minutes)")
+    progress(f"building the S3 API server versitygw {version} with `go install` (first time only, about 2-3 minutes)")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".versitygw-") as tmp:
         env = dict(os.environ, GOBIN=tmp, CGO_ENABLED="0")
@@ -186,13 +198,13 @@ def build_versitygw(version: str, cache_dir: Path, progress: Progress = log.info
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
         except subprocess.TimeoutExpired as exc:
-            raise ArtifactResolutionError("go install versitygw took over 20 minutes; "
-                                          "is the Go module proxy reachable?") from exc
+            raise ArtifactResolutionError(
+                "go install versitygw took over 20 minutes; is the Go module proxy reachable?"
+            ) from exc
         built = Path(tmp) / "versitygw"
         if done.returncode != 0 or not built.exists():
             tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])
-            raise ArtifactResolutionError(f"go install versitygw@{version} failed "
-                                          f"(exit {done.returncode}):\n{tail}")
+            raise ArtifactResolutionError(f"go install versitygw@{version} failed (exit {done.returncode}):\n{tail}")
         target.mkdir(exist_ok=True)
         built.rename(binary)
         (target / _COMPLETE).write_text(version + "\n")

@@ -39,39 +39,47 @@ LOG4J2_XML = """<Configuration status="WARN">
 
 def broker_properties(data_dir: Path, port: int, controller_port: int) -> str:
     """server.properties of a single combined KRaft node on loopback."""
-    return "\n".join([
-        "process.roles=broker,controller",
-        "node.id=1",
-        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
-        "controller.listener.names=CONTROLLER",
-        "inter.broker.listener.name=PLAINTEXT",
-        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        # A static voter set, so the ports may change between starts.
-        f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
-        f"log.dirs={data_dir}",
-        "num.partitions=1",
-        "auto.create.topics.enable=false",
-        "offsets.topic.replication.factor=1",
-        "offsets.topic.num.partitions=4",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
-        "transaction.state.log.num.partitions=4",
-        "share.coordinator.state.topic.replication.factor=1",
-        "share.coordinator.state.topic.min.isr=1",
-        "group.initial.rebalance.delay.ms=0",
-        # Tests create and drop many small topics.
-        "log.segment.bytes=16777216",
-        "delete.topic.enable=true",
-        "",
-    ])
+    return "\n".join(
+        [
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            # A static voter set, so the ports may change between starts.
+            f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+            f"log.dirs={data_dir}",
+            "num.partitions=1",
+            "auto.create.topics.enable=false",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=4",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "transaction.state.log.num.partitions=4",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            # Tests create and drop many small topics.
+            "log.segment.bytes=16777216",
+            "delete.topic.enable=true",
+            "",
+        ]
+    )
 
 
 def _java_argv(java: str, classpath: Path, log4j_xml: Path, heap: str, logs_dir: Path) -> list[str]:
     return [
-        java, f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-        f"-Dlog4j2.configurationFile={log4j_xml}", f"-Dkafka.logs.dir={logs_dir}",
-        "-cp", f"{classpath}/*",
+        java,
+        f"-Xmx{heap}",
+        f"-Xms{heap}",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log4j_xml}",
+        f"-Dkafka.logs.dir={logs_dir}",
+        "-cp",
+        f"{classpath}/*",
     ]
 
 
@@ -79,7 +87,13 @@ def format_command(java: str, jars_dir: Path, config: Path, log4j_xml: Path, log
     """``kafka.tools.StorageTool format`` for a fresh data dir (static quorum)."""
     cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     return _java_argv(java, jars_dir, log4j_xml, "256m", logs_dir) + [
-        "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(config), "--ignore-formatted",
+        "kafka.tools.StorageTool",
+        "format",
+        "-t",
+        cid,
+        "-c",
+        str(config),
+        "--ignore-formatted",
     ]
 
 
@@ -113,8 +127,12 @@ def is_formatted(runtime_dir: Path) -> bool:
 
 def broker_ready(bootstrap: str) -> bool:
     """The broker answers metadata requests."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000,
-                             bootstrap_timeout_ms=3000, client_id="spark-abs-local-probe")
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        request_timeout_ms=3000,
+        bootstrap_timeout_ms=3000,
+        client_id="spark-abs-local-probe",
+    )
     try:
         admin.describe_cluster()
         return True

@@ -15,9 +15,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from streaming.errors import PortInUseError, ServiceStartError
 
@@ -131,8 +131,13 @@ def tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def wait_ready(spec: ServiceSpec, proc: subprocess.Popen, ready: Callable[[], bool],
-               timeout_s: float, extra_logs: Sequence[Path] = ()) -> float:
+def wait_ready(
+    spec: ServiceSpec,
+    proc: subprocess.Popen,
+    ready: Callable[[], bool],
+    timeout_s: float,
+    extra_logs: Sequence[Path] = (),
+) -> float:
     """Poll ``ready`` until it holds; fail with the log tail if the process exits
     or ``timeout_s`` passes.  Returns the seconds it took."""
     started = time.monotonic()

@@ -12,17 +12,17 @@ import logging
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import pyspark
 
+from streaming.adapters.objects import ensure_bucket
 from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.errors import ConfigError, ServiceStartError
 from streaming.local import artifacts, kafka_broker, processes, s3_server
 from streaming.local.artifacts import FETCHABLE
-from streaming.adapters.objects import ensure_bucket
 
 __all__ = ["LocalRuntime", "RuntimeStatus", "ServiceStatus"]
 
@@ -111,8 +111,7 @@ class LocalRuntime:
         except (OSError, ValueError, AttributeError):
             return {}
 
-    def _choose_port(self, name: str, configured: int, remembered: dict[str, int],
-                     taken: set[int], what: str) -> int:
+    def _choose_port(self, name: str, configured: int, remembered: dict[str, int], taken: set[int], what: str) -> int:
         if configured:
             processes.ensure_port_free(configured, what)
             return configured
@@ -136,13 +135,17 @@ class LocalRuntime:
         fetched: dict[str, list[Path]] = {}
         if "kafka" in only:
             fetched["kafka"] = artifacts.resolve_jars(
-                f"kafka-{s.kafka_version}", artifacts.kafka_broker_artifacts(s.kafka_version),
-                s.cache_dir, self._progress)
+                f"kafka-{s.kafka_version}",
+                artifacts.kafka_broker_artifacts(s.kafka_version),
+                s.cache_dir,
+                self._progress,
+            )
         if "s3-server" in only:
             fetched["s3-server"] = [artifacts.build_versitygw(s.s3_server_version, s.cache_dir, self._progress)]
         if "spark-connector" in only:
             fetched["spark-connector"] = artifacts.connector_jars(
-                s.spark_version, s.cache_dir, Path(pyspark.__file__).parent / "jars", self._progress)
+                s.spark_version, s.cache_dir, Path(pyspark.__file__).parent / "jars", self._progress
+            )
         return fetched
 
     def up(self) -> Connection:
@@ -171,9 +174,11 @@ class LocalRuntime:
             )
             ensure_bucket(connection)
             self._write_connection(connection, ports)
-        self._progress(f"local runtime up in {time.monotonic() - started:.1f} s: "
-                       f"kafka {connection.kafka_bootstrap}, s3 {connection.s3_endpoint} "
-                       f"(bucket {connection.s3_bucket})")
+        self._progress(
+            f"local runtime up in {time.monotonic() - started:.1f} s: "
+            f"kafka {connection.kafka_bootstrap}, s3 {connection.s3_endpoint} "
+            f"(bucket {connection.s3_bucket})"
+        )
         return connection
 
     def _up_kafka(self, java: str, remembered: dict[str, int]) -> dict[str, int]:
@@ -181,8 +186,9 @@ class LocalRuntime:
         if processes.running_pid(spec.pid_path, spec.marker) is not None and "kafka" in remembered:
             return {"kafka": remembered["kafka"], "kafka_controller": remembered["kafka_controller"]}
         port = self._choose_port("kafka", self.settings.kafka_port, remembered, set(), "the Kafka broker")
-        cport = self._choose_port("kafka_controller", self.settings.kafka_controller_port, remembered,
-                                  {port}, "the Kafka controller")
+        cport = self._choose_port(
+            "kafka_controller", self.settings.kafka_controller_port, remembered, {port}, "the Kafka controller"
+        )
         config, log4j = kafka_broker.write_config(self._dir, port, cport)
         if not kafka_broker.is_formatted(self._dir):
             cmd = kafka_broker.format_command(java, self._kafka_jars_dir(), config, log4j, self._dir / "logs")
@@ -191,9 +197,13 @@ class LocalRuntime:
                 raise ServiceStartError(f"formatting the Kafka data dir failed:\n{done.stdout}{done.stderr}")
         self._progress(f"starting Kafka {self.settings.kafka_version} (KRaft) on 127.0.0.1:{port}")
         proc = processes.start(spec)
-        took = processes.wait_ready(spec, proc, lambda: processes.port_open(port)
-                                    and kafka_broker.broker_ready(f"127.0.0.1:{port}"),
-                                    self.settings.start_timeout_s, extra_logs=[self._dir / "logs" / "kafka.log"])
+        took = processes.wait_ready(
+            spec,
+            proc,
+            lambda: processes.port_open(port) and kafka_broker.broker_ready(f"127.0.0.1:{port}"),
+            self.settings.start_timeout_s,
+            extra_logs=[self._dir / "logs" / "kafka.log"],
+        )
         self._progress(f"Kafka ready after {took:.1f} s")
         return {"kafka": port, "kafka_controller": cport}
 
@@ -212,12 +222,18 @@ class LocalRuntime:
     def _write_connection(self, connection: Connection, ports: dict[str, int]) -> None:
         path = self.settings.connection_file
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({
-            "connection": connection.to_dict(),
-            "ports": ports,
-            "logs": str(self._dir / "logs"),
-            "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }, indent=2) + "\n")
+        tmp.write_text(
+            json.dumps(
+                {
+                    "connection": connection.to_dict(),
+                    "ports": ports,
+                    "logs": str(self._dir / "logs"),
+                    "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         tmp.replace(path)
 
     def down(self, purge: bool = False) -> list[str]:
@@ -240,18 +256,19 @@ class LocalRuntime:
     def status(self) -> RuntimeStatus:
         ports = self._load_ports()
         try:
-            connection = Connection.from_dict(
-                json.loads(self.settings.connection_file.read_text())["connection"])
+            connection = Connection.from_dict(json.loads(self.settings.connection_file.read_text())["connection"])
         except (OSError, ValueError, KeyError, ConfigError):
             connection = None
         services = []
         for spec, port_name in ((self._kafka_spec(), "kafka"), (self._s3_spec(), "s3")):
             port = ports.get(port_name)
-            services.append(ServiceStatus(
-                name=spec.name,
-                pid=processes.running_pid(spec.pid_path, spec.marker),
-                address=f"127.0.0.1:{port}" if port else "-",
-                listening=bool(port) and processes.port_open(port),
-                log=spec.log_path,
-            ))
+            services.append(
+                ServiceStatus(
+                    name=spec.name,
+                    pid=processes.running_pid(spec.pid_path, spec.marker),
+                    address=f"127.0.0.1:{port}" if port else "-",
+                    listening=bool(port) and processes.port_open(port),
+                    log=spec.log_path,
+                )
+            )
         return RuntimeStatus(tuple(services), self.settings.connection_file, connection)

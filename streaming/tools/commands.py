@@ -12,8 +12,8 @@ would pick."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.errors import SnapshotMissingError
@@ -55,38 +55,54 @@ def checkpoint_rows(store: SnapshotStore, *, checksums: bool = True) -> list[Che
             rows.append(CheckpointRow(checkpoint_id, True, (str(exc),)))
             continue
         tasks = manifest.tasks.values()
-        rows.append(CheckpointRow(
-            checkpoint_id, True, problems, manifest.generation, manifest.created_at,
-            tuple(manifest.metrics.get("kinds", ())), manifest.metrics.get("trigger_to_complete_s"),
-            sum(p.bytes for t in tasks for p in t.state_parts),
-            sum(end - start for t in tasks for start, end in t.in_flight.values())))
+        rows.append(
+            CheckpointRow(
+                checkpoint_id,
+                True,
+                problems,
+                manifest.generation,
+                manifest.created_at,
+                tuple(manifest.metrics.get("kinds", ())),
+                manifest.metrics.get("trigger_to_complete_s"),
+                sum(p.bytes for t in tasks for p in t.state_parts),
+                sum(end - start for t in tasks for start, end in t.in_flight.values()),
+            )
+        )
     return rows
 
 
 def render_checkpoints(job: str, rows: list[CheckpointRow], generation: int | None) -> str:
     if not rows:
-        return f"job {job}: no checkpoints in the store" + (
-            "" if generation is None else f" (generation {generation})")
+        return f"job {job}: no checkpoints in the store" + ("" if generation is None else f" (generation {generation})")
     pick = max((r.checkpoint_id for r in rows if r.usable), default=None)
-    header = (f"{'checkpoint':>10}  {'gen':>3}  {'created (UTC)':<20} {'seconds':>7}  {'state bytes':>11}  "
-              f"{'in flight':>9}  {'kinds':<24} verifies")
-    lines = [f"job {job}" + ("" if generation is None else f", generation {generation}"), "", header,
-             "-" * len(header)]
+    header = (
+        f"{'checkpoint':>10}  {'gen':>3}  {'created (UTC)':<20} {'seconds':>7}  {'state bytes':>11}  "
+        f"{'in flight':>9}  {'kinds':<24} verifies"
+    )
+    lines = [f"job {job}" + ("" if generation is None else f", generation {generation}"), "", header, "-" * len(header)]
     for r in rows:
         seconds = f"{r.trigger_to_complete_s:7.2f}" if r.trigger_to_complete_s is not None else f"{'-':>7}"
         verdict = "yes" if r.usable else "NO: " + "; ".join(r.problems)
         if r.checkpoint_id == pick:
             verdict += "   <- a restore picks this one"
         gen = f"{r.generation:>3}" if r.generation is not None else f"{'-':>3}"
-        lines.append(f"{r.checkpoint_id:>10}  {gen}  {r.created_at[:19]:<20} {seconds}  {r.state_bytes:>11}  "
-                     f"{r.in_flight_offsets:>9}  {', '.join(r.kinds):<24} {verdict}")
+        lines.append(
+            f"{r.checkpoint_id:>10}  {gen}  {r.created_at[:19]:<20} {seconds}  {r.state_bytes:>11}  "
+            f"{r.in_flight_offsets:>9}  {', '.join(r.kinds):<24} {verdict}"
+        )
     if pick is None:
         lines.append("\nno checkpoint verifies: a restore would start from the beginning")
     return "\n".join(lines)
 
 
-def run_job(runner, *, restore: int | None = None, seconds: float | None = None, checkpoints: int | None = None,
-            say: Callable[[str], None] = print) -> None:
+def run_job(
+    runner,
+    *,
+    restore: int | None = None,
+    seconds: float | None = None,
+    checkpoints: int | None = None,
+    say: Callable[[str], None] = print,
+) -> None:
     """Start ``runner`` (a ``JobRunner``; from checkpoint ``restore`` when
     given) and drive it until ``seconds`` passed once all its tasks are up,
     or ``checkpoints`` checkpoints completed, whichever comes first (neither:
@@ -95,20 +111,26 @@ def run_job(runner, *, restore: int | None = None, seconds: float | None = None,
     deadline = None
     try:
         runner.start(restore=restore)
-        say(f"job {runner.job}: {len(runner.groups)} worker process(es) starting, generation {runner.generation}"
-            + " (Ctrl-C stops it)")
+        say(
+            f"job {runner.job}: {len(runner.groups)} worker process(es) starting, generation {runner.generation}"
+            + " (Ctrl-C stops it)"
+        )
         while deadline is None or time.monotonic() < deadline:
             runner.step()
             if checkpoints is not None and sum(r.status == "completed" for r in runner.checkpoints()) >= checkpoints:
                 break
             if deadline is None and runner.coordinator.all_ready:
-                say(f"all tasks ready after {time.monotonic() - started:.1f} s; checkpoints every "
-                    f"{runner.settings.interval_s:g} s" + ("" if seconds is None else f", for {seconds:g} s"))
+                say(
+                    f"all tasks ready after {time.monotonic() - started:.1f} s; checkpoints every "
+                    f"{runner.settings.interval_s:g} s" + ("" if seconds is None else f", for {seconds:g} s")
+                )
                 deadline = float("inf") if seconds is None else time.monotonic() + seconds
     except KeyboardInterrupt:
         say("stopping (Ctrl-C)")
     finally:
         runner.close()
     done = [r for r in runner.checkpoints() if r.status == "completed"]
-    say(f"stopped; {len(done)} checkpoint(s) completed in this run"
-        + (f", the last {done[-1].checkpoint_id}" if done else ""))
+    say(
+        f"stopped; {len(done)} checkpoint(s) completed in this run"
+        + (f", the last {done[-1].checkpoint_id}" if done else "")
+    )

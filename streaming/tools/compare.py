@@ -31,9 +31,9 @@ import json
 import statistics
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from streaming.errors import ConfigError, SparkAbsError
 
@@ -69,12 +69,23 @@ class RoundResult:
     state_bytes: int
 
     @classmethod
-    def from_metrics(cls, variant: str, round_: int, checkpoint_id: int, backlog: int, duration_s: float,
-                     task: Mapping[str, object]) -> RoundResult:
-        return cls(variant, round_, checkpoint_id, backlog, duration_s, str(task.get("kind", "")),
-                   float(task.get("first_barrier_s") or 0.0), float(task.get("alignment_s") or 0.0),
-                   int(task.get("held_bytes_max") or 0), int(task.get("in_flight_records_referenced") or 0),
-                   int(task.get("in_flight_bytes_copied") or 0), int(task.get("state_bytes") or 0))
+    def from_metrics(
+        cls, variant: str, round_: int, checkpoint_id: int, backlog: int, duration_s: float, task: Mapping[str, object]
+    ) -> RoundResult:
+        return cls(
+            variant,
+            round_,
+            checkpoint_id,
+            backlog,
+            duration_s,
+            str(task.get("kind", "")),
+            float(task.get("first_barrier_s") or 0.0),
+            float(task.get("alignment_s") or 0.0),
+            int(task.get("held_bytes_max") or 0),
+            int(task.get("in_flight_records_referenced") or 0),
+            int(task.get("in_flight_bytes_copied") or 0),
+            int(task.get("state_bytes") or 0),
+        )
 
 
 @dataclass
@@ -92,29 +103,39 @@ class Comparison:
         """Per round: this variant's trigger-to-complete time over the first
         variant's in the same round."""
         base = {r.round: r.trigger_to_complete_s for r in self.of(self.variants[0])}
-        return [r.trigger_to_complete_s / base[r.round] for r in self.of(variant)
-                if base.get(r.round, 0) > 0]
+        return [r.trigger_to_complete_s / base[r.round] for r in self.of(variant) if base.get(r.round, 0) > 0]
 
     def render(self) -> str:
         base, others = self.variants[0], self.variants[1:]
         by_round: dict[int, dict[str, RoundResult]] = {}
         for r in self.rounds:
             by_round.setdefault(r.round, {})[r.variant] = r
-        lines = [f"trigger -> complete, seconds ({self.slow_ms:g} ms per record in the slow stage; "
-                 f"backlog: records per partition in front of the barriers)", ""]
-        header = f"{'round':>5} {'backlog':>8} " + " ".join(f"{v:>18}" for v in self.variants) \
+        lines = [
+            f"trigger -> complete, seconds ({self.slow_ms:g} ms per record in the slow stage; "
+            f"backlog: records per partition in front of the barriers)",
+            "",
+        ]
+        header = (
+            f"{'round':>5} {'backlog':>8} "
+            + " ".join(f"{v:>18}" for v in self.variants)
             + "".join(f" {v + '/' + base:>26}" for v in others)
+        )
         lines += [header, "-" * len(header)]
         for round_, row in sorted(by_round.items()):
             backlog = next(iter(row.values())).backlog
             cells = [f"{row[v].trigger_to_complete_s:>18.2f}" if v in row else f"{'-':>18}" for v in self.variants]
-            ratios = [f"{row[v].trigger_to_complete_s / row[base].trigger_to_complete_s:>26.3g}"
-                      if v in row and base in row and row[base].trigger_to_complete_s > 0 else f"{'-':>26}"
-                      for v in others]
+            ratios = [
+                f"{row[v].trigger_to_complete_s / row[base].trigger_to_complete_s:>26.3g}"
+                if v in row and base in row and row[base].trigger_to_complete_s > 0
+                else f"{'-':>26}"
+                for v in others
+            ]
             lines.append(f"{round_:>5} {backlog:>8} " + " ".join(cells) + "".join(f" {c}" for c in ratios))
         lines += ["", "per task, medians over the rounds (held bytes: the most in any round)", ""]
-        header = (f"{'variant':<18} {'rounds':>6} {'first barrier s':>15} {'alignment s':>11} {'held bytes':>11} "
-                  f"{'in flight':>9} {'copied bytes':>12} {'state bytes':>11}  kinds")
+        header = (
+            f"{'variant':<18} {'rounds':>6} {'first barrier s':>15} {'alignment s':>11} {'held bytes':>11} "
+            f"{'in flight':>9} {'copied bytes':>12} {'state bytes':>11}  kinds"
+        )
         lines += [header, "-" * len(header)]
         for variant in self.variants:
             rows = self.of(variant)
@@ -126,18 +147,22 @@ class Comparison:
                 f"{_median(r.alignment_s for r in rows):>11.2f} {max(r.held_bytes_max for r in rows):>11} "
                 f"{_median(r.in_flight_records for r in rows):>9.0f} "
                 f"{_median(r.in_flight_bytes_copied for r in rows):>12.0f} "
-                f"{_median(r.state_bytes for r in rows):>11.0f}  {', '.join(sorted({r.kind for r in rows}))}")
+                f"{_median(r.state_bytes for r in rows):>11.0f}  {', '.join(sorted({r.kind for r in rows}))}"
+            )
         lines.append("")
         for variant in others:
             ratios = self.ratios(variant)
             if ratios:
-                lines.append(f"{variant} took {statistics.median(ratios):.3g} x the time of {base} "
-                             f"(median over {len(ratios)} round(s), each measured side by side)")
+                lines.append(
+                    f"{variant} took {statistics.median(ratios):.3g} x the time of {base} "
+                    f"(median over {len(ratios)} round(s), each measured side by side)"
+                )
         return "\n".join(lines)
 
     def to_json(self) -> str:
-        return json.dumps({"variants": self.variants, "slow_ms": self.slow_ms,
-                           "rounds": [asdict(r) for r in self.rounds]}, indent=2)
+        return json.dumps(
+            {"variants": self.variants, "slow_ms": self.slow_ms, "rounds": [asdict(r) for r in self.rounds]}, indent=2
+        )
 
 
 def _median(values) -> float:
@@ -155,15 +180,22 @@ def check_arguments(variants: Sequence[str], backlogs: Sequence[int]) -> None:
         raise ConfigError(f"--backlogs {','.join(map(str, backlogs)) or '(none)'}: one or more counts, each at least 1")
 
 
-def run_compare(connection, *, store_uri: str, variants: Sequence[str] = ("aligned", "unaligned"),
-                backlogs: Sequence[int] = (500, 1000, 2000), warmup: int = 100, timeout_s: float = 300.0,
-                say: Callable[[str], None] = print) -> Comparison:
+def run_compare(
+    connection,
+    *,
+    store_uri: str,
+    variants: Sequence[str] = ("aligned", "unaligned"),
+    backlogs: Sequence[int] = (500, 1000, 2000),
+    warmup: int = 100,
+    timeout_s: float = 300.0,
+    say: Callable[[str], None] = print,
+) -> Comparison:
     """Run the comparison on ``connection`` (see the module docstring).  A
     first checkpoint over ``warmup`` records per partition lets every job's
     Spark warm up; it is not counted."""
     from streaming import testing
-    from streaming.engine.runner import JobRunner
     from streaming.api.settings import JobSettings
+    from streaming.engine.runner import JobRunner
 
     check_arguments(variants, backlogs)
     stamp = uuid.uuid4().hex[:6]
@@ -172,11 +204,16 @@ def run_compare(connection, *, store_uri: str, variants: Sequence[str] = ("align
     jobs = _SideBySide(runners, connection.kafka_bootstrap, time.monotonic() + timeout_s)
     try:
         for variant in variants:
-            settings = JobSettings(store=store_uri, interval_s=3600, max_records_per_batch=1000,
-                                   timeout_s=timeout_s, **VARIANTS[variant])
-            runners[variant] = JobRunner("streaming.testing:slow_pipeline", settings, connection,
-                                         job=f"cmp-{variant}-{stamp}",
-                                         say=lambda line, v=variant: say(f"{v}: {line}"))
+            settings = JobSettings(
+                store=store_uri, interval_s=3600, max_records_per_batch=1000, timeout_s=timeout_s, **VARIANTS[variant]
+            )
+            runners[variant] = JobRunner(
+                "streaming.testing:slow_pipeline",
+                settings,
+                connection,
+                job=f"cmp-{variant}-{stamp}",
+                say=lambda line, v=variant: say(f"{v}: {line}"),
+            )
             runners[variant].prepare()
         say(f"starting {len(runners)} jobs side by side: {', '.join(variants)}")
         for runner in runners.values():
@@ -194,12 +231,15 @@ def run_compare(connection, *, store_uri: str, variants: Sequence[str] = ("align
             for variant in variants:
                 record = records[variant]
                 manifest = runners[variant].store.read_manifest(record.checkpoint_id)
-                result = RoundResult.from_metrics(variant, round_, record.checkpoint_id, backlog,
-                                                  record.duration_s, manifest.metrics["tasks"][_TASK])
+                result = RoundResult.from_metrics(
+                    variant, round_, record.checkpoint_id, backlog, record.duration_s, manifest.metrics["tasks"][_TASK]
+                )
                 comparison.rounds.append(result)
-                say(f"round {round_}: {variant} checkpoint {record.checkpoint_id} complete in "
+                say(
+                    f"round {round_}: {variant} checkpoint {record.checkpoint_id} complete in "
                     f"{result.trigger_to_complete_s:.2f} s ({result.kind}, alignment {result.alignment_s:.2f} s, "
-                    f"{result.in_flight_records} records in flight)")
+                    f"{result.in_flight_records} records in flight)"
+                )
     finally:
         jobs.close()
         for runner in runners.values():
@@ -231,7 +271,7 @@ class _SideBySide:
     def checkpoint(self, what: str, reverse: bool = False) -> dict[str, object]:
         """Trigger a checkpoint in every job and wait until each completed
         (one that fails ends the comparison, with its reason)."""
-        order = list(self.runners.items())[::-1 if reverse else 1]
+        order = list(self.runners.items())[:: -1 if reverse else 1]
         triggered = {variant: runner.coordinator.trigger() for variant, runner in order}
         if any(b is None for b in triggered.values()):
             raise SparkAbsError("a checkpoint is still pending from before; cannot trigger the next")
@@ -259,14 +299,21 @@ class _SideBySide:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="spark-abs compare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", default="aligned,unaligned",
-                        help=f"comma-separated, the first is the baseline of the ratios; any of "
-                             f"{', '.join(VARIANTS)} (default aligned,unaligned)")
-    parser.add_argument("--backlogs", default="500,1000,2000",
-                        help="one round per count: records per partition produced in front of that round's "
-                             "barriers (default 500,1000,2000)")
+    parser = argparse.ArgumentParser(
+        prog="spark-abs compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--variants",
+        default="aligned,unaligned",
+        help=f"comma-separated, the first is the baseline of the ratios; any of "
+        f"{', '.join(VARIANTS)} (default aligned,unaligned)",
+    )
+    parser.add_argument(
+        "--backlogs",
+        default="500,1000,2000",
+        help="one round per count: records per partition produced in front of that round's "
+        "barriers (default 500,1000,2000)",
+    )
     parser.add_argument("--store", help="snapshot store URI (default file://<home>/compare-store)")
     parser.add_argument("--out", help="write every round as JSON here (default <home>/runs/compare-<time>.json)")
     args = parser.parse_args(argv)
@@ -284,8 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     check_arguments(variants, backlogs)
     connection = Connection.from_env(os.environ) or LocalRuntime(progress=say).up()
     store = args.store or f"file://{default_home() / 'compare-store'}"
-    comparison = run_compare(connection, store_uri=store, variants=variants, backlogs=backlogs,
-                             say=say)
+    comparison = run_compare(connection, store_uri=store, variants=variants, backlogs=backlogs, say=say)
     out = Path(args.out) if args.out else default_home() / "runs" / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(comparison.to_json())

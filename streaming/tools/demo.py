@@ -22,10 +22,9 @@ import argparse
 import collections
 import json
 import random
-import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,8 +48,9 @@ __all__ = [
     "main",
 ]
 
-TRANSFERS = pa.schema([("id", pa.int64()), ("source", pa.string()), ("target", pa.string()),
-                       ("amount", pa.int64()), ("ts", pa.int64())])
+TRANSFERS = pa.schema(
+    [("id", pa.int64()), ("source", pa.string()), ("target", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())]
+)
 WINDOW_MS = 1_000
 STEP_MS = 10  # event time between two transfers
 END_OF_INPUT = 1 << 62  # the watermark the producer appends when it is done
@@ -68,18 +68,30 @@ class ApplyLegs(Balances):
 
 def _windows() -> TumblingWindowAggregate:
     # lateness is the watermark's business here: windows close when every input's watermark passed them
-    return TumblingWindowAggregate("account", "ts", WINDOW_MS, {"net": sum_("amount"), "legs": count()},
-                                   allowed_lateness=END_OF_INPUT)
+    return TumblingWindowAggregate(
+        "account", "ts", WINDOW_MS, {"net": sum_("amount"), "legs": count()}, allowed_lateness=END_OF_INPUT
+    )
 
 
-def pipeline(job: str = "money-demo", *, partitions: int = 2, legs_tasks: int = 2, account_tasks: int = 2,
-             sink: Sink | None = None) -> Pipeline:
-    return Pipeline(job, (Ingress(f"{job}.transfers", partitions, TRANSFERS, event_time="ts"),), (
-        Stage("legs", (f"{job}.transfers",), lambda: transfer_legs(), parallelism=legs_tasks, key="account"),
-        Stage("accounts", ("legs",), lambda: ApplyLegs("account", "amount"), parallelism=account_tasks,
-              key="account"),
-        Stage("windows", ("accounts",), _windows, key="account", sink=sink or Sink()),
-    ))
+def pipeline(
+    job: str = "money-demo",
+    *,
+    partitions: int = 2,
+    legs_tasks: int = 2,
+    account_tasks: int = 2,
+    sink: Sink | None = None,
+) -> Pipeline:
+    return Pipeline(
+        job,
+        (Ingress(f"{job}.transfers", partitions, TRANSFERS, event_time="ts"),),
+        (
+            Stage("legs", (f"{job}.transfers",), lambda: transfer_legs(), parallelism=legs_tasks, key="account"),
+            Stage(
+                "accounts", ("legs",), lambda: ApplyLegs("account", "amount"), parallelism=account_tasks, key="account"
+            ),
+            Stage("windows", ("accounts",), _windows, key="account", sink=sink or Sink()),
+        ),
+    )
 
 
 def kafka_pipeline(job: str = "money-demo") -> Pipeline:
@@ -94,13 +106,13 @@ def make_transfers(count_: int, *, accounts: int = 10, seed: int = 7) -> list[di
     transfers = []
     for i in range(count_):
         source, target = rng.sample(names, 2)
-        transfers.append({"id": i, "source": source, "target": target, "amount": rng.randint(1, 500),
-                          "ts": i * STEP_MS})
+        transfers.append(
+            {"id": i, "source": source, "target": target, "amount": rng.randint(1, 500), "ts": i * STEP_MS}
+        )
     return transfers
 
 
-def produce_transfers(bootstrap: str, topic: str, transfers: list[dict], partitions: int, *,
-                      end: bool = True) -> None:
+def produce_transfers(bootstrap: str, topic: str, transfers: list[dict], partitions: int, *, end: bool = True) -> None:
     """Write the transfers (transfer i to partition i mod ``partitions``, so
     event time grows within each partition), then, with ``end``, a watermark
     record per partition that says the input is complete."""
@@ -111,8 +123,12 @@ def produce_transfers(bootstrap: str, topic: str, transfers: list[dict], partiti
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
     try:
         for transfer in transfers:
-            producer.send(topic, value=json.dumps(transfer).encode(), key=transfer["source"].encode(),
-                          partition=transfer["id"] % partitions)
+            producer.send(
+                topic,
+                value=json.dumps(transfer).encode(),
+                key=transfer["source"].encode(),
+                partition=transfer["id"] % partitions,
+            )
         if end:
             for partition in range(partitions):
                 producer.send(topic, value=b"", headers=watermark_headers(END_OF_INPUT), partition=partition)
@@ -129,8 +145,13 @@ def expected_output(transfers: list[dict]) -> list[dict]:
         for account, amount in ((t["source"], -t["amount"]), (t["target"], t["amount"])):
             windows[(account, start)][0] += amount
             windows[(account, start)][1] += 1
-    return sorted(({"account": a, "window_start": s, "window_end": s + WINDOW_MS, "net": n, "legs": c}
-                   for (a, s), (n, c) in windows.items()), key=_row_key)
+    return sorted(
+        (
+            {"account": a, "window_start": s, "window_end": s + WINDOW_MS, "net": n, "legs": c}
+            for (a, s), (n, c) in windows.items()
+        ),
+        key=_row_key,
+    )
 
 
 def _row_key(row: Mapping) -> tuple:
@@ -161,8 +182,9 @@ class Money:
         return self.balances + self.in_flight
 
 
-def money_in_checkpoint(store, checkpoint_id: int, read_range: Callable[[ChannelId, int, int], pa.Table] | None = None
-                        ) -> Money:
+def money_in_checkpoint(
+    store, checkpoint_id: int, read_range: Callable[[ChannelId, int, int], pa.Table] | None = None
+) -> Money:
     """Sum of the balances in the ``accounts`` tasks' snapshots of a checkpoint,
     plus the amounts of the legs that are their channel state: copied into
     the snapshot, or (a range) read back from Kafka with ``read_range``."""
@@ -181,8 +203,10 @@ def money_in_checkpoint(store, checkpoint_id: int, read_range: Callable[[Channel
         for channel, (start, end) in loaded.snapshot.in_flight.items():
             if channel not in records:
                 if read_range is None:
-                    raise ValueError(f"checkpoint {checkpoint_id} task {task}: channel {channel} has in-flight "
-                                     f"records [{start}, {end}) kept as a range; give read_range to count them")
+                    raise ValueError(
+                        f"checkpoint {checkpoint_id} task {task}: channel {channel} has in-flight "
+                        f"records [{start}, {end}) kept as a range; give read_range to count them"
+                    )
                 records[channel] = read_range(ChannelId.parse(channel), start, end)
         for channel, table in records.items():
             in_flight += _amounts(table, ChannelId.parse(channel), loaded.snapshot.generation, lineage)
@@ -225,8 +249,11 @@ class DemoReport:
         return self.output_matches and bool(self.money) and all(m.total == 0 for m in self.money)
 
     def render(self) -> str:
-        lines = [f"job {self.job}: {self.transfers} transfers", "",
-                 "checkpoint  status     seconds  balances  in flight  accounts  money conserved"]
+        lines = [
+            f"job {self.job}: {self.transfers} transfers",
+            "",
+            "checkpoint  status     seconds  balances  in flight  accounts  money conserved",
+        ]
         money = {m.checkpoint_id: m for m in self.money}
         for record in self.checkpoints:
             m = money.get(record.checkpoint_id)
@@ -235,41 +262,55 @@ class DemoReport:
                 status, reason = record.status, record.reason
                 if status == "pending":  # triggered, then the job was stopped: never finished
                     status, reason = "stopped", "the job stopped before it completed"
-                lines.append(f"{record.checkpoint_id:>10}  {status:<9}  {seconds}  "
-                             f"{'':>8}  {'':>9}  {'':>8}  {reason}")
+                lines.append(f"{record.checkpoint_id:>10}  {status:<9}  {seconds}  {'':>8}  {'':>9}  {'':>8}  {reason}")
             else:
-                lines.append(f"{record.checkpoint_id:>10}  {record.status:<9}  {seconds}  {m.balances:>8}  "
-                             f"{m.in_flight:>9}  {m.accounts:>8}  {'yes' if m.total == 0 else 'NO: ' + str(m.total)}")
+                lines.append(
+                    f"{record.checkpoint_id:>10}  {record.status:<9}  {seconds}  {m.balances:>8}  "
+                    f"{m.in_flight:>9}  {m.accounts:>8}  {'yes' if m.total == 0 else 'NO: ' + str(m.total)}"
+                )
         lines.append("")
         for restore in self.restores:
             origin = f"checkpoint {restore.checkpoint_id}" if restore.checkpoint_id else "the beginning"
             lines.append(f"restore: generation {restore.generation} from {origin} ({restore.reason})")
-        lines.append(f"output: {self.output_rows} window rows committed, {self.expected_rows} expected from a "
-                     f"run without failures: {'identical' if self.output_matches else 'DIFFERENT'}")
+        lines.append(
+            f"output: {self.output_rows} window rows committed, {self.expected_rows} expected from a "
+            f"run without failures: {'identical' if self.output_matches else 'DIFFERENT'}"
+        )
         if self.mode == "at-least-once":
             lines.append(f"at-least-once: replay may duplicate legs; windows missing legs: {self.lost}")
         lines.append(f"dead letters: {self.dead_letters}")
         return "\n".join(lines)
 
 
-def run_demo(connection, *, store_uri: str, transfers: int = 2000, kill: str | None = "accounts",
-             mode: str = "aligned", job: str | None = None, faults: str = "", interval_s: float = 1.0,
-             timeout_s: float = 300.0, chunks: int = 2, workers: Mapping[str, list[str]] | None = None,
-             say: Callable[[str], None] = print, **settings) -> DemoReport:
+def run_demo(
+    connection,
+    *,
+    store_uri: str,
+    transfers: int = 2000,
+    kill: str | None = "accounts",
+    mode: str = "aligned",
+    job: str | None = None,
+    faults: str = "",
+    interval_s: float = 1.0,
+    timeout_s: float = 300.0,
+    chunks: int = 2,
+    workers: Mapping[str, list[str]] | None = None,
+    say: Callable[[str], None] = print,
+    **settings,
+) -> DemoReport:
     """Run the demo on ``connection`` (see the module docstring): the
     transfers go in ``chunks`` parts, each after a checkpoint completed; with
     ``kill``, that worker is SIGKILLed after the first checkpoint; ``faults``
     arms ``SPARK_ABS_FAULT`` in the workers."""
     import uuid
 
-    from streaming.engine.runner import JobRunner
     from streaming.adapters.kafka_admin import end_offsets
     from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
-    from streaming.api.settings import JobSettings
-    from streaming.adapters.sinks import read_committed_output
-    from streaming.adapters.snapshots import SnapshotStore
     from streaming.adapters.objects import open_store
-    from streaming.adapters.sinks import sink_location
+    from streaming.adapters.sinks import read_committed_output, sink_location
+    from streaming.adapters.snapshots import SnapshotStore
+    from streaming.api.settings import JobSettings
+    from streaming.engine.runner import JobRunner
 
     job = job or f"money-demo-{uuid.uuid4().hex[:6]}"
     job_settings = JobSettings(store=store_uri, mode=mode, interval_s=interval_s, **settings)
@@ -277,17 +318,26 @@ def run_demo(connection, *, store_uri: str, transfers: int = 2000, kill: str | N
     reader = SnapshotStore(open_store(store_uri, connection), job)
 
     def check(checkpoint_id: int) -> None:
-        m = money_in_checkpoint(reader, checkpoint_id,
-                                lambda c, a, b: read_range(connection.kafka_bootstrap, c, a, b))
+        m = money_in_checkpoint(reader, checkpoint_id, lambda c, a, b: read_range(connection.kafka_bootstrap, c, a, b))
         money.append(m)
-        say(f"checkpoint {checkpoint_id}: balances {m.balances:+d}, in flight {m.in_flight:+d} -> "
-            + ("money conserved" if m.total == 0 else f"MONEY NOT CONSERVED ({m.total:+d})"))
+        say(
+            f"checkpoint {checkpoint_id}: balances {m.balances:+d}, in flight {m.in_flight:+d} -> "
+            + ("money conserved" if m.total == 0 else f"MONEY NOT CONSERVED ({m.total:+d})")
+        )
 
-    runner = JobRunner("streaming.tools.demo:pipeline", job_settings, connection, job=job, say=say, faults=faults,
-                       on_complete=check, workers=workers)
+    runner = JobRunner(
+        "streaming.tools.demo:pipeline",
+        job_settings,
+        connection,
+        job=job,
+        say=say,
+        faults=faults,
+        on_complete=check,
+        workers=workers,
+    )
     data = make_transfers(transfers)
     ingress = runner.pipeline.ingress[0]
-    parts = [data[i * len(data) // chunks:(i + 1) * len(data) // chunks] for i in range(chunks)]
+    parts = [data[i * len(data) // chunks : (i + 1) * len(data) // chunks] for i in range(chunks)]
     deadline = time.monotonic() + timeout_s
     try:
         runner.prepare()
@@ -296,8 +346,10 @@ def run_demo(connection, *, store_uri: str, transfers: int = 2000, kill: str | N
             say(f"producing {len(part)} transfers to {ingress.topic}" + (" and the end of input" if last else ""))
             produce_transfers(connection.kafka_bootstrap, ingress.topic, part, ingress.partitions, end=last)
             if index == 0:
-                say(f"starting job {job}: {len(runner.groups)} worker processes ({mode} checkpoints every "
-                    f"{interval_s:g} s)")
+                say(
+                    f"starting job {job}: {len(runner.groups)} worker processes ({mode} checkpoints every "
+                    f"{interval_s:g} s)"
+                )
                 runner.start()
             if last:
                 break
@@ -316,34 +368,66 @@ def run_demo(connection, *, store_uri: str, transfers: int = 2000, kill: str | N
     reader.close()
     got = {_row_key(r): r["legs"] for r in output}
     lost = sum(1 for r in expected if got.get(_row_key(r), 0) < r["legs"])
-    return DemoReport(mode, job, len(data), money, runner.restores, len(output), len(expected), output == expected,
-                      dead, runner.checkpoints(), lost)
+    return DemoReport(
+        mode,
+        job,
+        len(data),
+        money,
+        runner.restores,
+        len(output),
+        len(expected),
+        output == expected,
+        dead,
+        runner.checkpoints(),
+        lost,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="spark-abs demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="spark-abs demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--transfers", type=int, default=2000, help="transfers to produce (default 2000)")
-    parser.add_argument("--mode", default="aligned", choices=MODES,
-                        help="checkpoint mode (default aligned; aligned-timeout switches after 200 ms)")
-    parser.add_argument("--in-flight", default="range", choices=("range", "records"),
-                        help="unaligned channel state: offset ranges or copied records (default range)")
-    parser.add_argument("--kill", default="accounts", help="worker (stage) to SIGKILL after the first "
-                        "checkpoint; 'none' for no failure (default accounts)")
+    parser.add_argument(
+        "--mode",
+        default="aligned",
+        choices=MODES,
+        help="checkpoint mode (default aligned; aligned-timeout switches after 200 ms)",
+    )
+    parser.add_argument(
+        "--in-flight",
+        default="range",
+        choices=("range", "records"),
+        help="unaligned channel state: offset ranges or copied records (default range)",
+    )
+    parser.add_argument(
+        "--kill",
+        default="accounts",
+        help="worker (stage) to SIGKILL after the first checkpoint; 'none' for no failure (default accounts)",
+    )
     parser.add_argument("--store", help="snapshot store URI (default file://<home>/demo-store)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints (default 1)")
     args = parser.parse_args(argv)
+    import os
+
     from streaming.api.config import Connection, default_home
     from streaming.local import LocalRuntime
-    import os
 
     say = lambda line: print(f"[demo] {line}", flush=True)  # noqa: E731
     connection = Connection.from_env(os.environ) or LocalRuntime(progress=say).up()
     store = args.store or f"file://{default_home() / 'demo-store'}"
     extra = {"alignment_timeout_ms": 200} if args.mode == "aligned-timeout" else {}
-    report = run_demo(connection, store_uri=store, transfers=args.transfers, mode=args.mode,
-                      kill=None if args.kill == "none" else args.kill, interval_s=args.interval, say=say,
-                      in_flight=args.in_flight, **extra)
+    report = run_demo(
+        connection,
+        store_uri=store,
+        transfers=args.transfers,
+        mode=args.mode,
+        kill=None if args.kill == "none" else args.kill,
+        interval_s=args.interval,
+        say=say,
+        in_flight=args.in_flight,
+        **extra,
+    )
     print()
     print(report.render())
     return 0 if report.passed else 1

@@ -11,30 +11,29 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from kafka import KafkaProducer
 from pyspark.sql import SparkSession
 
 from barriers.messages import ChannelId
+from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.objects import open_store
 from streaming.adapters.records import header_values
 from streaming.adapters.spark import ChannelQuery
 from streaming.api.config import Connection
 from streaming.errors import ChannelQueryError, SmokeFailure
-from streaming.adapters.kafka_admin import create_topic
-from streaming.adapters.objects import open_store
 
 __all__ = ["SmokeReport", "check_round_trip", "produce_records", "run_smoke"]
 
 log = logging.getLogger(__name__)
 
 SEQ_HEADER = "spark-abs-seq"
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,14 +49,16 @@ class SmokeReport:
     seconds: float
 
     def render(self) -> str:
-        return "\n".join([
-            f"topic            {self.topic} ({self.partitions} partitions)",
-            f"produced         {self.produced} records with headers (kafka-python)",
-            f"micro-batches    {self.batches} foreachBatch calls, {self.rows_in_batches} rows as Arrow",
-            f"parquet          {self.parquet_files} files under {self.parquet_uri}",
-            f"read back        {self.rows_read_back} rows; keys, values, offsets and headers match",
-            f"took             {self.seconds:.1f} s",
-        ])
+        return "\n".join(
+            [
+                f"topic            {self.topic} ({self.partitions} partitions)",
+                f"produced         {self.produced} records with headers (kafka-python)",
+                f"micro-batches    {self.batches} foreachBatch calls, {self.rows_in_batches} rows as Arrow",
+                f"parquet          {self.parquet_files} files under {self.parquet_uri}",
+                f"read back        {self.rows_read_back} rows; keys, values, offsets and headers match",
+                f"took             {self.seconds:.1f} s",
+            ]
+        )
 
 
 def produce_records(bootstrap: str, topic: str, count: int, partitions: int) -> None:
@@ -66,17 +67,30 @@ def produce_records(bootstrap: str, topic: str, count: int, partitions: int) -> 
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     try:
         for i in range(count):
-            producer.send(topic, key=f"k{i}".encode(), value=json.dumps({"seq": i}).encode(),
-                          headers=[(SEQ_HEADER, str(i).encode()), ("spark-abs-kind", b"data")],
-                          partition=i % partitions)
+            producer.send(
+                topic,
+                key=f"k{i}".encode(),
+                value=json.dumps({"seq": i}).encode(),
+                headers=[(SEQ_HEADER, str(i).encode()), ("spark-abs-kind", b"data")],
+                partition=i % partitions,
+            )
         producer.flush(timeout=60)
     finally:
         producer.close()
 
 
-def run_smoke(spark: SparkSession, connection: Connection, *, topic: str, prefix: str,
-              records: int = 1000, partitions: int = 2, batch_limit: int = 300,
-              progress: Callable[[str], None] = log.info, timeout_s: float = 180.0) -> SmokeReport:
+def run_smoke(
+    spark: SparkSession,
+    connection: Connection,
+    *,
+    topic: str,
+    prefix: str,
+    records: int = 1000,
+    partitions: int = 2,
+    batch_limit: int = 300,
+    progress: Callable[[str], None] = log.info,
+    timeout_s: float = 180.0,
+) -> SmokeReport:
     """Produce, stream through foreachBatch to Parquet on S3, read back, compare."""
     started = time.monotonic()
     create_topic(connection.kafka_bootstrap, topic, partitions)
@@ -89,21 +103,28 @@ def run_smoke(spark: SparkSession, connection: Connection, *, topic: str, prefix
 
     def write_batch(batch: pa.Table, batch_id: int) -> None:
         nonlocal rows_seen
-        table = pa.table({
-            "partition": batch["partition"],
-            "offset": batch["offset"],
-            "key": batch["key"].cast(pa.string()),
-            "value": batch["value"].cast(pa.string()),
-            "seq_header": header_values(batch, SEQ_HEADER).cast(pa.string()),
-        })
+        table = pa.table(
+            {
+                "partition": batch["partition"],
+                "offset": batch["offset"],
+                "key": batch["key"].cast(pa.string()),
+                "value": batch["value"].cast(pa.string()),
+                "seq_header": header_values(batch, SEQ_HEADER).cast(pa.string()),
+            }
+        )
         pq.write_table(table, store.path(f"batch-{batch_id:06d}.parquet"), filesystem=store.filesystem)
         batches.append(batch_id)
         rows_seen += table.num_rows
         progress(f"batch {batch_id}: {table.num_rows} rows -> {store.uri}/batch-{batch_id:06d}.parquet")
 
-    query = ChannelQuery(spark, connection, name=f"smoke-{topic}",
-                         channels=[ChannelId(topic, p) for p in range(partitions)],
-                         max_records_per_batch=batch_limit, on_batch=write_batch)
+    query = ChannelQuery(
+        spark,
+        connection,
+        name=f"smoke-{topic}",
+        channels=[ChannelId(topic, p) for p in range(partitions)],
+        max_records_per_batch=batch_limit,
+        on_batch=write_batch,
+    )
     try:
         query.start(available_now=True).await_done(timeout_s)
     except ChannelQueryError as exc:
@@ -115,8 +136,17 @@ def run_smoke(spark: SparkSession, connection: Connection, *, topic: str, prefix
     check_round_trip(back, records, partitions)
     files = store.filesystem.get_file_info(pafs.FileSelector(store.root))
     parquet_files = sum(1 for f in files if f.path.endswith(".parquet"))
-    return SmokeReport(topic, partitions, records, len(batches), rows_seen, store.uri, parquet_files,
-                       back.num_rows, time.monotonic() - started)
+    return SmokeReport(
+        topic,
+        partitions,
+        records,
+        len(batches),
+        rows_seen,
+        store.uri,
+        parquet_files,
+        back.num_rows,
+        time.monotonic() - started,
+    )
 
 
 def check_round_trip(table: pa.Table, records: int, partitions: int) -> None:
@@ -125,8 +155,7 @@ def check_round_trip(table: pa.Table, records: int, partitions: int) -> None:
     if table.num_rows != records:
         raise SmokeFailure(f"read back {table.num_rows} rows, produced {records}")
     seq = pc.cast(table["seq_header"], pa.int64())
-    if pc.count_distinct(seq).as_py() != records or pc.min(seq).as_py() != 0 \
-            or pc.max(seq).as_py() != records - 1:
+    if pc.count_distinct(seq).as_py() != records or pc.min(seq).as_py() != 0 or pc.max(seq).as_py() != records - 1:
         raise SmokeFailure("sequence headers are not exactly 0..N-1 once each")
     expected_keys = pc.binary_join_element_wise("k", pc.cast(seq, pa.string()), "")
     if not pc.all(pc.equal(table["key"], expected_keys)).as_py():

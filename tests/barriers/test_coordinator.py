@@ -54,7 +54,7 @@ def test_a_decline_aborts_with_its_reason():
     coord.trigger()
     aborted = coord.decline("b", 1, CheckpointFailure.STORE_FAILURE, "s3 unreachable")
     assert aborted.status is CheckpointStatus.ABORTED
-    assert aborted.failure is CheckpointFailure.STORE_FAILURE and "task b: s3 unreachable" == aborted.failure_detail
+    assert aborted.failure is CheckpointFailure.STORE_FAILURE and aborted.failure_detail == "task b: s3 unreachable"
     with pytest.raises(CoordinatorError, match="not pending"):
         coord.complete(1)
 

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from barriers.simulation import checker
 from barriers.handler import CheckpointKind
 from barriers.messages import CheckpointOptions
+from barriers.simulation import checker
 from barriers.simulation.simulator import Initiation, Money, Simulator, Tokens, Topology, dataflow, explore
 
 UNALIGNED = CheckpointOptions.unaligned()
@@ -17,25 +17,31 @@ CHAIN = Topology(("S", "K", "Z"), (("S", "K"), ("K", "Z")))
 FAN_IN = Topology(("S1", "S2", "Z"), (("S1", "Z"), ("S2", "Z")))
 
 CASES = {
-    "money, two processes": lambda: Simulator(Topology.ring(2), Money(3, 1),
-                                              plan=[Initiation(UNALIGNED, ("P1",))]),
+    "money, two processes": lambda: Simulator(Topology.ring(2), Money(3, 1), plan=[Initiation(UNALIGNED, ("P1",))]),
     "money, three in a ring": lambda: Simulator(
-        Topology.ring(3), {"P1": Money(2, 1), "P2": Money(2, 1), "P3": Money(2, 0)},
-        plan=[Initiation(UNALIGNED, ("P1",))]),
+        Topology.ring(3),
+        {"P1": Money(2, 1), "P2": Money(2, 1), "P3": Money(2, 0)},
+        plan=[Initiation(UNALIGNED, ("P1",))],
+    ),
     "money, two initiators": lambda: Simulator(
-        Topology.ring(3), {"P1": Money(2, 1), "P2": Money(2, 0), "P3": Money(2, 0)},
-        plan=[Initiation(UNALIGNED, ("P1", "P3"))]),
-    "token, three in a ring": lambda: Simulator(Topology.ring(3), Tokens("P1", 2),
-                                                plan=[Initiation(UNALIGNED, ("P2",))]),
-    "chain, aligned": lambda: Simulator(CHAIN, dataflow(CHAIN, records=2),
-                                        plan=[Initiation(CheckpointOptions.aligned())]),
+        Topology.ring(3),
+        {"P1": Money(2, 1), "P2": Money(2, 0), "P3": Money(2, 0)},
+        plan=[Initiation(UNALIGNED, ("P1", "P3"))],
+    ),
+    "token, three in a ring": lambda: Simulator(
+        Topology.ring(3), Tokens("P1", 2), plan=[Initiation(UNALIGNED, ("P2",))]
+    ),
+    "chain, aligned": lambda: Simulator(
+        CHAIN, dataflow(CHAIN, records=2), plan=[Initiation(CheckpointOptions.aligned())]
+    ),
     "chain, unaligned": lambda: Simulator(CHAIN, dataflow(CHAIN, records=2), plan=[Initiation(UNALIGNED)]),
-    "fan-in, aligned": lambda: Simulator(FAN_IN, dataflow(FAN_IN, records=1),
-                                         plan=[Initiation(CheckpointOptions.aligned())]),
+    "fan-in, aligned": lambda: Simulator(
+        FAN_IN, dataflow(FAN_IN, records=1), plan=[Initiation(CheckpointOptions.aligned())]
+    ),
     "fan-in, unaligned": lambda: Simulator(FAN_IN, dataflow(FAN_IN, records=1), plan=[Initiation(UNALIGNED)]),
     "fan-in, aligned with timeout": lambda: Simulator(
-        FAN_IN, dataflow(FAN_IN, records=1),
-        plan=[Initiation(CheckpointOptions.aligned_with_timeout(timeout_ms=1))]),
+        FAN_IN, dataflow(FAN_IN, records=1), plan=[Initiation(CheckpointOptions.aligned_with_timeout(timeout_ms=1))]
+    ),
 }
 
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from barriers.simulation import checker
 from barriers.handler import CheckpointKind
 from barriers.messages import CheckpointOptions
+from barriers.simulation import checker
 from barriers.simulation.simulator import Initiation, Money, RandomScheduler, Simulator, Tokens, Topology, dataflow
 
 
@@ -52,7 +52,7 @@ def dags(draw) -> Topology:
         if not any(src == source for src, _ in edges):
             edges.add((source, draw(st.sampled_from(counters))))
     for j, counter in enumerate(counters):
-        later = counters[j + 1:] + ["Z"]
+        later = counters[j + 1 :] + ["Z"]
         edges |= {(counter, dst) for dst in draw(st.sets(st.sampled_from(later), min_size=1, max_size=2))}
     if draw(st.booleans()):
         edges.add((sources[0], "Z"))
@@ -61,12 +61,14 @@ def dags(draw) -> Topology:
     return topology
 
 
-EXACTLY_ONCE = st.sampled_from([
-    CheckpointOptions.aligned(),
-    CheckpointOptions.unaligned(),
-    CheckpointOptions.aligned_with_timeout(timeout_ms=1),
-    CheckpointOptions.aligned_with_timeout(timeout_ms=3),
-])
+EXACTLY_ONCE = st.sampled_from(
+    [
+        CheckpointOptions.aligned(),
+        CheckpointOptions.unaligned(),
+        CheckpointOptions.aligned_with_timeout(timeout_ms=1),
+        CheckpointOptions.aligned_with_timeout(timeout_ms=3),
+    ]
+)
 MODES = st.one_of(EXACTLY_ONCE, st.just(CheckpointOptions.at_least_once()))
 SEEDS = st.integers(0, 2**32 - 1)
 
@@ -74,8 +76,10 @@ SEEDS = st.integers(0, 2**32 - 1)
 def summary(output) -> tuple:
     """What exactly-once promises, whatever the interleaving: every record
     once, and per key the running counts 1..n."""
-    return (sorted(collections.Counter(r["id"] for r in output).items()),
-            sorted((r["key"], r.get("count", 0)) for r in output))
+    return (
+        sorted(collections.Counter(r["id"] for r in output).items()),
+        sorted((r["key"], r.get("count", 0)) for r in output),
+    )
 
 
 def assert_snapshots_check_out(sim: Simulator) -> None:
@@ -121,8 +125,13 @@ def test_exactly_one_token_in_every_snapshot(topology, seed, data):
 @given(topology=dags(), options=MODES, seed=SEEDS, data=st.data())
 def test_dataflow_snapshots_in_every_mode(topology, options, seed, data):
     plan = [Initiation(options)] * data.draw(st.integers(1, 3))
-    sim = Simulator(topology, dataflow(topology, records=data.draw(st.integers(1, 4))), plan=plan, seed=seed,
-                    max_concurrent=data.draw(st.integers(1, 2)))
+    sim = Simulator(
+        topology,
+        dataflow(topology, records=data.draw(st.integers(1, 4))),
+        plan=plan,
+        seed=seed,
+        max_concurrent=data.draw(st.integers(1, 2)),
+    )
     sim.run(RandomScheduler(seed))
     assert sim.completed
     if options == CheckpointOptions.at_least_once():
@@ -146,10 +155,10 @@ def crashy_and_clean(topology, options, seed, crashes, checkpoints, records=4):
     return clean, crashy
 
 
-@given(topology=dags(), options=EXACTLY_ONCE, seed=SEEDS, crashes=st.integers(1, 3),
-       checkpoints=st.integers(1, 4))
-def test_crashes_and_restores_commit_exactly_the_output_of_a_run_without_them(topology, options, seed, crashes,
-                                                                                checkpoints):
+@given(topology=dags(), options=EXACTLY_ONCE, seed=SEEDS, crashes=st.integers(1, 3), checkpoints=st.integers(1, 4))
+def test_crashes_and_restores_commit_exactly_the_output_of_a_run_without_them(
+    topology, options, seed, crashes, checkpoints
+):
     clean, crashy = crashy_and_clean(topology, options, seed, crashes, checkpoints)
     assert summary(crashy.committed_output("Z")) == summary(clean.committed_output("Z"))
     expected = {f"{s}.{i}" for s in topology.sources for i in range(4)}

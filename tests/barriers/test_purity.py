@@ -26,8 +26,10 @@ def test_no_module_of_barriers_names_a_forbidden_import():
 
 
 def test_importing_every_module_loads_none_of_them():
-    modules = [".".join(("barriers", *p.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
-               for p in sorted(PACKAGE.rglob("*.py"))]
+    modules = [
+        ".".join(("barriers", *p.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
+        for p in sorted(PACKAGE.rglob("*.py"))
+    ]
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"

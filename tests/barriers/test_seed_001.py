@@ -9,9 +9,9 @@ the message sent at H."""
 
 from __future__ import annotations
 
-from barriers.simulation import checker
 from barriers.handler import CheckpointKind
 from barriers.messages import CheckpointOptions
+from barriers.simulation import checker
 from barriers.simulation.narrate import SEED_001_SCRIPT, SEED_001_STEPS, seed_001
 from barriers.simulation.simulator import EventKind, Initiation, Scripted, Simulator, Topology, channel_id
 
@@ -21,8 +21,9 @@ def C(i: int, j: int):
 
 
 def test_every_scripted_step_is_enabled_when_taken():
-    sim = Simulator(Topology.complete(3), Scripted(SEED_001_SCRIPT),
-                    plan=[Initiation(CheckpointOptions.unaligned(), ("P1",))])
+    sim = Simulator(
+        Topology.complete(3), Scripted(SEED_001_SCRIPT), plan=[Initiation(CheckpointOptions.unaligned(), ("P1",))]
+    )
     for step in SEED_001_STEPS:
         assert step in sim.enabled_steps(), step
         sim.apply(step)
@@ -34,14 +35,17 @@ def test_the_snapshot_is_exactly_the_seeds():
     assert list(sim.completed) == [1]
     snapshot = sim.completed[1]
     assert {p: s["events"] for p, s in snapshot.states.items()} == {
-        "P1": ["A", "B"], "P2": ["F", "G", "H"], "P3": ["I"]}
+        "P1": ["A", "B"],
+        "P2": ["F", "G", "H"],
+        "P3": ["I"],
+    }
     assert [m.payload for m in snapshot.channels[C(2, 1)]] == ["H"]
     for channel in (C(1, 2), C(1, 3), C(2, 3), C(3, 1), C(3, 2)):
         assert snapshot.channels[channel] == (), channel
     assert snapshot.cut == {"P1": 2, "P2": 3, "P3": 1}
     assert set(snapshot.kinds.values()) == {CheckpointKind.UNALIGNED}
     # the unaligned task checkpoint of P1 keeps C21's state as an offset range
-    (start, end), = snapshot.acks["P1"].in_flight.values()
+    ((start, end),) = snapshot.acks["P1"].in_flight.values()
     assert sim.logs[C(2, 1)][start].payload == "H" and end == start + 1
 
 
@@ -55,8 +59,14 @@ def test_order_of_snapshots_and_markers_follows_the_seed():
     snapshots = [e.process for e in sim.history.events if e.kind is EventKind.SNAPSHOT]
     assert snapshots == ["P1", "P3", "P2"]
     markers = [(e.process, e.channel) for e in sim.history.events if e.kind is EventKind.MARKER_RECEIVE]
-    assert markers == [("P3", C(1, 3)), ("P1", C(3, 1)), ("P2", C(3, 2)), ("P2", C(1, 2)),
-                            ("P1", C(2, 1)), ("P3", C(2, 3))]
+    assert markers == [
+        ("P3", C(1, 3)),
+        ("P1", C(3, 1)),
+        ("P2", C(3, 2)),
+        ("P2", C(1, 2)),
+        ("P1", C(2, 1)),
+        ("P3", C(2, 3)),
+    ]
 
 
 def test_the_seed_snapshot_is_consistent_and_lies_between_start_and_end():

@@ -32,7 +32,9 @@ def test_the_pipeline_gets_every_connection_setting_and_they_parse():
     assert conn is not None
 
     host, port = conn.kafka_bootstrap.split(":")
-    assert host in services and f"PLAINTEXT://{host}:{port}" in services[host]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert (
+        host in services and f"PLAINTEXT://{host}:{port}" in services[host]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    )
 
     s3 = urlparse(conn.s3_endpoint)
     assert s3.hostname in services
@@ -51,10 +53,17 @@ def test_the_broker_has_the_settings_of_the_local_one():
     the like) is set the same way in the compose broker."""
     local = dict(line.split("=", 1) for line in broker_properties(Path("/d"), 1, 2).splitlines() if line)
     compose_env = _compose()["services"]["kafka"]["environment"]
-    for key in ("process.roles", "offsets.topic.replication.factor", "transaction.state.log.replication.factor",
-                "transaction.state.log.min.isr", "share.coordinator.state.topic.replication.factor",
-                "share.coordinator.state.topic.min.isr", "auto.create.topics.enable",
-                "group.initial.rebalance.delay.ms", "controller.listener.names"):
+    for key in (
+        "process.roles",
+        "offsets.topic.replication.factor",
+        "transaction.state.log.replication.factor",
+        "transaction.state.log.min.isr",
+        "share.coordinator.state.topic.replication.factor",
+        "share.coordinator.state.topic.min.isr",
+        "auto.create.topics.enable",
+        "group.initial.rebalance.delay.ms",
+        "controller.listener.names",
+    ):
         env_name = "KAFKA_" + key.upper().replace(".", "_")
         assert str(compose_env[env_name]) == local[key], key
 

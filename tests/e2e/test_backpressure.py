@@ -12,11 +12,10 @@ import pyarrow.compute as pc
 import pytest
 from kafka import KafkaProducer
 
-from streaming.engine.runner import JobRunner
-from streaming.api.settings import JobSettings
-from streaming.adapters.snapshots import SnapshotStore
 from streaming.adapters.objects import open_store
-from streaming.testing import slow_pipeline
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.settings import JobSettings
+from streaming.engine.runner import JobRunner
 
 pytestmark = pytest.mark.integration
 
@@ -34,8 +33,7 @@ def _checkpoint(connection, tmp_path, job: str, mode: str, before: dict[int, int
     trigger one checkpoint when its task runs, produce ``after`` more records
     per partition behind the barrier, and return the checkpoint's barrier
     offsets, the task's snapshot and how many records its state covers."""
-    settings = JobSettings(store=f"file://{tmp_path}/store", mode=mode, interval_s=3600,
-                           max_records_per_batch=200)
+    settings = JobSettings(store=f"file://{tmp_path}/store", mode=mode, interval_s=3600, max_records_per_batch=200)
     lines: list[str] = []
     runner = JobRunner("streaming.testing:slow_pipeline", settings, connection, job=job, say=lines.append)
     topic = runner.pipeline.ingress[0].topic
@@ -70,8 +68,9 @@ def _checkpoint(connection, tmp_path, job: str, mode: str, before: dict[int, int
 @pytest.mark.parametrize("mode", ["aligned", "unaligned"])
 def test_a_slow_stage_with_a_backlog(connection, tmp_path, unique_name, mode):
     job = f"bp-{unique_name[-8:]}"
-    offsets, snapshot, covered, metrics = _checkpoint(connection, tmp_path, job, mode,
-                                                     before={0: 1500, 1: 1500}, after={})
+    offsets, snapshot, covered, metrics = _checkpoint(
+        connection, tmp_path, job, mode, before={0: 1500, 1: 1500}, after={}
+    )
     topic = f"{job}.events"
     assert offsets == {f"{topic}:0": 1500, f"{topic}:1": 1500}
     # either way the checkpoint resumes each channel right after its barrier
@@ -91,8 +90,9 @@ def test_a_slow_stage_with_a_backlog(connection, tmp_path, unique_name, mode):
 @pytest.mark.parametrize("mode", ["aligned", "unaligned", "at-least-once"])
 def test_skewed_channels(connection, tmp_path, unique_name, mode):
     job = f"sk-{unique_name[-8:]}"
-    offsets, snapshot, covered, metrics = _checkpoint(connection, tmp_path, job, mode,
-                                                     before={0: 3000, 1: 20}, after={1: 1000})
+    offsets, snapshot, covered, metrics = _checkpoint(
+        connection, tmp_path, job, mode, before={0: 3000, 1: 20}, after={1: 1000}
+    )
     if mode == "aligned":
         # partition 1 delivered its barrier early; what came after it waited for partition 0
         assert metrics["held_bytes_max"] > 0 and covered == 3020

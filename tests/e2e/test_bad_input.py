@@ -7,7 +7,6 @@ why) in favour of the previous one, with the output still exact."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -15,14 +14,13 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from barriers.messages import Barrier, encode
-from streaming.tools import demo
-from streaming.engine.runner import JobRunner
 from streaming.adapters.kafka_io import dead_letter_topic_name
-from streaming.api.settings import JobSettings
-from streaming.adapters.sinks import read_committed_output
-from streaming.adapters.snapshots import SnapshotStore
 from streaming.adapters.objects import open_store
-from streaming.adapters.sinks import sink_location
+from streaming.adapters.sinks import read_committed_output, sink_location
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.settings import JobSettings
+from streaming.engine.runner import JobRunner
+from streaming.tools import demo
 
 pytestmark = pytest.mark.integration
 
@@ -58,8 +56,11 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         demo.produce_transfers(bootstrap, topic, data[:400], partitions, end=False)
         producer = KafkaProducer(bootstrap_servers=bootstrap)
         producer.send(topic, value=b"{not json", partition=0)
-        producer.send(topic, value=json.dumps({"id": "x", "source": "a", "target": "b", "amount": "lots",
-                                               "ts": 1}).encode(), partition=1)
+        producer.send(
+            topic,
+            value=json.dumps({"id": "x", "source": "a", "target": "b", "amount": "lots", "ts": 1}).encode(),
+            partition=1,
+        )
         producer.send(topic, value=b"", headers=encode(Barrier(1, job="someone-else")), partition=0)
         producer.send(topic, value=b"", headers=encode(Barrier(99, generation=7, job=job)), partition=1)
         producer.flush()
@@ -73,8 +74,10 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         checkpoints.rename(moved)
         checkpoints.write_text("not a directory")
         before = len(runner.coordinator.completed())
+
         def declined():
             return [r for r in runner.coordinator.records.values() if "snapshot store failed" in r.reason]
+
         _step_until(runner, declined, 60, "a checkpoint declined for the store")
         assert declined()[0].status == "aborted" and "not a directory" in declined()[0].reason.lower()
         demo.produce_transfers(bootstrap, topic, data[400:800], partitions, end=False)

@@ -10,15 +10,14 @@ import time
 
 import pytest
 
-from streaming.tools import demo
-from streaming.engine.runner import JobRunner
 from streaming.adapters.kafka_admin import end_offsets
 from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
-from streaming.api.settings import JobSettings
-from streaming.adapters.sinks import read_committed_output
-from streaming.adapters.snapshots import SnapshotStore
 from streaming.adapters.objects import ensure_bucket, open_store
-from streaming.adapters.sinks import sink_location
+from streaming.adapters.sinks import read_committed_output, sink_location
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.settings import JobSettings
+from streaming.engine.runner import JobRunner
+from streaming.tools import demo
 
 pytestmark = pytest.mark.integration
 
@@ -32,17 +31,34 @@ FAULTS = [
 ]
 
 
-def _run(connection, job: str, store: str, faults: list[tuple[str, str]], *, transfers: int, chunk: int,
-         timeout_s: float, lines: list[str], **settings):
+def _run(
+    connection,
+    job: str,
+    store: str,
+    faults: list[tuple[str, str]],
+    *,
+    transfers: int,
+    chunk: int,
+    timeout_s: float,
+    lines: list[str],
+    **settings,
+):
     settings = JobSettings(store=store, interval_s=0.7, timeout_s=60, max_records_per_batch=200, **settings)
     reader = SnapshotStore(open_store(store, connection), job)
     money = []
 
     def in_flight(channel, start, end):
         return read_range(connection.kafka_bootstrap, channel, start, end)
-    runner = JobRunner("streaming.tools.demo:pipeline", settings, connection, job=job, say=lines.append,
-                       faults=",".join(f"{task}:{point}:*:{g}" for g, (task, point) in enumerate(faults)),
-                       on_complete=lambda cid: money.append(demo.money_in_checkpoint(reader, cid, in_flight)))
+
+    runner = JobRunner(
+        "streaming.tools.demo:pipeline",
+        settings,
+        connection,
+        job=job,
+        say=lines.append,
+        faults=",".join(f"{task}:{point}:*:{g}" for g, (task, point) in enumerate(faults)),
+        on_complete=lambda cid: money.append(demo.money_in_checkpoint(reader, cid, in_flight)),
+    )
     data = demo.make_transfers(transfers)
     topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
     deadline = time.monotonic() + timeout_s
@@ -52,7 +68,7 @@ def _run(connection, job: str, store: str, faults: list[tuple[str, str]], *, tra
         # feed chunks until every fault fired, then two more
         while sent < len(data) and after < 2 and time.monotonic() < deadline:
             after += len(runner.restores) >= len(faults)
-            demo.produce_transfers(connection.kafka_bootstrap, topic, data[sent:sent + chunk], partitions, end=False)
+            demo.produce_transfers(connection.kafka_bootstrap, topic, data[sent : sent + chunk], partitions, end=False)
             sent += chunk
             if runner.coordinator is None:
                 runner.start()
@@ -70,14 +86,24 @@ def _run(connection, job: str, store: str, faults: list[tuple[str, str]], *, tra
 
 MODES = {
     "aligned": ({}, FAULTS),
-    "unaligned-ranges": ({"mode": "unaligned"}, [
-        ("accounts-0", "mid_batch"), ("windows-0", "during_upload"), ("windows-0", "before_sink_commit"),
-        ("accounts-1", "during_restore")]),
-    "unaligned-copies": ({"mode": "unaligned", "in_flight": "records"}, [
-        ("accounts-1", "during_copy"), ("accounts-0", "mid_batch"), ("accounts-0", "during_copy")]),
+    "unaligned-ranges": (
+        {"mode": "unaligned"},
+        [
+            ("accounts-0", "mid_batch"),
+            ("windows-0", "during_upload"),
+            ("windows-0", "before_sink_commit"),
+            ("accounts-1", "during_restore"),
+        ],
+    ),
+    "unaligned-copies": (
+        {"mode": "unaligned", "in_flight": "records"},
+        [("accounts-1", "during_copy"), ("accounts-0", "mid_batch"), ("accounts-0", "during_copy")],
+    ),
     # a zero timeout switches every alignment that outlasts one micro-batch
-    "aligned-timeout": ({"mode": "aligned-timeout", "alignment_timeout_ms": 0}, [
-        ("accounts-1", "during_alignment"), ("windows-0", "during_upload")]),
+    "aligned-timeout": (
+        {"mode": "aligned-timeout", "alignment_timeout_ms": 0},
+        [("accounts-1", "during_alignment"), ("windows-0", "during_upload")],
+    ),
 }
 
 
@@ -88,8 +114,9 @@ def test_kills_at_chosen_points_then_output_equals_a_failure_free_run(connection
     lines: list[str] = []
     job = f"e2e-{unique_name[-8:]}"
     store = f"s3://{connection.s3_bucket}/{unique_name}"
-    runner, sent, money, output = _run(connection, job, store, faults, transfers=6000, chunk=300,
-                                       timeout_s=420, lines=lines, **settings)
+    runner, sent, money, output = _run(
+        connection, job, store, faults, transfers=6000, chunk=300, timeout_s=420, lines=lines, **settings
+    )
     log = "\n".join(lines)
     fired = [r.reason for r in runner.restores]
     assert len(runner.restores) == len(faults), f"restores: {fired}\n{log}"
@@ -104,7 +131,8 @@ def test_kills_at_chosen_points_then_output_equals_a_failure_free_run(connection
     kinds = {kind for record in runner.checkpoints() for kind in record.kinds}
     if mode.startswith("unaligned"):
         assert "unaligned" in kinds
-        assert any(m.in_flight for m in money) or any(r.in_flight for r in runner.checkpoints()), \
+        assert any(m.in_flight for m in money) or any(r.in_flight for r in runner.checkpoints()), (
             "no checkpoint had channel state: the unaligned path was not exercised"
+        )
     if mode == "aligned-timeout":
         assert "aligned, unaligned after the alignment timeout" in kinds, kinds

@@ -10,16 +10,20 @@ import time
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from streaming.tools import demo
-from streaming.engine.runner import JobRunner
 from streaming.api.settings import JobSettings
+from streaming.engine.runner import JobRunner
+from streaming.tools import demo
 
 pytestmark = pytest.mark.integration
 
 
 def _committed(bootstrap: str, topic: str) -> list[dict]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed",
-                             enable_auto_commit=False, consumer_timeout_ms=3000)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        consumer_timeout_ms=3000,
+    )
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
@@ -32,8 +36,14 @@ def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tm
     job = f"ks-{unique_name[-8:]}"
     settings = JobSettings(store=f"file://{tmp_path}/store", interval_s=0.7, max_records_per_batch=200)
     lines: list[str] = []
-    runner = JobRunner("streaming.tools.demo:kafka_pipeline", settings, connection, job=job, say=lines.append,
-                       workers={"all": [t.name for t in demo.kafka_pipeline(job).tasks()]})
+    runner = JobRunner(
+        "streaming.tools.demo:kafka_pipeline",
+        settings,
+        connection,
+        job=job,
+        say=lines.append,
+        workers={"all": [t.name for t in demo.kafka_pipeline(job).tasks()]},
+    )
     topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
     data = demo.make_transfers(1000)
     try:

@@ -17,11 +17,10 @@ import time
 import pyarrow.fs as pafs
 import pytest
 
-from streaming.tools import demo
-from streaming.engine.runner import JobRunner
+from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.api.settings import JobSettings
-from streaming.adapters.sinks import read_committed_output
-from streaming.adapters.sinks import sink_location
+from streaming.engine.runner import JobRunner
+from streaming.tools import demo
 
 pytestmark = pytest.mark.integration
 
@@ -30,8 +29,13 @@ def test_roll_back_to_a_named_checkpoint(connection, tmp_path, unique_name):
     job, store = f"drill-{unique_name[-8:]}", f"file://{tmp_path}/store"
     data = demo.make_transfers(400)
     lines: list[str] = []
-    runner = JobRunner("streaming.tools.demo:pipeline", JobSettings(store=store, interval_s=1, retain=20), connection,
-                       job=job, say=lines.append)
+    runner = JobRunner(
+        "streaming.tools.demo:pipeline",
+        JobSettings(store=store, interval_s=1, retain=20),
+        connection,
+        job=job,
+        say=lines.append,
+    )
     runner.prepare()
     ingress = runner.pipeline.ingress[0]
     demo.produce_transfers(connection.kafka_bootstrap, ingress.topic, data, ingress.partitions, end=True)
@@ -42,9 +46,13 @@ def test_roll_back_to_a_named_checkpoint(connection, tmp_path, unique_name):
             assert time.monotonic() < deadline, "\n".join(lines[-20:])
             runner.step()
 
-        listing = subprocess.run([sys.executable, "-m", "streaming.tools.cli", "checkpoints", "--store", store,
-                                  "--job", job], capture_output=True, text=True, timeout=60,
-                                 env={**os.environ, **connection.as_env()})
+        listing = subprocess.run(
+            [sys.executable, "-m", "streaming.tools.cli", "checkpoints", "--store", store, "--job", job],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, **connection.as_env()},
+        )
         assert listing.returncode == 0, listing.stderr
         usable = [int(m.group(1)) for m in re.finditer(r"^\s+(\d+)\s+0 .* yes\b", listing.stdout, re.M)]
         assert len(usable) >= 3, listing.stdout
@@ -52,8 +60,11 @@ def test_roll_back_to_a_named_checkpoint(connection, tmp_path, unique_name):
         oldest = usable[0]
 
         sink = sink_location(runner.settings, job, connection)
-        committed_after = [int(i.base_name.split("-")[1]) for i in sink.filesystem.get_file_info(
-            pafs.FileSelector(sink.path("output"), allow_not_found=True)) if int(i.base_name.split("-")[1]) > oldest]
+        committed_after = [
+            int(i.base_name.split("-")[1])
+            for i in sink.filesystem.get_file_info(pafs.FileSelector(sink.path("output"), allow_not_found=True))
+            if int(i.base_name.split("-")[1]) > oldest
+        ]
 
         runner.restore("drill", checkpoint_id=oldest)
         runner.run_until_caught_up(240)

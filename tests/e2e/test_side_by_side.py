@@ -13,10 +13,19 @@ pytestmark = pytest.mark.integration
 
 def test_aligned_and_unaligned_side_by_side(connection, tmp_path):
     lines: list[str] = []
-    comparison = run_compare(connection, store_uri=f"file://{tmp_path}/store", variants=("aligned", "unaligned"),
-                             backlogs=(400, 800), say=lines.append)
+    comparison = run_compare(
+        connection,
+        store_uri=f"file://{tmp_path}/store",
+        variants=("aligned", "unaligned"),
+        backlogs=(400, 800),
+        say=lines.append,
+    )
     assert [(r.variant, r.round) for r in comparison.rounds] == [
-        ("aligned", 1), ("unaligned", 1), ("aligned", 2), ("unaligned", 2)], "\n".join(lines)
+        ("aligned", 1),
+        ("unaligned", 1),
+        ("aligned", 2),
+        ("unaligned", 2),
+    ], "\n".join(lines)
     for r in comparison.of("aligned"):
         # the aligned snapshot waited for the backlog: nothing of it is channel state
         assert r.kind == "aligned" and r.in_flight_records == 0

@@ -34,15 +34,18 @@ def cuts(steps: list) -> st.SearchStrategy[int]:
 
 # -- keyed aggregate -------------------------------------------------------
 
+
 @st.composite
 def account_batches(draw, *, null_amounts: bool = True, max_batches: int = 6) -> list[pa.Table]:
     keys = draw(st.sampled_from([KEYS_STR, KEYS_INT]))
     schema = ACCOUNT_SCHEMA_STR if keys is KEYS_STR else ACCOUNT_SCHEMA_INT
     amount = st.integers(-50, 50)
-    row = st.fixed_dictionaries({
-        "account": maybe_null(st.sampled_from(keys)),
-        "amount": maybe_null(amount) if null_amounts else amount,
-    })
+    row = st.fixed_dictionaries(
+        {
+            "account": maybe_null(st.sampled_from(keys)),
+            "amount": maybe_null(amount) if null_amounts else amount,
+        }
+    )
     batches = draw(st.lists(st.lists(row, max_size=8), max_size=max_batches))
     return [table(rows, schema) for rows in batches]
 
@@ -74,13 +77,16 @@ def keyed_aggregate_model(batches: list[pa.Table], key: str = "account", value: 
 
 # -- tumbling windows ------------------------------------------------------
 
+
 @st.composite
 def window_steps(draw, *, watermarks: bool = True, max_steps: int = 7) -> list:
-    row = st.fixed_dictionaries({
-        "k": maybe_null(st.sampled_from(KEYS_STR)),
-        "t": maybe_null(st.integers(-20, 120)),
-        "v": maybe_null(st.integers(0, 9)),
-    })
+    row = st.fixed_dictionaries(
+        {
+            "k": maybe_null(st.sampled_from(KEYS_STR)),
+            "t": maybe_null(st.integers(-20, 120)),
+            "v": maybe_null(st.integers(0, 9)),
+        }
+    )
     schema = pa.schema([("k", pa.string()), ("t", pa.int64()), ("v", pa.int64())])
     batch = st.lists(row, max_size=8).map(lambda rows: table(rows, schema))
     step = st.one_of(batch, batch, batch, st.integers(-20, 150).map(Watermark)) if watermarks else batch
@@ -119,8 +125,12 @@ def windows_model(steps: list, size: int, lateness: int):
                 candidate = max(r["t"] for r, _ in on_time) - lateness
                 watermark = candidate if watermark is None else max(watermark, candidate)
         closed = sorted((start, k) for (k, start) in open_ if watermark is not None and start + size <= watermark)
-        outputs.append([{"k": k, "window_start": start, "window_end": start + size, **open_.pop((k, start))}
-                        for start, k in closed])
+        outputs.append(
+            [
+                {"k": k, "window_start": start, "window_end": start + size, **open_.pop((k, start))}
+                for start, k in closed
+            ]
+        )
     return outputs, letters
 
 
@@ -134,10 +144,13 @@ RIGHT_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 def join_steps(draw, max_steps: int = 7) -> list[dict[str, pa.Table]]:
     left_row = st.fixed_dictionaries({"id": maybe_null(st.integers(0, 4)), "x": st.integers(0, 99)})
     right_row = st.fixed_dictionaries({"id": maybe_null(st.integers(0, 4)), "name": st.sampled_from(["p", "q", "r"])})
-    step = st.fixed_dictionaries({}, optional={
-        "left": st.lists(left_row, max_size=6).map(lambda rows: table(rows, LEFT_SCHEMA)),
-        "right": st.lists(right_row, max_size=4).map(lambda rows: table(rows, RIGHT_SCHEMA)),
-    })
+    step = st.fixed_dictionaries(
+        {},
+        optional={
+            "left": st.lists(left_row, max_size=6).map(lambda rows: table(rows, LEFT_SCHEMA)),
+            "right": st.lists(right_row, max_size=4).map(lambda rows: table(rows, RIGHT_SCHEMA)),
+        },
+    )
     return draw(st.lists(step, max_size=max_steps))
 
 

@@ -40,16 +40,22 @@ def test_operators_satisfy_the_protocols() -> None:
 
 
 def test_operators_apply_in_order() -> None:
-    chain = Chain(filter_rows(pc.field("v") > 0), map_batches(lambda t: t.append_column("w", pc.multiply(t["v"], 10))),
-                  KeyedAggregate("k", {"w": sum_("w")}))
+    chain = Chain(
+        filter_rows(pc.field("v") > 0),
+        map_batches(lambda t: t.append_column("w", pc.multiply(t["v"], 10))),
+        KeyedAggregate("k", {"w": sum_("w")}),
+    )
     out = chain.process(pa.table({"k": ["a", "a", "b"], "v": [1, -1, 2]}))
     assert out.to_pylist() == [{"k": "a", "w": 10}, {"k": "b", "w": 20}]
 
 
 def test_snapshot_names_tables_by_position_nested_too() -> None:
     def make() -> Chain:
-        return Chain(filter_rows(pc.field("v") > 0), counts(),
-                     Chain(map_batches(lambda t: t), KeyedAggregate("k", {"m": sum_("n")})))
+        return Chain(
+            filter_rows(pc.field("v") > 0),
+            counts(),
+            Chain(map_batches(lambda t: t), KeyedAggregate("k", {"m": sum_("n")})),
+        )
 
     chain = make()
     chain.process(pa.table({"k": ["a"], "v": [1]}))
@@ -84,12 +90,21 @@ def test_restore_is_all_or_nothing() -> None:
 
 
 def test_dead_letters_of_all_operators_are_gathered_in_order() -> None:
-    chain = Chain(counts(), map_batches(lambda t: t.set_column(0, "k", pa.nulls(t.num_rows, pa.string()))),
-                  KeyedAggregate("k", {"n": count()}))
-    chain.process(pa.Table.from_pylist([{"k": None, "v": 1}, {"k": "a", "v": 2}],
-                                       schema=pa.schema([("k", pa.string()), ("v", pa.int64())])))
+    chain = Chain(
+        counts(),
+        map_batches(lambda t: t.set_column(0, "k", pa.nulls(t.num_rows, pa.string()))),
+        KeyedAggregate("k", {"n": count()}),
+    )
+    chain.process(
+        pa.Table.from_pylist(
+            [{"k": None, "v": 1}, {"k": "a", "v": 2}], schema=pa.schema([("k", pa.string()), ("v", pa.int64())])
+        )
+    )
     letters = chain.dead_letters.drain()
-    assert [(l.row["v"] if "v" in l.row else l.row["s"], l.reason) for l in letters] == [(1, "null_key"), (2, "null_key")]
+    assert [(l.row["v"] if "v" in l.row else l.row["s"], l.reason) for l in letters] == [
+        (1, "null_key"),
+        (2, "null_key"),
+    ]
     assert [len(op.dead_letters) for op in (chain.operators[0], chain.operators[2])] == [0, 0]
 
 

@@ -16,8 +16,11 @@ def test_collects_in_order_drains_and_moves() -> None:
     letters.absorb(other)
     letters.absorb(letters)
     assert len(letters) == 3 and len(other) == 0
-    assert list(letters) == [DeadLetter({"x": 1}, "late", "Op"), DeadLetter({"x": 2}, "late", "Op"),
-                             DeadLetter({"y": "a"}, "custom reason", "Other")]
+    assert list(letters) == [
+        DeadLetter({"x": 1}, "late", "Op"),
+        DeadLetter({"x": 2}, "late", "Op"),
+        DeadLetter({"y": "a"}, "custom reason", "Other"),
+    ]
     batches = letters.drain_batches()
     assert [(b.rows.num_rows, b.reason) for b in batches] == [(2, "late"), (1, "custom reason")]
     assert letters.drain() == [] and len(letters) == 0

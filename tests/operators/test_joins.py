@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from operator_cases import join_model, join_steps
 
 from operators import (
     InputSchemaError,
@@ -18,7 +19,6 @@ from operators import (
     Unmatched,
 )
 from operators.testing import run
-from operator_cases import join_model, join_steps
 
 PROFILE = settings.get_profile("operators")
 
@@ -45,8 +45,12 @@ def test_left_rows_wait_for_their_key_and_are_emitted_once_it_arrives() -> None:
 def test_right_side_of_the_same_batch_is_applied_first_and_last_row_wins() -> None:
     join = LatestValueJoin("user")
     join.process({"right": pa.table({"user": [1], "name": ["old"]})})
-    out = join.process({"left": pa.table({"user": [1], "click": ["x"]}),
-                        "right": pa.table({"user": [1, 1], "name": ["new", "newest"]})})
+    out = join.process(
+        {
+            "left": pa.table({"user": [1], "click": ["x"]}),
+            "right": pa.table({"user": [1, 1], "name": ["new", "newest"]}),
+        }
+    )
     assert out.to_pylist() == [{"user": 1, "click": "x", "name": "newest"}]
     assert join.latest.to_pylist() == [{"user": 1, "name": "newest"}]
 
@@ -54,7 +58,9 @@ def test_right_side_of_the_same_batch_is_applied_first_and_last_row_wins() -> No
 def test_released_rows_come_before_this_batch_rows() -> None:
     join = LatestValueJoin("user")
     join.process({"left": pa.table({"user": [1], "click": ["early"]})})
-    out = join.process({"left": pa.table({"user": [1], "click": ["now"]}), "right": pa.table({"user": [1], "name": ["n"]})})
+    out = join.process(
+        {"left": pa.table({"user": [1], "click": ["now"]}), "right": pa.table({"user": [1], "name": ["n"]})}
+    )
     assert out["click"].to_pylist() == ["early", "now"]
 
 
@@ -82,8 +88,12 @@ def test_different_key_names_and_clashing_columns() -> None:
 def test_null_keys_on_either_side_go_to_dead_letters() -> None:
     join = LatestValueJoin("k")
     schema = pa.schema([("k", pa.int64()), ("v", pa.string())])
-    join.process({"right": pa.Table.from_pylist([{"k": None, "v": "r"}], schema=schema),
-                  "left": pa.Table.from_pylist([{"k": None, "v": "l"}], schema=schema)})
+    join.process(
+        {
+            "right": pa.Table.from_pylist([{"k": None, "v": "r"}], schema=schema),
+            "left": pa.Table.from_pylist([{"k": None, "v": "l"}], schema=schema),
+        }
+    )
     assert [(l.row["v"], l.reason) for l in join.dead_letters.drain()] == [("r", "null_key"), ("l", "null_key")]
 
 
@@ -108,8 +118,12 @@ def test_bad_join_arguments() -> None:
 
 def test_union_tags_and_unifies_in_input_order() -> None:
     union = Union(["orders", "refunds"])
-    out = union.process({"refunds": pa.table({"id": pa.array([2], pa.int32()), "why": ["bad"]}),
-                         "orders": pa.table({"id": pa.array([1], pa.int64()), "qty": [3]})})
+    out = union.process(
+        {
+            "refunds": pa.table({"id": pa.array([2], pa.int32()), "why": ["bad"]}),
+            "orders": pa.table({"id": pa.array([1], pa.int64()), "qty": [3]}),
+        }
+    )
     assert out.schema.field("id").type == pa.int64()
     assert out.to_pylist() == [
         {"id": 1, "qty": 3, "input": "orders", "why": None},

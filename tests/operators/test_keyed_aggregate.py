@@ -6,6 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
+from operator_cases import account_batches, keyed_aggregate_model
 
 from operators import (
     InputSchemaError,
@@ -17,7 +18,6 @@ from operators import (
     sum_,
 )
 from operators.testing import run
-from operator_cases import account_batches, keyed_aggregate_model
 
 PROFILE = settings.get_profile("operators")
 
@@ -109,12 +109,15 @@ def test_missing_column_is_named() -> None:
         KeyedAggregate("k", {"s": sum_("amount")}).process(pa.table({"k": [1]}))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"key": "", "aggregations": {"n": count()}}, "key"),
-    ({"key": "k", "aggregations": {}}, "non-empty mapping"),
-    ({"key": "k", "aggregations": {"k": count()}}, "name of a key"),
-    ({"key": "k", "aggregations": {"s": "sum"}}, "must be built with"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"key": "", "aggregations": {"n": count()}}, "key"),
+        ({"key": "k", "aggregations": {}}, "non-empty mapping"),
+        ({"key": "k", "aggregations": {"k": count()}}, "name of a key"),
+        ({"key": "k", "aggregations": {"s": "sum"}}, "must be built with"),
+    ],
+)
 def test_bad_specs_fail_at_construction(kwargs, message) -> None:
     with pytest.raises(OperatorConfigError, match=message):
         KeyedAggregate(**kwargs)

@@ -20,7 +20,10 @@ def test_merge_returns_updated_rows_and_keeps_the_rest() -> None:
     updated = state.merge(pa.table({"k": ["b", "c"], "v": [10, 3]}), add_values)
     assert updated.to_pylist() == [{"k": "b", "v": 12}, {"k": "c", "v": 3}]
     assert sorted(state.table.to_pylist(), key=lambda r: r["k"]) == [
-        {"k": "a", "v": 1}, {"k": "b", "v": 12}, {"k": "c", "v": 3}]
+        {"k": "a", "v": 1},
+        {"k": "b", "v": 12},
+        {"k": "c", "v": 3},
+    ]
 
 
 def test_tables_handed_out_never_change() -> None:
@@ -34,9 +37,20 @@ def test_tables_handed_out_never_change() -> None:
 
 def test_multi_column_keys() -> None:
     state = KeyedState(["k", "w"], ["v"])
-    combine = lambda rows: pa.table({  # noqa: E731
-        **{c: g for c, g in zip(["k", "w", "v"], rows.group_by(["k", "w"], use_threads=False).aggregate([("v", "sum")])
-                                .select(["k", "w", "v_sum"]).columns)}})
+    combine = lambda rows: pa.table(  # noqa: E731
+        {
+            **{
+                c: g
+                for c, g in zip(
+                    ["k", "w", "v"],
+                    rows.group_by(["k", "w"], use_threads=False)
+                    .aggregate([("v", "sum")])
+                    .select(["k", "w", "v_sum"])
+                    .columns,
+                )
+            }
+        }
+    )
     state.merge(pa.table({"k": ["a", "a"], "w": [0, 10], "v": [1, 2]}), combine)
     out = state.merge(pa.table({"k": ["a"], "w": [10], "v": [5]}), combine)
     assert out.to_pylist() == [{"k": "a", "w": 10, "v": 7}]
@@ -51,7 +65,10 @@ def test_upsert_and_lookup() -> None:
     state.upsert(pa.table({"id": [1, 2], "name": ["one", "two"]}))
     state.upsert(pa.table({"id": [2], "name": ["TWO"]}))
     assert state.lookup(pa.array([2, 3, 1])).to_pylist() == [
-        {"id": 2, "name": "TWO"}, {"id": None, "name": None}, {"id": 1, "name": "one"}]
+        {"id": 2, "name": "TWO"},
+        {"id": None, "name": None},
+        {"id": 1, "name": "one"},
+    ]
 
 
 def test_latest_per_key() -> None:

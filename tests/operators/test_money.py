@@ -42,8 +42,11 @@ def test_balances_apply_signed_deltas_and_report_the_total() -> None:
 def test_null_amounts_and_accounts_are_dead_letters() -> None:
     balances = Balances(key="acct", amount="delta")
     schema = pa.schema([("acct", pa.string()), ("delta", pa.int64())])
-    balances.process(pa.Table.from_pylist([{"acct": "a", "delta": None}, {"acct": None, "delta": 3},
-                                           {"acct": "a", "delta": 1}], schema=schema))
+    balances.process(
+        pa.Table.from_pylist(
+            [{"acct": "a", "delta": None}, {"acct": None, "delta": 3}, {"acct": "a", "delta": 1}], schema=schema
+        )
+    )
     assert [l.reason for l in balances.dead_letters.drain()] == ["null_value", "null_key"]
     assert balances.total() == 1
 
@@ -54,8 +57,9 @@ def test_bad_transfer_leg_names() -> None:
 
 
 @PROFILE
-@given(st.lists(st.tuples(st.sampled_from("abcd"), st.sampled_from("abcd"), st.integers(1, 100)), max_size=30),
-       st.data())
+@given(
+    st.lists(st.tuples(st.sampled_from("abcd"), st.sampled_from("abcd"), st.integers(1, 100)), max_size=30), st.data()
+)
 def test_a_consistent_cut_conserves_money(transfer_rows, data) -> None:
     """Two tasks own accounts a-b and c-d.  A transfer's source task applies
     the debit and, in the same step, applies the credit itself or sends it to
@@ -71,8 +75,10 @@ def test_a_consistent_cut_conserves_money(transfer_rows, data) -> None:
     snapshot = None
     for index, row in enumerate(transfer_rows + [None]):
         if index == cut:
-            snapshot = ([parquet_roundtrip(task.snapshot()) for task in tasks],
-                        sum(credit["amount"][0].as_py() for credit in channel))
+            snapshot = (
+                [parquet_roundtrip(task.snapshot()) for task in tasks],
+                sum(credit["amount"][0].as_py() for credit in channel),
+            )
         if row is None:
             break
         debit, credit = transfer_legs().process(transfers((index, *row))).to_batches(max_chunksize=1)

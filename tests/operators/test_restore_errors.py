@@ -53,9 +53,15 @@ AGGREGATE_CASES = {
     "count as string": ({"state": pa.table({"k": ["a"], "n": ["1"], "s": [1], "lo": [1]})}, "cannot hold count"),
     "sum as string": ({"state": pa.table({"k": ["a"], "n": [1], "s": ["x"], "lo": [1]})}, "cannot hold sum"),
     "duplicate keys": ({"state": pa.table({"k": ["a", "a"], "n": [1, 1], "s": [1, 1], "lo": [1, 1]})}, "duplicate"),
-    "null key": ({"state": pa.Table.from_pylist([{"k": None, "n": 1, "s": 1, "lo": 1}],
-                                                 schema=pa.schema([("k", pa.string()), ("n", pa.int64()),
-                                                                   ("s", pa.int64()), ("lo", pa.int64())]))}, "null keys"),
+    "null key": (
+        {
+            "state": pa.Table.from_pylist(
+                [{"k": None, "n": 1, "s": 1, "lo": 1}],
+                schema=pa.schema([("k", pa.string()), ("n", pa.int64()), ("s", pa.int64()), ("lo", pa.int64())]),
+            )
+        },
+        "null keys",
+    ),
 }
 
 

@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from operator_cases import account_batches, join_steps, table, window_steps
 
 from operators import (
     Balances,
@@ -29,14 +30,21 @@ from operators import (
     with_column,
 )
 from operators.testing import Watermark, assert_resumes_exactly, parquet_roundtrip, run, run_with_restore
-from operator_cases import account_batches, join_steps, table, window_steps
 
 PROFILE = settings.get_profile("operators")
 
 
 def keyed_aggregate() -> KeyedAggregate:
-    return KeyedAggregate("account", {"count": count(), "total": sum_("amount"), "lo": min_("amount"),
-                                      "hi": max_("amount"), "valid": count("amount")})
+    return KeyedAggregate(
+        "account",
+        {
+            "count": count(),
+            "total": sum_("amount"),
+            "lo": min_("amount"),
+            "hi": max_("amount"),
+            "valid": count("amount"),
+        },
+    )
 
 
 def window_factory(size: int, lateness: int):
@@ -66,11 +74,13 @@ def windows_chain() -> Chain:
 
 def transfer_batches() -> st.SearchStrategy[list[pa.Table]]:
     schema = pa.schema([("source", pa.string()), ("target", pa.string()), ("amount", pa.int64())])
-    row = st.fixed_dictionaries({
-        "source": st.sampled_from(["a", "b", "c"]),
-        "target": st.sampled_from(["a", "b", "c"]),
-        "amount": st.one_of(st.integers(1, 100), st.none()),
-    })
+    row = st.fixed_dictionaries(
+        {
+            "source": st.sampled_from(["a", "b", "c"]),
+            "target": st.sampled_from(["a", "b", "c"]),
+            "amount": st.one_of(st.integers(1, 100), st.none()),
+        }
+    )
     return st.lists(st.lists(row, max_size=6).map(lambda rows: table(rows, schema)), max_size=6)
 
 
@@ -189,7 +199,9 @@ class _Forgetful(KeyedAggregate):
 
 
 def test_the_checker_catches_an_operator_that_forgets_state() -> None:
-    batches = [table([{"account": "a", "amount": 1}], pa.schema([("account", pa.string()), ("amount", pa.int64())]))] * 2
+    batches = [
+        table([{"account": "a", "amount": 1}], pa.schema([("account", pa.string()), ("amount", pa.int64())]))
+    ] * 2
     make = lambda: _Forgetful("account", {"total": sum_("amount")})  # noqa: E731
     with pytest.raises(AssertionError, match="differs after resume"):
         assert_resumes_exactly(make, batches, 1)
@@ -198,7 +210,9 @@ def test_the_checker_catches_an_operator_that_forgets_state() -> None:
 
 def test_watermark_steps_reach_on_watermark() -> None:
     make = window_factory(10, 0)
-    steps = [table([{"k": "a", "t": 3, "v": 1}], pa.schema([("k", pa.string()), ("t", pa.int64()), ("v", pa.int64())])),
-             Watermark(10)]
+    steps = [
+        table([{"k": "a", "t": 3, "v": 1}], pa.schema([("k", pa.string()), ("t", pa.int64()), ("v", pa.int64())])),
+        Watermark(10),
+    ]
     assert run(make(), steps).rows() == [{"k": "a", "window_start": 0, "window_end": 10, "n": 1, "s": 1}]
     assert_resumes_exactly(make, steps, 1)

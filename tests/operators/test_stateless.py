@@ -23,8 +23,13 @@ BATCH = pa.table({"id": [1, 2, 3, 4], "amount": [10, None, -5, 7], "tags": [["x"
 
 
 def test_every_stateless_operator_has_an_empty_snapshot() -> None:
-    for operator in (map_batches(lambda t: t), filter_rows(pc.field("id") > 1), flat_map("tags"),
-                     select("id"), with_column("one", pc.scalar(1))):
+    for operator in (
+        map_batches(lambda t: t),
+        filter_rows(pc.field("id") > 1),
+        flat_map("tags"),
+        select("id"),
+        with_column("one", pc.scalar(1)),
+    ):
         assert isinstance(operator, Operator)
         assert operator.snapshot() == {}
         operator.restore({})
@@ -56,13 +61,16 @@ def test_filter_with_a_mask_function() -> None:
 
 def test_filter_keeps_row_order_across_chunks() -> None:
     batch = pa.concat_tables([pa.table({"x": list(range(i, i + 1000))}) for i in range(0, 5000, 1000)])
-    assert filter_rows(pc.greater(pc.field("x"), 10)).process(batch)["x"].to_pylist() \
-        == list(range(11, 5000))
+    assert filter_rows(pc.greater(pc.field("x"), 10)).process(batch)["x"].to_pylist() == list(range(11, 5000))
 
 
 def test_flat_map_explodes_a_list_column() -> None:
     out = flat_map("tags").process(BATCH)
-    assert out.select(["id", "tags"]).to_pylist() == [{"id": 1, "tags": "x"}, {"id": 1, "tags": "y"}, {"id": 4, "tags": "z"}]
+    assert out.select(["id", "tags"]).to_pylist() == [
+        {"id": 1, "tags": "x"},
+        {"id": 1, "tags": "y"},
+        {"id": 4, "tags": "z"},
+    ]
     assert out.column_names == BATCH.column_names
 
 

@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from operator_cases import window_steps, windows_model
 
 from operators import InputSchemaError, OperatorConfigError, TumblingWindowAggregate, count, max_, sum_
 from operators.testing import run
-from operator_cases import window_steps, windows_model
 
 PROFILE = settings.get_profile("operators")
 SCHEMA = pa.schema([("k", pa.string()), ("t", pa.int64()), ("v", pa.int64())])
@@ -105,9 +105,13 @@ def test_null_keys_and_null_times_go_to_dead_letters() -> None:
 
 def test_timestamp_columns_keep_their_zone_and_units() -> None:
     op = TumblingWindowAggregate("k", "ts", dt.timedelta(minutes=1), {"n": count(), "hi": max_("v")})
-    at = lambda s: dt.datetime(2024, 1, 1, 12, 0, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=s)  # noqa: E731
+    at = lambda s: dt.datetime(2024, 1, 1, 12, 0, tzinfo=dt.UTC) + dt.timedelta(seconds=s)  # noqa: E731
     schema = pa.schema([("k", pa.int32()), ("ts", pa.timestamp("us", "UTC")), ("v", pa.float64())])
-    rows = [{"k": 1, "ts": at(5.5), "v": 1.0}, {"k": 1, "ts": at(59.999999), "v": 2.0}, {"k": 1, "ts": at(61), "v": 0.0}]
+    rows = [
+        {"k": 1, "ts": at(5.5), "v": 1.0},
+        {"k": 1, "ts": at(59.999999), "v": 2.0},
+        {"k": 1, "ts": at(61), "v": 0.0},
+    ]
     assert op.process(pa.Table.from_pylist(rows[:2], schema=schema)).num_rows == 0
     out = op.process(pa.Table.from_pylist(rows[2:], schema=schema))
     assert out.schema.field("window_start").type == pa.timestamp("ms", "UTC")
@@ -126,14 +130,17 @@ def test_time_column_must_be_integer_or_timestamp() -> None:
         windows().process(pa.table({"k": ["a"], "t": ["noon"], "v": [1]}))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"size": 0}, "size must be > 0"),
-    ({"size": dt.timedelta(microseconds=1500)}, "whole milliseconds"),
-    ({"size": 1.5}, "int"),
-    ({"allowed_lateness": -1}, "allowed_lateness"),
-    ({"aggregations": {"window_end": count()}}, "name of a key"),
-    ({"key": "window_start"}, "reserved"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"size": 0}, "size must be > 0"),
+        ({"size": dt.timedelta(microseconds=1500)}, "whole milliseconds"),
+        ({"size": 1.5}, "int"),
+        ({"allowed_lateness": -1}, "allowed_lateness"),
+        ({"aggregations": {"window_end": count()}}, "name of a key"),
+        ({"key": "window_start"}, "reserved"),
+    ],
+)
 def test_bad_arguments_fail_at_construction(kwargs, message) -> None:
     arguments = {"key": "k", "time_column": "t", "size": 10, "aggregations": {"n": count()}, **kwargs}
     with pytest.raises(OperatorConfigError, match=message):

@@ -31,8 +31,10 @@ WITHOUT_SPARK = ("operators", "streaming.api", "streaming.adapters", "streaming.
 
 def _modules(package: str) -> dict[str, pathlib.Path]:
     base = ROOT / package.replace(".", "/")
-    return {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
-            for p in sorted(base.rglob("*.py"))}
+    return {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in sorted(base.rglob("*.py"))
+    }
 
 
 def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
@@ -70,19 +72,28 @@ def test_imports_only_go_down_the_layers():
 
 
 def test_operators_import_nothing_of_streaming():
-    offenders = [f"{module}:{line} imports {imported}"
-                 for module, path in _modules("operators").items()
-                 for line, imported in _imports(path) if imported.split(".")[0] == "streaming"]
+    offenders = [
+        f"{module}:{line} imports {imported}"
+        for module, path in _modules("operators").items()
+        for line, imported in _imports(path)
+        if imported.split(".")[0] == "streaming"
+    ]
     assert offenders == []
 
 
 def test_only_the_spark_adapter_names_pyspark():
-    offenders = [f"{module}:{line} imports {imported}"
-                 for package in WITHOUT_SPARK
-                 for module, path in _modules(package).items() if module != SPARK_ADAPTER
-                 for line, imported in _imports(path) if imported.split(".")[0] == "pyspark"]
+    offenders = [
+        f"{module}:{line} imports {imported}"
+        for package in WITHOUT_SPARK
+        for module, path in _modules(package).items()
+        if module != SPARK_ADAPTER
+        for line, imported in _imports(path)
+        if imported.split(".")[0] == "pyspark"
+    ]
     assert offenders == []
-    assert any(imported.startswith("pyspark") for _, imported in _imports(_modules("streaming.adapters")[SPARK_ADAPTER]))
+    assert any(
+        imported.startswith("pyspark") for _, imported in _imports(_modules("streaming.adapters")[SPARK_ADAPTER])
+    )
 
 
 def test_importing_the_engine_the_adapters_and_operators_loads_no_spark():

@@ -37,7 +37,6 @@ picks), ``jobs`` (generations and restore history) and ``store`` (the
 one handle to the rest).
 """
 
-
 from streaming.adapters.snapshots.format import FORMAT_VERSION, JobMeta, LoadedTask, Manifest, PartInfo, TaskSnapshot
 from streaming.adapters.snapshots.layout import checkpoint_dir_name
 from streaming.adapters.snapshots.store import SnapshotStore

@@ -6,9 +6,10 @@ ValueError that says what is wrong."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, TypeVar
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -21,14 +22,13 @@ T = TypeVar("T")
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def _check_version(data: Mapping[str, Any]) -> None:
     version = data.get("format_version", FORMAT_VERSION)
     if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ValueError(f"format_version {version!r} is not readable by this version "
-                         f"(reads up to {FORMAT_VERSION})")
+        raise ValueError(f"format_version {version!r} is not readable by this version (reads up to {FORMAT_VERSION})")
 
 
 def _parsed(what: str, parse: Callable[[], T]) -> T:
@@ -52,13 +52,11 @@ class PartInfo:
     sha256: str
 
     def _to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "path": self.path, "rows": self.rows, "bytes": self.bytes,
-                "sha256": self.sha256}
+        return {"name": self.name, "path": self.path, "rows": self.rows, "bytes": self.bytes, "sha256": self.sha256}
 
     @classmethod
     def _from_dict(cls, data: Mapping[str, Any]) -> PartInfo:
-        return cls(str(data["name"]), str(data["path"]), int(data["rows"]), int(data["bytes"]),
-                   str(data["sha256"]))
+        return cls(str(data["name"]), str(data["path"]), int(data["rows"]), int(data["bytes"]), str(data["sha256"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,16 +139,20 @@ class Manifest:
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
-        return json.dumps({
-            "format_version": self.format_version,
-            "job": self.job,
-            "checkpoint_id": self.checkpoint_id,
-            "generation": self.generation,
-            "created_at": self.created_at,
-            "options": self.options,
-            "metrics": self.metrics,
-            "tasks": {name: snap._to_dict() for name, snap in self.tasks.items()},
-        }, indent=2, sort_keys=True)
+        return json.dumps(
+            {
+                "format_version": self.format_version,
+                "job": self.job,
+                "checkpoint_id": self.checkpoint_id,
+                "generation": self.generation,
+                "created_at": self.created_at,
+                "options": self.options,
+                "metrics": self.metrics,
+                "tasks": {name: snap._to_dict() for name, snap in self.tasks.items()},
+            },
+            indent=2,
+            sort_keys=True,
+        )
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
@@ -160,11 +162,16 @@ class Manifest:
         def parse() -> Manifest:
             _check_version(data)
             tasks = {str(name): TaskSnapshot._from_dict(snap) for name, snap in data["tasks"].items()}
-            manifest = cls(job=str(data["job"]), checkpoint_id=int(data["checkpoint_id"]),
-                           generation=int(data["generation"]), tasks=tasks,
-                           created_at=str(data["created_at"]), options=dict(data.get("options", {})),
-                           metrics=dict(data.get("metrics", {})),
-                           format_version=int(data.get("format_version", FORMAT_VERSION)))
+            manifest = cls(
+                job=str(data["job"]),
+                checkpoint_id=int(data["checkpoint_id"]),
+                generation=int(data["generation"]),
+                tasks=tasks,
+                created_at=str(data["created_at"]),
+                options=dict(data.get("options", {})),
+                metrics=dict(data.get("metrics", {})),
+                format_version=int(data.get("format_version", FORMAT_VERSION)),
+            )
             for name, snap in tasks.items():
                 if snap.task != name or snap.checkpoint_id != manifest.checkpoint_id:
                     raise ValueError(f"entry {name!r} is task {snap.task!r} of checkpoint {snap.checkpoint_id}")
@@ -192,8 +199,16 @@ class JobMeta:
     restores: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> str:
-        return json.dumps({"format_version": FORMAT_VERSION, "job": self.job, "generation": self.generation,
-                           "restores": list(self.restores)}, indent=2, sort_keys=True)
+        return json.dumps(
+            {
+                "format_version": FORMAT_VERSION,
+                "job": self.job,
+                "generation": self.generation,
+                "restores": list(self.restores),
+            },
+            indent=2,
+            sort_keys=True,
+        )
 
     @classmethod
     def from_json(cls, text: str | bytes) -> JobMeta:
@@ -202,7 +217,6 @@ class JobMeta:
 
         def parse() -> JobMeta:
             _check_version(data)
-            return cls(str(data["job"]), int(data["generation"]),
-                       tuple(dict(r) for r in data.get("restores", [])))
+            return cls(str(data["job"]), int(data["generation"]), tuple(dict(r) for r in data.get("restores", [])))
 
         return _parsed("job metadata", parse)

@@ -47,6 +47,10 @@ class JobHistory:
         generation = meta.generation + 1
         entry = {"generation": generation, "from_checkpoint": from_checkpoint, "at": now()}
         self.write(JobMeta(self.job, generation, (*meta.restores, entry)))
-        log.info("job %s: generation %d starts from %s", self.job, generation,
-                 "scratch" if from_checkpoint is None else checkpoint_dir_name(from_checkpoint))
+        log.info(
+            "job %s: generation %d starts from %s",
+            self.job,
+            generation,
+            "scratch" if from_checkpoint is None else checkpoint_dir_name(from_checkpoint),
+        )
         return generation

@@ -52,15 +52,18 @@ class SnapshotReader:
         path = self.layout.manifest(checkpoint_id)
         data = self.files.read(path, f"reading the manifest of checkpoint {checkpoint_id}")
         if data is None:
-            raise SnapshotMissingError(f"checkpoint {checkpoint_id} of job {self.job} is not complete: "
-                                       f"{self.why_missing(checkpoint_id, MANIFEST)}")
+            raise SnapshotMissingError(
+                f"checkpoint {checkpoint_id} of job {self.job} is not complete: "
+                f"{self.why_missing(checkpoint_id, MANIFEST)}"
+            )
         try:
             manifest = Manifest.from_json(data)
             if manifest.checkpoint_id != checkpoint_id or manifest.job != self.job:
                 raise ValueError(f"it belongs to checkpoint {manifest.checkpoint_id} of job {manifest.job}")
         except ValueError as exc:
-            raise SnapshotCorruptError(f"checkpoint {checkpoint_id}: manifest {self.files.uri(path)} "
-                                       f"is unreadable: {exc}") from exc
+            raise SnapshotCorruptError(
+                f"checkpoint {checkpoint_id}: manifest {self.files.uri(path)} is unreadable: {exc}"
+            ) from exc
         return manifest
 
     def task(self, checkpoint_id: int, task: str) -> TaskSnapshot | None:
@@ -74,16 +77,19 @@ class SnapshotReader:
             if snapshot.task != task or snapshot.checkpoint_id != checkpoint_id:
                 raise ValueError(f"it belongs to task {snapshot.task} of checkpoint {snapshot.checkpoint_id}")
         except ValueError as exc:
-            raise SnapshotCorruptError(f"checkpoint {checkpoint_id} task {task}: {self.files.uri(path)} "
-                                       f"is unreadable: {exc}") from exc
+            raise SnapshotCorruptError(
+                f"checkpoint {checkpoint_id} task {task}: {self.files.uri(path)} is unreadable: {exc}"
+            ) from exc
         return snapshot
 
     def required_task(self, checkpoint_id: int, task: str) -> TaskSnapshot:
         snapshot = self.task(checkpoint_id, task)
         if snapshot is None:
             task_file = f"{escape(task, 'task')}/{TASK}"
-            raise SnapshotMissingError(f"checkpoint {checkpoint_id} has no snapshot of task {task}: "
-                                       f"{self.why_missing(checkpoint_id, task_file)}")
+            raise SnapshotMissingError(
+                f"checkpoint {checkpoint_id} has no snapshot of task {task}: "
+                f"{self.why_missing(checkpoint_id, task_file)}"
+            )
         return snapshot
 
     def part(self, checkpoint_id: int, task: str, part: PartInfo) -> pa.Table:
@@ -95,8 +101,7 @@ class SnapshotReader:
             raise SnapshotCorruptError(f"{where} has {len(data)} bytes, {part.bytes} were written")
         digest = hashlib.sha256(data).hexdigest()
         if digest != part.sha256:
-            raise SnapshotCorruptError(f"{where} checksum mismatch: sha256 {digest}, "
-                                       f"{part.sha256} was written")
+            raise SnapshotCorruptError(f"{where} checksum mismatch: sha256 {digest}, {part.sha256} was written")
         try:
             table = pq.read_table(pa.BufferReader(data))
         except (pa.ArrowException, OSError) as exc:

@@ -10,8 +10,9 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -66,10 +67,18 @@ class SnapshotStore:
 
     # -- writing -------------------------------------------------------------
 
-    def write_task(self, checkpoint_id: int, generation: int, task: str, state: Mapping[str, pa.Table], *,
-                   positions: Mapping[str, int], in_flight: Mapping[str, tuple[int, int]] | None = None,
-                   channel_records: Mapping[str, pa.Table] | None = None,
-                   metadata: Mapping[str, Any] | None = None) -> TaskSnapshot:
+    def write_task(
+        self,
+        checkpoint_id: int,
+        generation: int,
+        task: str,
+        state: Mapping[str, pa.Table],
+        *,
+        positions: Mapping[str, int],
+        in_flight: Mapping[str, tuple[int, int]] | None = None,
+        channel_records: Mapping[str, pa.Table] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> TaskSnapshot:
         """Store ``task``'s snapshot for ``checkpoint_id``: each state table and
         each channel's copied records as Parquet, then ``_TASK.json``.  Writing
         the same task again replaces what was there."""
@@ -86,55 +95,105 @@ class SnapshotStore:
             for name, table in tables.items():
                 escape(name, kind)
                 if not isinstance(table, pa.Table):
-                    raise TypeError(f"{kind} {name!r} of task {task} must be a pyarrow.Table, "
-                                    f"got {type(table).__name__}")
+                    raise TypeError(
+                        f"{kind} {name!r} of task {task} must be a pyarrow.Table, got {type(table).__name__}"
+                    )
         started = time.monotonic()
         with self.files.io(f"writing checkpoint {checkpoint_id} task {task}"):
             self.files.clear(self.layout.task_dir(checkpoint_id, task))
-            state_parts = tuple(self._write_part(checkpoint_id, task, "state", name, table)
-                                for name, table in state.items())
-            channel_parts = tuple(self._write_part(checkpoint_id, task, "channels", name, table)
-                                  for name, table in channel_records.items())
-            snapshot = TaskSnapshot(task=task, checkpoint_id=checkpoint_id, generation=generation,
-                                    positions={c: int(o) for c, o in positions.items()}, in_flight=in_flight,
-                                    state_parts=state_parts, channel_parts=channel_parts,
-                                    metadata=dict(metadata or {}))
+            state_parts = tuple(
+                self._write_part(checkpoint_id, task, "state", name, table) for name, table in state.items()
+            )
+            channel_parts = tuple(
+                self._write_part(checkpoint_id, task, "channels", name, table)
+                for name, table in channel_records.items()
+            )
+            snapshot = TaskSnapshot(
+                task=task,
+                checkpoint_id=checkpoint_id,
+                generation=generation,
+                positions={c: int(o) for c, o in positions.items()},
+                in_flight=in_flight,
+                state_parts=state_parts,
+                channel_parts=channel_parts,
+                metadata=dict(metadata or {}),
+            )
             self.files.write(self.layout.task_file(checkpoint_id, task), snapshot.to_json().encode())
-        log.info("chk-%d task %s: snapshot written (%d state parts, %d channel parts, %d bytes, %.3f s)",
-                 checkpoint_id, task, len(state_parts), len(channel_parts),
-                 sum(p.bytes for p in snapshot.parts), time.monotonic() - started)
+        log.info(
+            "chk-%d task %s: snapshot written (%d state parts, %d channel parts, %d bytes, %.3f s)",
+            checkpoint_id,
+            task,
+            len(state_parts),
+            len(channel_parts),
+            sum(p.bytes for p in snapshot.parts),
+            time.monotonic() - started,
+        )
         return snapshot
 
-    def write_task_async(self, checkpoint_id: int, generation: int, task: str, state: Mapping[str, pa.Table],
-                         *, positions: Mapping[str, int], in_flight: Mapping[str, tuple[int, int]] | None = None,
-                         channel_records: Mapping[str, pa.Table] | None = None,
-                         metadata: Mapping[str, Any] | None = None) -> Future[TaskSnapshot]:
+    def write_task_async(
+        self,
+        checkpoint_id: int,
+        generation: int,
+        task: str,
+        state: Mapping[str, pa.Table],
+        *,
+        positions: Mapping[str, int],
+        in_flight: Mapping[str, tuple[int, int]] | None = None,
+        channel_records: Mapping[str, pa.Table] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Future[TaskSnapshot]:
         """``write_task`` on a background thread, so the task keeps processing
         while its snapshot uploads.  Arrow tables are immutable, so the tables
         are not copied; the mappings holding them are (shallowly), so the caller
         may reuse its dicts at once.  The future raises what ``write_task`` would."""
         pool = self._executor()
-        return pool.submit(self.write_task, checkpoint_id, generation, task, dict(state),
-                           positions=dict(positions), in_flight=dict(in_flight or {}),
-                           channel_records=dict(channel_records or {}), metadata=dict(metadata or {}))
+        return pool.submit(
+            self.write_task,
+            checkpoint_id,
+            generation,
+            task,
+            dict(state),
+            positions=dict(positions),
+            in_flight=dict(in_flight or {}),
+            channel_records=dict(channel_records or {}),
+            metadata=dict(metadata or {}),
+        )
 
-    def write_manifest(self, checkpoint_id: int, generation: int, task_snapshots: Mapping[str, TaskSnapshot],
-                       *, options: Mapping[str, Any] | None = None,
-                       metrics: Mapping[str, Any] | None = None) -> Manifest:
+    def write_manifest(
+        self,
+        checkpoint_id: int,
+        generation: int,
+        task_snapshots: Mapping[str, TaskSnapshot],
+        *,
+        options: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+    ) -> Manifest:
         """Complete ``checkpoint_id``: write its manifest, after every task's
         snapshot, in one atomic step."""
         for name, snap in task_snapshots.items():
             if snap.task != name or snap.checkpoint_id != checkpoint_id or snap.generation != generation:
-                raise ValueError(f"manifest of checkpoint {checkpoint_id} (generation {generation}): entry "
-                                 f"{name!r} is task {snap.task!r} of checkpoint {snap.checkpoint_id} "
-                                 f"(generation {snap.generation})")
-        manifest = Manifest(job=self.job, checkpoint_id=checkpoint_id, generation=generation,
-                            tasks=dict(task_snapshots), created_at=now(), options=dict(options or {}),
-                            metrics=dict(metrics or {}))
+                raise ValueError(
+                    f"manifest of checkpoint {checkpoint_id} (generation {generation}): entry "
+                    f"{name!r} is task {snap.task!r} of checkpoint {snap.checkpoint_id} "
+                    f"(generation {snap.generation})"
+                )
+        manifest = Manifest(
+            job=self.job,
+            checkpoint_id=checkpoint_id,
+            generation=generation,
+            tasks=dict(task_snapshots),
+            created_at=now(),
+            options=dict(options or {}),
+            metrics=dict(metrics or {}),
+        )
         with self.files.io(f"writing the manifest of checkpoint {checkpoint_id}"):
             self.files.write(self.layout.manifest(checkpoint_id), manifest.to_json().encode(), atomic=True)
-        log.info("chk-%d: complete, manifest written (%d tasks, generation %d)",
-                 checkpoint_id, len(manifest.tasks), generation)
+        log.info(
+            "chk-%d: complete, manifest written (%d tasks, generation %d)",
+            checkpoint_id,
+            len(manifest.tasks),
+            generation,
+        )
         return manifest
 
     def _write_part(self, checkpoint_id: int, task: str, kind: str, name: str, table: pa.Table) -> PartInfo:
@@ -144,8 +203,9 @@ class SnapshotStore:
         data = sink.getvalue()
         relative = Layout.part_relative(task, kind, name)
         self.files.write(self.layout.part(checkpoint_id, relative), data)
-        return PartInfo(name=name, path=relative, rows=table.num_rows, bytes=data.size,
-                        sha256=hashlib.sha256(data).hexdigest())
+        return PartInfo(
+            name=name, path=relative, rows=table.num_rows, bytes=data.size, sha256=hashlib.sha256(data).hexdigest()
+        )
 
     # -- listing, reading and verifying ---------------------------------------
 
@@ -167,8 +227,13 @@ class SnapshotStore:
         snapshot = self.reader.required_task(checkpoint_id, task)
         state = {p.name: self.reader.part(checkpoint_id, task, p) for p in snapshot.state_parts}
         channels = {p.name: self.reader.part(checkpoint_id, task, p) for p in snapshot.channel_parts}
-        log.info("chk-%d task %s: snapshot loaded (%d state parts, %d channel parts)",
-                 checkpoint_id, task, len(state), len(channels))
+        log.info(
+            "chk-%d task %s: snapshot loaded (%d state parts, %d channel parts)",
+            checkpoint_id,
+            task,
+            len(state),
+            len(channels),
+        )
         return LoadedTask(snapshot, state, channels)
 
     def verify(self, checkpoint_id: int, *, checksums: bool = True) -> list[str]:
@@ -179,8 +244,9 @@ class SnapshotStore:
         manifest."""
         return self.verifier.verify(checkpoint_id, checksums=checksums)[1]
 
-    def latest_verified(self, exclude: Iterable[int] = (), *,
-                        checksums: bool = True) -> tuple[Manifest | None, list[tuple[int, list[str]]]]:
+    def latest_verified(
+        self, exclude: Iterable[int] = (), *, checksums: bool = True
+    ) -> tuple[Manifest | None, list[tuple[int, list[str]]]]:
         """The newest complete checkpoint that verifies (None if none does) and
         the newer ones skipped on the way, each with its problems."""
         return self.verifier.latest_verified(exclude, checksums=checksums)
@@ -214,8 +280,12 @@ class SnapshotStore:
         for checkpoint_id in doomed:
             self.delete(checkpoint_id)
         if doomed:
-            log.info("retention (keep %d, pinned %s): deleted %s", keep, sorted(set(pinned)),
-                     ", ".join(checkpoint_dir_name(c) for c in doomed))
+            log.info(
+                "retention (keep %d, pinned %s): deleted %s",
+                keep,
+                sorted(set(pinned)),
+                ", ".join(checkpoint_dir_name(c) for c in doomed),
+            )
         return doomed
 
     # -- job metadata --------------------------------------------------------

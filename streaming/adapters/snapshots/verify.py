@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Iterable
+from collections.abc import Iterable
 
 import pyarrow.fs as pafs
 
@@ -47,12 +47,14 @@ class Verifier:
                     problems.append(f"{prefix}: {TASK} is missing")
                 elif written != recorded:
                     problems.append(f"{prefix}: {TASK} differs from the manifest")
-            problems.extend(f"{prefix}: {problem}"
-                            for problem in self._check_parts(checkpoint_id, recorded.parts, checksums))
+            problems.extend(
+                f"{prefix}: {problem}" for problem in self._check_parts(checkpoint_id, recorded.parts, checksums)
+            )
         return manifest, problems
 
-    def latest_verified(self, exclude: Iterable[int] = (), *,
-                        checksums: bool = True) -> tuple[Manifest | None, list[tuple[int, list[str]]]]:
+    def latest_verified(
+        self, exclude: Iterable[int] = (), *, checksums: bool = True
+    ) -> tuple[Manifest | None, list[tuple[int, list[str]]]]:
         """The newest complete checkpoint that verifies (None if none does) and
         the newer ones skipped on the way, each with its problems.  Ids in
         ``exclude`` are passed over without being checked or reported."""
@@ -67,8 +69,11 @@ class Verifier:
                 manifest, problems = None, [str(exc)]
             if manifest is not None and not problems:
                 if skipped:
-                    log.warning("chk-%d: falling back to it, newer checkpoints skipped: %s", checkpoint_id,
-                                ", ".join(checkpoint_dir_name(c) for c, _ in skipped))
+                    log.warning(
+                        "chk-%d: falling back to it, newer checkpoints skipped: %s",
+                        checkpoint_id,
+                        ", ".join(checkpoint_dir_name(c) for c, _ in skipped),
+                    )
                 return manifest, skipped
             log.warning("chk-%d skipped: %s", checkpoint_id, "; ".join(problems))
             skipped.append((checkpoint_id, problems))
@@ -93,6 +98,7 @@ class Verifier:
                         while chunk := stream.read(_HASH_CHUNK):
                             digest.update(chunk)
                     if digest.hexdigest() != part.sha256:
-                        problems.append(f"{label} checksum mismatch: sha256 {digest.hexdigest()}, "
-                                        f"{part.sha256} was written")
+                        problems.append(
+                            f"{label} checksum mismatch: sha256 {digest.hexdigest()}, {part.sha256} was written"
+                        )
         return problems

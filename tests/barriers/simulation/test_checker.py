@@ -8,14 +8,26 @@ import copy
 import pytest
 
 from barriers.simulation import checker
-from barriers.simulation.simulator import (Act, GlobalSnapshot, GlobalState, Money, Receive, Scripted, Simulator, Tokens,
-                                Topology, channel_id)
+from barriers.simulation.simulator import (
+    Act,
+    GlobalSnapshot,
+    GlobalState,
+    Money,
+    Receive,
+    Scripted,
+    Simulator,
+    Tokens,
+    Topology,
+    channel_id,
+)
 
 PQ, QP = channel_id("P", "Q"), channel_id("Q", "P")
-SCRIPT = Scripted({
-    "P": [("send", "a", "Q"), ("internal", "b"), ("send", "c", "Q"), ("receive", "d")],
-    "Q": [("receive", "e"), ("send", "f", "P"), ("receive", "g")],
-})
+SCRIPT = Scripted(
+    {
+        "P": [("send", "a", "Q"), ("internal", "b"), ("send", "c", "Q"), ("receive", "d")],
+        "Q": [("receive", "e"), ("send", "f", "P"), ("receive", "g")],
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,23 +54,29 @@ def replayed_state(run: Simulator, cut: dict[str, int]) -> dict:
 
 def snapshot(run: Simulator, cut: dict[str, int], channels: dict | None = None, states: dict | None = None):
     by_id = run.history.messages
-    return GlobalSnapshot(states=states or replayed_state(run, cut),
-                          channels={c: tuple(by_id[m] for m in ms) for c, ms in (channels or {}).items()},
-                          cut=cut, checkpoint_id=1)
+    return GlobalSnapshot(
+        states=states or replayed_state(run, cut),
+        channels={c: tuple(by_id[m] for m in ms) for c, ms in (channels or {}).items()},
+        cut=cut,
+        checkpoint_id=1,
+    )
 
 
 def message_id(run: Simulator, payload: str) -> int:
     return next(m.id for m in run.history.messages.values() if m.payload == payload)
 
 
-@pytest.mark.parametrize("cut, in_transit", [
-    ({"P": 0, "Q": 0}, {}),
-    ({"P": 1, "Q": 0}, {PQ: ["a"]}),
-    ({"P": 1, "Q": 1}, {}),
-    ({"P": 3, "Q": 1}, {PQ: ["c"]}),
-    ({"P": 3, "Q": 2}, {PQ: ["c"], QP: ["f"]}),
-    ({"P": 4, "Q": 3}, {}),
-])
+@pytest.mark.parametrize(
+    "cut, in_transit",
+    [
+        ({"P": 0, "Q": 0}, {}),
+        ({"P": 1, "Q": 0}, {PQ: ["a"]}),
+        ({"P": 1, "Q": 1}, {}),
+        ({"P": 3, "Q": 1}, {PQ: ["c"]}),
+        ({"P": 3, "Q": 2}, {PQ: ["c"], QP: ["f"]}),
+        ({"P": 4, "Q": 3}, {}),
+    ],
+)
 def test_consistent_cuts_pass_both_checks(run, cut, in_transit):
     snap = snapshot(run, cut, {c: [message_id(run, p) for p in ps] for c, ps in in_transit.items()})
     verdict = checker.check_snapshot(run.history, snap, SCRIPT, run.final_state())
@@ -69,7 +87,7 @@ def test_a_message_received_before_the_cut_but_sent_after_it_is_named(run):
     snap = snapshot(run, {"P": 0, "Q": 1})
     verdict = checker.is_consistent_cut(run.history, snap)
     assert not verdict
-    violation, = verdict.violations
+    (violation,) = verdict.violations
     assert violation.rule == "received-before-sent"
     assert violation.message == message_id(run, "a") and violation.process == "Q" and violation.channel == PQ
     assert "Q's action 1 (e)" in violation.text and "P's action 1 (a)" in violation.text
@@ -84,14 +102,14 @@ def test_the_reordered_computation_of_an_inconsistent_cut_is_not_a_computation(r
 
 def test_a_missing_message_in_transit_is_named(run):
     verdict = checker.is_consistent_cut(run.history, snapshot(run, {"P": 1, "Q": 0}))
-    violation, = verdict.violations
+    (violation,) = verdict.violations
     assert violation.rule == "channel-state" and violation.message == message_id(run, "a")
     assert "misses" in violation.text and "P-Q" in violation.text
 
 
 def test_a_message_recorded_in_transit_that_was_not_is_named(run):
     verdict = checker.is_consistent_cut(run.history, snapshot(run, {"P": 1, "Q": 1}, {PQ: [message_id(run, "a")]}))
-    violation, = verdict.violations
+    (violation,) = verdict.violations
     assert violation.rule == "channel-state" and "holds" in violation.text
 
 
@@ -104,7 +122,7 @@ def test_a_wrong_process_state_is_not_reachable(run):
     states = replayed_state(run, {"P": 1, "Q": 1})
     states["Q"]["events"] = ["made up"]
     verdict = checker.check_reachability(run.history, snapshot(run, {"P": 1, "Q": 1}, states=states), SCRIPT)
-    violation, = verdict.violations
+    (violation,) = verdict.violations
     assert violation.rule == "state-mismatch" and violation.process == "Q"
 
 
@@ -117,6 +135,7 @@ def test_a_wrong_final_state_is_named(run):
 
 def test_histories_with_restores_are_refused():
     from barriers.simulation.simulator import Crash, Initiation, dataflow
+
     topology = Topology(("S", "Z"), (("S", "Z"),))
     sim = Simulator(topology, dataflow(topology, records=2), plan=[Initiation()])
     sim.apply(Act("S"))

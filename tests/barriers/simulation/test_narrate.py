@@ -21,7 +21,7 @@ def test_default_tells_seed_001_and_its_snapshot():
     assert "P1 records its own state: {A, B}" in text
     assert "P3 records its own state: {I}; marks C13 empty" in text
     assert "C21 = [the message sent at H]" in text
-    snapshot = text[text.index("Snapshot 1:"):]
+    snapshot = text[text.index("Snapshot 1:") :]
     for line in ("P1 = {A, B}", "P2 = {F, G, H}", "P3 = {I}", "C12, C13, C23, C31, C32: empty"):
         assert line in snapshot
     assert "consistent cut + reachability (EWD 864a): holds" in text
@@ -32,13 +32,16 @@ def test_main_prints_to_stdout_by_default(capsys):
     assert "P2 = {F, G, H}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [
-    ("--example", "money", "--seed", "7", "--processes", "4"),
-    ("--example", "dataflow", "--mode", "aligned"),
-    ("--example", "dataflow", "--mode", "unaligned", "--processes", "3"),
-    ("--example", "dataflow", "--mode", "aligned-timeout", "--seed", "3"),
-    ("--example", "dataflow", "--mode", "at-least-once"),
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--example", "money", "--seed", "7", "--processes", "4"),
+        ("--example", "dataflow", "--mode", "aligned"),
+        ("--example", "dataflow", "--mode", "unaligned", "--processes", "3"),
+        ("--example", "dataflow", "--mode", "aligned-timeout", "--seed", "3"),
+        ("--example", "dataflow", "--mode", "at-least-once"),
+    ],
+)
 def test_other_examples_tell_and_check(argv):
     status, text = tell(*argv)
     assert status == 0, text
@@ -51,14 +54,17 @@ def test_money_says_conservation_holds():
     assert "+ conservation: holds" in text and "in transit:" in text
 
 
-@pytest.mark.parametrize("argv, message", [
-    (("--example", "nope"), "invalid choice"),
-    (("--mode", "aligned"), "unaligned snapshot"),
-    (("--example", "seed-001", "--processes", "4"), "exactly 3"),
-    (("--example", "dataflow", "--processes", "2"), "3 to 9"),
-    (("--seed", "x"), "invalid int"),
-    (("--processes", "0"), "not positive"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("--example", "nope"), "invalid choice"),
+        (("--mode", "aligned"), "unaligned snapshot"),
+        (("--example", "seed-001", "--processes", "4"), "exactly 3"),
+        (("--example", "dataflow", "--processes", "2"), "3 to 9"),
+        (("--seed", "x"), "invalid int"),
+        (("--processes", "0"), "not positive"),
+    ],
+)
 def test_bad_arguments_are_argparse_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         narrate.main(list(argv))

@@ -10,9 +10,24 @@ import pytest
 
 from barriers.handler import CheckpointKind
 from barriers.messages import CheckpointOptions
-from barriers.simulation.simulator import (Act, Crash, EventKind, Initiate, Initiation, Marker, Message, Money,
-                                RandomScheduler, Receive, SimulationError, Simulator, Topology, channel_id,
-                                dataflow, explore)
+from barriers.simulation.simulator import (
+    Act,
+    Crash,
+    EventKind,
+    Initiate,
+    Initiation,
+    Marker,
+    Message,
+    Money,
+    RandomScheduler,
+    Receive,
+    SimulationError,
+    Simulator,
+    Topology,
+    channel_id,
+    dataflow,
+    explore,
+)
 
 FAN_IN = Topology(("S1", "S2", "K", "Z"), (("S1", "K"), ("S2", "K"), ("K", "Z")))
 S1K, S2K, KZ = channel_id("S1", "K"), channel_id("S2", "K"), channel_id("K", "Z")
@@ -79,9 +94,17 @@ def test_aligned_blocks_a_channel_until_every_barrier_came():
 
 def unaligned_with_a_record_in_flight() -> Simulator:
     sim = fan_in(CheckpointOptions.unaligned())
-    take(sim, Act("S1"), Initiate("S1", 0), Receive("K", S1K), Receive("K", S1K),  # K snapshots at once
-         Act("S2"), Receive("K", S2K),  # S2.0 is processed after K's snapshot, before S2's barrier
-         Initiate("S2", 0), Receive("K", S2K))
+    take(
+        sim,
+        Act("S1"),
+        Initiate("S1", 0),
+        Receive("K", S1K),
+        Receive("K", S1K),  # K snapshots at once
+        Act("S2"),
+        Receive("K", S2K),  # S2.0 is processed after K's snapshot, before S2's barrier
+        Initiate("S2", 0),
+        Receive("K", S2K),
+    )
     sim.drain()
     return sim
 
@@ -142,8 +165,15 @@ def test_the_alignment_timeout_turns_a_checkpoint_unaligned():
 
 def test_at_least_once_duplicates_what_came_after_a_barrier_on_restore():
     sim = fan_in(CheckpointOptions.at_least_once())
-    take(sim, Initiate("S1", 0), Receive("K", S1K), Act("S1"), Receive("K", S1K),  # S1.0 after S1's barrier
-         Initiate("S2", 0), Receive("K", S2K))
+    take(
+        sim,
+        Initiate("S1", 0),
+        Receive("K", S1K),
+        Act("S1"),
+        Receive("K", S1K),  # S1.0 after S1's barrier
+        Initiate("S2", 0),
+        Receive("K", S2K),
+    )
     sim.drain()
     assert sim.completed[1].states["K"]["counts"] == {0: 1}
     sim.apply(Crash("Z"))
@@ -154,9 +184,11 @@ def test_at_least_once_duplicates_what_came_after_a_barrier_on_restore():
 
 def test_runs_are_deterministic_for_a_seed():
     def run(seed):
-        sim = Simulator(Topology.complete(3), Money(50, 3), seed=seed,
-                        plan=[Initiation(CheckpointOptions.unaligned(), ("P2",))])
+        sim = Simulator(
+            Topology.complete(3), Money(50, 3), seed=seed, plan=[Initiation(CheckpointOptions.unaligned(), ("P2",))]
+        )
         return sim.run(RandomScheduler(seed, crash_probability=0.05, max_crashes=1)).history.events
+
     assert run(4) == run(4)
     assert run(4) != run(5)
 
@@ -177,9 +209,12 @@ def test_a_process_reached_by_a_marker_does_not_initiate_again():
 
 
 def test_concurrent_checkpoints_can_be_in_flight():
-    sim = Simulator(Topology.ring(3), Money(10, 0), max_concurrent=2,
-                    plan=[Initiation(CheckpointOptions.unaligned(), ("P1",)),
-                          Initiation(CheckpointOptions.unaligned(), ("P1",))])
+    sim = Simulator(
+        Topology.ring(3),
+        Money(10, 0),
+        max_concurrent=2,
+        plan=[Initiation(CheckpointOptions.unaligned(), ("P1",)), Initiation(CheckpointOptions.unaligned(), ("P1",))],
+    )
     take(sim, Initiate("P1", 0), Initiate("P1", 1))
     assert sorted(sim.coordinator.pending) == [1, 2]
     sim.drain()
@@ -187,9 +222,12 @@ def test_concurrent_checkpoints_can_be_in_flight():
 
 
 def test_a_newer_checkpoint_started_first_subsumes_an_older_one():
-    sim = Simulator(Topology.ring(3), Money(10, 0), max_concurrent=2,
-                    plan=[Initiation(CheckpointOptions.unaligned(), ("P1",)),
-                          Initiation(CheckpointOptions.unaligned(), ("P2",))])
+    sim = Simulator(
+        Topology.ring(3),
+        Money(10, 0),
+        max_concurrent=2,
+        plan=[Initiation(CheckpointOptions.unaligned(), ("P1",)), Initiation(CheckpointOptions.unaligned(), ("P2",))],
+    )
     take(sim, Initiate("P1", 0), Initiate("P2", 1))  # P2 starts 2 before barrier 1 reaches it
     sim.drain()
     assert sorted(sim.completed) == [2]
@@ -198,8 +236,11 @@ def test_a_newer_checkpoint_started_first_subsumes_an_older_one():
 
 def test_explore_enumerates_distinct_interleavings():
     topology = Topology(("S", "Z"), (("S", "Z"),))
-    runs = list(explore(lambda: Simulator(topology, dataflow(topology, records=2),
-                                          plan=[Initiation(CheckpointOptions.aligned())])))
+    runs = list(
+        explore(
+            lambda: Simulator(topology, dataflow(topology, records=2), plan=[Initiation(CheckpointOptions.aligned())])
+        )
+    )
     orders = {tuple((e.process, e.kind) for e in sim.history.events) for sim in runs}
     # S's three steps (two records, one trigger) in any order, Z reading each entry once S wrote it
     assert len(runs) == len(orders) > 3

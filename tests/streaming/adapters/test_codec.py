@@ -21,8 +21,14 @@ def test_missing_fields_are_null_and_extra_fields_ignored_with_a_schema():
 
 
 def test_each_malformed_record_is_rejected_with_its_reason():
-    values = [b'{"account":"a","amount":1}', b"not json", None, b"[1,2]", b'{"account":"c","amount":"lots"}',
-              b'{"account":"d",\n"amount":4}']
+    values = [
+        b'{"account":"a","amount":1}',
+        b"not json",
+        None,
+        b"[1,2]",
+        b'{"account":"c","amount":"lots"}',
+        b'{"account":"d",\n"amount":4}',
+    ]
     decoded = decode(values, SCHEMA)
     assert decoded.index == [0, 5]
     assert decoded.table.to_pylist() == [{"account": "a", "amount": 1}, {"account": "d", "amount": 4}]

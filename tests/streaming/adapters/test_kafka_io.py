@@ -7,16 +7,20 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from barriers.messages import ChannelId
-from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.control import ControlEvent, ControlTopic
+from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import DeadLetters, append_markers
 
 
 def test_control_events_round_trip_and_reject_garbage():
     event = ControlEvent("ack", 7, task="stage-a/0", payload={"bytes": 12})
     assert ControlEvent.decode(event.encode()) == event
-    for bad, reason in [(b"\xff", "not JSON"), (b"[]", "checkpoint_id"), (b'{"kind": "ack"}', "checkpoint_id"),
-                        (b'{"kind": "hello", "checkpoint_id": 1}', "hello")]:
+    for bad, reason in [
+        (b"\xff", "not JSON"),
+        (b"[]", "checkpoint_id"),
+        (b'{"kind": "ack"}', "checkpoint_id"),
+        (b'{"kind": "hello", "checkpoint_id": 1}', "hello"),
+    ]:
         with pytest.raises(ValueError, match=reason):
             ControlEvent.decode(bad)
 
@@ -49,7 +53,9 @@ def test_control_topic_delivers_events_in_order_and_counts_garbage(connection, u
     control = ControlTopic(connection.kafka_bootstrap, unique_name)
     reader = ControlTopic(connection.kafka_bootstrap, unique_name)
     first = control.publish(ControlEvent("trigger", 1))
-    KafkaProducer(bootstrap_servers=connection.kafka_bootstrap).send(control.topic, value=b"garbage", partition=0).get(10)
+    KafkaProducer(bootstrap_servers=connection.kafka_bootstrap).send(control.topic, value=b"garbage", partition=0).get(
+        10
+    )
     control.publish(ControlEvent("ack", 1, task="t0", payload={"offsets": {"a:0": 4}}))
     seen = reader.wait_for(lambda e: e.kind == "ack", timeout_s=20)
     assert [(e.kind, e.offset) for e in seen] == [("trigger", first), ("ack", first + 2)]

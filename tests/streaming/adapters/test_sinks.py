@@ -9,9 +9,9 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, Recovery, read_committed_output
 from streaming.errors import SinkError, SinkFencedError
-from streaming.adapters.objects import open_store
 
 
 def _rows(epoch: int, n: int = 3) -> pa.Table:
@@ -84,8 +84,13 @@ def test_committing_an_epoch_never_staged_is_a_clear_error(location):
 
 
 def _read_committed(bootstrap: str, topic: str) -> list[str]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed",
-                             enable_auto_commit=False, consumer_timeout_ms=3000, auto_offset_reset="earliest")
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        consumer_timeout_ms=3000,
+        auto_offset_reset="earliest",
+    )
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)

@@ -13,8 +13,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from streaming.api.config import Connection
-from streaming.errors import ConfigError, SnapshotCorruptError, SnapshotMissingError, StoreError
+from streaming.adapters.objects import StoreLocation, ensure_bucket, open_store, s3_filesystem
 from streaming.adapters.snapshots import (
     FORMAT_VERSION,
     JobMeta,
@@ -22,7 +21,8 @@ from streaming.adapters.snapshots import (
     SnapshotStore,
     TaskSnapshot,
 )
-from streaming.adapters.objects import StoreLocation, ensure_bucket, open_store, s3_filesystem
+from streaming.api.config import Connection
+from streaming.errors import ConfigError, SnapshotCorruptError, SnapshotMissingError, StoreError
 
 JOB = "money"
 
@@ -30,13 +30,17 @@ JOB = "money"
 def _state() -> dict[str, pa.Table]:
     return {
         "balances": pa.table({"account": ["a", "b", None], "balance": pa.array([10, -3, 0], pa.int64())}),
-        "windows:sum.v2": pa.table({
-            "key": pa.array([b"k1", b"k2"], pa.binary()),
-            "start": pa.array([dt.datetime(2024, 1, 1), dt.datetime(2024, 1, 2)], pa.timestamp("us", "UTC")),
-            "values": pa.array([[1.5, 2.0], []], pa.list_(pa.float64())),
-            "meta": pa.array([{"n": 1, "tag": "x"}, {"n": None, "tag": None}],
-                             pa.struct([("n", pa.int32()), ("tag", pa.string())])),
-        }),
+        "windows:sum.v2": pa.table(
+            {
+                "key": pa.array([b"k1", b"k2"], pa.binary()),
+                "start": pa.array([dt.datetime(2024, 1, 1), dt.datetime(2024, 1, 2)], pa.timestamp("us", "UTC")),
+                "values": pa.array([[1.5, 2.0], []], pa.list_(pa.float64())),
+                "meta": pa.array(
+                    [{"n": 1, "tag": "x"}, {"n": None, "tag": None}],
+                    pa.struct([("n", pa.int32()), ("tag", pa.string())]),
+                ),
+            }
+        ),
         "empty": pa.table({"id": pa.array([], pa.int64()), "name": pa.array([], pa.string())}),
         "no-columns": pa.table({}),
     }
@@ -57,8 +61,16 @@ def _chk_dir(store: SnapshotStore, cid: int) -> Path:
 
 
 def _complete(store: SnapshotStore, cid: int, generation: int = 1, tasks=("A", "B")) -> Manifest:
-    snaps = {t: store.write_task(cid, generation, t, {"counts": pa.table({"n": [cid, len(t)]})},
-                                 positions={f"in:{i}": cid * 10 + i for i in range(2)}) for t in tasks}
+    snaps = {
+        t: store.write_task(
+            cid,
+            generation,
+            t,
+            {"counts": pa.table({"n": [cid, len(t)]})},
+            positions={f"in:{i}": cid * 10 + i for i in range(2)},
+        )
+        for t in tasks
+    }
     return store.write_manifest(cid, generation, snaps)
 
 
@@ -71,9 +83,16 @@ def _flip_byte(path: Path, at: int = 20) -> None:
 def test_task_state_and_channel_records_round_trip(store):
     state = _state()
     in_flight = {"transfers:0": (5, 7), "transfers:1": (3, 3)}
-    written = store.write_task(3, 1, "stage-a/0", state, positions={"transfers:0": 5, "transfers:1": 3},
-                               in_flight=in_flight, channel_records={"transfers:0": _records(5, 6)},
-                               metadata={"alignment": "unaligned", "sync_ms": 4})
+    written = store.write_task(
+        3,
+        1,
+        "stage-a/0",
+        state,
+        positions={"transfers:0": 5, "transfers:1": 3},
+        in_flight=in_flight,
+        channel_records={"transfers:0": _records(5, 6)},
+        metadata={"alignment": "unaligned", "sync_ms": 4},
+    )
 
     loaded = store.load_task(3, "stage-a/0")
     assert loaded.snapshot == written
@@ -89,8 +108,15 @@ def test_task_state_and_channel_records_round_trip(store):
 
 
 def test_layout_escapes_names_and_keeps_the_originals_in_json(store):
-    store.write_task(12, 1, "stage-a/0", {"windows:sum.v2": pa.table({"x": [1]})},
-                     positions={"t:0": 1}, in_flight={"t.x:0": (1, 2)}, channel_records={"t.x:0": _records(1)})
+    store.write_task(
+        12,
+        1,
+        "stage-a/0",
+        {"windows:sum.v2": pa.table({"x": [1]})},
+        positions={"t:0": 1},
+        in_flight={"t.x:0": (1, 2)},
+        channel_records={"t.x:0": _records(1)},
+    )
     task_dir = _chk_dir(store, 12) / "stage-a%2F0"
     assert (task_dir / "state" / "windows%3Asum.v2.parquet").is_file()
     assert (task_dir / "channels" / "t.x%3A0.parquet").is_file()
@@ -173,8 +199,8 @@ def test_verify_finds_missing_parts_flipped_bytes_and_missing_task_files(store):
     problems = store.verify(1)
     assert len(problems) == 3
     assert "chk-00000001 task A: part 'counts'" in problems[0] and "checksum mismatch" in problems[0]
-    assert "chk-00000001 task B: part 'counts' (B/state/counts.parquet) is missing" == problems[1]
-    assert "chk-00000001 task C: _TASK.json is missing" == problems[2]
+    assert problems[1] == "chk-00000001 task B: part 'counts' (B/state/counts.parquet) is missing"
+    assert problems[2] == "chk-00000001 task C: _TASK.json is missing"
     assert len(store.verify(1, checksums=False)) == 2  # sizes alone miss the flipped byte
     with pytest.raises(SnapshotMissingError):
         store.verify(7)
@@ -231,12 +257,14 @@ def test_retention_keeps_the_newest_and_pinned_and_removes_orphans(store):
 
 def test_async_write_gives_the_same_snapshot(store):
     state = _state()
-    future = store.write_task_async(5, 1, "A", state, positions={"t:0": 8}, in_flight={"t:0": (8, 9)},
-                                    channel_records={"t:0": _records(8)})
+    future = store.write_task_async(
+        5, 1, "A", state, positions={"t:0": 8}, in_flight={"t:0": (8, 9)}, channel_records={"t:0": _records(8)}
+    )
     state.clear()  # the caller may reuse its dict at once
     async_snapshot = future.result(timeout=10)
-    sync_snapshot = store.write_task(6, 1, "A", _state(), positions={"t:0": 8}, in_flight={"t:0": (8, 9)},
-                                     channel_records={"t:0": _records(8)})
+    sync_snapshot = store.write_task(
+        6, 1, "A", _state(), positions={"t:0": 8}, in_flight={"t:0": (8, 9)}, channel_records={"t:0": _records(8)}
+    )
     assert async_snapshot.parts == sync_snapshot.parts
     assert async_snapshot.checkpoint_id == 5
     assert store.load_task(5, "A").state["balances"].equals(_state()["balances"])
@@ -268,10 +296,14 @@ def test_unreachable_s3_endpoint_is_a_store_error():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    connection = Connection(kafka_bootstrap="127.0.0.1:9", s3_endpoint=f"http://127.0.0.1:{port}",
-                            s3_access_key="k", s3_secret_key="s", s3_bucket="nowhere")
-    location = StoreLocation(s3_filesystem(connection, max_attempts=1), "nowhere/snapshots",
-                             "s3://nowhere/snapshots")
+    connection = Connection(
+        kafka_bootstrap="127.0.0.1:9",
+        s3_endpoint=f"http://127.0.0.1:{port}",
+        s3_access_key="k",
+        s3_secret_key="s",
+        s3_bucket="nowhere",
+    )
+    location = StoreLocation(s3_filesystem(connection, max_attempts=1), "nowhere/snapshots", "s3://nowhere/snapshots")
     store = SnapshotStore(location, JOB)
     with pytest.raises(StoreError, match=r"s3://nowhere/snapshots: listing checkpoints failed"):
         store.completed()
@@ -288,8 +320,12 @@ def test_snapshots_on_the_s3_server(connection, unique_name):
     with SnapshotStore(location, JOB) as store:
         assert store.checkpoints() == [] and store.read_job() is None
         state = _state()
-        futures = {t: store.write_task_async(1, 1, t, state, positions={"t:0": 3}, in_flight={"t:0": (3, 4)},
-                                             channel_records={"t:0": _records(3)}) for t in ("A", "B")}
+        futures = {
+            t: store.write_task_async(
+                1, 1, t, state, positions={"t:0": 3}, in_flight={"t:0": (3, 4)}, channel_records={"t:0": _records(3)}
+            )
+            for t in ("A", "B")
+        }
         store.write_manifest(1, 1, {t: f.result(timeout=30) for t, f in futures.items()})
         _complete(store, 2)
         store.write_task(3, 1, "A", {"old": pa.table({"x": [1]})}, positions={})

@@ -8,10 +8,10 @@ import pytest
 from kafka import KafkaProducer
 
 from barriers.messages import ChannelId
+from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.records import header_values
 from streaming.adapters.spark import ChannelQuery
 from streaming.errors import ConfigError
-from streaming.adapters.kafka_admin import create_topic
 
 
 @pytest.mark.integration
@@ -19,16 +19,22 @@ def test_query_reads_assigned_channels_from_their_offsets_in_order(spark, connec
     create_topic(connection.kafka_bootstrap, unique_name, 3)
     producer = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap)
     for i in range(60):
-        producer.send(unique_name, value=f"{i % 3}:{i // 3}".encode(), partition=i % 3,
-                      headers=[("n", str(i).encode())])
+        producer.send(
+            unique_name, value=f"{i % 3}:{i // 3}".encode(), partition=i % 3, headers=[("n", str(i).encode())]
+        )
     producer.flush()
     producer.close()
 
     batches: list[pa.Table] = []
-    query = ChannelQuery(spark, connection, name=unique_name,
-                         channels=[ChannelId(unique_name, 0), ChannelId(unique_name, 1)],  # not partition 2
-                         starting={ChannelId(unique_name, 0): 15}, max_records_per_batch=7,
-                         on_batch=lambda table, _id: batches.append(table))
+    query = ChannelQuery(
+        spark,
+        connection,
+        name=unique_name,
+        channels=[ChannelId(unique_name, 0), ChannelId(unique_name, 1)],  # not partition 2
+        starting={ChannelId(unique_name, 0): 15},
+        max_records_per_batch=7,
+        on_batch=lambda table, _id: batches.append(table),
+    )
     try:
         query.start(available_now=True).await_done(120)
     finally:
@@ -47,5 +53,11 @@ def test_query_reads_assigned_channels_from_their_offsets_in_order(spark, connec
 
 def test_starting_offsets_for_unread_channels_are_refused(spark, connection):
     with pytest.raises(ConfigError, match="does not read: t:1"):
-        ChannelQuery(spark, connection, name="x", channels=[ChannelId("t", 0)],
-                     starting={ChannelId("t", 1): 0}, on_batch=lambda t, i: None)
+        ChannelQuery(
+            spark,
+            connection,
+            name="x",
+            channels=[ChannelId("t", 0)],
+            starting={ChannelId("t", 1): 0},
+            on_batch=lambda t, i: None,
+        )

@@ -13,8 +13,13 @@ from streaming.errors import ConfigError, RuntimeNotRunningError
 
 
 def _conn(**over) -> Connection:
-    base = dict(kafka_bootstrap="127.0.0.1:9092", s3_endpoint="http://127.0.0.1:9000",
-                s3_access_key="a", s3_secret_key="b", s3_bucket="bucket")
+    base = dict(
+        kafka_bootstrap="127.0.0.1:9092",
+        s3_endpoint="http://127.0.0.1:9000",
+        s3_access_key="a",
+        s3_secret_key="b",
+        s3_bucket="bucket",
+    )
     return Connection(**{**base, **over})
 
 
@@ -23,12 +28,15 @@ def test_home_comes_from_the_environment(tmp_path):
     assert default_home({}) == Path.home() / ".cache" / "spark-abs"
 
 
-@pytest.mark.parametrize("kwargs, names", [
-    (dict(kafka_port=70000), "kafka_port"),
-    (dict(s3_port=-1), "s3_port"),
-    (dict(kafka_port=9000, s3_port=9000), "must differ"),
-    (dict(start_timeout_s=0), "start_timeout_s"),
-])
+@pytest.mark.parametrize(
+    "kwargs, names",
+    [
+        (dict(kafka_port=70000), "kafka_port"),
+        (dict(s3_port=-1), "s3_port"),
+        (dict(kafka_port=9000, s3_port=9000), "must differ"),
+        (dict(start_timeout_s=0), "start_timeout_s"),
+    ],
+)
 def test_runtime_settings_reject_bad_values(kwargs, names, tmp_path):
     with pytest.raises(ConfigError, match=names):
         LocalRuntimeSettings(home=tmp_path, **kwargs)
@@ -39,11 +47,14 @@ def test_cache_defaults_under_home_and_can_be_shared(tmp_path):
     assert LocalRuntimeSettings(home=tmp_path, cache=tmp_path / "c").cache_dir == tmp_path / "c"
 
 
-@pytest.mark.parametrize("over, message", [
-    (dict(kafka_bootstrap=""), "SPARK_ABS_KAFKA_BOOTSTRAP"),
-    (dict(s3_endpoint="127.0.0.1:9000"), "SPARK_ABS_S3_ENDPOINT"),
-    (dict(s3_bucket=""), "SPARK_ABS_S3_BUCKET"),
-])
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        (dict(kafka_bootstrap=""), "SPARK_ABS_KAFKA_BOOTSTRAP"),
+        (dict(s3_endpoint="127.0.0.1:9000"), "SPARK_ABS_S3_ENDPOINT"),
+        (dict(s3_bucket=""), "SPARK_ABS_S3_BUCKET"),
+    ],
+)
 def test_connection_names_the_variable_that_is_wrong(over, message):
     with pytest.raises(ConfigError, match=message):
         _conn(**over)

@@ -8,8 +8,8 @@ import pytest
 
 from barriers.messages import ChannelId
 from operators import filter_rows
-from streaming.errors import ConfigError
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage, route
+from streaming.errors import ConfigError
 
 
 def _op():

@@ -26,9 +26,11 @@ JOB = "svc"
 
 
 def _pipeline() -> Pipeline:
-    return Pipeline(JOB, (Ingress("orders", 2),), (
-        Stage("count", ("orders",), lambda: KeyedAggregate("k", {"n": count()}), parallelism=2, sink=Sink()),
-    ))
+    return Pipeline(
+        JOB,
+        (Ingress("orders", 2),),
+        (Stage("count", ("orders",), lambda: KeyedAggregate("k", {"n": count()}), parallelism=2, sink=Sink()),),
+    )
 
 
 class MemoryIO:
@@ -80,19 +82,36 @@ def store(tmp_path: Path):
 def _service(store, memory, tmp_path, clock=None, **settings) -> tuple[CoordinatorService, list[str], list[int]]:
     said: list[str] = []
     completed: list[int] = []
-    service = CoordinatorService(_pipeline(), memory.io(), store,
-                                 JobSettings(store=f"file://{tmp_path}/store", **settings),
-                                 generation=2, next_checkpoint_id=5, on_event=said.append,
-                                 on_complete=completed.append, progress_log=tmp_path / "progress.jsonl",
-                                 **({"clock": clock} if clock else {}))
+    service = CoordinatorService(
+        _pipeline(),
+        memory.io(),
+        store,
+        JobSettings(store=f"file://{tmp_path}/store", **settings),
+        generation=2,
+        next_checkpoint_id=5,
+        on_event=said.append,
+        on_complete=completed.append,
+        progress_log=tmp_path / "progress.jsonl",
+        **({"clock": clock} if clock else {}),
+    )
     return service, said, completed
 
 
 def _ack(store: SnapshotStore, task: str, checkpoint_id: int, generation: int = 2) -> ControlEvent:
-    snapshot = store.write_task(checkpoint_id, generation, task, {"state": pa.table({"k": ["a"], "n": [1]})},
-                                positions={f"orders:{task[-1]}": 7}, metadata={"kind": "aligned"})
-    return ControlEvent(ControlKind.ACK, checkpoint_id, task, {
-        "generation": generation, "snapshot": json.loads(snapshot.to_json()), "metrics": {"state_bytes": 9}})
+    snapshot = store.write_task(
+        checkpoint_id,
+        generation,
+        task,
+        {"state": pa.table({"k": ["a"], "n": [1]})},
+        positions={f"orders:{task[-1]}": 7},
+        metadata={"kind": "aligned"},
+    )
+    return ControlEvent(
+        ControlKind.ACK,
+        checkpoint_id,
+        task,
+        {"generation": generation, "snapshot": json.loads(snapshot.to_json()), "metrics": {"state_bytes": 9}},
+    )
 
 
 def test_trigger_injects_barrier_n_into_every_ingress_partition_and_announces_it(store, tmp_path):
@@ -138,8 +157,14 @@ def test_a_decline_aborts_the_checkpoint_for_every_task(store, tmp_path):
     memory = MemoryIO()
     service, said, _ = _service(store, memory, tmp_path)
     service.trigger()
-    memory.inbox = [ControlEvent(ControlKind.DECLINE, 5, "count-1", {
-        "generation": 2, "reason": CheckpointFailure.STORE_FAILURE.name, "detail": "disk full"})]
+    memory.inbox = [
+        ControlEvent(
+            ControlKind.DECLINE,
+            5,
+            "count-1",
+            {"generation": 2, "reason": CheckpointFailure.STORE_FAILURE.name, "detail": "disk full"},
+        )
+    ]
     service.poll()
     abort = memory.published[-1]
     assert abort.kind is ControlKind.ABORT and abort.payload["reason"] == "STORE_FAILURE"
@@ -186,13 +211,18 @@ def test_a_checkpoint_past_its_timeout_is_aborted(store, tmp_path):
 def test_events_of_other_generations_are_ignored_and_readiness_is_counted(store, tmp_path):
     memory = MemoryIO()
     service, _, _ = _service(store, memory, tmp_path)
-    memory.inbox = [ControlEvent(ControlKind.READY, 0, "count-0", {"generation": 2}),
-                    ControlEvent(ControlKind.READY, 0, "count-1", {"generation": 1})]
+    memory.inbox = [
+        ControlEvent(ControlKind.READY, 0, "count-0", {"generation": 2}),
+        ControlEvent(ControlKind.READY, 0, "count-1", {"generation": 1}),
+    ]
     service.poll()
     assert service.ready == {"count-0"} and not service.all_ready
     service.trigger()
-    memory.inbox = [_ack(store, "count-0", 5, generation=1), _ack(store, "count-1", 5, generation=1),
-                    ControlEvent(ControlKind.READY, 0, "count-1", {"generation": 2})]
+    memory.inbox = [
+        _ack(store, "count-0", 5, generation=1),
+        _ack(store, "count-1", 5, generation=1),
+        ControlEvent(ControlKind.READY, 0, "count-1", {"generation": 2}),
+    ]
     service.poll()
     assert store.completed() == [] and service.records[5].status is CheckpointStatus.PENDING
     assert service.all_ready
@@ -203,8 +233,11 @@ def test_sink_commits_are_recorded_and_close_closes_the_io(store, tmp_path):
     service, _, _ = _service(store, memory, tmp_path)
     assert service.sink_tasks == {"count-0", "count-1"}
     service.trigger()
-    memory.inbox = [_ack(store, "count-0", 5), _ack(store, "count-1", 5),
-                    ControlEvent(ControlKind.COMMITTED, 5, "count-0", {"generation": 2, "epochs": [5]})]
+    memory.inbox = [
+        _ack(store, "count-0", 5),
+        _ack(store, "count-1", 5),
+        ControlEvent(ControlKind.COMMITTED, 5, "count-0", {"generation": 2, "epochs": [5]}),
+    ]
     service.poll()
     assert service.records[5].committed == {"count-0"}
     service.close()

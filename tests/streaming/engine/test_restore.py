@@ -26,9 +26,14 @@ def test_a_later_generation_without_a_checkpoint_treats_older_records_as_stale()
 
 def test_from_a_snapshot_channel_state_comes_first():
     copied = pa.table({"offset": [4, 5]})
-    snapshot = TaskSnapshot("x-0", 7, 1, positions={"t:0": 10, "t:1": 20, "t:2": 30},
-                            in_flight={"t:1": (15, 18), "t:2": (25, 27)},
-                            metadata={"watermarks": {"t:0": 99}, "lineage": Lineage().to_json()})
+    snapshot = TaskSnapshot(
+        "x-0",
+        7,
+        1,
+        positions={"t:0": 10, "t:1": 20, "t:2": 30},
+        in_flight={"t:1": (15, 18), "t:2": (25, 27)},
+        metadata={"watermarks": {"t:0": 99}, "lineage": Lineage().to_json()},
+    )
     loaded = LoadedTask(snapshot, {"state": pa.table({"n": [1]})}, {"t:2": copied})
     plan = plan_start(2, 7, loaded)
     # A: no channel state; B: a range, read again by the query from its start; C: copied, replayed

@@ -9,10 +9,9 @@ import json
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pytest
 
 from barriers.lineage import Lineage
-from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions, encode
+from barriers.messages import Barrier, CancelBarrier, ChannelId, encode
 from operators import KeyedAggregate, count, filter_rows, sum_
 from operators.windows import TumblingWindowAggregate
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
@@ -35,11 +34,28 @@ def batch(*records) -> pa.Table:
             headers.append(("abs.gen", str(rest[0]).encode()))
         if len(rest) > 1:
             headers += [(k, v) for k, v in rest[1].items() if k != "abs.gen"]
-        rows.append({"topic": topic, "partition": partition, "offset": offset, "key": None, "value": value,
-                     "headers": [{"key": k, "value": v} for k, v in headers], "timestamp": None})
-    schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-                        ("key", pa.binary()), ("value", pa.binary()), ("headers", HEADER_TYPE),
-                        ("timestamp", pa.timestamp("ms"))])
+        rows.append(
+            {
+                "topic": topic,
+                "partition": partition,
+                "offset": offset,
+                "key": None,
+                "value": value,
+                "headers": [{"key": k, "value": v} for k, v in headers],
+                "timestamp": None,
+            }
+        )
+    schema = pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("headers", HEADER_TYPE),
+            ("timestamp", pa.timestamp("ms")),
+        ]
+    )
     return pa.Table.from_pylist(rows, schema=schema)
 
 
@@ -54,9 +70,14 @@ class RecordedIO:
         self.watermarks = []
 
     def io(self, sink=False) -> TaskIO:
-        return TaskIO(send=self._send, append_barrier=self._barrier, publish=self._publish,
-                      dead_letter=self._dead, write_snapshot=self._write,
-                      stage_epoch=self._stage if sink else None)
+        return TaskIO(
+            send=self._send,
+            append_barrier=self._barrier,
+            publish=self._publish,
+            dead_letter=self._dead,
+            write_snapshot=self._write,
+            stage_epoch=self._stage if sink else None,
+        )
 
     def _send(self, channel, key, value, headers):
         if dict(headers).get("abs.kind") == b"watermark":
@@ -83,6 +104,7 @@ class RecordedIO:
         class Snap:
             def to_json(self):
                 return json.dumps({"task": task, "checkpoint_id": checkpoint_id})
+
         return Snap()
 
     def _stage(self, epoch, table):
@@ -93,11 +115,25 @@ SCHEMA = pa.schema([("account", pa.string()), ("amount", pa.int64())])
 
 
 def counting_pipeline(parallelism=1, sink_stage=False):
-    stages = [Stage("count", ("in",), lambda: KeyedAggregate("account", {"n": count(), "total": sum_("amount")}),
-                    key="account", sink=Sink() if sink_stage else None)]
+    stages = [
+        Stage(
+            "count",
+            ("in",),
+            lambda: KeyedAggregate("account", {"n": count(), "total": sum_("amount")}),
+            key="account",
+            sink=Sink() if sink_stage else None,
+        )
+    ]
     if not sink_stage:
-        stages.append(Stage("out", ("count",), lambda: KeyedAggregate("account", {"n": count()}),
-                            parallelism=parallelism, sink=Sink()))
+        stages.append(
+            Stage(
+                "out",
+                ("count",),
+                lambda: KeyedAggregate("account", {"n": count()}),
+                parallelism=parallelism,
+                sink=Sink(),
+            )
+        )
     return Pipeline("job", (Ingress("in", 2, SCHEMA),), tuple(stages))
 
 
@@ -112,9 +148,14 @@ A, B = ChannelId("in", 0), ChannelId("in", 1)
 
 def test_aligned_barrier_holds_the_early_channel_and_forwards_after_the_snapshot():
     task, io = make_task(counting_pipeline())
-    task.process_batch(batch(("in", 0, 0, {"account": "x", "amount": 1}), ("in", 0, 1, Barrier(1, job="job")),
-                             ("in", 0, 2, {"account": "x", "amount": 10}),
-                             ("in", 1, 0, {"account": "y", "amount": 2})))
+    task.process_batch(
+        batch(
+            ("in", 0, 0, {"account": "x", "amount": 1}),
+            ("in", 0, 1, Barrier(1, job="job")),
+            ("in", 0, 2, {"account": "x", "amount": 10}),
+            ("in", 1, 0, {"account": "y", "amount": 2}),
+        )
+    )
     assert task.handler.blocked == {A}
     assert [r[1] for r in io.sent] == [{"account": "x", "n": 1, "total": 1}, {"account": "y", "n": 1, "total": 2}]
     assert task.held_bytes > 0
@@ -149,12 +190,22 @@ def test_records_of_an_older_generation_on_internal_topics_are_skipped():
     channel = ChannelId("spark-abs.job.count", 0)
     # generation 2 restored a checkpoint whose barrier on the channel is at 4; the range [3, 4) is channel state
     lineage = Lineage().after_restore(2, {channel: 5})
-    task, io = make_task(pipeline, "out-0", start=TaskStart(generation=2, checkpoint_id=3, positions={channel: 3},
-                                                             lineage=lineage), sink=True)
+    task, io = make_task(
+        pipeline,
+        "out-0",
+        start=TaskStart(generation=2, checkpoint_id=3, positions={channel: 3}, lineage=lineage),
+        sink=True,
+    )
     topic = "spark-abs.job.count"
-    task.process_batch(batch((topic, 0, 3, {"account": "y"}, 1),  # older, but before the barrier: replayed
-                             (topic, 0, 5, {"account": "x"}, 1), (topic, 0, 6, Barrier(4, 1, job="job")),
-                             (topic, 0, 7, {"account": "x"}, 2), (topic, 0, 8, Barrier(4, 2, job="job"))))
+    task.process_batch(
+        batch(
+            (topic, 0, 3, {"account": "y"}, 1),  # older, but before the barrier: replayed
+            (topic, 0, 5, {"account": "x"}, 1),
+            (topic, 0, 6, Barrier(4, 1, job="job")),
+            (topic, 0, 7, {"account": "x"}, 2),
+            (topic, 0, 8, Barrier(4, 2, job="job")),
+        )
+    )
     assert task.counters["skipped_older_generation"] == 1
     assert task.counters["ignored_stale_generation"] == 1
     task.wait_for_uploads()
@@ -164,8 +215,14 @@ def test_records_of_an_older_generation_on_internal_topics_are_skipped():
 def test_malformed_records_and_forged_barriers_become_dead_letters_with_reasons():
     task, io = make_task(counting_pipeline())
     forged = Barrier(1, job="another-job")
-    task.process_batch(batch(("in", 0, 0, b"{oops"), ("in", 0, 1, {"account": "x", "amount": "many"}),
-                             ("in", 0, 2, forged), ("in", 0, 3, {"account": "x", "amount": 3})))
+    task.process_batch(
+        batch(
+            ("in", 0, 0, b"{oops"),
+            ("in", 0, 1, {"account": "x", "amount": "many"}),
+            ("in", 0, 2, forged),
+            ("in", 0, 3, {"account": "x", "amount": 3}),
+        )
+    )
     reasons = [r for _, _, r in io.dead]
     assert len(reasons) == 3
     assert "not JSON" in reasons[0] and "does not fit the schema" in reasons[1]
@@ -184,9 +241,14 @@ def test_a_retried_batch_is_not_processed_twice():
 
 def test_sink_epochs_close_at_the_snapshot_and_an_aborted_epoch_moves_to_the_next():
     task, io = make_task(counting_pipeline(sink_stage=True), sink=True)
-    task.process_batch(batch(("in", 0, 0, {"account": "x", "amount": 1}), ("in", 0, 1, Barrier(1, job="job")),
-                             ("in", 1, 0, {"account": "y", "amount": 2}),
-                             ("in", 1, 1, CancelBarrier(1, job="job", reason="test"))))
+    task.process_batch(
+        batch(
+            ("in", 0, 0, {"account": "x", "amount": 1}),
+            ("in", 0, 1, Barrier(1, job="job")),
+            ("in", 1, 0, {"account": "y", "amount": 2}),
+            ("in", 1, 1, CancelBarrier(1, job="job", reason="test")),
+        )
+    )
     task.process_batch(batch(("in", 0, 2, Barrier(2, job="job")), ("in", 1, 2, Barrier(2, job="job"))))
     task.wait_for_uploads()
     assert 1 not in io.staged
@@ -196,14 +258,19 @@ def test_sink_epochs_close_at_the_snapshot_and_an_aborted_epoch_moves_to_the_nex
 
 def test_windows_close_on_the_minimum_watermark_over_channels():
     def windows():
-        return TumblingWindowAggregate("account", "ts", 100, {"amount": sum_("amount")},
-                                       allowed_lateness=10**12)
+        return TumblingWindowAggregate("account", "ts", 100, {"amount": sum_("amount")}, allowed_lateness=10**12)
+
     schema = pa.schema([("account", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
-    pipeline = Pipeline("job", (Ingress("in", 2, schema, event_time="ts"),),
-                        (Stage("w", ("in",), windows, sink=Sink()),))
+    pipeline = Pipeline(
+        "job", (Ingress("in", 2, schema, event_time="ts"),), (Stage("w", ("in",), windows, sink=Sink()),)
+    )
     task, io = make_task(pipeline, "w-0", sink=True)
-    task.process_batch(batch(("in", 0, 0, {"account": "x", "amount": 1, "ts": 10}),
-                             ("in", 0, 1, {"account": "x", "amount": 2, "ts": 250})))
+    task.process_batch(
+        batch(
+            ("in", 0, 0, {"account": "x", "amount": 1, "ts": 10}),
+            ("in", 0, 1, {"account": "x", "amount": 2, "ts": 250}),
+        )
+    )
     assert task._epoch_rows == []  # channel 1 has not spoken: no window may close
     task.process_batch(batch(("in", 1, 0, {"account": "x", "amount": 5, "ts": 120})))
     closed = [row for table in task._epoch_rows for row in table.to_pylist()]
@@ -215,12 +282,21 @@ def test_watermarks_travel_downstream_in_headers_and_watermark_records():
 
     def windows():
         return TumblingWindowAggregate("account", "ts", 100, {"amount": sum_("amount")}, allowed_lateness=10**12)
-    pipeline = Pipeline("job", (Ingress("in", 1, schema, event_time="ts"),),
-                        (Stage("pass", ("in",), lambda: filter_rows(lambda t: pc.greater(t["amount"], -1))),
-                         Stage("out", ("pass",), windows, sink=Sink())))
+
+    pipeline = Pipeline(
+        "job",
+        (Ingress("in", 1, schema, event_time="ts"),),
+        (
+            Stage("pass", ("in",), lambda: filter_rows(lambda t: pc.greater(t["amount"], -1))),
+            Stage("out", ("pass",), windows, sink=Sink()),
+        ),
+    )
     task, io = make_task(pipeline, "pass-0")
-    task.process_batch(batch(("in", 0, 0, {"account": "x", "amount": 1, "ts": 10}),
-                             ("in", 0, 1, {"account": "x", "amount": 2, "ts": 20})))
+    task.process_batch(
+        batch(
+            ("in", 0, 0, {"account": "x", "amount": 1, "ts": 10}), ("in", 0, 1, {"account": "x", "amount": 2, "ts": 20})
+        )
+    )
     task.process_batch(batch(("in", 0, 2, {"account": "x", "amount": 4, "ts": 130})))
     marks = [headers.get("abs.wm") for _, _, headers in io.sent]
     assert marks == [None, None, b"20"]  # never newer than the record it rides on
@@ -233,11 +309,13 @@ def test_watermarks_travel_downstream_in_headers_and_watermark_records():
     downstream.process_batch(batch(*rows))
     assert downstream.watermark == 20 and downstream._epoch_rows == []
     downstream.process_batch(batch((topic, 0, 3, {"account": "x"}, 0)))
-    assert [r for _, _, r in down_io.dead] == [
-        "TumblingWindowAggregate: input has no column 'ts' (columns: account)"]
+    assert [r for _, _, r in down_io.dead] == ["TumblingWindowAggregate: input has no column 'ts' (columns: account)"]
     end = batch((topic, 0, 4, b""))
-    end = end.set_column(end.schema.get_field_index("headers"), "headers",
-                         pa.array([[{"key": k, "value": v} for k, v in watermark_headers(10**6, 0)]], HEADER_TYPE))
+    end = end.set_column(
+        end.schema.get_field_index("headers"),
+        "headers",
+        pa.array([[{"key": k, "value": v} for k, v in watermark_headers(10**6, 0)]], HEADER_TYPE),
+    )
     downstream.process_batch(end)
     closed = [(r["window_start"], r["amount"]) for t in downstream._epoch_rows for r in t.to_pylist()]
     assert closed == [(0, 3), (100, 4)]
@@ -246,9 +324,9 @@ def test_watermarks_travel_downstream_in_headers_and_watermark_records():
 def test_copied_channel_state_is_replayed_before_anything_else():
     pipeline = counting_pipeline(sink_stage=True)
     copied = batch(("in", 0, 3, {"account": "x", "amount": 5}), ("in", 0, 4, {"account": "x", "amount": 6}))
-    task, io = make_task(pipeline, sink=True,
-                         start=TaskStart(generation=1, checkpoint_id=2, positions={A: 3, B: 0},
-                                         replay={A: copied}))
+    task, io = make_task(
+        pipeline, sink=True, start=TaskStart(generation=1, checkpoint_id=2, positions={A: 3, B: 0}, replay={A: copied})
+    )
     assert task.counters["replayed_in_flight"] == 2 and task.handler.position(A) == 5
     task.process_batch(batch(("in", 0, 6, {"account": "x", "amount": 7})))  # the query resumes after the barrier
     rows = [r for t in task._epoch_rows for r in t.to_pylist()]

@@ -16,18 +16,23 @@ from streaming.local.artifacts import Artifact
 def test_pom_lists_every_artifact():
     pom = ET.fromstring(artifacts._pom("x", artifacts.kafka_broker_artifacts("4.1.1")))
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
-    coords = [":".join(d.find(f"m:{k}", ns).text for k in ("groupId", "artifactId", "version"))
-              for d in pom.findall("m:dependencies/m:dependency", ns)]
+    coords = [
+        ":".join(d.find(f"m:{k}", ns).text for k in ("groupId", "artifactId", "version"))
+        for d in pom.findall("m:dependencies/m:dependency", ns)
+    ]
     assert "org.apache.kafka:kafka_2.13:4.1.1" in coords
     assert any(c.startswith("org.apache.logging.log4j:log4j-slf4j2-impl:") for c in coords)
 
 
-@pytest.mark.parametrize("jar, artifact_id", [
-    ("kafka-clients-3.9.1.jar", "kafka-clients"),
-    ("spark-sql-kafka-0-10_2.13-4.1.1.jar", "spark-sql-kafka-0-10_2.13"),
-    ("commons-pool2-2.12.1.jar", "commons-pool2"),
-    ("scala-library-2.13.15.jar", "scala-library"),
-])
+@pytest.mark.parametrize(
+    "jar, artifact_id",
+    [
+        ("kafka-clients-3.9.1.jar", "kafka-clients"),
+        ("spark-sql-kafka-0-10_2.13-4.1.1.jar", "spark-sql-kafka-0-10_2.13"),
+        ("commons-pool2-2.12.1.jar", "commons-pool2"),
+        ("scala-library-2.13.15.jar", "scala-library"),
+    ],
+)
 def test_artifact_id_of_a_jar_name(jar, artifact_id):
     assert artifacts._artifact_id(Path(jar)) == artifact_id
 
@@ -63,8 +68,12 @@ def test_a_resolved_set_is_cached(tmp_path, monkeypatch):
 def test_connector_jars_leave_out_what_spark_ships(tmp_path):
     resolved = tmp_path / "cache" / "jars" / "spark-kafka-9.9.9"
     resolved.mkdir(parents=True)
-    for name in ("spark-sql-kafka-0-10_2.13-9.9.9.jar", "kafka-clients-3.9.1.jar",
-                 "scala-library-2.13.15.jar", "zstd-jni-1.5.6-10.jar"):
+    for name in (
+        "spark-sql-kafka-0-10_2.13-9.9.9.jar",
+        "kafka-clients-3.9.1.jar",
+        "scala-library-2.13.15.jar",
+        "zstd-jni-1.5.6-10.jar",
+    ):
         (resolved / name).write_bytes(b"")
     (resolved / ".complete").write_text("")
     shipped = tmp_path / "spark-jars"

@@ -3,7 +3,6 @@ waits fail with the log tail, ports in use are named."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys

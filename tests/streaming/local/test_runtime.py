@@ -7,10 +7,10 @@ import socket
 
 import pytest
 
+from streaming.adapters.objects import open_store
 from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.errors import PortInUseError, ServiceStartError
 from streaming.local import LocalRuntime
-from streaming.adapters.objects import open_store
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,13 @@ from streaming.local.processes import free_port
 
 
 def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streaming.tools.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "streaming.tools.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_help_explains_the_commands():
@@ -46,8 +51,13 @@ def test_an_unreachable_broker_is_one_clear_line(tmp_path):
 
 
 def test_a_malformed_setting_is_named(tmp_path):
-    env = {"SPARK_ABS_KAFKA_BOOTSTRAP": "h:1", "SPARK_ABS_S3_ENDPOINT": "not-a-url",
-           "SPARK_ABS_S3_ACCESS_KEY": "a", "SPARK_ABS_S3_SECRET_KEY": "b", "SPARK_ABS_S3_BUCKET": "x"}
+    env = {
+        "SPARK_ABS_KAFKA_BOOTSTRAP": "h:1",
+        "SPARK_ABS_S3_ENDPOINT": "not-a-url",
+        "SPARK_ABS_S3_ACCESS_KEY": "a",
+        "SPARK_ABS_S3_SECRET_KEY": "b",
+        "SPARK_ABS_S3_BUCKET": "x",
+    }
     done = _run("--home", str(tmp_path), "smoke", env=env)
     assert done.returncode == 2
     assert "SPARK_ABS_S3_ENDPOINT" in done.stderr and "Traceback" not in done.stderr

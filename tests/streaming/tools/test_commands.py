@@ -11,16 +11,22 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 
-from streaming.tools.commands import checkpoint_rows, render_checkpoints, run_job
-from streaming.adapters.snapshots import SnapshotStore
 from streaming.adapters.objects import open_store
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.tools.commands import checkpoint_rows, render_checkpoints, run_job
 
 JOB = "orders"
 
 
 def _write(store: SnapshotStore, cid: int, *, complete: bool = True) -> None:
-    snap = store.write_task(cid, 0, "valid-0", {"counts": pa.table({"n": [cid, 2, 3]})},
-                            positions={"orders:0": 10 * cid}, in_flight={"orders:0": (10 * cid - 4, 10 * cid)})
+    snap = store.write_task(
+        cid,
+        0,
+        "valid-0",
+        {"counts": pa.table({"n": [cid, 2, 3]})},
+        positions={"orders:0": 10 * cid},
+        in_flight={"orders:0": (10 * cid - 4, 10 * cid)},
+    )
     if complete:
         store.write_manifest(cid, 0, {"valid-0": snap}, metrics={"kinds": ["unaligned"], "trigger_to_complete_s": 0.5})
 
@@ -41,8 +47,11 @@ def test_every_checkpoint_is_verified_and_the_restore_pick_is_marked(tmp_path):
     store, _ = _store(tmp_path)
     rows = checkpoint_rows(store)
     store.close()
-    assert [(r.checkpoint_id, r.complete, r.usable) for r in rows] == [(1, True, True), (2, True, False),
-                                                                       (3, False, False)]
+    assert [(r.checkpoint_id, r.complete, r.usable) for r in rows] == [
+        (1, True, True),
+        (2, True, False),
+        (3, False, False),
+    ]
     assert rows[0].in_flight_offsets == 4 and rows[0].kinds == ("unaligned",) and rows[0].state_bytes > 0
     assert any("checksum" in p for p in rows[1].problems), rows[1].problems
     text = render_checkpoints(JOB, rows, 0).splitlines()
@@ -62,7 +71,9 @@ def test_nothing_usable_says_a_restore_starts_from_the_beginning(tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streaming.tools.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "streaming.tools.cli", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_the_checkpoints_command(tmp_path):
@@ -75,8 +86,9 @@ def test_the_checkpoints_command(tmp_path):
 def test_run_explains_itself_and_names_a_bad_option(tmp_path):
     helped = _cli("run", "--help")
     assert helped.returncode == 0 and "--restore N" in helped.stdout and "module:attribute" in helped.stdout
-    bad = _cli("--home", str(tmp_path), "run", "orders:orders", "--store", f"file://{tmp_path}/s",
-               "--mode", "aligned-timeout")
+    bad = _cli(
+        "--home", str(tmp_path), "run", "orders:orders", "--store", f"file://{tmp_path}/s", "--mode", "aligned-timeout"
+    )
     assert bad.returncode == 2 and "aligned-timeout needs alignment_timeout_ms" in bad.stderr
     assert "Traceback" not in bad.stderr
     for flag in ("--for", "--checkpoints"):
@@ -125,7 +137,7 @@ def test_run_stops_after_the_checkpoints_asked_for_and_closes_the_job():
 
 
 def test_run_time_counts_from_when_the_tasks_are_up_and_ctrl_c_still_closes():
-    runner, said = _Runner(ready_after=10, every=10 ** 9), []
+    runner, said = _Runner(ready_after=10, every=10**9), []
     began = time.monotonic()
     run_job(runner, seconds=0.1, say=said.append)
     # ten starting steps of 0.02 s each, then the 0.1 s asked for

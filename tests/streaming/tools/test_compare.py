@@ -9,24 +9,32 @@ import sys
 
 import pytest
 
-from streaming.tools.compare import Comparison, RoundResult, check_arguments
 from streaming.errors import ConfigError
+from streaming.tools.compare import Comparison, RoundResult, check_arguments
 
 
 def _round(variant: str, round_: int, seconds: float, **metrics) -> RoundResult:
-    task = {"kind": variant, "alignment_s": 0.0, "held_bytes_max": 0, "in_flight_records_referenced": 0,
-            "state_bytes": 100, **metrics}
+    task = {
+        "kind": variant,
+        "alignment_s": 0.0,
+        "held_bytes_max": 0,
+        "in_flight_records_referenced": 0,
+        "state_bytes": 100,
+        **metrics,
+    }
     return RoundResult.from_metrics(variant, round_, round_, 500 * round_, seconds, task)
 
 
 def _comparison() -> Comparison:
     c = Comparison(["aligned", "unaligned"], slow_ms=2.0)
-    c.rounds += [_round("aligned", 1, 4.0, alignment_s=3.5, held_bytes_max=900),
-                 _round("unaligned", 1, 0.5, in_flight_records_referenced=800),
-                 _round("aligned", 2, 8.0, alignment_s=7.0, held_bytes_max=1200),
-                 _round("unaligned", 2, 0.4, in_flight_records_referenced=900),
-                 _round("aligned", 3, 6.0, alignment_s=5.0),
-                 _round("unaligned", 3, 1.2, in_flight_records_referenced=700)]
+    c.rounds += [
+        _round("aligned", 1, 4.0, alignment_s=3.5, held_bytes_max=900),
+        _round("unaligned", 1, 0.5, in_flight_records_referenced=800),
+        _round("aligned", 2, 8.0, alignment_s=7.0, held_bytes_max=1200),
+        _round("unaligned", 2, 0.4, in_flight_records_referenced=900),
+        _round("aligned", 3, 6.0, alignment_s=5.0),
+        _round("unaligned", 3, 1.2, in_flight_records_referenced=700),
+    ]
     return c
 
 
@@ -46,14 +54,19 @@ def test_the_tables_show_each_round_side_by_side_and_the_medians():
     lines = _comparison().render().splitlines()
     per_round = [line.split() for line in lines if line.strip()[:1].isdigit()]
     # round, backlog, aligned s, unaligned s, unaligned/aligned
-    assert per_round == [["1", "500", "4.00", "0.50", "0.125"], ["2", "1000", "8.00", "0.40", "0.05"],
-                         ["3", "1500", "6.00", "1.20", "0.2"]]
+    assert per_round == [
+        ["1", "500", "4.00", "0.50", "0.125"],
+        ["2", "1000", "8.00", "0.40", "0.05"],
+        ["3", "1500", "6.00", "1.20", "0.2"],
+    ]
     aligned = next(line for line in lines if line.startswith("aligned "))
     unaligned = next(line for line in lines if line.startswith("unaligned "))
     # rounds, first barrier, alignment (median 5.00), held bytes (max 1200), in flight, copied, state bytes
     assert aligned.split()[1:8] == ["3", "0.00", "5.00", "1200", "0", "0", "100"]
     assert unaligned.split()[1:8] == ["3", "0.00", "0.00", "0", "800", "0", "100"]
-    assert lines[-1] == "unaligned took 0.125 x the time of aligned (median over 3 round(s), each measured side by side)"
+    assert (
+        lines[-1] == "unaligned took 0.125 x the time of aligned (median over 3 round(s), each measured side by side)"
+    )
 
 
 def test_a_round_one_variant_missed_shows_a_dash():
@@ -74,21 +87,28 @@ def test_every_round_goes_to_json():
     assert data["rounds"][1]["in_flight_records"] == 800
 
 
-@pytest.mark.parametrize("variants, backlogs, named", [
-    (["aligned", "sideways"], [10], "sideways"),
-    ([], [10], "(none)"),
-    (["aligned", "aligned"], [10], "each at most once"),
-    (["aligned"], [], "--backlogs (none)"),
-    (["aligned"], [10, -5], "--backlogs 10,-5"),
-])
+@pytest.mark.parametrize(
+    "variants, backlogs, named",
+    [
+        (["aligned", "sideways"], [10], "sideways"),
+        ([], [10], "(none)"),
+        (["aligned", "aligned"], [10], "each at most once"),
+        (["aligned"], [], "--backlogs (none)"),
+        (["aligned"], [10, -5], "--backlogs 10,-5"),
+    ],
+)
 def test_bad_arguments_are_named(variants, backlogs, named):
     with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
         check_arguments(variants, backlogs)
 
 
 def test_cli_help_and_a_bad_variant_before_anything_starts(tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "streaming.tools.cli", "--home", str(tmp_path), *a],  # noqa: E731
-                                    capture_output=True, text=True, timeout=60)
+    run = lambda *a: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "streaming.tools.cli", "--home", str(tmp_path), *a],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "compare" in run("--help").stdout
     help_text = run("compare", "--help")
     assert help_text.returncode == 0 and "--variants" in help_text.stdout and "side by side" in help_text.stdout
