@@ -1,4 +1,4 @@
-"""The demo: money in transit (DESIGN.md), three stages on real Kafka, Spark
+"""The demo: money in transit (docs/architecture.md, "Invariants"), three stages on real Kafka, Spark
 and object storage, with a stage killed and the job restored.
 
     transfers (2 partitions) --> legs (2 tasks) --> accounts (2 tasks) --> windows (1 task) --> sink
