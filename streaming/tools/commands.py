@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from barriers.coordinator import CheckpointStatus
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.errors import SnapshotMissingError
 
@@ -117,7 +118,10 @@ def run_job(
         )
         while deadline is None or time.monotonic() < deadline:
             runner.step()
-            if checkpoints is not None and sum(r.status == "completed" for r in runner.checkpoints()) >= checkpoints:
+            if (
+                checkpoints is not None
+                and sum(r.status == CheckpointStatus.COMPLETED for r in runner.checkpoints()) >= checkpoints
+            ):
                 break
             if deadline is None and runner.coordinator.all_ready:
                 say(
@@ -129,7 +133,7 @@ def run_job(
         say("stopping (Ctrl-C)")
     finally:
         runner.close()
-    done = [r for r in runner.checkpoints() if r.status == "completed"]
+    done = [r for r in runner.checkpoints() if r.status == CheckpointStatus.COMPLETED]
     say(
         f"stopped; {len(done)} checkpoint(s) completed in this run"
         + (f", the last {done[-1].checkpoint_id}" if done else "")

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from barriers.coordinator import CheckpointStatus
 from streaming.errors import ConfigError, SparkAbsError
 
 __all__ = ["VARIANTS", "RoundResult", "Comparison", "check_arguments", "run_compare", "main"]
@@ -276,9 +277,9 @@ class _SideBySide:
         if any(b is None for b in triggered.values()):
             raise SparkAbsError("a checkpoint is still pending from before; cannot trigger the next")
         records = {v: self.runners[v].coordinator.records[b.checkpoint_id] for v, b in triggered.items()}
-        self.wait(lambda: all(r.status != "pending" for r in records.values()), what)
+        self.wait(lambda: all(r.status is not CheckpointStatus.PENDING for r in records.values()), what)
         for variant, record in records.items():
-            if record.status != "completed":
+            if record.status is not CheckpointStatus.COMPLETED:
                 raise SparkAbsError(f"{variant}: checkpoint {record.checkpoint_id} {record.status}: {record.reason}")
         return records
 
@@ -289,7 +290,7 @@ class _SideBySide:
             if time.monotonic() > self.deadline:
                 raise SparkAbsError(f"gave up waiting for {what}")
             for variant, runner in self.runners.items():
-                dead = [w for w in runner.workers.values() if w.process.poll() is not None]
+                dead = runner.supervisor.dead()
                 if dead:
                     raise SparkAbsError(f"{variant}: worker {dead[0].name} exited (log: {dead[0].log_path})")
                 runner.coordinator.poll(0.02)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from barriers.coordinator import CheckpointStatus
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId
 from operators import Balances, TumblingWindowAggregate, count, sum_, transfer_legs
@@ -260,7 +261,7 @@ class DemoReport:
             seconds = f"{record.duration_s:7.2f}" if record.duration_s is not None else "      -"
             if m is None:
                 status, reason = record.status, record.reason
-                if status == "pending":  # triggered, then the job was stopped: never finished
+                if status is CheckpointStatus.PENDING:  # triggered, then the job was stopped: never finished
                     status, reason = "stopped", "the job stopped before it completed"
                 lines.append(f"{record.checkpoint_id:>10}  {status:<9}  {seconds}  {'':>8}  {'':>9}  {'':>8}  {reason}")
             else:
