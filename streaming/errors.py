@@ -6,6 +6,9 @@ bases; see docs/architecture.md, "Errors and names"."""
 
 from __future__ import annotations
 
+import enum
+from typing import TypeVar
+
 __all__ = [
     "SparkAbsError",
     "ConfigError",
@@ -23,7 +26,22 @@ __all__ = [
     "SinkFencedError",
     "JobFailed",
     "SmokeFailure",
+    "parse_choice",
 ]
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def parse_choice(kind: type[E], value: object, what: str) -> E:
+    """The member of ``kind`` that ``value`` is or names; otherwise a
+    ``ConfigError`` that names ``what`` and the choices.  The one way a kind,
+    mode or status given as text becomes its enum."""
+    try:
+        return kind(value)
+    except ValueError:
+        choices = [repr(k.value) for k in kind]
+        listed = " or ".join(choices) if len(choices) == 2 else "one of " + ", ".join(choices)
+        raise ConfigError(f"{what} {value!r}: use {listed}") from None
 
 
 class SparkAbsError(Exception):

@@ -30,7 +30,7 @@ from kafka.errors import KafkaError
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import producer
 from streaming.adapters.records import Headers
-from streaming.errors import ConfigError, KafkaUnavailableError
+from streaming.errors import ConfigError, KafkaUnavailableError, parse_choice
 
 __all__ = [
     "ControlKind",
@@ -63,10 +63,7 @@ class ControlKind(enum.StrEnum):
     @classmethod
     def parse(cls, value: object) -> ControlKind:
         """The kind named ``value``; a ``ConfigError`` naming the known ones otherwise."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"control event kind {value!r} is not one of {', '.join(k.value for k in cls)}") from None
+        return parse_choice(cls, value, "control event kind")
 
 
 @dataclass(frozen=True, slots=True)

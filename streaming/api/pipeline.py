@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
-from streaming.errors import ConfigError
+from streaming.errors import ConfigError, parse_choice
 
 __all__ = ["Ingress", "Stage", "Sink", "SinkKind", "Pipeline", "TaskSpec", "route", "load_pipeline"]
 
@@ -58,10 +58,7 @@ class Sink:
     topic: str | None = None
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "kind", SinkKind(self.kind))
-        except ValueError:
-            raise ConfigError(f"sink kind {self.kind!r}: use 'object-store' or 'kafka'") from None
+        object.__setattr__(self, "kind", parse_choice(SinkKind, self.kind, "sink kind"))
         if (self.kind is SinkKind.KAFKA) != bool(self.topic):
             raise ConfigError("a kafka sink needs a topic, an object-store sink takes none")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from barriers.messages import CheckpointOptions, InFlightFormat
-from streaming.errors import ConfigError
+from streaming.errors import ConfigError, parse_choice
 
 __all__ = ["JobSettings", "Mode", "MODES", "IN_FLIGHT_FORMATS"]
 
@@ -28,13 +28,6 @@ class Mode(enum.StrEnum):
 
 MODES = tuple(m.value for m in Mode)
 IN_FLIGHT_FORMATS = tuple(f.value for f in InFlightFormat)
-
-
-def _parse(kind: type[enum.Enum], name: str, value: object) -> enum.Enum:
-    try:
-        return kind(value)
-    except ValueError:
-        raise ConfigError(f"{name} {value!r}: use one of {', '.join(repr(k.value) for k in kind)}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +58,8 @@ class JobSettings:
     def __post_init__(self) -> None:
         if not self.store:
             raise ConfigError("store: give a file:// or s3:// URI for snapshots")
-        object.__setattr__(self, "mode", _parse(Mode, "mode", self.mode))
-        object.__setattr__(self, "in_flight", _parse(InFlightFormat, "in_flight", self.in_flight))
+        object.__setattr__(self, "mode", parse_choice(Mode, self.mode, "mode"))
+        object.__setattr__(self, "in_flight", parse_choice(InFlightFormat, self.in_flight, "in_flight"))
         if self.mode is Mode.ALIGNED_TIMEOUT and self.alignment_timeout_ms is None and self.held_bytes_budget is None:
             raise ConfigError("mode aligned-timeout needs alignment_timeout_ms, held_bytes_budget or both")
         if self.mode is not Mode.ALIGNED_TIMEOUT and (

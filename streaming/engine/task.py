@@ -58,7 +58,7 @@ from streaming.adapters.control import ControlEvent, ControlKind, announced_barr
 from streaming.api.pipeline import Pipeline, TaskSpec, route
 from streaming.engine import faults
 from streaming.engine.segments import Segment, Segmenter, SegmentKind
-from streaming.engine.uploads import SnapshotUploader
+from streaming.engine.uploads import SnapshotUploader, TakenSnapshot
 from streaming.engine.watermarks import WATERMARK_HEADER, WatermarkTracker, watermark_headers
 
 __all__ = ["StageTask", "TaskStart", "TaskIO"]
@@ -152,11 +152,10 @@ class StageTask:
         self._uploader = SnapshotUploader(
             spec.name, self.generation, io, self.lineage, self.counters, copy_in_flight=copy_in_flight, executor=upload
         )
-        self._snapshots: dict[int, dict[str, pa.Table]] = {}
+        # output of the sink epoch in progress, and what each started checkpoint took
         self._epoch_rows: list[pa.Table] = []
-        self._epochs: dict[int, list[pa.Table]] = {}
+        self._taken: dict[int, TakenSnapshot] = {}
         self._held_max = 0
-        self._taken: dict[int, dict[str, float]] = {}
         # channel state copied into the restored snapshot goes first
         for _channel, table in sorted(self.start.replay.items()):
             if table.num_rows:
@@ -335,14 +334,11 @@ class StageTask:
 
     def snapshot(self, barrier: Barrier) -> None:
         began = time.perf_counter()
-        self._snapshots[barrier.checkpoint_id] = self.operator.snapshot()
-        self._epochs[barrier.checkpoint_id] = self._epoch_rows
+        state = self.operator.snapshot()
+        self._taken[barrier.checkpoint_id] = TakenSnapshot(
+            state, self._epoch_rows, time.perf_counter() - began, time.time(), self._held_max
+        )
         self._epoch_rows = []
-        self._taken[barrier.checkpoint_id] = {
-            "sync_snapshot_s": time.perf_counter() - began,
-            "snapshot_wall": time.time(),
-            "held_bytes_max": self._held_max,
-        }
         self._held_max = 0
 
     def forward_barrier(self, barrier: Barrier) -> None:
@@ -369,19 +365,13 @@ class StageTask:
         log.debug("%s: checkpoint %d: %s in flight [%d, %d)", self.spec.name, checkpoint_id, channel, start, end)
 
     def acknowledge(self, checkpoint: TaskCheckpoint) -> None:
-        checkpoint_id = checkpoint.checkpoint_id
-        self._uploader.submit(
-            checkpoint,
-            self._snapshots.pop(checkpoint_id),
-            self._epochs.pop(checkpoint_id, []),
-            self.watermarks.snapshot(),
-            self._taken.pop(checkpoint_id, {}),
-        )
+        self._uploader.submit(checkpoint, self._taken.pop(checkpoint.checkpoint_id), self.watermarks.snapshot())
 
     def abort(self, checkpoint_id: int, reason: CheckpointFailure, detail: str) -> None:
-        self._snapshots.pop(checkpoint_id, None)
+        taken = self._taken.pop(checkpoint_id, None)
         # the output of an aborted epoch belongs to the next one
-        self._epoch_rows = self._epochs.pop(checkpoint_id, []) + self._epoch_rows
+        if taken is not None:
+            self._epoch_rows = taken.epoch + self._epoch_rows
         self.counters["aborted"] += 1
         self.io.publish(
             ControlEvent(

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -23,9 +24,22 @@ from barriers.messages import ChannelId, InFlightFormat
 from streaming.adapters.control import ControlEvent, ControlKind
 from streaming.engine import faults
 
-__all__ = ["SnapshotUploader"]
+__all__ = ["SnapshotUploader", "TakenSnapshot"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TakenSnapshot:
+    """What a task took at its snapshot of checkpoint n (the synchronous
+    phase): the operator's state, the sink epoch's rows, how long taking them
+    took, when, and the most bytes held while aligning before it."""
+
+    state: dict[str, pa.Table]
+    epoch: list[pa.Table]
+    sync_snapshot_s: float
+    snapshot_wall: float
+    held_bytes_max: int
 
 
 class SnapshotUploader:
@@ -55,16 +69,9 @@ class SnapshotUploader:
         self._own_executor = executor is None
         self._pending: list[concurrent.futures.Future] = []
 
-    def submit(
-        self,
-        checkpoint: TaskCheckpoint,
-        state: dict[str, pa.Table],
-        epoch: list[pa.Table],
-        watermarks: dict[ChannelId, int],
-        taken: dict[str, float],
-    ) -> None:
+    def submit(self, checkpoint: TaskCheckpoint, taken: TakenSnapshot, watermarks: dict[ChannelId, int]) -> None:
         self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._executor.submit(self._upload_and_ack, checkpoint, state, epoch, watermarks, taken))
+        self._pending.append(self._executor.submit(self._upload_and_ack, checkpoint, taken, watermarks))
 
     def wait(self, timeout_s: float) -> None:
         concurrent.futures.wait(list(self._pending), timeout=timeout_s)
@@ -87,25 +94,21 @@ class SnapshotUploader:
         return {str(c): read_range(c, start, end) for c, (start, end) in checkpoint.in_flight.items()}
 
     def _upload_and_ack(
-        self,
-        checkpoint: TaskCheckpoint,
-        state: dict[str, pa.Table],
-        epoch: list[pa.Table],
-        watermarks: dict[ChannelId, int],
-        taken: dict[str, float],
+        self, checkpoint: TaskCheckpoint, taken: TakenSnapshot, watermarks: dict[ChannelId, int]
     ) -> None:
         checkpoint_id = checkpoint.checkpoint_id
         began = time.perf_counter()
         try:
             copied = self._copy_in_flight(checkpoint)
             if self.io.stage_epoch is not None:
+                epoch = taken.epoch
                 table = pa.concat_tables(epoch, promote_options="default") if epoch else pa.table({})
                 self.io.stage_epoch(checkpoint_id, table)
             snapshot = self.io.write_snapshot(
                 checkpoint_id,
                 self.generation,
                 self.task,
-                state,
+                taken.state,
                 positions={str(c): p for c, p in checkpoint.positions.items()},
                 in_flight={str(c): r for c, r in checkpoint.in_flight.items()},
                 channel_records=copied or None,
@@ -136,11 +139,11 @@ class SnapshotUploader:
         self,
         checkpoint: TaskCheckpoint,
         watermarks: dict[ChannelId, int],
-        taken: dict[str, float],
+        taken: TakenSnapshot,
         copied: dict[str, pa.Table],
     ) -> dict[str, Any]:
         """What the task measured of this checkpoint, kept with its snapshot (and in the manifest)."""
-        wall = taken.get("snapshot_wall", time.time())
+        wall = taken.snapshot_wall
         return {
             "kind": checkpoint.kind.value,
             "watermarks": {str(c): w for c, w in watermarks.items()},
@@ -151,8 +154,8 @@ class SnapshotUploader:
             if checkpoint.barrier.timestamp_ms
             else None,
             "alignment_s": checkpoint.alignment_duration,
-            "sync_snapshot_s": taken.get("sync_snapshot_s"),
-            "held_bytes_max": taken.get("held_bytes_max", 0),
+            "sync_snapshot_s": taken.sync_snapshot_s,
+            "held_bytes_max": taken.held_bytes_max,
             "in_flight_records_referenced": sum(e - s for s, e in checkpoint.in_flight.values()),
             # which records of older generations in the ranges are channel state
             "lineage": self.lineage.to_json(),
