@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test install clean
+.PHONY: run test install clean bench bench-quick
 
 run: $(STAMP)
 	$(BIN)/spark-abs demo
@@ -17,6 +17,17 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 install: $(STAMP)
+
+# spark-abs against plain Spark, side by side (benchmarks/): results under $SPARK_ABS_HOME/bench/
+bench: $(STAMP) $(VENV)/.bench
+	$(BIN)/python -m benchmarks --demo --profile
+
+bench-quick: $(STAMP) $(VENV)/.bench
+	$(BIN)/python -m benchmarks --quick --demo --profile
+
+$(VENV)/.bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $(VENV)/.bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

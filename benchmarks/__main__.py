@@ -1,0 +1,238 @@
+"""spark-abs against plain Spark, measured side by side in one run.
+
+    python -m benchmarks --quick     # about 5 minutes on a 2-core machine
+    python -m benchmarks             # the full profile
+
+The workload is a keyed count (count and sum per key over 100,000 keys, JSON
+values, two partitions, every record already in the topic).  Variants:
+
+- native-hdfs, native-rocksdb: the same query in plain Structured Streaming
+  (groupBy().agg(), update mode, Spark's own checkpoint, each state store);
+- abs-1stage: the spark-abs pipeline, checkpoints off (one checkpoint whose
+  barriers follow the whole input commits the output);
+- abs-1stage-ckpt1s (full profile: 0.5 s and 5 s too): checkpoints every second;
+- abs-2stage: a stateless stage keyed by k in front of the count.
+
+Each round runs every variant once, in an order that alternates between
+rounds, on the same topic.  Throughput counts from the first record read (all
+of a spark-abs job's tasks ready; the native query's first batch) to
+everything committed; start-up is reported apart.  Ratios are taken within
+a round and their median reported.  ``--demo`` adds the demo's three stages
+at steady state (checkpoints every second: p50 and p99 trigger-to-complete)
+and a restore's time to ready.  Every run goes to ``runs.json`` and the
+table to ``results.md`` in ``--out``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["PROFILES", "main"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    records: int
+    rounds: int
+    intervals: tuple[float, ...]
+    demo_seconds: float
+
+
+PROFILES = {
+    "quick": Profile(records=300_000, rounds=1, intervals=(1.0,), demo_seconds=30),
+    "full": Profile(records=2_000_000, rounds=3, intervals=(0.5, 1.0, 5.0), demo_seconds=90),
+}
+
+# what each ratio compares: (name, numerator variant, denominator variant, what a value above 1 means)
+RATIOS = [
+    ("spark-abs / native (HDFS state store)", "abs-1stage", "native-hdfs"),
+    ("spark-abs / native (RocksDB state store)", "abs-1stage", "native-rocksdb"),
+    ("checkpoints every 0.5 s / off", "abs-1stage-ckpt0.5s", "abs-1stage"),
+    ("checkpoints every 1 s / off", "abs-1stage-ckpt1s", "abs-1stage"),
+    ("checkpoints every 5 s / off", "abs-1stage-ckpt5s", "abs-1stage"),
+    ("two stages / one stage", "abs-2stage", "abs-1stage"),
+]
+
+
+def _variants(profile: Profile) -> list[str]:
+    return (
+        ["native-hdfs", "native-rocksdb", "abs-1stage"]
+        + [f"abs-1stage-ckpt{i:g}s" for i in profile.intervals]
+        + ["abs-2stage"]
+    )
+
+
+def _run(variant: str, round_: int, context: dict):
+    from benchmarks import runs
+
+    if variant.startswith("native-"):
+        return runs.native_run(
+            variant, round_, topic=context["topic"], state_store=variant.split("-", 1)[1], expected=context["expected"]
+        )
+    interval = float(variant.split("ckpt")[1].rstrip("s")) if "ckpt" in variant else None
+    pipeline = "benchmarks.workloads:two_stage" if variant == "abs-2stage" else "benchmarks.workloads:one_stage"
+    return runs.abs_run(
+        context["connection"],
+        variant,
+        round_,
+        pipeline=pipeline,
+        topic=context["topic"],
+        expected=context["expected"],
+        store=context["store"],
+        interval_s=interval,
+        settings=context["settings"],
+        log_dir=context["out"] / "logs",
+        profile_dir=context["out"] / "profiles" if context["profile"] else None,
+    )
+
+
+def _ratios(all_runs: list, variants: list[str]) -> list[dict]:
+    rows = []
+    for name, top, bottom in RATIOS:
+        if top not in variants or bottom not in variants:
+            continue
+        per_round = []
+        for round_ in sorted({r.round for r in all_runs}):
+            a = [r for r in all_runs if r.round == round_ and r.variant == top]
+            b = [r for r in all_runs if r.round == round_ and r.variant == bottom]
+            if a and b and b[0].records_per_s > 0:
+                per_round.append(a[0].records_per_s / b[0].records_per_s)
+        if per_round:
+            rows.append({"ratio": name, "median": statistics.median(per_round), "rounds": per_round})
+    return rows
+
+
+def _markdown(profile_name: str, profile: Profile, all_runs: list, ratios: list[dict], settings: dict) -> str:
+    lines = [
+        f"Profile `{profile_name}`: {profile.records:,} records, {profile.rounds} round(s), "
+        f"spark-abs settings {json.dumps(settings) if settings else 'default'}.",
+        "",
+        "| variant | records/s (median) | start-up s (median) | checkpoints p50 s | output verified |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    for variant in dict.fromkeys(r.variant for r in all_runs):
+        mine = [r for r in all_runs if r.variant == variant]
+        if variant == "demo":
+            continue
+        checkpoints = [c for r in mine for c in r.checkpoints_s]
+        p50 = f"{statistics.median(checkpoints):.2f}" if checkpoints else "-"
+        lines.append(
+            f"| {variant} | {statistics.median(r.records_per_s for r in mine):,.0f} | "
+            f"{statistics.median(r.startup_s for r in mine):.1f} | {p50} | "
+            f"{'yes' if all(r.verified for r in mine) else 'NO'} |"
+        )
+    lines += ["", "| ratio (throughput) | median | per round |", "| --- | ---: | --- |"]
+    for row in ratios:
+        lines.append(f"| {row['ratio']} | {row['median']:.3f} | {', '.join(f'{x:.3f}' for x in row['rounds'])} |")
+    demo = [r for r in all_runs if r.variant == "demo"]
+    if demo:
+        d = demo[-1].detail
+        lines += [
+            "",
+            "| demo (3 stages, checkpoints every 1 s) | value |",
+            "| --- | ---: |",
+            f"| all tasks ready, s | {demo[-1].startup_s:.1f} |",
+            f"| steady-state checkpoints | {d['checkpoints']} |",
+            f"| trigger to complete p50, s | {d['p50_s']:.2f} |" if d["p50_s"] is not None else "| p50 | - |",
+            f"| trigger to complete p99, s | {d['p99_s']:.2f} |" if d["p99_s"] is not None else "| p99 | - |",
+            f"| restore after a killed worker: ready again, s | {d['restore_ready_s']:.1f} |",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="the short profile (default: the full one)")
+    parser.add_argument("--records", type=int, help="records in the topic (default: the profile's)")
+    parser.add_argument("--rounds", type=int, help="rounds (default: the profile's)")
+    parser.add_argument("--only", help="comma-separated variants to run (default: all of the profile)")
+    parser.add_argument("--demo", action="store_true", help="also the demo at steady state and a restore")
+    parser.add_argument(
+        "--max-records-per-batch", type=int, help="spark-abs JobSettings.max_records_per_batch (default: its default)"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="sample every spark-abs worker with py-spy (profiles/ in --out)"
+    )
+    parser.add_argument("--out", help="results directory (default <home>/bench/<time>)")
+    args = parser.parse_args(argv)
+
+    from benchmarks import runs, workloads
+    from streaming.adapters.kafka_admin import create_topic
+    from streaming.api.config import Connection, default_home
+    from streaming.local import LocalRuntime
+
+    say = lambda line: print(f"[bench] {line}", flush=True)  # noqa: E731
+    name = "quick" if args.quick else "full"
+    base = PROFILES[name]
+    profile = Profile(args.records or base.records, args.rounds or base.rounds, base.intervals, base.demo_seconds)
+    variants = _variants(profile)
+    if args.only:
+        variants = [v for v in variants if v in set(args.only.split(","))]
+    settings = {} if args.max_records_per_batch is None else {"max_records_per_batch": args.max_records_per_batch}
+    out = Path(args.out) if args.out else default_home() / "bench" / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+
+    import os
+
+    connection = Connection.from_env(os.environ) or LocalRuntime(progress=say).up()
+    topic = f"bench-events-{uuid.uuid4().hex[:6]}"
+    create_topic(connection.kafka_bootstrap, topic, workloads.PARTITIONS)
+    say(f"producing {profile.records:,} records to {topic}")
+    began = time.monotonic()
+    expected = workloads.produce(connection.kafka_bootstrap, topic, profile.records)
+    say(f"produced in {time.monotonic() - began:.1f} s")
+    context = {
+        "connection": connection,
+        "topic": topic,
+        "expected": expected,
+        "store": f"file://{out / 'store'}",
+        "settings": settings,
+        "out": out,
+        "profile": args.profile,
+    }
+    all_runs = []
+    for round_ in range(1, profile.rounds + 1):
+        order = variants if round_ % 2 else list(reversed(variants))
+        for variant in order:
+            say(f"round {round_}/{profile.rounds}: {variant}")
+            run = _run(variant, round_, context)
+            all_runs.append(run)
+            say(
+                f"  {variant}: {run.records_per_s:,.0f} records/s over {run.seconds:.1f} s "
+                f"(start-up {run.startup_s:.1f} s, {len(run.checkpoints_s)} checkpoints, "
+                f"output {'verified' if run.verified else 'WRONG: ' + json.dumps(run.detail)})"
+            )
+            (out / "runs.json").write_text(json.dumps([r.to_dict() for r in all_runs], indent=2))
+    if args.demo:
+        say("demo at steady state, checkpoints every second")
+        all_runs.append(
+            runs.demo_run(
+                connection,
+                1,
+                store=context["store"],
+                seconds=profile.demo_seconds,
+                rate=1000,
+                log_dir=out / "logs",
+                say=say,
+            )
+        )
+    ratios = _ratios(all_runs, variants)
+    table = _markdown(name, profile, all_runs, ratios, settings)
+    (out / "runs.json").write_text(json.dumps([r.to_dict() for r in all_runs], indent=2))
+    (out / "ratios.json").write_text(json.dumps(ratios, indent=2))
+    (out / "results.md").write_text(table)
+    print()
+    print(table)
+    say(f"runs: {out / 'runs.json'}; table: {out / 'results.md'}")
+    return 0 if all(r.verified for r in all_runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,244 @@
+"""Single benchmark runs: a spark-abs job on a workload (start-up, then
+throughput from all tasks ready to everything committed, and the time of
+every checkpoint taken meanwhile), the native query in its own process, and
+the demo at steady state.  Each returns a ``Run``; ``__main__`` alternates
+them and takes the ratios."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pyarrow.compute as pc
+
+from barriers.coordinator import CheckpointStatus
+from benchmarks.profiles import Sampler, summarise
+from benchmarks.workloads import TOPIC_ENV
+from streaming.adapters.sinks import read_committed_output, sink_location
+from streaming.api.config import Connection
+from streaming.api.settings import JobSettings
+from streaming.engine.runner import JobRunner
+from streaming.errors import SparkAbsError
+
+__all__ = ["Run", "abs_run", "native_run", "demo_run", "percentile"]
+
+
+@dataclass
+class Run:
+    """One run of one variant in one round."""
+
+    variant: str
+    round: int
+    startup_s: float
+    seconds: float = 0.0
+    records: int = 0
+    checkpoints_s: list[float] = field(default_factory=list)
+    verified: bool = False
+    detail: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {**asdict(self), "records_per_s": self.records_per_s}
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) by nearest rank, None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _wait_ready(runner: JobRunner, deadline: float) -> None:
+    while not runner.coordinator.all_ready:
+        if time.monotonic() > deadline:
+            raise SparkAbsError(f"{runner.job}: tasks not ready in time")
+        runner.step(trigger=False)
+
+
+def abs_run(
+    connection: Connection,
+    variant: str,
+    round_: int,
+    *,
+    pipeline: str,
+    topic: str,
+    expected: Mapping[str, int],
+    store: str,
+    interval_s: float | None,
+    settings: Mapping[str, object] | None = None,
+    log_dir: Path,
+    profile_dir: Path | None = None,
+    timeout_s: float = 900.0,
+) -> Run:
+    """Run ``pipeline`` over everything in ``topic``: checkpoints every
+    ``interval_s`` (None: one, triggered when all tasks are ready, so its
+    barriers follow the whole input) until one that covers the input is
+    complete and committed.  With ``profile_dir``, py-spy samples every
+    worker process from when its tasks are ready to the end."""
+    os.environ[TOPIC_ENV] = topic
+    job = f"bench-{variant}-{uuid.uuid4().hex[:6]}"
+    job_settings = JobSettings(store=store, interval_s=interval_s or 3600, timeout_s=timeout_s, **dict(settings or {}))
+    runner = JobRunner(pipeline, job_settings, connection, job=job, say=lambda line: None, log_dir=log_dir / job)
+    deadline = time.monotonic() + timeout_s
+    began = time.monotonic()
+    try:
+        runner.start()
+        _wait_ready(runner, deadline)
+        ready = time.monotonic()
+        sampler = None
+        if profile_dir is not None:
+            sampler = Sampler(
+                {n: w.process.pid for n, w in runner.workers.items()}, profile_dir / f"{variant}-r{round_}"
+            )
+        target = runner.ingress_end_offsets()
+        if interval_s is None:
+            runner.coordinator.trigger()
+        coordinator = runner.coordinator
+        while True:
+            if time.monotonic() > deadline:
+                raise SparkAbsError(f"{job}: input not committed within {timeout_s:.0f} s")
+            runner.step(trigger=interval_s is not None)
+            done = [
+                r
+                for r in coordinator.completed()
+                if all(r.ingress_offsets.get(c, -1) >= o for c, o in target.items())
+                and r.in_flight == 0
+                and coordinator.sink_tasks <= r.committed
+            ]
+            if done:
+                break
+        finished = time.monotonic()
+        durations = [r.duration_s for r in runner.checkpoints() if r.status == CheckpointStatus.COMPLETED]
+        if sampler is not None:
+            for stacks in sampler.stop().values():
+                stacks.with_suffix(".txt").write_text(summarise(stacks))
+    finally:
+        runner.close()
+    run = Run(variant, round_, ready - began, finished - ready, int(expected["records"]), durations)
+    output = read_committed_output(sink_location(job_settings, job, connection))
+    run.verified, run.detail = _verify(output, expected)
+    return run
+
+
+def _verify(output, expected: Mapping[str, int]) -> tuple[bool, dict[str, object]]:
+    """Whether the committed updates end in the expected totals (the last
+    update of a key has its highest count)."""
+    if output is None:
+        return False, {"output": "nothing committed"}
+    final = output.group_by("k").aggregate([("n", "max"), ("sum", "max")])
+    got = {
+        "records": int(pc.sum(final["n_max"]).as_py() or 0),
+        "keys": final.num_rows,
+        "sum": int(pc.sum(final["sum_max"]).as_py() or 0),
+    }
+    return got == dict(expected), {"output": got}
+
+
+def native_run(variant: str, round_: int, *, topic: str, state_store: str, expected: Mapping[str, int]) -> Run:
+    """The native query in a process of its own (see ``benchmarks.native``)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with tempfile.TemporaryDirectory(prefix="bench-native-") as out:
+        began = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.native", "--topic", topic, "--state-store", state_store, "--out", out],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
+        wall = time.monotonic() - began
+    if done.returncode != 0:
+        raise SparkAbsError(f"native query ({state_store}) failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    got = {k: result[k] for k in ("records", "keys", "sum")}
+    run = Run(variant, round_, result["startup_s"], result["seconds"], int(expected["records"]))
+    run.verified, run.detail = got == dict(expected), {"output": got, "wall_s": wall}
+    return run
+
+
+def demo_run(
+    connection: Connection,
+    round_: int,
+    *,
+    store: str,
+    seconds: float,
+    rate: int,
+    log_dir: Path,
+    say: Callable[[str], None],
+) -> Run:
+    """The demo's three stages with checkpoints every second while transfers
+    arrive at ``rate`` per second for ``seconds``; then one worker killed and
+    the time until every task is ready again (a restore with a new JVM for
+    that worker, in place for the others)."""
+    from streaming.tools import demo
+
+    job = f"bench-demo-{uuid.uuid4().hex[:6]}"
+    settings = JobSettings(store=store, interval_s=1.0, retain=5)
+    runner = JobRunner(
+        "streaming.tools.demo:pipeline", settings, connection, job=job, say=lambda line: None, log_dir=log_dir / job
+    )
+    topic = runner.pipeline.ingress[0].topic
+    partitions = runner.pipeline.ingress[0].partitions
+    stop = threading.Event()
+    deadline = time.monotonic() + seconds + 600
+
+    def feed() -> None:
+        produced = 0
+        began = time.monotonic()
+        while not stop.is_set():
+            due = int((time.monotonic() - began) * rate)
+            if due > produced:
+                batch = demo.make_transfers(due, seed=7)[produced:due]
+                demo.produce_transfers(connection.kafka_bootstrap, topic, batch, partitions, end=False)
+                produced = due
+            time.sleep(0.1)
+
+    began = time.monotonic()
+    feeder = threading.Thread(target=feed, daemon=True)
+    try:
+        runner.start()
+        _wait_ready(runner, deadline)
+        ready = time.monotonic()
+        feeder.start()
+        steady_from = ready + 5  # the first checkpoints pay for Spark's warm-up
+        while time.monotonic() < ready + seconds:
+            runner.step()
+        steady = [
+            r.duration_s
+            for r in runner.checkpoints()
+            if r.status == CheckpointStatus.COMPLETED and r.triggered_at >= steady_from
+        ]
+        killed = time.monotonic()
+        runner.kill_worker("accounts")
+        while not runner.restores:
+            runner.step(trigger=False)
+        _wait_ready(runner, deadline)
+        restored = time.monotonic() - killed
+    finally:
+        stop.set()
+        runner.close()
+    run = Run("demo", round_, ready - began, seconds, 0, steady, verified=bool(steady))
+    run.detail = {
+        "restore_ready_s": restored,
+        "checkpoints": len(steady),
+        "p50_s": percentile(steady, 0.5),
+        "p99_s": percentile(steady, 0.99),
+        "median_s": statistics.median(steady) if steady else None,
+    }
+    say(f"demo: {len(steady)} steady-state checkpoints, p50 {run.detail['p50_s']}, restore ready in {restored:.1f} s")
+    return run

@@ -1,0 +1,82 @@
+"""The benchmark workloads: a keyed count (count and sum per key over
+100,000 keys, JSON values, two partitions) as spark-abs pipelines, one stage
+or a stateless stage in front of it, and the records they read.
+
+Worker processes load the pipelines by name (``benchmarks.workloads:one_stage``)
+and find the input topic in ``SPARK_ABS_BENCH_TOPIC``, which the job runner
+passes on to them with the rest of its environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+
+import pyarrow as pa
+
+from operators import KeyedAggregate, count, select, sum_
+from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
+
+__all__ = ["TOPIC_ENV", "EVENTS", "KEYS", "PARTITIONS", "one_stage", "two_stage", "produce", "partition_of"]
+
+TOPIC_ENV = "SPARK_ABS_BENCH_TOPIC"
+EVENTS = pa.schema([("k", pa.string()), ("v", pa.int64())])
+KEYS = 100_000
+PARTITIONS = 2
+
+
+def _topic() -> str:
+    return os.environ[TOPIC_ENV]
+
+
+def _count() -> KeyedAggregate:
+    return KeyedAggregate("k", {"n": count(), "sum": sum_("v")})
+
+
+def one_stage(job: str = "bench-one-stage") -> Pipeline:
+    """The keyed count reading the input topic, one task per partition."""
+    topic = _topic()
+    return Pipeline(
+        job,
+        (Ingress(topic, PARTITIONS, EVENTS),),
+        (Stage("count", (topic,), _count, parallelism=PARTITIONS, sink=Sink()),),
+    )
+
+
+def two_stage(job: str = "bench-two-stage") -> Pipeline:
+    """A stateless stage keyed by ``k`` in front of the same count: the
+    records cross one internal topic."""
+    topic = _topic()
+    return Pipeline(
+        job,
+        (Ingress(topic, PARTITIONS, EVENTS),),
+        (
+            Stage("pass", (topic,), lambda: select("k", "v"), parallelism=PARTITIONS, key="k"),
+            Stage("count", ("pass",), _count, parallelism=PARTITIONS, sink=Sink()),
+        ),
+    )
+
+
+def partition_of(key: str) -> int:
+    """Every record of a key goes to one partition, so each task of a stage
+    that reads the topic directly counts whole keys."""
+    return zlib.crc32(key.encode()) % PARTITIONS
+
+
+def produce(bootstrap: str, topic: str, records: int, *, keys: int = KEYS) -> dict[str, int]:
+    """``records`` JSON records ``{"k": "key-<i mod keys>", "v": i mod 100}``;
+    returns the expected ``{"records", "keys", "sum"}``."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=50, batch_size=1 << 20, acks=1)
+    total = 0
+    try:
+        for i in range(records):
+            key = f"key-{i % keys}"
+            value = i % 100
+            total += value
+            producer.send(topic, value=json.dumps({"k": key, "v": value}).encode(), partition=partition_of(key))
+        producer.flush(300)
+    finally:
+        producer.close()
+    return {"records": records, "keys": min(records, keys), "sum": total}

@@ -1,0 +1,73 @@
+"""The benchmark's arithmetic and summaries (no services): percentiles,
+ratios taken within a round, the Markdown table, py-spy stack summaries,
+and the workload's key placement."""
+
+from __future__ import annotations
+
+from benchmarks.__main__ import PROFILES, _markdown, _ratios, _variants
+from benchmarks.profiles import summarise
+from benchmarks.runs import Run, percentile
+from benchmarks.workloads import PARTITIONS, partition_of
+
+
+def test_percentiles_by_nearest_rank():
+    assert percentile([], 0.5) is None
+    assert percentile([3.0], 0.99) == 3.0
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.5) == 50.0
+    assert percentile(values, 0.99) == 99.0
+    assert percentile(values, 1.0) == 100.0
+
+
+def test_ratios_are_taken_within_each_round_then_the_median():
+    runs = [
+        Run("abs-1stage", 1, 10.0, seconds=10.0, records=1000),  # 100/s
+        Run("native-hdfs", 1, 8.0, seconds=5.0, records=1000),  # 200/s
+        Run("abs-1stage", 2, 10.0, seconds=4.0, records=1000),  # 250/s
+        Run("native-hdfs", 2, 8.0, seconds=4.0, records=1000),  # 250/s
+        Run("abs-1stage", 3, 10.0, seconds=2.0, records=1000),  # 500/s
+        Run("native-hdfs", 3, 8.0, seconds=1.0, records=1000),  # 1000/s
+    ]
+    (row,) = _ratios(runs, ["abs-1stage", "native-hdfs"])
+    assert row["ratio"] == "spark-abs / native (HDFS state store)"
+    assert row["rounds"] == [0.5, 1.0, 0.5] and row["median"] == 0.5
+
+
+def test_the_table_names_every_variant_and_says_whether_its_output_verified():
+    runs = [
+        Run("abs-1stage", 1, 12.0, seconds=10.0, records=1000, checkpoints_s=[1.0, 3.0], verified=True),
+        Run("native-hdfs", 1, 8.0, seconds=5.0, records=1000, verified=False),
+    ]
+    table = _markdown("quick", PROFILES["quick"], runs, _ratios(runs, ["abs-1stage", "native-hdfs"]), {})
+    assert "| abs-1stage | 100 | 12.0 | 2.00 | yes |" in table
+    assert "| native-hdfs | 200 | 8.0 | - | NO |" in table
+    assert "| spark-abs / native (HDFS state store) | 0.500 | 0.500 |" in table
+
+
+def test_profiles_list_their_variants():
+    assert _variants(PROFILES["quick"]) == [
+        "native-hdfs",
+        "native-rocksdb",
+        "abs-1stage",
+        "abs-1stage-ckpt1s",
+        "abs-2stage",
+    ]
+    assert "abs-1stage-ckpt0.5s" in _variants(PROFILES["full"]) and "abs-1stage-ckpt5s" in _variants(PROFILES["full"])
+
+
+def test_a_stack_summary_counts_own_and_inclusive_samples(tmp_path):
+    stacks = tmp_path / "w.stacks"
+    stacks.write_text(
+        "main (streaming/engine/worker.py:1);process (streaming/engine/task.py:9);loads (json/__init__.py:3) 30\n"
+        "main (streaming/engine/worker.py:1);process (streaming/engine/task.py:9) 10\n"
+        "main (streaming/engine/worker.py:1);sleep (time:0) 60\n"
+    )
+    text = summarise(stacks)
+    assert text.startswith("w.stacks: 100 samples")
+    assert " 60.0   sleep (time:0)" in text and " 30.0   loads (json/__init__.py:3)" in text
+    assert " 40.0   process (streaming/engine/task.py:9)" in text.split("incl %")[1]
+
+
+def test_every_key_has_one_partition():
+    assert {partition_of(f"key-{i}") for i in range(1000)} == set(range(PARTITIONS))
+    assert all(partition_of("key-7") == partition_of("key-7") for _ in range(3))
