@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ended = time.monotonic()
     if query.exception() is not None:
         raise SystemExit(f"native query failed: {query.exception()}")
-    output = spark.read.parquet(os.path.join(args.out, "output"))
+    output = spark.read.option("recursiveFileLookup", "true").parquet(os.path.join(args.out, "output"))
     final = (
         output.groupBy("k")
         .agg(F.max("n").alias("n"), F.max("sum").alias("sum"))
