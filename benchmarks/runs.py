@@ -108,20 +108,10 @@ def abs_run(
         target = runner.ingress_end_offsets()
         if interval_s is None:
             runner.coordinator.trigger()
-        coordinator = runner.coordinator
-        while True:
+        while runner.committed_through(target) is None:
             if time.monotonic() > deadline:
                 raise SparkAbsError(f"{job}: input not committed within {timeout_s:.0f} s")
             runner.step(trigger=interval_s is not None)
-            done = [
-                r
-                for r in coordinator.completed()
-                if all(r.ingress_offsets.get(c, -1) >= o for c, o in target.items())
-                and r.in_flight == 0
-                and coordinator.sink_tasks <= r.committed
-            ]
-            if done:
-                break
         finished = time.monotonic()
         durations = [r.duration_s for r in runner.checkpoints() if r.status == CheckpointStatus.COMPLETED]
         if sampler is not None:

@@ -29,13 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kafka import KafkaProducer
-
 from barriers.coordinator import CheckpointCoordinator, CheckpointStatus, CompletedCheckpoint, PendingCheckpoint
 from barriers.failures import CheckpointFailure
 from barriers.messages import Alignment, Barrier, ChannelId, CheckpointOptions, encode
 from streaming.adapters.control import ControlEvent, ControlKind, ControlTopic, announced_barrier
-from streaming.adapters.kafka_io import append_markers
+from streaming.adapters.kafka_io import append_markers, producer
 from streaming.adapters.snapshots import SnapshotStore, TaskSnapshot
 from streaming.api.pipeline import Pipeline
 from streaming.api.settings import JobSettings
@@ -85,17 +83,17 @@ class CoordinatorIO:
 def kafka_io(bootstrap: str, job: str, *, control_start: int | None = None) -> CoordinatorIO:
     """The coordinator's I/O on Kafka: a producer for the barriers and the
     control topic, read from ``control_start`` (None: from its end)."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+    barriers = producer(bootstrap)
     control = ControlTopic(bootstrap, job, start_at=control_start or 0)
     if control_start is None:
         control.seek_to_end()
 
     def close() -> None:
-        producer.close()
+        barriers.close()
         control.close()
 
     return CoordinatorIO(
-        inject=lambda channels, headers: append_markers(producer, channels, headers),
+        inject=lambda channels, headers: append_markers(barriers, channels, headers),
         publish=control.publish,
         poll=control.poll,
         close=close,

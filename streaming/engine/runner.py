@@ -217,13 +217,22 @@ class JobRunner:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.step(options=CheckpointOptions.aligned())
-            coordinator = self._require()
-            sinks = coordinator.sink_tasks
-            for record in coordinator.completed():
-                covers = all(record.ingress_offsets.get(c, -1) >= o for c, o in target.items())
-                if covers and record.in_flight == 0 and sinks <= record.committed:
-                    return record
+            record = self.committed_through(target)
+            if record is not None:
+                return record
         raise JobFailed(f"job {self.job}: input up to {target} not committed within {timeout_s:.0f} s")
+
+    def committed_through(self, target: Mapping[str, int]) -> CheckpointRecord | None:
+        """A completed checkpoint of this generation whose ingress barriers lie
+        at or after ``target`` (``ingress_end_offsets()`` taken earlier), with
+        no channel state and committed by every sink: everything up to
+        ``target`` is processed and its output visible.  None while there is none."""
+        coordinator = self._require()
+        for record in coordinator.completed():
+            covers = all(record.ingress_offsets.get(c, -1) >= o for c, o in target.items())
+            if covers and record.in_flight == 0 and coordinator.sink_tasks <= record.committed:
+                return record
+        return None
 
     def checkpoints(self) -> list[CheckpointRecord]:
         """Every checkpoint seen, in trigger order."""
