@@ -158,6 +158,20 @@ def _markdown(profile_name: str, profile: Profile, all_runs: list, ratios: list[
     return "\n".join(lines) + "\n"
 
 
+def _settings(pairs: list[str]) -> dict[str, object]:
+    """``NAME=VALUE`` pairs as JobSettings fields (VALUE as JSON, else as text)."""
+    settings: dict[str, object] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--set {pair!r}: use NAME=VALUE")
+        try:
+            settings[name] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[name] = value
+    return settings
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -169,6 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--demo", action="store_true", help="also the demo at steady state and a restore")
     parser.add_argument(
         "--max-records-per-batch", type=int, help="spark-abs JobSettings.max_records_per_batch (default: its default)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other JobSettings field for every spark-abs run, the demo's too "
+        "(e.g. --set 'trigger_interval=100 milliseconds'; VALUE is read as JSON when it can be)",
     )
     parser.add_argument(
         "--profile", action="store_true", help="sample every spark-abs worker with py-spy (profiles/ in --out)"
@@ -188,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     variants = _variants(profile)
     if args.only:
         variants = [v for v in variants if v in set(args.only.split(","))]
-    settings = {} if args.max_records_per_batch is None else {"max_records_per_batch": args.max_records_per_batch}
+    settings = _settings(args.set)
+    if args.max_records_per_batch is not None:
+        settings["max_records_per_batch"] = args.max_records_per_batch
     out = Path(args.out) if args.out else default_home() / "bench" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
 
@@ -232,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 store=context["store"],
                 seconds=profile.demo_seconds,
                 rate=DEMO_RATE,
+                settings=settings,
                 log_dir=out / "logs",
                 say=say,
             )

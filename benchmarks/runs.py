@@ -170,17 +170,19 @@ def demo_run(
     rate: int,
     log_dir: Path,
     say: Callable[[str], None],
+    settings: Mapping[str, object] | None = None,
 ) -> Run:
     """The demo's three stages with checkpoints every second while transfers
-    arrive at ``rate`` per second for ``seconds``; then one worker killed and
-    the time until every task is ready again (a restore with a new JVM for
-    that worker, in place for the others)."""
+    arrive at ``rate`` per second for ``seconds``; then the worker running
+    ``accounts`` killed (by default the job's only one) and the time until
+    every task is ready again (a new JVM for that worker, a restore in place
+    for any other)."""
     from streaming.tools import demo
 
     job = f"bench-demo-{uuid.uuid4().hex[:6]}"
-    settings = JobSettings(store=store, interval_s=1.0, retain=5)
+    job_settings = JobSettings(store=store, interval_s=1.0, retain=5, **dict(settings or {}))
     runner = JobRunner(
-        "streaming.tools.demo:pipeline", settings, connection, job=job, say=lambda line: None, log_dir=log_dir / job
+        "streaming.tools.demo:pipeline", job_settings, connection, job=job, say=lambda line: None, log_dir=log_dir / job
     )
     topic = runner.pipeline.ingress[0].topic
     partitions = runner.pipeline.ingress[0].partitions

@@ -19,6 +19,7 @@ __all__ = [
     "RuntimeNotRunningError",
     "KafkaUnavailableError",
     "ChannelQueryError",
+    "TaskError",
     "StoreError",
     "SnapshotMissingError",
     "SnapshotCorruptError",
@@ -87,6 +88,11 @@ class KafkaUnavailableError(SparkAbsError):
 
 class ChannelQueryError(SparkAbsError):
     """The stage's streaming query failed or did not finish in time."""
+
+
+class TaskError(SparkAbsError):
+    """A stage task cannot go on (held records that Kafka no longer gives
+    back); its query fails and the job restores."""
 
 
 # ---- object storage: snapshots and sinks

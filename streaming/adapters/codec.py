@@ -1,9 +1,15 @@
-"""Record values on the wire: one JSON object per Kafka record.
+"""Record values on the wire.
 
-``decode`` turns a batch of values into an Arrow table in bulk (pyarrow's JSON
-reader) and, only when the bulk read fails, finds the records that cannot be
-rows, so each malformed record is reported with its reason and none is
-dropped silently.  ``encode`` is the way back."""
+Ingress topics (what users produce) and the Kafka sink carry one JSON object
+per Kafka record.  ``decode`` turns a batch of values into an Arrow table in
+bulk (pyarrow's JSON reader) and, only when the bulk read fails, finds the
+records that cannot be rows, so each malformed record is reported with its
+reason and none is dropped silently.  ``encode`` is the way back.
+
+Internal topics (stage to stage) carry columns: each Kafka record is one
+compressed Arrow IPC stream of many rows (``encode_batches``, split below
+the broker's message size), marked by the header ``abs.fmt: arrow``.
+``decode_records`` reads a run of records of either kind, in order."""
 
 from __future__ import annotations
 
@@ -12,16 +18,38 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-__all__ = ["Decoded", "decode", "encode"]
+from streaming.adapters.records import header_values
+
+__all__ = [
+    "Decoded",
+    "decode",
+    "encode",
+    "encode_batches",
+    "decode_records",
+    "FORMAT_HEADER",
+    "ARROW_FORMAT",
+    "MAX_BATCH_BYTES",
+]
+
+# the header that marks a record whose value is an Arrow IPC stream
+FORMAT_HEADER = "abs.fmt"
+ARROW_FORMAT = b"arrow"
+# below the broker's and the producer's default message size (1 MiB), headers included
+MAX_BATCH_BYTES = 900_000
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
 @dataclass(frozen=True, slots=True)
 class Decoded:
     """The rows that decoded (``table``, in input order), the input index of
-    each (``index``), and ``(input index, reason)`` for every record that did not."""
+    each (``index``: the record it came from, so several rows of one Arrow
+    record share it), and ``(input index, reason)`` for every record that did not."""
 
     table: pa.Table
     index: list[int]
@@ -95,5 +123,85 @@ def _check(value: bytes | None, schema: pa.Schema | None, rows: list[dict]) -> s
 
 
 def encode(table: pa.Table) -> list[bytes]:
-    """One compact JSON object per row."""
-    return [json.dumps(row, separators=(",", ":"), default=str).encode() for row in table.to_pylist()]
+    """One compact JSON object per row, written by polars in bulk (timestamps
+    as ``YYYY-MM-DD HH:MM:SS``, nulls as ``null``)."""
+    if table.num_rows == 0:
+        return []
+    lines = pl.from_arrow(table).write_ndjson().encode()
+    # JSON escapes newlines inside strings: every newline ends a row
+    return lines.split(b"\n")[: table.num_rows]
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=_IPC_OPTIONS) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def encode_batches(table: pa.Table, max_bytes: int = MAX_BATCH_BYTES) -> list[bytes]:
+    """``table`` as compressed Arrow IPC streams, in row order, each at most
+    ``max_bytes`` (a single row larger than that is one value of its own)."""
+    out: list[bytes] = []
+
+    def write(part: pa.Table) -> None:
+        data = _ipc(part)
+        if len(data) <= max_bytes or part.num_rows <= 1:
+            out.append(data)
+            return
+        pieces = -(-len(data) * 5 // (max_bytes * 4))  # aim a fifth below the limit
+        step = max(1, -(-part.num_rows // pieces))
+        for start in range(0, part.num_rows, step):
+            write(part.slice(start, step))
+
+    if table.num_rows:
+        write(table)
+    return out
+
+
+def _read_ipc(value: bytes | None) -> pa.Table:
+    if not value:
+        raise pa.ArrowInvalid("record has no value")
+    with pa.ipc.open_stream(value) as reader:
+        return reader.read_all()
+
+
+def decode_records(records: pa.Table, schema: pa.Schema | None = None) -> Decoded:
+    """Decode the values of ``records`` (Kafka records with ``value`` and
+    ``headers`` columns): JSON objects, and Arrow IPC streams where the
+    ``abs.fmt`` header says so, each run in its own way, rows in record order."""
+    arrow = pc.fill_null(pc.equal(header_values(records, FORMAT_HEADER), ARROW_FORMAT), False)
+    values = records["value"]
+    if not pc.any(arrow).as_py():
+        return decode(values.to_pylist(), schema)
+    flags = arrow.to_numpy(zero_copy_only=False)
+    bounds = [0, *np.flatnonzero(flags[1:] != flags[:-1]) + 1, len(flags)]
+    tables: list[pa.Table] = []
+    index: list[int] = []
+    rejected: list[tuple[int, str]] = []
+    for begin, end in zip(bounds[:-1], bounds[1:]):
+        if not flags[begin]:
+            part = decode(values.slice(begin, end - begin).to_pylist(), schema)
+            tables.append(part.table)
+            index += [begin + i for i in part.index]
+            rejected += [(begin + i, reason) for i, reason in part.rejected]
+            continue
+        for i in range(begin, end):
+            try:
+                table = _read_ipc(values[i].as_py())
+            except (pa.ArrowInvalid, OSError) as exc:
+                rejected.append((i, f"value is not a readable Arrow IPC stream: {exc}"))
+                continue
+            tables.append(table)
+            index += [i] * table.num_rows
+    tables = [t for t in tables if t.num_rows] or tables[:1]
+    if not tables:
+        return Decoded(pa.table({}) if schema is None else schema.empty_table(), [], rejected)
+    try:
+        table = pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        firsts = sorted({i for i in index})
+        return Decoded(
+            pa.table({}), [], rejected + [(i, f"batch schemas disagree within the micro-batch: {exc}") for i in firsts]
+        )
+    return Decoded(table, index, sorted(rejected))

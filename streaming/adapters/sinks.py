@@ -374,14 +374,11 @@ def open_sink(
 def kafka_records(table: pa.Table, key: str | None) -> pa.Table:
     """A sink epoch as the Kafka sink takes it: ``key`` (the stage's key column) and ``value`` (JSON)."""
     keys = (
-        pc.cast(table[key], pa.string()).to_pylist() if key and key in table.column_names else [None] * table.num_rows
+        pc.cast(pc.cast(table[key], pa.string()), pa.binary())
+        if key and key in table.column_names
+        else pa.nulls(table.num_rows, pa.binary())
     )
-    return pa.table(
-        {
-            "key": pa.array([k.encode() if k is not None else None for k in keys], pa.binary()),
-            "value": pa.array(codec.encode(table), pa.binary()),
-        }
-    )
+    return pa.table({"key": keys, "value": pa.array(codec.encode(table), pa.binary())})
 
 
 def _bytes(value: object) -> bytes | None:

@@ -49,6 +49,8 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         "spark.sql.adaptive.enabled": "false",
+        # the tasks of a job are queries of one application: each gets a pool of its own
+        "spark.scheduler.mode": "FAIR",
     }
     conf.update(dict(settings.extra_conf))
     return conf
@@ -162,7 +164,13 @@ class ChannelQuery:
             .option("checkpointLocation", self._checkpoint_dir)
         )
         writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=interval)
-        self._query = writer.start()
+        # the query's thread inherits the pool: queries of one application share it fairly
+        context = self._spark.sparkContext
+        context.setLocalProperty("spark.scheduler.pool", self.name)
+        try:
+            self._query = writer.start()
+        finally:
+            context.setLocalProperty("spark.scheduler.pool", None)
         log.info(
             "stage query %s started on %s", self.name, ", ".join(f"{c}@{self._starting[c]}" for c in self.channels)
         )

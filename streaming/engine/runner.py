@@ -1,9 +1,12 @@
 """Running a job: topics, the coordinator service, worker processes, and
 restore when a worker dies.
 
-``JobRunner`` starts one worker process per group of tasks (by default one
-per stage), each its own Spark application (``WorkerSupervisor``), and runs
-the coordinator service in its own process.  When a worker dies, the whole job restores (every task
+``JobRunner`` starts one worker process per group of tasks, each its own
+Spark application (``WorkerSupervisor``): by default one group, ``all``, so a
+job needs one JVM and every task is a query of it (Spark's FAIR scheduler, a
+pool per query); ``workers=`` groups tasks otherwise (one worker per stage,
+as a cluster deployment would).  The coordinator service runs in the
+runner's own process.  When a worker dies, the whole job restores (every task
 rolls back to the same cut): the other workers are stopped, the latest
 complete checkpoint that verifies is chosen (newer ones that do not are
 skipped, and the runner says why), a new generation is recorded in the
@@ -29,9 +32,9 @@ from streaming.api.pipeline import Pipeline, SinkKind, load_pipeline
 from streaming.api.settings import JobSettings
 from streaming.engine.coordinator import CheckpointRecord, CoordinatorService, kafka_io
 from streaming.engine.supervisor import WorkerProcess, WorkerSupervisor
-from streaming.errors import JobFailed, SparkAbsError
+from streaming.errors import ConfigError, JobFailed, SparkAbsError
 
-__all__ = ["JobRunner", "RestoreRecord"]
+__all__ = ["JobRunner", "RestoreRecord", "worker_groups", "WORKER_LAYOUTS"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,25 @@ class RestoreRecord:
     checkpoint_id: int | None
     reason: str
     skipped: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+
+WORKER_LAYOUTS = ("one", "per-stage")
+
+
+def worker_groups(pipeline: Pipeline, workers: Mapping[str, list[str]] | str | None) -> dict[str, list[str]]:
+    """Which worker runs which tasks: ``"one"`` (the default: one worker,
+    ``all``), ``"per-stage"`` (a worker per stage, named after it) or a
+    mapping of worker names to task names."""
+    if workers is None or workers == "one":
+        return {"all": [t.name for t in pipeline.tasks()]}
+    if workers == "per-stage":
+        groups: dict[str, list[str]] = {}
+        for task in pipeline.tasks():
+            groups.setdefault(task.stage, []).append(task.name)
+        return groups
+    if isinstance(workers, str):
+        raise ConfigError(f"workers: {workers!r} is not one of {', '.join(WORKER_LAYOUTS)} or a mapping")
+    return dict(workers)
 
 
 class JobRunner:
@@ -52,7 +74,7 @@ class JobRunner:
         connection: Connection,
         *,
         job: str | None = None,
-        workers: Mapping[str, list[str]] | None = None,
+        workers: Mapping[str, list[str]] | str | None = None,
         faults: str = "",
         say: Callable[[str], None] = print,
         log_dir: Path | None = None,
@@ -67,7 +89,7 @@ class JobRunner:
         self.say = say
         self.on_complete = on_complete
         self.faults = faults
-        self.groups = dict(workers) if workers else self._by_stage()
+        self.groups = worker_groups(self.pipeline, workers)
         tasks = {t.name for t in self.pipeline.tasks()}
         grouped = [t for names in self.groups.values() for t in names]
         if sorted(grouped) != sorted(tasks):
@@ -83,12 +105,6 @@ class JobRunner:
         self.supervisor = WorkerSupervisor(pipeline_ref, self.job, self.groups, settings, self.log_dir)
         self.coordinator: CoordinatorService | None = None
         self._last_trigger = 0.0
-
-    def _by_stage(self) -> dict[str, list[str]]:
-        groups: dict[str, list[str]] = {}
-        for task in self.pipeline.tasks():
-            groups.setdefault(task.stage, []).append(task.name)
-        return groups
 
     # ---- set-up
 
@@ -192,7 +208,7 @@ class JobRunner:
         return record
 
     def kill_worker(self, name: str) -> None:
-        """SIGKILL a worker (a drill): the next ``step`` restores."""
+        """SIGKILL a worker, named or by a task or stage it runs (a drill): the next ``step`` restores."""
         self.supervisor.kill(name)
 
     def stop_workers(self, timeout_s: float = 15.0) -> None:

@@ -5,15 +5,21 @@ channel, runs of data records and single control or watermark records.
 Records that an older generation wrote on an internal topic after the
 restored barrier of their channel are stale (docs/architecture.md,
 "Restore"): they become ``SKIP`` segments, whose positions count but whose
-records are not processed, since the new generation writes them again."""
+records are not processed, since the new generation writes them again.
+
+Runs are cut at ``max_records`` records or ``max_bytes`` of values, so a
+large micro-batch still lets the task take control events (an unaligned
+snapshot, an abort) between its segments."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from barriers.lineage import Lineage
 from barriers.messages import GENERATION_HEADER, KIND_HEADER, ChannelId
@@ -32,23 +38,31 @@ class SegmentKind(enum.StrEnum):
 
 @dataclass(slots=True)
 class Segment:
-    """A run of records of one channel (see ``SegmentKind``)."""
+    """A run of records of one channel (see ``SegmentKind``).  A spilled
+    segment has let go of its records (``rows`` is None): they are read again
+    from Kafka by offset range when the task comes to it."""
 
     channel: ChannelId
-    rows: pa.Table
+    rows: pa.Table | None
     kind: SegmentKind = SegmentKind.DATA
+    first_offset: int = field(init=False)
+    last_offset: int = field(init=False)
+    nbytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.first_offset = int(self.rows["offset"][0].as_py())
+        self.last_offset = int(self.rows["offset"][-1].as_py())
+        self.nbytes = self.rows.nbytes
 
     @property
-    def first_offset(self) -> int:
-        return int(self.rows["offset"][0].as_py())
+    def spilled(self) -> bool:
+        return self.rows is None
 
-    @property
-    def last_offset(self) -> int:
-        return int(self.rows["offset"][-1].as_py())
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows.nbytes
+    def spill(self) -> None:
+        """Let go of the records (a run of data or stale records only: a
+        control record is one small record and stays)."""
+        if self.kind in (SegmentKind.DATA, SegmentKind.SKIP):
+            self.rows = None
 
 
 class Segmenter:
@@ -56,49 +70,69 @@ class Segmenter:
     ``internal_topics`` are the stage-to-stage topics (only those carry
     records of older generations that can be stale)."""
 
-    def __init__(self, internal_topics: Iterable[str], generation: int, lineage: Lineage):
+    def __init__(
+        self,
+        internal_topics: Iterable[str],
+        generation: int,
+        lineage: Lineage,
+        *,
+        max_records: int = 50_000,
+        max_bytes: int = 4 << 20,
+    ):
         self._internal = frozenset(internal_topics)
         self._generation = generation
         self._lineage = lineage
+        self._max_records = max_records
+        self._max_bytes = max_bytes
 
     def cut(self, table: pa.Table) -> list[Segment]:
         n = table.num_rows
-        marks = header_values(table, KIND_HEADER).to_pylist()
-        generations = header_values(table, GENERATION_HEADER).to_pylist()
-        topics = table["topic"].to_pylist()
-        partitions = table["partition"].to_pylist()
-        offsets = table["offset"].to_pylist()
-        kinds = []
-        for i in range(n):
-            kind = (
-                SegmentKind.DATA
-                if marks[i] is None
-                else SegmentKind.WATERMARK
-                if marks[i] == WATERMARK_KIND
-                else SegmentKind.CONTROL
-            )
-            # records of an older generation on internal topics after a
-            # restored barrier were written by a run that failed
-            if (
-                kind is not SegmentKind.CONTROL
-                and topics[i] in self._internal
-                and generations[i] is not None
-                and int(generations[i]) < self._generation
-                and self._lineage.is_stale(ChannelId(topics[i], partitions[i]), int(generations[i]), offsets[i])
-            ):
-                kind = SegmentKind.SKIP
-            kinds.append(kind)
+        if n == 0:
+            return []
+        marks = header_values(table, KIND_HEADER)
+        kinds = np.full(n, _DATA, dtype=np.int8)
+        kinds[pc.is_valid(marks).to_numpy(zero_copy_only=False)] = _CONTROL
+        kinds[pc.fill_null(pc.equal(marks, WATERMARK_KIND), False).to_numpy(zero_copy_only=False)] = _WATERMARK
+        topics = table["topic"].combine_chunks().dictionary_encode()
+        topic_ids = topics.indices.to_numpy(zero_copy_only=False)
+        partitions = table["partition"].to_numpy()
+        offsets = table["offset"].to_numpy()
+        names = topics.dictionary.to_pylist()
+        # records of an older generation on internal topics after a restored
+        # barrier were written by a run that failed
+        if self._generation > 0 and self._internal.intersection(names):
+            generations = pc.cast(header_values(table, GENERATION_HEADER).cast(pa.string()), pa.int64())
+            older = pc.fill_null(pc.less(generations, self._generation), False).to_numpy(zero_copy_only=False)
+            internal = np.isin(topic_ids, [i for i, t in enumerate(names) if t in self._internal])
+            gens = generations.to_numpy(zero_copy_only=False)
+            for i in np.flatnonzero(older & internal & (kinds != _CONTROL)):
+                channel = ChannelId(names[topic_ids[i]], int(partitions[i]))
+                if self._lineage.is_stale(channel, int(gens[i]), int(offsets[i])):
+                    kinds[i] = _SKIP
+        # a new run where the channel or the kind changes, and at every single-record kind
+        new = np.ones(n, dtype=bool)
+        new[1:] = (
+            (topic_ids[1:] != topic_ids[:-1])
+            | (partitions[1:] != partitions[:-1])
+            | (kinds[1:] != kinds[:-1])
+            | ~np.isin(kinds[1:], (_DATA, _SKIP))
+        )
+        sizes = np.cumsum(pc.fill_null(pc.binary_length(table["value"]), 0).to_numpy(zero_copy_only=False))
+        bounds = list(np.flatnonzero(new)) + [n]
         segments: list[Segment] = []
-        start = 0
-        for i in range(1, n + 1):
-            if (
-                i < n
-                and kinds[i] is kinds[start]
-                and kinds[i] in (SegmentKind.DATA, SegmentKind.SKIP)
-                and (topics[i], partitions[i]) == (topics[start], partitions[start])
-            ):
-                continue
-            channel = ChannelId(topics[start], int(partitions[start]))
-            segments.append(Segment(channel, table.slice(start, i - start), kinds[start]))
-            start = i
+        for begin, end in zip(bounds[:-1], bounds[1:]):
+            channel = ChannelId(names[topic_ids[begin]], int(partitions[begin]))
+            kind = _KINDS[kinds[begin]]
+            while begin < end:
+                cut = begin + 1
+                if kind in (SegmentKind.DATA, SegmentKind.SKIP):
+                    base = sizes[begin - 1] if begin else 0
+                    by_bytes = int(np.searchsorted(sizes[begin:end], base + self._max_bytes, side="left")) + 1
+                    cut = min(end, begin + self._max_records, begin + max(1, by_bytes))
+                segments.append(Segment(channel, table.slice(begin, cut - begin), kind))
+                begin = cut
         return segments
+
+
+_DATA, _CONTROL, _WATERMARK, _SKIP = range(4)
+_KINDS = (SegmentKind.DATA, SegmentKind.CONTROL, SegmentKind.WATERMARK, SegmentKind.SKIP)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streaming.api.settings import JobSettings
+from streaming.errors import SparkAbsError
 
 __all__ = ["WorkerProcess", "WorkerSupervisor"]
 
@@ -100,9 +101,20 @@ class WorkerSupervisor:
     def dead(self) -> list[WorkerProcess]:
         return [w for w in self.workers.values() if not w.alive]
 
+    def worker_of(self, name: str) -> WorkerProcess:
+        """The worker called ``name``, or the one running the task or stage ``name``."""
+        if name in self.workers:
+            return self.workers[name]
+        for worker in self.workers.values():
+            if any(task == name or task.rsplit("-", 1)[0] == name for task in worker.tasks):
+                return worker
+        raise SparkAbsError(
+            f"no worker, task or stage called {name!r} (workers: {', '.join(sorted(self.workers)) or 'none'})"
+        )
+
     def kill(self, name: str) -> None:
-        """SIGKILL a worker and its Spark JVM (a drill)."""
-        _kill_group(self.workers[name].process)
+        """SIGKILL a worker (by its name, or a task or stage it runs) and its Spark JVM (a drill)."""
+        _kill_group(self.worker_of(name).process)
 
     def stop_all(self, timeout_s: float = 15.0) -> None:
         for worker in self.workers.values():

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -55,11 +56,13 @@ from operators.dead_letters import DeadLetters as OperatorDeadLetters
 from operators.errors import InputSchemaError
 from streaming.adapters import codec
 from streaming.adapters.control import ControlEvent, ControlKind, announced_barrier, announced_headers
+from streaming.adapters.records import BATCH_COLUMNS
 from streaming.api.pipeline import Pipeline, TaskSpec, route
 from streaming.engine import faults
 from streaming.engine.segments import Segment, Segmenter, SegmentKind
 from streaming.engine.uploads import SnapshotUploader, TakenSnapshot
 from streaming.engine.watermarks import WATERMARK_HEADER, WatermarkTracker, watermark_headers
+from streaming.errors import TaskError
 
 __all__ = ["StageTask", "TaskStart", "TaskIO"]
 
@@ -118,6 +121,8 @@ class StageTask:
         upload: concurrent.futures.Executor | None = None,
         job_key: bytes | None = None,
         copy_in_flight: bool = False,
+        max_segment_records: int = 50_000,
+        held_memory_bytes: int = 256 << 20,
     ):
         self.pipeline = pipeline
         self.spec = spec
@@ -142,12 +147,21 @@ class StageTask:
             newest_started=self.start.checkpoint_id or 0,
         )
         self.lineage = self.start.lineage
-        self._segmenter = Segmenter((pipeline.topic_of(s.name) for s in pipeline.stages), self.generation, self.lineage)
+        self._segmenter = Segmenter(
+            (pipeline.topic_of(s.name) for s in pipeline.stages),
+            self.generation,
+            self.lineage,
+            max_records=max_segment_records,
+        )
         self.watermarks = WatermarkTracker(
             {i.topic: i.event_time for i in pipeline.ingress if i.event_time}, self.start.watermarks
         )
         self._queues: dict[ChannelId, collections.deque[Segment]] = {c: collections.deque() for c in spec.inputs}
         self._lock = threading.RLock()
+        # held records past this many bytes are let go and read again from Kafka
+        self._held_memory = held_memory_bytes
+        # control events wait here until the processing thread is between segments
+        self._inbox: collections.deque[ControlEvent] = collections.deque()
         self.counters = collections.Counter()
         self._uploader = SnapshotUploader(
             spec.name, self.generation, io, self.lineage, self.counters, copy_in_flight=copy_in_flight, executor=upload
@@ -195,23 +209,51 @@ class StageTask:
         while progress:
             progress = False
             for channel in sorted(self._queues):
+                self._between_segments()
                 queue = self._queues[channel]
                 if queue and not self.handler.is_blocked(channel):
                     self._handle(queue.popleft())
                     progress = True
+        self._between_segments()
+
+    def _between_segments(self) -> None:
+        """Control events that came in, and the handler's clock (timeouts, budget)."""
+        self._apply_control()
         held = self.held_bytes
         self._held_max = max(self._held_max, held)
         self.handler.tick(held)
+        self._spill_held()
 
     @property
     def held_bytes(self) -> int:
+        """Bytes of the records alignment holds (spilled ones included)."""
         return sum(s.nbytes for c in self.handler.blocked for s in self._queues[c])
+
+    def _spill_held(self) -> None:
+        """Keep held records in memory up to ``held_memory_bytes``: past it the
+        newest held runs let go of their records, which are read again from
+        Kafka by offset range when their channel is released (as unaligned
+        channel state is), so alignment memory stays bounded."""
+        if self.io.read_range is None:
+            return
+        in_memory = sum(s.nbytes for c in self.handler.blocked for s in self._queues[c] if not s.spilled)
+        for channel in sorted(self.handler.blocked):
+            for segment in reversed(self._queues[channel]):
+                if in_memory <= self._held_memory:
+                    return
+                if not segment.spilled:
+                    segment.spill()
+                    if segment.spilled:
+                        in_memory -= segment.nbytes
+                        self.counters["spilled_segments"] += 1
 
     def _handle(self, segment: Segment) -> None:
         channel = segment.channel
         position = self.handler.position(channel)
         if segment.last_offset < position:
             return  # Spark handed these again (a retried batch): already processed
+        if segment.spilled:
+            segment = self._read_back(segment)
         if segment.first_offset < position:
             segment = Segment(
                 channel, segment.rows.filter(pc.greater_equal(segment.rows["offset"], position)), segment.kind
@@ -227,6 +269,21 @@ class StageTask:
         else:
             self._process(channel, segment.rows)
 
+    def _read_back(self, segment: Segment) -> Segment:
+        rows = self.io.read_range(segment.channel, segment.first_offset, segment.last_offset + 1)
+        offsets = rows["offset"]
+        if (
+            rows.num_rows == 0
+            or offsets[0].as_py() != segment.first_offset
+            or offsets[-1].as_py() != segment.last_offset
+        ):
+            raise TaskError(
+                f"{self.spec.name}: held records [{segment.first_offset}, {segment.last_offset}] of "
+                f"{segment.channel} could not be read back from Kafka ({rows.num_rows} records came back)"
+            )
+        self.counters["read_back_segments"] += 1
+        return Segment(segment.channel, rows.select(list(BATCH_COLUMNS)), segment.kind)
+
     def _handle_control(self, segment: Segment) -> None:
         offset = segment.first_offset
         message = self._decode_control(segment.channel, segment.rows)
@@ -241,7 +298,7 @@ class StageTask:
             self.counters[f"ignored_{ignored.reason.name.lower()}"] += 1
 
     def _process(self, channel: ChannelId, rows: pa.Table) -> None:
-        decoded = codec.decode(rows["value"].to_pylist(), self._schemas.get(channel.topic))
+        decoded = codec.decode_records(rows, self._schemas.get(channel.topic))
         for index, reason in decoded.rejected:
             self._dead_letter(channel, rows.slice(index, 1), reason)
         # outputs of this segment carry the watermark from before it: no record
@@ -256,7 +313,7 @@ class StageTask:
                     output = self.operator.process(batch)
             except InputSchemaError as exc:
                 # records the operator cannot take at all: quarantined, with the reason
-                for index in decoded.index:
+                for index in sorted(set(decoded.index)):
                     self._dead_letter(channel, rows.slice(index, 1), str(exc))
                 output = None
             self._collect_dead_letters(channel)
@@ -316,12 +373,14 @@ class StageTask:
             self._epoch_rows.append(output)
             return
         targets = route(output, self.stage.key, len(self.spec.outputs)).to_numpy()
-        keys = pc.cast(output[self.stage.key], pa.string()).to_pylist() if self.stage.key else [None] * output.num_rows
-        headers = [(GENERATION_HEADER, str(self.generation).encode())]
+        headers = [(GENERATION_HEADER, str(self.generation).encode()), (codec.FORMAT_HEADER, codec.ARROW_FORMAT)]
         if watermark is not None:
             headers.append((WATERMARK_HEADER, str(watermark).encode()))
-        for target, key, value in zip(targets, keys, codec.encode(output)):
-            self.io.send(self.spec.outputs[int(target)], key.encode() if key is not None else None, value, headers)
+        # one Arrow record (or a few, below the message size) per output partition
+        for target in np.unique(targets):
+            part = output.take(pa.array(np.flatnonzero(targets == target)))
+            for value in codec.encode_batches(part):
+                self.io.send(self.spec.outputs[int(target)], None, value, headers)
 
     # ------------------------------------------------------------- controller
 
@@ -389,20 +448,33 @@ class StageTask:
         coordinator's abort of a checkpoint, and barrier positions announced
         by the injector (``trigger``) and by upstream tasks (``announce``),
         which let an unaligned checkpoint start before the backlog in front
-        of its barrier is read."""
+        of its barrier is read.  Taken at once when the task is idle, else by
+        the processing thread between two segments of the batch in hand (a
+        large batch does not delay an unaligned snapshot)."""
         if event.payload.get("generation") != self.generation:
             return
-        if event.kind in (ControlKind.TRIGGER, ControlKind.ANNOUNCE) and event.payload.get("barrier"):
-            self._announced(event)
-            return
-        if event.kind is ControlKind.ABORT and event.task != self.spec.name:
-            with self._lock:
-                if event.checkpoint_id in self.handler.pending:
-                    self.handler.abort(
-                        event.checkpoint_id,
-                        CheckpointFailure.parse(event.payload.get("reason"), CheckpointFailure.USER),
-                        str(event.payload.get("detail", "aborted by the coordinator")),
-                    )
+        self._inbox.append(event)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._apply_control()
+            finally:
+                self._lock.release()
+
+    def _apply_control(self) -> None:
+        while self._inbox:
+            event = self._inbox.popleft()
+            if event.kind in (ControlKind.TRIGGER, ControlKind.ANNOUNCE) and event.payload.get("barrier"):
+                self._announced(event)
+            elif (
+                event.kind is ControlKind.ABORT
+                and event.task != self.spec.name
+                and event.checkpoint_id in self.handler.pending
+            ):
+                self.handler.abort(
+                    event.checkpoint_id,
+                    CheckpointFailure.parse(event.payload.get("reason"), CheckpointFailure.USER),
+                    str(event.payload.get("detail", "aborted by the coordinator")),
+                )
 
     def _announced(self, event: ControlEvent) -> None:
         try:
@@ -412,15 +484,20 @@ class StageTask:
             return
         if not isinstance(barrier, Barrier) or barrier.options.alignment is not Alignment.UNALIGNED:
             return
-        with self._lock:
-            for name, offset in sorted((event.payload.get("offsets") or {}).items()):
-                channel = ChannelId.parse(name)
-                if channel in self.spec.inputs:
-                    self.handler.announcement_received(channel, barrier, int(offset))
+        for name, offset in sorted((event.payload.get("offsets") or {}).items()):
+            channel = ChannelId.parse(name)
+            if channel in self.spec.inputs:
+                self.handler.announcement_received(channel, barrier, int(offset))
 
     def tick(self) -> None:
-        with self._lock:
-            self.handler.tick(self.held_bytes)
+        """Timeouts and control events, when no batch is in hand (a batch in
+        hand does both between its segments)."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._apply_control()
+                self.handler.tick(self.held_bytes)
+            finally:
+                self._lock.release()
 
     def wait_for_uploads(self, timeout_s: float = 60.0) -> None:
         self._uploader.wait(timeout_s)

@@ -135,7 +135,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         **extra,
     )
     connection = Connection.from_env(os.environ) or LocalRuntime(_runtime_settings(args), progress=_say).up()
-    runner = JobRunner(args.pipeline, settings, connection, job=args.job, say=_say)
+    runner = JobRunner(args.pipeline, settings, connection, job=args.job, workers=args.workers, say=_say)
     run_job(runner, restore=args.restore, seconds=args.seconds, checkpoints=args.checkpoints, say=_say)
     return 0
 
@@ -241,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--interval", type=float, default=2.0, help="seconds between checkpoints (default 2)")
     run.add_argument("--retain", type=int, default=3, help="completed checkpoints kept (default 3)")
     run.add_argument("--restore", type=int, metavar="N", help="start from checkpoint N (a restore drill)")
+    run.add_argument(
+        "--workers",
+        default="one",
+        choices=("one", "per-stage"),
+        help="one worker process (one Spark application) for the whole job, or one per stage (default one)",
+    )
     run.add_argument(
         "--for",
         dest="seconds",

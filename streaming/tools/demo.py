@@ -1,5 +1,5 @@
 """The demo: money in transit (docs/architecture.md, "Invariants"), three stages on real Kafka, Spark
-and object storage, with a stage killed and the job restored.
+and object storage, with the worker running a stage killed and the job restored.
 
     transfers (2 partitions) --> legs (2 tasks) --> accounts (2 tasks) --> windows (1 task) --> sink
 
@@ -33,6 +33,7 @@ from barriers.coordinator import CheckpointStatus
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId
 from operators import Balances, TumblingWindowAggregate, count, sum_, transfer_legs
+from streaming.adapters import codec
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import MODES
 
@@ -218,14 +219,18 @@ def _amounts(records: pa.Table, channel: ChannelId, generation: int, lineage: Li
     """The money in raw leg records that are channel state: control and
     watermark records carry none, and stale records of older generations are
     not channel state (the task skips them)."""
-    total = 0
-    for row in records.select(["offset", "value", "headers"]).to_pylist():
+    keep = []
+    for i, row in enumerate(records.select(["offset", "value", "headers"]).to_pylist()):
         headers = {h["key"]: h["value"] for h in row["headers"] or []}
         written_by = int(headers.get("abs.gen", b"-1") or -1)
-        if not row["value"] or (0 <= written_by < generation and lineage.is_stale(channel, written_by, row["offset"])):
-            continue
-        total += json.loads(row["value"]).get("amount", 0)
-    return total
+        if row["value"] and not (0 <= written_by < generation and lineage.is_stale(channel, written_by, row["offset"])):
+            keep.append(i)
+    decoded = codec.decode_records(records.take(pa.array(keep, pa.int64())))
+    if decoded.rejected:
+        raise ValueError(f"channel {channel}: in-flight records that do not decode: {decoded.rejected[:3]}")
+    if "amount" not in decoded.table.column_names:
+        return 0
+    return pc.sum(decoded.table["amount"]).as_py() or 0
 
 
 @dataclass
@@ -295,7 +300,7 @@ def run_demo(
     interval_s: float = 1.0,
     timeout_s: float = 300.0,
     chunks: int = 2,
-    workers: Mapping[str, list[str]] | None = None,
+    workers: Mapping[str, list[str]] | str | None = None,
     say: Callable[[str], None] = print,
     **settings,
 ) -> DemoReport:
@@ -358,7 +363,8 @@ def run_demo(
             while len(money) == seen and time.monotonic() < deadline:
                 runner.step()
             if index == 0 and kill:
-                say(f"killing worker {kill!r} with SIGKILL")
+                worker = runner.supervisor.worker_of(kill)
+                say(f"killing worker {worker.name!r} (tasks {', '.join(worker.tasks)}) with SIGKILL")
                 runner.kill_worker(kill)
         runner.run_until_caught_up(max(1.0, deadline - time.monotonic()))
     finally:
@@ -404,7 +410,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kill",
         default="accounts",
-        help="worker (stage) to SIGKILL after the first checkpoint; 'none' for no failure (default accounts)",
+        help="SIGKILL the worker running this stage after the first checkpoint; 'none' for no failure "
+        "(default accounts)",
+    )
+    parser.add_argument(
+        "--workers",
+        default="one",
+        choices=("one", "per-stage"),
+        help="one worker process (one Spark application) for the job, or one per stage (default one)",
     )
     parser.add_argument("--store", help="snapshot store URI (default file://<home>/demo-store)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints (default 1)")
@@ -424,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         transfers=args.transfers,
         mode=args.mode,
         kill=None if args.kill == "none" else args.kill,
+        workers=args.workers,
         interval_s=args.interval,
         say=say,
         in_flight=args.in_flight,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 
-from streaming.adapters.codec import decode, encode
+from streaming.adapters.codec import decode, decode_records, encode, encode_batches
 
 SCHEMA = pa.schema([("account", pa.string()), ("amount", pa.int64())])
 
@@ -42,3 +44,48 @@ def test_without_a_schema_types_are_inferred():
     decoded = decode([b'{"k":"x","n":1}', b'{"k":"y","n":2}'])
     assert decoded.table.column("n").to_pylist() == [1, 2]
     assert decode([]).table.num_rows == 0
+
+
+def _records(values, arrow_flags) -> pa.Table:
+    headers = [[{"key": "abs.fmt", "value": b"arrow"}] if flag else [] for flag in arrow_flags]
+    return pa.table(
+        {
+            "value": pa.array(values, pa.binary()),
+            "headers": pa.array(headers, pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+        }
+    )
+
+
+def test_arrow_batches_stay_below_the_size_limit_and_round_trip_in_order():
+    table = pa.table({"k": [f"key-{i}" for i in range(50_000)], "n": list(range(50_000))})
+    values = encode_batches(table, max_bytes=60_000)
+    assert len(values) > 1 and all(len(v) <= 60_000 for v in values)
+    decoded = decode_records(_records(values, [True] * len(values)))
+    assert decoded.table.equals(table) and not decoded.rejected
+    # every row knows the record it came from
+    assert decoded.index[0] == 0 and decoded.index[-1] == len(values) - 1 and len(decoded.index) == 50_000
+
+
+def test_json_and_arrow_records_decode_in_record_order_and_a_broken_batch_is_rejected():
+    first = encode_batches(pa.table({"a": [1, 2]}))[0]
+    last = encode_batches(pa.table({"a": [5]}))[0]
+    records = _records([first, b'{"a": 3}', b'{"a": 4}', first[:20], last], [True, False, False, True, True])
+    decoded = decode_records(records)
+    assert decoded.table["a"].to_pylist() == [1, 2, 3, 4, 5]
+    assert decoded.index == [0, 0, 1, 2, 4]
+    assert [i for i, _ in decoded.rejected] == [3]
+    assert "not a readable Arrow IPC stream" in decoded.rejected[0][1]
+
+
+def test_json_rows_are_written_in_bulk_exactly_as_one_json_dumps_per_row():
+    table = pa.table(
+        {
+            "s": ["x", None, 'quote " and\nnewline'],
+            "n": [1, None, -3],
+            "f": [1.5, 2.0, None],
+            "b": [True, None, False],
+        }
+    )
+    expected = [json.dumps(row, separators=(",", ":")).encode() for row in table.to_pylist()]
+    assert encode(table) == expected
+    assert encode(table.slice(0, 0)) == []

@@ -6,14 +6,16 @@ generations are skipped, malformed input becomes dead letters."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from barriers.lineage import Lineage
-from barriers.messages import Barrier, CancelBarrier, ChannelId, encode
+from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions, encode
 from operators import KeyedAggregate, count, filter_rows, sum_
 from operators.windows import TumblingWindowAggregate
+from streaming.adapters.control import ControlEvent, ControlKind, announced_barrier
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.engine.task import StageTask, TaskIO, TaskStart
 from streaming.engine.watermarks import watermark_headers
@@ -62,7 +64,8 @@ def batch(*records) -> pa.Table:
 class RecordedIO:
     def __init__(self):
         self.log = []
-        self.sent = []
+        self.sent = []  # one entry per output row
+        self.records = []  # one entry per Kafka record (an Arrow batch)
         self.dead = []
         self.events = []
         self.snapshots = {}
@@ -83,7 +86,11 @@ class RecordedIO:
         if dict(headers).get("abs.kind") == b"watermark":
             self.watermarks.append((channel, int(dict(headers)["abs.wm"])))
             return
-        self.sent.append((channel, json.loads(value), dict(headers)))
+        assert dict(headers)["abs.fmt"] == b"arrow"
+        with pa.ipc.open_stream(value) as reader:
+            rows = reader.read_all().to_pylist()
+        self.sent += [(channel, row, dict(headers)) for row in rows]
+        self.records.append((channel, value, dict(headers)))
         self.log.append(("send", str(channel)))
 
     def _barrier(self, channels, headers):
@@ -305,7 +312,7 @@ def test_watermarks_travel_downstream_in_headers_and_watermark_records():
 
     downstream, down_io = make_task(pipeline, "out-0", sink=True)
     topic = "spark-abs.job.pass"
-    rows = [(topic, 0, i, row, 0, headers) for i, (_, row, headers) in enumerate(io.sent)]
+    rows = [(topic, 0, i, value, 0, headers) for i, (_, value, headers) in enumerate(io.records)]
     downstream.process_batch(batch(*rows))
     assert downstream.watermark == 20 and downstream._epoch_rows == []
     downstream.process_batch(batch((topic, 0, 3, {"account": "x"}, 0)))
@@ -331,3 +338,66 @@ def test_copied_channel_state_is_replayed_before_anything_else():
     task.process_batch(batch(("in", 0, 6, {"account": "x", "amount": 7})))  # the query resumes after the barrier
     rows = [r for t in task._epoch_rows for r in t.to_pylist()]
     assert rows[-1] == {"account": "x", "n": 3, "total": 18}
+
+
+def test_an_announcement_during_a_large_batch_is_taken_between_its_segments():
+    """An unaligned checkpoint announced while a micro-batch is being processed
+    starts after the segment in hand, not after the whole batch: the snapshot
+    holds the first segment's records and the rest of the batch is channel state."""
+    task, io = make_task(counting_pipeline(), max_segment_records=100)
+    barrier = Barrier(1, job="job", options=CheckpointOptions.unaligned())
+    event = ControlEvent(
+        ControlKind.TRIGGER,
+        1,
+        "coordinator",
+        {"generation": 0, "barrier": announced_barrier(encode(barrier)), "offsets": {"in:0": 1000, "in:1": 0}},
+    )
+    sent_before = []
+
+    def announce_once(*args):
+        if not sent_before:
+            # the control topic's thread, while the processing thread holds the task
+            thread = threading.Thread(target=task.on_control, args=(event,))
+            thread.start()
+            thread.join()
+            assert task.handler.pending == ()  # queued: the segment in hand finishes first
+        sent_before.append(args)
+
+    recorded_send = io.io().send
+    task.io.send = lambda *args: (announce_once(*args), recorded_send(*args))
+    task.process_batch(batch(*[("in", 0, i, {"account": "x", "amount": 1}) for i in range(300)]))
+    task.wait_for_uploads()
+    state, positions, in_flight, metadata = io.snapshots[1]
+    assert state["state"]["total"].to_pylist() == [100]  # one segment of 100 records, then the snapshot
+    # records [100, 1000) of in:0 are channel state; the task resumes after the barrier
+    assert in_flight == {"in:0": (100, 1000)} and positions == {"in:0": 1001, "in:1": 1}
+    assert task.handler.position(A) == 300  # the batch went on after the snapshot
+
+
+def test_held_records_past_the_memory_budget_are_read_back_from_kafka_when_released():
+    recorded = RecordedIO()
+    held = batch(*[("in", 0, i, {"account": "x", "amount": 1}) for i in range(1, 400)])
+    reads = []
+
+    def read_range(channel, start, end):
+        reads.append((str(channel), start, end))
+        offsets = held["offset"]
+        return held.filter(pc.and_(pc.greater_equal(offsets, start), pc.less(offsets, end)))
+
+    io = recorded.io()
+    io.read_range = read_range
+    budget = int(held.slice(0, 50).nbytes * 2.5)  # two runs of 50 records fit
+    task = StageTask(
+        counting_pipeline(), counting_pipeline().task("count-0"), io, max_segment_records=50, held_memory_bytes=budget
+    )
+    task.process_batch(batch(("in", 0, 0, Barrier(1, job="job"))))
+    task.process_batch(held)  # all of in:0 is held: channel in:1 has not passed barrier 1
+    assert task.handler.blocked == {A} and task.held_bytes > budget
+    in_memory = [s.first_offset for s in task._queues[A] if not s.spilled]
+    assert in_memory == [1, 51] and task.counters["spilled_segments"] == 6
+    task.process_batch(batch(("in", 1, 0, Barrier(1, job="job"))))  # aligned: in:0 released
+    assert task.handler.blocked == frozenset() and task.handler.position(A) == 400
+    assert reads[0] == ("in:0", 101, 151) and reads[-1] == ("in:0", 351, 400)  # the newest runs were let go
+    assert task.counters["read_back_segments"] == len(reads)
+    totals = [r[1]["total"] for r in recorded.sent]
+    assert totals[-1] == 399  # every held record counted once, in order

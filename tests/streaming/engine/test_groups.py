@@ -1,0 +1,45 @@
+"""Which worker runs which tasks: one Spark application per job by default,
+one per stage on request, and a kill by stage or task name finds its worker."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from streaming.api.settings import JobSettings
+from streaming.engine.runner import worker_groups
+from streaming.engine.supervisor import WorkerProcess, WorkerSupervisor
+from streaming.errors import ConfigError, SparkAbsError
+from streaming.tools.demo import pipeline
+
+
+def test_a_job_is_one_worker_by_default_and_one_per_stage_on_request():
+    demo = pipeline("j")
+    everything = [t.name for t in demo.tasks()]
+    assert worker_groups(demo, None) == worker_groups(demo, "one") == {"all": everything}
+    assert worker_groups(demo, "per-stage") == {
+        "legs": ["legs-0", "legs-1"],
+        "accounts": ["accounts-0", "accounts-1"],
+        "windows": ["windows-0"],
+    }
+    assert worker_groups(demo, {"a": everything}) == {"a": everything}
+    with pytest.raises(ConfigError, match="per-stage"):
+        worker_groups(demo, "two")
+
+
+def test_a_worker_is_found_by_its_name_or_a_task_or_stage_it_runs(tmp_path: Path):
+    supervisor = WorkerSupervisor("m:p", "j", {}, JobSettings(store="file:///x"), tmp_path)
+    process = subprocess.Popen(["true"])
+    process.wait()
+    supervisor.workers = {
+        "all": WorkerProcess("all", ["legs-0", "accounts-0", "accounts-1"], process, tmp_path / "a.log"),
+        "w": WorkerProcess("w", ["windows-0"], process, tmp_path / "w.log"),
+    }
+    assert supervisor.worker_of("all").name == "all"
+    assert supervisor.worker_of("accounts").name == "all"
+    assert supervisor.worker_of("accounts-1").name == "all"
+    assert supervisor.worker_of("windows").name == "w"
+    with pytest.raises(SparkAbsError, match="no worker, task or stage called 'sums'"):
+        supervisor.worker_of("sums")
