@@ -190,15 +190,27 @@ def demo_run(
     deadline = time.monotonic() + seconds + 600
 
     def feed() -> None:
+        # one producer, the transfers made up front: the feeder should cost the machine little
+        from kafka import KafkaProducer
+
+        transfers = demo.make_transfers(int(rate * (seconds + 600)), seed=7)
+        producer = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap, acks="all", linger_ms=20)
         produced = 0
         began = time.monotonic()
-        while not stop.is_set():
-            due = int((time.monotonic() - began) * rate)
-            if due > produced:
-                batch = demo.make_transfers(due, seed=7)[produced:due]
-                demo.produce_transfers(connection.kafka_bootstrap, topic, batch, partitions, end=False)
+        try:
+            while not stop.is_set() and produced < len(transfers):
+                due = min(len(transfers), int((time.monotonic() - began) * rate))
+                for transfer in transfers[produced:due]:
+                    producer.send(
+                        topic,
+                        value=json.dumps(transfer).encode(),
+                        key=transfer["source"].encode(),
+                        partition=transfer["id"] % partitions,
+                    )
                 produced = due
-            time.sleep(0.1)
+                time.sleep(0.1)
+        finally:
+            producer.close(5)
 
     began = time.monotonic()
     feeder = threading.Thread(target=feed, daemon=True)

@@ -50,8 +50,10 @@ class JobSettings:
     retain: int = 3
     # checkpoints pending at once
     max_concurrent: int = 1
-    # records per channel query micro-batch (Spark's maxOffsetsPerTrigger)
-    max_records_per_batch: int = 1000
+    # records per stage query micro-batch (Spark's maxOffsetsPerTrigger); large, so a
+    # backlog is read in few Spark micro-batches (tasks still take control events
+    # between segments of a batch, and spill held records past a memory budget)
+    max_records_per_batch: int = 200_000
     # how often a stage query looks for new records
     trigger_interval: str = "300 milliseconds"
 

@@ -1,5 +1,9 @@
-"""A worker process: runs some tasks of a pipeline in one Spark application,
-each as its own Structured Streaming query, until told to stop.  The job
+"""A worker process: runs some tasks of a pipeline in one Spark application
+until told to stop.  The tasks of one stage share one Structured Streaming
+query (its pool in Spark's FAIR scheduler) whose micro-batches are split by
+channel among them: every channel has exactly one reading task, so a task
+sees its channels as if the query were its own, and a job pays one Spark
+micro-batch per stage instead of one per task.  The job
 runner starts it (``streaming.engine.supervisor``) and talks to it on stdin;
 the coordinator on the control topic.
 
@@ -29,9 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pyarrow as pa
 from kafka import KafkaProducer
 
-from barriers.messages import InFlightFormat
+from barriers.messages import ChannelId, InFlightFormat
 from streaming.adapters.control import ControlEvent, ControlKind, ControlTopic
 from streaming.adapters.kafka_io import DeadLetters, append_markers, read_range, retention_ms
 from streaming.adapters.objects import open_store
@@ -56,8 +62,39 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Running:
     task: StageTask
-    query: ChannelQuery
     sink: ObjectStoreSink | KafkaSink | None
+
+
+class _Dispatch:
+    """A stage query's micro-batch split among the tasks that read its
+    channels (each task's part in channel and offset order, as the query
+    hands it over)."""
+
+    def __init__(self, handlers: dict[str, Callable], readers: dict[ChannelId, str]):
+        self._handlers = handlers
+        self._readers = readers
+
+    def __call__(self, table: pa.Table, batch_id: int) -> None:
+        if len(self._handlers) == 1:
+            next(iter(self._handlers.values()))(table, batch_id)
+            return
+        parts: dict[str, list[pa.Table]] = {}
+        for channel, rows in _by_channel(table):
+            parts.setdefault(self._readers[channel], []).append(rows)
+        for name, tables in parts.items():
+            self._handlers[name](pa.concat_tables(tables), batch_id)
+
+
+def _by_channel(table: pa.Table) -> list[tuple[ChannelId, pa.Table]]:
+    """The runs of one channel in a table ordered by channel and offset."""
+    topics = table["topic"].to_numpy(zero_copy_only=False)
+    partitions = table["partition"].to_numpy()
+    new = np.ones(table.num_rows, dtype=bool)
+    new[1:] = (topics[1:] != topics[:-1]) | (partitions[1:] != partitions[:-1])
+    bounds = [*np.flatnonzero(new), table.num_rows]
+    return [
+        (ChannelId(str(topics[a]), int(partitions[a])), table.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:])
+    ]
 
 
 class Worker:
@@ -87,6 +124,7 @@ class Worker:
         self._stop = threading.Event()
         self.commands: queue.Queue[tuple[int, int | None]] = queue.Queue()
         self.running: list[_Running] = []
+        self.queries: list[ChannelQuery] = []
         faults.set_generation(generation)
 
     def start(self) -> None:
@@ -105,16 +143,42 @@ class Worker:
         self._spark = self._spark or spark_session(
             SparkSettings(master=self.connection.spark_master, app_name=f"spark-abs-{job}")
         )
-        for name in self.task_names:
-            self.running.append(self._start_task(self._spark, name))
+        self._start_tasks()
         self.say(
             f"worker g{self.generation}: tasks {', '.join(self.task_names)} running"
             + (f" (restored checkpoint {self.restore})" if self.restore else "")
         )
 
-    def _start_task(self, spark, name: str) -> _Running:
+    def _start_tasks(self) -> None:
+        """Every task of this worker, then one query per stage over the
+        channels of that stage's tasks here, from where each task starts."""
         from streaming.adapters.spark import ChannelQuery
 
+        by_stage: dict[str, list[tuple[StageTask, dict[ChannelId, int]]]] = {}
+        for name in self.task_names:
+            running, starting = self._start_task(name)
+            self.running.append(running)
+            by_stage.setdefault(running.task.spec.stage, []).append((running.task, starting))
+        for stage, tasks in by_stage.items():
+            handlers = {t.spec.name: faults.wrap_batch(t.spec.name, t) for t, _ in tasks}
+            readers = {c: t.spec.name for t, _ in tasks for c in t.spec.inputs}
+            query = ChannelQuery(
+                self._spark,
+                self.connection,
+                name=f"{self.pipeline.job}-{stage}-g{self.generation}",
+                channels=readers,
+                starting={c: o for _, starting in tasks for c, o in starting.items()},
+                max_records_per_batch=self.settings.max_records_per_batch,
+                on_batch=_Dispatch(handlers, readers),
+            )
+            query.start(interval=self.settings.trigger_interval)
+            self.queries.append(query)
+        for running in self.running:
+            self.control.publish(
+                ControlEvent(ControlKind.READY, 0, running.task.spec.name, {"generation": self.generation})
+            )
+
+    def _start_task(self, name: str) -> tuple[_Running, dict[ChannelId, int]]:
         spec = self.pipeline.task(name)
         stage = self.pipeline.stage(spec.stage)
         loaded = None
@@ -131,18 +195,7 @@ class Worker:
             max_concurrent=self.settings.max_concurrent,
             copy_in_flight=self._must_copy(spec),
         )
-        query = ChannelQuery(
-            spark,
-            self.connection,
-            name=f"{self.pipeline.job}-{name}-g{self.generation}",
-            channels=spec.inputs,
-            starting=plan.query_start,
-            max_records_per_batch=self.settings.max_records_per_batch,
-            on_batch=faults.wrap_batch(name, task),
-        )
-        query.start(interval=self.settings.trigger_interval)
-        self.control.publish(ControlEvent(ControlKind.READY, 0, name, {"generation": self.generation}))
-        return _Running(task, query, sink)
+        return _Running(task, sink), dict(plan.query_start)
 
     def _open_sink(self, name: str, stage: Stage) -> ObjectStoreSink | KafkaSink:
         """The stage's sink, recovered to the restored checkpoint (staged epochs
@@ -217,8 +270,7 @@ class Worker:
         self.generation, self.restore = generation, restore
         faults.set_generation(generation)
         self.control.seek_to_end()
-        for name in self.task_names:
-            self.running.append(self._start_task(self._spark, name))
+        self._start_tasks()
         self.say(
             f"worker g{generation}: tasks {', '.join(self.task_names)} restored in place from "
             + (f"checkpoint {restore}" if restore else "the beginning")
@@ -235,9 +287,10 @@ class Worker:
                 self._on_control(event)
             for running in self.running:
                 running.task.tick()
-                error = running.query.failure()
+            for query in self.queries:
+                error = query.failure()
                 if error is not None:
-                    self.say(f"{running.task.spec.name}: stage query failed: {error}")
+                    self.say(f"{query.name}: stage query failed: {error}")
                     return 1
         return 0
 
@@ -262,11 +315,13 @@ class Worker:
         self._stop.set()
 
     def _stop_tasks(self) -> None:
-        for running in self.running:
+        for query in self.queries:
             try:
-                running.query.stop()
+                query.stop()
             except Exception as exc:  # the JVM may already be gone on a signal
-                log.warning("%s: stopping the query: %s", running.task.spec.name, exc)
+                log.warning("%s: stopping the query: %s", query.name, exc)
+        self.queries = []
+        for running in self.running:
             running.task.wait_for_uploads(10)
             running.task.close()
             if isinstance(running.sink, KafkaSink):
