@@ -111,5 +111,5 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
     assert reasons[b"{not json"].startswith("value is not JSON")
     assert [r for v, r in reasons.items() if b"lots" in v][0].startswith("value does not fit the schema")
     assert reasons[b""] == f"rejected control record: belongs to job 'someone-else', not '{job}'"
-    worker_logs = "".join(p.read_text(errors="replace") for p in runner.log_dir.glob("worker-legs-*.log"))
+    worker_logs = "".join(p.read_text(errors="replace") for p in runner.log_dir.glob("worker-*.log"))
     assert "of a generation this task has not reached" in worker_logs
