@@ -77,6 +77,11 @@ def spark_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    # a pool per query is made on first use, as intended: not worth a warning each time
+    jvm = session.sparkContext._jvm
+    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+        "org.apache.spark.scheduler.FairSchedulableBuilder", jvm.org.apache.logging.log4j.Level.ERROR
+    )
     return session
 
 
