@@ -113,7 +113,7 @@ def _ratios(all_runs: list, variants: list[str]) -> list[dict]:
         for round_ in sorted({r.round for r in all_runs}):
             a = [r for r in all_runs if r.round == round_ and r.variant == top]
             b = [r for r in all_runs if r.round == round_ and r.variant == bottom]
-            if a and b and b[0].records_per_s > 0:
+            if a and b and a[0].records_per_s > 0 and b[0].records_per_s > 0:  # a failed run has no ratio
                 per_round.append(a[0].records_per_s / b[0].records_per_s)
         if per_round:
             rows.append({"ratio": name, "median": statistics.median(per_round), "rounds": per_round})
@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks import runs, workloads
     from streaming.adapters.kafka_admin import create_topic
     from streaming.api.config import Connection, default_home
+    from streaming.errors import SparkAbsError
     from streaming.local import LocalRuntime
 
     say = lambda line: print(f"[bench] {line}", flush=True)  # noqa: E731
@@ -239,7 +240,13 @@ def main(argv: list[str] | None = None) -> int:
         order = variants if round_ % 2 else list(reversed(variants))
         for variant in order:
             say(f"round {round_}/{profile.rounds}: {variant}")
-            run = _run(variant, round_, context)
+            try:
+                run = _run(variant, round_, context)
+            except SparkAbsError as exc:  # one failed run is reported, the others still count
+                run = runs.Run(variant, round_, 0.0, detail={"error": str(exc)})
+                say(f"  {variant}: FAILED: {exc}")
+                all_runs.append(run)
+                continue
             all_runs.append(run)
             say(
                 f"  {variant}: {run.records_per_s:,.0f} records/s over {run.seconds:.1f} s "

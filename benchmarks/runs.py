@@ -91,7 +91,7 @@ def abs_run(
     complete and committed.  With ``profile_dir``, py-spy samples every
     worker process from when its tasks are ready to the end."""
     os.environ[TOPIC_ENV] = topic
-    job = f"bench-{variant}-{uuid.uuid4().hex[:6]}"
+    job = f"bench-{variant.replace('.', '_')}-{uuid.uuid4().hex[:6]}"  # job names: letters, digits, - and _
     job_settings = JobSettings(store=store, interval_s=interval_s or 3600, timeout_s=timeout_s, **dict(settings or {}))
     runner = JobRunner(pipeline, job_settings, connection, job=job, say=lambda line: None, log_dir=log_dir / job)
     deadline = time.monotonic() + timeout_s
