@@ -216,8 +216,9 @@ def decode_records(records: pa.Table, schema: pa.Schema | None = None) -> Decode
     try:
         table = pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        firsts = sorted({i for i in index})
         return Decoded(
-            pa.table({}), [], rejected + [(i, f"batch schemas disagree within the micro-batch: {exc}") for i in firsts]
+            pa.table({}),
+            [],
+            rejected + [(i, f"batch schemas disagree within the micro-batch: {exc}") for i in sorted(set(index))],
         )
     return Decoded(table, index, sorted(rejected))

@@ -14,7 +14,7 @@ from typing import Any
 from barriers.messages import CheckpointOptions, InFlightFormat
 from streaming.errors import ConfigError, parse_choice
 
-__all__ = ["JobSettings", "Mode", "MODES", "IN_FLIGHT_FORMATS"]
+__all__ = ["JobSettings", "Mode", "MODES", "IN_FLIGHT_FORMATS", "WORKER_LAYOUTS"]
 
 
 class Mode(enum.StrEnum):
@@ -28,6 +28,8 @@ class Mode(enum.StrEnum):
 
 MODES = tuple(m.value for m in Mode)
 IN_FLIGHT_FORMATS = tuple(f.value for f in InFlightFormat)
+# how a job's tasks are spread over worker processes (streaming.engine.runner.worker_groups)
+WORKER_LAYOUTS = ("one", "per-stage")
 
 
 @dataclass(frozen=True, slots=True)

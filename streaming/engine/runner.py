@@ -29,12 +29,12 @@ from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import Pipeline, SinkKind, load_pipeline
-from streaming.api.settings import JobSettings
+from streaming.api.settings import WORKER_LAYOUTS, JobSettings
 from streaming.engine.coordinator import CheckpointRecord, CoordinatorService, kafka_io
 from streaming.engine.supervisor import WorkerProcess, WorkerSupervisor
 from streaming.errors import ConfigError, JobFailed, SparkAbsError
 
-__all__ = ["JobRunner", "RestoreRecord", "worker_groups", "WORKER_LAYOUTS"]
+__all__ = ["JobRunner", "RestoreRecord", "worker_groups"]
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,6 @@ class RestoreRecord:
     checkpoint_id: int | None
     reason: str
     skipped: tuple[tuple[int, tuple[str, ...]], ...] = ()
-
-
-WORKER_LAYOUTS = ("one", "per-stage")
 
 
 def worker_groups(pipeline: Pipeline, workers: Mapping[str, list[str]] | str | None) -> dict[str, list[str]]:

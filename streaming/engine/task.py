@@ -222,7 +222,8 @@ class StageTask:
         held = self.held_bytes
         self._held_max = max(self._held_max, held)
         self.handler.tick(held)
-        self._spill_held()
+        if held > self._held_memory:
+            self._spill_held()
 
     @property
     def held_bytes(self) -> int:
@@ -230,7 +231,7 @@ class StageTask:
         return sum(s.nbytes for c in self.handler.blocked for s in self._queues[c])
 
     def _spill_held(self) -> None:
-        """Keep held records in memory up to ``held_memory_bytes``: past it the
+        """Called when more than ``held_memory_bytes`` are held: past that the
         newest held runs let go of their records, which are read again from
         Kafka by offset range when their channel is released (as unaligned
         channel state is), so alignment memory stays bounded."""

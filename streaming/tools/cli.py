@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings, default_home
-from streaming.api.settings import MODES
+from streaming.api.settings import MODES, WORKER_LAYOUTS
 from streaming.errors import SparkAbsError
 from streaming.local.artifacts import FETCHABLE
 
@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--workers",
         default="one",
-        choices=("one", "per-stage"),
+        choices=WORKER_LAYOUTS,
         help="one worker process (one Spark application) for the whole job, or one per stage (default one)",
     )
     run.add_argument(

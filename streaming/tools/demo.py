@@ -35,7 +35,7 @@ from barriers.messages import ChannelId
 from operators import Balances, TumblingWindowAggregate, count, sum_, transfer_legs
 from streaming.adapters import codec
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
-from streaming.api.settings import MODES
+from streaming.api.settings import MODES, WORKER_LAYOUTS
 
 __all__ = [
     "TRANSFERS",
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workers",
         default="one",
-        choices=("one", "per-stage"),
+        choices=WORKER_LAYOUTS,
         help="one worker process (one Spark application) for the job, or one per stage (default one)",
     )
     parser.add_argument("--store", help="snapshot store URI (default file://<home>/demo-store)")
