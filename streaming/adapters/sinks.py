@@ -6,12 +6,16 @@ staging area in object storage, immutable, before the task acknowledges
 checkpoint ``n``.  Phase two (``commit``) runs when checkpoint ``n`` is complete
 (its manifest exists) and makes the epoch visible:
 
-- ``ObjectStoreSink``: copies the staged file to ``<root>/output/epoch-<n>/<task>.parquet``;
+- ``ObjectStoreSink``: moves the staged file to ``<root>/output/epoch-<n>/<task>.parquet``
+  (a rename on a local filesystem, a server-side copy then a delete on S3);
   one object per (epoch, task), so it appears whole or not at all.
 - ``KafkaSink``: publishes the staged rows to the output topic in one Kafka
   transaction that also carries a commit marker ``<task>:<n>`` to the sink's
   commit topic; ``read_committed`` readers see the epoch exactly once.
 
+A committed epoch leaves nothing staged (the Kafka sink deletes its staged
+file after the transaction), so what is staged is only what waits for its
+checkpoint and a commit lists a handful of files, however long the job runs.
 Both commits are idempotent (a committed epoch is recognised and skipped), so
 ``recover(completed)`` after a restore simply commits every staged epoch up to
 the restored checkpoint, which covers a crash between the manifest and the
@@ -94,21 +98,25 @@ class _Staging:
 
     def epochs(self) -> list[int]:
         """Epochs this task has staged output for."""
-        fs = self.location.filesystem
-        selector = pafs.FileSelector(self.location.path("staging"), allow_not_found=True)
+        selector = pafs.FileSelector(self.location.path("staging"), allow_not_found=True, recursive=True)
         found = []
-        for info in fs.get_file_info(selector):
-            match = _EPOCH_DIR.search(info.path)
-            if (
-                match
-                and info.type == pafs.FileType.Directory
-                and fs.get_file_info(self.path(int(match.group(1)))).type == pafs.FileType.File
-            ):
+        for info in self.location.filesystem.get_file_info(selector):
+            match = _EPOCH_DIR.search(info.path.rsplit("/", 1)[0])
+            if match and info.type == pafs.FileType.File and info.path == self.path(int(match.group(1))):
                 found.append(int(match.group(1)))
         return sorted(found)
 
     def discard(self, epoch: int) -> None:
         self.location.filesystem.delete_file(self.path(epoch))
+
+    def discard_if_staged(self, epoch: int) -> None:
+        """What a commit leaves behind when it was cut short (S3's move is a copy then a delete)."""
+        try:
+            self.discard(epoch)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("sink task %s: staged epoch %d not removed: %s", self.task_id, epoch, exc)
 
 
 class _TwoPhaseSink:
@@ -125,13 +133,19 @@ class _TwoPhaseSink:
         log.debug("sink task %s staged epoch %d (%d rows)", self.task_id, epoch, table.num_rows)
         return path
 
+    def staged_epochs(self) -> list[int]:
+        """Epochs staged and not committed yet, ascending."""
+        return self._staging.epochs()
+
     def commit(self, epoch: int) -> bool:
         """Phase two, once checkpoint ``epoch`` is complete.  Returns False when
         the epoch was already committed (nothing is written twice)."""
         if self._committed(epoch):
             log.info("sink task %s: epoch %d already committed", self.task_id, epoch)
+            self._staging.discard_if_staged(epoch)
             return False
-        self._publish(epoch, self._staging.read(epoch))
+        self._publish(epoch)
+        self._staging.discard_if_staged(epoch)
         log.info("sink task %s committed epoch %d", self.task_id, epoch)
         return True
 
@@ -164,7 +178,8 @@ class _TwoPhaseSink:
     def _committed(self, epoch: int) -> bool:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _publish(self, epoch: int, table: pa.Table) -> None:  # pragma: no cover - abstract
+    def _publish(self, epoch: int) -> None:  # pragma: no cover - abstract
+        """Make staged epoch ``epoch`` visible."""
         raise NotImplementedError
 
 
@@ -232,9 +247,16 @@ class ObjectStoreSink(_TwoPhaseSink):
             ) from exc
         return sorted(retracted), []
 
-    def _publish(self, epoch: int, table: pa.Table) -> None:
+    def _publish(self, epoch: int) -> None:
+        staged = self._staging.path(epoch)
+        fs = self._location.filesystem
+        if fs.get_file_info(staged).type != pafs.FileType.File:
+            raise SinkError(
+                f"staged output of epoch {epoch} for sink task {self.task_id} is missing or unreadable at {staged}"
+            )
         try:
-            ObjectFiles(self._location).write_parquet(self.output_path(epoch), table)
+            fs.create_dir(self._location.path("output", _epoch_dir(epoch)))
+            fs.move(staged, self.output_path(epoch))
         except OSError as exc:
             raise StoreError(f"committing epoch {epoch} of sink task {self.task_id} failed: {exc}") from exc
 
@@ -324,8 +346,8 @@ class KafkaSink(_TwoPhaseSink):
             )
         return [], later
 
-    def _publish(self, epoch: int, table: pa.Table) -> None:
-        rows = table.to_pylist()
+    def _publish(self, epoch: int) -> None:
+        rows = self._staging.read(epoch).to_pylist()
         try:
             self._producer.begin_transaction()
             for row in rows:

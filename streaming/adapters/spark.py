@@ -18,6 +18,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -94,7 +95,13 @@ BatchHandler = Callable[[pa.Table, int], None]
 class ChannelQuery:
     """A Structured Streaming query reading ``channels`` from ``starting``
     offsets (missing ones start at the earliest), calling ``on_batch(table,
-    batch_id)`` with each non-empty micro-batch."""
+    batch_id)`` with each non-empty micro-batch.
+
+    ``on_batch`` runs on a thread of the query's own, one batch at a time and in
+    order, while Spark reads the next micro-batch: the JVM's Kafka read and
+    Arrow hand-over overlap the Python work instead of waiting for it.  At
+    most one batch is in hand and one being read; a batch that failed fails
+    the next micro-batch (and ``failure`` says so at once)."""
 
     def __init__(
         self,
@@ -128,6 +135,8 @@ class ChannelQuery:
         self._work_dir = work_dir
         self._checkpoint_dir: str | None = None
         self._query: StreamingQuery | None = None
+        self._processing: ThreadPoolExecutor | None = None
+        self._in_hand: Future | None = None
 
     def _options(self) -> dict[str, str]:
         assign: dict[str, list[int]] = {}
@@ -146,10 +155,19 @@ class ChannelQuery:
 
     def _handle(self, df: DataFrame, batch_id: int) -> None:
         table = df.select(*BATCH_COLUMNS).toArrow()
-        if table.num_rows == 0:
-            return
+        self._finish_in_hand()
+        if table.num_rows:
+            self._in_hand = self._require_processing().submit(self._process, table, batch_id)
+
+    def _process(self, table: pa.Table, batch_id: int) -> None:
         table = table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
         self._on_batch(table, batch_id)
+
+    def _finish_in_hand(self) -> None:
+        """Wait for the batch in hand; raise what it raised."""
+        if self._in_hand is not None:
+            in_hand, self._in_hand = self._in_hand, None
+            in_hand.result()
 
     def start(self, *, available_now: bool = False, interval: str = "200 milliseconds") -> ChannelQuery:
         """Start the query with a fresh Spark checkpoint location.  ``available_now``
@@ -159,6 +177,7 @@ class ChannelQuery:
         self._checkpoint_dir = tempfile.mkdtemp(
             prefix=f"spark-abs-{self.name}-", dir=str(self._work_dir) if self._work_dir else None
         )
+        self._processing = ThreadPoolExecutor(1, thread_name_prefix=f"batches-{self.name}")
         reader = self._spark.readStream.format("kafka")
         for key, value in self._options().items():
             reader = reader.option(key, value)
@@ -190,21 +209,42 @@ class ChannelQuery:
         if not finished:
             self.stop()
             raise ChannelQueryError(f"stage query {self.name!r} did not finish within {timeout_s:.0f} s")
+        try:
+            self._finish_in_hand()
+        except Exception as exc:
+            raise ChannelQueryError(f"stage query {self.name!r} failed: {exc}") from exc
 
     def failure(self) -> str | None:
         """Why the query stopped, if it failed; None while it runs (or stopped cleanly)."""
+        in_hand = self._in_hand
+        if in_hand is not None and in_hand.done() and in_hand.exception() is not None:
+            return f"{type(in_hand.exception()).__name__}: {in_hand.exception()}"
         if self._query is None:
             return None
         error = self._query.exception()
         return None if error is None else str(error)
 
     def stop(self) -> None:
+        """Stop reading; the batch in hand is finished (a failure of it is logged:
+        the query is going away either way)."""
         if self._query is not None:
             self._query.stop()
             self._query = None
+        try:
+            self._finish_in_hand()
+        except Exception as exc:
+            log.warning("stage query %s: the last batch failed: %s", self.name, exc)
+        if self._processing is not None:
+            self._processing.shutdown()
+            self._processing = None
         if self._checkpoint_dir:
             shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
             self._checkpoint_dir = None
+
+    def _require_processing(self) -> ThreadPoolExecutor:
+        if self._processing is None:
+            raise ChannelQueryError(f"stage query {self.name!r} is stopped")
+        return self._processing
 
     def _require(self) -> StreamingQuery:
         if self._query is None:

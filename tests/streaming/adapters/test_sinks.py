@@ -36,9 +36,22 @@ def test_object_store_sink_shows_an_epoch_only_after_commit(location):
     sink.stage(1, _rows(1))
     sink.stage(2, _rows(2))
     assert _values(location) == []
+    assert sink.staged_epochs() == [1, 2]
     assert sink.commit(1) is True
     assert _values(location) == ["1:0", "1:1", "1:2"]
+    assert sink.staged_epochs() == [2]  # moved, not copied: a commit leaves nothing staged
     assert sink.commit(1) is False  # idempotent
+    assert _values(location) == ["1:0", "1:1", "1:2"]
+
+
+def test_a_commit_cut_short_after_the_copy_is_finished_by_the_next_one(location):
+    sink = ObjectStoreSink(location, "task-0")
+    sink.stage(1, _rows(1))
+    # S3's move is a copy then a delete: the output exists and the staged file still does
+    location.filesystem.create_dir(location.path("output", "epoch-000000000001"))
+    location.filesystem.copy_file(location.path("staging", "epoch-000000000001", "task-0.parquet"), sink.output_path(1))
+    assert sink.commit_through(1) == []
+    assert sink.staged_epochs() == []
     assert _values(location) == ["1:0", "1:1", "1:2"]
 
 
@@ -68,7 +81,7 @@ def test_a_restore_to_an_older_checkpoint_takes_back_the_output_committed_after_
     other.commit(3)
     # restored from checkpoint 1: epochs 2 and 3 of task-0 go, task-1's epoch 3 is its own to take back
     restored = ObjectStoreSink(location, "task-0")
-    assert restored.recover(completed_checkpoint=1) == Recovery(discarded=[2, 3], retracted=[2, 3])
+    assert restored.recover(completed_checkpoint=1) == Recovery(retracted=[2, 3])  # committed: nothing staged
     assert _values(location) == ["1:0", "30:0"]
     assert ObjectStoreSink(location, "task-1").recover(completed_checkpoint=1).retracted == [3]
     assert _values(location) == ["1:0"]
@@ -118,11 +131,13 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name):
     second = KafkaSink(staging, "task-0", bootstrap=connection.kafka_bootstrap, topic=topic, transactional_id=txid)
     assert second.recover(completed_checkpoint=2) == Recovery(committed=[2], discarded=[3])
     assert not second.recover(completed_checkpoint=2)
+    first.stage(4, _rows(4, 1))  # the old instance runs on and tries to commit what it staged
     with pytest.raises(SinkFencedError):
-        first.commit(2)
+        first.commit(4)
     assert _read_committed(connection.kafka_bootstrap, topic) == ["1:0", "1:1", "2:0", "2:1"]
     second.close()
     # a restore to checkpoint 1 cannot take epoch 2 back from Kafka: it says so
     third = KafkaSink(staging, "task-0", bootstrap=connection.kafka_bootstrap, topic=topic, transactional_id=txid)
-    assert third.recover(completed_checkpoint=1) == Recovery(discarded=[2], irrevocable=[2])
+    # (committed epochs leave nothing staged; the old instance's epoch 4 is discarded)
+    assert third.recover(completed_checkpoint=1) == Recovery(discarded=[4], irrevocable=[2])
     third.close()

@@ -3,6 +3,9 @@ partitions, explicit starting offsets, batches ordered by channel and offset."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pyarrow as pa
 import pytest
 from kafka import KafkaProducer
@@ -61,3 +64,44 @@ def test_starting_offsets_for_unread_channels_are_refused(spark, connection):
             starting={ChannelId("t", 1): 0},
             on_batch=lambda t, i: None,
         )
+
+
+@pytest.mark.integration
+def test_batches_are_handled_in_order_one_at_a_time_and_a_failing_one_fails_the_query(spark, connection, unique_name):
+    create_topic(connection.kafka_bootstrap, unique_name, 1)
+    producer = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap)
+    for i in range(40):
+        producer.send(unique_name, value=str(i).encode(), partition=0)
+    producer.flush()
+    producer.close()
+    channel = ChannelId(unique_name, 0)
+    seen: list[int] = []
+    running = threading.Semaphore(1)  # the handler never runs twice at once
+
+    def slow(table: pa.Table, _id: int) -> None:
+        assert running.acquire(blocking=False), "two batches handled at once"
+        time.sleep(0.05)  # Spark reads the next micro-batch meanwhile
+        seen.extend(table["offset"].to_pylist())
+        running.release()
+
+    query = ChannelQuery(
+        spark, connection, name=unique_name, channels=[channel], max_records_per_batch=5, on_batch=slow
+    )
+    try:
+        query.start(available_now=True).await_done(120)  # returns once the last batch is handled
+    finally:
+        query.stop()
+    assert seen == list(range(40))
+
+    def failing(table: pa.Table, _id: int) -> None:
+        raise ValueError("operator bug")
+
+    query = ChannelQuery(spark, connection, name=f"{unique_name}-f", channels=[channel], on_batch=failing)
+    try:
+        query.start()
+        deadline = time.monotonic() + 60
+        while query.failure() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "operator bug" in (query.failure() or ""), query.failure()
+    finally:
+        query.stop()
