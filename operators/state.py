@@ -10,6 +10,7 @@ whether its empty state is fresh or restored."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 
 import pyarrow as pa
@@ -18,7 +19,10 @@ import pyarrow.compute as pc
 from operators._arrow import concat, conform, plain, row_index, storable
 from operators.errors import InputSchemaError, OperatorConfigError, StateRestoreError
 
-__all__ = ["KeyedState", "latest_per_key"]
+__all__ = ["KeyedState", "latest_per_key", "KEYS_METADATA"]
+
+# the schema metadata naming a stored state table's key columns (a JSON list)
+KEYS_METADATA = b"spark-abs.keys"
 
 # A state table gets many small chunks from batch-sized updates; past this
 # many, they are combined into one.
@@ -99,7 +103,9 @@ class KeyedState:
         return taken
 
     def snapshot(self) -> pa.Table:
-        return storable(self._table)
+        """The state to store, its key columns named in the schema's metadata
+        (``spark-abs.keys``, what ``spark-abs checkpoints diff`` compares by)."""
+        return storable(self._table).replace_schema_metadata({KEYS_METADATA: json.dumps(list(self.keys))})
 
     def restore(self, table: pa.Table, table_name: str) -> None:
         """Take ``table`` as the state, after checking it has the key columns,

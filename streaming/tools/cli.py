@@ -140,23 +140,139 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_checkpoints(args: argparse.Namespace) -> int:
-    from streaming.adapters.objects import open_store
-    from streaming.adapters.snapshots import SnapshotStore
-    from streaming.tools.commands import checkpoint_rows, render_checkpoints
+def _add_store_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", required=True, help="snapshot store URI: file:///dir or s3://bucket/prefix")
+    parser.add_argument("--job", required=True, help="job name")
 
+
+def _checkpoints(args: argparse.Namespace, *, kafka: bool = False):
+    """The job's checkpoints; the runtime's connection when the store is S3
+    or (``kafka``) channel-state ranges are read back."""
+    from streaming.tools.checkpoints import Checkpoints
+
+    if not args.verbose:  # these commands report every problem they meet themselves
+        logging.getLogger("streaming.adapters.snapshots").setLevel(logging.ERROR)
     connection = None
-    if not args.store.startswith("file://"):
-        connection = Connection.load(_runtime_settings(args))
-    store = SnapshotStore(open_store(args.store, connection), args.job)
-    try:
-        meta = store.read_job()
-        rows = checkpoint_rows(store, checksums=not args.no_checksums)
-    finally:
-        store.close()
-    generation = meta.generation if meta else (0 if rows else None)  # generation 0 writes no job file
-    print(render_checkpoints(args.job, rows, generation))
+    if kafka or not args.store.startswith("file://"):
+        connection = Connection.from_env(os.environ) or Connection.load(_runtime_settings(args))
+    return Checkpoints.open(args.store, args.job, connection), connection
+
+
+def _ids(args: argparse.Namespace, allowed: tuple[int, ...]) -> list[int]:
+    from streaming.errors import ConfigError
+
+    if len(args.ids) not in allowed:
+        wanted = " or ".join(str(n) for n in allowed)
+        raise ConfigError(f"checkpoints {args.action} takes {wanted} checkpoint id(s), got {len(args.ids)}")
+    return args.ids
+
+
+def _cmd_checkpoints(args: argparse.Namespace) -> int:
+    import json
+
+    from streaming.tools import gc, views
+    from streaming.tools.checkpoints import CheckpointDetail
+
+    checkpoints, connection = _checkpoints(args)
+    with checkpoints:
+        if args.action == "list":
+            _ids(args, (0,))
+            print(
+                views.render_checkpoints(
+                    args.job, checkpoints.rows(checksums=not args.no_checksums), checkpoints.generation()
+                )
+            )
+        elif args.action == "show":
+            (checkpoint_id,) = _ids(args, (1,))
+            detail: CheckpointDetail = checkpoints.detail(checkpoint_id)
+            print(json.dumps(detail.to_dict(), indent=2) if args.json else views.render_detail(detail))
+            return 1 if detail.problems else 0
+        elif args.action == "diff":
+            a, b = _ids(args, (2,))
+            print(views.render_diff(a, b, checkpoints.diff(a, b, sample=args.rows), args.rows))
+        elif args.action == "verify":
+            ids = _ids(args, (0, 1))
+            results = checkpoints.verify(ids[0] if ids else None, progress=_say)
+            print(views.render_verify(args.job, results))
+            return 1 if any(results.values()) else 0
+        else:
+            from streaming.adapters.sinks import sink_location
+            from streaming.api.settings import JobSettings
+
+            _ids(args, (0,))
+            sink = sink_location(JobSettings(store=args.store), args.job, connection)
+            plan = gc.plan_gc(checkpoints.store, sink, retain=args.retain, grace_s=args.grace, progress=_say)
+            if not args.dry_run:
+                removed = gc.apply_gc(checkpoints.store, plan)
+                plan = gc.GcPlan(removed, plan.kept)
+            print(views.render_gc(plan, dry_run=args.dry_run))
     return 0
+
+
+def _cmd_state(args: argparse.Namespace) -> int:
+    from streaming.tools import views
+
+    checkpoints, _ = _checkpoints(args, kafka=args.channels)
+    with checkpoints:
+        if args.channels:
+            channels = checkpoints.channel_state(args.checkpoint, task=args.task, progress=_say)
+            tables = {"records": channels.records, "rows": channels.rows}
+            text = views.render_channels(channels.records, channels.rows, channels.problems, args.rows)
+        else:
+            tables = checkpoints.state(args.checkpoint, task=args.task, table=args.table)
+            text = views.render_state(tables, args.rows)
+    if args.output:
+        for path in _export(tables, Path(args.output)):
+            _say(f"wrote {path}")
+    else:
+        print(text)
+    return 0
+
+
+def _export(tables: dict, output: Path) -> list[Path]:
+    """Each table to ``output`` (one table) or ``<stem>-<name><suffix>`` (several)."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+    import pyarrow.types as pat
+
+    from streaming.errors import ConfigError
+
+    if output.suffix not in (".parquet", ".csv"):
+        raise ConfigError(f"--output must end in .parquet or .csv, got {output.name}")
+    written = []
+    for name, table in tables.items():
+        path = output if len(tables) == 1 else output.with_name(f"{output.stem}-{name}{output.suffix}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if output.suffix == ".parquet":
+            pq.write_table(table, path)
+        else:  # CSV takes flat columns: nested ones (record headers) go as JSON text
+            columns = {
+                c: pa.array([json.dumps(v, default=str) for v in table[c].to_pylist()], pa.string())
+                if pat.is_nested(table.schema.field(c).type)
+                else table[c]
+                for c in table.column_names
+            }
+            pacsv.write_csv(pa.table(columns), path)
+        written.append(path)
+    return written
+
+
+def _cmd_restore(args: argparse.Namespace) -> int:
+    from streaming.errors import ConfigError
+    from streaming.tools import views
+
+    if args.dry_run:
+        checkpoints, _ = _checkpoints(args)
+        with checkpoints:
+            print(views.render_restore_plan(checkpoints.restore_plan(args.checkpoint, progress=_say)))
+        return 0
+    if not args.pipeline:
+        raise ConfigError("restore: give --pipeline (module:attribute) to restore the job, or --dry-run")
+    args.restore = args.checkpoint
+    return _cmd_run(args)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -170,6 +286,40 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from barriers.simulation import narrate
 
     return narrate.main(args.rest)
+
+
+def _add_job_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a job run, shared by ``run`` and ``restore``."""
+    parser.add_argument("--mode", default="aligned", choices=MODES, help="checkpoint mode (default aligned)")
+    parser.add_argument(
+        "--in-flight",
+        default="range",
+        choices=("range", "records"),
+        help="unaligned channel state: offset ranges or copied records (default range)",
+    )
+    parser.add_argument("--alignment-timeout-ms", type=int, help="aligned-timeout: switch after this long aligning")
+    parser.add_argument("--held-bytes-budget", type=int, help="aligned-timeout: switch past this many held bytes")
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between checkpoints (default 2)")
+    parser.add_argument("--retain", type=int, default=3, help="completed checkpoints kept (default 3)")
+    parser.add_argument(
+        "--workers",
+        default="one",
+        choices=WORKER_LAYOUTS,
+        help="one worker process (one Spark application) for the whole job, or one per stage (default one)",
+    )
+    parser.add_argument(
+        "--for",
+        dest="seconds",
+        type=float,
+        metavar="SECONDS",
+        help="stop this many seconds after all tasks are up (default: run until Ctrl-C)",
+    )
+    parser.add_argument(
+        "--checkpoints",
+        type=int,
+        metavar="N",
+        help="stop once N checkpoints completed in this run (with --for: whichever comes first)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,50 +379,87 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("pipeline", help="module:attribute, e.g. orders:orders")
     run.add_argument("--store", required=True, help="snapshot store URI: file:///dir or s3://bucket/prefix")
     run.add_argument("--job", help="job name (default: the pipeline's own)")
-    run.add_argument("--mode", default="aligned", choices=MODES, help="checkpoint mode (default aligned)")
-    run.add_argument(
-        "--in-flight",
-        default="range",
-        choices=("range", "records"),
-        help="unaligned channel state: offset ranges or copied records (default range)",
-    )
-    run.add_argument("--alignment-timeout-ms", type=int, help="aligned-timeout: switch after this long aligning")
-    run.add_argument("--held-bytes-budget", type=int, help="aligned-timeout: switch past this many held bytes")
-    run.add_argument("--interval", type=float, default=2.0, help="seconds between checkpoints (default 2)")
-    run.add_argument("--retain", type=int, default=3, help="completed checkpoints kept (default 3)")
+    _add_job_options(run)
     run.add_argument("--restore", type=int, metavar="N", help="start from checkpoint N (a restore drill)")
-    run.add_argument(
-        "--workers",
-        default="one",
-        choices=WORKER_LAYOUTS,
-        help="one worker process (one Spark application) for the whole job, or one per stage (default one)",
-    )
-    run.add_argument(
-        "--for",
-        dest="seconds",
-        type=float,
-        metavar="SECONDS",
-        help="stop this many seconds after all tasks are up (default: run until Ctrl-C)",
-    )
-    run.add_argument(
-        "--checkpoints",
-        type=int,
-        metavar="N",
-        help="stop once N checkpoints completed in this run (with --for: whichever comes first)",
-    )
     run.set_defaults(func=_cmd_run)
 
     checkpoints = sub.add_parser(
         "checkpoints",
-        help="list a job's checkpoints, whether they verify, and which one a restore would pick",
-        description="Reads the job's checkpoints from the store, checks each "
-        "(manifest, task files, sizes and checksums) and marks the one a "
-        "restore would start from.",
+        help="list, show, diff, verify or garbage-collect a job's checkpoints",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Looks inside a job's checkpoints in the store (every part read is checked
+against its checksum):
+
+  list              every checkpoint, whether it verifies, the one a restore picks (default)
+  show N            checkpoint N in words: mode, what each task's checkpoint turned out
+                    to be (aligned, unaligned, switched), its timings, state tables,
+                    in-flight channels and watermarks (--json for machines)
+  diff A B          which keys' state changed from checkpoint A to B, per task and table
+  verify [N]        every part and checksum of N (or of every complete checkpoint);
+                    exit status 1 when one does not verify, naming what is wrong
+  gc [--dry-run]    applies retention (--retain), removes orphaned parts, staged copies of
+                    committed sink output and retracted output older than --grace; never
+                    the checkpoint a restore would pick; --dry-run lists what would go
+
+Operator and channel state as tables: `spark-abs state N`.""",
     )
-    checkpoints.add_argument("--store", required=True, help="snapshot store URI: file:///dir or s3://bucket/prefix")
-    checkpoints.add_argument("--job", required=True, help="job name")
-    checkpoints.add_argument("--no-checksums", action="store_true", help="check sizes only, without reading every part")
+    checkpoints.add_argument(
+        "action", nargs="?", default="list", choices=("list", "show", "diff", "verify", "gc"), help="(default list)"
+    )
+    checkpoints.add_argument("ids", nargs="*", type=int, metavar="N", help="checkpoint id(s) the action takes")
+    _add_store_options(checkpoints)
+    checkpoints.add_argument(
+        "--no-checksums", action="store_true", help="list: check sizes only, without reading parts"
+    )
+    checkpoints.add_argument("--json", action="store_true", help="show: the checkpoint as JSON")
+    checkpoints.add_argument("--rows", type=int, default=10, help="diff: changed rows shown per table (default 10)")
+    checkpoints.add_argument("--dry-run", action="store_true", help="gc: list what would go, remove nothing")
+    checkpoints.add_argument("--retain", type=int, default=3, help="gc: complete checkpoints kept (default 3)")
+    checkpoints.add_argument(
+        "--grace",
+        type=float,
+        default=86400.0,
+        metavar="SECONDS",
+        help="gc: retracted sink output is kept this long (default 86400, a day)",
+    )
     checkpoints.set_defaults(func=_cmd_checkpoints)
+
+    state = sub.add_parser(
+        "state",
+        help="a checkpoint's operator state and channel state as tables (print, or export)",
+        description="Reads checkpoint N's operator state tables (or, with --channels, its "
+        "unaligned channel state: copied records and ranges read back from Kafka while "
+        "it holds them, stale older-generation records marked) and prints a sample of "
+        "each, or writes them to --output (.parquet or .csv; with several tables, one "
+        "file each, named after the table). From Python: streaming.tools.checkpoints."
+        "Checkpoints (Arrow tables; to_spark for Spark DataFrames and SQL).",
+    )
+    state.add_argument("checkpoint", type=int, metavar="N", help="checkpoint id")
+    _add_store_options(state)
+    state.add_argument("--task", help="only this task")
+    state.add_argument("--table", help="only this state table")
+    state.add_argument("--channels", action="store_true", help="channel state instead of operator state")
+    state.add_argument("--rows", type=int, default=10, help="rows shown per table (default 10)")
+    state.add_argument("--output", help="write to this .parquet or .csv file instead of printing a sample")
+    state.set_defaults(func=_cmd_state)
+
+    restore = sub.add_parser(
+        "restore",
+        help="restore a job from a checkpoint, or (--dry-run) say what a restore would do",
+        description="With --dry-run: which checkpoint a restore would pick (N if it "
+        "verifies, else the newest that does, and why newer ones are skipped), which "
+        "generation it would start and what each task would load and replay. "
+        "Without: the restore itself, as `run PIPELINE --restore N` (give --pipeline).",
+    )
+    restore.add_argument(
+        "checkpoint", nargs="?", type=int, metavar="N", help="checkpoint id (default: the newest that verifies)"
+    )
+    _add_store_options(restore)
+    restore.add_argument("--dry-run", action="store_true", help="say what a restore would do; start nothing")
+    restore.add_argument("--pipeline", help="module:attribute of the job's pipeline (needed without --dry-run)")
+    _add_job_options(restore)
+    restore.set_defaults(func=_cmd_restore)
 
     _add_passthrough(
         sub,
@@ -333,6 +520,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("spark-abs: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like: the reader had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

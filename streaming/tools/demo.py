@@ -33,9 +33,9 @@ from barriers.coordinator import CheckpointStatus
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId
 from operators import Balances, TumblingWindowAggregate, count, sum_, transfer_legs
-from streaming.adapters import codec
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import MODES, WORKER_LAYOUTS
+from streaming.tools.checkpoints import channel_rows, classify_channel_records
 
 __all__ = [
     "TRANSFERS",
@@ -219,18 +219,13 @@ def _amounts(records: pa.Table, channel: ChannelId, generation: int, lineage: Li
     """The money in raw leg records that are channel state: control and
     watermark records carry none, and stale records of older generations are
     not channel state (the task skips them)."""
-    keep = []
-    for i, row in enumerate(records.select(["offset", "value", "headers"]).to_pylist()):
-        headers = {h["key"]: h["value"] for h in row["headers"] or []}
-        written_by = int(headers.get("abs.gen", b"-1") or -1)
-        if row["value"] and not (0 <= written_by < generation and lineage.is_stale(channel, written_by, row["offset"])):
-            keep.append(i)
-    decoded = codec.decode_records(records.take(pa.array(keep, pa.int64())))
-    if decoded.rejected:
-        raise ValueError(f"channel {channel}: in-flight records that do not decode: {decoded.rejected[:3]}")
-    if "amount" not in decoded.table.column_names:
+    problems: list[str] = []
+    rows = channel_rows(classify_channel_records(records, channel, generation, lineage), problems)
+    if problems:
+        raise ValueError(f"channel {channel}: in-flight records that do not decode: {problems[:3]}")
+    if "amount" not in rows.column_names:
         return 0
-    return pc.sum(decoded.table["amount"]).as_py() or 0
+    return pc.sum(rows["amount"]).as_py() or 0
 
 
 @dataclass

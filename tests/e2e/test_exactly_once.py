@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import pyarrow.compute as pc
 import pytest
 
 from streaming.adapters.kafka_admin import end_offsets
@@ -18,6 +19,7 @@ from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
 from streaming.engine.runner import JobRunner
 from streaming.tools import demo
+from streaming.tools.checkpoints import Checkpoints
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +52,15 @@ def _run(
     def in_flight(channel, start, end):
         return read_range(connection.kafka_bootstrap, channel, start, end)
 
+    inspector = Checkpoints(reader, bootstrap=connection.kafka_bootstrap)
+
+    def on_complete(cid: int) -> None:
+        money.append(demo.money_in_checkpoint(reader, cid, in_flight))
+        if money[-1].in_flight:  # what `spark-abs state --channels` shows of it, while Kafka holds the ranges
+            channels = inspector.channel_state(cid)
+            inspected.append((money[-1], channels))
+
+    inspected: list = []
     runner = JobRunner(
         "streaming.tools.demo:pipeline",
         settings,
@@ -57,7 +68,7 @@ def _run(
         job=job,
         say=lines.append,
         faults=",".join(f"{task}:{point}:*:{g}" for g, (task, point) in enumerate(faults)),
-        on_complete=lambda cid: money.append(demo.money_in_checkpoint(reader, cid, in_flight)),
+        on_complete=on_complete,
     )
     data = demo.make_transfers(transfers)
     topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
@@ -81,7 +92,7 @@ def _run(
         runner.close()
     output = demo.normalise(read_committed_output(sink_location(settings, job, connection)))
     reader.close()
-    return runner, data[:sent], money, output
+    return runner, data[:sent], money, output, inspected
 
 
 MODES = {
@@ -114,7 +125,7 @@ def test_kills_at_chosen_points_then_output_equals_a_failure_free_run(connection
     lines: list[str] = []
     job = f"e2e-{unique_name[-8:]}"
     store = f"s3://{connection.s3_bucket}/{unique_name}"
-    runner, sent, money, output = _run(
+    runner, sent, money, output, inspected = _run(
         connection, job, store, faults, transfers=6000, chunk=300, timeout_s=420, lines=lines, **settings
     )
     log = "\n".join(lines)
@@ -134,5 +145,12 @@ def test_kills_at_chosen_points_then_output_equals_a_failure_free_run(connection
         assert any(m.in_flight for m in money) or any(r.in_flight for r in runner.checkpoints()), (
             "no checkpoint had channel state: the unaligned path was not exercised"
         )
+        # channel state as `spark-abs state --channels` reads it: held as its mode keeps it, the same money
+        for checked, channels in inspected:
+            assert not channels.problems, channels.problems
+            held = set(channels.records["held"].to_pylist())
+            assert held == ({"copied"} if mode == "unaligned-copies" else {"kafka"}), (checked, held)
+            legs = channels.rows.filter(pc.starts_with(channels.rows["task"], "accounts-"))
+            assert (pc.sum(legs["amount"]).as_py() or 0) == checked.in_flight, checked
     if mode == "aligned-timeout":
         assert "aligned, unaligned after the alignment timeout" in kinds, kinds

@@ -20,12 +20,41 @@ import pytest
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.api.settings import JobSettings
 from streaming.engine.runner import JobRunner
-from streaming.tools import demo
+from streaming.tools import cli, demo
+from streaming.tools.checkpoints import Checkpoints, to_spark
 
 pytestmark = pytest.mark.integration
 
 
-def test_roll_back_to_a_named_checkpoint(connection, tmp_path, unique_name):
+def _look_inside(spark, capsys, store: str, job: str, newest: int, oldest: int) -> None:
+    """What a person runs before a restore: show, state, verify, restore --dry-run;
+    and a state table queried with Spark SQL."""
+    where = ["--store", store, "--job", job]
+    assert cli.main(["checkpoints", "show", str(newest), *where]) == 0
+    shown = capsys.readouterr().out
+    assert f"checkpoint {newest} of job {job}: generation 0" in shown and "verifies" in shown, shown
+    assert all(f"{stage}-0" in shown for stage in ("legs", "accounts", "windows")), shown
+    assert cli.main(["state", str(newest), *where, "--task", "accounts-0"]) == 0
+    assert re.search(r"table state: \d+ rows", capsys.readouterr().out)
+    assert cli.main(["checkpoints", "diff", str(oldest), str(newest), *where]) == 0
+    assert re.search(r"accounts-0\s+state\s+account\s+\d+", capsys.readouterr().out)
+    assert cli.main(["checkpoints", "verify", *where]) == 0
+    assert "checkpoint(s) verify" in capsys.readouterr().out
+    assert cli.main(["restore", str(oldest), *where, "--dry-run"]) == 0
+    planned = capsys.readouterr().out
+    assert f"a restore picks checkpoint {oldest} and starts generation 1" in planned, planned
+
+    with Checkpoints.open(store, job) as checkpoints:
+        balances = checkpoints.state(newest, table="state")["state"]
+    to_spark(spark, balances, view="balances")
+    row = spark.sql(
+        "SELECT count(*) AS accounts, sum(balance) AS total FROM balances WHERE task LIKE 'accounts-%'"
+    ).first()
+    # an aligned checkpoint holds no money in flight: the balances alone sum to zero
+    assert row["accounts"] == balances.num_rows > 0 and row["total"] == 0, row
+
+
+def test_roll_back_to_a_named_checkpoint(connection, spark, capsys, tmp_path, unique_name):
     job, store = f"drill-{unique_name[-8:]}", f"file://{tmp_path}/store"
     data = demo.make_transfers(400)
     lines: list[str] = []
@@ -58,6 +87,7 @@ def test_roll_back_to_a_named_checkpoint(connection, tmp_path, unique_name):
         assert len(usable) >= 3, listing.stdout
         assert re.search(rf"^\s+{usable[-1]}\s.*<- a restore picks this one", listing.stdout, re.M), listing.stdout
         oldest = usable[0]
+        _look_inside(spark, capsys, store, job, usable[-1], oldest)
 
         sink = sink_location(runner.settings, job, connection)
         committed_after = [

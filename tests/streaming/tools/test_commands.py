@@ -13,7 +13,9 @@ import pyarrow as pa
 
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
-from streaming.tools.commands import checkpoint_rows, render_checkpoints, run_job
+from streaming.tools.checkpoints import Checkpoints
+from streaming.tools.commands import run_job
+from streaming.tools.views import render_checkpoints
 
 JOB = "orders"
 
@@ -45,7 +47,7 @@ def _store(tmp_path: Path) -> tuple[SnapshotStore, str]:
 
 def test_every_checkpoint_is_verified_and_the_restore_pick_is_marked(tmp_path):
     store, _ = _store(tmp_path)
-    rows = checkpoint_rows(store)
+    rows = Checkpoints(store).rows()
     store.close()
     assert [(r.checkpoint_id, r.complete, r.usable) for r in rows] == [
         (1, True, True),
@@ -57,14 +59,15 @@ def test_every_checkpoint_is_verified_and_the_restore_pick_is_marked(tmp_path):
     text = render_checkpoints(JOB, rows, 0).splitlines()
     line = {int(t.split()[0]): t for t in text if t.strip()[:1].isdigit()}
     assert line[1].endswith("yes   <- a restore picks this one")
-    assert "NO:" in line[2] and "checksum" in line[2]
-    assert "NO: no manifest: never completed" in line[3]
+    assert line[2].endswith("NO: 1 problem(s), below")
+    assert any(t.startswith("checkpoint 2: ") and "checksum mismatch" in t for t in text), text
+    assert line[3].endswith("NO: no manifest: never completed")
 
 
 def test_nothing_usable_says_a_restore_starts_from_the_beginning(tmp_path):
     store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
     _write(store, 1, complete=False)
-    text = render_checkpoints(JOB, checkpoint_rows(store), 0)
+    text = render_checkpoints(JOB, Checkpoints(store).rows(), 0)
     store.close()
     assert "a restore would start from the beginning" in text
     assert render_checkpoints(JOB, [], None) == "job orders: no checkpoints in the store"

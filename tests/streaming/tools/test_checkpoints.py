@@ -1,0 +1,246 @@
+"""Looking inside checkpoints on a local store: a checkpoint in words, state
+tables with their task, channel state with stale and control records told
+apart, diffs by key, restore plans, and the `checkpoints`/`state`/`restore`
+commands' output and exit status."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from barriers.lineage import Lineage
+from barriers.messages import ChannelId
+from operators.state import KeyedState
+from streaming.adapters.objects import open_store
+from streaming.adapters.records import RECORD_SCHEMA
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.errors import SnapshotMissingError
+from streaming.tools.checkpoints import Checkpoints, channel_rows, classify_channel_records, state_keys
+from streaming.tools.views import render_detail, render_diff, render_restore_plan
+
+JOB = "ledger"
+CHANNEL = "legs:0"
+
+
+def _records(rows: list[tuple[int, bytes, dict[str, bytes]]]) -> pa.Table:
+    """Kafka records of channel legs:0: (offset, value, headers)."""
+    return pa.table(
+        {
+            "topic": ["legs"] * len(rows),
+            "partition": [0] * len(rows),
+            "offset": [o for o, _, _ in rows],
+            "key": [None] * len(rows),
+            "value": [v for _, v, _ in rows],
+            "headers": [[{"key": k, "value": v} for k, v in h.items()] for _, _, h in rows],
+            "timestamp": [datetime(2026, 1, 1)] * len(rows),
+        },
+        schema=RECORD_SCHEMA,
+    )
+
+
+def _balances(values: dict[str, int]) -> pa.Table:
+    state = KeyedState(["account"], ["balance"])
+    state.upsert(pa.table({"account": list(values), "balance": list(values.values())}))
+    return state.snapshot()
+
+
+def _checkpoint(store: SnapshotStore, cid: int, balances: dict[str, int], *, generation: int = 2) -> None:
+    # generation 2 restored at legs:0@100: generation-1 records from offset 100 on are stale
+    lineage = Lineage().after_restore(2, {ChannelId.parse(CHANNEL): 100})
+    copied = _records(
+        [
+            (101, b'{"account": "a", "amount": 5}', {"abs.gen": b"1"}),  # stale
+            (102, b'{"account": "b", "amount": 7}', {"abs.gen": b"2"}),
+            (103, b"", {"abs.kind": b"watermark", "abs.gen": b"2"}),
+            (104, b'{"account": "c", "amount": -2}', {}),  # written outside spark-abs
+        ]
+    )
+    snapshots = {
+        "accounts-0": store.write_task(
+            cid,
+            generation,
+            "accounts-0",
+            {"balances": _balances(balances)},
+            positions={CHANNEL: 110},
+            in_flight={CHANNEL: (101, 105)},
+            channel_records={CHANNEL: copied},
+            metadata={
+                "kind": "unaligned",
+                "first_barrier_s": 0.25,
+                "alignment_s": 0.0,
+                "sync_snapshot_s": 0.002,
+                "watermarks": {CHANNEL: 1000},
+                "lineage": lineage.to_json(),
+            },
+        ),
+        "accounts-1": store.write_task(
+            cid, generation, "accounts-1", {"balances": _balances({"z": 1})}, positions={"legs:1": 40}
+        ),
+    }
+    store.write_manifest(
+        cid,
+        generation,
+        snapshots,
+        options={"alignment": "unaligned", "in_flight": "records", "guarantee": "exactly-once"},
+        metrics={
+            "trigger_to_complete_s": 0.8,
+            "kinds": ["unaligned"],
+            "tasks": {"accounts-0": {"async_snapshot_s": 0.1}},
+        },
+    )
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB)
+    store.next_generation(None)
+    store.next_generation(3)  # generation 2, restored from checkpoint 3
+    _checkpoint(store, 4, {"a": 10, "b": -10, "c": 0})
+    _checkpoint(store, 5, {"a": 12, "b": -10, "d": 3})
+    yield store
+    store.close()
+
+
+def test_a_checkpoint_in_words(store):
+    detail = Checkpoints(store).detail(5)
+    assert detail.problems == [] and detail.alignment == "unaligned" and detail.trigger_to_complete_s == 0.8
+    task = {t.task: t for t in detail.tasks}["accounts-0"]
+    assert (task.kind, task.first_barrier_s, task.async_snapshot_s) == ("unaligned", 0.25, 0.1)
+    assert task.in_flight == {CHANNEL: (101, 105)} and task.copied_rows == {CHANNEL: 4}
+    assert task.state_tables["balances"][0] == 3 and task.watermarks == {CHANNEL: 1000}
+    text = render_detail(detail)
+    assert "checkpoint 5 of job ledger: generation 2" in text and "verifies" in text
+    assert "[101, 105)" in text and "accounts-0" in text and "unaligned" in text
+    assert json.loads(json.dumps(detail.to_dict()))["tasks"][0]["task"] == "accounts-0"
+
+
+def test_state_tables_carry_their_task_and_keys(store):
+    tables = Checkpoints(store).state(5)
+    balances = tables["balances"]
+    assert balances.column_names[:2] == ["task", "account"]
+    assert sorted(zip(balances["task"].to_pylist(), balances["account"].to_pylist())) == [
+        ("accounts-0", "a"),
+        ("accounts-0", "b"),
+        ("accounts-0", "d"),
+        ("accounts-1", "z"),
+    ]
+    assert state_keys(balances) == ("account",)
+    assert Checkpoints(store).state(5, task="accounts-1")["balances"].num_rows == 1
+    with pytest.raises(SnapshotMissingError, match="no state table 'windows'.*tables: balances"):
+        Checkpoints(store).state(5, table="windows")
+    with pytest.raises(SnapshotMissingError, match="no task 'nope'"):
+        Checkpoints(store).state(5, task="nope")
+
+
+def test_channel_state_marks_stale_and_control_records_and_decodes_the_rest(store):
+    channels = Checkpoints(store).channel_state(5)
+    records = channels.records
+    assert records["offset"].to_pylist() == [101, 102, 103, 104]
+    assert records["held"].to_pylist() == ["copied"] * 4
+    assert records["stale"].to_pylist() == [True, False, False, False]
+    assert records["kind"].to_pylist() == ["data", "data", "watermark", "data"]
+    assert records["written_by"].to_pylist() == [1, 2, 2, None]
+    rows = channels.rows
+    assert rows.column_names[:3] == ["task", "channel", "offset"]
+    assert list(zip(rows["offset"].to_pylist(), rows["amount"].to_pylist())) == [(102, 7), (104, -2)]
+    assert channels.problems == []
+
+
+def test_a_range_without_kafka_is_reported_not_dropped(tmp_path):
+    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
+    snap = store.write_task(1, 0, "t-0", {}, positions={CHANNEL: 9}, in_flight={CHANNEL: (3, 9)})
+    store.write_manifest(1, 0, {"t-0": snap})
+    channels = Checkpoints(store).channel_state(1)
+    store.close()
+    assert channels.records.num_rows == 0
+    assert channels.problems == ["t-0 legs:0: [3, 9) kept as a range; no Kafka to read it"]
+
+
+def test_records_that_do_not_decode_are_problems():
+    records = _records([(1, b"{not json", {}), (2, b'{"x": 1}', {})])
+    described = classify_channel_records(records, ChannelId.parse(CHANNEL), 0, Lineage(), task="t")
+    assert described["stale"].to_pylist() == [False, False]
+    problems: list[str] = []
+    rows = channel_rows(described, problems)
+    assert rows["x"].to_pylist() == [1]
+    assert len(problems) == 1 and problems[0].startswith("legs:0 offset 1:")
+
+
+def test_diff_by_key(store):
+    diffs = {(d.task, d.table): d for d in Checkpoints(store).diff(4, 5)}
+    d = diffs[("accounts-0", "balances")]
+    assert (d.keys, d.added, d.removed, d.changed, d.unchanged) == (("account",), 1, 1, 1, 1)
+    assert sorted(zip(d.sample["change"].to_pylist(), d.sample["account"].to_pylist())) == [
+        ("added", "d"),
+        ("changed", "a"),
+        ("removed", "c"),
+    ]
+    same = diffs[("accounts-1", "balances")]
+    assert (same.added, same.removed, same.changed, same.unchanged) == (0, 0, 0, 1)
+    assert "state changes from checkpoint 4 to 5" in render_diff(4, 5, list(diffs.values()), 10)
+
+
+def test_restore_plan_skips_what_does_not_verify(store, tmp_path):
+    part = next((tmp_path / "store" / JOB / "checkpoints" / "chk-00000005").rglob("balances.parquet"))
+    part.write_bytes(b"broken")
+    plan = Checkpoints(store).restore_plan()
+    assert plan.checkpoint_id == 4 and [c for c, _ in plan.skipped] == [5]
+    assert "size mismatch" in plan.skipped[0][1][0]
+    assert plan.generation == 3
+    task = {t.task: t for t in plan.tasks}["accounts-0"]
+    assert task.state_rows == {"balances": 3} and task.replayed_records == {CHANNEL: 4}
+    assert task.query_start == {CHANNEL: 110} and task.reread_ranges == {}
+    text = render_restore_plan(plan)
+    assert "checkpoint 5 skipped" in text and "a restore picks checkpoint 4 and starts generation 3" in text
+    with pytest.raises(SnapshotMissingError, match="checkpoint 5 cannot be restored"):
+        Checkpoints(store).restore_plan(5)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "streaming.tools.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_commands(store, tmp_path):
+    where = ("--store", f"file://{tmp_path}/store", "--job", JOB)
+    shown = _cli("checkpoints", "show", "5", *where, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["checkpoint_id"] == 5
+    assert _cli("checkpoints", "verify", *where).returncode == 0
+    state = _cli("state", "5", *where, "--channels")
+    assert state.returncode == 0, state.stderr
+    assert "channel state: 4 records, 2 rows" in state.stdout
+    out = tmp_path / "out" / "balances.parquet"
+    exported = _cli("state", "4", *where, "--table", "balances", "--output", str(out))
+    assert exported.returncode == 0, exported.stderr
+    assert pq.read_table(out).num_rows == 4
+    csv = _cli("state", "5", *where, "--channels", "--output", str(tmp_path / "out" / "channels.csv"))
+    assert csv.returncode == 0, csv.stderr
+    assert (tmp_path / "out" / "channels-records.csv").read_text().count("\n") == 5
+    assert _cli("checkpoints", "diff", "4", *where).returncode == 2  # diff takes two ids
+    part = next((tmp_path / "store" / JOB / "checkpoints" / "chk-00000004").rglob("balances.parquet"))
+    part.write_bytes(part.read_bytes()[:-3] + b"xyz")
+    verify = _cli("checkpoints", "verify", *where)
+    assert verify.returncode == 1
+    assert "1 of 2 checkpoint(s) verify" in verify.stdout and "checksum mismatch" in verify.stdout
+    dry = _cli("restore", *where, "4", "--dry-run")
+    assert dry.returncode == 2 and "checkpoint 4 cannot be restored" in dry.stderr
+    dry = _cli("restore", *where, "--dry-run")
+    assert dry.returncode == 0 and "a restore picks checkpoint 5" in dry.stdout
+
+
+def test_a_table_without_named_keys_is_compared_row_by_row(tmp_path):
+    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
+    for cid, marks in ((1, [5, 7, None]), (2, [7, 9, None])):
+        snap = store.write_task(cid, 0, "w-0", {"watermark": pa.table({"watermark": marks})}, positions={})
+        store.write_manifest(cid, 0, {"w-0": snap})
+    (d,) = Checkpoints(store).diff(1, 2)
+    store.close()
+    assert (d.keys, d.added, d.removed, d.changed, d.unchanged) == (("watermark",), 1, 1, 0, 2)  # null matches null
