@@ -124,7 +124,8 @@ class KeyedState:
                 raise StateRestoreError(
                     f"{self.operator}: snapshot table {table_name!r} holds {table.num_rows - distinct} duplicate key(s)"
                 )
-        self._table = table
+        # the stored key names stay in the store: rows taken from the state must not carry them downstream
+        self._table = table.replace_schema_metadata(None)
 
     def _replace(self, kept: pa.Table, new: pa.Table) -> None:
         table = concat([kept, new])

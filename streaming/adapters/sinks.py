@@ -30,6 +30,7 @@ back, so the Kafka sink reports those epochs as irrevocable.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -106,6 +107,9 @@ class _Staging:
                 found.append(int(match.group(1)))
         return sorted(found)
 
+    def staged(self, epoch: int) -> bool:
+        return self.location.filesystem.get_file_info(self.path(epoch)).type == pafs.FileType.File
+
     def discard(self, epoch: int) -> None:
         self.location.filesystem.delete_file(self.path(epoch))
 
@@ -140,7 +144,7 @@ class _TwoPhaseSink:
     def commit(self, epoch: int) -> bool:
         """Phase two, once checkpoint ``epoch`` is complete.  Returns False when
         the epoch was already committed (nothing is written twice)."""
-        if self._committed(epoch):
+        if self._committed(epoch) or (not self._staging.staged(epoch) and self._committed_elsewhere(epoch)):
             log.info("sink task %s: epoch %d already committed", self.task_id, epoch)
             self._staging.discard_if_staged(epoch)
             return False
@@ -177,6 +181,11 @@ class _TwoPhaseSink:
 
     def _committed(self, epoch: int) -> bool:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _committed_elsewhere(self, epoch: int) -> bool:
+        """Whether another instance committed ``epoch`` since this one looked
+        (its staged file is gone: a commit removes it)."""
+        return False
 
     def _publish(self, epoch: int) -> None:  # pragma: no cover - abstract
         """Make staged epoch ``epoch`` visible."""
@@ -229,10 +238,10 @@ class ObjectStoreSink(_TwoPhaseSink):
                 if not self._committed(epoch):
                     continue
                 fs.create_dir(self._location.path("retracted", _epoch_dir(epoch)))
-                fs.move(
-                    self.output_path(epoch),
-                    self._location.path("retracted", _epoch_dir(epoch), f"{self.task_id}.parquet"),
-                )
+                retracted_path = self._location.path("retracted", _epoch_dir(epoch), f"{self.task_id}.parquet")
+                fs.move(self.output_path(epoch), retracted_path)
+                if isinstance(fs, pafs.LocalFileSystem):  # a rename keeps the old time; gc's grace counts from now
+                    os.utime(retracted_path)
                 log.warning(
                     "sink task %s: epoch %d was committed after checkpoint %d, the restored one; "
                     "moved to retracted/ (the new generation writes it again)",
@@ -250,7 +259,7 @@ class ObjectStoreSink(_TwoPhaseSink):
     def _publish(self, epoch: int) -> None:
         staged = self._staging.path(epoch)
         fs = self._location.filesystem
-        if fs.get_file_info(staged).type != pafs.FileType.File:
+        if not self._staging.staged(epoch):
             raise SinkError(
                 f"staged output of epoch {epoch} for sink task {self.task_id} is missing or unreadable at {staged}"
             )
@@ -326,6 +335,10 @@ class KafkaSink(_TwoPhaseSink):
 
     def _committed(self, epoch: int) -> bool:
         return self._marker(epoch) in self._done
+
+    def _committed_elsewhere(self, epoch: int) -> bool:
+        self._done = self._read_markers()
+        return self._committed(epoch)
 
     def _retract_after(self, checkpoint: int) -> tuple[list[int], list[int]]:
         """A committed Kafka transaction cannot be taken back: the epochs

@@ -17,8 +17,10 @@ import json
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 
 import pyarrow as pa
@@ -163,11 +165,11 @@ class ChannelQuery:
         table = table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
         self._on_batch(table, batch_id)
 
-    def _finish_in_hand(self) -> None:
+    def _finish_in_hand(self, timeout_s: float | None = None) -> None:
         """Wait for the batch in hand; raise what it raised."""
         if self._in_hand is not None:
             in_hand, self._in_hand = self._in_hand, None
-            in_hand.result()
+            in_hand.result(timeout_s)
 
     def start(self, *, available_now: bool = False, interval: str = "200 milliseconds") -> ChannelQuery:
         """Start the query with a fresh Spark checkpoint location.  ``available_now``
@@ -203,6 +205,7 @@ class ChannelQuery:
     def await_done(self, timeout_s: float) -> None:
         """Wait for an ``available_now`` query to finish; raise if it failed."""
         query = self._require()
+        deadline = time.monotonic() + timeout_s
         finished = query.awaitTermination(timeout_s)
         if query.exception() is not None:
             raise ChannelQueryError(f"stage query {self.name!r} failed: {query.exception()}")
@@ -210,7 +213,11 @@ class ChannelQuery:
             self.stop()
             raise ChannelQueryError(f"stage query {self.name!r} did not finish within {timeout_s:.0f} s")
         try:
-            self._finish_in_hand()
+            self._finish_in_hand(max(0.0, deadline - time.monotonic()))
+        except FuturesTimeout as exc:
+            raise ChannelQueryError(
+                f"stage query {self.name!r}: its last batch took longer than {timeout_s:.0f} s"
+            ) from exc
         except Exception as exc:
             raise ChannelQueryError(f"stage query {self.name!r} failed: {exc}") from exc
 

@@ -196,6 +196,13 @@ def state_keys(table: pa.Table) -> tuple[str, ...]:
     return ()
 
 
+def _concat(parts: list[pa.Table]) -> pa.Table:
+    """The parts of one table across tasks.  An empty keyed state has no fixed
+    types (placeholder columns), so empty parts only count when all are."""
+    filled = [p for p in parts if p.num_rows] or parts[:1]
+    return pa.concat_tables(filled, promote_options="permissive").replace_schema_metadata(filled[0].schema.metadata)
+
+
 def classify_channel_records(
     records: pa.Table, channel: ChannelId, generation: int, lineage: Lineage, *, task: str = "", held: str = "copied"
 ) -> pa.Table:
@@ -360,12 +367,7 @@ class Checkpoints:
                 + (f" in task {task}" if task else "")
                 + f" (tables: {', '.join(sorted(self._table_names(checkpoint_id))) or 'none'})"
             )
-        return {
-            name: pa.concat_tables(parts, promote_options="permissive").replace_schema_metadata(
-                parts[0].schema.metadata
-            )
-            for name, parts in sorted(by_table.items())
-        }
+        return {name: _concat(parts) for name, parts in sorted(by_table.items())}
 
     def channel_state(
         self, checkpoint_id: int, *, task: str | None = None, progress: Callable[[str], None] = lambda _: None
@@ -401,7 +403,15 @@ class Checkpoints:
             records = pa.concat_tables(described)
         else:
             records = classify_channel_records(RECORD_SCHEMA.empty_table(), ChannelId("-", 0), 0, Lineage())
-        return ChannelState(records, channel_rows(records, problems), problems)
+        # each channel decoded on its own: channels of different stages carry different columns
+        rows = [channel_rows(part, problems) for part in described]
+        rows = [r for r in rows if r.num_rows] or [channel_rows(records, problems)]
+        try:
+            decoded = pa.concat_tables(rows, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            problems.append(f"the channels' rows have types that do not combine ({exc}): read one task at a time")
+            decoded = rows[0]
+        return ChannelState(records, decoded, problems)
 
     def diff(self, a: int, b: int, *, table: str | None = None, sample: int = 10) -> list[TableDiff]:
         """How each task's state tables changed from checkpoint ``a`` to ``b``, by key."""
@@ -410,21 +420,23 @@ class Checkpoints:
         for name in sorted(set(before) | set(after)):
             old, new = before.get(name), after.get(name)
             template = new if new is not None else old
-            # a table that names no keys is compared row by row: rows added and removed
-            keys = ("task", *(state_keys(template) or [c for c in template.column_names if c != "task"]))
+            # a table that names no keys is compared row by row (rows added and removed), a
+            # row's occurrence among equal rows counting as part of it
+            named = state_keys(template)
+            keys = ("task", *(named or [c for c in template.column_names if c != "task"]))
             old = old if old is not None else template.schema.empty_table()
             new = new if new is not None else template.schema.empty_table()
             for task in sorted(self._tasks_with(a, name) | self._tasks_with(b, name)):
-                diffs.append(
-                    _diff_table(
-                        task,
-                        name,
-                        keys,
-                        old.filter(pc.equal(old["task"], task)),
-                        new.filter(pc.equal(new["task"], task)),
-                        sample,
-                    )
+                before_rows = old.filter(pc.equal(old["task"], task))
+                after_rows = new.filter(pc.equal(new["task"], task))
+                if not named:
+                    before_rows, after_rows = _numbered(before_rows), _numbered(after_rows)
+                diff = _diff_table(
+                    task, name, keys + (() if named else (_OCCURRENCE,)), before_rows, after_rows, sample
                 )
+                if not named:
+                    diff = _unnumbered(diff)
+                diffs.append(diff)
         return diffs
 
     def restore_plan(
@@ -519,6 +531,26 @@ def _detail(manifest: Manifest, problems: list[str]) -> CheckpointDetail:
         tasks=tasks,
         problems=list(problems),
     )
+
+
+_OCCURRENCE = "_occurrence"
+
+
+def _numbered(rows: pa.Table) -> pa.Table:
+    """``rows`` with each row's occurrence among equal rows (0, 1, ...)."""
+    seen: dict[tuple, int] = {}
+    numbers = []
+    for row in zip(*(rows[c].to_pylist() for c in rows.column_names)):
+        key = tuple(repr(v) for v in row)
+        numbers.append(seen.get(key, 0))
+        seen[key] = numbers[-1] + 1
+    return rows.append_column(_OCCURRENCE, pa.array(numbers, pa.int64()))
+
+
+def _unnumbered(diff: TableDiff) -> TableDiff:
+    keys = tuple(k for k in diff.keys if k != _OCCURRENCE)
+    sample = diff.sample.drop_columns([_OCCURRENCE]) if _OCCURRENCE in diff.sample.column_names else diff.sample
+    return TableDiff(diff.task, diff.table, keys, diff.added, diff.removed, diff.changed, diff.unchanged, sample)
 
 
 def _joinable(keys: pa.Table) -> pa.Table:

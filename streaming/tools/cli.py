@@ -271,6 +271,15 @@ def _cmd_restore(args: argparse.Namespace) -> int:
         return 0
     if not args.pipeline:
         raise ConfigError("restore: give --pipeline (module:attribute) to restore the job, or --dry-run")
+    if args.checkpoint is None:  # named explicitly: a job that only ran generation 0 would start afresh
+        checkpoints, _ = _checkpoints(args)
+        with checkpoints:
+            picked, _ = checkpoints.store.latest_verified()
+        if picked is None:
+            raise ConfigError(
+                f"job {args.job}: no checkpoint verifies, nothing to restore from (`run` starts it from the beginning)"
+            )
+        args.checkpoint = picked.checkpoint_id
     args.restore = args.checkpoint
     return _cmd_run(args)
 

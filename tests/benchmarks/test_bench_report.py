@@ -71,3 +71,30 @@ def test_a_stack_summary_counts_own_and_inclusive_samples(tmp_path):
 def test_every_key_has_one_partition():
     assert {partition_of(f"key-{i}") for i in range(1000)} == set(range(PARTITIONS))
     assert all(partition_of("key-7") == partition_of("key-7") for _ in range(3))
+
+
+def test_a_run_is_done_when_a_committed_checkpoint_shows_its_input_read(tmp_path):
+    from types import SimpleNamespace
+
+    from benchmarks.runs import _Processed
+    from streaming.adapters.objects import open_store
+    from streaming.adapters.snapshots import SnapshotStore
+
+    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), "bench")
+    # (checkpoint, in-flight range on events:0 when the task took its snapshot); 2 is not committed
+    for cid, (start, end) in ((1, (40, 101)), (2, (100, 102)), (3, (100, 103))):
+        snap = store.write_task(
+            cid, 0, "count-0", {}, positions={"events:0": end + 1}, in_flight={"events:0": (start, end)}
+        )
+        store.write_manifest(cid, 0, {"count-0": snap})
+    records = [SimpleNamespace(checkpoint_id=c, committed={"count-0"} if c != 2 else set()) for c in (1, 2, 3)]
+    coordinator = SimpleNamespace(sink_tasks={"count-0"}, completed=lambda: records[:shown])
+    runner = SimpleNamespace(coordinator=coordinator, store=store)
+    processed = _Processed(runner, {"events:0": 100})
+    shown = 1
+    assert not processed()  # read up to 40 only: 60 input records still in flight
+    shown = 2
+    assert not processed()  # read to 100, but its output is not committed yet
+    shown = 3
+    assert processed()  # read to 100 and committed: only barrier records were in flight
+    store.close()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
 from operators import KeyedState, OperatorConfigError, StateRestoreError, latest_per_key
+from operators.state import KEYS_METADATA
 
 
 def add_values(rows: pa.Table) -> pa.Table:
@@ -91,3 +94,13 @@ def test_empty_state_takes_the_types_of_the_first_rows() -> None:
     state.restore(pa.table({"k": pa.array([], pa.int64()), "v": pa.array([], pa.int64())}), "t")
     state.merge(pa.table({"k": ["a"], "v": [1.5]}), add_values)
     assert state.table.schema == pa.schema([("k", pa.string()), ("v", pa.float64())])
+
+
+def test_a_snapshot_names_its_keys_and_a_restored_state_does_not_pass_them_on():
+    state = KeyedState(["account", "day"], ["balance"])
+    state.upsert(pa.table({"account": ["a"], "day": [1], "balance": [5]}))
+    snapshot = state.snapshot()
+    assert json.loads(snapshot.schema.metadata[KEYS_METADATA]) == ["account", "day"]
+    restored = KeyedState(["account", "day"], ["balance"])
+    restored.restore(snapshot, "balances")
+    assert restored.table.schema.metadata is None  # rows taken from it go downstream without it

@@ -4,6 +4,8 @@ between the manifest and the sink's commit gives each epoch exactly once."""
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 import pytest
 from kafka import KafkaConsumer, TopicPartition
@@ -81,7 +83,10 @@ def test_a_restore_to_an_older_checkpoint_takes_back_the_output_committed_after_
     other.commit(3)
     # restored from checkpoint 1: epochs 2 and 3 of task-0 go, task-1's epoch 3 is its own to take back
     restored = ObjectStoreSink(location, "task-0")
+    before = time.time() - 1
     assert restored.recover(completed_checkpoint=1) == Recovery(retracted=[2, 3])  # committed: nothing staged
+    retracted = location.filesystem.get_file_info(location.path("retracted", "epoch-000000000002", "task-0.parquet"))
+    assert retracted.mtime.timestamp() >= before  # gc's grace period counts from the retraction
     assert _values(location) == ["1:0", "30:0"]
     assert ObjectStoreSink(location, "task-1").recover(completed_checkpoint=1).retracted == [3]
     assert _values(location) == ["1:0"]
@@ -131,6 +136,7 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name):
     second = KafkaSink(staging, "task-0", bootstrap=connection.kafka_bootstrap, topic=topic, transactional_id=txid)
     assert second.recover(completed_checkpoint=2) == Recovery(committed=[2], discarded=[3])
     assert not second.recover(completed_checkpoint=2)
+    assert first.commit(2) is False  # the old instance finds epoch 2 committed by the new one: nothing twice
     first.stage(4, _rows(4, 1))  # the old instance runs on and tries to commit what it staged
     with pytest.raises(SinkFencedError):
         first.commit(4)

@@ -244,3 +244,52 @@ def test_a_table_without_named_keys_is_compared_row_by_row(tmp_path):
     (d,) = Checkpoints(store).diff(1, 2)
     store.close()
     assert (d.keys, d.added, d.removed, d.changed, d.unchanged) == (("watermark",), 1, 1, 0, 2)  # null matches null
+
+
+def test_an_empty_state_with_placeholder_types_does_not_break_reading_a_stage(tmp_path):
+    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
+    empty = KeyedState(["account"], ["balance"]).snapshot()  # no rows yet: placeholder int64 columns
+    snaps = {
+        "accounts-0": store.write_task(1, 0, "accounts-0", {"balances": empty}, positions={}),
+        "accounts-1": store.write_task(1, 0, "accounts-1", {"balances": _balances({"a": 1})}, positions={}),
+    }
+    store.write_manifest(1, 0, snaps)
+    balances = Checkpoints(store).state(1)["balances"]
+    (d,) = [d for d in Checkpoints(store).diff(1, 1) if d.task == "accounts-1"]
+    store.close()
+    assert balances["account"].to_pylist() == ["a"] and d.unchanged == 1
+
+
+def test_equal_rows_of_a_table_without_keys_count_one_by_one(tmp_path):
+    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
+    for cid, marks in ((1, [7, 7]), (2, [7])):
+        snap = store.write_task(cid, 0, "w-0", {"watermark": pa.table({"watermark": marks})}, positions={})
+        store.write_manifest(cid, 0, {"w-0": snap})
+    (d,) = Checkpoints(store).diff(1, 2)
+    store.close()
+    assert (d.keys, d.added, d.removed, d.unchanged) == (("watermark",), 0, 1, 1)
+    assert d.sample.column_names == ["change", "task", "watermark"]
+
+
+def test_channels_of_different_stages_decode_each_with_its_own_columns(tmp_path):
+    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
+    legs = _records([(1, b'{"account": "a", "amount": 5}', {})])
+    transfers = _records([(1, b'{"id": 9, "source": "a", "target": "b"}', {})])
+    snaps = {
+        name: store.write_task(
+            1, 0, name, {}, positions={CHANNEL: 2}, in_flight={CHANNEL: (1, 2)}, channel_records={CHANNEL: records}
+        )
+        for name, records in (("accounts-0", legs), ("legs-0", transfers))
+    }
+    store.write_manifest(1, 0, snaps)
+    channels = Checkpoints(store).channel_state(1)
+    store.close()
+    assert channels.problems == []
+    rows = {r["task"]: r for r in channels.rows.to_pylist()}
+    assert rows["accounts-0"]["amount"] == 5 and rows["legs-0"]["id"] == 9
+
+
+def test_a_restore_with_nothing_to_restore_from_says_so(tmp_path):
+    SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB).close()
+    done = _cli("restore", "--store", f"file://{tmp_path}/s", "--job", JOB, "--pipeline", "x:y")
+    assert done.returncode == 2 and "no checkpoint verifies, nothing to restore from" in done.stderr, done.stderr
