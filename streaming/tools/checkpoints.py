@@ -405,7 +405,7 @@ class Checkpoints:
             records = classify_channel_records(RECORD_SCHEMA.empty_table(), ChannelId("-", 0), 0, Lineage())
         # each channel decoded on its own: channels of different stages carry different columns
         rows = [channel_rows(part, problems) for part in described]
-        rows = [r for r in rows if r.num_rows] or [channel_rows(records, problems)]
+        rows = [r for r in rows if r.num_rows] or [channel_rows(records.slice(0, 0), problems)]
         try:
             decoded = pa.concat_tables(rows, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
