@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from streaming.api.config import Connection
 from streaming.errors import ConfigError, StoreError
 
-__all__ = ["StoreLocation", "ObjectFiles", "open_store", "s3_filesystem", "ensure_bucket"]
+__all__ = ["StoreLocation", "ObjectFiles", "open_store", "s3_filesystem", "ensure_bucket", "list_files"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +88,12 @@ def ensure_bucket(connection: Connection) -> None:
         raise StoreError(
             f"S3 server at {connection.s3_endpoint}: cannot check or create bucket {connection.s3_bucket!r}: {exc}"
         ) from exc
+
+
+def list_files(fs: pafs.FileSystem, directory: str) -> list[pafs.FileInfo]:
+    """Every file under ``directory`` (recursively; none when it is missing), by path."""
+    selector = pafs.FileSelector(directory, recursive=True, allow_not_found=True)
+    return sorted((i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File), key=lambda i: i.path)
 
 
 class ObjectFiles:

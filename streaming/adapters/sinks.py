@@ -43,7 +43,7 @@ from kafka.errors import KafkaError
 
 from streaming.adapters import codec
 from streaming.adapters.kafka_admin import create_topic
-from streaming.adapters.objects import ObjectFiles, StoreLocation, open_store
+from streaming.adapters.objects import ObjectFiles, StoreLocation, list_files, open_store
 from streaming.api.config import Connection
 from streaming.api.pipeline import Sink, SinkKind
 from streaming.api.settings import JobSettings
@@ -274,14 +274,10 @@ def read_committed_output(location: StoreLocation) -> pa.Table | None:
     """Every committed epoch of an ``ObjectStoreSink`` in epoch order (then task
     order), or None when nothing is committed yet."""
     fs = location.filesystem
-    files = [
-        i.path
-        for i in fs.get_file_info(pafs.FileSelector(location.path("output"), recursive=True, allow_not_found=True))
-        if i.type == pafs.FileType.File and i.path.endswith(".parquet")
-    ]
+    files = [i.path for i in list_files(fs, location.path("output")) if i.path.endswith(".parquet")]
     if not files:
         return None
-    return pa.concat_tables([pq.read_table(p, filesystem=fs) for p in sorted(files)], promote_options="default")
+    return pa.concat_tables([pq.read_table(p, filesystem=fs) for p in files], promote_options="default")
 
 
 class KafkaSink(_TwoPhaseSink):

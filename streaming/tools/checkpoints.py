@@ -44,7 +44,7 @@ from streaming.adapters.records import RECORD_SCHEMA, header_values
 from streaming.adapters.snapshots import LoadedTask, Manifest, SnapshotStore
 from streaming.api.config import Connection
 from streaming.engine.restore import plan_start
-from streaming.errors import KafkaUnavailableError, SnapshotMissingError, SparkAbsError
+from streaming.errors import KafkaUnavailableError, SnapshotCorruptError, SnapshotMissingError, SparkAbsError
 
 __all__ = [
     "Checkpoints",
@@ -348,8 +348,9 @@ class Checkpoints:
     # -- one checkpoint ------------------------------------------------------
 
     def detail(self, checkpoint_id: int) -> CheckpointDetail:
-        manifest = self.store.read_manifest(checkpoint_id)
-        problems = self.store.verify(checkpoint_id)
+        manifest, problems = self.store.verifier.verify(checkpoint_id)  # the manifest read once
+        if manifest is None:
+            raise SnapshotCorruptError(problems[0])
         return _detail(manifest, problems)
 
     def state(self, checkpoint_id: int, *, task: str | None = None, table: str | None = None) -> dict[str, pa.Table]:
@@ -446,10 +447,10 @@ class Checkpoints:
         (``checkpoint_id`` if it verifies, else the newest that does), the
         generation it starts and what every task loads and replays."""
         if checkpoint_id is not None:
-            problems = self.store.verify(checkpoint_id)
+            manifest, problems = self.store.verifier.verify(checkpoint_id)
             if problems:
                 raise SnapshotMissingError(f"checkpoint {checkpoint_id} cannot be restored: {'; '.join(problems)}")
-            manifest, skipped = self.store.read_manifest(checkpoint_id), []
+            skipped = []
         else:
             manifest, skipped = self.store.latest_verified()
         meta = self.store.read_job()

@@ -27,9 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import pyarrow.fs as pafs
-
-from streaming.adapters.objects import StoreLocation
+from streaming.adapters.objects import StoreLocation, list_files
 from streaming.adapters.snapshots import SnapshotStore, checkpoint_dir_name
 from streaming.adapters.snapshots.layout import MANIFEST
 from streaming.errors import ConfigError
@@ -67,11 +65,6 @@ class GcPlan:
             files, size = summary.get(g.reason, (0, 0))
             summary[g.reason] = (files + 1, size + g.bytes)
         return summary
-
-
-def _files(fs: pafs.FileSystem, directory: str) -> list[pafs.FileInfo]:
-    selector = pafs.FileSelector(directory, recursive=True, allow_not_found=True)
-    return sorted((i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File), key=lambda i: i.path)
 
 
 def plan_gc(
@@ -114,7 +107,7 @@ def plan_gc(
             plan.garbage += _orphans(store, checkpoint_id)
             continue
         reason = f"retention (keep {retain})" if checkpoint_id in done else "incomplete, older than a complete one"
-        files = _files(fs, layout.checkpoint_dir(checkpoint_id))
+        files = list_files(fs, layout.checkpoint_dir(checkpoint_id))
         files.sort(key=lambda i: (i.base_name != MANIFEST, i.path))
         plan.garbage += [Garbage(i.path, i.size, reason) for i in files]
     if sink is not None:
@@ -132,16 +125,16 @@ def _orphans(store: SnapshotStore, checkpoint_id: int) -> list[Garbage]:
         named.update(layout.part(checkpoint_id, p.path) for p in snapshot.parts)
     return [
         Garbage(i.path, i.size, "orphan: not in the manifest")
-        for i in _files(store.files.fs, layout.checkpoint_dir(checkpoint_id))
+        for i in list_files(store.files.fs, layout.checkpoint_dir(checkpoint_id))
         if i.path not in named
     ]
 
 
 def _sink_garbage(sink: StoreLocation, plan: GcPlan, newest: int | None, now: float, grace_s: float) -> None:
     fs = sink.filesystem
-    committed = {_relative(sink, i.path, "output") for i in _files(fs, sink.path("output"))}
+    committed = {_relative(sink, i.path, "output") for i in list_files(fs, sink.path("output"))}
     waiting = 0
-    for info in _files(fs, sink.path("staging")):
+    for info in list_files(fs, sink.path("staging")):
         relative = _relative(sink, info.path, "staging")
         if relative in committed:
             plan.garbage.append(Garbage(info.path, info.size, "staged copy of committed sink output"))
@@ -152,7 +145,7 @@ def _sink_garbage(sink: StoreLocation, plan: GcPlan, newest: int | None, now: fl
             f"{waiting} staged sink epoch file(s): waiting for their checkpoint"
             + ("" if newest is None else f" (a restore to {newest} or earlier commits or discards them)")
         )
-    old = [i for i in _files(fs, sink.path("retracted")) if i.mtime is None or i.mtime.timestamp() < now - grace_s]
+    old = [i for i in list_files(fs, sink.path("retracted")) if i.mtime is None or i.mtime.timestamp() < now - grace_s]
     plan.garbage += [Garbage(i.path, i.size, f"retracted sink output older than {grace_s:g} s") for i in old]
 
 
@@ -178,6 +171,6 @@ def apply_gc(store: SnapshotStore, plan: GcPlan) -> list[Garbage]:
         touched = {store.layout.checkpoint_dir(c) for c in store.checkpoints()}
         touched = {d for d in touched if any(g.path.startswith(d + "/") for g in removed)}
         for directory in sorted(touched):
-            if not _files(fs, directory):
+            if not list_files(fs, directory):
                 fs.delete_dir(directory)
     return removed
