@@ -12,6 +12,10 @@ each state answers with the next state; effects go out through the narrow
   is blocked until barrier n came on every open input; then snapshot, forward
   and release.  With a timeout or held-bytes budget in the options, passing
   either turns the running checkpoint unaligned.
+- ``Announced``: an aligned checkpoint with a timeout whose barrier was
+  announced (its position on a channel is known) but not read yet; nothing is
+  blocked.  Its first barrier makes it ``Aligning``; the timeout passing
+  first turns it unaligned at the announced positions.
 - ``Unaligned``: one or more checkpoints whose snapshot is taken (at the first
   barrier, at an announcement of a barrier's position, or on a trigger) and
   whose barriers are still owed by some channels; what such a channel
@@ -24,6 +28,19 @@ each state answers with the next state; effects go out through the narrow
 Every task checkpoint resumes each channel right after its barrier n (or at
 its end, if the channel ended first); unaligned ones replay their channel
 state before that.
+
+The alignment timeout counts from the checkpoint's trigger, as Flink's does:
+the barrier carries the coordinator's wall-clock time of the trigger, and a
+task that first sees barrier n (or its announcement) after the timeout has
+passed takes checkpoint n unaligned at once; one aligning, or waiting for an
+announced barrier, switches when it passes.  Clocks of other hosts may be
+skewed, so the timeout also passes, at the latest, that long after the task
+first saw the checkpoint (its own monotonic clock): a task whose clock is
+behind the coordinator's switches no later than it did when the timeout
+counted from the first barrier; one whose clock is ahead switches up to the
+skew earlier.  Either way the checkpoint is consistent; only how much is
+channel state changes.  A barrier without a trigger time counts from the
+task's first sight alone.
 
 Barriers that cannot belong to the running protocol (another generation,
 an unknown or ended channel, a duplicate, one older than a checkpoint the
@@ -49,6 +66,7 @@ __all__ = [
     "BarrierHandler",
     "TaskCheckpoint",
     "CheckpointKind",
+    "Switch",
     "Ignored",
     "IgnoreReason",
     "ProtocolError",
@@ -67,6 +85,17 @@ class CheckpointKind(enum.Enum):
     AT_LEAST_ONCE = "at-least-once"
 
 
+class Switch(enum.Enum):
+    """Why an aligned checkpoint turned unaligned in a task (the manifest says it)."""
+
+    LATE_BARRIER = "its first barrier came after the alignment timeout had passed since the trigger"
+    LATE_ANNOUNCEMENT = "its first barrier was announced after the alignment timeout had passed since the trigger"
+    TIMEOUT_WHILE_ALIGNING = "the alignment timeout passed while it aligned"
+    TIMEOUT_WHILE_ANNOUNCED = "the alignment timeout passed while its announced barriers were still unread"
+    OVER_BUDGET = "the records it held while aligning passed the held-bytes budget"
+    OLDER_UNALIGNED = "an older checkpoint was still unaligned in the task"
+
+
 class IgnoreReason(enum.Enum):
     UNKNOWN_CHANNEL = "not an input channel of this task"
     CHANNEL_ENDED = "the channel already ended"
@@ -76,7 +105,7 @@ class IgnoreReason(enum.Enum):
     OUT_OF_ORDER = "this channel already delivered a newer barrier"
     LATE = "not newer than a checkpoint this task already started or restored from"
     CANCELLED = "the checkpoint was cancelled"
-    ANNOUNCEMENT_UNUSED = "announcements only start or close unaligned checkpoints"
+    ANNOUNCEMENT_UNUSED = "announcements only start or close unaligned checkpoints and ones with an alignment timeout"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +127,9 @@ class TaskCheckpoint:
     ``positions``: per input channel, the offset to resume at (right after
     barrier n, or the channel's end).  ``in_flight``: per channel, the
     non-empty offset ranges ``[start, end)`` that are channel state.  Times are
-    the handler's clock."""
+    the handler's clock.  ``switch``: why an aligned checkpoint turned
+    unaligned, with the milliseconds since its trigger when it did
+    (``switched_after_ms``, None without a trigger time)."""
 
     barrier: Barrier
     kind: CheckpointKind
@@ -107,6 +138,8 @@ class TaskCheckpoint:
     started_at: float
     snapshot_at: float
     completed_at: float
+    switch: Switch | None = None
+    switched_after_ms: float | None = None
 
     @property
     def checkpoint_id(self) -> int:
@@ -158,8 +191,12 @@ class _Pending:
     barrier_offsets: dict[ChannelId, int] = field(default_factory=dict)
     # unaligned: channel -> position when the snapshot was taken
     starts: dict[ChannelId, int] = field(default_factory=dict)
+    # aligned with a timeout: channels whose barrier n was announced -> its offset
+    announced: dict[ChannelId, int] = field(default_factory=dict)
     snapshot_at: float | None = None
     kind: CheckpointKind = CheckpointKind.ALIGNED
+    switch: Switch | None = None
+    switched_after_ms: float | None = None
 
     @property
     def checkpoint_id(self) -> int:
@@ -175,6 +212,7 @@ class _Context:
         inputs: Iterable[ChannelId],
         positions: Mapping[ChannelId, int],
         clock: Callable[[], float],
+        wall_clock: Callable[[], float],
         max_concurrent: int,
     ):
         self.controller = controller
@@ -183,7 +221,41 @@ class _Context:
         self.positions: dict[ChannelId, int] = {c: int(positions.get(c, 0)) for c in self.inputs}
         self.blocked: set[ChannelId] = set()
         self.clock = clock
+        self.wall_clock = wall_clock
         self.max_concurrent = max_concurrent
+
+    def since_trigger_ms(self, barrier: Barrier) -> float | None:
+        """Milliseconds since ``barrier``'s trigger by this host's wall clock
+        (None when the barrier has no trigger time; never negative)."""
+        if not barrier.timestamp_ms:
+            return None
+        return max(0.0, round(self.wall_clock() * 1000.0 - barrier.timestamp_ms, 3))
+
+    def timed_out(self, pending: _Pending) -> bool:
+        """The alignment timeout of ``pending`` has passed: since its trigger,
+        or (bounding clock skew) since this task first saw it."""
+        timeout = pending.barrier.options.alignment_timeout_ms
+        if timeout is None:
+            return False
+        since_trigger = self.since_trigger_ms(pending.barrier)
+        return (since_trigger is not None and since_trigger >= timeout) or (
+            round((self.clock() - pending.started_at) * 1000.0, 3) >= timeout
+        )
+
+    def switch(self, pending: _Pending, kind: CheckpointKind, why: Switch) -> None:
+        """Turn ``pending`` unaligned: take its snapshot now.  Channels whose
+        barrier came were blocked at it (nothing of them is in flight); ones
+        whose barrier was announced close at the announced offset."""
+        pending.kind = kind
+        pending.switch = why
+        pending.switched_after_ms = self.since_trigger_ms(pending.barrier)
+        log.info("checkpoint %d: unaligned: %s", pending.checkpoint_id, why.value)
+        self.take_snapshot(pending)
+        for channel, offset in pending.barrier_offsets.items():
+            pending.starts[channel] = offset
+        for channel, offset in pending.announced.items():
+            if channel in self.open:
+                pending.barrier_offsets.setdefault(channel, offset)
 
     # effects, each logged with the checkpoint and channel
 
@@ -226,6 +298,8 @@ class _Context:
             started_at=pending.started_at,
             snapshot_at=pending.snapshot_at if pending.snapshot_at is not None else now,
             completed_at=now,
+            switch=pending.switch,
+            switched_after_ms=pending.switched_after_ms,
         )
         log.debug("checkpoint %d: acknowledged (%s)", pending.checkpoint_id, pending.kind.value)
         self.controller.acknowledge(checkpoint)
@@ -269,11 +343,23 @@ class _State:
 
 
 def _start(
-    ctx: _Context, channel: ChannelId | None, barrier: Barrier, offset: int | None, announced: bool = False
+    ctx: _Context,
+    channel: ChannelId | None,
+    barrier: Barrier,
+    offset: int | None,
+    announced: bool = False,
+    pending: _Pending | None = None,
 ) -> _State:
-    """The state after the first barrier (or announcement, or trigger) of a new checkpoint."""
-    pending = _Pending(barrier, ctx.clock())
+    """The state after the first barrier (or announcement, or trigger) of a
+    new checkpoint; ``pending``: the one an ``Announced`` state was keeping."""
+    pending = pending or _Pending(barrier, ctx.clock())
     mode = barrier.options.alignment
+    if announced and mode is not Alignment.UNALIGNED:  # aligned with a timeout
+        pending.announced[channel] = offset  # type: ignore[index]
+        if ctx.timed_out(pending):
+            ctx.switch(pending, CheckpointKind.TIMED_OUT_TO_UNALIGNED, Switch.LATE_ANNOUNCEMENT)
+            return Unaligned({}).add(ctx, pending)
+        return Announced(pending)
     if channel is not None:
         pending.barrier_offsets[channel] = offset  # type: ignore[assignment]
     if mode is Alignment.UNALIGNED or announced:
@@ -288,8 +374,8 @@ def _start(
     if channel is not None and channel in ctx.open and ctx.owes_barrier(pending):
         ctx.block(barrier.checkpoint_id, channel)
     state = Aligning(pending).check(ctx)
-    # a timeout of zero cannot wait at all: such a checkpoint turns unaligned at its first barrier
-    return state.tick(ctx, 0) if isinstance(state, Aligning) else state
+    # a barrier that comes after the timeout (a timeout of zero: any barrier) turns unaligned at once
+    return state.tick(ctx, 0, first=True) if isinstance(state, Aligning) else state
 
 
 class Idle(_State):
@@ -299,7 +385,7 @@ class Idle(_State):
         return _start(ctx, channel, barrier, offset)
 
     def announcement(self, ctx, channel, barrier, offset):
-        if barrier.options.alignment is not Alignment.UNALIGNED:
+        if barrier.options.alignment is not Alignment.UNALIGNED and barrier.options.alignment_timeout_ms is None:
             return None
         return _start(ctx, channel, barrier, offset, announced=True)
 
@@ -325,6 +411,55 @@ class Idle(_State):
 
     def __repr__(self) -> str:
         return "Idle"
+
+
+class Announced(_State):
+    """Aligned checkpoint n with a timeout: its barrier was announced on some
+    channels but none was read yet.  Nothing is blocked; the first barrier
+    starts the alignment, the timeout passing first turns it unaligned."""
+
+    def __init__(self, pending: _Pending):
+        self.pending = pending
+
+    def pending_ids(self):
+        return (self.pending.checkpoint_id,)
+
+    def barrier(self, ctx, channel, barrier, offset):
+        if barrier.checkpoint_id == self.pending.checkpoint_id:
+            return _start(ctx, channel, barrier, offset, pending=self.pending)
+        ctx.abort(self.pending, CheckpointFailure.SUBSUMED, f"barrier {barrier.checkpoint_id} came on {channel} first")
+        return _start(ctx, channel, barrier, offset)
+
+    def announcement(self, ctx, channel, barrier, offset):
+        if barrier.checkpoint_id != self.pending.checkpoint_id:
+            return None
+        self.pending.announced[channel] = offset
+        return self
+
+    def trigger(self, ctx, barrier):
+        raise ProtocolError(
+            f"checkpoint {barrier.checkpoint_id} triggered while {self.pending.checkpoint_id} was announced"
+        )
+
+    def end_of_input(self, ctx, channel):
+        if ctx.owes_barrier(self.pending):
+            return self
+        return Aligning(self.pending).check(ctx)  # no input left open: nothing to align
+
+    def tick(self, ctx, held_bytes):
+        if not ctx.timed_out(self.pending):
+            return self
+        ctx.switch(self.pending, CheckpointKind.TIMED_OUT_TO_UNALIGNED, Switch.TIMEOUT_WHILE_ANNOUNCED)
+        return Unaligned({}).add(ctx, self.pending)
+
+    def abort(self, ctx, checkpoint_id, reason, detail):
+        if checkpoint_id != self.pending.checkpoint_id:
+            return self
+        ctx.abort(self.pending, reason, detail)
+        return Idle()
+
+    def __repr__(self) -> str:
+        return f"Announced({self.pending.checkpoint_id}, on={sorted(map(str, self.pending.announced))})"
 
 
 class Aligning(_State):
@@ -354,20 +489,26 @@ class Aligning(_State):
         self._give_up(ctx, CheckpointFailure.SUBSUMED, f"barrier {barrier.checkpoint_id} came on {channel} first")
         return _start(ctx, channel, barrier, offset)
 
+    def announcement(self, ctx, channel, barrier, offset):
+        if barrier.checkpoint_id != self.pending.checkpoint_id or barrier.options.alignment_timeout_ms is None:
+            return None
+        self.pending.announced[channel] = offset  # where it closes if the timeout passes
+        return self
+
     def trigger(self, ctx, barrier):
         raise ProtocolError(f"checkpoint {barrier.checkpoint_id} triggered while aligning {self.pending.checkpoint_id}")
 
     def end_of_input(self, ctx, channel):
         return self.check(ctx)
 
-    def tick(self, ctx, held_bytes):
+    def tick(self, ctx, held_bytes, first: bool = False):
+        """``first``: the task just saw its first barrier of the checkpoint."""
         options = self.pending.barrier.options
-        if options.alignment_timeout_ms is not None and (
-            (ctx.clock() - self.pending.started_at) * 1000.0 >= options.alignment_timeout_ms
-        ):
-            return self._switch(ctx, CheckpointKind.TIMED_OUT_TO_UNALIGNED)
+        if ctx.timed_out(self.pending):
+            why = Switch.LATE_BARRIER if first else Switch.TIMEOUT_WHILE_ALIGNING
+            return self._switch(ctx, CheckpointKind.TIMED_OUT_TO_UNALIGNED, why)
         if options.held_bytes_budget is not None and held_bytes > options.held_bytes_budget:
-            return self._switch(ctx, CheckpointKind.OVER_BUDGET_TO_UNALIGNED)
+            return self._switch(ctx, CheckpointKind.OVER_BUDGET_TO_UNALIGNED, Switch.OVER_BUDGET)
         return self
 
     def abort(self, ctx, checkpoint_id, reason, detail):
@@ -376,15 +517,10 @@ class Aligning(_State):
         self._give_up(ctx, reason, detail)
         return Idle()
 
-    def _switch(self, ctx: _Context, kind: CheckpointKind) -> _State:
-        pending = self.pending
-        pending.kind = kind
-        log.info("checkpoint %d: %s", pending.checkpoint_id, kind.value)
-        ctx.take_snapshot(pending)
-        for channel, offset in pending.barrier_offsets.items():
-            pending.starts[channel] = offset
-        ctx.release_all(pending.checkpoint_id)
-        return Unaligned({}).add(ctx, pending)
+    def _switch(self, ctx: _Context, kind: CheckpointKind, why: Switch) -> _State:
+        ctx.switch(self.pending, kind, why)
+        ctx.release_all(self.pending.checkpoint_id)
+        return Unaligned({}).add(ctx, self.pending)
 
     def _give_up(self, ctx: _Context, reason: CheckpointFailure, detail: str) -> None:
         ctx.abort(self.pending, reason, detail)
@@ -432,7 +568,13 @@ class Unaligned(_State):
         if barrier.options.may_switch_to_unaligned:
             # an older checkpoint is still unaligned: blocking now could not make this one aligned in time
             return self._start_unaligned(
-                ctx, channel, barrier, offset, announced=False, kind=CheckpointKind.TIMED_OUT_TO_UNALIGNED
+                ctx,
+                channel,
+                barrier,
+                offset,
+                announced=False,
+                kind=CheckpointKind.TIMED_OUT_TO_UNALIGNED,
+                why=Switch.OLDER_UNALIGNED,
             )
         for old in sorted(self.pending):
             ctx.abort(
@@ -465,8 +607,12 @@ class Unaligned(_State):
             ctx.abort(pending, reason, detail)
         return self if self.pending else Idle()
 
-    def _start_unaligned(self, ctx, channel, barrier, offset, *, announced, kind=CheckpointKind.UNALIGNED) -> _State:
-        pending = _Pending(barrier, ctx.clock(), kind=kind)
+    def _start_unaligned(
+        self, ctx, channel, barrier, offset, *, announced, kind=CheckpointKind.UNALIGNED, why=None
+    ) -> _State:
+        pending = _Pending(barrier, ctx.clock(), kind=kind, switch=why)
+        if why is not None:
+            pending.switched_after_ms = ctx.since_trigger_ms(barrier)
         pending.barrier_offsets[channel] = offset
         ctx.take_snapshot(pending)
         if not announced:
@@ -529,7 +675,9 @@ class BarrierHandler:
     (the offset of the next record it will deliver; 0 when not given);
     ``generation``: barriers of any other generation are ignored;
     ``max_concurrent``: unaligned checkpoints that may be pending at once
-    (starting one more aborts the oldest).
+    (starting one more aborts the oldest); ``clock``: monotonic seconds, for
+    durations; ``wall_clock``: seconds since the epoch, compared with the
+    trigger time a barrier carries (the alignment timeout).
 
     The task drives it: ``record_processed`` for every record it processes,
     ``barrier_received`` / ``cancel_received`` for every control record it
@@ -547,11 +695,12 @@ class BarrierHandler:
         generation: int = 0,
         max_concurrent: int = 1,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         newest_started: int = 0,
     ):
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
-        self._ctx = _Context(controller, inputs, positions or {}, clock, max_concurrent)
+        self._ctx = _Context(controller, inputs, positions or {}, clock, wall_clock, max_concurrent)
         self._state: _State = Idle()
         self.generation = generation
         self.ignored: collections.Counter[IgnoreReason] = collections.Counter()

@@ -34,18 +34,29 @@ EVENTS = pa.schema([("id", pa.int64()), ("key", pa.string())])
 SLOW_SECONDS_PER_RECORD = 0.002
 
 
-def _slowly(batch: pa.Table) -> pa.Table:
-    time.sleep(SLOW_SECONDS_PER_RECORD * batch.num_rows)
-    return batch
+class _Slowly:
+    """Sleeps ``seconds`` per record (a picklable callable: a stage's operator
+    factory may be sent to Spark's executors)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        time.sleep(self.seconds * batch.num_rows)
+        return batch
 
 
-def slow_pipeline(job: str = "slow"):
+def slow_pipeline(job: str = "slow", ms_per_record: float = SLOW_SECONDS_PER_RECORD * 1000):
     """A deliberately slow stage over a two-partition topic ``<job>.events``
-    (``SLOW_SECONDS_PER_RECORD`` per record), counting events per key into
-    an object-store sink: a backlog in front of a barrier takes it a while."""
+    (``ms_per_record`` per record, 2 by default), counting events per key into
+    an object-store sink: a backlog in front of a barrier takes it a while.
+    ``streaming.testing:slow_pipeline?ms_per_record=10`` picks the cost."""
     from operators import Chain, KeyedAggregate, count, map_batches
     from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 
+    if isinstance(ms_per_record, bool) or not isinstance(ms_per_record, int | float) or not ms_per_record >= 0:
+        raise ValueError(f"ms_per_record must be a non-negative number, got {ms_per_record!r}")
+    slowly = _Slowly(ms_per_record / 1000)
     return Pipeline(
         job,
         (Ingress(f"{job}.events", 2, EVENTS),),
@@ -53,7 +64,7 @@ def slow_pipeline(job: str = "slow"):
             Stage(
                 "slow",
                 (f"{job}.events",),
-                lambda: Chain(map_batches(_slowly, name="slowly"), KeyedAggregate("key", {"n": count()})),
+                lambda: Chain(map_batches(slowly, name="slowly"), KeyedAggregate("key", {"n": count()})),
                 sink=Sink(),
             ),
         ),

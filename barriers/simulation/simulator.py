@@ -605,6 +605,7 @@ class _Process:
             generation=self.sim.generation,
             max_concurrent=self.sim.max_concurrent,
             clock=self.sim.now,
+            wall_clock=self.sim.now,
             newest_started=newest_started,
         )
 
@@ -864,7 +865,8 @@ class Simulator:
     def _initiate(self, proc: _Process, index: int) -> None:
         checkpoint_id = self._plan_ids.get(index)
         if checkpoint_id is None:
-            barrier = self.coordinator.trigger(self.plan[index].options)
+            # stamped with the trigger time, as the engine's coordinator does (the alignment timeout counts from it)
+            barrier = self.coordinator.trigger(self.plan[index].options, timestamp_ms=round(self._now * 1000))
             self._plan_ids[index] = checkpoint_id = barrier.checkpoint_id
             self._barriers[checkpoint_id] = barrier
         proc.initiated.add(index)

@@ -7,6 +7,8 @@ JSON (``ControlEvent``); their kinds (``ControlKind``):
   and the barrier's headers (an unaligned task may snapshot on it);
 - ``announce``: a task forwarded barrier n; the offsets on its outputs;
 - ``ready``: a task's query runs (the coordinator triggers once all are);
+  ``replaying``: records of restored channel state it has still to read;
+- ``replayed``: a restored task has processed its channel state again;
 - ``ack`` / ``decline``: a task's snapshot is uploaded, or it cannot take one;
 - ``complete`` / ``abort``: the coordinator's verdict on checkpoint n;
 - ``committed``: a sink task made epoch n visible.
@@ -52,6 +54,7 @@ class ControlKind(enum.StrEnum):
     """What a control event says (see the module docstring)."""
 
     READY = "ready"
+    REPLAYED = "replayed"
     TRIGGER = "trigger"
     ANNOUNCE = "announce"
     ACK = "ack"

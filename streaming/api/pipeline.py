@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import enum
 import importlib
+import json
 import re
+import urllib.parse
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -244,17 +247,46 @@ def route(table: pa.Table, key: str | None, targets: int) -> pa.Array:
 
 
 def load_pipeline(reference: str, job: str | None = None) -> Pipeline:
-    """``module:attribute``: a Pipeline, or a function ``(job=...)`` returning one."""
-    module_name, sep, attribute = reference.partition(":")
+    """``module:attribute``: a Pipeline, or a function ``(job=..., **kwargs)``
+    returning one.  A function's keyword arguments may follow as a query
+    string, ``module:function?ms_per_record=10&keys=100`` (values read as
+    JSON numbers, booleans or null where they parse, else as text), so the
+    same reference reaches every worker process."""
+    target_ref, _, query = reference.partition("?")
+    module_name, sep, attribute = target_ref.partition(":")
     if not sep or not module_name or not attribute:
-        raise ConfigError(f"pipeline {reference!r}: expected 'module:attribute'")
+        raise ConfigError(f"pipeline {reference!r}: expected 'module:attribute' (optionally '?name=value&...')")
+    kwargs = _reference_arguments(reference, query)
     try:
         target = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"pipeline {reference!r} cannot be loaded: {exc}") from exc
-    pipeline = target(**({"job": job} if job else {})) if callable(target) else target
+    if kwargs and not callable(target):
+        raise ConfigError(f"pipeline {reference!r}: {attribute} is not a function, it takes no arguments")
+    try:
+        pipeline = target(**({"job": job} if job else {}), **kwargs) if callable(target) else target
+    except (TypeError, ValueError) as exc:
+        if kwargs:
+            raise ConfigError(f"pipeline {reference!r}: {exc}") from exc
+        raise
     if not isinstance(pipeline, Pipeline):
         raise ConfigError(f"pipeline {reference!r} gave {type(pipeline).__name__}, not a Pipeline")
     if job and pipeline.job != job:
         raise ConfigError(f"pipeline {reference!r} named its job {pipeline.job!r}, not {job!r}")
     return pipeline
+
+
+def _reference_arguments(reference: str, query: str) -> dict[str, Any]:
+    arguments: dict[str, Any] = {}
+    try:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise ConfigError(f"pipeline {reference!r}: arguments must read 'name=value&name=value'") from None
+    for name, text in pairs:
+        if not name.isidentifier() or name == "job":
+            raise ConfigError(f"pipeline {reference!r}: {name!r} cannot be a keyword argument")
+        try:
+            arguments[name] = json.loads(text)
+        except ValueError:
+            arguments[name] = text
+    return arguments

@@ -56,6 +56,10 @@ class JobSettings:
     # backlog is read in few Spark micro-batches (tasks still take control events
     # between segments of a batch, and spill held records past a memory budget)
     max_records_per_batch: int = 200_000
+    # records a task processes between two looks at control events (an unaligned
+    # snapshot, an alignment timeout): how long a barrier's announcement can wait
+    # behind a large micro-batch; small for a slow operator, large for throughput
+    max_segment_records: int = 50_000
     # how often a stage query looks for new records
     trigger_interval: str = "300 milliseconds"
 
@@ -75,7 +79,7 @@ class JobSettings:
         for name in ("interval_s", "timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("retain", "max_concurrent", "max_records_per_batch"):
+        for name in ("retain", "max_concurrent", "max_records_per_batch", "max_segment_records"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_concurrent > 1 and self.mode is not Mode.UNALIGNED:

@@ -149,6 +149,10 @@ class CoordinatorService:
         self.records: dict[int, CheckpointRecord] = {}
         # tasks of this generation whose queries run (a checkpoint before that would only wait)
         self.ready: set[str] = set()
+        # when (clock) each task said it was ready, and when it had replayed its restored channel state
+        self.clock = clock
+        self.ready_at: dict[str, float] = {}
+        self.replayed_at: dict[str, float] = {}
 
     @property
     def generation(self) -> int:
@@ -157,6 +161,11 @@ class CoordinatorService:
     @property
     def all_ready(self) -> bool:
         return self.ready >= set(self.tasks)
+
+    @property
+    def all_replayed(self) -> bool:
+        """Every task is running and has processed the channel state it restored."""
+        return set(self.replayed_at) >= set(self.tasks)
 
     # ---- trigger
 
@@ -195,6 +204,16 @@ class CoordinatorService:
             return
         if event.kind is ControlKind.READY:
             self.ready.add(event.task)
+            self.ready_at[event.task] = self.clock()
+            if not event.payload.get("replaying"):
+                self.replayed_at[event.task] = self.ready_at[event.task]
+            return
+        if event.kind is ControlKind.REPLAYED:
+            self.replayed_at[event.task] = self.clock()
+            self.say(
+                f"{event.task}: restored channel state replayed ({event.payload.get('records')} records, "
+                f"{float(event.payload.get('seconds') or 0):.1f} s after the task started)"
+            )
             return
         if event.kind is ControlKind.COMMITTED:
             record = self.records.get(event.checkpoint_id)

@@ -54,5 +54,6 @@ def plan_start(generation: int, checkpoint_id: int | None, loaded: LoadedTask | 
         watermarks={ChannelId.parse(c): int(w) for c, w in (snapshot.metadata.get("watermarks") or {}).items()},
         lineage=Lineage.from_json(snapshot.metadata.get("lineage")).after_restore(generation, positions),
         replay=replay,
+        replay_until={c: end for c, (_, end) in ranges.items() if c not in replay},
     )
     return TaskRestore(start, query_start)

@@ -84,6 +84,8 @@ class TaskStart:
     lineage: Lineage = field(default_factory=Lineage)
     # copied channel state to process before anything the query reads
     replay: Mapping[ChannelId, pa.Table] = field(default_factory=dict)
+    # channel state kept as offset ranges: the query reads each channel again up to here
+    replay_until: Mapping[ChannelId, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -171,10 +173,15 @@ class StageTask:
         self._taken: dict[int, TakenSnapshot] = {}
         self._held_max = 0
         # channel state copied into the restored snapshot goes first
+        self._started = time.monotonic()
+        self._replaying: dict[ChannelId, int] = {}
         for _channel, table in sorted(self.start.replay.items()):
             if table.num_rows:
                 self.counters["replayed_in_flight"] += table.num_rows
                 self.process_batch(table)
+        # channel state kept as ranges: replayed once the query read past these offsets
+        self._replaying = {c: end for c, end in self.start.replay_until.items() if self.handler.position(c) < end}
+        self.replay_records = sum(end - self.handler.position(c) for c, end in self._replaying.items())
 
     # ------------------------------------------------------------------ input
 
@@ -263,12 +270,36 @@ class StageTask:
             self._handle_control(segment)
             return
         self.handler.record_processed(channel, segment.last_offset)
+        if self._replaying:
+            self._check_replayed(channel)
         if segment.kind is SegmentKind.SKIP:
             self.counters["skipped_older_generation"] += segment.rows.num_rows
         elif segment.kind is SegmentKind.WATERMARK:
             self._advance_watermark(channel, segment.rows, None)
         else:
             self._process(channel, segment.rows)
+
+    def _check_replayed(self, channel: ChannelId) -> None:
+        """Say on the control topic when the restored channel state (offset
+        ranges) has been read and processed again: a restore's last step."""
+        end = self._replaying.get(channel)
+        if end is None or self.handler.position(channel) < end:
+            return
+        del self._replaying[channel]
+        if self._replaying:
+            return
+        self.io.publish(
+            ControlEvent(
+                ControlKind.REPLAYED,
+                self.start.checkpoint_id or 0,
+                self.spec.name,
+                {
+                    "generation": self.generation,
+                    "records": self.replay_records,
+                    "seconds": time.monotonic() - self._started,
+                },
+            )
+        )
 
     def _read_back(self, segment: Segment) -> Segment:
         rows = self.io.read_range(segment.channel, segment.first_offset, segment.last_offset + 1)
@@ -448,8 +479,8 @@ class StageTask:
         """Events of the job's control topic that concern tasks: the
         coordinator's abort of a checkpoint, and barrier positions announced
         by the injector (``trigger``) and by upstream tasks (``announce``),
-        which let an unaligned checkpoint start before the backlog in front
-        of its barrier is read.  Taken at once when the task is idle, else by
+        which let an unaligned checkpoint (or an aligned one whose timeout
+        passed) start before the backlog in front of its barrier is read.  Taken at once when the task is idle, else by
         the processing thread between two segments of the batch in hand (a
         large batch does not delay an unaligned snapshot)."""
         if event.payload.get("generation") != self.generation:
@@ -483,8 +514,10 @@ class StageTask:
         except BarrierRejected as exc:
             log.warning("%s: announcement of checkpoint %d ignored: %s", self.spec.name, event.checkpoint_id, exc)
             return
-        if not isinstance(barrier, Barrier) or barrier.options.alignment is not Alignment.UNALIGNED:
-            return
+        if not isinstance(barrier, Barrier) or (
+            barrier.options.alignment is not Alignment.UNALIGNED and barrier.options.alignment_timeout_ms is None
+        ):
+            return  # aligned without a timeout and at-least-once checkpoints wait for the barriers themselves
         for name, offset in sorted((event.payload.get("offsets") or {}).items()):
             channel = ChannelId.parse(name)
             if channel in self.spec.inputs:

@@ -154,6 +154,10 @@ class SnapshotUploader:
             if checkpoint.barrier.timestamp_ms
             else None,
             "alignment_s": checkpoint.alignment_duration,
+            # an aligned checkpoint that turned unaligned: why, and when (ms since the trigger)
+            "switch": checkpoint.switch.name.lower() if checkpoint.switch else None,
+            "switch_reason": checkpoint.switch.value if checkpoint.switch else None,
+            "switched_after_ms": checkpoint.switched_after_ms,
             "sync_snapshot_s": taken.sync_snapshot_s,
             "held_bytes_max": taken.held_bytes_max,
             "in_flight_records_referenced": sum(e - s for s, e in checkpoint.in_flight.values()),

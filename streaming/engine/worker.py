@@ -174,9 +174,10 @@ class Worker:
             query.start(interval=self.settings.trigger_interval)
             self.queries.append(query)
         for running in self.running:
-            self.control.publish(
-                ControlEvent(ControlKind.READY, 0, running.task.spec.name, {"generation": self.generation})
-            )
+            # "replaying": records of restored channel state (offset ranges) still to read; a
+            # "replayed" event follows when they are processed
+            payload = {"generation": self.generation, "replaying": running.task.replay_records}
+            self.control.publish(ControlEvent(ControlKind.READY, 0, running.task.spec.name, payload))
 
     def _start_task(self, name: str) -> tuple[_Running, dict[ChannelId, int]]:
         spec = self.pipeline.task(name)
@@ -194,6 +195,7 @@ class Worker:
             start=plan.start,
             max_concurrent=self.settings.max_concurrent,
             copy_in_flight=self._must_copy(spec),
+            max_segment_records=self.settings.max_segment_records,
         )
         return _Running(task, sink), dict(plan.query_start)
 

@@ -101,6 +101,9 @@ class TaskDetail:
     positions: dict[str, int]
     watermarks: dict[str, int]
     restores: list = field(default_factory=list)  # the lineage: [[generation, {channel: offset}], ...]
+    # an aligned checkpoint that turned unaligned here: why, and when (ms since the trigger)
+    switch_reason: str | None = None
+    switched_after_ms: float | None = None
 
     @property
     def state_bytes(self) -> int:
@@ -516,6 +519,8 @@ def _detail(manifest: Manifest, problems: list[str]) -> CheckpointDetail:
                 positions=dict(snapshot.positions),
                 watermarks={c: int(w) for c, w in (measured.get("watermarks") or {}).items()},
                 restores=list(measured.get("lineage") or []),
+                switch_reason=measured.get("switch_reason"),
+                switched_after_ms=measured.get("switched_after_ms"),
             )
         )
     options = manifest.options

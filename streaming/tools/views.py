@@ -133,6 +133,13 @@ def render_detail(detail: CheckpointDetail) -> str:
         ),
         right=("first barrier", "alignment", "sync", "async", "held max", "state", "in flight"),
     )
+    switches = [
+        f"{t.task} turned unaligned"
+        + (f" {t.switched_after_ms:.0f} ms after the trigger" if t.switched_after_ms is not None else "")
+        + f": {t.switch_reason}"
+        for t in detail.tasks
+        if t.switch_reason
+    ]
     state = _table(
         "state tables",
         ("task", "table", "rows", "bytes"),
@@ -162,7 +169,10 @@ def render_detail(detail: CheckpointDetail) -> str:
         for t in detail.tasks
         if t.restores
     ]
-    parts: list[object] = ["\n".join(head), tasks, state, channels]
+    parts: list[object] = ["\n".join(head), tasks]
+    if switches:
+        parts.append("\n".join(switches))
+    parts += [state, channels]
     if lineage:
         parts.append("lineage (the restores this generation descends from):\n  " + "\n  ".join(lineage))
     return _text(*parts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from barriers.failures import CheckpointFailure
-from barriers.handler import BarrierHandler, CheckpointKind, IgnoreReason, ProtocolError
+from barriers.handler import BarrierHandler, CheckpointKind, IgnoreReason, ProtocolError, Switch
 from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions
 
 A, B, C = ChannelId("in", 0), ChannelId("in", 1), ChannelId("in", 2)
@@ -142,6 +142,148 @@ def test_alignment_timeout_switches_the_running_checkpoint_to_unaligned():
     assert ack.positions == {A: 1, B: 4}
 
 
+# ---- the alignment timeout counts from the trigger (the barrier's timestamp_ms, the coordinator's wall clock)
+
+TRIGGERED_MS = 1_000_000  # when the coordinator triggered checkpoint 1, by its wall clock
+TIMEOUT_200 = CheckpointOptions.aligned_with_timeout(timeout_ms=200)
+
+
+def timed_handler(inputs=(A, B), **kwargs):
+    """A handler whose wall clock and monotonic clock are the same fake clock,
+    set to the trigger time (seconds)."""
+    clock = Clock()
+    clock.now = TRIGGERED_MS / 1000
+    h, rec = handler(inputs, clock=clock, wall_clock=clock, **kwargs)
+    return h, rec, clock
+
+
+def barrier_1(options=TIMEOUT_200):
+    return Barrier(1, options=options, timestamp_ms=TRIGGERED_MS)
+
+
+def test_a_barrier_that_comes_after_the_timeout_since_the_trigger_turns_unaligned_at_once():
+    h, rec, clock = timed_handler()
+    clock.now += 0.35  # the backlog in front of the barrier took 350 ms to read
+    h.barrier_received(A, barrier_1(), 0)
+    assert rec.names() == ["block", "snapshot", "forward", "release"] and h.blocked == frozenset()
+    feed(h, B, 0, 1)
+    h.barrier_received(B, barrier_1(), 2)
+    ack = rec.acks[1]
+    assert ack.kind is CheckpointKind.TIMED_OUT_TO_UNALIGNED and ack.in_flight == {B: (0, 2)}
+    assert ack.switch is Switch.LATE_BARRIER and ack.switched_after_ms == pytest.approx(350)
+
+
+def test_a_task_already_aligning_switches_when_the_timeout_since_the_trigger_passes():
+    h, rec, clock = timed_handler()
+    clock.now += 0.15
+    h.barrier_received(A, barrier_1(), 0)
+    assert h.blocked == {A}
+    clock.now += 0.049  # 199 ms since the trigger, 49 ms since the first barrier
+    h.tick()
+    assert h.blocked == {A}
+    clock.now += 0.001  # 200 ms since the trigger: the first-barrier count would wait 150 ms more
+    h.tick()
+    assert h.blocked == frozenset() and rec.names() == ["block", "snapshot", "forward", "release"]
+    feed(h, B, 0)
+    h.barrier_received(B, barrier_1(), 1)
+    ack = rec.acks[1]
+    assert ack.switch is Switch.TIMEOUT_WHILE_ALIGNING and ack.switched_after_ms == pytest.approx(200)
+    assert ack.in_flight == {B: (0, 1)} and ack.positions == {A: 1, B: 2}
+
+
+def test_announced_barriers_close_their_channels_when_the_timeout_passes_before_they_are_read():
+    h, rec, clock = timed_handler()
+    h.announcement_received(A, barrier_1(), 500)
+    h.announcement_received(B, barrier_1(), 700)
+    assert rec.effects == [] and h.pending == (1,) and h.blocked == frozenset()
+    feed(h, A, *range(100))  # the backlog is read, nothing is blocked
+    clock.now += 0.2
+    h.tick()
+    ack = rec.acks[1]
+    assert rec.names() == ["snapshot", "forward", "in_flight", "in_flight", "ack"]
+    assert ack.kind is CheckpointKind.TIMED_OUT_TO_UNALIGNED and ack.switch is Switch.TIMEOUT_WHILE_ANNOUNCED
+    assert ack.in_flight == {A: (100, 500), B: (0, 700)} and ack.positions == {A: 501, B: 701}
+    # the rest of the backlog and the barriers themselves change nothing more
+    feed(h, A, *range(100, 500))
+    assert h.barrier_received(A, barrier_1(), 500) is None
+    assert len(rec.effects) == 5 and not h.ignored
+
+
+def test_an_announcement_after_the_timeout_starts_the_checkpoint_unaligned_at_once():
+    h, rec, clock = timed_handler()
+    clock.now += 0.25
+    h.announcement_received(A, barrier_1(), 40)
+    assert rec.names() == ["snapshot", "forward"]
+    h.announcement_received(B, barrier_1(), 60)
+    ack = rec.acks[1]
+    assert ack.switch is Switch.LATE_ANNOUNCEMENT and ack.in_flight == {A: (0, 40), B: (0, 60)}
+
+
+def test_a_barrier_read_before_the_timeout_aligns_as_usual_and_announcements_wait():
+    h, rec, clock = timed_handler()
+    h.announcement_received(A, barrier_1(), 2)
+    h.announcement_received(B, barrier_1(), 1)
+    feed(h, A, 0, 1)
+    clock.now += 0.05
+    h.barrier_received(A, barrier_1(), 2)
+    assert h.blocked == {A}
+    feed(h, B, 0)
+    h.barrier_received(B, barrier_1(), 1)
+    ack = rec.acks[1]
+    assert ack.kind is CheckpointKind.ALIGNED and ack.switch is None and ack.in_flight == {}
+    assert ack.positions == {A: 3, B: 2}
+
+
+def test_a_switch_while_aligning_closes_the_announced_channels_at_their_barriers():
+    h, rec, clock = timed_handler()
+    h.announcement_received(B, barrier_1(), 9)
+    clock.now += 0.01
+    h.barrier_received(A, barrier_1(), 0)
+    feed(h, B, 0, 1, 2)
+    clock.now += 0.19
+    h.tick()
+    ack = rec.acks[1]  # B's barrier position is known: nothing more to wait for
+    assert ack.switch is Switch.TIMEOUT_WHILE_ALIGNING and ack.in_flight == {B: (3, 9)}
+
+
+def test_a_clock_behind_the_coordinators_still_switches_the_timeout_after_the_first_barrier():
+    h, rec, clock = timed_handler()
+    clock.now -= 5.0  # this host's wall clock is five seconds behind: "since the trigger" stays 0
+    h.barrier_received(A, barrier_1(), 0)
+    clock.now += 0.199
+    h.tick()
+    assert h.blocked == {A}
+    clock.now += 0.001
+    h.tick()
+    assert h.blocked == frozenset()
+    h.barrier_received(B, barrier_1(), 0)
+    ack = rec.acks[1]
+    assert ack.switch is Switch.TIMEOUT_WHILE_ALIGNING and ack.switched_after_ms == 0
+
+
+def test_a_barrier_without_a_trigger_time_counts_the_timeout_from_the_first_barrier():
+    h, rec, clock = timed_handler()
+    h.barrier_received(A, Barrier(1, options=TIMEOUT_200), 0)
+    clock.now += 0.2
+    h.tick()
+    h.barrier_received(B, Barrier(1, options=TIMEOUT_200), 0)
+    assert rec.acks[1].switch is Switch.TIMEOUT_WHILE_ALIGNING and rec.acks[1].switched_after_ms is None
+
+
+def test_an_announced_checkpoint_given_up_upstream_is_declined():
+    h, rec, clock = timed_handler()
+    h.announcement_received(A, barrier_1(), 5)
+    h.barrier_received(B, Barrier(2, options=TIMEOUT_200, timestamp_ms=TRIGGERED_MS + 100), 0)
+    assert ("abort", 1, CheckpointFailure.SUBSUMED) in rec.effects and h.pending == (2,) and h.blocked == {B}
+
+
+def test_announcements_of_an_aligned_checkpoint_with_only_a_budget_are_unused():
+    h, rec, clock = timed_handler()
+    options = CheckpointOptions.aligned_with_timeout(held_bytes_budget=10)
+    ignored = h.announcement_received(A, Barrier(1, options=options, timestamp_ms=TRIGGERED_MS), 5)
+    assert ignored.reason is IgnoreReason.ANNOUNCEMENT_UNUSED
+
+
 def test_held_bytes_budget_switches_to_unaligned():
     h, rec = handler()
     options = CheckpointOptions.aligned_with_timeout(held_bytes_budget=1000)
@@ -151,7 +293,7 @@ def test_held_bytes_budget_switches_to_unaligned():
     h.tick(held_bytes=1001)
     assert h.blocked == frozenset()
     h.barrier_received(B, Barrier(1, options=options), 0)
-    assert rec.acks[1].kind is CheckpointKind.OVER_BUDGET_TO_UNALIGNED
+    assert rec.acks[1].kind is CheckpointKind.OVER_BUDGET_TO_UNALIGNED and rec.acks[1].switch is Switch.OVER_BUDGET
 
 
 def test_at_least_once_never_blocks_and_resumes_after_the_barriers():

@@ -8,8 +8,9 @@ import collections
 
 import pytest
 
-from barriers.handler import CheckpointKind
+from barriers.handler import CheckpointKind, Switch
 from barriers.messages import CheckpointOptions
+from barriers.simulation import checker
 from barriers.simulation.simulator import (
     Act,
     Crash,
@@ -151,16 +152,34 @@ def test_a_sink_shows_output_only_when_the_closing_checkpoint_completes():
 
 
 def test_the_alignment_timeout_turns_a_checkpoint_unaligned():
+    # one simulated millisecond per step; the timeout counts from the trigger (step 1)
     sim = fan_in(CheckpointOptions.aligned_with_timeout(timeout_ms=2), records=5)
     take(sim, Initiate("S1", 0), Receive("K", S1K))
     assert sim.handler("K").is_blocked(S1K)
-    take(sim, Act("S2"), Act("S2"), Act("S2"))
+    take(sim, Act("S2"))  # 2 ms since the trigger, 1 ms since K's first barrier
     assert not sim.handler("K").is_blocked(S1K)
-    take(sim, Receive("K", S2K), Initiate("S2", 0))
+    take(sim, Act("S2"), Act("S2"), Receive("K", S2K), Initiate("S2", 0))
     sim.drain()
     snapshot = sim.completed[1]
     assert snapshot.kinds["K"] is CheckpointKind.TIMED_OUT_TO_UNALIGNED
+    assert sim.procs["K"].acks[1].switch is Switch.TIMEOUT_WHILE_ALIGNING
     assert [m.payload["id"] for m in snapshot.channels[S2K]] == ["S2.0", "S2.1", "S2.2"]
+    assert checker.check_snapshot(sim.history, snapshot, sim.behaviours, sim.final_state())
+
+
+def test_a_barrier_that_reaches_a_task_after_the_timeout_takes_it_unaligned_at_once():
+    sim = fan_in(CheckpointOptions.aligned_with_timeout(timeout_ms=3), records=5)
+    take(sim, Act("S1"), Initiate("S1", 0), Act("S2"), Act("S2"), Act("S2"), Receive("K", S1K))
+    assert sim.handler("K").pending == ()  # K read S1.0, not the barrier yet
+    take(sim, Receive("K", S1K))  # the barrier, 5 ms after the trigger: K never blocks
+    assert not sim.handler("K").is_blocked(S1K)
+    take(sim, Initiate("S2", 0))
+    sim.drain()
+    snapshot = sim.completed[1]
+    ack = sim.procs["K"].acks[1]
+    assert ack.switch is Switch.LATE_BARRIER and ack.switched_after_ms == 5
+    assert [m.payload["id"] for m in snapshot.channels[S2K]] == ["S2.0", "S2.1", "S2.2"]
+    assert checker.check_snapshot(sim.history, snapshot, sim.behaviours, sim.final_state())
 
 
 def test_at_least_once_duplicates_what_came_after_a_barrier_on_restore():

@@ -80,3 +80,18 @@ def test_route_is_a_stable_hash_of_the_key():
     assert route(table, None, 1).to_pylist() == [0, 0, 0, 0]
     with pytest.raises(ConfigError, match="no key column"):
         route(table, "missing", 2)
+
+
+def test_a_reference_passes_keyword_arguments_to_the_pipeline_function():
+    from streaming.api.pipeline import load_pipeline
+
+    pipeline = load_pipeline("streaming.testing:slow_pipeline?ms_per_record=10", "slow-x")
+    assert pipeline.job == "slow-x" and pipeline.stages[0].name == "slow"
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'speed'"):
+        load_pipeline("streaming.testing:slow_pipeline?speed=3", "slow-x")
+    with pytest.raises(ConfigError, match="'job' cannot be a keyword argument"):
+        load_pipeline("streaming.testing:slow_pipeline?job=other", "slow-x")
+    with pytest.raises(ConfigError, match="name=value"):
+        load_pipeline("streaming.testing:slow_pipeline?ms_per_record", "slow-x")
+    with pytest.raises(ConfigError, match="non-negative"):
+        load_pipeline("streaming.testing:slow_pipeline?ms_per_record=fast", "slow-x")

@@ -40,5 +40,6 @@ def test_from_a_snapshot_channel_state_comes_first():
     assert plan.start.positions == {A: 10, B: 15, C: 25}
     assert plan.query_start == {A: 10, B: 15, C: 30}
     assert plan.start.replay == {C: copied}
+    assert plan.start.replay_until == {B: 18}  # the range B [15, 18) is replayed once read again
     assert plan.start.watermarks == {A: 99} and plan.start.checkpoint_id == 7 and plan.start.generation == 2
     assert set(plan.start.state) == {"state"}

@@ -340,6 +340,20 @@ def test_copied_channel_state_is_replayed_before_anything_else():
     assert rows[-1] == {"account": "x", "n": 3, "total": 18}
 
 
+def test_a_restored_task_says_when_its_channel_state_ranges_are_replayed():
+    pipeline = counting_pipeline(sink_stage=True)
+    start = TaskStart(generation=1, checkpoint_id=2, positions={A: 3, B: 0}, replay_until={A: 6, B: 0})
+    task, io = make_task(pipeline, sink=True, start=start)
+    assert task.replay_records == 3  # in:0 [3, 6); in:1 has nothing to replay
+    task.process_batch(batch(*[("in", 0, i, {"account": "x", "amount": 1}) for i in (3, 4)]))
+    assert not [e for e in io.events if e.kind is ControlKind.REPLAYED]
+    task.process_batch(batch(("in", 0, 5, {"account": "x", "amount": 1}), ("in", 0, 6, {"account": "x", "amount": 1})))
+    replayed = [e for e in io.events if e.kind is ControlKind.REPLAYED]
+    assert len(replayed) == 1 and replayed[0].payload["records"] == 3 and replayed[0].checkpoint_id == 2
+    task.process_batch(batch(("in", 0, 7, {"account": "x", "amount": 1})))
+    assert len([e for e in io.events if e.kind is ControlKind.REPLAYED]) == 1
+
+
 def test_an_announcement_during_a_large_batch_is_taken_between_its_segments():
     """An unaligned checkpoint announced while a micro-batch is being processed
     starts after the segment in hand, not after the whole batch: the snapshot
