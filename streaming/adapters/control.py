@@ -9,6 +9,7 @@ JSON (``ControlEvent``); their kinds (``ControlKind``):
 - ``ready``: a task's query runs (the coordinator triggers once all are);
   ``replaying``: records of restored channel state it has still to read;
 - ``replayed``: a restored task has processed its channel state again;
+- ``progress``: a task's position on each input channel, twice a second (lag);
 - ``ack`` / ``decline``: a task's snapshot is uploaded, or it cannot take one;
 - ``complete`` / ``abort``: the coordinator's verdict on checkpoint n;
 - ``committed``: a sink task made epoch n visible.
@@ -55,6 +56,7 @@ class ControlKind(enum.StrEnum):
 
     READY = "ready"
     REPLAYED = "replayed"
+    PROGRESS = "progress"
     TRIGGER = "trigger"
     ANNOUNCE = "announce"
     ACK = "ack"

@@ -61,6 +61,8 @@ class CheckpointRecord:
     in_flight: int = 0
     # what the tasks' checkpoints turned out to be (aligned, unaligned, switched after a timeout, ...)
     kinds: tuple[str, ...] = ()
+    # per task, once complete: what it measured (the manifest's metrics), its positions and in-flight ranges
+    tasks: dict[str, dict] = field(default_factory=dict)
 
     @property
     def duration_s(self) -> float | None:
@@ -153,6 +155,10 @@ class CoordinatorService:
         self.clock = clock
         self.ready_at: dict[str, float] = {}
         self.replayed_at: dict[str, float] = {}
+        # records of restored channel state (offset ranges) each task said it had to read again
+        self.replaying: dict[str, int] = {}
+        # each task's latest position per input channel (its progress events)
+        self.positions: dict[str, dict[str, int]] = {}
 
     @property
     def generation(self) -> int:
@@ -205,8 +211,12 @@ class CoordinatorService:
         if event.kind is ControlKind.READY:
             self.ready.add(event.task)
             self.ready_at[event.task] = self.clock()
+            self.replaying[event.task] = int(event.payload.get("replaying") or 0)
             if not event.payload.get("replaying"):
                 self.replayed_at[event.task] = self.ready_at[event.task]
+            return
+        if event.kind is ControlKind.PROGRESS:
+            self.positions[event.task] = dict(event.payload.get("positions") or {})
             return
         if event.kind is ControlKind.REPLAYED:
             self.replayed_at[event.task] = self.clock()
@@ -281,6 +291,14 @@ class CoordinatorService:
             record.status, record.completed_at = CheckpointStatus.COMPLETED, time.monotonic()
             record.in_flight = sum(e - s for snap in snapshots.values() for s, e in snap.in_flight.values())
             record.kinds = kinds
+            record.tasks = {
+                task: {
+                    **task_metrics[task],
+                    "positions": dict(snapshot.positions),
+                    "in_flight": {c: list(r) for c, r in snapshot.in_flight.items()},
+                }
+                for task, snapshot in snapshots.items()
+            }
         in_flight = f"; {record.in_flight} offsets in flight" if record and record.in_flight else ""
         self.say(
             f"checkpoint {checkpoint_id} complete in {record.duration_s:.2f} s ({', '.join(kinds)}{in_flight})"

@@ -268,6 +268,8 @@ class StageTask:
             )
         if segment.kind is SegmentKind.CONTROL:
             self._handle_control(segment)
+            if self._replaying:  # a range may end in control records (no data between two barriers)
+                self._check_replayed(channel)
             return
         self.handler.record_processed(channel, segment.last_offset)
         if self._replaying:
@@ -278,6 +280,20 @@ class StageTask:
             self._advance_watermark(channel, segment.rows, None)
         else:
             self._process(channel, segment.rows)
+
+    def progress(self) -> ControlEvent:
+        """Where the task is: its position on each input channel (the next
+        offset it will process) and the records it processed."""
+        return ControlEvent(
+            ControlKind.PROGRESS,
+            0,
+            self.spec.name,
+            {
+                "generation": self.generation,
+                "positions": {str(c): self.handler.position(c) for c in self.spec.inputs},
+                "records": self.counters["records"],
+            },
+        )
 
     def _check_replayed(self, channel: ChannelId) -> None:
         """Say on the control topic when the restored channel state (offset

@@ -29,6 +29,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -57,6 +58,9 @@ if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this
 __all__ = ["Worker", "main"]
 
 log = logging.getLogger(__name__)
+
+# how often each task publishes its positions on the control topic (lag, a comparison's backpressure)
+PROGRESS_INTERVAL_S = 0.5
 
 
 @dataclass
@@ -280,6 +284,7 @@ class Worker:
 
     def serve(self) -> int:
         """Follow the control topic until stopped; 1 if a query failed."""
+        next_progress = 0.0
         while not self._stop.is_set():
             try:
                 self.restart(*self.commands.get_nowait())
@@ -289,6 +294,10 @@ class Worker:
                 self._on_control(event)
             for running in self.running:
                 running.task.tick()
+            if time.monotonic() >= next_progress:
+                next_progress = time.monotonic() + PROGRESS_INTERVAL_S
+                for running in self.running:
+                    self.control.publish(running.task.progress())
             for query in self.queries:
                 error = query.failure()
                 if error is not None:

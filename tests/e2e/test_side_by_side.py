@@ -1,38 +1,67 @@
-"""`spark-abs compare` on the real runtime: aligned and unaligned jobs side by
-side on the same backlog, judged by what their checkpoints recorded (which
-kind, what was held, what is channel state), never by wall time."""
+"""`spark-abs compare` on the real runtime, a tiny run: aligned, unaligned
+and aligned-timeout jobs side by side under a continuous source into a slow
+stage, judged by what their checkpoints recorded (which kind, why a task
+switched, what is channel state), never by wall time; the report's charts
+and JSON are written; the restore at the end is measured."""
 
 from __future__ import annotations
 
 import pytest
 
-from streaming.tools.compare import run_compare
+from streaming.tools import compare_report
+from streaming.tools.checkpoints import Checkpoints
+from streaming.tools.compare import Comparison, Workload, run_compare
 
 pytestmark = pytest.mark.integration
 
+# the timeout passes before the barrier is read: the barrier is announced (the trigger event) at
+# once, and the backlog in front of it takes the slow stage far longer than 200 ms to read
+SWITCHED_BEFORE_READING = {"timeout_while_announced", "late_announcement"}
 
-def test_aligned_and_unaligned_side_by_side(connection, tmp_path):
+
+def test_aligned_unaligned_and_the_timeout_from_the_trigger_side_by_side(connection, tmp_path):
     lines: list[str] = []
+    store = f"file://{tmp_path}/store"
+    workload = Workload(costs=(10.0,), load=1.5, duration_s=8, warmup_s=2, interval_s=1, timeout_ms=200)
     comparison = run_compare(
         connection,
-        store_uri=f"file://{tmp_path}/store",
-        variants=("aligned", "unaligned"),
-        backlogs=(400, 800),
+        store_uri=store,
+        workload=workload,
+        variants=("aligned", "unaligned", "aligned-timeout"),
         say=lines.append,
     )
-    assert [(r.variant, r.round) for r in comparison.rounds] == [
-        ("aligned", 1),
-        ("unaligned", 1),
-        ("aligned", 2),
-        ("unaligned", 2),
-    ], "\n".join(lines)
-    for r in comparison.of("aligned"):
-        # the aligned snapshot waited for the backlog: nothing of it is channel state
-        assert r.kind == "aligned" and r.in_flight_records == 0
-    for r in comparison.of("unaligned"):
-        # the unaligned one started at the announcement: the unread backlog is channel state, nothing was held
-        assert r.kind == "unaligned" and r.held_bytes_max == 0
-        assert r.in_flight_records > 0
-    assert [r.backlog for r in comparison.of("aligned")] == [400, 800]
-    assert len(comparison.ratios("unaligned")) == 2
-    assert "unaligned" in comparison.render() and "round 2: unaligned checkpoint" in "\n".join(lines)
+    log = "\n".join(lines)
+    aligned, unaligned, timeout = (comparison.run(v, 10.0) for v in comparison.variants)
+    for run in (aligned, unaligned, timeout):
+        assert run.samples, log
+        assert run.restore is not None and run.restore.ready_s is not None, log
+    for sample in aligned.samples:
+        if sample.status == "completed":  # the snapshot waited for the backlog: nothing of it is channel state
+            assert sample.kinds == ("aligned",) and sample.in_flight_records == 0 and not sample.switches
+    completed = [s for s in unaligned.samples if s.status == "completed"]
+    assert completed and all(s.kinds == ("unaligned",) for s in completed), log
+    assert any(s.in_flight_records > 0 for s in completed), log
+    switched = [s for s in timeout.samples if s.status == "completed"]
+    assert switched, log
+    for sample in switched:
+        assert sample.kinds == ("aligned, unaligned after the alignment timeout",), sample
+        (entry,) = sample.switches
+        assert entry.split(": ")[1].split(" after ")[0] in SWITCHED_BEFORE_READING, entry
+    # what the manifest itself says of the aligned-timeout job's latest checkpoint
+    checkpoints = Checkpoints.open(store, timeout.job, connection)
+    try:
+        latest = max(r.checkpoint_id for r in checkpoints.rows() if r.usable)
+        (task,) = checkpoints.detail(latest).tasks
+    finally:
+        checkpoints.close()
+    assert task.switch_reason in {
+        "the alignment timeout passed while its announced barriers were still unread",
+        "its first barrier was announced after the alignment timeout had passed since the trigger",
+    }
+    assert task.switched_after_ms >= 200 and sum(b - a for a, b in task.in_flight.values()) > 0
+    # the report: JSON that reads back, the tables, and non-empty charts
+    written = compare_report.write(comparison, tmp_path / "report")
+    assert all(p.stat().st_size > 0 for p in written)
+    again = Comparison.from_json((tmp_path / "report" / "comparison.json").read_text())
+    assert [len(r.samples) for r in again.runs] == [len(r.samples) for r in comparison.runs]
+    assert "aligned-timeout took" in (tmp_path / "report" / "tables.txt").read_text()

@@ -354,6 +354,16 @@ def test_a_restored_task_says_when_its_channel_state_ranges_are_replayed():
     assert len([e for e in io.events if e.kind is ControlKind.REPLAYED]) == 1
 
 
+def test_a_channel_state_range_that_ends_in_barriers_is_replayed_when_they_are_read():
+    # under backpressure two barriers can follow each other with no data between them
+    pipeline = counting_pipeline(sink_stage=True)
+    start = TaskStart(generation=1, checkpoint_id=2, positions={A: 3, B: 0}, replay_until={A: 5})
+    task, io = make_task(pipeline, sink=True, start=start)
+    old_barrier = Barrier(1, generation=0, job="job")
+    task.process_batch(batch(("in", 0, 3, {"account": "x", "amount": 1}), ("in", 0, 4, old_barrier)))
+    assert [e.payload["records"] for e in io.events if e.kind is ControlKind.REPLAYED] == [2]
+
+
 def test_an_announcement_during_a_large_batch_is_taken_between_its_segments():
     """An unaligned checkpoint announced while a micro-batch is being processed
     starts after the segment in hand, not after the whole batch: the snapshot

@@ -1,120 +1,163 @@
-"""The comparison's bookkeeping (pure): ratios taken round by round against
-the baseline variant, the table, and arguments checked before anything starts."""
+"""The comparison's bookkeeping (pure): percentiles with checkpoints still
+running at the end counted as lower bounds, ratios to the baseline at the
+same point, the tables, the JSON, the charts, and options checked before
+anything starts."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 
 from streaming.errors import ConfigError
-from streaming.tools.compare import Comparison, RoundResult, check_arguments
+from streaming.tools import compare_report
+from streaming.tools.compare import Comparison, Restore, Run, Sample, Workload, check_variants
 
 
-def _round(variant: str, round_: int, seconds: float, **metrics) -> RoundResult:
-    task = {
-        "kind": variant,
-        "alignment_s": 0.0,
-        "held_bytes_max": 0,
-        "in_flight_records_referenced": 0,
-        "state_bytes": 100,
-        **metrics,
-    }
-    return RoundResult.from_metrics(variant, round_, round_, 500 * round_, seconds, task)
+def _sample(checkpoint_id: int, seconds: float, status: str = "completed", **fields) -> Sample:
+    return Sample(checkpoint_id, at_s=float(checkpoint_id), status=status, duration_s=seconds, **fields)
 
 
 def _comparison() -> Comparison:
-    c = Comparison(["aligned", "unaligned"], slow_ms=2.0)
-    c.rounds += [
-        _round("aligned", 1, 4.0, alignment_s=3.5, held_bytes_max=900),
-        _round("unaligned", 1, 0.5, in_flight_records_referenced=800),
-        _round("aligned", 2, 8.0, alignment_s=7.0, held_bytes_max=1200),
-        _round("unaligned", 2, 0.4, in_flight_records_referenced=900),
-        _round("aligned", 3, 6.0, alignment_s=5.0),
-        _round("unaligned", 3, 1.2, in_flight_records_referenced=700),
+    c = Comparison(Workload(costs=(1.0, 10.0)), ["aligned", "unaligned", "aligned-timeout"])
+    c.runs = [
+        Run("aligned", 1.0, "a1", 1250, [_sample(i, 2.0 * i, alignment_s=1.0) for i in range(1, 6)]),
+        Run(
+            "unaligned", 1.0, "u1", 1250, [_sample(i, 0.2, in_flight_records=100, state_bytes=500) for i in range(1, 6)]
+        ),
+        Run("aligned-timeout", 1.0, "t1", 1250, [_sample(i, 0.4) for i in range(1, 6)]),
+        Run(
+            "aligned",
+            10.0,
+            "a10",
+            125,
+            [_sample(1, 5.0), _sample(2, 9.0), _sample(3, 12.0, status="pending"), _sample(4, 0.1, "aborted")],
+        ),
+        Run("unaligned", 10.0, "u10", 125, [_sample(i, 0.3, in_flight_records=40) for i in range(1, 4)]),
+        Run(
+            "aligned-timeout",
+            10.0,
+            "t10",
+            125,
+            [_sample(i, 0.5, switches=("slow-0: timeout_while_announced after 201 ms",)) for i in range(1, 4)],
+        ),
     ]
+    for run in c.runs:
+        run.mean_record_bytes = 30.0
+    c.runs[1].restore = Restore(5, ready_s=3.5, replayed_s=7.25, replay_records=900)
+    c.runs[0].restore = Restore(5, ready_s=3.0, replayed_s=None, replay_records=0)
     return c
 
 
-def test_ratios_are_taken_within_each_round():
+def test_percentiles_count_checkpoints_still_running_as_lower_bounds_and_leave_out_aborted_ones():
+    run = _comparison().run("aligned", 10.0)
+    assert run.durations() == [5.0, 9.0, 12.0]
+    assert run.percentile(50) == 9.0 and run.percentile(99) == pytest.approx(11.94)
+    assert run.count("completed") == 2 and run.count("pending") == 1 and run.count("aborted") == 1
+
+
+def test_ratios_are_taken_against_the_baseline_at_the_same_point():
     c = _comparison()
-    assert c.ratios("aligned") == [1.0, 1.0, 1.0]
-    assert c.ratios("unaligned") == pytest.approx([0.125, 0.05, 0.2])
+    assert c.ratio("aligned", 1.0) == 1.0
+    assert c.ratio("unaligned", 1.0) == pytest.approx(0.2 / 6.0)
+    assert c.ratio("unaligned", 10.0) == pytest.approx(0.3 / 9.0)
+    assert c.ratio_to("aligned-timeout", "unaligned", 10.0) == pytest.approx(0.5 / 0.3)
+    assert c.ratio("unaligned", 3.0) is None
 
 
-def test_a_round_without_the_baseline_gives_no_ratio():
+def test_channel_state_bytes_are_its_records_times_the_mean_record_size():
+    run = _comparison().run("unaligned", 10.0)
+    assert run.in_flight_bytes_referenced == 40 * 30.0
+    assert _comparison().run("aligned-timeout", 10.0).switch_reasons == {"timeout_while_announced": 3}
+
+
+def test_the_tables_show_every_run_with_its_ratio_and_the_summary_says_the_ratios():
+    text = compare_report.render_tables(_comparison())
+    rows = {tuple(line.split()[:4]): line.split() for line in text.splitlines() if "ms/record" in line}
+    # point, variant, done, pending, aborted, p50, p90, p99, ÷ aligned, first barrier, align
+    aligned_10 = rows[("10", "ms/record", "aligned", "2")]
+    assert aligned_10[3:11] == ["2", "1", "1", "9.00", "11.40", "11.94", "1", "0.00"]
+    unaligned_1 = rows[("1", "ms/record", "unaligned", "5")]
+    assert unaligned_1[6:10] == ["0.20", "0.20", "0.20", "0.0333"]
+    assert "1× timeout_while_announced" not in text and "3× timeout_while_announced" in text
+    assert "not in time" in text  # aligned at 1 ms: its restore's channel state was not replayed in time
+    assert "10 ms/record: aligned-timeout took 1.67 × the time of unaligned (p50)" in text
+    assert "10 ms/record: unaligned took 0.0333 × the time of aligned (p50)" in text
+
+
+def test_the_json_holds_every_checkpoint_and_reads_back():
     c = _comparison()
-    c.rounds = [r for r in c.rounds if not (r.variant == "aligned" and r.round == 2)]
-    assert c.ratios("unaligned") == pytest.approx([0.125, 0.2])
-
-
-def test_the_tables_show_each_round_side_by_side_and_the_medians():
-    lines = _comparison().render().splitlines()
-    per_round = [line.split() for line in lines if line.strip()[:1].isdigit()]
-    # round, backlog, aligned s, unaligned s, unaligned/aligned
-    assert per_round == [
-        ["1", "500", "4.00", "0.50", "0.125"],
-        ["2", "1000", "8.00", "0.40", "0.05"],
-        ["3", "1500", "6.00", "1.20", "0.2"],
+    again = Comparison.from_json(c.to_json())
+    assert again.workload == c.workload and again.variants == c.variants
+    assert [(r.variant, r.point, r.samples, r.restore) for r in again.runs] == [
+        (r.variant, r.point, r.samples, r.restore) for r in c.runs
     ]
-    aligned = next(line for line in lines if line.startswith("aligned "))
-    unaligned = next(line for line in lines if line.startswith("unaligned "))
-    # rounds, first barrier, alignment (median 5.00), held bytes (max 1200), in flight, copied, state bytes
-    assert aligned.split()[1:8] == ["3", "0.00", "5.00", "1200", "0", "0", "100"]
-    assert unaligned.split()[1:8] == ["3", "0.00", "0.00", "0", "800", "0", "100"]
-    assert (
-        lines[-1] == "unaligned took 0.125 x the time of aligned (median over 3 round(s), each measured side by side)"
-    )
 
 
-def test_a_round_one_variant_missed_shows_a_dash():
-    c = _comparison()
-    c.rounds = [r for r in c.rounds if not (r.variant == "unaligned" and r.round == 2)]
-    row = next(line.split() for line in c.render().splitlines() if line.strip().startswith("2 "))
-    assert row == ["2", "1000", "8.00", "-", "-"]
+def test_the_charts_are_written_as_non_empty_pngs(tmp_path):
+    written = compare_report.write(_comparison(), tmp_path / "out")
+    names = [p.name for p in written]
+    assert names == ["comparison.json", "tables.txt", *compare_report.CHARTS]
+    for path in written:
+        assert path.stat().st_size > 0
+    for name in compare_report.CHARTS:
+        assert (tmp_path / "out" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_variant_with_no_round_says_so():
-    c = Comparison(["aligned", "at-least-once"], slow_ms=2.0, rounds=[_round("aligned", 1, 1.0)])
-    assert "at-least-once" in c.render() and "(no completed checkpoint)" in c.render()
-
-
-def test_every_round_goes_to_json():
-    data = json.loads(_comparison().to_json())
-    assert data["variants"] == ["aligned", "unaligned"] and len(data["rounds"]) == 6
-    assert data["rounds"][1]["in_flight_records"] == 800
+def test_a_one_point_workload_draws_its_variants_side_by_side(tmp_path):
+    c = Comparison(Workload(kind="money", keys=10), ["aligned", "unaligned"])
+    c.runs = [Run("aligned", 0.0, "a", 300, [_sample(1, 1.5)]), Run("unaligned", 0.0, "u", 300, [_sample(1, 0.5)])]
+    assert compare_report.chart(c, "checkpoint-times.png", tmp_path).stat().st_size > 0
 
 
 @pytest.mark.parametrize(
-    "variants, backlogs, named",
+    ("options", "message"),
     [
-        (["aligned", "sideways"], [10], "sideways"),
-        ([], [10], "(none)"),
-        (["aligned", "aligned"], [10], "each at most once"),
-        (["aligned"], [], "--backlogs (none)"),
-        (["aligned"], [10, -5], "--backlogs 10,-5"),
+        ({"kind": "nope"}, "--workload nope"),
+        ({"costs": ()}, "--costs"),
+        ({"costs": (1.0, 1.0)}, "each at most once"),
+        ({"duration_s": 0}, "--duration must be positive"),
+        ({"rate": -1.0}, "--rate must be positive"),
+        ({"backlogs": (0,)}, "--backlogs"),
+        ({"kind": "money", "keys": 1}, "two"),
     ],
 )
-def test_bad_arguments_are_named(variants, backlogs, named):
-    with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
-        check_arguments(variants, backlogs)
+def test_bad_workload_options_name_the_option(options, message):
+    with pytest.raises(ConfigError, match=message):
+        Workload(**options)
 
 
-def test_cli_help_and_a_bad_variant_before_anything_starts(tmp_path):
+def test_the_workload_decides_points_rates_and_pipelines():
+    w = Workload(costs=(1.0, 10.0), load=1.5)
+    assert w.points == (1.0, 10.0) and w.rate_of(10.0) == 150.0
+    assert w.pipeline_ref(10.0) == "streaming.testing:slow_pipeline?ms_per_record=10"
+    backlog = Workload(kind="backlog", backlogs=(100, 200))
+    assert backlog.points == (100.0, 200.0) and backlog.job_points == (0.0,) and not backlog.continuous
+    assert Workload(kind="money", rate=50.0).pipeline_ref(0.0) == "streaming.tools.demo:pipeline"
+
+
+def test_bad_variants_fail_before_anything_starts():
+    with pytest.raises(ConfigError, match="--variants bogus"):
+        check_variants(["aligned", "bogus"])
+    with pytest.raises(ConfigError, match="each at most once"):
+        check_variants(["aligned", "aligned"])
+
+
+def test_cli_help_and_bad_options_before_anything_starts(tmp_path):
     run = lambda *a: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "streaming.tools.cli", "--home", str(tmp_path), *a],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert "compare" in run("--help").stdout
     help_text = run("compare", "--help")
-    assert help_text.returncode == 0 and "--variants" in help_text.stdout and "side by side" in help_text.stdout
+    assert help_text.returncode == 0 and "--workload" in help_text.stdout and "side by side" in help_text.stdout
     bad = run("compare", "--variants", "aligned,sideways")
     assert bad.returncode == 2 and "sideways" in bad.stderr and "Traceback" not in bad.stderr
-    not_numbers = run("compare", "--backlogs", "10,many")
-    assert not_numbers.returncode == 2 and "--backlogs 10,many" in not_numbers.stderr
-    # nothing was started for either: no runtime in the home
+    not_numbers = run("compare", "--costs", "1,many")
+    assert not_numbers.returncode == 2 and "--costs 1,many" in not_numbers.stderr
+    zero = run("compare", "--duration", "0")
+    assert zero.returncode == 2 and "--duration must be positive" in zero.stderr
+    # nothing was started for any: no runtime in the home
     assert not (tmp_path / "runtime").exists()
