@@ -161,3 +161,58 @@ def test_cli_help_and_bad_options_before_anything_starts(tmp_path):
     assert zero.returncode == 2 and "--duration must be positive" in zero.stderr
     # nothing was started for any: no runtime in the home
     assert not (tmp_path / "runtime").exists()
+
+
+def _job_with(records, positions=None):
+    """A comparison job as ``_read`` and ``_records_per_s`` see it: its
+    coordinator's checkpoint records and the tasks' progress positions."""
+    from types import SimpleNamespace
+
+    from barriers.messages import ChannelId
+    from streaming.tools.compare import _Job
+
+    coordinator = SimpleNamespace(records={r.checkpoint_id: r for r in records}, positions=positions or {})
+    pipeline = SimpleNamespace(ingress_channels=lambda: [ChannelId("t", 0), ChannelId("t", 1)])
+    runner = SimpleNamespace(coordinator=coordinator, pipeline=pipeline)
+    return _Job("unaligned", 10.0, runner, Run("unaligned", 10.0, "j", 100), "t", 2, counted_from=2)
+
+
+def _record(checkpoint_id, triggered_at, barriers, tasks, status="completed"):
+    from types import SimpleNamespace
+
+    from barriers.coordinator import CheckpointStatus
+
+    return SimpleNamespace(
+        checkpoint_id=checkpoint_id,
+        triggered_at=triggered_at,
+        ingress_offsets=barriers,
+        tasks=tasks,
+        status=CheckpointStatus(status),
+    )
+
+
+def test_records_read_count_data_records_only_between_two_checkpoints():
+    from streaming.tools.compare import _read, _records_per_s
+
+    records = [
+        _record(1, 0.0, {"t:0": 10, "t:1": 10}, {}),  # the warm-up's: not counted
+        # aligned in t:0 (resumes after barrier 2 at 30), unaligned in t:1 (read up to 25 at its snapshot)
+        _record(
+            2,
+            10.0,
+            {"t:0": 30, "t:1": 40},
+            {"slow-0": {"positions": {"t:0": 31, "t:1": 41}, "in_flight": {"t:1": [25, 40]}, "first_barrier_s": 1.0}},
+        ),
+        _record(
+            3,
+            20.0,
+            {"t:0": 60, "t:1": 70},
+            {"slow-0": {"positions": {"t:0": 61, "t:1": 71}, "first_barrier_s": 1.0}},
+        ),
+    ]
+    job = _job_with(records, positions={"slow-0": {"t:0": 61, "t:1": 45}})
+    # checkpoint 2: t:0 read 31 offsets, 2 of them barriers (10, 30); t:1 read 25, 1 barrier (10)
+    # checkpoint 3: t:0 61 - 3 barriers, t:1 71 - 3 barriers; ten seconds later
+    assert _records_per_s(job) == ((58 + 68) - (29 + 24)) / 10.0
+    # progress: positions less the barriers in front of them
+    assert _read(job) == {0: 58, 1: 43}
