@@ -413,16 +413,26 @@ class Idle(_State):
         return "Idle"
 
 
-class Announced(_State):
-    """Aligned checkpoint n with a timeout: its barrier was announced on some
-    channels but none was read yet.  Nothing is blocked; the first barrier
-    starts the alignment, the timeout passing first turns it unaligned."""
+class _OneCheckpoint(_State):
+    """A state with one checkpoint in progress; aborting it ends the state."""
 
     def __init__(self, pending: _Pending):
         self.pending = pending
 
     def pending_ids(self):
         return (self.pending.checkpoint_id,)
+
+    def abort(self, ctx, checkpoint_id, reason, detail):
+        if checkpoint_id != self.pending.checkpoint_id:
+            return self
+        ctx.abort(self.pending, reason, detail)
+        return Idle()
+
+
+class Announced(_OneCheckpoint):
+    """Aligned checkpoint n with a timeout: its barrier was announced on some
+    channels but none was read yet.  Nothing is blocked; the first barrier
+    starts the alignment, the timeout passing first turns it unaligned."""
 
     def barrier(self, ctx, channel, barrier, offset):
         if barrier.checkpoint_id == self.pending.checkpoint_id:
@@ -452,24 +462,12 @@ class Announced(_State):
         ctx.switch(self.pending, CheckpointKind.TIMED_OUT_TO_UNALIGNED, Switch.TIMEOUT_WHILE_ANNOUNCED)
         return Unaligned({}).add(ctx, self.pending)
 
-    def abort(self, ctx, checkpoint_id, reason, detail):
-        if checkpoint_id != self.pending.checkpoint_id:
-            return self
-        ctx.abort(self.pending, reason, detail)
-        return Idle()
-
     def __repr__(self) -> str:
         return f"Announced({self.pending.checkpoint_id}, on={sorted(map(str, self.pending.announced))})"
 
 
-class Aligning(_State):
+class Aligning(_OneCheckpoint):
     """Aligned checkpoint n: channels that delivered barrier n are blocked."""
-
-    def __init__(self, pending: _Pending):
-        self.pending = pending
-
-    def pending_ids(self):
-        return (self.pending.checkpoint_id,)
 
     def check(self, ctx: _Context) -> _State:
         if ctx.owes_barrier(self.pending):
@@ -623,14 +621,8 @@ class Unaligned(_State):
         return f"Unaligned({sorted(self.pending)})"
 
 
-class Collecting(_State):
+class Collecting(_OneCheckpoint):
     """At-least-once checkpoint n: barriers are counted, nothing is blocked."""
-
-    def __init__(self, pending: _Pending):
-        self.pending = pending
-
-    def pending_ids(self):
-        return (self.pending.checkpoint_id,)
 
     def check(self, ctx: _Context) -> _State:
         if ctx.owes_barrier(self.pending):
@@ -653,12 +645,6 @@ class Collecting(_State):
 
     def end_of_input(self, ctx, channel):
         return self.check(ctx)
-
-    def abort(self, ctx, checkpoint_id, reason, detail):
-        if checkpoint_id != self.pending.checkpoint_id:
-            return self
-        ctx.abort(self.pending, reason, detail)
-        return Idle()
 
     def __repr__(self) -> str:
         return f"Collecting({self.pending.checkpoint_id})"

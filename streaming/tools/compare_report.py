@@ -199,20 +199,12 @@ def chart(comparison: Comparison, name: str, out: Path) -> Path:
                     continue
                 done = [s for s in samples if s.status == "completed"]
                 (line,) = ax.plot([s.at_s for s in done], [s.duration_s for s in done], marker=".", label=variant)
-                pending = [s for s in samples if s.status == "pending"]
-                ax.scatter(
-                    [s.at_s for s in pending],
-                    [max(s.duration_s, 1e-3) for s in pending],
-                    facecolors="none",
-                    edgecolors=line.get_color(),
-                )
-                aborted = [s for s in samples if s.status == "aborted"]
-                ax.scatter(
-                    [s.at_s for s in aborted],
-                    [max(s.duration_s, 1e-3) for s in aborted],
-                    marker="x",
-                    color=line.get_color(),
-                )
+                # still running at the end: hollow; aborted: a cross
+                styles = {"pending": {"facecolors": "none", "edgecolors": line.get_color()}}
+                styles["aborted"] = {"marker": "x", "color": line.get_color()}
+                for status, style in styles.items():
+                    marked = [s for s in samples if s.status == status]
+                    ax.scatter([s.at_s for s in marked], [max(s.duration_s, 1e-3) for s in marked], **style)
             ax.set_yscale("log")
             ax.set_ylabel("checkpoint time, s")
             ax.grid(True, which="both", alpha=0.3)
