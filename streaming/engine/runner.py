@@ -121,7 +121,10 @@ class JobRunner:
     def start(self, restore: int | None = None) -> None:
         """Start fresh, or from checkpoint ``restore`` (a new generation)."""
         self.prepare()
-        if restore is None and self.store.read_job() is None:
+        # the store knows the job once it restored (_JOB.json) or took a checkpoint: a job whose
+        # runner stopped or died in generation 0 goes on from its checkpoints, not from scratch
+        known = self.store.read_job() is not None or bool(self.store.checkpoints())
+        if restore is None and not known:
             self._launch(generation=0, checkpoint_id=None)
         else:
             self.restore(f"restore requested from checkpoint {restore}" if restore else "restart", restore)

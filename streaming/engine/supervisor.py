@@ -84,6 +84,7 @@ class WorkerSupervisor:
                 self.settings.to_json(),
                 "--generation",
                 str(generation),
+                "--runner-pipe",  # the worker stops when this process ends and the pipe closes
             ]
             if checkpoint_id is not None:
                 command += ["--restore", str(checkpoint_id)]

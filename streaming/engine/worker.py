@@ -5,7 +5,9 @@ channel among them: every channel has exactly one reading task, so a task
 sees its channels as if the query were its own, and a job pays one Spark
 micro-batch per stage instead of one per task.  The job
 runner starts it (``streaming.engine.supervisor``) and talks to it on stdin;
-the coordinator on the control topic.
+the coordinator on the control topic.  When the runner's process ends,
+however it ends, the pipe closes and the worker stops its tasks and its
+Spark (``--runner-pipe``): no worker works on uncoordinated.
 
     python -m streaming.engine.worker --pipeline streaming.tools.demo:pipeline --job demo \\
         --tasks legs-0,accounts-0 --settings '{"store": "file:///..."}' \\
@@ -348,14 +350,20 @@ class Worker:
         self.store.close()
 
 
-def _read_commands(worker: Worker) -> None:
-    """The job runner's commands on stdin: ``restore <generation> <checkpoint|none>``."""
+def _read_commands(worker: Worker, runner_pipe: bool) -> None:
+    """The job runner's commands on stdin: ``restore <generation> <checkpoint|none>``.
+    With ``runner_pipe``, stdin is the runner's pipe, which closes when the
+    runner's process ends however it ends (a SIGKILL too): the worker stops
+    rather than work on with nobody coordinating it."""
     for line in sys.stdin:
         parts = line.split()
         if len(parts) == 3 and parts[0] == "restore":
             worker.commands.put((int(parts[1]), None if parts[2] == "none" else int(parts[2])))
         elif parts:
             print(f"[worker] ignored command {line.strip()!r}", flush=True)
+    if runner_pipe:
+        worker.say("the job runner is gone (its pipe to this worker closed): stopping the tasks and Spark")
+        worker.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", required=True, help="JobSettings as JSON")
     parser.add_argument("--generation", type=int, default=0)
     parser.add_argument("--restore", type=int, default=None, help="checkpoint id to restore from")
+    parser.add_argument(
+        "--runner-pipe",
+        action="store_true",
+        help="stdin is the job runner's pipe: stop when it closes (the runner ended or died)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     say = lambda line: print(f"[worker] {line}", flush=True)  # noqa: E731
@@ -385,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             say=say,
         )
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
-        threading.Thread(target=_read_commands, args=(worker,), daemon=True).start()
+        threading.Thread(target=_read_commands, args=(worker, args.runner_pipe), daemon=True).start()
         worker.start()
     except SparkAbsError as exc:
         print(f"worker: {exc}", file=sys.stderr, flush=True)
