@@ -38,7 +38,7 @@ class JobSettings:
     store: str
     # aligned | unaligned | aligned-timeout | at-least-once (a Mode, or its name)
     mode: Mode = Mode.ALIGNED
-    # aligned-timeout: switch to unaligned after this long aligning ...
+    # aligned-timeout: switch to unaligned once this long has passed since the trigger ...
     alignment_timeout_ms: int | None = None
     # ... or once the held records pass this many bytes
     held_bytes_budget: int | None = None

@@ -306,7 +306,11 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
         choices=("range", "records"),
         help="unaligned channel state: offset ranges or copied records (default range)",
     )
-    parser.add_argument("--alignment-timeout-ms", type=int, help="aligned-timeout: switch after this long aligning")
+    parser.add_argument(
+        "--alignment-timeout-ms",
+        type=int,
+        help="aligned-timeout: turn unaligned once this long has passed since the checkpoint's trigger",
+    )
     parser.add_argument("--held-bytes-budget", type=int, help="aligned-timeout: switch past this many held bytes")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between checkpoints (default 2)")
     parser.add_argument("--retain", type=int, default=3, help="completed checkpoints kept (default 3)")
