@@ -496,9 +496,10 @@ class StageTask:
         coordinator's abort of a checkpoint, and barrier positions announced
         by the injector (``trigger``) and by upstream tasks (``announce``),
         which let an unaligned checkpoint (or an aligned one whose timeout
-        passed) start before the backlog in front of its barrier is read.  Taken at once when the task is idle, else by
-        the processing thread between two segments of the batch in hand (a
-        large batch does not delay an unaligned snapshot)."""
+        passed) start before the backlog in front of its barrier is read.
+        Taken at once when the task is idle, else by the processing thread
+        between two segments of the batch in hand (a large batch does not
+        delay an unaligned snapshot)."""
         if event.payload.get("generation") != self.generation:
             return
         self._inbox.append(event)
