@@ -31,7 +31,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from streaming.adapters.kafka_admin import create_topic
-from streaming.adapters.kafka_io import producer
+from streaming.adapters.kafka_io import DELIVERY_BOUND_S, patiently, producer
 from streaming.adapters.records import Headers
 from streaming.errors import ConfigError, KafkaUnavailableError, parse_choice
 
@@ -140,13 +140,15 @@ class ControlTopic:
         self._consumer.seek(self._tp, end)
         return end
 
-    def publish(self, event: ControlEvent, timeout_s: float = 30.0) -> int:
+    def publish(self, event: ControlEvent, timeout_s: float = DELIVERY_BOUND_S) -> int:
+        """Send ``event`` and wait until Kafka has it: while the broker is
+        unreachable, up to ``timeout_s``, saying so (``kafka_io.patiently``)."""
+        what = f"{event.kind.value} of checkpoint {event.checkpoint_id}"
         try:
-            return self._producer.send(self.topic, value=event.encode(), partition=0).get(timeout=timeout_s).offset
+            future = self._producer.send(self.topic, value=event.encode(), partition=0)
         except KafkaError as exc:
-            raise KafkaUnavailableError(
-                f"publishing {event.kind.value} of checkpoint {event.checkpoint_id} failed: {exc}"
-            ) from exc
+            raise KafkaUnavailableError(f"publishing {what} failed: {exc}") from exc
+        return patiently(future.get, what, timeout_s).offset
 
     def poll(self, timeout_s: float = 0.0) -> list[ControlEvent]:
         events = []

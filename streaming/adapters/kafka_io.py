@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import pyarrow as pa
+import tenacity
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
 
 from barriers.messages import ChannelId
 from streaming.adapters.kafka_admin import create_topic
@@ -24,6 +25,8 @@ from streaming.adapters.records import RECORD_SCHEMA, Headers
 from streaming.errors import KafkaUnavailableError
 
 __all__ = [
+    "DELIVERY_BOUND_S",
+    "patiently",
     "read_range",
     "retention_ms",
     "DeadLetters",
@@ -33,6 +36,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def read_range(bootstrap: str, channel: ChannelId, start: int, end: int, *, timeout_s: float = 60.0) -> pa.Table:
@@ -111,21 +116,51 @@ def producer(bootstrap: str, **extra: Any) -> KafkaProducer:
         raise KafkaUnavailableError(f"cannot open a Kafka producer on {bootstrap}: {exc}") from exc
 
 
+# how long a send may wait for the broker: the producer's own delivery timeout (it retries until then)
+DELIVERY_BOUND_S = 120.0
+
+
+def patiently(step: Callable[[float], T], what: str, bound_s: float = DELIVERY_BOUND_S) -> T:
+    """``step(timeout_s)`` (a send's ``get``, a ``flush``) again while it times
+    out, for at most ``bound_s``: while the broker is unreachable the producer
+    retries the send itself (idempotently, so nothing is written twice) and
+    this waits, saying so with growing pauses.  A ``KafkaUnavailableError``
+    naming ``what`` when the bound passes or the send fails."""
+
+    def say(state: tenacity.RetryCallState) -> None:
+        log.warning(
+            "Kafka has not taken %s after %.0f s (broker unreachable?); waiting up to %.0f s",
+            what,
+            state.seconds_since_start or 0.0,
+            bound_s,
+        )
+
+    waiting = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(KafkaTimeoutError),
+        stop=tenacity.stop_after_delay(bound_s),
+        wait=tenacity.wait_exponential(multiplier=0.5, max=8.0),
+        before_sleep=say,
+        reraise=True,
+    )
+    try:
+        return waiting(step, 2.0)
+    except KafkaError as exc:
+        raise KafkaUnavailableError(f"{what} failed: {exc}") from exc
+
+
 def append_markers(
-    producer: KafkaProducer, channels: Iterable[ChannelId], headers: Headers, timeout_s: float = 30.0
+    producer: KafkaProducer, channels: Iterable[ChannelId], headers: Headers, timeout_s: float = DELIVERY_BOUND_S
 ) -> dict[ChannelId, int]:
     """Append one empty record carrying ``headers`` to each channel and return
     the offset each got.  Everything sent to a channel before this call comes
-    before the marker (the producer is flushed first)."""
-    producer.flush(timeout=timeout_s)
+    before the marker (the producer is flushed first).  While the broker is
+    unreachable this waits, up to ``timeout_s`` (``patiently``)."""
+    patiently(lambda t: producer.flush(timeout=t), "the records before a marker", timeout_s)
     futures = {c: producer.send(c.topic, value=b"", headers=list(headers), partition=c.partition) for c in channels}
-    offsets = {}
-    for channel, future in futures.items():
-        try:
-            offsets[channel] = future.get(timeout=timeout_s).offset
-        except KafkaError as exc:
-            raise KafkaUnavailableError(f"appending a marker to {channel} failed: {exc}") from exc
-    return offsets
+    return {
+        channel: patiently(future.get, f"a marker for {channel}", timeout_s).offset
+        for channel, future in futures.items()
+    }
 
 
 class DeadLetters:

@@ -4,25 +4,39 @@ server.  One function turns a URI and a connection into a filesystem and a
 path (``open_store``); ``ObjectFiles`` is the file I/O the snapshot store and
 the sinks share: whole-file reads and writes (atomic where asked), deletes
 that S3 servers with real directories accept, and every ``OSError`` turned
-into a ``StoreError`` that names the store."""
+into a ``StoreError`` that names the store.  ``patiently`` retries a read
+while the store is unreachable (a restore during a store outage)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+import tenacity
 
 from streaming.api.config import Connection
-from streaming.errors import ConfigError, StoreError
+from streaming.errors import ConfigError, SnapshotCorruptError, SnapshotMissingError, StoreError
 
-__all__ = ["StoreLocation", "ObjectFiles", "open_store", "s3_filesystem", "ensure_bucket", "list_files"]
+__all__ = [
+    "STORE_BOUND_S",
+    "StoreLocation",
+    "ObjectFiles",
+    "open_store",
+    "patiently",
+    "s3_filesystem",
+    "ensure_bucket",
+    "list_files",
+]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +90,34 @@ def open_store(uri: str, connection: Connection | None = None) -> StoreLocation:
         root = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
         return StoreLocation(s3_filesystem(connection), root, f"s3://{root}")
     raise ConfigError(f"store {uri!r}: unsupported scheme {parsed.scheme!r} (use file:// or s3://)")
+
+
+# how long a restore waits for an unreachable store before it gives up
+STORE_BOUND_S = 120.0
+
+
+def patiently(read: Callable[[], T], what: str, say: Callable[[str], None], bound_s: float = STORE_BOUND_S) -> T:
+    """``read()`` again while the store is unreachable (a ``StoreError`` that
+    is not about a missing or corrupt file), for at most ``bound_s``, with
+    growing pauses, each one said through ``say``; then its error."""
+
+    def unreachable(exc: BaseException) -> bool:
+        return isinstance(exc, StoreError) and not isinstance(exc, (SnapshotMissingError, SnapshotCorruptError))
+
+    def wait(state: tenacity.RetryCallState) -> None:
+        say(
+            f"{what}: {state.outcome.exception() if state.outcome else 'failed'}; the store looks unreachable, "
+            f"trying again in {state.next_action.sleep if state.next_action else 0:.0f} s "
+            f"(for up to {bound_s:.0f} s)"
+        )
+
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(unreachable),
+        stop=tenacity.stop_after_delay(bound_s),
+        wait=tenacity.wait_exponential(multiplier=1.0, max=10.0),
+        before_sleep=wait,
+        reraise=True,
+    )(read)
 
 
 def ensure_bucket(connection: Connection) -> None:

@@ -14,7 +14,11 @@ comma-separated; ``*`` matches any checkpoint.  Points:
 - ``before_sink_commit``: after checkpoint n's manifest, before the sink commits;
 - ``during_restore``: while restoring checkpoint n, after loading its snapshot.
 
-The generation makes a fault fire once: the restored run has the next one."""
+The generation makes a fault fire once: the restored run has the next one.
+
+``SPARK_ABS_FAULT_FILE`` names a file holding entries in the same form, read
+again whenever it changes: a drill arms a fault in a running worker by
+writing it there (``spark-abs drill``)."""
 
 from __future__ import annotations
 
@@ -26,11 +30,12 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-__all__ = ["ENV", "POINTS", "parse", "point", "wrap_batch"]
+__all__ = ["ENV", "FILE_ENV", "POINTS", "arm", "parse", "point", "wrap_batch"]
 
 log = logging.getLogger(__name__)
 
 ENV = "SPARK_ABS_FAULT"
+FILE_ENV = "SPARK_ABS_FAULT_FILE"
 POINTS = ("mid_batch", "during_alignment", "during_upload", "during_copy", "before_sink_commit", "during_restore")
 
 
@@ -56,8 +61,41 @@ def set_generation(generation: int) -> None:
     _generation = generation
 
 
+_file_cache: tuple[tuple, str] = ((), "")
+
+
+def _file_entries() -> str:
+    """The fault file's text, read again only when it changed (``arm``
+    replaces it, so its inode changes with every write)."""
+    global _file_cache
+    path = os.environ.get(FILE_ENV)
+    if not path:
+        return ""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    version = (path, st.st_ino, st.st_mtime_ns, st.st_size)
+    if version != _file_cache[0]:
+        try:
+            with open(path) as f:
+                _file_cache = (version, f.read())
+        except OSError:
+            return ""
+    return _file_cache[1]
+
+
+def arm(path: str, entries: list[str]) -> None:
+    """Write fault entries to a fault file (atomically: a worker never reads half of it)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(",".join(entries))
+    os.replace(tmp, path)
+
+
 def _armed(task: str, where: str, checkpoint_id: int) -> bool:
-    for f_task, f_where, f_checkpoint, f_generation in parse(os.environ.get(ENV, "")):
+    text = ",".join(filter(None, (os.environ.get(ENV, ""), _file_entries())))
+    for f_task, f_where, f_checkpoint, f_generation in parse(text):
         if (f_task, f_where, f_generation) == (task, where, _generation) and f_checkpoint in (None, checkpoint_id):
             return True
     return False
@@ -80,7 +118,7 @@ def point(task: str, where: str, checkpoint_id: int) -> None:
 
 def wrap_batch(name: str, task) -> Callable[[pa.Table, int], None]:
     """``task.process_batch`` with the batch-level faults armed."""
-    if not os.environ.get(ENV):
+    if not (os.environ.get(ENV) or os.environ.get(FILE_ENV)):
         return task.process_batch
 
     def on_batch(table: pa.Table, batch_id: int) -> None:

@@ -25,7 +25,7 @@ from barriers.messages import CheckpointOptions
 from streaming.adapters.control import control_topic_name
 from streaming.adapters.kafka_admin import create_topic, end_offsets
 from streaming.adapters.kafka_io import dead_letter_topic_name
-from streaming.adapters.objects import open_store
+from streaming.adapters.objects import open_store, patiently
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import Pipeline, SinkKind, load_pipeline
@@ -123,7 +123,9 @@ class JobRunner:
         self.prepare()
         # the store knows the job once it restored (_JOB.json) or took a checkpoint: a job whose
         # runner stopped or died in generation 0 goes on from its checkpoints, not from scratch
-        known = self.store.read_job() is not None or bool(self.store.checkpoints())
+        known = patiently(
+            lambda: self.store.read_job() is not None or bool(self.store.checkpoints()), "reading the job", self.say
+        )
         if restore is None and not known:
             self._launch(generation=0, checkpoint_id=None)
         else:
@@ -137,7 +139,8 @@ class JobRunner:
         if self.coordinator is not None:
             self.history.extend(self.coordinator.records.values())
             self.coordinator.close()
-        next_id = max(self.store.checkpoints() + [r.checkpoint_id for r in self.history] + [0]) + 1
+        stored = patiently(self.store.checkpoints, "listing checkpoints", self.say)
+        next_id = max(stored + [r.checkpoint_id for r in self.history] + [0]) + 1
         self.coordinator = CoordinatorService(
             self.pipeline,
             kafka_io(self.connection.kafka_bootstrap, self.job),
@@ -186,16 +189,19 @@ class JobRunner:
         if len(self.restores) >= self.max_restores:
             raise JobFailed(f"job {self.job}: {len(self.restores)} restores already; giving up ({reason})")
         skipped: list[tuple[int, list[str]]] = []
+        # an unreachable store (an outage) is waited for, boundedly; a damaged checkpoint is skipped
         if checkpoint_id is None:
-            manifest, skipped = self.store.latest_verified()
+            manifest, skipped = patiently(self.store.latest_verified, "picking a checkpoint", self.say)
             checkpoint_id = manifest.checkpoint_id if manifest else None
         else:
-            problems = self.store.verify(checkpoint_id)
+            named = checkpoint_id
+            problems = patiently(lambda: self.store.verify(named), f"verifying checkpoint {named}", self.say)
             if problems:
                 raise JobFailed(f"checkpoint {checkpoint_id} cannot be restored: {'; '.join(problems)}")
         for skipped_id, problems in skipped:
             self.say(f"checkpoint {skipped_id} skipped: {'; '.join(problems)}")
-        generation = self.store.next_generation(checkpoint_id)
+        picked = checkpoint_id
+        generation = patiently(lambda: self.store.next_generation(picked), "recording the generation", self.say)
         record = RestoreRecord(generation, checkpoint_id, reason, tuple((cid, tuple(p)) for cid, p in skipped))
         self.restores.append(record)
         self.say(

@@ -253,6 +253,17 @@ class LocalRuntime:
                 report.append(f"purged data and logs under {self._dir}")
         return report
 
+    def stop_service(self, name: str) -> int | None:
+        """Stop one service, ``kafka`` or ``s3``, keeping its data and port (an
+        outage, as a drill makes one); ``up`` starts it again where it was.
+        Returns the pid stopped, or None when it was not running."""
+        specs = {"kafka": self._kafka_spec, "s3": self._s3_spec}
+        if name not in specs:
+            raise ConfigError(f"no local service called {name!r}; choose from {', '.join(specs)}")
+        spec = specs[name]()
+        with self._locked():
+            return processes.stop(spec.pid_path, spec.marker)
+
     def status(self) -> RuntimeStatus:
         ports = self._load_ports()
         try:

@@ -136,7 +136,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     connection = Connection.from_env(os.environ) or LocalRuntime(_runtime_settings(args), progress=_say).up()
     runner = JobRunner(args.pipeline, settings, connection, job=args.job, workers=args.workers, say=_say)
-    run_job(runner, restore=args.restore, seconds=args.seconds, checkpoints=args.checkpoints, say=_say)
+    run_job(
+        runner, restore=args.restore, seconds=args.seconds, checkpoints=args.checkpoints, drain=args.drain, say=_say
+    )
     return 0
 
 
@@ -291,6 +293,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return compare.main(args.rest)
 
 
+def _cmd_drill(args: argparse.Namespace) -> int:
+    from streaming.tools import drill
+
+    _export_home(args)
+    return drill.main(args.rest)
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from barriers.simulation import narrate
 
@@ -332,6 +341,12 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="stop once N checkpoints completed in this run (with --for: whichever comes first)",
+    )
+    parser.add_argument(
+        "--drain",
+        action="store_true",
+        help="stop once everything the input topics hold when the job starts is processed and committed "
+        "(a final aligned checkpoint covers it); a bounded input's last run",
     )
 
 
@@ -480,6 +495,12 @@ Operator and channel state as tables: `spark-abs state N`.""",
         _cmd_compare,
         "aligned vs unaligned checkpoints side by side under a backlog: a table of their costs",
     )
+    _add_passthrough(
+        sub,
+        "drill",
+        _cmd_drill,
+        "a restore drill: failures of every kind from a seed, restores, the output checked with great-expectations",
+    )
     _add_passthrough(sub, "simulate", _cmd_simulate, "narrate a simulated snapshot run")
     return parser
 
@@ -492,7 +513,7 @@ def _add_passthrough(sub, name: str, func, help: str) -> None:
 
 
 def _passthrough(argv: list[str]) -> tuple[str, list[str]] | None:
-    """``simulate``, ``demo`` and ``compare`` take their own options: everything after the
+    """``simulate``, ``demo``, ``compare`` and ``drill`` take their own options: everything after the
     command name goes to them untouched."""
     index = 0
     while index < len(argv):
@@ -505,7 +526,7 @@ def _passthrough(argv: list[str]) -> tuple[str, list[str]] | None:
     return None
 
 
-_OWN_OPTIONS = ("simulate", "demo", "compare")
+_OWN_OPTIONS = ("simulate", "demo", "compare", "drill")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -523,8 +544,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not args.verbose:
-        # kafka-python warns when one of its own sends is slow; not the user's concern
-        logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
+        # kafka-python logs every lost connection and retry of its own (a line every few ms while a
+        # broker is down); spark-abs says itself what it waits for and fails with a clear error
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
     try:
         return args.func(args)
     except SparkAbsError as exc:

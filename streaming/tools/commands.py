@@ -23,12 +23,16 @@ def run_job(
     restore: int | None = None,
     seconds: float | None = None,
     checkpoints: int | None = None,
+    drain: bool = False,
+    drain_timeout_s: float = 600.0,
     say: Callable[[str], None] = print,
 ) -> None:
     """Start ``runner`` (a ``JobRunner``; from checkpoint ``restore`` when
     given) and drive it until ``seconds`` passed once all its tasks are up,
     or ``checkpoints`` checkpoints completed, whichever comes first (neither:
-    until Ctrl-C); then stop its workers."""
+    until Ctrl-C); then stop its workers.  With ``drain``, run until everything
+    the ingress topics hold now is processed and committed (a final aligned
+    checkpoint covers it, as a stop-with-savepoint does), then stop."""
     started = time.monotonic()
     deadline = None
     try:
@@ -37,6 +41,10 @@ def run_job(
             f"job {runner.job}: {len(runner.groups)} worker process(es) starting, generation {runner.generation}"
             + " (Ctrl-C stops it)"
         )
+        if drain:
+            record = runner.run_until_caught_up(drain_timeout_s)
+            say(f"drained: checkpoint {record.checkpoint_id} covers every input record and is committed")
+            return
         while deadline is None or time.monotonic() < deadline:
             runner.step()
             if (

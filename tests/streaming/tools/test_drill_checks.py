@@ -1,0 +1,94 @@
+"""The drill's great-expectations suites on small tables: each passes on
+good data and each expectation fails, naming itself, on data made to
+violate it."""
+
+from __future__ import annotations
+
+import functools
+
+import pandas as pd
+import pytest
+
+from streaming.tools import drill_checks
+
+KEYS = ["account", "window_start"]
+REFERENCE = pd.DataFrame(
+    {"account": ["a", "a", "b"], "window_start": [0, 1000, 0], "net": [5, -2, 7], "legs": [1, 2, 3]}
+)
+
+
+def _output_suite(output: pd.DataFrame):
+    frame = drill_checks.output_frame(output, REFERENCE, KEYS)
+    suite = functools.partial(drill_checks.output_suite, expected_rows=len(REFERENCE), keys=KEYS, sums=["net", "legs"])
+    (result,) = drill_checks.validate({"output": (suite, frame)})
+    return result
+
+
+def _failed(result) -> set[str]:
+    return {o.expectation for o in result.outcomes if not o.success}
+
+
+def test_the_output_suite_passes_on_the_reference_itself():
+    result = _output_suite(REFERENCE.sample(frac=1, random_state=3))
+    assert result.success, result.outcomes
+    assert len(result.outcomes) == 6 and result.gx_json["success"] is True
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        # a record lost: a window's sums fall short
+        (
+            lambda f: f.assign(net=[5, -2, 6], legs=[1, 2, 2]),
+            {"net equal to the reference for every key", "legs equal to the reference for every key"},
+        ),
+        # a window missing altogether
+        (lambda f: f.iloc[:2], {"no key of the reference missing", "as many output rows as the reference"}),
+        # a window written twice
+        (lambda f: pd.concat([f, f.iloc[[2]]]), {"no output key twice", "as many output rows as the reference"}),
+        # a window the reference does not have
+        (
+            lambda f: pd.concat([f, pd.DataFrame({"account": ["c"], "window_start": [0], "net": [1], "legs": [1]})]),
+            {"no output key that the reference lacks", "as many output rows as the reference"},
+        ),
+    ],
+    ids=["lost", "missing", "duplicate", "extra"],
+)
+def test_the_output_suite_fails_on_output_made_to_violate_it(change, expected):
+    result = _output_suite(change(REFERENCE.copy()))
+    assert not result.success
+    assert _failed(result) == expected
+    observed = {o.expectation: o.observed for o in result.outcomes if not o.success}
+    assert all(observed.values()), observed  # what GX saw is reported with every failure
+
+
+def _checkpoints(frame: pd.DataFrame, conserved: bool = True):
+    suite = functools.partial(drill_checks.checkpoint_suite, conserved=conserved)
+    (result,) = drill_checks.validate({"checkpoints": (suite, frame)})
+    return result
+
+
+def test_the_checkpoint_suite_accepts_deliberate_damage_and_rejects_loss_and_money_made():
+    good = pd.DataFrame(
+        {"checkpoint": [1, 2, 3], "state": ["verifies", "damaged by the drill", "verifies"], "total": [0, None, 0]}
+    )
+    assert _checkpoints(good).success
+    lost = good.assign(state=["verifies", "damaged by the drill", "chk-00000003: _MANIFEST.json is missing"])
+    assert _failed(_checkpoints(lost)) == {"no completed checkpoint lost"}
+    money = good.assign(total=[0, None, 40])
+    assert _failed(_checkpoints(money)) == {"every verified checkpoint conserves money (balances + in flight = 0)"}
+    assert _failed(_checkpoints(good.iloc[0:0])) == {"checkpoints completed"}
+    # without a conserved quantity there is no money expectation
+    assert len(_checkpoints(good.drop(columns=["total"]), conserved=False).outcomes) == 2
+
+
+def test_the_dead_letter_suite_wants_a_letter_with_a_reason_for_every_malformed_record():
+    good = pd.DataFrame({"source": ["t:0", "t:1"], "offset": [4, 9], "letters": [1, 2], "reason": ["not JSON", "x"]})
+    (result,) = drill_checks.validate({"dead_letters": (drill_checks.dead_letter_suite, good)})
+    assert result.success
+    dropped = good.assign(letters=[1, 0], reason=["not JSON", None])
+    (result,) = drill_checks.validate({"dead_letters": (drill_checks.dead_letter_suite, dropped)})
+    assert _failed(result) == {
+        "every malformed record became a dead letter with its reason",
+        "no malformed record without a dead letter",
+    }
