@@ -7,8 +7,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 
-__all__ = ["assert_eventually", "slow_pipeline", "EVENTS", "SLOW_SECONDS_PER_RECORD"]
+__all__ = ["assert_eventually", "broken_money_pipeline", "slow_pipeline", "EVENTS", "SLOW_SECONDS_PER_RECORD"]
 
 T = TypeVar("T")
 
@@ -69,3 +70,40 @@ def slow_pipeline(job: str = "slow", ms_per_record: float = SLOW_SECONDS_PER_REC
             ),
         ),
     )
+
+
+class _Break:
+    """Loses (``lose``) or doubles (``duplicate``) every transfer whose id is
+    ``every - 1`` modulo ``every``: the deliberate bug a drill must catch."""
+
+    def __init__(self, broken: str, every: int):
+        if broken not in ("lose", "duplicate"):
+            raise ValueError(f"broken must be 'lose' or 'duplicate', got {broken!r}")
+        self.broken = broken
+        self.every = every
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        hit = pa.array(batch["id"].to_numpy(zero_copy_only=False) % self.every == self.every - 1)
+        if self.broken == "lose":
+            return batch.filter(pa.compute.invert(hit))
+        return pa.concat_tables([batch, batch.filter(hit)])
+
+
+def broken_money_pipeline(job: str = "broken-money", broken: str = "lose", every: int = 500):
+    """The demo's money pipeline with a bug in its first stage: it loses
+    (``broken=lose``) or writes twice (``broken=duplicate``) one transfer in
+    ``every``.  ``spark-abs drill --pipeline
+    'streaming.testing:broken_money_pipeline?broken=duplicate'`` must fail,
+    naming the expectation the output misses."""
+    import dataclasses
+
+    from operators import Chain, map_batches, transfer_legs
+    from streaming.api.pipeline import Pipeline
+    from streaming.tools import demo
+
+    bug = _Break(broken, every)
+    good = demo.pipeline(job)
+    legs = dataclasses.replace(
+        good.stages[0], operator=lambda: Chain(map_batches(bug, name=f"{broken}-bug"), transfer_legs())
+    )
+    return Pipeline(good.job, good.ingress, (legs, *good.stages[1:]))

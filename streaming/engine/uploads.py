@@ -2,7 +2,13 @@
 copy the in-flight records (unaligned checkpoints that keep a copy), stage
 the sink epoch, write the snapshot to the store, then acknowledge on the
 control topic with the snapshot's metadata and the task's metrics.  When any
-step fails the task declines the checkpoint and goes on processing."""
+step fails the task declines the checkpoint and goes on processing.
+
+A sink epoch that could not be staged (the store was down) is not lost: its
+rows are staged with the next epoch, by the next upload (uploads of a task
+run one at a time, in order), so no later checkpoint completes without them;
+an epoch staged whose snapshot then failed is committed with the next
+checkpoint that completes (``_TwoPhaseSink.commit_through``)."""
 
 from __future__ import annotations
 
@@ -68,6 +74,8 @@ class SnapshotUploader:
         self._executor = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"upload-{task}")
         self._own_executor = executor is None
         self._pending: list[concurrent.futures.Future] = []
+        # sink output of epochs whose staging failed: staged with the next epoch (only the upload thread uses it)
+        self._unstaged: list[pa.Table] = []
 
     def submit(self, checkpoint: TaskCheckpoint, taken: TakenSnapshot, watermarks: dict[ChannelId, int]) -> None:
         self._pending = [f for f in self._pending if not f.done()]
@@ -101,9 +109,14 @@ class SnapshotUploader:
         try:
             copied = self._copy_in_flight(checkpoint)
             if self.io.stage_epoch is not None:
-                epoch = taken.epoch
+                epoch = self._unstaged + taken.epoch
                 table = pa.concat_tables(epoch, promote_options="default") if epoch else pa.table({})
-                self.io.stage_epoch(checkpoint_id, table)
+                try:
+                    self.io.stage_epoch(checkpoint_id, table)
+                except Exception:
+                    self._unstaged = epoch  # not lost: the next epoch stages it
+                    raise
+                self._unstaged = []
             snapshot = self.io.write_snapshot(
                 checkpoint_id,
                 self.generation,

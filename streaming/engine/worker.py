@@ -26,6 +26,7 @@ kills this process with SIGKILL at that point for checkpoint n (see
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import queue
 import signal
@@ -43,7 +44,7 @@ from kafka import KafkaProducer
 from barriers.messages import ChannelId, InFlightFormat
 from streaming.adapters.control import ControlEvent, ControlKind, ControlTopic
 from streaming.adapters.kafka_io import DeadLetters, append_markers, read_range, retention_ms
-from streaming.adapters.objects import open_store
+from streaming.adapters.objects import open_store, patiently
 from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, kafka_records, open_sink, sink_location
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, SparkSettings
@@ -314,7 +315,12 @@ class Worker:
             running.task.on_control(event)
             if event.kind is ControlKind.COMPLETE and running.sink is not None:
                 faults.point(running.task.spec.name, "before_sink_commit", event.checkpoint_id)
-                committed = running.sink.commit_through(event.checkpoint_id)
+                # the store may be down for a while (an outage): wait for it rather than die and restore
+                committed = patiently(
+                    functools.partial(running.sink.commit_through, event.checkpoint_id),
+                    f"committing epochs through {event.checkpoint_id}",
+                    log.warning,
+                )
                 self.control.publish(
                     ControlEvent(
                         ControlKind.COMMITTED,

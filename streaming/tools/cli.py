@@ -135,7 +135,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         **extra,
     )
     connection = Connection.from_env(os.environ) or LocalRuntime(_runtime_settings(args), progress=_say).up()
-    runner = JobRunner(args.pipeline, settings, connection, job=args.job, workers=args.workers, say=_say)
+    runner = JobRunner(
+        args.pipeline,
+        settings,
+        connection,
+        job=args.job,
+        workers=args.workers,
+        say=_say,
+        max_restores=args.max_restores,
+    )
     run_job(
         runner, restore=args.restore, seconds=args.seconds, checkpoints=args.checkpoints, drain=args.drain, say=_say
     )
@@ -341,6 +349,13 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="stop once N checkpoints completed in this run (with --for: whichever comes first)",
+    )
+    parser.add_argument(
+        "--max-restores",
+        type=int,
+        default=10,
+        metavar="N",
+        help="give up (exit status 2) when workers died N times in this run (default 10)",
     )
     parser.add_argument(
         "--drain",

@@ -5,10 +5,13 @@
 verifies, when the store already knows the job, or from a named one with
 ``--restore N``: a restore drill), takes checkpoints on its interval and
 restores by itself when a worker dies, until ``--for`` seconds passed or
-Ctrl-C.  Looking at checkpoints is ``streaming.tools.checkpoints``."""
+Ctrl-C; ``--drain`` (or SIGUSR1 to a running one) stops it once everything
+in its input topics is processed and committed.  Looking at checkpoints is ``streaming.tools.checkpoints``."""
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -30,22 +33,23 @@ def run_job(
     """Start ``runner`` (a ``JobRunner``; from checkpoint ``restore`` when
     given) and drive it until ``seconds`` passed once all its tasks are up,
     or ``checkpoints`` checkpoints completed, whichever comes first (neither:
-    until Ctrl-C); then stop its workers.  With ``drain``, run until everything
-    the ingress topics hold now is processed and committed (a final aligned
-    checkpoint covers it, as a stop-with-savepoint does), then stop."""
+    until Ctrl-C); then stop its workers.  With ``drain``, or once the process
+    gets SIGUSR1, run until everything the ingress topics hold then is
+    processed and committed (a final aligned checkpoint covers it, as a
+    stop-with-savepoint does), then stop."""
     started = time.monotonic()
     deadline = None
+    asked = threading.Event()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGUSR1, lambda *_: asked.set())
     try:
         runner.start(restore=restore)
         say(
             f"job {runner.job}: {len(runner.groups)} worker process(es) starting, generation {runner.generation}"
-            + " (Ctrl-C stops it)"
+            + " (Ctrl-C stops it; SIGUSR1 drains it)"
         )
-        if drain:
-            record = runner.run_until_caught_up(drain_timeout_s)
-            say(f"drained: checkpoint {record.checkpoint_id} covers every input record and is committed")
-            return
-        while deadline is None or time.monotonic() < deadline:
+        while not (drain or asked.is_set()) and (deadline is None or time.monotonic() < deadline):
             runner.step()
             if (
                 checkpoints is not None
@@ -58,9 +62,15 @@ def run_job(
                     f"{runner.settings.interval_s:g} s" + ("" if seconds is None else f", for {seconds:g} s")
                 )
                 deadline = float("inf") if seconds is None else time.monotonic() + seconds
+        if drain or asked.is_set():
+            say("draining: until everything in the input topics now is processed and committed")
+            record = runner.run_until_caught_up(drain_timeout_s)
+            say(f"drained: checkpoint {record.checkpoint_id} covers every input record and is committed")
     except KeyboardInterrupt:
         say("stopping (Ctrl-C)")
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGUSR1, previous)
         runner.close()
     done = [r for r in runner.checkpoints() if r.status == CheckpointStatus.COMPLETED]
     say(

@@ -3,9 +3,9 @@
 A drill runs a job (the money pipeline by default) as a real ``spark-abs
 run`` process, on a workload produced while it runs, and injects failures at
 moments drawn from a seed: after each, the job must restore by itself and
-complete a checkpoint again.  At the end the job is drained (``run
---drain``: restarted from its latest checkpoint, stopped once every input
-record is processed and committed), and great-expectations suites check the
+complete a checkpoint again.  At the end the job is drained (SIGUSR1 to
+``spark-abs run``: it stops once every input record is processed and
+committed), and great-expectations suites check the
 committed output against a reference Spark computes in batch from the same
 ingress topics, every checkpoint a coordinator reported complete, and the
 dead letters (``streaming.tools.drill_checks``).  The report (Markdown, JSON
@@ -63,7 +63,7 @@ from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import Pipeline, load_pipeline
 from streaming.engine import faults
-from streaming.errors import ConfigError, SparkAbsError, parse_choice
+from streaming.errors import ConfigError, SnapshotMissingError, SparkAbsError, parse_choice
 
 __all__ = [
     "DrillReport",
@@ -510,6 +510,9 @@ class Drill:
             # every checkpoint stays, so the drill can check that none was lost
             "--retain",
             "100000",
+            # a fault during a restore makes two restores of one failure
+            "--max-restores",
+            str(2 * len(self.plan) + 10),
             *extra,
         ]
         env = {
@@ -792,9 +795,8 @@ class Drill:
             self._stop_feed.set()
             feeder.join(600)
             self._say(f"input closed after {self.produced} records ({len(self.malformed)} malformed); draining the job")
-            self.runner.send_signal(signal.SIGINT)
-            self.runner.wait(60)
-            self.runner = self._start_runner("--drain")
+            # the running job drains (SIGUSR1): no restart, no new generation
+            self.runner.send_signal(signal.SIGUSR1)
             code = self.runner.wait(600)
             if code != 0:
                 raise SparkAbsError(
@@ -857,9 +859,15 @@ class Drill:
 
         damaged = {o.damaged for o in self.outcomes if o.damaged is not None}
         rows = []
-        reader = functools.partial(read_range, self.connection.kafka_bootstrap)
+
+        def reader(channel, start: int, end: int):
+            return read_range(self.connection.kafka_bootstrap, channel, start, end)
+
         for checkpoint_id in self._reported_complete():
-            problems = self.store.verify(checkpoint_id)
+            try:
+                problems = self.store.verify(checkpoint_id)
+            except SnapshotMissingError as exc:  # reported complete, and gone
+                problems = [str(exc)]
             state = (
                 "verifies"
                 if not problems
@@ -867,7 +875,7 @@ class Drill:
             )
             total = None
             if not problems and self.workload.conserved is not None:
-                total = self.workload.conserved(self.store, checkpoint_id, lambda c, a, b: reader(c, a, b))
+                total = self.workload.conserved(self.store, checkpoint_id, reader)
             rows.append({"checkpoint": checkpoint_id, "state": state, "total": total})
         checkpoints = pd.DataFrame(rows, columns=["checkpoint", "state", "total"])
         letters = self._dead_letter_frame()

@@ -160,7 +160,9 @@ def validate(frames: dict[str, tuple[Any, pd.DataFrame]]) -> list[SuiteResult]:
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    # some GX modules set their loggers to INFO themselves (a line about a temporary docs directory)
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("great_expectations")]:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
@@ -191,18 +193,28 @@ def validate(frames: dict[str, tuple[Any, pd.DataFrame]]) -> list[SuiteResult]:
     return results
 
 
+def _plain(value: Any) -> Any:
+    """numpy scalars (and tuples and dicts of them) as plain Python values, for reading."""
+    if isinstance(value, tuple | list):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    item = getattr(value, "item", None)
+    return item() if callable(item) else value
+
+
 def _observed(result: dict, exception: Any) -> str:
     """What GX saw, in a few words."""
     raised = exception.get("raised_exception") if isinstance(exception, dict) else False
     if raised:
         return f"error: {exception.get('exception_message')}"
     if "observed_value" in result:
-        return str(result["observed_value"])
+        return str(_plain(result["observed_value"]))
     unexpected = result.get("unexpected_count")
     if unexpected is None:
         return ""
     sample = result.get("partial_unexpected_list") or []
     text = f"{unexpected} of {result.get('element_count')} unexpected"
     if sample:
-        text += f", e.g. {', '.join(str(s) for s in sample[:3])}"
+        text += f", e.g. {', '.join(str(_plain(s)) for s in sample[:3])}"
     return text

@@ -425,3 +425,41 @@ def test_held_records_past_the_memory_budget_are_read_back_from_kafka_when_relea
     assert task.counters["read_back_segments"] == len(reads)
     totals = [r[1]["total"] for r in recorded.sent]
     assert totals[-1] == 399  # every held record counted once, in order
+
+
+def test_a_sink_epoch_that_could_not_be_staged_is_staged_with_the_next_one():
+    task, io = make_task(counting_pipeline(sink_stage=True), sink=True)
+    failures = iter([OSError("the store is down")])
+
+    def stage(epoch, table):
+        if epoch == 1:
+            raise next(failures)
+        io.staged[epoch] = table
+
+    io_stage = task.io.stage_epoch
+    task.io.stage_epoch = stage
+    try:
+        task.process_batch(
+            batch(
+                ("in", 0, 0, {"account": "x", "amount": 1}),
+                ("in", 1, 0, {"account": "y", "amount": 2}),
+                ("in", 0, 1, Barrier(1, job="job")),
+                ("in", 1, 1, Barrier(1, job="job")),
+            )
+        )
+        task.wait_for_uploads()
+        assert io.staged == {} and [e.kind for e in io.events] == ["decline"]
+        assert "the store is down" in io.events[0].payload["detail"]
+        task.process_batch(
+            batch(
+                ("in", 0, 2, {"account": "z", "amount": 3}),
+                ("in", 0, 3, Barrier(2, job="job")),
+                ("in", 1, 2, Barrier(2, job="job")),
+            )
+        )
+        task.wait_for_uploads()
+    finally:
+        task.io.stage_epoch = io_stage
+    # epoch 1's output (x, y) went with epoch 2's (z): checkpoint 2 cannot complete without it
+    assert sorted(io.staged[2]["account"].to_pylist()) == ["x", "y", "z"]
+    assert [e.kind for e in io.events] == ["decline", "ack"]

@@ -149,3 +149,40 @@ def test_run_time_counts_from_when_the_tasks_are_up_and_ctrl_c_still_closes():
     interrupted, said = _Runner(ready_after=1, every=1000, interrupt_at=4), []
     run_job(interrupted, say=said.append)
     assert interrupted.closed and "stopping (Ctrl-C)" in said
+
+
+def test_run_with_drain_stops_once_the_input_is_committed_and_closes_the_job():
+    runner, said = _Runner(ready_after=5, every=3), []
+    drained = SimpleNamespace(checkpoint_id=9, status="completed")
+
+    def run_until_caught_up(timeout_s):
+        assert timeout_s == 42
+        runner.done.append(drained)
+        return drained
+
+    runner.run_until_caught_up = run_until_caught_up
+    run_job(runner, drain=True, drain_timeout_s=42, say=said.append)
+    assert runner.closed and runner.steps == 0  # the drain drives the runner itself
+    assert "drained: checkpoint 9 covers every input record and is committed" in said
+    assert said[-1] == "stopped; 1 checkpoint(s) completed in this run, the last 9"
+
+
+def test_sigusr1_drains_a_running_job():
+    import os
+    import signal
+
+    runner, said = _Runner(ready_after=2, every=10**9), []
+    runner.run_until_caught_up = lambda timeout_s: SimpleNamespace(checkpoint_id=3, status="completed")
+    steps = runner.step
+
+    def step():
+        steps()
+        if runner.steps == 5:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    runner.step = step
+    before = signal.getsignal(signal.SIGUSR1)
+    run_job(runner, say=said.append)
+    assert runner.steps == 5 and runner.closed
+    assert "drained: checkpoint 3 covers every input record and is committed" in said
+    assert signal.getsignal(signal.SIGUSR1) is before  # the handler is the caller's again

@@ -1,0 +1,85 @@
+"""Restore drills on the real runtime (``spark-abs drill``'s API): one
+failure of every kind against a real ``spark-abs run`` process, each
+recovered, the killed runner's workers and JVMs gone within the bound, the
+damaged checkpoint skipped, and every great-expectations suite met; then the
+same drill on pipelines broken to lose and to duplicate a record fails,
+naming the expectation that caught it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streaming.local import LocalRuntime
+from streaming.tools import drill
+from streaming.tools.drill import FailureKind
+
+pytestmark = pytest.mark.integration
+
+
+def _run(connection, runtime_settings, spark, tmp_path, **options):
+    lines: list[str] = []
+    report = drill.run_drill(
+        connection,
+        runtime=LocalRuntime(runtime_settings, progress=lines.append),
+        spark=spark,
+        report_dir=tmp_path / "report",
+        store_uri=f"s3://{connection.s3_bucket}/drills-{tmp_path.name}",
+        say=lines.append,
+        **options,
+    )
+    return report, lines
+
+
+def test_a_drill_with_a_failure_of_every_kind_passes_and_writes_its_report(
+    connection, runtime_settings, spark, tmp_path
+):
+    report, lines = _run(connection, runtime_settings, spark, tmp_path, failures=5, seed=11)
+    outcomes = {o.failure.kind: o for o in report.outcomes}
+    assert set(outcomes) == set(FailureKind), report.plan
+    assert report.passed, "\n".join(lines[-40:])
+    assert all(o.recovered for o in report.outcomes)
+    # the runner's death left no worker or JVM behind, and the runner that came back restored
+    for kind in (FailureKind.RUNNER, FailureKind.DAMAGE):
+        assert outcomes[kind].orphans_gone_s is not None and outcomes[kind].orphans_gone_s < drill.ORPHAN_BOUND_S
+        assert outcomes[kind].restored_from, outcomes[kind]
+    damage = outcomes[FailureKind.DAMAGE]
+    assert damage.damaged is not None and damage.restored_from[-1] < damage.damaged  # the fallback
+    # a broker or store outage needs no restore: the job waits and goes on
+    assert outcomes[FailureKind.BROKER].restored_from == [] and outcomes[FailureKind.STORE].restored_from == []
+    assert outcomes[FailureKind.WORKER].restored_from
+    states = set(report.frames["checkpoints"]["state"])
+    assert states == {"verifies", "damaged by the drill"}, states
+    assert report.malformed > 0 and len(report.frames["dead_letters"]) == report.malformed
+    written = {p.name for p in (tmp_path / "report").iterdir()}
+    assert {"report.md", "report.json", "gx-output.json", "gx-checkpoints.json", "gx-dead_letters.json"} <= written
+    summary = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert summary["passed"] is True and len(summary["failures"]) == 5
+    assert all(e["success"] for e in summary["expectations"])
+
+
+@pytest.mark.parametrize("broken", ["lose", "duplicate"])
+def test_a_drill_fails_on_a_pipeline_that_loses_or_duplicates_a_record(
+    connection, runtime_settings, spark, tmp_path, broken
+):
+    report, lines = _run(
+        connection,
+        runtime_settings,
+        spark,
+        tmp_path,
+        pipeline=f"streaming.testing:broken_money_pipeline?broken={broken}&every=300",
+        failures=1,
+        kinds=[FailureKind.WORKER],
+        seed=5,
+    )
+    assert all(o.recovered for o in report.outcomes), "\n".join(lines[-30:])
+    assert not report.passed
+    failed = {o.expectation: o.observed for suite in report.checks for o in suite.outcomes if not o.success}
+    # a transfer lost or doubled changes its accounts' windows: their sums and leg counts differ
+    assert set(failed) == {"net equal to the reference for every key", "legs equal to the reference for every key"}
+    assert all("unexpected, e.g. (" in observed for observed in failed.values()), failed
+    # what holds still holds: checkpoints are consistent cuts of what the broken stage wrote
+    assert all(o.success for suite in report.checks if suite.name != "output" for o in suite.outcomes)
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "**FAILED: output: net equal to the reference for every key (observed " in markdown, markdown[:800]
