@@ -896,7 +896,8 @@ class Drill:
             ),
             "dead_letters": (drill_checks.dead_letter_suite, letters),
         }
-        return frames, drill_checks.validate(suites)
+        index = {"output": self.workload.keys, "checkpoints": ["checkpoint"], "dead_letters": ["source", "offset"]}
+        return frames, drill_checks.validate(suites, index)
 
     def _reported_complete(self) -> list[int]:
         """Every checkpoint a coordinator reported complete (its progress log), in order."""

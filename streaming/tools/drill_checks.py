@@ -22,7 +22,7 @@ drill writes as JSON next to its report."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,9 +152,13 @@ def dead_letter_suite(gx):
     return suite
 
 
-def validate(frames: dict[str, tuple[Any, pd.DataFrame]]) -> list[SuiteResult]:
+def validate(
+    frames: dict[str, tuple[Any, pd.DataFrame]], index: Mapping[str, Sequence[str]] | None = None
+) -> list[SuiteResult]:
     """Run each ``name -> (suite factory, frame)``: the factory gets the GX
-    module and returns an ``ExpectationSuite``."""
+    module and returns an ``ExpectationSuite``.  ``index`` names, per suite,
+    the columns that say which row an unexpected value is in (the output's
+    key, a checkpoint id): the report shows them for the first few."""
     import logging
 
     import great_expectations as gx
@@ -172,7 +176,10 @@ def validate(frames: dict[str, tuple[Any, pd.DataFrame]]) -> list[SuiteResult]:
         suite = context.suites.add(make_suite(gx))
         batch = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
         definition = context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch, suite=suite))
-        run = definition.run(batch_parameters={"dataframe": frame})
+        result_format: dict[str, Any] = {"result_format": "SUMMARY"}
+        if index and index.get(name):
+            result_format["unexpected_index_column_names"] = list(index[name])
+        run = definition.run(batch_parameters={"dataframe": frame}, result_format=result_format)
         outcomes = []
         for result in run.results:
             config = result.expectation_config
@@ -186,7 +193,7 @@ def validate(frames: dict[str, tuple[Any, pd.DataFrame]]) -> list[SuiteResult]:
                     expectation=str(config.meta.get("means") or config.type),
                     column=column or "",
                     success=bool(result.success),
-                    observed=_observed(result.result, result.exception_info),
+                    observed=_observed(result.result, result.exception_info, (index or {}).get(name, ())),
                 )
             )
         results.append(SuiteResult(name, bool(run.success), tuple(outcomes), run.to_json_dict()))
@@ -203,7 +210,7 @@ def _plain(value: Any) -> Any:
     return item() if callable(item) else value
 
 
-def _observed(result: dict, exception: Any) -> str:
+def _observed(result: dict, exception: Any, index: Sequence[str] = ()) -> str:
     """What GX saw, in a few words."""
     raised = exception.get("raised_exception") if isinstance(exception, dict) else False
     if raised:
@@ -213,8 +220,18 @@ def _observed(result: dict, exception: Any) -> str:
     unexpected = result.get("unexpected_count")
     if unexpected is None:
         return ""
-    sample = result.get("partial_unexpected_list") or []
+    rows = result.get("partial_unexpected_index_list") or []
+    sample = [_row(r, index) for r in rows[:3] if isinstance(r, dict)] or [
+        str(_plain(s)) for s in (result.get("partial_unexpected_list") or [])[:3]
+    ]
     text = f"{unexpected} of {result.get('element_count')} unexpected"
     if sample:
-        text += f", e.g. {', '.join(str(_plain(s)) for s in sample[:3])}"
+        text += f", e.g. {'; '.join(sample)}"
     return text
+
+
+def _row(row: Mapping[str, Any], index: Sequence[str]) -> str:
+    """An unexpected row as ``column=value`` pairs, the ``index`` columns first
+    (the flags are left out)."""
+    names = [k for k in index if k in row] + [k for k in row if k not in index and not k.startswith("_")]
+    return " ".join(f"{k}={_plain(row[k])}" for k in names)

@@ -20,7 +20,7 @@ REFERENCE = pd.DataFrame(
 def _output_suite(output: pd.DataFrame):
     frame = drill_checks.output_frame(output, REFERENCE, KEYS)
     suite = functools.partial(drill_checks.output_suite, expected_rows=len(REFERENCE), keys=KEYS, sums=["net", "legs"])
-    (result,) = drill_checks.validate({"output": (suite, frame)})
+    (result,) = drill_checks.validate({"output": (suite, frame)}, {"output": KEYS})
     return result
 
 
@@ -60,6 +60,8 @@ def test_the_output_suite_fails_on_output_made_to_violate_it(change, expected):
     assert _failed(result) == expected
     observed = {o.expectation: o.observed for o in result.outcomes if not o.success}
     assert all(observed.values()), observed  # what GX saw is reported with every failure
+    # the rows at fault are named by their key
+    assert all("account=" in o or o.isdigit() for o in observed.values()), observed
 
 
 def _checkpoints(frame: pd.DataFrame, conserved: bool = True):
