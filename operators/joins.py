@@ -17,6 +17,7 @@ from operators.base import Stateless
 from operators.dead_letters import DeadLetters, Reason
 from operators.errors import InputSchemaError, OperatorConfigError, OperatorError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
+from operators.rescale import RESCALE_METADATA, rows_by
 from operators.state import KeyedState, latest_per_key
 
 __all__ = ["Union", "LatestValueJoin", "Unmatched"]
@@ -182,7 +183,8 @@ class LatestValueJoin:
         return concat(out)
 
     def snapshot(self) -> dict[str, pa.Table]:
-        return {self.RIGHT: self._latest.snapshot(), self.PENDING: storable(self._pending)}
+        pending = storable(self._pending).replace_schema_metadata({RESCALE_METADATA: rows_by(self.left_key)})
+        return {self.RIGHT: self._latest.snapshot(), self.PENDING: pending}
 
     def restore(self, state: Mapping[str, pa.Table]) -> None:
         name = type(self).__name__
@@ -210,7 +212,7 @@ class LatestValueJoin:
             if waiting.null_count != pending.num_rows:
                 raise StateRestoreError(f"{name}: snapshot has buffered rows whose key already has a right value")
         self._latest = probe
-        self._pending = pending
+        self._pending = pending.replace_schema_metadata(None)
 
     def _join(self, rows: pa.Table) -> tuple[pa.Table, pa.ChunkedArray | pa.Array]:
         """``rows`` with the right columns appended, and which rows matched."""

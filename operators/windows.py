@@ -40,6 +40,7 @@ from operators.aggregations import Aggregation
 from operators.dead_letters import DeadLetters, Reason
 from operators.errors import InputSchemaError, OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
+from operators.rescale import MIN, RESCALE_METADATA
 from operators.state import KeyedState
 
 __all__ = ["TumblingWindowAggregate", "WINDOW_START", "WINDOW_END"]
@@ -170,7 +171,10 @@ class TumblingWindowAggregate:
     def snapshot(self) -> dict[str, pa.Table]:
         return {
             self.WINDOWS: self._windows.snapshot(),
-            self.WATERMARK: pa.table({self.WATERMARK: pa.array([self._watermark], pa.int64())}),
+            # after a rescale every task starts from the lowest: no window closes early
+            self.WATERMARK: pa.table({self.WATERMARK: pa.array([self._watermark], pa.int64())}).replace_schema_metadata(
+                {RESCALE_METADATA: MIN}
+            ),
         }
 
     def restore(self, state: Mapping[str, pa.Table]) -> None:

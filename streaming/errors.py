@@ -25,6 +25,7 @@ __all__ = [
     "SnapshotCorruptError",
     "SinkError",
     "SinkFencedError",
+    "RescaleError",
     "JobFailed",
     "SmokeFailure",
     "parse_choice",
@@ -121,6 +122,11 @@ class SinkFencedError(SinkError):
 
 
 # ---- jobs and tools
+
+
+class RescaleError(ConfigError):
+    """A checkpoint cannot be restored into the task counts asked for (a
+    stage's state says nothing of how it divides, or follows partitions)."""
 
 
 class JobFailed(SparkAbsError):

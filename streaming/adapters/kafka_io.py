@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -31,6 +31,7 @@ __all__ = [
     "retention_ms",
     "DeadLetters",
     "append_markers",
+    "write_records",
     "dead_letter_topic_name",
     "producer",
 ]
@@ -161,6 +162,30 @@ def append_markers(
         channel: patiently(future.get, f"a marker for {channel}", timeout_s).offset
         for channel, future in futures.items()
     }
+
+
+def write_records(
+    producer: KafkaProducer,
+    records: Mapping[ChannelId, Sequence[bytes]],
+    headers: Headers,
+    timeout_s: float = DELIVERY_BOUND_S,
+) -> dict[ChannelId, tuple[int, int]]:
+    """Write ``records`` (values, in order) to each channel with ``headers``
+    and return the offset range ``[first, last + 1)`` each channel's got."""
+    futures = {
+        channel: [
+            producer.send(channel.topic, value=v, headers=list(headers), partition=channel.partition) for v in values
+        ]
+        for channel, values in records.items()
+        if values
+    }
+    patiently(lambda t: producer.flush(timeout=t), "re-routed channel state", timeout_s)
+    written = {}
+    for channel, sent in futures.items():
+        first = patiently(sent[0].get, f"re-routed records for {channel}", timeout_s).offset
+        last = patiently(sent[-1].get, f"re-routed records for {channel}", timeout_s).offset
+        written[channel] = (first, last + 1)
+    return written
 
 
 class DeadLetters:

@@ -12,6 +12,7 @@ per partition keeps every channel FIFO with exactly one barrier n."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import importlib
 import json
@@ -28,7 +29,18 @@ import pyarrow.compute as pc
 from barriers.messages import ChannelId
 from streaming.errors import ConfigError, parse_choice
 
-__all__ = ["Ingress", "Stage", "Sink", "SinkKind", "Pipeline", "TaskSpec", "route", "load_pipeline"]
+__all__ = [
+    "Ingress",
+    "Stage",
+    "Sink",
+    "SinkKind",
+    "Pipeline",
+    "Scale",
+    "TaskSpec",
+    "route",
+    "load_pipeline",
+    "parse_parallelism",
+]
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
 
@@ -96,15 +108,58 @@ class TaskSpec:
 
 
 @dataclass(frozen=True)
+class Scale:
+    """What a restore may change about a pipeline (docs/architecture.md,
+    "Rescaling"): how many tasks each stage runs, and which topic carries each
+    stage's output to the next (a new one whenever the task counts at either
+    end change, since the topic has ``p_U * p_S`` partitions)."""
+
+    parallelism: Mapping[str, int]
+    topics: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"parallelism": dict(sorted(self.parallelism.items())), "topics": dict(sorted(self.topics.items()))}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Scale:
+        try:
+            return cls(
+                {str(k): int(v) for k, v in data["parallelism"].items()},
+                {str(k): str(v) for k, v in (data.get("topics") or {}).items()},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"scale {data!r} is not {{'parallelism': {{stage: tasks}}, 'topics': ...}}") from exc
+
+    def describe(self) -> str:
+        return ", ".join(f"{stage}={tasks}" for stage, tasks in sorted(self.parallelism.items()))
+
+
+def parse_parallelism(text: str) -> dict[str, int]:
+    """``"accounts=3,windows=2"`` -> ``{"accounts": 3, "windows": 2}``."""
+    parallelism: dict[str, int] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        stage, sep, tasks = item.partition("=")
+        if not sep or not stage.strip() or not tasks.strip().isdigit() or int(tasks) < 1:
+            raise ConfigError(f"parallelism {item!r}: expected stage=tasks with tasks a whole number >= 1")
+        parallelism[stage.strip()] = int(tasks)
+    return parallelism
+
+
+@dataclass(frozen=True)
 class Pipeline:
     job: str
     ingress: tuple[Ingress, ...]
     stages: tuple[Stage, ...]
+    # a stage's output topic other than spark-abs.<job>.<stage> (set by a rescaling restore)
+    topics: Mapping[str, str] = field(default_factory=dict)
     _downstream: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ingress", tuple(self.ingress))
         object.__setattr__(self, "stages", tuple(self.stages))
+        object.__setattr__(self, "topics", dict(self.topics))
         self._validate()
 
     # ---- validation
@@ -171,6 +226,11 @@ class Pipeline:
                     f"stage {stage.name}: stage {downstream} runs {by_name[downstream].parallelism} "
                     f"tasks, so {stage.name} needs a key column to route its output"
                 )
+        for name, topic in self.topics.items():
+            if name not in self._downstream:
+                raise ConfigError(f"topic {topic!r} is given for {name!r}, which is not a stage another stage reads")
+            if not _NAME.match(topic.replace(".", "_")):
+                raise ConfigError(f"topic {topic!r} of stage {name} has characters Kafka does not allow")
 
     # ---- topology
 
@@ -182,7 +242,31 @@ class Pipeline:
 
     def topic_of(self, name: str) -> str:
         """The Kafka topic behind an input name: the ingress topic, or a stage's output topic."""
-        return name if any(i.topic == name for i in self.ingress) else f"spark-abs.{self.job}.{name}"
+        if any(i.topic == name for i in self.ingress):
+            return name
+        return self.topics.get(name) or f"spark-abs.{self.job}.{name}"
+
+    @property
+    def scale(self) -> Scale:
+        """Each stage's task count and each stage-to-stage topic."""
+        return Scale(
+            {s.name: s.parallelism for s in self.stages},
+            {s.name: self.topic_of(s.name) for s in self.stages if s.name in self._downstream},
+        )
+
+    def rescaled(self, scale: Scale) -> Pipeline:
+        """This pipeline with ``scale``'s task counts and topics (stages it
+        does not name keep theirs)."""
+        unknown = sorted(set(scale.parallelism) - {s.name for s in self.stages})
+        if unknown:
+            raise ConfigError(
+                f"pipeline {self.job} has no stage {', '.join(unknown)} "
+                f"(stages: {', '.join(s.name for s in self.stages)})"
+            )
+        stages = tuple(
+            dataclasses.replace(s, parallelism=scale.parallelism.get(s.name, s.parallelism)) for s in self.stages
+        )
+        return Pipeline(self.job, self.ingress, stages, {**self.topics, **scale.topics})
 
     def downstream(self, stage: str) -> Stage | None:
         name = self._downstream.get(stage)

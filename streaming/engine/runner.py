@@ -11,7 +11,13 @@ rolls back to the same cut): the other workers are stopped, the latest
 complete checkpoint that verifies is chosen (newer ones that do not are
 skipped, and the runner says why), a new generation is recorded in the
 store, and the workers start again from that checkpoint.  With no complete
-checkpoint yet, the new generation starts from the beginning."""
+checkpoint yet, the new generation starts from the beginning.
+
+A job keeps the task counts of its latest generation (``_JOB.json`` records
+each generation's ``Scale``); ``parallelism=`` (``run --parallelism``) asks
+for others.  A restore whose checkpoint was taken with other task counts
+rescales it first (``streaming.engine.rescale``): the checkpoint becomes one
+of the new scale, written as the next checkpoint id, and that is restored."""
 
 from __future__ import annotations
 
@@ -22,15 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from barriers.messages import CheckpointOptions
+from streaming.adapters import codec
 from streaming.adapters.control import control_topic_name
 from streaming.adapters.kafka_admin import create_topic, end_offsets
-from streaming.adapters.kafka_io import dead_letter_topic_name
+from streaming.adapters.kafka_io import DeadLetters, dead_letter_topic_name, producer, read_range, write_records
 from streaming.adapters.objects import open_store, patiently
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.sinks import open_sink, sink_location
+from streaming.adapters.snapshots import JobMeta, Manifest, SnapshotStore
 from streaming.api.config import Connection, default_home
-from streaming.api.pipeline import Pipeline, SinkKind, load_pipeline
+from streaming.api.pipeline import Pipeline, Scale, SinkKind, load_pipeline
 from streaming.api.settings import WORKER_LAYOUTS, JobSettings
 from streaming.engine.coordinator import CheckpointRecord, CoordinatorService, kafka_io
+from streaming.engine.rescale import RescalePlan, plan_rescale, rerouted_headers, scale_of, target_scale
 from streaming.engine.supervisor import WorkerProcess, WorkerSupervisor
 from streaming.errors import ConfigError, JobFailed, SparkAbsError
 
@@ -43,6 +52,8 @@ class RestoreRecord:
     checkpoint_id: int | None
     reason: str
     skipped: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    # a rescaling restore: the checkpoint that was rescaled into ``checkpoint_id``
+    rescaled_from: int | None = None
 
 
 def worker_groups(pipeline: Pipeline, workers: Mapping[str, list[str]] | str | None) -> dict[str, list[str]]:
@@ -77,31 +88,54 @@ class JobRunner:
         log_dir: Path | None = None,
         max_restores: int = 10,
         on_complete: Callable[[int], None] | None = None,
+        parallelism: Mapping[str, int] | None = None,
     ):
         self.pipeline_ref = pipeline_ref
-        self.pipeline: Pipeline = load_pipeline(pipeline_ref, job)
+        # the pipeline as its code declares it; ``pipeline`` is it at the scale of the current generation
+        self.declared: Pipeline = load_pipeline(pipeline_ref, job)
+        self.parallelism = dict(parallelism or {})
+        self.pipeline = self.declared.rescaled(Scale(self.parallelism))
         self.job = self.pipeline.job
         self.settings = settings
         self.connection = connection
         self.say = say
         self.on_complete = on_complete
         self.faults = faults
-        self.groups = worker_groups(self.pipeline, workers)
-        tasks = {t.name for t in self.pipeline.tasks()}
-        grouped = [t for names in self.groups.values() for t in names]
-        if sorted(grouped) != sorted(tasks):
-            raise SparkAbsError(
-                f"workers must run every task exactly once: tasks {sorted(tasks)}, workers run {sorted(grouped)}"
-            )
+        self._workers_layout = workers
+        self.groups = self._groups(self.pipeline)
         self.log_dir = log_dir or default_home() / "runs" / self.job
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.store = SnapshotStore(open_store(settings.store, connection), self.job)
         self.max_restores = max_restores
         self.restores: list[RestoreRecord] = []
         self.history: list[CheckpointRecord] = []
-        self.supervisor = WorkerSupervisor(pipeline_ref, self.job, self.groups, settings, self.log_dir)
+        self.supervisor = self._supervisor(self.pipeline)
         self.coordinator: CoordinatorService | None = None
         self._last_trigger = 0.0
+
+    def _groups(self, pipeline: Pipeline) -> dict[str, list[str]]:
+        groups = worker_groups(pipeline, self._workers_layout)
+        tasks = {t.name for t in pipeline.tasks()}
+        grouped = [t for names in groups.values() for t in names]
+        if sorted(grouped) != sorted(tasks):
+            raise SparkAbsError(
+                f"workers must run every task exactly once: tasks {sorted(tasks)}, workers run {sorted(grouped)}"
+            )
+        return groups
+
+    def _supervisor(self, pipeline: Pipeline) -> WorkerSupervisor:
+        scale = None if pipeline.scale == self.declared.scale else pipeline.scale
+        return WorkerSupervisor(self.pipeline_ref, self.job, self.groups, self.settings, self.log_dir, scale=scale)
+
+    def _use_scale(self, scale: Scale) -> None:
+        """Run the pipeline at ``scale`` from now on: workers of another scale stop."""
+        pipeline = self.declared.rescaled(scale)
+        if pipeline.scale == self.pipeline.scale:
+            return
+        self.supervisor.stop_all()
+        self.pipeline = pipeline
+        self.groups = self._groups(pipeline)
+        self.supervisor = self._supervisor(pipeline)
 
     # ---- set-up
 
@@ -120,13 +154,13 @@ class JobRunner:
 
     def start(self, restore: int | None = None) -> None:
         """Start fresh, or from checkpoint ``restore`` (a new generation)."""
-        self.prepare()
         # the store knows the job once it restored (_JOB.json) or took a checkpoint: a job whose
         # runner stopped or died in generation 0 goes on from its checkpoints, not from scratch
         known = patiently(
             lambda: self.store.read_job() is not None or bool(self.store.checkpoints()), "reading the job", self.say
         )
         if restore is None and not known:
+            self.prepare()
             self._launch(generation=0, checkpoint_id=None)
         else:
             self.restore(f"restore requested from checkpoint {restore}" if restore else "restart", restore)
@@ -185,10 +219,12 @@ class JobRunner:
 
     def restore(self, reason: str, checkpoint_id: int | None = None) -> RestoreRecord:
         """Stop every worker and start the next generation from a checkpoint:
-        ``checkpoint_id`` or the latest that verifies."""
+        ``checkpoint_id`` or the latest that verifies, rescaled first when it
+        was taken with other task counts than the job runs with now."""
         if len(self.restores) >= self.max_restores:
             raise JobFailed(f"job {self.job}: {len(self.restores)} restores already; giving up ({reason})")
         skipped: list[tuple[int, list[str]]] = []
+        manifest: Manifest | None
         # an unreachable store (an outage) is waited for, boundedly; a damaged checkpoint is skipped
         if checkpoint_id is None:
             manifest, skipped = patiently(self.store.latest_verified, "picking a checkpoint", self.say)
@@ -198,20 +234,155 @@ class JobRunner:
             problems = patiently(lambda: self.store.verify(named), f"verifying checkpoint {named}", self.say)
             if problems:
                 raise JobFailed(f"checkpoint {checkpoint_id} cannot be restored: {'; '.join(problems)}")
+            manifest = patiently(lambda: self.store.read_manifest(named), f"reading checkpoint {named}", self.say)
         for skipped_id, problems in skipped:
             self.say(f"checkpoint {skipped_id} skipped: {'; '.join(problems)}")
+        meta = patiently(self.store.read_job, "reading the job", self.say)
+        generation = (meta.generation if meta else 0) + 1
+        current = _recorded_scale(meta) or self.pipeline.scale
+        wanted = {**current.parallelism, **self.parallelism}
+        if manifest is None:
+            scale = target_scale(self.declared, current, wanted, generation)
+            rescaled_from = None
+        else:
+            scale = scale_of(manifest, self.declared)
+            rescaled_from = None
+            if scale.parallelism != wanted:
+                new = target_scale(self.declared, scale, wanted, generation)
+                plan = self._plan_rescale(manifest, scale, new, generation)
+                rescaled_from, scale = checkpoint_id, plan.new
+        details: dict[str, object] = {"scale": scale.to_json()}
+        if rescaled_from is not None:
+            checkpoint_id = self._next_checkpoint_id()
+            details["rescaled_from"] = rescaled_from
         picked = checkpoint_id
-        generation = patiently(lambda: self.store.next_generation(picked), "recording the generation", self.say)
-        record = RestoreRecord(generation, checkpoint_id, reason, tuple((cid, tuple(p)) for cid, p in skipped))
+        recorded = patiently(
+            lambda: self.store.next_generation(picked, **details), "recording the generation", self.say
+        )
+        if recorded != generation:
+            raise JobFailed(f"job {self.job}: generation {recorded} was recorded meanwhile; is another runner running?")
+        record = RestoreRecord(
+            generation, checkpoint_id, reason, tuple((cid, tuple(p)) for cid, p in skipped), rescaled_from
+        )
         self.restores.append(record)
+        self._use_scale(scale)
+        if rescaled_from is not None:
+            self._write_rescaled(plan, checkpoint_id, manifest)
         self.say(
             f"restoring generation {generation} from "
             + (f"checkpoint {checkpoint_id}" if checkpoint_id else "the beginning (no complete checkpoint)")
+            + (f" (checkpoint {rescaled_from} rescaled to {scale.describe()})" if rescaled_from is not None else "")
             + f" ({reason})"
         )
+        self.prepare()
         # workers that still run restore in place (their Spark stays up); dead ones start again
         self._launch(generation, checkpoint_id)
         return record
+
+    def rescale(self, parallelism: Mapping[str, int], checkpoint_id: int | None = None) -> RestoreRecord:
+        """Restore the running job with ``parallelism`` (stage -> tasks; stages
+        not named keep theirs) from ``checkpoint_id`` or the latest that
+        verifies: ``run --restore N --parallelism ...`` without stopping the runner."""
+        wanted = {**self.parallelism, **parallelism}
+        unknown = sorted(set(wanted) - {s.name for s in self.declared.stages})
+        if unknown:
+            raise ConfigError(f"pipeline {self.job} has no stage {', '.join(unknown)}")
+        self.parallelism = wanted
+        return self.restore(f"rescale to {Scale(wanted).describe()} requested", checkpoint_id)
+
+    # ---- rescaling
+
+    def _next_checkpoint_id(self) -> int:
+        stored = patiently(self.store.checkpoints, "listing checkpoints", self.say)
+        current = list(self.coordinator.records) if self.coordinator else []
+        return max(stored + current + [r.checkpoint_id for r in self.history] + [0]) + 1
+
+    def _plan_rescale(self, manifest: Manifest, old: Scale, new: Scale, generation: int) -> RescalePlan:
+        """What rescaling ``manifest``'s checkpoint to ``new`` takes; a
+        ``RescaleError`` before anything changes when it cannot be done."""
+        source = manifest.checkpoint_id
+        self.say(f"rescaling checkpoint {source} from {old.describe()} to {new.describe()}")
+        loaded = {
+            name: patiently(lambda n=name: self.store.load_task(source, n), f"reading task {name}", self.say)
+            for name in manifest.tasks
+        }
+        bootstrap = self.connection.kafka_bootstrap
+        return plan_rescale(
+            self.declared,
+            source,
+            loaded,
+            old,
+            new,
+            generation,
+            lambda channel, start, end: read_range(bootstrap, channel, start, end),
+        )
+
+    def _write_rescaled(self, plan: RescalePlan, checkpoint_id: int, source: Manifest) -> None:
+        """Checkpoint ``checkpoint_id``: ``plan`` written out.  The old sink
+        tasks recover to the source checkpoint first (their staged epochs up to
+        it committed, later ones discarded), the new topics get the re-routed
+        channel state, then every task's snapshot and the manifest."""
+        self.stop_workers()
+        old_pipeline = self.declared.rescaled(plan.old)
+        location = sink_location(self.settings, self.job, self.connection)
+        for spec in old_pipeline.tasks():
+            stage = old_pipeline.stage(spec.stage)
+            if stage.sink is not None:
+                sink = open_sink(
+                    stage.sink, location, spec.name, job=self.job, bootstrap=self.connection.kafka_bootstrap
+                )
+                try:
+                    sink.recover(plan.source)
+                finally:
+                    getattr(sink, "close", lambda: None)()
+        self.prepare()
+        bootstrap = self.connection.kafka_bootstrap
+        if plan.rerouted:
+            values = {c: [v for t in tables for v in codec.encode_batches(t)] for c, tables in plan.rerouted.items()}
+            writer = producer(bootstrap, max_in_flight_requests_per_connection=1)
+            try:
+                plan.place(write_records(writer, values, rerouted_headers(plan.generation)))
+            finally:
+                writer.close()
+        if plan.undecodable:
+            letters = DeadLetters(bootstrap, self.job)
+            try:
+                for channel, offset, why in plan.undecodable:
+                    letters.send(channel, offset, None, None, [], f"channel state not decodable when rescaling: {why}")
+            finally:
+                letters.close()
+        snapshots = {}
+        for name, task in plan.tasks.items():
+            snapshots[name] = self.store.write_task(
+                checkpoint_id,
+                plan.generation,
+                name,
+                task.state,
+                positions={str(c): p for c, p in task.positions.items()},
+                in_flight={str(c): r for c, r in task.in_flight.items()},
+                channel_records={str(c): t for c, t in task.channel_records.items()} or None,
+                metadata={
+                    "kind": "rescaled",
+                    "rescaled_from": plan.source,
+                    "watermarks": {str(c): w for c, w in task.watermarks.items()},
+                    "lineage": task.lineage.to_json(),
+                },
+            )
+        self.store.write_manifest(
+            checkpoint_id,
+            plan.generation,
+            snapshots,
+            options=source.options,
+            metrics={
+                "rescaled_from": plan.source,
+                "scale": plan.new.to_json(),
+                "previous_scale": plan.old.to_json(),
+                "rerouted_rows": plan.rerouted_rows,
+                "kinds": ["rescaled"],
+                "tasks": {},
+            },
+        )
+        self.say(plan.describe() + f": written as checkpoint {checkpoint_id}")
 
     def kill_worker(self, name: str) -> None:
         """SIGKILL a worker, named or by a task or stage it runs (a drill): the next ``step`` restores."""
@@ -273,3 +444,11 @@ class JobRunner:
         if self.coordinator is None:
             raise SparkAbsError(f"job {self.job} is not started")
         return self.coordinator
+
+
+def _recorded_scale(meta: JobMeta | None) -> Scale | None:
+    """The scale of the job's latest generation, as ``_JOB.json`` recorded it."""
+    for entry in reversed(meta.restores if meta else ()):
+        if entry.get("scale"):
+            return Scale.from_json(entry["scale"])
+    return None

@@ -5,6 +5,7 @@ worker's Spark JVM goes with it)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from streaming.api.pipeline import Scale
 from streaming.api.settings import JobSettings
 from streaming.errors import SparkAbsError
 
@@ -51,13 +53,22 @@ class WorkerSupervisor:
     the tasks it runs; logs go to ``log_dir/worker-<name>-g<generation>.log``."""
 
     def __init__(
-        self, pipeline_ref: str, job: str, groups: Mapping[str, list[str]], settings: JobSettings, log_dir: Path
+        self,
+        pipeline_ref: str,
+        job: str,
+        groups: Mapping[str, list[str]],
+        settings: JobSettings,
+        log_dir: Path,
+        *,
+        scale: Scale | None = None,
     ):
         self.pipeline_ref = pipeline_ref
         self.job = job
         self.groups = dict(groups)
         self.settings = settings
         self.log_dir = log_dir
+        # task counts and topics other than the pipeline declares (a rescaled job)
+        self.scale = scale
         self.workers: dict[str, WorkerProcess] = {}
 
     def launch(self, generation: int, checkpoint_id: int | None, env: Mapping[str, str]) -> None:
@@ -88,6 +99,8 @@ class WorkerSupervisor:
             ]
             if checkpoint_id is not None:
                 command += ["--restore", str(checkpoint_id)]
+            if self.scale is not None:
+                command += ["--scale", json.dumps(self.scale.to_json())]
             with open(log_path, "wb") as log_file:
                 process = subprocess.Popen(
                     command,

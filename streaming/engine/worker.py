@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import logging
 import queue
 import signal
@@ -48,7 +49,7 @@ from streaming.adapters.objects import open_store, patiently
 from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, kafka_records, open_sink, sink_location
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, SparkSettings
-from streaming.api.pipeline import Pipeline, Stage, TaskSpec, load_pipeline
+from streaming.api.pipeline import Pipeline, Scale, Stage, TaskSpec, load_pipeline
 from streaming.api.settings import JobSettings, Mode
 from streaming.engine import faults
 from streaming.engine.restore import plan_start
@@ -385,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generation", type=int, default=0)
     parser.add_argument("--restore", type=int, default=None, help="checkpoint id to restore from")
     parser.add_argument(
+        "--scale", help="task counts and internal topics other than the pipeline declares, as JSON (a rescaled job)"
+    )
+    parser.add_argument(
         "--runner-pipe",
         action="store_true",
         help="stdin is the job runner's pipe: stop when it closes (the runner ended or died)",
@@ -394,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     say = lambda line: print(f"[worker] {line}", flush=True)  # noqa: E731
     try:
         pipeline = load_pipeline(args.pipeline, args.job)
+        if args.scale:
+            pipeline = pipeline.rescaled(Scale.from_json(json.loads(args.scale)))
         worker = Worker(
             pipeline,
             [t for t in args.tasks.split(",") if t],

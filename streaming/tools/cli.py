@@ -109,6 +109,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from streaming.api.pipeline import parse_parallelism
     from streaming.api.settings import JobSettings
     from streaming.engine.runner import JobRunner
     from streaming.errors import ConfigError
@@ -143,6 +144,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         workers=args.workers,
         say=_say,
         max_restores=args.max_restores,
+        parallelism=parse_parallelism(",".join(args.parallelism)),
     )
     run_job(
         runner, restore=args.restore, seconds=args.seconds, checkpoints=args.checkpoints, drain=args.drain, say=_say
@@ -349,6 +351,15 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="stop once N checkpoints completed in this run (with --for: whichever comes first)",
+    )
+    parser.add_argument(
+        "--parallelism",
+        action="append",
+        default=[],
+        metavar="STAGE=N",
+        help="run STAGE with N tasks (repeat, or give several as a=2,b=3). A job restored from a checkpoint "
+        "taken with other task counts is rescaled: keyed state divided by key, channel state routed "
+        "again, internal topics of the new counts. Default: the counts of the job's latest run",
     )
     parser.add_argument(
         "--max-restores",

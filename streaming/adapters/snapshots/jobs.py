@@ -5,6 +5,7 @@ by one coordinator per job."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from streaming.adapters.objects import ObjectFiles
 from streaming.adapters.snapshots.format import JobMeta, now
@@ -40,12 +41,13 @@ class JobHistory:
         with self.files.io("writing the job metadata"):
             self.files.write(self.layout.job_file, meta.to_json().encode(), atomic=True)
 
-    def next_generation(self, from_checkpoint: int | None) -> int:
+    def next_generation(self, from_checkpoint: int | None, **details: Any) -> int:
         """Start the next generation, restored from ``from_checkpoint`` (None =
-        from scratch), record it and return its number."""
+        from scratch), record it (with ``details``, e.g. its ``scale``) and
+        return its number."""
         meta = self.read() or JobMeta(self.job)
         generation = meta.generation + 1
-        entry = {"generation": generation, "from_checkpoint": from_checkpoint, "at": now()}
+        entry = {"generation": generation, "from_checkpoint": from_checkpoint, "at": now(), **details}
         self.write(JobMeta(self.job, generation, (*meta.restores, entry)))
         log.info(
             "job %s: generation %d starts from %s",

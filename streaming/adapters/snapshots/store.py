@@ -299,10 +299,10 @@ class SnapshotStore:
     def write_job(self, meta: JobMeta) -> None:
         self.history.write(meta)
 
-    def next_generation(self, from_checkpoint: int | None) -> int:
+    def next_generation(self, from_checkpoint: int | None, **details: Any) -> int:
         """Start the next generation, restored from ``from_checkpoint`` (None =
-        from scratch), record it in ``_JOB.json`` and return its number."""
-        return self.history.next_generation(from_checkpoint)
+        from scratch), record it in ``_JOB.json`` (with ``details``) and return its number."""
+        return self.history.next_generation(from_checkpoint, **details)
 
     # -- lifecycle -----------------------------------------------------------
 
