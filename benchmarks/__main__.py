@@ -18,6 +18,10 @@ values, two partitions, every record already in the topic).  Variants:
   (offset ranges), so checkpoints are taken all through the run, as at
   steady state;
 - abs-2stage: a stateless stage keyed by k in front of the count.
+- with ``--scaling``: scaling-1, scaling-2, scaling-4, the two stages with
+  1, 2 and 4 tasks each over a topic of four partitions, all tasks in one
+  Spark application on the connection's master (``local[2]`` on the local
+  runtime; a standalone master when ``SPARK_ABS_SPARK_MASTER`` names one).
 
 Each round runs every variant once, in an order that alternates between
 rounds, on the same topic.  Throughput counts from the first record read (all
@@ -66,14 +70,20 @@ RATIOS = [
     ("checkpoints every 1 s / off", "abs-1stage-ckpt1s", "abs-1stage"),
     ("checkpoints every 5 s / off", "abs-1stage-ckpt5s", "abs-1stage"),
     ("two stages / one stage", "abs-2stage", "abs-1stage"),
+    ("2 tasks per stage / 1", "scaling-2", "scaling-1"),
+    ("4 tasks per stage / 1", "scaling-4", "scaling-1"),
 ]
 
+# tasks per stage of the scaling runs
+SCALING = (1, 2, 4)
 
-def _variants(profile: Profile) -> list[str]:
+
+def _variants(profile: Profile, scaling: bool = False) -> list[str]:
     return (
         ["native-hdfs", "native-rocksdb", "abs-1stage"]
         + [f"abs-1stage-ckpt{i:g}s" for i in profile.intervals]
         + ["abs-2stage"]
+        + ([f"scaling-{n}" for n in SCALING] if scaling else [])
     )
 
 
@@ -83,6 +93,22 @@ def _run(variant: str, round_: int, context: dict):
     if variant.startswith("native-"):
         return runs.native_run(
             variant, round_, topic=context["topic"], state_store=variant.split("-", 1)[1], expected=context["expected"]
+        )
+    if variant.startswith("scaling-"):
+        tasks = int(variant.split("-")[1])
+        return runs.abs_run(
+            context["connection"],
+            variant,
+            round_,
+            pipeline="benchmarks.workloads:scaling",
+            topic=context["scaling_topic"],
+            expected=context["scaling_expected"],
+            store=context["store"],
+            interval_s=None,
+            settings=context["settings"],
+            log_dir=context["out"] / "logs",
+            profile_dir=context["out"] / "profiles" if context["profile"] else None,
+            parallelism={"pass": tasks, "count": tasks},
         )
     interval = float(variant.split("ckpt")[1].rstrip("s")) if "ckpt" in variant else None
     settings = dict(context["settings"])
@@ -120,10 +146,13 @@ def _ratios(all_runs: list, variants: list[str]) -> list[dict]:
     return rows
 
 
-def _markdown(profile_name: str, profile: Profile, all_runs: list, ratios: list[dict], settings: dict) -> str:
+def _markdown(
+    profile_name: str, profile: Profile, all_runs: list, ratios: list[dict], settings: dict, master: str = ""
+) -> str:
     lines = [
         f"Profile `{profile_name}`: {profile.records:,} records, {profile.rounds} round(s), "
-        f"spark-abs settings {json.dumps(settings) if settings else 'default'}.",
+        f"spark-abs settings {json.dumps(settings) if settings else 'default'}"
+        + (f", Spark master `{master}`." if master else "."),
         "",
         "| variant | records/s (median) | start-up s (median) | checkpoints p50 s | output verified |",
         "| --- | ---: | ---: | ---: | --- |",
@@ -182,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated variants to run (default: all of the profile)")
     parser.add_argument("--demo", action="store_true", help="also the demo at steady state and a restore")
     parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="also two stages with 1, 2 and 4 tasks each (on the connection's Spark master: run it with "
+        "a cluster's SPARK_ABS_* variables to measure the cluster)",
+    )
+    parser.add_argument(
         "--max-records-per-batch", type=int, help="spark-abs JobSettings.max_records_per_batch (default: its default)"
     )
     parser.add_argument(
@@ -208,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     name = "quick" if args.quick else "full"
     base = PROFILES[name]
     profile = Profile(args.records or base.records, args.rounds or base.rounds, base.intervals, base.demo_seconds)
-    variants = _variants(profile)
+    variants = _variants(profile, args.scaling)
     if args.only:
         variants = [v for v in variants if v in set(args.only.split(","))]
     settings = _settings(args.set)
@@ -226,6 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     expected = workloads.produce(connection.kafka_bootstrap, topic, profile.records)
     say(f"produced in {time.monotonic() - began:.1f} s")
+    scaling_topic, scaling_expected = None, None
+    if any(v.startswith("scaling-") for v in variants):
+        scaling_topic = f"bench-scaling-{uuid.uuid4().hex[:6]}"
+        create_topic(connection.kafka_bootstrap, scaling_topic, workloads.SCALING_PARTITIONS)
+        say(f"producing {profile.records:,} records to {scaling_topic} ({workloads.SCALING_PARTITIONS} partitions)")
+        scaling_expected = workloads.produce(
+            connection.kafka_bootstrap, scaling_topic, profile.records, partitions=workloads.SCALING_PARTITIONS
+        )
     context = {
         "connection": connection,
         "topic": topic,
@@ -234,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": settings,
         "out": out,
         "profile": args.profile,
+        "scaling_topic": scaling_topic,
+        "scaling_expected": scaling_expected,
     }
     all_runs = []
     for round_ in range(1, profile.rounds + 1):
@@ -269,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     ratios = _ratios(all_runs, variants)
-    table = _markdown(name, profile, all_runs, ratios, settings)
+    table = _markdown(name, profile, all_runs, ratios, settings, connection.spark_master)
     (out / "runs.json").write_text(json.dumps([r.to_dict() for r in all_runs], indent=2))
     (out / "ratios.json").write_text(json.dumps(ratios, indent=2))
     (out / "results.md").write_text(table)

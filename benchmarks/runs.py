@@ -84,6 +84,7 @@ def abs_run(
     log_dir: Path,
     profile_dir: Path | None = None,
     timeout_s: float = 900.0,
+    parallelism: Mapping[str, int] | None = None,
 ) -> Run:
     """Run ``pipeline`` over everything in ``topic``: checkpoints every
     ``interval_s`` (None: one, triggered when all tasks are ready, so its
@@ -93,7 +94,15 @@ def abs_run(
     os.environ[TOPIC_ENV] = topic
     job = f"bench-{variant.replace('.', '_')}-{uuid.uuid4().hex[:6]}"  # job names: letters, digits, - and _
     job_settings = JobSettings(store=store, interval_s=interval_s or 3600, timeout_s=timeout_s, **dict(settings or {}))
-    runner = JobRunner(pipeline, job_settings, connection, job=job, say=lambda line: None, log_dir=log_dir / job)
+    runner = JobRunner(
+        pipeline,
+        job_settings,
+        connection,
+        job=job,
+        say=lambda line: None,
+        log_dir=log_dir / job,
+        parallelism=parallelism,
+    )
     deadline = time.monotonic() + timeout_s
     began = time.monotonic()
     try:

@@ -17,12 +17,25 @@ import pyarrow as pa
 from operators import KeyedAggregate, count, select, sum_
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 
-__all__ = ["TOPIC_ENV", "EVENTS", "KEYS", "PARTITIONS", "one_stage", "two_stage", "produce", "partition_of"]
+__all__ = [
+    "TOPIC_ENV",
+    "EVENTS",
+    "KEYS",
+    "PARTITIONS",
+    "SCALING_PARTITIONS",
+    "one_stage",
+    "two_stage",
+    "scaling",
+    "produce",
+    "partition_of",
+]
 
 TOPIC_ENV = "SPARK_ABS_BENCH_TOPIC"
 EVENTS = pa.schema([("k", pa.string()), ("v", pa.int64())])
 KEYS = 100_000
 PARTITIONS = 2
+# the scaling runs' topic: enough partitions for their largest task count
+SCALING_PARTITIONS = 4
 
 
 def _topic() -> str:
@@ -57,13 +70,30 @@ def two_stage(job: str = "bench-two-stage") -> Pipeline:
     )
 
 
-def partition_of(key: str) -> int:
+def scaling(job: str = "bench-scaling") -> Pipeline:
+    """``two_stage`` over a topic of ``SCALING_PARTITIONS`` partitions, one
+    task per stage as declared: the scaling runs give each stage 1, 2 or 4
+    (``JobRunner(parallelism=...)``)."""
+    topic = _topic()
+    return Pipeline(
+        job,
+        (Ingress(topic, SCALING_PARTITIONS, EVENTS),),
+        (
+            Stage("pass", (topic,), lambda: select("k", "v"), key="k"),
+            Stage("count", ("pass",), _count, sink=Sink()),
+        ),
+    )
+
+
+def partition_of(key: str, partitions: int = PARTITIONS) -> int:
     """Every record of a key goes to one partition, so each task of a stage
     that reads the topic directly counts whole keys."""
-    return zlib.crc32(key.encode()) % PARTITIONS
+    return zlib.crc32(key.encode()) % partitions
 
 
-def produce(bootstrap: str, topic: str, records: int, *, keys: int = KEYS) -> dict[str, int]:
+def produce(
+    bootstrap: str, topic: str, records: int, *, keys: int = KEYS, partitions: int = PARTITIONS
+) -> dict[str, int]:
     """``records`` JSON records ``{"k": "key-<i mod keys>", "v": i mod 100}``;
     returns the expected ``{"records", "keys", "sum"}``."""
     from kafka import KafkaProducer
@@ -75,7 +105,9 @@ def produce(bootstrap: str, topic: str, records: int, *, keys: int = KEYS) -> di
             key = f"key-{i % keys}"
             value = i % 100
             total += value
-            producer.send(topic, value=json.dumps({"k": key, "v": value}).encode(), partition=partition_of(key))
+            producer.send(
+                topic, value=json.dumps({"k": key, "v": value}).encode(), partition=partition_of(key, partitions)
+            )
         producer.flush(300)
     finally:
         producer.close()
