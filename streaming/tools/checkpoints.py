@@ -27,7 +27,7 @@ with SQL.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,6 +43,8 @@ from streaming.adapters.objects import open_store
 from streaming.adapters.records import RECORD_SCHEMA, header_values
 from streaming.adapters.snapshots import LoadedTask, Manifest, SnapshotStore
 from streaming.api.config import Connection
+from streaming.api.pipeline import Pipeline
+from streaming.engine.rescale import RescalePlan, plan_rescale, scale_of, target_scale
 from streaming.engine.restore import plan_start
 from streaming.errors import KafkaUnavailableError, SnapshotCorruptError, SnapshotMissingError, SparkAbsError
 
@@ -476,6 +478,42 @@ class Checkpoints:
                 )
             )
         return RestorePlan(self.job, manifest.checkpoint_id, skipped, generation, tasks)
+
+    def rescale_plan(
+        self,
+        pipeline: Pipeline,
+        parallelism: Mapping[str, int],
+        checkpoint_id: int | None = None,
+        *,
+        progress: Callable[[str], None] = lambda _: None,
+    ) -> RescalePlan:
+        """What ``run --restore N --parallelism ...`` would do with checkpoint
+        ``checkpoint_id`` (or the newest that verifies): the state, channels
+        and re-routed channel state of every task at the new task counts.
+        Reads ranges from Kafka, writes nothing."""
+        if checkpoint_id is not None:
+            manifest, problems = self.store.verifier.verify(checkpoint_id)
+            if problems:
+                raise SnapshotMissingError(f"checkpoint {checkpoint_id} cannot be restored: {'; '.join(problems)}")
+        else:
+            manifest, _ = self.store.latest_verified()
+        if manifest is None:
+            raise SnapshotMissingError(f"job {self.job}: no checkpoint verifies, nothing to rescale")
+        meta = self.store.read_job()
+        generation = (meta.generation if meta else 0) + 1
+        old = scale_of(manifest, pipeline)
+        new = target_scale(pipeline, old, parallelism, generation)
+        loaded = {}
+        for name in sorted(manifest.tasks):
+            progress(f"loading task {name} of checkpoint {manifest.checkpoint_id}")
+            loaded[name] = self.store.load_task(manifest.checkpoint_id, name)
+
+        def ranges(channel: ChannelId, start: int, end: int) -> pa.Table:
+            if self.bootstrap is None:
+                raise KafkaUnavailableError(f"channel state of {channel} is a range in Kafka: no broker given")
+            return read_range(self.bootstrap, channel, start, end)
+
+        return plan_rescale(pipeline, manifest.checkpoint_id, loaded, old, new, generation, ranges)
 
     # -- helpers ------------------------------------------------------------
 

@@ -276,6 +276,21 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     from streaming.errors import ConfigError
     from streaming.tools import views
 
+    if args.dry_run and args.parallelism:
+        from streaming.api.pipeline import load_pipeline, parse_parallelism
+
+        if not args.pipeline:
+            raise ConfigError("restore --dry-run --parallelism: give --pipeline, whose stages say how rows are routed")
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        pipeline = load_pipeline(args.pipeline, args.job)
+        checkpoints, _ = _checkpoints(args, kafka=True)
+        with checkpoints:
+            plan = checkpoints.rescale_plan(
+                pipeline, parse_parallelism(",".join(args.parallelism)), args.checkpoint, progress=_say
+            )
+        print(views.render_rescale_plan(plan))
+        return 0
     if args.dry_run:
         checkpoints, _ = _checkpoints(args)
         with checkpoints:
@@ -503,7 +518,9 @@ Operator and channel state as tables: `spark-abs state N`.""",
         help="restore a job from a checkpoint, or (--dry-run) say what a restore would do",
         description="With --dry-run: which checkpoint a restore would pick (N if it "
         "verifies, else the newest that does, and why newer ones are skipped), which "
-        "generation it would start and what each task would load and replay. "
+        "generation it would start and what each task would load and replay; with "
+        "--parallelism too (and --pipeline), how it would be rescaled: each new task's "
+        "state, channels and re-routed channel state, and the new topics. "
         "Without: the restore itself, as `run PIPELINE --restore N` (give --pipeline).",
     )
     restore.add_argument(

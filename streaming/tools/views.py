@@ -17,6 +17,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from streaming.engine.rescale import RescalePlan
 from streaming.tools.checkpoints import CheckpointDetail, CheckpointRow, RestorePlan, TableDiff
 from streaming.tools.gc import GcPlan
 
@@ -28,6 +29,7 @@ __all__ = [
     "render_verify",
     "render_gc",
     "render_restore_plan",
+    "render_rescale_plan",
 ]
 
 
@@ -313,5 +315,40 @@ def render_restore_plan(plan: RestorePlan) -> str:
             )
             for t in plan.tasks
         ),
+    )
+    return "\n".join(lines) + "\n" + _text(table)
+
+
+def render_rescale_plan(plan: RescalePlan) -> str:
+    """A rescale as ``restore --dry-run --parallelism`` shows it: the scale
+    before and after, the new topics, and each new task's state, channels
+    and re-routed channel state."""
+    old_topics = set(plan.old.topics.values())
+    lines = [
+        f"checkpoint {plan.source}: {plan.old.describe()} -> {plan.new.describe()} (generation {plan.generation})",
+        *(
+            f"  new topic {topic} ({plan.pipeline.internal_topics()[topic]} partition(s)) for the output of {stage}"
+            for stage, topic in sorted(plan.new.topics.items())
+            if topic not in old_topics
+        ),
+        f"  {plan.rerouted_rows} rows of unaligned channel state routed again by key"
+        + (f"; {len(plan.undecodable)} records that do not decode go to the dead letters" if plan.undecodable else ""),
+    ]
+    rerouted = {c: sum(t.num_rows for t in ts) for c, ts in plan.rerouted.items()}
+    table = _table(
+        "each task of the new scale (channels: the input channels it reads; re-routed: rows of the old "
+        "topics' channel state it reads first; watermark from: the lowest its channels start from)",
+        ("task", "state rows", "channels", "re-routed rows", "watermark from"),
+        (
+            (
+                name,
+                ", ".join(f"{t} {rows.num_rows}" for t, rows in sorted(task.state.items())) or None,
+                len(task.positions),
+                sum(rerouted.get(c, 0) for c in task.positions) or None,
+                min(task.watermarks.values()) if task.watermarks else None,
+            )
+            for name, task in sorted(plan.tasks.items())
+        ),
+        right=("channels", "re-routed rows", "watermark from"),
     )
     return "\n".join(lines) + "\n" + _text(table)

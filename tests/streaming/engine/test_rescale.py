@@ -239,3 +239,17 @@ def test_state_of_a_stage_reading_an_ingress_topic_cannot_be_divided():
     new = target_scale(pipeline, old, {"sums": 3}, 2)
     with pytest.raises(RescaleError, match="reads ingress topic in, whose partitions"):
         plan_rescale(pipeline, 7, loaded, old, new, 2, read_from({}))
+
+
+def test_a_rescale_plan_as_restore_dry_run_shows_it():
+    from streaming.tools.views import render_rescale_plan
+
+    loaded, manifest, ranges = checkpoint()
+    pipeline = demo.pipeline(JOB)
+    old = scale_of(manifest, pipeline)
+    plan = plan_rescale(pipeline, 7, loaded, old, target_scale(pipeline, old, {"accounts": 3}, 2), 2, read_from(ranges))
+    text = render_rescale_plan(plan)
+    assert "checkpoint 7: accounts=2, legs=2, windows=1 -> accounts=3, legs=2, windows=1 (generation 2)" in text
+    assert f"new topic {LEGS}.g2 (6 partition(s)) for the output of legs" in text
+    assert "5 rows of unaligned channel state routed again by key" in text
+    assert all(f"accounts-{i}" in text for i in range(3))
