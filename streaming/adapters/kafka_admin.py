@@ -15,6 +15,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 from streaming.errors import ConfigError, KafkaUnavailableError
 
 __all__ = [
+    "replication",
     "admin_client",
     "check_broker",
     "create_topic",
@@ -39,6 +40,14 @@ def admin_client(bootstrap: str, timeout_s: float = 15.0) -> KafkaAdminClient:
         ) from exc
 
 
+def replication(brokers: int) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) of a topic on ``brokers``
+    brokers: a replica on each (at most 3), and a write needs all but one,
+    so one broker may stop and every topic is still written and read."""
+    factor = min(3, max(1, brokers))
+    return factor, max(1, factor - 1)
+
+
 def check_broker(bootstrap: str, timeout_s: float = 10.0) -> None:
     """Fail fast, with KafkaUnavailableError, when no broker answers."""
     admin_client(bootstrap, timeout_s).close()
@@ -48,13 +57,16 @@ def create_topic(
     bootstrap: str, name: str, partitions: int, *, config: dict[str, str] | None = None, timeout_s: float = 30.0
 ) -> None:
     """Create ``name`` with ``partitions`` partitions, or accept it if it already
-    has exactly that many; waits until its metadata is visible."""
+    has exactly that many; waits until its metadata is visible.  Replicated
+    as ``replication`` says for the brokers the cluster has now."""
     if partitions < 1:
         raise ConfigError(f"topic {name!r}: partitions must be >= 1, got {partitions}")
     admin = admin_client(bootstrap)
     try:
+        factor, min_isr = replication(len(admin.describe_cluster().get("brokers", [])))
+        settings = {**({"min.insync.replicas": str(min_isr)} if factor > 1 else {}), **(config or {})}
         try:
-            admin.create_topics([NewTopic(name, partitions, 1, topic_configs=config or {})])
+            admin.create_topics([NewTopic(name, partitions, factor, topic_configs=settings)])
         except TopicAlreadyExistsError:
             pass
         deadline = time.monotonic() + timeout_s

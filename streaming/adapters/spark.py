@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -55,6 +56,16 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         # the tasks of a job are queries of one application: each gets a pool of its own
         "spark.scheduler.mode": "FAIR",
     }
+    if settings.master.startswith("spark://"):
+        # a worker group is one application among others: it must leave them cores
+        conf.update(
+            {
+                "spark.cores.max": str(settings.cores_max),
+                "spark.executor.cores": "1",
+                "spark.executor.memory": settings.executor_memory,
+                "spark.pyspark.python": sys.executable,
+            }
+        )
     conf.update(dict(settings.extra_conf))
     return conf
 

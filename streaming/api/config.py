@@ -91,8 +91,13 @@ class LocalRuntimeSettings:
     s3_access_key: str = "sparkabs"
     s3_secret_key: str = "sparkabs-secret"
     s3_bucket: str = "spark-abs"
-    # Heap of the broker JVM.
+    # Heap of each broker JVM.
     kafka_heap: str = "512m"
+    # Kafka nodes (1, or 3 for a cluster: replication factor 3, min.insync.replicas 2).
+    kafka_nodes: int = 1
+    # Spark standalone workers under a master of the runtime's own; 0 = no
+    # cluster, jobs run in local[2] applications.
+    spark_workers: int = 0
     # Seconds a service may take to become ready before `up` fails with its log tail.
     start_timeout_s: float = 90.0
 
@@ -109,6 +114,25 @@ class LocalRuntimeSettings:
             )
         if self.start_timeout_s <= 0:
             raise ConfigError(f"start_timeout_s must be positive, got {self.start_timeout_s}")
+        if self.kafka_nodes < 1 or self.spark_workers < 0:
+            raise ConfigError(
+                f"kafka_nodes must be >= 1 and spark_workers >= 0, got {self.kafka_nodes}, {self.spark_workers}"
+            )
+        if self.kafka_nodes > 1 and (self.kafka_port or self.kafka_controller_port):
+            raise ConfigError("kafka_port and kafka_controller_port fix one node's ports: leave them 0 for a cluster")
+
+    @classmethod
+    def cluster(cls, home: Path | None = None, **changes: Any) -> LocalRuntimeSettings:
+        """The local cluster: three Kafka nodes and a Spark master with two
+        workers, under ``<home>/cluster`` (its own data, logs and connection
+        file), sharing ``<home>/cache``."""
+        home = home or default_home()
+        defaults = {"kafka_nodes": 3, "spark_workers": 2, "kafka_heap": "384m", "cache": home / "cache"}
+        return cls(home=home / "cluster", **{**defaults, **changes})
+
+    @property
+    def is_cluster(self) -> bool:
+        return self.kafka_nodes > 1 or self.spark_workers > 0
 
     @property
     def cache_dir(self) -> Path:
@@ -205,6 +229,10 @@ class SparkSettings:
     driver_memory: str = "2g"
     # The Spark UI costs start-up time and a port; off unless asked for.
     ui_enabled: bool = False
+    # On a standalone master (spark://): executor threads one application
+    # (a worker group) takes at most, one per executor, and each executor's memory.
+    cores_max: int = 2
+    executor_memory: str = "1g"
     # Extra spark.* options, applied last.
     extra_conf: tuple[tuple[str, str], ...] = ()
 

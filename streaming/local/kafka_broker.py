@@ -1,21 +1,29 @@
-"""The local Kafka broker: one KRaft node (broker and controller in one JVM)
-started from the ``kafka_2.13`` jars, with its data, config and logs under the
-runtime directory."""
+"""The local Kafka brokers: KRaft nodes (broker and controller in one JVM
+each) started from the ``kafka_2.13`` jars, with their data, config and logs
+under the runtime directory.  One node, ``kafka``, for the embedded runtime;
+three, ``kafka-1`` to ``kafka-3``, for the local cluster, one static voter set
+of all of them, with replication factor 3 and ``min.insync.replicas=2``, so
+one broker can stop and every topic is still written and read."""
 
 from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from kafka import KafkaAdminClient
 
+from streaming.adapters.kafka_admin import replication
 from streaming.local.processes import ServiceSpec
 
 __all__ = [
+    "Voter",
     "broker_properties",
-    "broker_ready",
+    "brokers_up",
     "broker_spec",
+    "cluster_id",
     "format_command",
     "is_formatted",
     "write_config",
@@ -37,29 +45,45 @@ LOG4J2_XML = """<Configuration status="WARN">
 """
 
 
-def broker_properties(data_dir: Path, port: int, controller_port: int) -> str:
-    """server.properties of a single combined KRaft node on loopback."""
+@dataclass(frozen=True, slots=True)
+class Voter:
+    """One node of the static controller quorum."""
+
+    node_id: int
+    controller_port: int
+
+
+def broker_properties(
+    data_dir: Path, port: int, controller_port: int, *, node_id: int = 1, voters: Sequence[Voter] = ()
+) -> str:
+    """server.properties of a combined KRaft node on loopback: alone, or one
+    of ``voters`` (which must include it)."""
+    voters = tuple(voters) or (Voter(node_id, controller_port),)
+    factor, min_isr = replication(len(voters))
+    quorum = ",".join(f"{v.node_id}@127.0.0.1:{v.controller_port}" for v in voters)
     return "\n".join(
         [
             "process.roles=broker,controller",
-            "node.id=1",
+            f"node.id={node_id}",
             f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
             f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             # A static voter set, so the ports may change between starts.
-            f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+            f"controller.quorum.voters={quorum}",
             f"log.dirs={data_dir}",
             "num.partitions=1",
             "auto.create.topics.enable=false",
-            "offsets.topic.replication.factor=1",
+            f"default.replication.factor={factor}",
+            f"min.insync.replicas={min_isr}",
+            f"offsets.topic.replication.factor={factor}",
             "offsets.topic.num.partitions=4",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
+            f"transaction.state.log.replication.factor={factor}",
+            f"transaction.state.log.min.isr={min_isr}",
             "transaction.state.log.num.partitions=4",
-            "share.coordinator.state.topic.replication.factor=1",
-            "share.coordinator.state.topic.min.isr=1",
+            f"share.coordinator.state.topic.replication.factor={factor}",
+            f"share.coordinator.state.topic.min.isr={min_isr}",
             "group.initial.rebalance.delay.ms=0",
             # Tests create and drop many small topics.
             "log.segment.bytes=16777216",
@@ -83,9 +107,16 @@ def _java_argv(java: str, classpath: Path, log4j_xml: Path, heap: str, logs_dir:
     ]
 
 
-def format_command(java: str, jars_dir: Path, config: Path, log4j_xml: Path, logs_dir: Path) -> list[str]:
+def cluster_id() -> str:
+    """A new KRaft cluster id (every node of one cluster is formatted with the same)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def format_command(
+    java: str, jars_dir: Path, config: Path, log4j_xml: Path, logs_dir: Path, cid: str | None = None
+) -> list[str]:
     """``kafka.tools.StorageTool format`` for a fresh data dir (static quorum)."""
-    cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cid = cid or cluster_id()
     return _java_argv(java, jars_dir, log4j_xml, "256m", logs_dir) + [
         "kafka.tools.StorageTool",
         "format",
@@ -97,36 +128,45 @@ def format_command(java: str, jars_dir: Path, config: Path, log4j_xml: Path, log
     ]
 
 
-def broker_spec(java: str, jars_dir: Path, runtime_dir: Path, heap: str) -> ServiceSpec:
-    kafka_dir = runtime_dir / "kafka"
+def broker_spec(java: str, jars_dir: Path, runtime_dir: Path, heap: str, name: str = "kafka") -> ServiceSpec:
+    """Node ``name``: its directory ``<runtime>/<name>``, its log ``<runtime>/logs/<name>.out``."""
+    kafka_dir = runtime_dir / name
     return ServiceSpec(
-        name="kafka",
+        name=name,
         argv=_java_argv(java, jars_dir, kafka_dir / "log4j2.xml", heap, runtime_dir / "logs")
         + ["kafka.Kafka", str(kafka_dir / "server.properties")],
-        log_path=runtime_dir / "logs" / "kafka.out",
-        pid_path=runtime_dir / "pids" / "kafka.pid",
+        log_path=runtime_dir / "logs" / f"{name}.out",
+        pid_path=runtime_dir / "pids" / f"{name}.pid",
         marker=str(kafka_dir / "server.properties"),
     )
 
 
-def write_config(runtime_dir: Path, port: int, controller_port: int) -> tuple[Path, Path]:
-    """Write server.properties and log4j2.xml; return their paths."""
-    kafka_dir = runtime_dir / "kafka"
+def write_config(
+    runtime_dir: Path,
+    port: int,
+    controller_port: int,
+    *,
+    name: str = "kafka",
+    node_id: int = 1,
+    voters: Sequence[Voter] = (),
+) -> tuple[Path, Path]:
+    """Write node ``name``'s server.properties and log4j2.xml; return their paths."""
+    kafka_dir = runtime_dir / name
     data_dir = kafka_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     config = kafka_dir / "server.properties"
-    config.write_text(broker_properties(data_dir, port, controller_port))
+    config.write_text(broker_properties(data_dir, port, controller_port, node_id=node_id, voters=voters))
     log4j = kafka_dir / "log4j2.xml"
-    log4j.write_text(LOG4J2_XML.format(log=runtime_dir / "logs" / "kafka.log"))
+    log4j.write_text(LOG4J2_XML.format(log=runtime_dir / "logs" / f"{name}.log"))
     return config, log4j
 
 
-def is_formatted(runtime_dir: Path) -> bool:
-    return (runtime_dir / "kafka" / "data" / "meta.properties").exists()
+def is_formatted(runtime_dir: Path, name: str = "kafka") -> bool:
+    return (runtime_dir / name / "data" / "meta.properties").exists()
 
 
-def broker_ready(bootstrap: str) -> bool:
-    """The broker answers metadata requests."""
+def brokers_up(bootstrap: str) -> int:
+    """How many brokers the cluster reports (0 when none answers yet)."""
     admin = KafkaAdminClient(
         bootstrap_servers=bootstrap,
         request_timeout_ms=3000,
@@ -134,7 +174,6 @@ def broker_ready(bootstrap: str) -> bool:
         client_id="spark-abs-local-probe",
     )
     try:
-        admin.describe_cluster()
-        return True
+        return len(admin.describe_cluster().get("brokers", []))
     finally:
         admin.close()

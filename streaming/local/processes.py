@@ -30,6 +30,7 @@ __all__ = [
     "running_pid",
     "start",
     "stop",
+    "kill",
     "tail",
     "wait_ready",
 ]
@@ -185,8 +186,8 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _terminate(pid: int, grace_s: float = 15.0) -> None:
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+def _terminate(pid: int, grace_s: float = 15.0, first: signal.Signals = signal.SIGTERM) -> None:
+    for sig, wait in ((first, grace_s), (signal.SIGKILL, 5.0)):
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
@@ -200,6 +201,16 @@ def _terminate(pid: int, grace_s: float = 15.0) -> None:
             if not _alive(pid):
                 return
             time.sleep(0.1)
+
+
+def kill(pid_path: Path, marker: str) -> int | None:
+    """SIGKILL the service recorded in ``pid_path`` (a crash, for drills and
+    tests) and remove the pid file.  Returns the pid, or None when it was not running."""
+    pid = running_pid(pid_path, marker)
+    if pid is not None:
+        _terminate(pid, grace_s=0.0, first=signal.SIGKILL)
+    pid_path.unlink(missing_ok=True)
+    return pid
 
 
 def stop(pid_path: Path, marker: str, grace_s: float = 15.0) -> int | None:

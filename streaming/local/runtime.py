@@ -1,7 +1,13 @@
 """``spark-abs local up | down | status``: the embedded runtime that demos and
 tests run on.  ``up`` is idempotent (what runs is kept, what does not is
 started), ``down`` stops by pid only what ``up`` started, and the connection
-details go to one JSON file that ``Connection.load()`` reads."""
+details go to one JSON file that ``Connection.load()`` reads.
+
+``--cluster`` (``LocalRuntimeSettings.cluster()``) is the same on a larger
+scale, under a home of its own: three Kafka nodes (replication factor 3,
+``min.insync.replicas=2``) and a Spark standalone master with two workers,
+whose ``spark://`` URL the connection names, so every job's worker groups
+run as applications on it."""
 
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import pyspark
 from streaming.adapters.objects import ensure_bucket
 from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.errors import ConfigError, ServiceStartError
-from streaming.local import artifacts, kafka_broker, processes, s3_server
+from streaming.local import artifacts, kafka_broker, processes, s3_server, spark_cluster
 from streaming.local.artifacts import FETCHABLE
 
 __all__ = ["LocalRuntime", "RuntimeStatus", "ServiceStatus"]
@@ -82,8 +88,29 @@ class LocalRuntime:
     def _ports_file(self) -> Path:
         return self._dir / "ports.json"
 
-    def _kafka_spec(self, java: str = "java") -> processes.ServiceSpec:
-        return kafka_broker.broker_spec(java, self._kafka_jars_dir(), self._dir, self.settings.kafka_heap)
+    def _kafka_names(self) -> list[str]:
+        """``kafka`` alone, or ``kafka-1`` .. ``kafka-N``."""
+        n = self.settings.kafka_nodes
+        return ["kafka"] if n == 1 else [f"kafka-{i}" for i in range(1, n + 1)]
+
+    def _kafka_spec(self, java: str = "java", name: str = "kafka") -> processes.ServiceSpec:
+        return kafka_broker.broker_spec(java, self._kafka_jars_dir(), self._dir, self.settings.kafka_heap, name)
+
+    def _spark_specs(self, ports: dict[str, int] | None = None) -> list[processes.ServiceSpec]:
+        """The master and workers (with ``ports``, as they start; without, to find them)."""
+        if not self.settings.spark_workers:
+            return []
+        ports = ports or {}
+        specs = [spark_cluster.master_spec(self._dir, ports.get("spark", 0), ports.get("spark_web", 0))]
+        for i in range(1, self.settings.spark_workers + 1):
+            specs.append(
+                spark_cluster.worker_spec(self._dir, i, ports.get("spark", 0), ports.get(f"spark-worker-{i}_web", 0))
+            )
+        return specs
+
+    def _specs(self) -> list[processes.ServiceSpec]:
+        """Every service, as ``down``, ``status`` and ``stop_service`` find them."""
+        return [*(self._kafka_spec(name=n) for n in self._kafka_names()), self._s3_spec(), *self._spark_specs()]
 
     def _s3_spec(self, binary: Path | None = None, port: int = 0) -> processes.ServiceSpec:
         binary = binary or Path("versitygw")
@@ -163,49 +190,122 @@ class LocalRuntime:
             ports = self._load_ports()
             kafka_ports = self._up_kafka(java, ports)
             s3_port = self._up_s3(binary, ports, set(kafka_ports.values()))
-            ports = {**kafka_ports, "s3": s3_port}
+            spark_ports = self._up_spark(ports, {*kafka_ports.values(), s3_port})
+            ports = {**kafka_ports, "s3": s3_port, **spark_ports}
             self._ports_file.write_text(json.dumps(ports))
             connection = Connection(
-                kafka_bootstrap=f"127.0.0.1:{ports['kafka']}",
+                kafka_bootstrap=",".join(f"127.0.0.1:{ports[n]}" for n in self._kafka_names()),
                 s3_endpoint=f"http://127.0.0.1:{ports['s3']}",
                 s3_access_key=s.s3_access_key,
                 s3_secret_key=s.s3_secret_key,
                 s3_bucket=s.s3_bucket,
+                spark_master=f"spark://127.0.0.1:{ports['spark']}" if spark_ports else "local[2]",
             )
             ensure_bucket(connection)
             self._write_connection(connection, ports)
         self._progress(
-            f"local runtime up in {time.monotonic() - started:.1f} s: "
+            f"local {'cluster' if s.is_cluster else 'runtime'} up in {time.monotonic() - started:.1f} s: "
             f"kafka {connection.kafka_bootstrap}, s3 {connection.s3_endpoint} "
-            f"(bucket {connection.s3_bucket})"
+            f"(bucket {connection.s3_bucket})" + (f", spark {connection.spark_master}" if spark_ports else "")
         )
         return connection
 
     def _up_kafka(self, java: str, remembered: dict[str, int]) -> dict[str, int]:
-        spec = self._kafka_spec(java)
-        if processes.running_pid(spec.pid_path, spec.marker) is not None and "kafka" in remembered:
-            return {"kafka": remembered["kafka"], "kafka_controller": remembered["kafka_controller"]}
-        port = self._choose_port("kafka", self.settings.kafka_port, remembered, set(), "the Kafka broker")
-        cport = self._choose_port(
-            "kafka_controller", self.settings.kafka_controller_port, remembered, {port}, "the Kafka controller"
-        )
-        config, log4j = kafka_broker.write_config(self._dir, port, cport)
-        if not kafka_broker.is_formatted(self._dir):
-            cmd = kafka_broker.format_command(java, self._kafka_jars_dir(), config, log4j, self._dir / "logs")
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-            if done.returncode != 0:
-                raise ServiceStartError(f"formatting the Kafka data dir failed:\n{done.stdout}{done.stderr}")
-        self._progress(f"starting Kafka {self.settings.kafka_version} (KRaft) on 127.0.0.1:{port}")
-        proc = processes.start(spec)
-        took = processes.wait_ready(
-            spec,
-            proc,
-            lambda: processes.port_open(port) and kafka_broker.broker_ready(f"127.0.0.1:{port}"),
-            self.settings.start_timeout_s,
-            extra_logs=[self._dir / "logs" / "kafka.log"],
-        )
-        self._progress(f"Kafka ready after {took:.1f} s")
-        return {"kafka": port, "kafka_controller": cport}
+        names = self._kafka_names()
+        specs = {n: self._kafka_spec(java, n) for n in names}
+        running = {n for n, spec in specs.items() if processes.running_pid(spec.pid_path, spec.marker) is not None}
+        ports: dict[str, int] = {}
+        if running == set(names) and all(n in remembered and f"{n}_controller" in remembered for n in names):
+            return {k: remembered[k] for n in names for k in (n, f"{n}_controller")}
+        taken: set[int] = set()
+        for name in names:
+            if name in running and name in remembered:  # a node that runs keeps its ports
+                ports[name], ports[f"{name}_controller"] = remembered[name], remembered[f"{name}_controller"]
+                taken |= {ports[name], ports[f"{name}_controller"]}
+        single = len(names) == 1
+        for name in names:
+            if name in ports:
+                continue
+            what = "the Kafka broker" if single else f"Kafka node {name}"
+            configured = self.settings.kafka_port if single else 0
+            ports[name] = self._choose_port(name, configured, remembered, taken, what)
+            taken.add(ports[name])
+            configured = self.settings.kafka_controller_port if single else 0
+            key = f"{name}_controller"
+            ports[key] = self._choose_port(key, configured, remembered, taken, f"the controller of {what}")
+            taken.add(ports[key])
+        voters = [kafka_broker.Voter(i, ports[f"{n}_controller"]) for i, n in enumerate(names, 1)] if not single else []
+        cid = self._cluster_id(names) if not single else None
+        started: list[tuple[str, processes.ServiceSpec, object]] = []
+        for node_id, name in enumerate(names, 1):
+            if name in running:
+                continue
+            config, log4j = kafka_broker.write_config(
+                self._dir, ports[name], ports[f"{name}_controller"], name=name, node_id=node_id, voters=voters
+            )
+            if not kafka_broker.is_formatted(self._dir, name):
+                cmd = kafka_broker.format_command(java, self._kafka_jars_dir(), config, log4j, self._dir / "logs", cid)
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+                if done.returncode != 0:
+                    raise ServiceStartError(f"formatting the data dir of {name} failed:\n{done.stdout}{done.stderr}")
+            self._progress(f"starting Kafka {self.settings.kafka_version} (KRaft) {name} on 127.0.0.1:{ports[name]}")
+            started.append((name, specs[name], processes.start(specs[name])))
+        bootstrap = ",".join(f"127.0.0.1:{ports[n]}" for n in names)
+        for name, spec, proc in started:
+            took = processes.wait_ready(
+                spec,
+                proc,
+                lambda n=name: processes.port_open(ports[n]) and kafka_broker.brokers_up(bootstrap) >= len(names),
+                self.settings.start_timeout_s,
+                extra_logs=[self._dir / "logs" / f"{name}.log"],
+            )
+            self._progress(f"Kafka {name} ready after {took:.1f} s")
+        return ports
+
+    def _cluster_id(self, names: list[str]) -> str:
+        """The id the formatted nodes have (a node formatted again must match), else a new one."""
+        for name in names:
+            meta = self._dir / name / "data" / "meta.properties"
+            if meta.exists():
+                for line in meta.read_text().splitlines():
+                    if line.startswith("cluster.id="):
+                        return line.split("=", 1)[1].strip()
+        return kafka_broker.cluster_id()
+
+    def _up_spark(self, remembered: dict[str, int], taken: set[int]) -> dict[str, int]:
+        """The master, then the workers; ready once the master lists every worker ALIVE."""
+        workers = self.settings.spark_workers
+        if not workers:
+            return {}
+        names = ["spark", "spark_web", *(f"spark-worker-{i}_web" for i in range(1, workers + 1))]
+        probe = self._spark_specs()
+        master_running = processes.running_pid(probe[0].pid_path, probe[0].marker) is not None
+        ports: dict[str, int] = {}
+        for name in names:
+            keep = master_running and name in ("spark", "spark_web") and name in remembered
+            ports[name] = remembered[name] if keep else self._choose_port(name, 0, remembered, taken, f"Spark {name}")
+            taken.add(ports[name])
+        specs = self._spark_specs(ports)
+        for spec in specs:
+            if processes.running_pid(spec.pid_path, spec.marker) is not None:
+                continue
+            self._progress(f"starting {spec.name}")
+            proc = processes.start(spec)
+            if spec.name == "spark-master":
+                processes.wait_ready(
+                    spec, proc, lambda: processes.port_open(ports["spark_web"]), self.settings.start_timeout_s
+                )
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        while spark_cluster.alive_workers(ports["spark_web"]) < workers:
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {spec.log_path}:\n{processes.tail(spec.log_path, 8)}" for spec in specs[1:])
+                raise ServiceStartError(
+                    f"the Spark master at 127.0.0.1:{ports['spark']} lists fewer than {workers} live workers after "
+                    f"{self.settings.start_timeout_s:.0f} s; the workers' logs end:\n{logs}"
+                )
+            time.sleep(0.5)
+        self._progress(f"Spark master spark://127.0.0.1:{ports['spark']} with {workers} workers ready")
+        return ports
 
     def _up_s3(self, binary: Path, remembered: dict[str, int], taken: set[int]) -> int:
         probe = self._s3_spec(binary)
@@ -242,26 +342,31 @@ class LocalRuntime:
         Returns a line per service saying what happened."""
         report = []
         with self._locked():
-            for spec in (self._kafka_spec(), self._s3_spec()):
+            spark = self._spark_specs()
+            for spec in [*(s for s in self._specs() if s not in spark), *reversed(spark)]:  # workers before master
                 pid = processes.stop(spec.pid_path, spec.marker)
                 report.append(f"{spec.name}: stopped pid {pid}" if pid else f"{spec.name}: was not running")
             self.settings.connection_file.unlink(missing_ok=True)
             if purge:
-                for sub in ("kafka", "s3", "logs", "pids"):
+                for sub in (*self._kafka_names(), "s3", "spark", "logs", "pids"):
                     shutil.rmtree(self._dir / sub, ignore_errors=True)
                 self._ports_file.unlink(missing_ok=True)
                 report.append(f"purged data and logs under {self._dir}")
         return report
 
-    def stop_service(self, name: str) -> int | None:
-        """Stop one service, ``kafka`` or ``s3``, keeping its data and port (an
-        outage, as a drill makes one); ``up`` starts it again where it was.
-        Returns the pid stopped, or None when it was not running."""
-        specs = {"kafka": self._kafka_spec, "s3": self._s3_spec}
+    def stop_service(self, name: str, *, kill: bool = False) -> int | None:
+        """Stop one service (``kafka`` or ``s3``; on a cluster ``kafka-1``,
+        ``spark-worker-2``, ...), keeping its data and port (an outage, as a
+        drill makes one); ``up`` starts it again where it was.  ``kill``:
+        SIGKILL at once, as a crash.  Returns the pid stopped, or None when it
+        was not running."""
+        specs = {spec.name: spec for spec in self._specs()}
         if name not in specs:
             raise ConfigError(f"no local service called {name!r}; choose from {', '.join(specs)}")
-        spec = specs[name]()
+        spec = specs[name]
         with self._locked():
+            if kill:
+                return processes.kill(spec.pid_path, spec.marker)
             return processes.stop(spec.pid_path, spec.marker)
 
     def status(self) -> RuntimeStatus:
@@ -271,8 +376,9 @@ class LocalRuntime:
         except (OSError, ValueError, KeyError, ConfigError):
             connection = None
         services = []
-        for spec, port_name in ((self._kafka_spec(), "kafka"), (self._s3_spec(), "s3")):
-            port = ports.get(port_name)
+        for spec in self._specs():
+            port_name = {"spark-master": "spark"}.get(spec.name, spec.name)
+            port = ports.get(port_name) or ports.get(f"{port_name}_web")
             services.append(
                 ServiceStatus(
                     name=spec.name,

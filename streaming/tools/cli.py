@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 import time
 import uuid
@@ -37,6 +38,8 @@ def _say(message: str) -> None:
 
 def _runtime_settings(args: argparse.Namespace) -> LocalRuntimeSettings:
     home = Path(args.home).expanduser().resolve() if args.home else default_home()
+    if getattr(args, "cluster", False):
+        return LocalRuntimeSettings.cluster(home, s3_port=getattr(args, "s3_port", 0) or 0)
     return LocalRuntimeSettings(
         home=home,
         kafka_port=getattr(args, "kafka_port", 0) or 0,
@@ -57,6 +60,10 @@ def _cmd_local(args: argparse.Namespace) -> int:
     elif args.action == "down":
         for line in runtime.down(purge=args.purge):
             _say(line)
+    elif args.action == "env":
+        connection = Connection.load(runtime.settings, environ={})
+        for name, value in connection.as_env().items():
+            print(f"export {name}={shlex.quote(value)}")
     else:
         status = runtime.status()
         print(status.render())
@@ -407,10 +414,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     local.add_argument(
         "action",
-        choices=["up", "down", "status", "fetch"],
+        choices=["up", "down", "status", "fetch", "env"],
         help="up: start what is not running (idempotent); down: stop what up started; "
         "status: what runs where (exit 1 unless all run); "
-        "fetch: only download/build the artifacts into the cache",
+        "fetch: only download/build the artifacts into the cache; "
+        'env: the SPARK_ABS_* variables that point commands at it (eval "$(spark-abs local env --cluster)")',
+    )
+    local.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the local cluster instead, under <home>/cluster: three Kafka nodes (replication factor 3, "
+        "min.insync.replicas 2), the S3 server, a Spark standalone master and two workers from the "
+        "installed pyspark; jobs run as applications on it",
     )
     local.add_argument("--only", action="append", choices=FETCHABLE, help="with fetch: just this artifact (repeatable)")
     local.add_argument("--kafka-port", type=int, default=0, help="broker port (default: a free one, kept)")

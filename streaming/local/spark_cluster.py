@@ -1,0 +1,104 @@
+"""A Spark standalone cluster from the installed pyspark: a master and
+workers started through ``$SPARK_HOME/bin/spark-class`` (the wheel has no
+``sbin/`` scripts), with ``SPARK_HOME`` the pyspark package directory, each
+with its own properties file (what tells its process apart), work directory
+and log under the runtime directory.
+
+Workers offer more cores than the machine has on purpose: a core of a
+standalone worker is a slot for one executor thread, and every worker group
+of a job is an application that asks for two (``spark.cores.max``), so the
+groups of a job run at once instead of queueing for slots."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+import pyspark
+
+from streaming.local.processes import ServiceSpec
+
+__all__ = ["spark_home", "master_spec", "worker_spec", "alive_workers", "WORKER_CORES", "WORKER_MEMORY"]
+
+WORKER_CORES = 4
+WORKER_MEMORY = "6g"
+
+
+def spark_home() -> Path:
+    return Path(pyspark.__file__).resolve().parent
+
+
+def _env(runtime_dir: Path) -> dict[str, str]:
+    return {
+        "SPARK_HOME": str(spark_home()),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOG_DIR": str(runtime_dir / "logs"),
+        "SPARK_NO_DAEMONIZE": "1",
+        "PYSPARK_PYTHON": sys.executable,
+    }
+
+
+def _properties(runtime_dir: Path, name: str) -> Path:
+    path = runtime_dir / "spark" / f"{name}.properties"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text("# written by spark-abs local up; its path tells this process apart\n")
+    return path
+
+
+def master_spec(runtime_dir: Path, port: int = 0, web_port: int = 0) -> ServiceSpec:
+    properties = runtime_dir / "spark" / "spark-master.properties"
+    argv = [str(spark_home() / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master"]
+    if port:  # the spec without ports is how `down` and `status` recognise it
+        properties = _properties(runtime_dir, "spark-master")
+        argv += ["--host", "127.0.0.1", "--port", str(port), "--webui-port", str(web_port)]
+    return ServiceSpec(
+        name="spark-master",
+        argv=argv + ["--properties-file", str(properties)],
+        log_path=runtime_dir / "logs" / "spark-master.out",
+        pid_path=runtime_dir / "pids" / "spark-master.pid",
+        marker=str(properties),
+        env=_env(runtime_dir),
+    )
+
+
+def worker_spec(runtime_dir: Path, index: int, master_port: int = 0, web_port: int = 0) -> ServiceSpec:
+    name = f"spark-worker-{index}"
+    properties = runtime_dir / "spark" / f"{name}.properties"
+    work_dir = runtime_dir / "spark" / name
+    argv = [str(spark_home() / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker"]
+    if master_port:
+        properties = _properties(runtime_dir, name)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        argv += [
+            "--host",
+            "127.0.0.1",
+            "--webui-port",
+            str(web_port),
+            "--cores",
+            str(WORKER_CORES),
+            "--memory",
+            WORKER_MEMORY,
+            "--work-dir",
+            str(work_dir),
+            "--properties-file",
+            str(properties),
+            f"spark://127.0.0.1:{master_port}",
+        ]
+    return ServiceSpec(
+        name=name,
+        argv=argv,
+        log_path=runtime_dir / "logs" / f"{name}.out",
+        pid_path=runtime_dir / "pids" / f"{name}.pid",
+        marker=str(properties),
+        env=_env(runtime_dir),
+    )
+
+
+def alive_workers(web_port: int) -> int:
+    """How many workers the master's web UI lists as ALIVE."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/json/", timeout=3) as response:
+        state = json.loads(response.read())
+    return sum(1 for worker in state.get("workers", []) if worker.get("state") == "ALIVE")
