@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -343,8 +344,14 @@ class LocalRuntime:
         report = []
         with self._locked():
             spark = self._spark_specs()
-            for spec in [*(s for s in self._specs() if s not in spark), *reversed(spark)]:  # workers before master
-                pid = processes.stop(spec.pid_path, spec.marker)
+            # every Kafka node at once (one by one, each would hand its leaderships to the next), then the rest
+            nodes = [self._kafka_spec(name=n) for n in self._kafka_names()]
+            with ThreadPoolExecutor(len(nodes)) as pool:
+                stopped = list(pool.map(lambda spec: processes.stop(spec.pid_path, spec.marker), nodes))
+            for spec in [self._s3_spec(), *reversed(spark)]:  # Spark workers before their master
+                nodes.append(spec)
+                stopped.append(processes.stop(spec.pid_path, spec.marker))
+            for spec, pid in zip(nodes, stopped):
                 report.append(f"{spec.name}: stopped pid {pid}" if pid else f"{spec.name}: was not running")
             self.settings.connection_file.unlink(missing_ok=True)
             if purge:

@@ -1,27 +1,53 @@
-"""docker/compose.yaml runs the same stack as the local runtime on real
-services.  No Docker engine runs here, so this checks what can be checked: the
-file parses, names every service, and gives the pipeline every setting the
-code reads, with values that point at the services it defines."""
+"""docker/compose.yaml runs the same stack as the local cluster on real
+services.  No Docker engine runs here, so this checks what can be checked:
+the file parses, names every service, its ``${NAME:-default}`` settings are
+the ones .env.example documents, and the pipeline gets every setting the code
+reads, with values that point at the services it defines."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from urllib.parse import urlparse
 
 import yaml
 
+from streaming.adapters.kafka_admin import replication
 from streaming.api.config import CONNECTION_ENV_FIELDS, ENV, Connection
-from streaming.local.kafka_broker import broker_properties
+from streaming.local.kafka_broker import Voter, broker_properties
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
+SETTING = re.compile(r"\$\{([A-Z0-9_]+):-([^}]*)\}")
+BROKERS = ("kafka-1", "kafka-2", "kafka-3")
+
+
+def _example() -> dict[str, str]:
+    lines = (DOCKER / ".env.example").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
 
 
 def _compose() -> dict:
-    return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    """The compose file with its settings resolved as compose would with no .env."""
+    text = (DOCKER / "compose.yaml").read_text()
+    return yaml.safe_load(SETTING.sub(lambda m: m.group(2), text))
 
 
 def test_compose_names_every_service():
-    assert set(_compose()["services"]) == {"kafka", "s3", "s3-bucket", "spark-master", "spark-worker", "pipeline"}
+    assert set(_compose()["services"]) == {
+        *BROKERS,
+        "s3",
+        "s3-bucket",
+        "spark-master",
+        "spark-worker-1",
+        "spark-worker-2",
+        "pipeline",
+    }
+
+
+def test_every_setting_is_in_the_env_example_with_the_same_default():
+    used = dict(SETTING.findall((DOCKER / "compose.yaml").read_text()))
+    assert used == {name: value for name, value in _example().items() if name in used}
+    assert set(used) == set(_example()), "the example documents settings compose does not use"
 
 
 def test_the_pipeline_gets_every_connection_setting_and_they_parse():
@@ -31,10 +57,13 @@ def test_the_pipeline_gets_every_connection_setting_and_they_parse():
     conn = Connection.from_env(env)
     assert conn is not None
 
-    host, port = conn.kafka_bootstrap.split(":")
-    assert (
-        host in services and f"PLAINTEXT://{host}:{port}" in services[host]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
-    )
+    hosts = []
+    for address in conn.kafka_bootstrap.split(","):
+        host, port = address.split(":")
+        assert f"PLAINTEXT://{host}:{port}" in services[host]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+        hosts.append(host)
+    assert tuple(hosts) == BROKERS
+    assert {f"kafka-{i}" for i in (1, 2, 3)} <= set(services["pipeline"]["depends_on"])
 
     s3 = urlparse(conn.s3_endpoint)
     assert s3.hostname in services
@@ -45,27 +74,41 @@ def test_the_pipeline_gets_every_connection_setting_and_they_parse():
     master = urlparse(conn.spark_master)
     assert master.scheme == "spark" and master.hostname == "spark-master"
     assert f"--port {master.port}" in " ".join(services["spark-master"]["command"])
-    assert conn.spark_master in " ".join(services["spark-worker"]["command"])
+    for worker in ("spark-worker-1", "spark-worker-2"):
+        assert conn.spark_master in " ".join(services[worker]["command"])
 
 
-def test_the_broker_has_the_settings_of_the_local_one():
-    """Every single-node setting of the local broker (replication factors and
-    the like) is set the same way in the compose broker."""
-    local = dict(line.split("=", 1) for line in broker_properties(Path("/d"), 1, 2).splitlines() if line)
-    compose_env = _compose()["services"]["kafka"]["environment"]
-    for key in (
-        "process.roles",
-        "offsets.topic.replication.factor",
-        "transaction.state.log.replication.factor",
-        "transaction.state.log.min.isr",
-        "share.coordinator.state.topic.replication.factor",
-        "share.coordinator.state.topic.min.isr",
-        "auto.create.topics.enable",
-        "group.initial.rebalance.delay.ms",
-        "controller.listener.names",
-    ):
-        env_name = "KAFKA_" + key.upper().replace(".", "_")
-        assert str(compose_env[env_name]) == local[key], key
+def test_the_brokers_have_the_settings_of_the_local_cluster():
+    """Every setting of a local cluster node (replication factors, min ISR,
+    the voter set) is set the same way in each compose broker."""
+    voters = [Voter(i, 9093) for i in (1, 2, 3)]
+    local = dict(
+        line.split("=", 1)
+        for line in broker_properties(Path("/d"), 1, 2, node_id=2, voters=voters).splitlines()
+        if line
+    )
+    assert (local["default.replication.factor"], local["min.insync.replicas"]) == tuple(map(str, replication(3)))
+    ids = set()
+    for node, broker in enumerate(BROKERS, 1):
+        env = _compose()["services"][broker]["environment"]
+        for key in (
+            "process.roles",
+            "default.replication.factor",
+            "min.insync.replicas",
+            "offsets.topic.replication.factor",
+            "transaction.state.log.replication.factor",
+            "transaction.state.log.min.isr",
+            "share.coordinator.state.topic.replication.factor",
+            "share.coordinator.state.topic.min.isr",
+            "auto.create.topics.enable",
+            "group.initial.rebalance.delay.ms",
+            "controller.listener.names",
+        ):
+            assert str(env["KAFKA_" + key.upper().replace(".", "_")]) == local[key], (broker, key)
+        assert env["KAFKA_NODE_ID"] == str(node)
+        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == ",".join(f"{i}@kafka-{i}:9093" for i in (1, 2, 3))
+        ids.add(env["CLUSTER_ID"])
+    assert len(ids) == 1
 
 
 def test_the_image_installs_the_package_and_its_connector():

@@ -49,10 +49,10 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
         parallelism={"windows": 2},  # two tasks in every stage
         on_complete=lambda cid: money.append(demo.money_in_checkpoint(reader, cid, in_flight)),
     )
-    transfers = demo.make_transfers(6000 if mode == "unaligned" else 3600)
+    transfers = demo.make_transfers(6000 if mode == "unaligned" else 2400)
     topic, partitions = runner.pipeline.ingress[0].topic, 3
     # rescale after this many checkpoints; unaligned waits (a while) for one with legs in flight
-    steps = [(TO_THREE, 3), (TO_ONE, 6)]
+    steps = [(TO_THREE, 2), (TO_ONE, 4)]
     deadline = time.monotonic() + 300
     sent = 0
     try:

@@ -1,0 +1,81 @@
+"""The local cluster's pieces without starting them: three KRaft nodes in one
+voter set with replication factor 3 and min ISR 2, the Spark master and
+workers as spark-class command lines, and the cluster's own home."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from streaming.adapters.kafka_admin import replication
+from streaming.api.config import LocalRuntimeSettings
+from streaming.errors import ConfigError
+from streaming.local import spark_cluster
+from streaming.local.kafka_broker import Voter, broker_properties
+from streaming.local.runtime import LocalRuntime
+
+
+def _properties(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if line)
+
+
+@pytest.mark.parametrize(("brokers", "expected"), [(1, (1, 1)), (2, (2, 1)), (3, (3, 2)), (5, (3, 2))])
+def test_a_replica_on_each_broker_up_to_three_and_writes_need_all_but_one(brokers, expected):
+    assert replication(brokers) == expected
+
+
+def test_three_nodes_share_one_voter_set_and_replicate_three_times():
+    voters = [Voter(1, 9101), Voter(2, 9102), Voter(3, 9103)]
+    node = _properties(broker_properties(Path("/data/kafka-2"), 9002, 9102, node_id=2, voters=voters))
+    assert node["node.id"] == "2"
+    assert node["controller.quorum.voters"] == "1@127.0.0.1:9101,2@127.0.0.1:9102,3@127.0.0.1:9103"
+    assert node["listeners"] == "PLAINTEXT://127.0.0.1:9002,CONTROLLER://127.0.0.1:9102"
+    for key in (
+        "default.replication.factor",
+        "offsets.topic.replication.factor",
+        "transaction.state.log.replication.factor",
+    ):
+        assert node[key] == "3", key
+    assert node["min.insync.replicas"] == node["transaction.state.log.min.isr"] == "2"
+    alone = _properties(broker_properties(Path("/data/kafka"), 9002, 9102))
+    assert alone["controller.quorum.voters"] == "1@127.0.0.1:9102"
+    assert alone["offsets.topic.replication.factor"] == alone["min.insync.replicas"] == "1"
+
+
+def test_the_cluster_lives_under_its_own_home_and_shares_the_cache(tmp_path):
+    settings = LocalRuntimeSettings.cluster(tmp_path)
+    assert settings.home == tmp_path / "cluster" and settings.cache_dir == tmp_path / "cache"
+    assert (settings.kafka_nodes, settings.spark_workers, settings.is_cluster) == (3, 2, True)
+    names = [spec.name for spec in LocalRuntime(settings)._specs()]
+    assert names == ["kafka-1", "kafka-2", "kafka-3", "s3", "spark-master", "spark-worker-1", "spark-worker-2"]
+    assert [spec.name for spec in LocalRuntime(LocalRuntimeSettings(home=tmp_path))._specs()] == ["kafka", "s3"]
+    with pytest.raises(ConfigError, match="leave them 0 for a cluster"):
+        LocalRuntimeSettings.cluster(tmp_path, kafka_port=9092)
+
+
+def test_master_and_workers_are_spark_class_command_lines_told_apart_by_their_properties(tmp_path):
+    master = spark_cluster.master_spec(tmp_path, 7077, 8080)
+    worker = spark_cluster.worker_spec(tmp_path, 2, 7077, 8082)
+    home = spark_cluster.spark_home()
+    assert master.argv[:2] == [str(home / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master"]
+    assert (home / "bin" / "spark-class").exists()
+    assert "--port 7077 --webui-port 8080" in " ".join(master.argv)
+    assert worker.argv[-1] == "spark://127.0.0.1:7077"
+    assert f"--cores {spark_cluster.WORKER_CORES}" in " ".join(worker.argv)
+    assert worker.marker in worker.argv and master.marker in master.argv and worker.marker != master.marker
+    # found again without ports (down, status): the same pid file and marker
+    again = spark_cluster.worker_spec(tmp_path, 2)
+    assert (again.pid_path, again.marker) == (worker.pid_path, worker.marker)
+    assert master.env["SPARK_HOME"] == str(home) and master.env["SPARK_LOCAL_IP"] == "127.0.0.1"
+
+
+def test_a_worker_group_on_a_standalone_master_leaves_cores_to_the_others():
+    from streaming.adapters.spark import spark_conf
+    from streaming.api.config import SparkSettings
+
+    on_cluster = spark_conf(SparkSettings(master="spark://127.0.0.1:7077"), [Path("/jars/a.jar")])
+    assert (on_cluster["spark.cores.max"], on_cluster["spark.executor.cores"]) == ("2", "1")
+    assert on_cluster["spark.jars"] == "/jars/a.jar"  # the connector reaches the executors
+    local = spark_conf(SparkSettings(master="local[2]"), [])
+    assert "spark.cores.max" not in local and "spark.executor.memory" not in local
