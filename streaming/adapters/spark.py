@@ -157,7 +157,7 @@ class ChannelQuery:
         for c in self.channels:
             assign.setdefault(c.topic, []).append(c.partition)
             offsets.setdefault(c.topic, {})[str(c.partition)] = self._starting[c]
-        return {
+        options = {
             "kafka.bootstrap.servers": self._connection.kafka_bootstrap,
             "assign": json.dumps(assign),
             "startingOffsets": json.dumps(offsets),
@@ -165,6 +165,12 @@ class ChannelQuery:
             "maxOffsetsPerTrigger": str(self._limit),
             "failOnDataLoss": "true",
         }
+        if "," in self._connection.kafka_bootstrap:
+            # with replicas, a lost broker's partitions get new leaders within seconds: give up on
+            # the old one sooner than Kafka's 60 s and let Spark ask again (fetchOffset.numRetries).
+            # One broker alone is waited for (an outage passes; nothing else could answer).
+            options |= {"kafka.default.api.timeout.ms": "15000", "kafka.request.timeout.ms": "10000"}
+        return options
 
     def _handle(self, df: DataFrame, batch_id: int) -> None:
         table = df.select(*BATCH_COLUMNS).toArrow()
