@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 
-__all__ = ["assert_eventually", "broken_money_pipeline", "slow_pipeline", "EVENTS", "SLOW_SECONDS_PER_RECORD"]
+__all__ = [
+    "assert_eventually",
+    "broken_money_pipeline",
+    "slow_pipeline",
+    "money_job",
+    "MoneyJob",
+    "EVENTS",
+    "SLOW_SECONDS_PER_RECORD",
+]
 
 T = TypeVar("T")
 
@@ -107,3 +116,50 @@ def broken_money_pipeline(job: str = "broken-money", broken: str = "lose", every
         good.stages[0], operator=lambda: Chain(map_batches(bug, name=f"{broken}-bug"), transfer_legs())
     )
     return Pipeline(good.job, good.ingress, (legs, *good.stages[1:]))
+
+
+@dataclass
+class MoneyJob:
+    """A money-pipeline job whose every completed checkpoint is counted
+    (``money``: balances plus legs in flight, which must add up to zero)."""
+
+    runner: Any  # a streaming.engine.runner.JobRunner
+    store: Any  # a SnapshotStore on the job's checkpoints
+    money: list = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+    def count(self, checkpoint_id: int) -> None:
+        """Count checkpoint ``checkpoint_id`` too (one the coordinator did not complete, e.g. a rescaled one)."""
+        from streaming.tools import demo
+
+        bootstrap = self.runner.connection.kafka_bootstrap
+        self.money.append(demo.money_in_checkpoint(self.store, checkpoint_id, _range_reader(bootstrap)))
+
+
+def _range_reader(bootstrap: str):
+    from streaming.adapters.kafka_io import read_range
+
+    return lambda channel, start, end: read_range(bootstrap, channel, start, end)
+
+
+def money_job(pipeline_ref: str, settings, connection, job: str, **runner_options) -> MoneyJob:
+    """A ``JobRunner`` for ``pipeline_ref`` (a money pipeline) whose
+    completed checkpoints are counted as they complete, its lines kept."""
+    from streaming.adapters.objects import open_store
+    from streaming.adapters.snapshots import SnapshotStore
+    from streaming.engine.runner import JobRunner
+
+    store = SnapshotStore(open_store(settings.store, connection), job)
+    holder: list[MoneyJob] = []
+    lines: list[str] = []
+    runner = JobRunner(
+        pipeline_ref,
+        settings,
+        connection,
+        job=job,
+        say=lines.append,
+        on_complete=lambda cid: holder[0].count(cid),
+        **runner_options,
+    )
+    holder.append(MoneyJob(runner, store, lines=lines))
+    return holder[0]

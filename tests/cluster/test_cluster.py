@@ -15,14 +15,13 @@ from collections.abc import Iterator
 import pytest
 from kafka.admin import ConfigResource, ConfigResourceType
 
+from streaming import testing
 from streaming.adapters.kafka_admin import admin_client, create_topic, end_offsets
-from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
-from streaming.adapters.objects import ensure_bucket, open_store
+from streaming.adapters.kafka_io import dead_letter_topic_name
+from streaming.adapters.objects import ensure_bucket
 from streaming.adapters.sinks import read_committed_output, sink_location
-from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.api.settings import JobSettings
-from streaming.engine.runner import JobRunner
 from streaming.tools import demo
 
 pytestmark = pytest.mark.integration
@@ -70,22 +69,14 @@ def test_money_pipeline_on_the_cluster_survives_a_spark_worker_and_a_broker_kill
     job = f"cluster-{unique_name[-8:]}"
     store = f"s3://{connection.s3_bucket}/{unique_name}"
     settings = JobSettings(store=store, interval_s=1.0, timeout_s=90, max_records_per_batch=300)
-    reader = SnapshotStore(open_store(store, connection), job)
-    money: list[demo.Money] = []
-    lines: list[str] = []
-
-    def in_flight(channel, start, end):
-        return read_range(connection.kafka_bootstrap, channel, start, end)
-
-    runner = JobRunner(
+    money_job = testing.money_job(
         "streaming.tools.demo:pipeline",
         settings,
         connection,
-        job=job,
-        say=lines.append,
-        parallelism={"windows": 2},  # two tasks in every stage
-        on_complete=lambda cid: money.append(demo.money_in_checkpoint(reader, cid, in_flight)),
+        job,
+        parallelism={"windows": 2},  # two tasks a stage
     )
+    runner, money, lines, reader = money_job.runner, money_job.money, money_job.lines, money_job.store
     transfers = demo.make_transfers(1800)
     topic = runner.pipeline.ingress[0].topic
     killed: list[str] = []

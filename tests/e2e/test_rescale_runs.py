@@ -11,13 +11,12 @@ import time
 
 import pytest
 
+from streaming import testing
 from streaming.adapters.kafka_admin import end_offsets
-from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
-from streaming.adapters.objects import ensure_bucket, open_store
+from streaming.adapters.kafka_io import dead_letter_topic_name
+from streaming.adapters.objects import ensure_bucket
 from streaming.adapters.sinks import read_committed_output, sink_location
-from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
-from streaming.engine.runner import JobRunner
 from streaming.tools import demo
 
 pytestmark = pytest.mark.integration
@@ -32,23 +31,11 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
     job = f"rescale-{unique_name[-8:]}"
     store = f"s3://{connection.s3_bucket}/{unique_name}"
     settings = JobSettings(store=store, mode=mode, interval_s=0.7, timeout_s=60, max_records_per_batch=200)
-    reader = SnapshotStore(open_store(store, connection), job)
-    lines: list[str] = []
-    money: list[demo.Money] = []
+    money_job = testing.money_job(
+        "streaming.tools.demo:pipeline?partitions=3", settings, connection, job, parallelism={"windows": 2}
+    )  # two tasks in every stage
+    runner, money, lines, reader = money_job.runner, money_job.money, money_job.lines, money_job.store
     manifests = []
-
-    def in_flight(channel, start, end):
-        return read_range(connection.kafka_bootstrap, channel, start, end)
-
-    runner = JobRunner(
-        "streaming.tools.demo:pipeline?partitions=3",
-        settings,
-        connection,
-        job=job,
-        say=lines.append,
-        parallelism={"windows": 2},  # two tasks in every stage
-        on_complete=lambda cid: money.append(demo.money_in_checkpoint(reader, cid, in_flight)),
-    )
     transfers = demo.make_transfers(6000 if mode == "unaligned" else 2400)
     topic, partitions = runner.pipeline.ingress[0].topic, 3
     # rescale after this many checkpoints; unaligned waits (a while) for one with legs in flight
@@ -73,7 +60,7 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
                     record = runner.rescale(steps.pop(0)[0])
                     # the rescaled checkpoint, read before retention may remove it: money conserved too
                     manifests.append(reader.read_manifest(record.checkpoint_id))
-                    money.append(demo.money_in_checkpoint(reader, record.checkpoint_id, in_flight))
+                    money_job.count(record.checkpoint_id)
         demo.produce_transfers(connection.kafka_bootstrap, topic, [], partitions, end=True)
         runner.run_until_caught_up(max(1.0, deadline - time.monotonic()))
     finally:
