@@ -38,7 +38,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -186,10 +185,6 @@ def rerouted_headers(generation: int) -> list[tuple[str, bytes]]:
     return [(GENERATION_HEADER, str(generation).encode()), (codec.FORMAT_HEADER, codec.ARROW_FORMAT)]
 
 
-def _lineage(snapshot_metadata: Mapping[str, Any]) -> Lineage:
-    return Lineage.from_json(snapshot_metadata.get("lineage"))
-
-
 def _merge_lineages(lineages: list[Lineage]) -> Lineage:
     """Every restore of every old task (all tasks of a job restore together,
     so they share generations; each names its own channels)."""
@@ -201,33 +196,46 @@ def _merge_lineages(lineages: list[Lineage]) -> Lineage:
 
 
 class _Old:
-    """The old tasks of checkpoint ``source`` and what each recorded."""
+    """The old tasks of the checkpoint and what each recorded, parsed once."""
 
     def __init__(self, pipeline: Pipeline, loaded: Mapping[str, LoadedTask]):
         self.pipeline = pipeline
-        self.loaded = loaded
         self.owner: dict[ChannelId, str] = {}
+        self._positions: dict[str, dict[ChannelId, int]] = {}
+        self._in_flight: dict[str, dict[ChannelId, tuple[int, int]]] = {}
+        self._copies: dict[str, dict[ChannelId, pa.Table]] = {}
+        self._watermarks: dict[str, dict[ChannelId, int]] = {}
+        self._lineages: dict[str, Lineage] = {}
         for spec in pipeline.tasks():
             if spec.name not in loaded:
                 raise RescaleError(f"the checkpoint has no snapshot of task {spec.name}")
             for channel in spec.inputs:
                 self.owner[channel] = spec.name
+            task = loaded[spec.name]
+            snapshot = task.snapshot
+            self._positions[spec.name] = {ChannelId.parse(c): p for c, p in snapshot.positions.items()}
+            self._in_flight[spec.name] = {
+                ChannelId.parse(c): (int(a), int(b)) for c, (a, b) in snapshot.in_flight.items()
+            }
+            self._copies[spec.name] = {ChannelId.parse(c): t for c, t in task.channel_records.items()}
+            marks = snapshot.metadata.get("watermarks") or {}
+            self._watermarks[spec.name] = {ChannelId.parse(c): int(w) for c, w in marks.items()}
+            self._lineages[spec.name] = Lineage.from_json(snapshot.metadata.get("lineage"))
 
     def positions(self, task: str) -> dict[ChannelId, int]:
-        return {ChannelId.parse(c): p for c, p in self.loaded[task].snapshot.positions.items()}
+        return self._positions[task]
 
     def in_flight(self, task: str) -> dict[ChannelId, tuple[int, int]]:
-        return {ChannelId.parse(c): (int(a), int(b)) for c, (a, b) in self.loaded[task].snapshot.in_flight.items()}
+        return self._in_flight[task]
 
     def copies(self, task: str) -> dict[ChannelId, pa.Table]:
-        return {ChannelId.parse(c): t for c, t in self.loaded[task].channel_records.items()}
+        return self._copies[task]
 
     def watermarks(self, task: str) -> dict[ChannelId, int]:
-        marks = self.loaded[task].snapshot.metadata.get("watermarks") or {}
-        return {ChannelId.parse(c): int(w) for c, w in marks.items()}
+        return self._watermarks[task]
 
     def lineage(self, task: str) -> Lineage:
-        return _lineage(self.loaded[task].snapshot.metadata)
+        return self._lineages[task]
 
 
 def plan_rescale(

@@ -173,8 +173,8 @@ class JobRunner:
         if self.coordinator is not None:
             self.history.extend(self.coordinator.records.values())
             self.coordinator.close()
-        stored = patiently(self.store.checkpoints, "listing checkpoints", self.say)
-        next_id = max(stored + [r.checkpoint_id for r in self.history] + [0]) + 1
+            self.coordinator = None
+        next_id = self._next_checkpoint_id()
         self.coordinator = CoordinatorService(
             self.pipeline,
             kafka_io(self.connection.kafka_bootstrap, self.job),
@@ -241,12 +241,11 @@ class JobRunner:
         generation = (meta.generation if meta else 0) + 1
         current = _recorded_scale(meta) or self.pipeline.scale
         wanted = {**current.parallelism, **self.parallelism}
+        rescaled_from = None
         if manifest is None:
             scale = target_scale(self.declared, current, wanted, generation)
-            rescaled_from = None
         else:
             scale = scale_of(manifest, self.declared)
-            rescaled_from = None
             if scale.parallelism != wanted:
                 new = target_scale(self.declared, scale, wanted, generation)
                 plan = self._plan_rescale(manifest, scale, new, generation)
@@ -266,6 +265,7 @@ class JobRunner:
         )
         self.restores.append(record)
         self._use_scale(scale)
+        self.prepare()
         if rescaled_from is not None:
             self._write_rescaled(plan, checkpoint_id, manifest)
         self.say(
@@ -274,7 +274,6 @@ class JobRunner:
             + (f" (checkpoint {rescaled_from} rescaled to {scale.describe()})" if rescaled_from is not None else "")
             + f" ({reason})"
         )
-        self.prepare()
         # workers that still run restore in place (their Spark stays up); dead ones start again
         self._launch(generation, checkpoint_id)
         return record
@@ -284,15 +283,14 @@ class JobRunner:
         not named keep theirs) from ``checkpoint_id`` or the latest that
         verifies: ``run --restore N --parallelism ...`` without stopping the runner."""
         wanted = {**self.parallelism, **parallelism}
-        unknown = sorted(set(wanted) - {s.name for s in self.declared.stages})
-        if unknown:
-            raise ConfigError(f"pipeline {self.job} has no stage {', '.join(unknown)}")
+        self._groups(self.declared.rescaled(Scale(wanted)))  # an unknown stage, too many tasks: refused here
         self.parallelism = wanted
         return self.restore(f"rescale to {Scale(wanted).describe()} requested", checkpoint_id)
 
     # ---- rescaling
 
     def _next_checkpoint_id(self) -> int:
+        """Above every checkpoint the store holds (complete or not) and every one this runner triggered."""
         stored = patiently(self.store.checkpoints, "listing checkpoints", self.say)
         current = list(self.coordinator.records) if self.coordinator else []
         return max(stored + current + [r.checkpoint_id for r in self.history] + [0]) + 1
@@ -335,7 +333,6 @@ class JobRunner:
                     sink.recover(plan.source)
                 finally:
                     getattr(sink, "close", lambda: None)()
-        self.prepare()
         bootstrap = self.connection.kafka_bootstrap
         if plan.rerouted:
             values = {c: [v for t in tables for v in codec.encode_batches(t)] for c, tables in plan.rerouted.items()}
