@@ -408,9 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     local = sub.add_parser(
         "local",
-        help="start, stop or inspect the embedded runtime (Kafka + S3 server)",
+        help="start, stop or inspect the embedded runtime (Kafka + S3 server), or the local cluster",
         description="The embedded runtime on loopback: a KRaft Kafka broker and "
-        "an S3 API server, plus Spark's Kafka connector jars.",
+        "an S3 API server, plus Spark's Kafka connector jars. With --cluster: three "
+        "Kafka nodes, the S3 server and a Spark standalone master with two workers.",
     )
     local.add_argument(
         "action",
