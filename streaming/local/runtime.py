@@ -56,6 +56,7 @@ class RuntimeStatus:
     services: tuple[ServiceStatus, ...]
     connection_file: Path
     connection: Connection | None
+    start_command: str = "spark-abs local up"
 
     @property
     def all_running(self) -> bool:
@@ -71,7 +72,7 @@ class RuntimeStatus:
         if self.connection is not None:
             lines.append(f"connection file: {self.connection_file}")
         else:
-            lines.append("not started: run `spark-abs local up`")
+            lines.append(f"not started: run `{self.start_command}`")
         return "\n".join(lines)
 
 
@@ -395,4 +396,5 @@ class LocalRuntime:
                     log=spec.log_path,
                 )
             )
-        return RuntimeStatus(tuple(services), self.settings.connection_file, connection)
+        start = "spark-abs local up --cluster" if self.settings.is_cluster else "spark-abs local up"
+        return RuntimeStatus(tuple(services), self.settings.connection_file, connection, start)
