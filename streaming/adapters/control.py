@@ -12,7 +12,10 @@ JSON (``ControlEvent``); their kinds (``ControlKind``):
 - ``progress``: a task's position on each input channel, twice a second (lag);
 - ``ack`` / ``decline``: a task's snapshot is uploaded, or it cannot take one;
 - ``complete`` / ``abort``: the coordinator's verdict on checkpoint n;
-- ``committed``: a sink task made epoch n visible.
+- ``committed``: a sink task made epoch n visible;
+- ``lease``: the runner is alive, and which worker runs each remote group in
+  which generation (``streaming.engine.membership``);
+- ``heartbeat``: a remote worker (``spark-abs worker``) is alive.
 
 Every event carries the generation it belongs to in its payload; readers
 ignore other generations."""
@@ -64,6 +67,8 @@ class ControlKind(enum.StrEnum):
     COMPLETE = "complete"
     ABORT = "abort"
     COMMITTED = "committed"
+    LEASE = "lease"
+    HEARTBEAT = "heartbeat"
 
     @classmethod
     def parse(cls, value: object) -> ControlKind:

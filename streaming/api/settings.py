@@ -62,6 +62,9 @@ class JobSettings:
     max_segment_records: int = 50_000
     # how often a stage query looks for new records
     trigger_interval: str = "300 milliseconds"
+    # remote worker groups: one not heard this long (while the control topic works) is taken for
+    # dead and the job restores; a remote worker that hears no lease this long stops its tasks
+    heartbeat_timeout_s: float = 15.0
 
     def __post_init__(self) -> None:
         if not self.store:
@@ -76,7 +79,7 @@ class JobSettings:
             raise ConfigError(
                 f"alignment_timeout_ms and held_bytes_budget apply to mode aligned-timeout, not {self.mode}"
             )
-        for name in ("interval_s", "timeout_s"):
+        for name in ("interval_s", "timeout_s", "heartbeat_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("retain", "max_concurrent", "max_records_per_batch", "max_segment_records"):

@@ -13,6 +13,13 @@ skipped, and the runner says why), a new generation is recorded in the
 store, and the workers start again from that checkpoint.  With no complete
 checkpoint yet, the new generation starts from the beginning.
 
+Groups named in ``remote=`` (``run --remote-workers``: all of them) are not
+started here: each is a ``spark-abs worker`` process on any host, joined
+through the control topic (``streaming.engine.membership``).  The runner
+publishes a lease every second naming each group's member; a member silent
+for ``heartbeat_timeout_s`` (or that stopped its tasks) is taken for dead and
+the job restores, its standby taking over when one waits.
+
 A job keeps the task counts of its latest generation (``_JOB.json`` records
 each generation's ``Scale``); ``parallelism=`` (``run --parallelism``) asks
 for others.  A restore whose checkpoint was taken with other task counts
@@ -21,15 +28,18 @@ of the new scale, written as the next checkpoint id, and that is restored."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from barriers.messages import CheckpointOptions
 from streaming.adapters import codec
-from streaming.adapters.control import control_topic_name
+from streaming.adapters.control import ControlEvent, ControlKind, control_topic_name
 from streaming.adapters.kafka_admin import create_topic, end_offsets
 from streaming.adapters.kafka_io import DeadLetters, dead_letter_topic_name, producer, read_range, write_records
 from streaming.adapters.objects import open_store, patiently
@@ -39,11 +49,15 @@ from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import Pipeline, Scale, SinkKind, load_pipeline
 from streaming.api.settings import WORKER_LAYOUTS, JobSettings
 from streaming.engine.coordinator import CheckpointRecord, CoordinatorService, kafka_io
+from streaming.engine.membership import LEASE_INTERVAL_S, Heartbeat, Lease, RemoteGroups
 from streaming.engine.rescale import RescalePlan, plan_rescale, rerouted_headers, scale_of, target_scale
 from streaming.engine.supervisor import WorkerProcess, WorkerSupervisor
-from streaming.errors import ConfigError, JobFailed, SparkAbsError
+from streaming.errors import ConfigError, JobFailed, KafkaUnavailableError, SparkAbsError
 
 __all__ = ["JobRunner", "RestoreRecord", "worker_groups"]
+
+# how often the runner says which remote groups it still waits for
+WAITING_NOTICE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,7 @@ class JobRunner:
         max_restores: int = 10,
         on_complete: Callable[[int], None] | None = None,
         parallelism: Mapping[str, int] | None = None,
+        remote: bool | Collection[str] = False,
     ):
         self.pipeline_ref = pipeline_ref
         # the pipeline as its code declares it; ``pipeline`` is it at the scale of the current generation
@@ -103,6 +118,18 @@ class JobRunner:
         self.faults = faults
         self._workers_layout = workers
         self.groups = self._groups(self.pipeline)
+        self.remote_names = set(self.groups) if remote is True else set(remote or ())
+        unknown = sorted(self.remote_names - set(self.groups))
+        if unknown:
+            raise ConfigError(
+                f"remote worker groups {', '.join(unknown)}: the job's groups are {', '.join(sorted(self.groups))}"
+            )
+        self.runner_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.remote = RemoteGroups(self._remote_groups(), settings.heartbeat_timeout_s, say=say)
+        self._lease_at = 0.0
+        self._waiting_at = 0.0
+        self._lost: list[str] = []
+        self._checkpoint: int | None = None
         self.log_dir = log_dir or default_home() / "runs" / self.job
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.store = SnapshotStore(open_store(settings.store, connection), self.job)
@@ -125,7 +152,11 @@ class JobRunner:
 
     def _supervisor(self, pipeline: Pipeline) -> WorkerSupervisor:
         scale = None if pipeline.scale == self.declared.scale else pipeline.scale
-        return WorkerSupervisor(self.pipeline_ref, self.job, self.groups, self.settings, self.log_dir, scale=scale)
+        local = {name: tasks for name, tasks in self.groups.items() if name not in self.remote_names}
+        return WorkerSupervisor(self.pipeline_ref, self.job, local, self.settings, self.log_dir, scale=scale)
+
+    def _remote_groups(self) -> dict[str, list[str]]:
+        return {name: tasks for name, tasks in self.groups.items() if name in self.remote_names}
 
     def _use_scale(self, scale: Scale) -> None:
         """Run the pipeline at ``scale`` from now on: workers of another scale stop."""
@@ -136,6 +167,7 @@ class JobRunner:
         self.pipeline = pipeline
         self.groups = self._groups(pipeline)
         self.supervisor = self._supervisor(pipeline)
+        self.remote.groups = self._remote_groups()
 
     # ---- set-up
 
@@ -175,9 +207,13 @@ class JobRunner:
             self.coordinator.close()
             self.coordinator = None
         next_id = self._next_checkpoint_id()
+        io = kafka_io(self.connection.kafka_bootstrap, self.job)
+        if self.remote_names:
+            poll = io.poll
+            io = dataclasses.replace(io, poll=lambda timeout_s: self._observe(poll(timeout_s)))
         self.coordinator = CoordinatorService(
             self.pipeline,
-            kafka_io(self.connection.kafka_bootstrap, self.job),
+            io,
             self.store,
             self.settings,
             generation=generation,
@@ -191,7 +227,88 @@ class JobRunner:
         if self.faults:
             env["SPARK_ABS_FAULT"] = self.faults
         self.supervisor.launch(generation, checkpoint_id, env)
+        self._checkpoint = checkpoint_id
+        self._lost = []
+        if self.remote_names:
+            # members restore in place once the lease names the new generation; the others join
+            self.remote.new_generation(self._remote_groups())
+            self._renew_lease()
         self._last_trigger = time.monotonic()
+
+    # ---- remote worker groups
+
+    def _lease(self, *, ended: bool = False) -> Lease:
+        return Lease(
+            runner=self.runner_id,
+            generation=self.generation,
+            checkpoint=self._checkpoint,
+            pipeline=self.pipeline_ref,
+            job=self.job,
+            settings=self.settings.to_json(),
+            scale=None if self.pipeline.scale == self.declared.scale else self.pipeline.scale.to_json(),
+            groups=self.remote.groups,
+            members={} if ended else self.remote.members,
+            timeout_s=self.settings.heartbeat_timeout_s,
+            ended=ended,
+        )
+
+    def _renew_lease(self, *, ended: bool = False) -> None:
+        """Publish the lease (with ``ended``: the last one, members stop their tasks now)."""
+        coordinator = self._require()
+        self._lease_at = time.monotonic()
+        try:
+            coordinator.io.publish(self._lease(ended=ended).event())
+        except KafkaUnavailableError as exc:  # the broker is away; the next renewal tries again
+            self.say(f"lease not renewed: {exc}")
+
+    def _observe(self, events: list[ControlEvent]) -> list[ControlEvent]:
+        """Membership events on their way to the coordinator."""
+        for event in events:
+            if event.kind is ControlKind.LEASE and event.task == self.runner_id:
+                self.remote.own()
+            elif event.kind is ControlKind.HEARTBEAT:
+                try:
+                    beat = Heartbeat.from_event(event)
+                except ValueError as exc:
+                    self.say(f"ignored: {exc}")
+                    continue
+                outcome = self.remote.on_heartbeat(beat, self.generation)
+                if outcome == "joined":
+                    self._lease_at = 0.0  # tell it at once
+                elif outcome == "lost" and beat.group not in self._lost:
+                    self._lost.append(beat.group)
+        return events
+
+    def _watch_remote(self) -> bool:
+        """Renew the lease; restore when a remote group went silent or lost
+        its tasks (True: a restore happened)."""
+        for group in self._lost:
+            self.remote.drop(group)
+            self.restore(f"worker group {group} stopped its tasks")
+            return True
+        for group in self.remote.silent():
+            quiet = self.remote.quiet_for(group)
+            member = self.remote.members.get(group)
+            self.remote.drop(group)
+            self.restore(
+                f"worker group {group} ({member}) went silent: no heartbeat for {quiet:.0f} s "
+                f"(heartbeat_timeout_s {self.settings.heartbeat_timeout_s:g})"
+            )
+            return True
+        now = time.monotonic()
+        if now - self._lease_at >= LEASE_INTERVAL_S:
+            self._renew_lease()
+        missing = self.remote.missing()
+        if missing and now - self._waiting_at >= WAITING_NOTICE_S:
+            self._waiting_at = now
+            self.say(
+                "waiting for remote worker group(s) "
+                + ", ".join(missing)
+                + ": start `spark-abs worker --job "
+                + self.job
+                + " --group GROUP` on any host that reaches Kafka and the store"
+            )
+        return False
 
     # ---- running
 
@@ -211,6 +328,8 @@ class JobRunner:
                 f"{worker.exit_text()}; last lines of {worker.log_path}:\n{worker.tail()}"
             )
             self.restore(f"worker {worker.name} died")
+            return
+        if self.remote_names and self._watch_remote():
             return
         due = time.monotonic() - self._last_trigger >= self.settings.interval_s
         if trigger and coordinator.all_ready and due and coordinator.trigger(options) is not None:
@@ -383,6 +502,10 @@ class JobRunner:
 
     def kill_worker(self, name: str) -> None:
         """SIGKILL a worker, named or by a task or stage it runs (a drill): the next ``step`` restores."""
+        for group in self.remote_names:
+            tasks = self.groups.get(group, [])
+            if name == group or any(t == name or t.rsplit("-", 1)[0] == name for t in tasks):
+                raise SparkAbsError(f"{name!r} runs in remote worker group {group}: kill its process on its host")
         self.supervisor.kill(name)
 
     def stop_workers(self, timeout_s: float = 15.0) -> None:
@@ -431,6 +554,8 @@ class JobRunner:
 
     def close(self) -> None:
         self.stop_workers()
+        if self.coordinator is not None and self.remote_names:
+            self._renew_lease(ended=True)
         if self.coordinator is not None:
             self.history.extend(self.coordinator.records.values())
             self.coordinator.close()

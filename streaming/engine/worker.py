@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 
 # how often each task publishes its positions on the control topic (lag, a comparison's backpressure)
 PROGRESS_INTERVAL_S = 0.5
+# events between the runner and remote workers, not for tasks (streaming.engine.membership)
+_MEMBERSHIP = (ControlKind.LEASE, ControlKind.HEARTBEAT)
 
 
 @dataclass
@@ -116,7 +118,7 @@ class Worker:
         settings: JobSettings,
         connection: Connection,
         *,
-        generation: int,
+        generation: int | None,
         restore: int | None,
         spark=None,
         say: Callable[[str], None] = print,
@@ -133,9 +135,18 @@ class Worker:
         self.commands: queue.Queue[tuple[int, int | None]] = queue.Queue()
         self.running: list[_Running] = []
         self.queries: list[ChannelQuery] = []
-        faults.set_generation(generation)
+        faults.set_generation(generation or 0)
 
     def start(self) -> None:
+        self.open()
+        self._start_tasks()
+        self.say(
+            f"worker g{self.generation}: tasks {', '.join(self.task_names)} running"
+            + (f" (restored checkpoint {self.restore})" if self.restore else "")
+        )
+
+    def open(self) -> None:
+        """The worker's clients, store and Spark application, with no task running yet."""
         from streaming.adapters.spark import spark_session  # pyspark loads here, in the worker process
 
         job = self.pipeline.job
@@ -150,11 +161,6 @@ class Worker:
         self.dead_letters = DeadLetters(bootstrap, job)
         self._spark = self._spark or spark_session(
             SparkSettings(master=self.connection.spark_master, app_name=f"spark-abs-{job}")
-        )
-        self._start_tasks()
-        self.say(
-            f"worker g{self.generation}: tasks {', '.join(self.task_names)} running"
-            + (f" (restored checkpoint {self.restore})" if self.restore else "")
         )
 
     def _start_tasks(self) -> None:
@@ -271,20 +277,43 @@ class Worker:
 
         return write
 
-    def restart(self, generation: int, restore: int | None) -> None:
+    def restart(
+        self,
+        generation: int,
+        restore: int | None,
+        *,
+        pipeline: Pipeline | None = None,
+        task_names: list[str] | None = None,
+    ) -> None:
         """Restore in place: stop this generation's queries and start the next
         one's from checkpoint ``restore`` in the same Spark application (no
-        new JVM), as the job does after another worker died."""
+        new JVM), as the job does after another worker died; with
+        ``pipeline`` and ``task_names``, those tasks (a rescaled job)."""
+        was_running = bool(self.running)
         self._stop_tasks()
         self.producer.flush(30)
         self.generation, self.restore = generation, restore
+        self.pipeline = pipeline or self.pipeline
+        self.task_names = task_names if task_names is not None else self.task_names
         faults.set_generation(generation)
         self.control.seek_to_end()
         self._start_tasks()
         self.say(
-            f"worker g{generation}: tasks {', '.join(self.task_names)} restored in place from "
+            f"worker g{generation}: tasks {', '.join(self.task_names)} "
+            + ("restored in place from " if was_running else "started from ")
             + (f"checkpoint {restore}" if restore else "the beginning")
         )
+
+    def idle(self, reason: str) -> None:
+        """Stop every task (the Spark application stays up) and wait."""
+        if self.running:
+            self._stop_tasks()
+            self.producer.flush(30)
+            self.say(f"worker g{self.generation}: tasks {', '.join(self.task_names)} stopped: {reason}")
+        self.generation = None
+
+    def _round(self) -> None:
+        """A hook run once per round of ``serve``."""
 
     def serve(self) -> int:
         """Follow the control topic until stopped; 1 if a query failed."""
@@ -298,6 +327,7 @@ class Worker:
                 self._on_control(event)
             for running in self.running:
                 running.task.tick()
+            self._round()
             if time.monotonic() >= next_progress:
                 next_progress = time.monotonic() + PROGRESS_INTERVAL_S
                 for running in self.running:
@@ -310,7 +340,7 @@ class Worker:
         return 0
 
     def _on_control(self, event: ControlEvent) -> None:
-        if event.payload.get("generation") != self.generation:
+        if event.payload.get("generation") != self.generation or event.kind in _MEMBERSHIP:
             return
         for running in self.running:
             running.task.on_control(event)

@@ -134,6 +134,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         extra["alignment_timeout_ms"] = args.alignment_timeout_ms
     if args.held_bytes_budget is not None:
         extra["held_bytes_budget"] = args.held_bytes_budget
+    if args.heartbeat_timeout is not None:
+        extra["heartbeat_timeout_s"] = args.heartbeat_timeout
     settings = JobSettings(
         store=args.store,
         mode=args.mode,
@@ -152,11 +154,47 @@ def _cmd_run(args: argparse.Namespace) -> int:
         say=_say,
         max_restores=args.max_restores,
         parallelism=parse_parallelism(",".join(args.parallelism)),
+        remote=args.remote_workers,
     )
     run_job(
         runner, restore=args.restore, seconds=args.seconds, checkpoints=args.checkpoints, drain=args.drain, say=_say
     )
     return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from streaming.adapters.control import ControlTopic
+    from streaming.engine.remote import RemoteWorker, wait_for_lease
+    from streaming.local import LocalRuntime
+
+    _export_home(args)
+    if os.getcwd() not in sys.path:  # the pipeline's module, as `run` finds it
+        sys.path.insert(0, os.getcwd())
+    connection = Connection.from_env(os.environ) or LocalRuntime(_runtime_settings(args), progress=_say).up()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    control = ControlTopic(connection.kafka_bootstrap, args.job)
+    try:
+        control.seek_to_end()
+        _say(f"worker: waiting for the runner of job {args.job} (its lease on {control.topic})")
+        lease = wait_for_lease(control, args.job, say=_say, stop=stop)
+    finally:
+        control.close()
+    if lease is None:
+        return 0
+    worker = RemoteWorker(lease, args.group, connection, say=_say)
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    try:
+        worker.start()
+        return worker.serve()
+    except KeyboardInterrupt:
+        _say("worker: stopping (Ctrl-C)")
+        return 130
+    finally:
+        worker.close()
 
 
 def _add_store_options(parser: argparse.ArgumentParser) -> None:
@@ -384,6 +422,20 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
         "again, internal topics of the new counts. Default: the counts of the job's latest run",
     )
     parser.add_argument(
+        "--remote-workers",
+        action="store_true",
+        help="start no worker process here: each worker group (see --workers) is a `spark-abs worker --job JOB "
+        "--group GROUP` process on any host that reaches Kafka and the store; the job waits for them, and "
+        "restores when one goes silent",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="with --remote-workers: a worker group not heard this long is taken for dead (the job restores), "
+        "and a worker that hears nothing of the runner this long stops its tasks (default 15)",
+    )
+    parser.add_argument(
         "--max-restores",
         type=int,
         default=10,
@@ -467,6 +519,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_options(run)
     run.add_argument("--restore", type=int, metavar="N", help="start from checkpoint N (a restore drill)")
     run.set_defaults(func=_cmd_run)
+
+    worker = sub.add_parser(
+        "worker",
+        help="run one worker group of a job started with `run --remote-workers`, on this host",
+        description="Joins job JOB as its worker group GROUP: waits for the job runner's lease on the "
+        "job's control topic, becomes the group's member (a second worker of a group waits as its "
+        "standby), runs the group's tasks as one Spark application on this host's SPARK_ABS_* "
+        "deployment (its Spark master, Kafka and store), restores in place when the job restores, and "
+        "stops its tasks when the runner stops or goes silent, waiting for the next one. The pipeline "
+        "and the job's settings come from the runner; the pipeline's module must be importable here "
+        "(e.g. from the current directory). Runs until SIGTERM or Ctrl-C.",
+    )
+    worker.add_argument("--job", required=True, help="the job's name (as the runner has it)")
+    worker.add_argument(
+        "--group",
+        required=True,
+        help="the worker group: `all` with the runner's --workers one, a stage's name with per-stage",
+    )
+    worker.set_defaults(func=_cmd_worker)
 
     checkpoints = sub.add_parser(
         "checkpoints",

@@ -40,14 +40,17 @@ def run_job(
     started = time.monotonic()
     deadline = None
     asked = threading.Event()
-    previous = None
+    previous = previous_term = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGUSR1, lambda *_: asked.set())
+        # a process manager's SIGTERM stops the job as Ctrl-C does: workers stopped, remote ones told
+        previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         runner.start(restore=restore)
         say(
-            f"job {runner.job}: {len(runner.groups)} worker process(es) starting, generation {runner.generation}"
-            + " (Ctrl-C stops it; SIGUSR1 drains it)"
+            f"job {runner.job}: {len(runner.groups) - len(runner.remote_names)} worker process(es) starting"
+            + (f", {len(runner.remote_names)} remote group(s) to join" if runner.remote_names else "")
+            + f", generation {runner.generation} (Ctrl-C or SIGTERM stops it; SIGUSR1 drains it)"
         )
         while not (drain or asked.is_set()) and (deadline is None or time.monotonic() < deadline):
             runner.step()
@@ -67,13 +70,19 @@ def run_job(
             record = runner.run_until_caught_up(drain_timeout_s)
             say(f"drained: checkpoint {record.checkpoint_id} covers every input record and is committed")
     except KeyboardInterrupt:
-        say("stopping (Ctrl-C)")
+        say("stopping (Ctrl-C or SIGTERM)")
     finally:
         if previous is not None:
             signal.signal(signal.SIGUSR1, previous)
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
         runner.close()
     done = [r for r in runner.checkpoints() if r.status == CheckpointStatus.COMPLETED]
     say(
         f"stopped; {len(done)} checkpoint(s) completed in this run"
         + (f", the last {done[-1].checkpoint_id}" if done else "")
     )
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

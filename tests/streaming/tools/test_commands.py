@@ -3,6 +3,8 @@ a restore would pick marked; and `spark-abs run`'s help."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -105,6 +107,7 @@ class _Runner:
 
     def __init__(self, ready_after: int, every: int, interrupt_at: int | None = None):
         self.job, self.groups, self.generation = "orders", {"w": ["t"]}, 0
+        self.remote_names: set[str] = set()
         self.settings = SimpleNamespace(interval_s=1.0)
         self.coordinator = SimpleNamespace(all_ready=False)
         self.ready_after, self.every, self.interrupt_at = ready_after, every, interrupt_at
@@ -148,7 +151,21 @@ def test_run_time_counts_from_when_the_tasks_are_up_and_ctrl_c_still_closes():
     assert said[-1] == "stopped; 0 checkpoint(s) completed in this run"
     interrupted, said = _Runner(ready_after=1, every=1000, interrupt_at=4), []
     run_job(interrupted, say=said.append)
-    assert interrupted.closed and "stopping (Ctrl-C)" in said
+    assert interrupted.closed and "stopping (Ctrl-C or SIGTERM)" in said
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_handler_before_comes_back():
+    class Terminated(_Runner):
+        def step(self):
+            super().step()
+            if self.steps == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    runner, said = Terminated(ready_after=1, every=1000), []
+    run_job(runner, say=said.append)
+    assert runner.closed and runner.steps == 3 and "stopping (Ctrl-C or SIGTERM)" in said
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_run_with_drain_stops_once_the_input_is_committed_and_closes_the_job():
