@@ -299,6 +299,9 @@ class Membership:
     clock: Callable[[], float] = time.monotonic
     running: int | None = None  # the generation this worker's tasks run in
     lease: Lease | None = None
+    # the newest generation this worker started tasks in: tasks stopped in a generation never start
+    # again in it (the others went on without them); the runner restores into the next
+    started: int = -1
     _last_lease: float | None = None
     _liveness: Liveness | None = None
 
@@ -323,7 +326,8 @@ class Membership:
                 return Action("stop", f"generation {lease.generation} runs no group {self.group}")
             return None
         if lease.members.get(self.group) == self.incarnation:
-            if self.running != lease.generation:
+            if lease.generation > self.started:
+                self.started = lease.generation
                 return Action("start", f"member of group {self.group} in generation {lease.generation}", lease)
             return None
         if self.running is not None:

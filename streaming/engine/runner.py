@@ -29,8 +29,10 @@ of the new scale, written as the next checkpoint id, and that is restored."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
@@ -41,7 +43,15 @@ from barriers.messages import CheckpointOptions
 from streaming.adapters import codec
 from streaming.adapters.control import ControlEvent, ControlKind, control_topic_name
 from streaming.adapters.kafka_admin import create_topic, end_offsets
-from streaming.adapters.kafka_io import DeadLetters, dead_letter_topic_name, producer, read_range, write_records
+from streaming.adapters.kafka_io import (
+    DELIVERY_BOUND_S,
+    DeadLetters,
+    dead_letter_topic_name,
+    producer,
+    read_range,
+    write_records,
+)
+from streaming.adapters.kafka_io import patiently as kafka_patiently
 from streaming.adapters.objects import open_store, patiently
 from streaming.adapters.sinks import open_sink, sink_location
 from streaming.adapters.snapshots import JobMeta, Manifest, SnapshotStore
@@ -52,12 +62,64 @@ from streaming.engine.coordinator import CheckpointRecord, CoordinatorService, k
 from streaming.engine.membership import LEASE_INTERVAL_S, Heartbeat, Lease, RemoteGroups
 from streaming.engine.rescale import RescalePlan, plan_rescale, rerouted_headers, scale_of, target_scale
 from streaming.engine.supervisor import WorkerProcess, WorkerSupervisor
-from streaming.errors import ConfigError, JobFailed, KafkaUnavailableError, SparkAbsError
+from streaming.errors import ConfigError, JobFailed, SparkAbsError
 
 __all__ = ["JobRunner", "RestoreRecord", "worker_groups"]
 
+log = logging.getLogger(__name__)
+
 # how often the runner says which remote groups it still waits for
 WAITING_NOTICE_S = 30.0
+
+
+class _LeaseRenewal:
+    """Publishes the runner's latest lease every ``LEASE_INTERVAL_S`` from a
+    thread of its own, on a producer of its own: a runner busy with a slow
+    send (a barrier after an outage) or a restore is still alive, and its
+    remote workers must not take it for dead."""
+
+    def __init__(self, bootstrap: str, job: str):
+        self.topic = control_topic_name(job)
+        self._producer = producer(bootstrap)
+        self._lease: Lease | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="spark-abs-lease", daemon=True)
+        self._thread.start()
+
+    def renew(self, lease: Lease) -> None:
+        """From now on publish ``lease``, the first time at once."""
+        self._lease = lease
+        self._wake.set()
+
+    def _publish(self, lease: Lease, bound_s: float = DELIVERY_BOUND_S) -> None:
+        future = self._producer.send(self.topic, value=lease.event().encode(), partition=0)
+        kafka_patiently(future.get, f"the lease of generation {lease.generation}", bound_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(LEASE_INTERVAL_S)
+            self._wake.clear()
+            lease = self._lease
+            if lease is None or self._stop.is_set():
+                continue
+            try:
+                self._publish(lease)
+            except SparkAbsError as exc:  # the broker is away: the next renewal tries again
+                log.warning("lease not renewed: %s", exc)
+
+    def end(self, lease: Lease) -> None:
+        """Stop renewing and publish ``lease`` (the last one: members stop their tasks now)."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=2 * LEASE_INTERVAL_S + 1)
+        try:
+            # a stopping runner does not wait out an outage: without it the workers' leases lapse
+            self._publish(lease, bound_s=10.0)
+        except SparkAbsError as exc:
+            log.warning("last lease not published: %s", exc)
+        finally:
+            self._producer.close()
 
 
 @dataclass(frozen=True)
@@ -126,7 +188,7 @@ class JobRunner:
             )
         self.runner_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.remote = RemoteGroups(self._remote_groups(), settings.heartbeat_timeout_s, say=say)
-        self._lease_at = 0.0
+        self._leases: _LeaseRenewal | None = None
         self._waiting_at = 0.0
         self._lost: list[str] = []
         self._checkpoint: int | None = None
@@ -232,6 +294,8 @@ class JobRunner:
         if self.remote_names:
             # members restore in place once the lease names the new generation; the others join
             self.remote.new_generation(self._remote_groups())
+            if self._leases is None:
+                self._leases = _LeaseRenewal(self.connection.kafka_bootstrap, self.job)
             self._renew_lease()
         self._last_trigger = time.monotonic()
 
@@ -246,20 +310,16 @@ class JobRunner:
             job=self.job,
             settings=self.settings.to_json(),
             scale=None if self.pipeline.scale == self.declared.scale else self.pipeline.scale.to_json(),
-            groups=self.remote.groups,
-            members={} if ended else self.remote.members,
+            groups={g: list(t) for g, t in self.remote.groups.items()},
+            members={} if ended else dict(self.remote.members),
             timeout_s=self.settings.heartbeat_timeout_s,
             ended=ended,
         )
 
-    def _renew_lease(self, *, ended: bool = False) -> None:
-        """Publish the lease (with ``ended``: the last one, members stop their tasks now)."""
-        coordinator = self._require()
-        self._lease_at = time.monotonic()
-        try:
-            coordinator.io.publish(self._lease(ended=ended).event())
-        except KafkaUnavailableError as exc:  # the broker is away; the next renewal tries again
-            self.say(f"lease not renewed: {exc}")
+    def _renew_lease(self) -> None:
+        """The lease as things are now, published from now on (the first time at once)."""
+        if self._leases is not None:
+            self._leases.renew(self._lease())
 
     def _observe(self, events: list[ControlEvent]) -> list[ControlEvent]:
         """Membership events on their way to the coordinator."""
@@ -274,14 +334,14 @@ class JobRunner:
                     continue
                 outcome = self.remote.on_heartbeat(beat, self.generation)
                 if outcome == "joined":
-                    self._lease_at = 0.0  # tell it at once
+                    self._renew_lease()  # tell it at once
                 elif outcome == "lost" and beat.group not in self._lost:
                     self._lost.append(beat.group)
         return events
 
     def _watch_remote(self) -> bool:
-        """Renew the lease; restore when a remote group went silent or lost
-        its tasks (True: a restore happened)."""
+        """Restore when a remote group went silent or lost its tasks (True: a
+        restore happened); say which groups nobody runs yet."""
         for group in self._lost:
             self.remote.drop(group)
             self.restore(f"worker group {group} stopped its tasks")
@@ -296,8 +356,6 @@ class JobRunner:
             )
             return True
         now = time.monotonic()
-        if now - self._lease_at >= LEASE_INTERVAL_S:
-            self._renew_lease()
         missing = self.remote.missing()
         if missing and now - self._waiting_at >= WAITING_NOTICE_S:
             self._waiting_at = now
@@ -554,8 +612,9 @@ class JobRunner:
 
     def close(self) -> None:
         self.stop_workers()
-        if self.coordinator is not None and self.remote_names:
-            self._renew_lease(ended=True)
+        if self._leases is not None:
+            self._leases.end(self._lease(ended=True))
+            self._leases = None
         if self.coordinator is not None:
             self.history.extend(self.coordinator.records.values())
             self.coordinator.close()

@@ -1,16 +1,24 @@
 """On the local cluster (three Kafka nodes, replication factor 3; a Spark
 standalone master with two workers), started once for this module: the money
-pipeline with two tasks per stage runs as a Spark application on the master,
-loses a Spark worker and a Kafka broker (both SIGKILLed) while it runs, and
-still commits exactly the output of a run without failures, with money
-conserved in every checkpoint."""
+pipeline with two tasks per stage runs as two remote worker groups (`spark-abs
+worker` processes the runner did not start, each a Spark application on the
+master, joined through the control topic alone), loses a Spark worker, a
+Kafka broker and one worker group's process (all SIGKILLed; a replacement
+process takes the group over) while it runs, and still commits exactly the
+output of a run without failures, with money conserved in every checkpoint.
+When the runner goes quiet, the remote workers stop their tasks."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kafka.admin import ConfigResource, ConfigResourceType
@@ -63,24 +71,68 @@ def test_topics_are_replicated_on_three_brokers(cluster, unique_name):
     assert configs["topic"][unique_name]["min.insync.replicas"]["value"] == "2"
 
 
-def test_money_pipeline_on_the_cluster_survives_a_spark_worker_and_a_broker_killed(cluster, unique_name):
+class _RemoteWorker:
+    """A `spark-abs worker` process of its own session (as a host's process manager would start it)."""
+
+    def __init__(self, job: str, group: str, connection: Connection, log_path: Path):
+        self.group, self.log_path = group, log_path
+        with open(log_path, "wb") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "streaming.tools.cli", "worker", "--job", job, "--group", group],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **connection.as_env(), "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
+
+    def said(self, text: str) -> bool:
+        return text in self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its Spark driver JVM."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM, and the exit status once it stopped (None: it did not, and was killed)."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+
+def test_money_pipeline_on_the_cluster_survives_a_spark_worker_a_broker_and_a_worker_group_killed(
+    cluster, unique_name, tmp_path
+):
     runtime, connection = cluster
     ensure_bucket(connection)
     job = f"cluster-{unique_name[-8:]}"
     store = f"s3://{connection.s3_bucket}/{unique_name}"
-    settings = JobSettings(store=store, interval_s=1.0, timeout_s=90, max_records_per_batch=300)
+    settings = JobSettings(
+        store=store, interval_s=1.0, timeout_s=90, max_records_per_batch=300, heartbeat_timeout_s=8.0
+    )
+    groups = {"ledger": ["legs-0", "legs-1", "accounts-0", "accounts-1"], "windows": ["windows-0", "windows-1"]}
     money_job = testing.money_job(
         "streaming.tools.demo:pipeline",
         settings,
         connection,
         job,
         parallelism={"windows": 2},  # two tasks a stage
+        workers=groups,
+        remote=True,  # the runner starts no worker: the test does, as another host would
     )
     runner, money, lines, reader = money_job.runner, money_job.money, money_job.lines, money_job.store
     transfers = demo.make_transfers(1800)
     topic = runner.pipeline.ingress[0].topic
     killed: list[str] = []
-    deadline = time.monotonic() + 300
+    workers = {g: _RemoteWorker(job, g, connection, tmp_path / f"{g}-1.log") for g in groups}
+    replacement = None
+    deadline = time.monotonic() + 360
     sent = 0
     try:
         runner.prepare()
@@ -97,16 +149,35 @@ def test_money_pipeline_on_the_cluster_survives_a_spark_worker_and_a_broker_kill
             elif len(money) == 2 and len(killed) == 1:
                 assert runtime.stop_service("kafka-2", kill=True) is not None
                 killed.append("kafka-2")
+            elif len(money) == 3 and len(killed) == 2:  # then a worker group's process; another takes over
+                workers["windows"].kill()
+                killed.append("windows")
+                replacement = _RemoteWorker(job, "windows", connection, tmp_path / "windows-2.log")
         demo.produce_transfers(connection.kafka_bootstrap, topic, [], 2, end=True)
         runner.run_until_caught_up(max(1.0, deadline - time.monotonic()))
         applications = [a for a in _applications(runtime) if a["name"] == f"spark-abs-{job}"]
+        # the runner goes quiet (no lease): the remote workers stop their tasks on their own
+        alive = [workers["ledger"], replacement]
+        quiet_until = time.monotonic() + 4 * settings.heartbeat_timeout_s
+        while time.monotonic() < quiet_until and not all(w.said("no lease from the job runner") for w in alive):
+            time.sleep(0.5)
+        lapsed = [w.group for w in alive if w.said("no lease from the job runner")]
     finally:
         runner.close()
+        stopped = {w.log_path.name: w.stop() for w in [*workers.values(), *([replacement] if replacement else [])]}
         runtime.up()  # the killed worker and broker start again
     log = "\n".join(lines)
-    print(log)  # what the job said of the losses (pytest -s shows it)
-    assert killed == ["spark-worker-1", "kafka-2"], log
+    worker_logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in tmp_path.glob("*.log"))
+    print(log, worker_logs, sep="\n")  # what the job and its workers said of the losses (pytest -s shows it)
+    assert killed == ["spark-worker-1", "kafka-2", "windows"], log
     assert applications and all(a["cores"] >= 1 for a in applications), applications
+    # one restore, for the worker group that died: the broker and the Spark worker cost none
+    reasons = [r.reason for r in runner.restores]
+    assert len(reasons) == 1 and "worker group windows" in reasons[0], log
+    assert replacement is not None and replacement.said("started from checkpoint"), worker_logs
+    assert workers["ledger"].said("restored in place from checkpoint"), worker_logs
+    assert lapsed == ["ledger", "windows"], worker_logs
+    assert stopped == {"ledger-1.log": 0, "windows-1.log": -signal.SIGKILL, "windows-2.log": 0}, worker_logs
     output = demo.normalise(read_committed_output(sink_location(settings, job, connection)))
     reader.close()
     assert money and all(m.total == 0 for m in money), money

@@ -147,6 +147,21 @@ def test_a_worker_starts_when_the_lease_names_it_and_restores_in_place_on_a_newe
     assert action.kind == "start" and action.lease.generation == 2
 
 
+def test_tasks_stopped_in_a_generation_never_start_again_in_it():
+    clock = Clock()
+    member = Membership("money", "legs", "w1", clock=clock)
+    assert member.on_lease(lease(1, {"legs": "w1"}, timeout_s=5.0)).kind == "start"
+    member.running = 1
+    member.own()
+    clock.advance(6, own=member)
+    assert member.check().kind == "stop"  # the lease lapsed (the runner was away)
+    member.running = None
+    # the runner is back, still in generation 1: the others went on without these tasks, so they
+    # stay stopped (the heartbeat says so, and the runner restores into generation 2)
+    assert member.on_lease(lease(1, {"legs": "w1"}, timeout_s=5.0)) is None
+    assert member.on_lease(lease(2, {"legs": "w1"}, timeout_s=5.0)).kind == "start"
+
+
 @pytest.mark.parametrize(
     ("next_lease", "why"),
     [
