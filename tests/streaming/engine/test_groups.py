@@ -43,3 +43,29 @@ def test_a_worker_is_found_by_its_name_or_a_task_or_stage_it_runs(tmp_path: Path
     assert supervisor.worker_of("windows").name == "w"
     with pytest.raises(SparkAbsError, match="no worker, task or stage called 'sums'"):
         supervisor.worker_of("sums")
+
+
+def test_remote_groups_are_the_jobs_own_and_are_not_started_or_killed_here(tmp_path: Path):
+    from streaming.api.config import Connection
+    from streaming.engine.runner import JobRunner
+
+    connection = Connection("127.0.0.1:9", "http://127.0.0.1:9", "a", "b", "bucket")
+    settings = JobSettings(store=f"file://{tmp_path}/store")
+    with pytest.raises(ConfigError, match="remote worker groups sums: the job's groups are accounts, legs, windows"):
+        JobRunner("streaming.tools.demo:pipeline", settings, connection, workers="per-stage", remote={"sums"})
+    runner = JobRunner(
+        "streaming.tools.demo:pipeline",
+        settings,
+        connection,
+        workers="per-stage",
+        remote={"windows"},
+        log_dir=tmp_path / "logs",
+    )
+    try:
+        assert runner.remote_names == {"windows"}
+        assert sorted(runner.supervisor.groups) == ["accounts", "legs"]  # started here
+        assert runner.remote.groups == {"windows": ["windows-0"]} and runner.remote.missing() == ["windows"]
+        with pytest.raises(SparkAbsError, match="remote worker group windows: kill its process on its host"):
+            runner.kill_worker("windows-0")
+    finally:
+        runner.store.close()

@@ -198,3 +198,11 @@ def test_leases_of_another_job_are_not_followed():
     member = Membership("money", "legs", "w1", clock=Clock())
     assert member.on_lease(lease(1, {"legs": "w1"}, job="other")) is None
     assert member.lease is None
+
+
+def test_a_worker_knows_when_the_job_runs_no_group_of_its_name():
+    member = Membership("money", "sums", "w1", clock=Clock())
+    member.on_lease(lease(1))
+    assert member.unknown_group
+    member.on_lease(lease(2, ended=True))  # a stopped runner's last lease names no groups to judge by
+    assert not member.unknown_group

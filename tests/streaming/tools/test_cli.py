@@ -27,6 +27,10 @@ def test_help_explains_the_commands():
         assert word in done.stdout
     local = _run("local", "--help")
     assert "fetch" in local.stdout and "--purge" in local.stdout
+    worker = _run("worker", "--help")
+    assert "--group" in worker.stdout and "standby" in worker.stdout and "lease" in worker.stdout
+    run = _run("run", "--help")
+    assert "--remote-workers" in run.stdout and "--heartbeat-timeout" in run.stdout
 
 
 def test_status_of_a_runtime_never_started(tmp_path):
