@@ -112,6 +112,7 @@ class Lease:
     members: Mapping[str, str]  # remote group -> the incarnation running it in this generation
     timeout_s: float
     ended: bool = False  # the runner stopped: members stop their tasks now
+    note: str = ""  # why a lease names no members (a pause), for the workers' messages
 
     def event(self) -> ControlEvent:
         return ControlEvent(
@@ -129,6 +130,7 @@ class Lease:
                 "members": dict(self.members),
                 "timeout_s": self.timeout_s,
                 "ended": self.ended,
+                "note": self.note,
             },
         )
 
@@ -150,6 +152,7 @@ class Lease:
                 members={str(g): str(i) for g, i in dict(p.get("members") or {}).items()},
                 timeout_s=float(p["timeout_s"]),
                 ended=bool(p.get("ended")),
+                note=str(p.get("note") or ""),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed lease from {event.task!r}: {exc!r}") from exc
@@ -197,6 +200,8 @@ class RemoteGroups:
     hosts: dict[str, str] = field(default_factory=dict)  # incarnation -> host, for messages
     _refused: set[str] = field(default_factory=set)
     _ran: dict[str, int] = field(default_factory=dict)  # group -> the generation its member ran tasks in
+    # group -> what its member's latest heartbeat said it runs (since ``forget_reports``)
+    reported: dict[str, int | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.liveness = Liveness(self.timeout_s, clock=self.clock)
@@ -221,6 +226,7 @@ class RemoteGroups:
         member = self.members.get(beat.group)
         if member == beat.incarnation:
             self.liveness.heard(beat.group)
+            self.reported[beat.group] = beat.running
             if beat.running == generation:
                 self._ran[beat.group] = generation
             elif self._ran.get(beat.group) == generation:
@@ -265,6 +271,13 @@ class RemoteGroups:
                 self.members.pop(group)
         for group in self.members:
             self.liveness.watch(group)
+
+    def forget_reports(self) -> None:
+        self.reported.clear()
+
+    def still_running(self) -> list[str]:
+        """Members that have not said since ``forget_reports`` that their tasks stopped."""
+        return sorted(g for g in self.members if g not in self.reported or self.reported[g] is not None)
 
     def missing(self) -> list[str]:
         """Groups nobody runs yet in this generation."""
@@ -333,7 +346,7 @@ class Membership:
         if self.running is not None:
             member = lease.members.get(self.group)
             why = f"{member} runs group {self.group}" if member else f"group {self.group} has no member yet"
-            return Action("stop", f"not the member in generation {lease.generation} ({why})")
+            return Action("stop", lease.note or f"not the member in generation {lease.generation} ({why})")
         return None
 
     def check(self) -> Action | None:

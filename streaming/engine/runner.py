@@ -321,6 +321,24 @@ class JobRunner:
         if self._leases is not None:
             self._leases.renew(self._lease())
 
+    def _pause_remote(self, generation: int, why: str) -> None:
+        """Stop the remote members' tasks before a rescaled checkpoint is
+        written (as the local workers are stopped): a lease of ``generation``
+        naming no member, until each says its tasks stopped or the heartbeat
+        timeout passes.  The next lease names them again."""
+        if self._leases is None or not self.remote.members:
+            return
+        self.remote.forget_reports()
+        pause = dataclasses.replace(self._lease(), generation=generation, checkpoint=None, members={}, note=why)
+        self._leases.renew(pause)
+        coordinator = self._require()
+        deadline = time.monotonic() + self.settings.heartbeat_timeout_s + 5
+        while self.remote.still_running() and time.monotonic() < deadline:
+            coordinator.poll(0.2)
+        running = self.remote.still_running()
+        if running:
+            self.say(f"remote worker group(s) {', '.join(running)} did not say their tasks stopped; rescaling anyway")
+
     def _observe(self, events: list[ControlEvent]) -> list[ControlEvent]:
         """Membership events on their way to the coordinator."""
         for event in events:
@@ -444,6 +462,7 @@ class JobRunner:
         self._use_scale(scale)
         self.prepare()
         if rescaled_from is not None:
+            self._pause_remote(generation, f"checkpoint {rescaled_from} is being rescaled to {scale.describe()}")
             self._write_rescaled(plan, checkpoint_id, manifest)
         self.say(
             f"restoring generation {generation} from "

@@ -4,6 +4,8 @@ and why a broker outage restores nobody."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from streaming.adapters.control import ControlEvent, ControlKind
@@ -168,6 +170,7 @@ def test_tasks_stopped_in_a_generation_never_start_again_in_it():
         (lease(2, {"legs": "w2"}), "w2 runs group legs"),
         (lease(2), "no member yet"),
         (lease(2, ended=True), "the job runner stopped"),
+        (dataclasses.replace(lease(2), note="checkpoint 5 is being rescaled"), "checkpoint 5 is being rescaled"),
         (lease(2, {"legs": "w1"}, groups={"all": ["legs-0"]}), "runs no group legs"),
     ],
 )
@@ -206,3 +209,17 @@ def test_a_worker_knows_when_the_job_runs_no_group_of_its_name():
     assert member.unknown_group
     member.on_lease(lease(2, ended=True))  # a stopped runner's last lease names no groups to judge by
     assert not member.unknown_group
+
+
+def test_the_runner_knows_when_every_member_stopped_its_tasks():
+    groups = RemoteGroups({"legs": ["legs-0"], "accounts": ["accounts-0"]}, 10.0, clock=Clock())
+    groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 1)
+    groups.on_heartbeat(Heartbeat("accounts", "w2", "b", None), 1)
+    groups.on_heartbeat(Heartbeat("legs", "w1", "a", 1), 1)
+    groups.forget_reports()  # a pause asked for: nobody has answered yet
+    assert groups.still_running() == ["accounts", "legs"]
+    groups.on_heartbeat(Heartbeat("legs", "w1", "a", 1), 1)
+    groups.on_heartbeat(Heartbeat("accounts", "w2", "b", None), 1)
+    assert groups.still_running() == ["legs"]
+    groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 1)
+    assert groups.still_running() == []
