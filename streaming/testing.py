@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -16,6 +21,7 @@ __all__ = [
     "slow_pipeline",
     "money_job",
     "MoneyJob",
+    "RemoteWorkerProcess",
     "EVENTS",
     "SLOW_SECONDS_PER_RECORD",
 ]
@@ -163,3 +169,47 @@ def money_job(pipeline_ref: str, settings, connection, job: str, **runner_option
     )
     holder.append(MoneyJob(runner, store, lines=lines))
     return holder[0]
+
+
+class RemoteWorkerProcess:
+    """A `spark-abs worker --job JOB --group GROUP` process in a session of its
+    own, as a host's process manager would start it, its output in ``log_path``."""
+
+    def __init__(self, job: str, group: str, connection, log_path: Path):
+        self.group, self.log_path = group, log_path
+        with open(log_path, "wb") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "streaming.tools.cli", "worker", "--job", job, "--group", group],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **connection.as_env(), "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
+
+    def said(self, text: str) -> bool:
+        return text in self.log_path.read_text(errors="replace")
+
+    def lines(self) -> list[str]:
+        """What spark-abs itself said (Spark's own log lines left out)."""
+        return [line for line in self.log_path.read_text(errors="replace").splitlines() if "[spark-abs]" in line]
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its Spark driver JVM."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+    def terminate(self) -> None:
+        """SIGTERM: the worker stops its tasks and its Spark application, then exits."""
+        self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM, and the exit status once it stopped (None: it did not, and was killed)."""
+        self.terminate()
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None

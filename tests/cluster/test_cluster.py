@@ -11,14 +11,10 @@ When the runner stops, its last lease stops the remote workers' tasks."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kafka.admin import ConfigResource, ConfigResourceType
@@ -71,41 +67,6 @@ def test_topics_are_replicated_on_three_brokers(cluster, unique_name):
     assert configs["topic"][unique_name]["min.insync.replicas"]["value"] == "2"
 
 
-class _RemoteWorker:
-    """A `spark-abs worker` process of its own session (as a host's process manager would start it)."""
-
-    def __init__(self, job: str, group: str, connection: Connection, log_path: Path):
-        self.group, self.log_path = group, log_path
-        with open(log_path, "wb") as log_file:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "streaming.tools.cli", "worker", "--job", job, "--group", group],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **connection.as_env(), "PYTHONUNBUFFERED": "1"},
-                start_new_session=True,
-            )
-
-    def said(self, text: str) -> bool:
-        return text in self.log_path.read_text(errors="replace")
-
-    def kill(self) -> None:
-        """SIGKILL the worker and its Spark driver JVM."""
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
-
-    def stop(self, timeout_s: float = 30.0) -> int | None:
-        """SIGTERM, and the exit status once it stopped (None: it did not, and was killed)."""
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
-
-
 def test_money_pipeline_on_the_cluster_survives_a_spark_worker_a_broker_and_a_worker_group_killed(
     cluster, unique_name, tmp_path
 ):
@@ -130,7 +91,7 @@ def test_money_pipeline_on_the_cluster_survives_a_spark_worker_a_broker_and_a_wo
     transfers = demo.make_transfers(1800)
     topic = runner.pipeline.ingress[0].topic
     killed: list[str] = []
-    workers = {g: _RemoteWorker(job, g, connection, tmp_path / f"{g}-1.log") for g in groups}
+    workers = {g: testing.RemoteWorkerProcess(job, g, connection, tmp_path / f"{g}-1.log") for g in groups}
     replacement = None
     deadline = time.monotonic() + 360
     sent = 0
@@ -152,7 +113,7 @@ def test_money_pipeline_on_the_cluster_survives_a_spark_worker_a_broker_and_a_wo
             elif len(money) == 3 and len(killed) == 2:  # then a worker group's process; another takes over
                 workers["windows"].kill()
                 killed.append("windows")
-                replacement = _RemoteWorker(job, "windows", connection, tmp_path / "windows-2.log")
+                replacement = testing.RemoteWorkerProcess(job, "windows", connection, tmp_path / "windows-2.log")
         demo.produce_transfers(connection.kafka_bootstrap, topic, [], 2, end=True)
         runner.run_until_caught_up(max(1.0, deadline - time.monotonic()))
         applications = [a for a in _applications(runtime) if a["name"] == f"spark-abs-{job}"]
@@ -164,14 +125,12 @@ def test_money_pipeline_on_the_cluster_survives_a_spark_worker_a_broker_and_a_wo
         while time.monotonic() < told_until and not all(w.said("the job runner stopped") for w in alive):
             time.sleep(0.5)
         told = sorted(w.log_path.name for w in everyone if w.said("stopped: the job runner stopped"))
+        for w in everyone:  # all at once: each stops its Spark application
+            w.terminate()
         stopped = {w.log_path.name: w.stop() for w in everyone}
         runtime.up()  # the killed worker and broker start again
     log = "\n".join(lines)
-    worker_logs = "\n".join(
-        f"--- {p.name}\n"
-        + "\n".join(line for line in p.read_text(errors="replace").splitlines() if "[spark-abs]" in line)
-        for p in sorted(tmp_path.glob("*.log"))
-    )
+    worker_logs = "\n".join(f"--- {w.log_path.name}\n" + "\n".join(w.lines()) for w in everyone)
     print(log, worker_logs, sep="\n")  # what the job and its workers said of the losses (pytest -s shows it)
     assert killed == ["spark-worker-1", "kafka-2", "windows"], log
     assert applications and all(a["cores"] >= 1 for a in applications), applications

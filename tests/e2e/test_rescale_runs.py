@@ -3,7 +3,9 @@ with 2 tasks per stage, is rescaled while it runs to 3 tasks per stage and
 then to 1 (each a restore from the latest checkpoint), and must commit
 exactly the output of a run without failures, with money conserved in
 every checkpoint, the rescaled ones too.  Unaligned checkpoints rescale with
-channel state on the internal topics, routed again by key."""
+channel state on the internal topics, routed again by key.  The aligned run's
+worker is remote (a `spark-abs worker` process the runner did not start):
+each rescale pauses it, then it runs the new task counts in place."""
 
 from __future__ import annotations
 
@@ -25,15 +27,23 @@ TO_THREE = {"legs": 3, "accounts": 3, "windows": 3}
 TO_ONE = {"legs": 1, "accounts": 1, "windows": 1}
 
 
-@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
-def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_free_run(connection, unique_name, mode):
+@pytest.mark.parametrize(("mode", "remote"), [("aligned", True), ("unaligned", False)], ids=["aligned", "unaligned"])
+def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_free_run(
+    connection, unique_name, tmp_path, mode, remote
+):
     ensure_bucket(connection)
     job = f"rescale-{unique_name[-8:]}"
     store = f"s3://{connection.s3_bucket}/{unique_name}"
     settings = JobSettings(store=store, mode=mode, interval_s=0.7, timeout_s=60, max_records_per_batch=200)
     money_job = testing.money_job(
-        "streaming.tools.demo:pipeline?partitions=3", settings, connection, job, parallelism={"windows": 2}
-    )  # two tasks in every stage
+        "streaming.tools.demo:pipeline?partitions=3",
+        settings,
+        connection,
+        job,
+        parallelism={"windows": 2},  # two tasks in every stage
+        remote=remote,
+    )
+    worker = testing.RemoteWorkerProcess(job, "all", connection, tmp_path / "worker.log") if remote else None
     runner, money, lines, reader = money_job.runner, money_job.money, money_job.lines, money_job.store
     manifests = []
     transfers = demo.make_transfers(6000 if mode == "unaligned" else 2400)
@@ -65,6 +75,7 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
         runner.run_until_caught_up(max(1.0, deadline - time.monotonic()))
     finally:
         runner.close()
+        stopped = worker.stop() if worker else None
     log = "\n".join(lines)
     output = demo.normalise(read_committed_output(sink_location(settings, job, connection)))
 
@@ -80,6 +91,11 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
             record.rescaled_from,
         )
     reader.close()
+    if worker is not None:
+        said = "\n".join(worker.lines())
+        assert said.count("stopped: checkpoint") == 2 and "is being rescaled to" in said, said
+        assert "tasks legs-0, legs-1, legs-2, accounts-0, accounts-1, accounts-2, windows-0" in said, said
+        assert "tasks legs-0, accounts-0, windows-0 started from checkpoint" in said and stopped == 0, said
     assert all(m.total == 0 for m in money), money
     if mode == "unaligned":
         assert sum(m.metrics["rerouted_rows"] for m in manifests) > 0, "no channel state was routed again\n" + log
