@@ -234,6 +234,7 @@ class RemoteGroups:
             return None
         if member is None:
             self.members[beat.group] = beat.incarnation
+            self.reported[beat.group] = beat.running
             self.standby.pop(beat.group, None)
             self.liveness.watch(beat.group)
             self.say(f"worker group {beat.group} joined: {beat.incarnation} on {beat.host}")

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from barriers.messages import CheckpointOptions
 from streaming.adapters import codec
-from streaming.adapters.control import ControlEvent, ControlKind, control_topic_name
+from streaming.adapters.control import ControlEvent, ControlKind, ControlTopic, control_topic_name
 from streaming.adapters.kafka_admin import create_topic, end_offsets
 from streaming.adapters.kafka_io import (
     DELIVERY_BOUND_S,
@@ -59,7 +59,7 @@ from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import Pipeline, Scale, SinkKind, load_pipeline
 from streaming.api.settings import WORKER_LAYOUTS, JobSettings
 from streaming.engine.coordinator import CheckpointRecord, CoordinatorService, kafka_io
-from streaming.engine.membership import LEASE_INTERVAL_S, Heartbeat, Lease, RemoteGroups
+from streaming.engine.membership import HEARTBEAT_INTERVAL_S, LEASE_INTERVAL_S, Heartbeat, Lease, RemoteGroups
 from streaming.engine.rescale import RescalePlan, plan_rescale, rerouted_headers, scale_of, target_scale
 from streaming.engine.supervisor import WorkerProcess, WorkerSupervisor
 from streaming.errors import ConfigError, JobFailed, SparkAbsError
@@ -322,19 +322,36 @@ class JobRunner:
             self._leases.renew(self._lease())
 
     def _pause_remote(self, generation: int, why: str) -> None:
-        """Stop the remote members' tasks before a rescaled checkpoint is
+        """Stop the remote workers' tasks before a rescaled checkpoint is
         written (as the local workers are stopped): a lease of ``generation``
-        naming no member, until each says its tasks stopped or the heartbeat
-        timeout passes.  The next lease names them again."""
-        if self._leases is None or not self.remote.members:
+        naming no member, heartbeats listened to until every worker heard
+        (those of a runner before this one too) says its tasks stopped, or
+        the heartbeat timeout passes.  The next lease names them again."""
+        if not self.remote_names:
             return
+        if self._leases is None:  # a runner's first restore: workers of the one before may still run
+            self._leases = _LeaseRenewal(self.connection.kafka_bootstrap, self.job)
         self.remote.forget_reports()
         pause = dataclasses.replace(self._lease(), generation=generation, checkpoint=None, members={}, note=why)
         self._leases.renew(pause)
-        coordinator = self._require()
-        deadline = time.monotonic() + self.settings.heartbeat_timeout_s + 5
-        while self.remote.still_running() and time.monotonic() < deadline:
-            coordinator.poll(0.2)
+        control = None
+        if self.coordinator is not None:
+            poll = self.coordinator.poll
+        else:
+            control = ControlTopic(self.connection.kafka_bootstrap, self.job)
+            control.seek_to_end()
+            poll = lambda timeout_s: self._observe(control.poll(timeout_s))  # noqa: E731
+        started = time.monotonic()
+        deadline = started + self.settings.heartbeat_timeout_s + 5
+        try:
+            # every worker's heartbeat comes at least once a second: listen a little before concluding
+            while time.monotonic() < deadline and (
+                time.monotonic() - started < 2.5 * HEARTBEAT_INTERVAL_S or self.remote.still_running()
+            ):
+                poll(0.2)
+        finally:
+            if control is not None:
+                control.close()
         running = self.remote.still_running()
         if running:
             self.say(f"remote worker group(s) {', '.join(running)} did not say their tasks stopped; rescaling anyway")

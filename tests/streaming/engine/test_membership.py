@@ -223,3 +223,12 @@ def test_the_runner_knows_when_every_member_stopped_its_tasks():
     assert groups.still_running() == ["legs"]
     groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 1)
     assert groups.still_running() == []
+
+
+def test_a_worker_of_the_runner_before_joins_still_running_until_it_says_it_stopped():
+    groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=Clock())
+    groups.forget_reports()  # a new runner about to rescale: it pauses whoever is out there
+    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", 3), 0) == "joined"
+    assert groups.still_running() == ["legs"]
+    groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 0)
+    assert groups.still_running() == []
