@@ -192,6 +192,8 @@ class JobRunner:
         self._waiting_at = 0.0
         self._lost: list[str] = []
         self._checkpoint: int | None = None
+        # while a rescaled checkpoint is written: (its generation, why); every lease then names no member
+        self._paused: tuple[int, str] | None = None
         self.log_dir = log_dir or default_home() / "runs" / self.job
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.store = SnapshotStore(open_store(settings.store, connection), self.job)
@@ -302,18 +304,24 @@ class JobRunner:
     # ---- remote worker groups
 
     def _lease(self, *, ended: bool = False) -> Lease:
+        """The lease as things are now; during a pause (``_pause_remote``)
+        one of the paused generation that names no member, whoever joins."""
+        generation, checkpoint, note = self.generation, self._checkpoint, ""
+        if self._paused is not None:
+            (generation, note), checkpoint = self._paused, None
         return Lease(
             runner=self.runner_id,
-            generation=self.generation,
-            checkpoint=self._checkpoint,
+            generation=generation,
+            checkpoint=checkpoint,
             pipeline=self.pipeline_ref,
             job=self.job,
             settings=self.settings.to_json(),
             scale=None if self.pipeline.scale == self.declared.scale else self.pipeline.scale.to_json(),
             groups={g: list(t) for g, t in self.remote.groups.items()},
-            members={} if ended else dict(self.remote.members),
+            members={} if ended or self._paused is not None else dict(self.remote.members),
             timeout_s=self.settings.heartbeat_timeout_s,
             ended=ended,
+            note=note,
         )
 
     def _renew_lease(self) -> None:
@@ -332,8 +340,9 @@ class JobRunner:
         if self._leases is None:  # a runner's first restore: workers of the one before may still run
             self._leases = _LeaseRenewal(self.connection.kafka_bootstrap, self.job)
         self.remote.forget_reports()
-        pause = dataclasses.replace(self._lease(), generation=generation, checkpoint=None, members={}, note=why)
-        self._leases.renew(pause)
+        # a worker that joins meanwhile ("joined" renews the lease) is told to pause too
+        self._paused = (generation, why)
+        self._leases.renew(self._lease())
         control = None
         if self.coordinator is not None:
             poll = self.coordinator.poll
@@ -350,6 +359,7 @@ class JobRunner:
             ):
                 poll(0.2)
         finally:
+            self._paused = None
             if control is not None:
                 control.close()
         running = self.remote.still_running()
