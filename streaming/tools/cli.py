@@ -194,6 +194,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         _say("worker: stopping (Ctrl-C)")
         return 130
     finally:
+        # stopping: a second SIGTERM (a process manager's, sent again) neither cuts the close short
+        # nor kills the process while it exits
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         worker.close()
 
 

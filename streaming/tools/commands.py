@@ -74,9 +74,13 @@ def run_job(
     finally:
         if previous is not None:
             signal.signal(signal.SIGUSR1, previous)
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
-        runner.close()
+        if previous_term is not None:  # a second SIGTERM does not cut the close short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            runner.close()
+        finally:
+            if previous_term is not None:
+                signal.signal(signal.SIGTERM, previous_term)
     done = [r for r in runner.checkpoints() if r.status == CheckpointStatus.COMPLETED]
     say(
         f"stopped; {len(done)} checkpoint(s) completed in this run"

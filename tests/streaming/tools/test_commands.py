@@ -161,10 +161,16 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_handler_before_comes_back():
             if self.steps == 3:
                 os.kill(os.getpid(), signal.SIGTERM)
 
+        def close(self):  # a process manager sends SIGTERM again while the job closes: the close goes on
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            super().close()
+
     before = signal.getsignal(signal.SIGTERM)
     runner, said = Terminated(ready_after=1, every=1000), []
     run_job(runner, say=said.append)
     assert runner.closed and runner.steps == 3 and "stopping (Ctrl-C or SIGTERM)" in said
+    assert said[-1] == "stopped; 0 checkpoint(s) completed in this run"
     assert signal.getsignal(signal.SIGTERM) is before
 
 
