@@ -250,16 +250,37 @@ class JobRunner:
 
     def start(self, restore: int | None = None) -> None:
         """Start fresh, or from checkpoint ``restore`` (a new generation)."""
-        # the store knows the job once it restored (_JOB.json) or took a checkpoint: a job whose
-        # runner stopped or died in generation 0 goes on from its checkpoints, not from scratch
+        # the store knows the job from its fresh start on (_JOB.json records generation 0): a job
+        # whose runner stopped or died goes on from its checkpoints, or from the beginning as a new
+        # generation (what the one before wrote is stale), never as a second generation 0
         known = patiently(
             lambda: self.store.read_job() is not None or bool(self.store.checkpoints()), "reading the job", self.say
         )
         if restore is None and not known:
+            self._refuse_an_unknown_earlier_run()
             self.prepare()
+            scale = self.pipeline.scale.to_json()
+            patiently(lambda: self.store.first_generation(scale=scale), "recording the fresh start", self.say)
             self._launch(generation=0, checkpoint_id=None)
         else:
             self.restore(f"restore requested from checkpoint {restore}" if restore else "restart", restore)
+
+    def _refuse_an_unknown_earlier_run(self) -> None:
+        """A fresh start where an earlier run of this job name left its
+        control events, but the store has no record of it (another store, or
+        one emptied since): its barriers in the ingress topics and its
+        records in the internal ones would be taken for this run's."""
+        bootstrap, topic = self.connection.kafka_bootstrap, control_topic_name(self.job)
+        create_topic(bootstrap, topic, 1)
+        events = sum(end_offsets(bootstrap, topic, 1).values())
+        if events:
+            raise ConfigError(
+                f"job {self.job}: Kafka holds an earlier run of this job ({events} events on {topic}, "
+                f"barriers in its ingress topics, records in its internal topics), but the store "
+                f"{self.settings.store} has no record of it; starting afresh would take that run's barriers "
+                f"and records for this one's.  Run with the earlier run's --store to go on from its "
+                f"checkpoints, or under another --job name (topics are named after the job)"
+            )
 
     @property
     def workers(self) -> dict[str, WorkerProcess]:

@@ -331,7 +331,7 @@ class Checkpoints:
         meta = self.store.read_job()
         if meta is not None:
             return meta.generation
-        return 0 if self.store.checkpoints() else None  # generation 0 writes no job file
+        return 0 if self.store.checkpoints() else None  # a job of an older version wrote no job file in generation 0
 
     def verify(
         self,

@@ -191,8 +191,9 @@ class LoadedTask:
 
 @dataclass(frozen=True, slots=True)
 class JobMeta:
-    """The job's current generation (0 = never started) and every generation
-    start: ``{"generation", "from_checkpoint" (None = from scratch), "at"}``."""
+    """The job's current generation and every generation start, the fresh
+    one (0) first: ``{"generation", "from_checkpoint" (None = from scratch),
+    "at"}`` and details such as its ``scale``."""
 
     job: str
     generation: int = 0

@@ -1,5 +1,6 @@
 """The job's generations: ``_JOB.json`` holds the current generation and
-every generation start (from which checkpoint, when).  Written atomically,
+every generation start (from which checkpoint, when), the fresh start
+(generation 0) included.  Written atomically,
 by one coordinator per job."""
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ class JobHistory:
             raise ValueError(f"job metadata of {meta.job!r} cannot be written for job {self.job!r}")
         with self.files.io("writing the job metadata"):
             self.files.write(self.layout.job_file, meta.to_json().encode(), atomic=True)
+
+    def first_generation(self, **details: Any) -> None:
+        """Record generation 0, a fresh start (with ``details``, e.g. its
+        ``scale``): from now on the job is known, and a restart restores."""
+        if self.read() is not None:
+            raise ValueError(f"job {self.job} has started before: its generation 0 is recorded")
+        entry = {"generation": 0, "from_checkpoint": None, "at": now(), **details}
+        self.write(JobMeta(self.job, 0, (entry,)))
 
     def next_generation(self, from_checkpoint: int | None, **details: Any) -> int:
         """Start the next generation, restored from ``from_checkpoint`` (None =

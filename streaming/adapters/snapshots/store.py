@@ -299,6 +299,10 @@ class SnapshotStore:
     def write_job(self, meta: JobMeta) -> None:
         self.history.write(meta)
 
+    def first_generation(self, **details: Any) -> None:
+        """Record the job's fresh start, generation 0, in ``_JOB.json`` (with ``details``)."""
+        self.history.first_generation(**details)
+
     def next_generation(self, from_checkpoint: int | None, **details: Any) -> int:
         """Start the next generation, restored from ``from_checkpoint`` (None =
         from scratch), record it in ``_JOB.json`` (with ``details``) and return its number."""

@@ -292,6 +292,17 @@ def test_job_generations_are_recorded(store):
         store.read_job()
 
 
+def test_a_fresh_start_is_recorded_as_generation_0_and_only_once(store):
+    store.first_generation(scale={"legs": 3})
+    meta = store.read_job()
+    assert meta.generation == 0 and [(r["generation"], r["from_checkpoint"], r["scale"]) for r in meta.restores] == [
+        (0, None, {"legs": 3})
+    ]
+    with pytest.raises(ValueError, match="has started before"):
+        store.first_generation()
+    assert store.next_generation(None) == 1 and store.read_job().restores[0]["generation"] == 0
+
+
 def test_unreachable_s3_endpoint_is_a_store_error():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
