@@ -44,9 +44,13 @@ class JobHistory:
 
     def first_generation(self, **details: Any) -> None:
         """Record generation 0, a fresh start (with ``details``, e.g. its
-        ``scale``): from now on the job is known, and a restart restores."""
-        if self.read() is not None:
-            raise ValueError(f"job {self.job} has started before: its generation 0 is recorded")
+        ``scale``): from now on the job is known, and a restart restores.
+        Once is enough: recorded already, nothing changes."""
+        meta = self.read()
+        if meta is not None and meta.generation == 0:
+            return  # recorded already (a write that is tried again after the store answered late)
+        if meta is not None:
+            raise ValueError(f"job {self.job} is in generation {meta.generation}: it cannot start afresh")
         entry = {"generation": 0, "from_checkpoint": None, "at": now(), **details}
         self.write(JobMeta(self.job, 0, (entry,)))
 

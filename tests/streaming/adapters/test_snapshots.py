@@ -298,9 +298,11 @@ def test_a_fresh_start_is_recorded_as_generation_0_and_only_once(store):
     assert meta.generation == 0 and [(r["generation"], r["from_checkpoint"], r["scale"]) for r in meta.restores] == [
         (0, None, {"legs": 3})
     ]
-    with pytest.raises(ValueError, match="has started before"):
-        store.first_generation()
+    store.first_generation(scale={"legs": 1})  # tried again: recorded already
+    assert store.read_job() == meta
     assert store.next_generation(None) == 1 and store.read_job().restores[0]["generation"] == 0
+    with pytest.raises(ValueError, match="is in generation 1: it cannot start afresh"):
+        store.first_generation()
 
 
 def test_unreachable_s3_endpoint_is_a_store_error():
