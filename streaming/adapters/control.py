@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 
 from streaming.adapters.kafka_admin import create_topic
@@ -43,6 +43,7 @@ __all__ = [
     "ControlEvent",
     "ControlTopic",
     "control_topic_name",
+    "send_event",
     "announced_barrier",
     "announced_headers",
 ]
@@ -121,6 +122,26 @@ class ControlEvent:
             raise ValueError(str(exc)) from exc
 
 
+def send_event(
+    producer: KafkaProducer,
+    topic: str,
+    event: ControlEvent,
+    timeout_s: float = DELIVERY_BOUND_S,
+    what: str | None = None,
+) -> int:
+    """Send ``event`` to the control topic ``topic`` on ``producer`` and wait
+    until Kafka has it: while the broker is unreachable, up to ``timeout_s``,
+    saying so (``kafka_io.patiently``); then a ``KafkaUnavailableError``
+    naming ``what`` (by default the event's kind and checkpoint).  Returns
+    its offset."""
+    what = what or f"{event.kind.value} of checkpoint {event.checkpoint_id}"
+    try:
+        future = producer.send(topic, value=event.encode(), partition=0)
+    except KafkaError as exc:
+        raise KafkaUnavailableError(f"publishing {what} failed: {exc}") from exc
+    return patiently(future.get, what, timeout_s).offset
+
+
 class ControlTopic:
     """The job's control topic: one partition, so every reader sees events in
     one order.  ``publish`` is synchronous (returns the event's offset);
@@ -146,14 +167,8 @@ class ControlTopic:
         return end
 
     def publish(self, event: ControlEvent, timeout_s: float = DELIVERY_BOUND_S) -> int:
-        """Send ``event`` and wait until Kafka has it: while the broker is
-        unreachable, up to ``timeout_s``, saying so (``kafka_io.patiently``)."""
-        what = f"{event.kind.value} of checkpoint {event.checkpoint_id}"
-        try:
-            future = self._producer.send(self.topic, value=event.encode(), partition=0)
-        except KafkaError as exc:
-            raise KafkaUnavailableError(f"publishing {what} failed: {exc}") from exc
-        return patiently(future.get, what, timeout_s).offset
+        """Send ``event`` and wait until Kafka has it (``send_event``)."""
+        return send_event(self._producer, self.topic, event, timeout_s)
 
     def poll(self, timeout_s: float = 0.0) -> list[ControlEvent]:
         events = []

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from barriers.messages import CheckpointOptions
 from streaming.adapters import codec
-from streaming.adapters.control import ControlEvent, ControlKind, ControlTopic, control_topic_name
+from streaming.adapters.control import ControlEvent, ControlKind, ControlTopic, control_topic_name, send_event
 from streaming.adapters.kafka_admin import create_topic, end_offsets
 from streaming.adapters.kafka_io import (
     DELIVERY_BOUND_S,
@@ -51,7 +51,6 @@ from streaming.adapters.kafka_io import (
     read_range,
     write_records,
 )
-from streaming.adapters.kafka_io import patiently as kafka_patiently
 from streaming.adapters.objects import open_store, patiently
 from streaming.adapters.sinks import open_sink, sink_location
 from streaming.adapters.snapshots import JobMeta, Manifest, SnapshotStore
@@ -93,8 +92,7 @@ class _LeaseRenewal:
         self._wake.set()
 
     def _publish(self, lease: Lease, bound_s: float = DELIVERY_BOUND_S) -> None:
-        future = self._producer.send(self.topic, value=lease.event().encode(), partition=0)
-        kafka_patiently(future.get, f"the lease of generation {lease.generation}", bound_s)
+        send_event(self._producer, self.topic, lease.event(), bound_s, f"the lease of generation {lease.generation}")
 
     def _run(self) -> None:
         while not self._stop.is_set():

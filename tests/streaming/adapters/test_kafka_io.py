@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaTimeoutError
 
 from barriers.messages import ChannelId
-from streaming.adapters.control import ControlEvent, ControlTopic
+from streaming.adapters.control import ControlEvent, ControlTopic, send_event
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import DeadLetters, append_markers
+from streaming.errors import KafkaUnavailableError
 
 
 def test_control_events_round_trip_and_reject_garbage():
@@ -23,6 +25,18 @@ def test_control_events_round_trip_and_reject_garbage():
     ]:
         with pytest.raises(ValueError, match=reason):
             ControlEvent.decode(bad)
+
+
+def test_a_send_refused_at_once_is_a_clear_kafka_error_naming_what():
+    class NoMetadata:  # kafka-python raises from send() itself when no broker gives the topic's metadata
+        def send(self, *args, **kwargs):
+            raise KafkaTimeoutError("Failed to update metadata after 60.0 secs.")
+
+    lease = ControlEvent("lease", 0, task="runner")
+    with pytest.raises(KafkaUnavailableError, match="publishing the lease of generation 3 failed: .*metadata"):
+        send_event(NoMetadata(), "spark-abs.j.control", lease, 1.0, "the lease of generation 3")
+    with pytest.raises(KafkaUnavailableError, match="publishing lease of checkpoint 0 failed"):
+        send_event(NoMetadata(), "spark-abs.j.control", lease)
 
 
 def _read(bootstrap: str, topic: str, partition: int):
