@@ -76,17 +76,21 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointKind(enum.Enum):
-    """What a task checkpoint turned out to be (the manifest says it)."""
+    """What a task checkpoint turned out to be (the manifest says it, by
+    name; the value is what a person reads)."""
 
     ALIGNED = "aligned"
     UNALIGNED = "unaligned"
     TIMED_OUT_TO_UNALIGNED = "aligned, unaligned after the alignment timeout"
     OVER_BUDGET_TO_UNALIGNED = "aligned, unaligned after the held-bytes budget"
     AT_LEAST_ONCE = "at-least-once"
+    # written by a rescale (the engine re-divides a checkpoint's state), never by a handler
+    RESCALED = "rescaled"
 
 
 class Switch(enum.Enum):
-    """Why an aligned checkpoint turned unaligned in a task (the manifest says it)."""
+    """Why an aligned checkpoint turned unaligned in a task (the manifest says
+    it, by name; the value is what a person reads)."""
 
     LATE_BARRIER = "its first barrier came after the alignment timeout had passed since the trigger"
     LATE_ANNOUNCEMENT = "its first barrier was announced after the alignment timeout had passed since the trigger"

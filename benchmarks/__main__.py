@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import time
 import uuid
@@ -44,6 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["PROFILES", "main"]
+
+# by name: `python -m benchmarks` runs this module as __main__
+log = logging.getLogger("benchmarks.__main__")
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ def _variants(profile: Profile, scaling: bool = False) -> list[str]:
 
 def _run(variant: str, round_: int, context: dict):
     from benchmarks import runs
+    from streaming.api.settings import Mode
 
     if variant.startswith("native-"):
         return runs.native_run(
@@ -113,7 +118,7 @@ def _run(variant: str, round_: int, context: dict):
     interval = float(variant.split("ckpt")[1].rstrip("s")) if "ckpt" in variant else None
     settings = dict(context["settings"])
     if interval is not None:  # see the module docstring
-        settings["mode"] = "unaligned"
+        settings["mode"] = Mode.UNALIGNED
     pipeline = "benchmarks.workloads:two_stage" if variant == "abs-2stage" else "benchmarks.workloads:one_stage"
     return runs.abs_run(
         context["connection"],
@@ -234,12 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from benchmarks import runs, workloads
+    from streaming import console
     from streaming.adapters.kafka_admin import create_topic
     from streaming.api.config import Connection, default_home
     from streaming.errors import SparkAbsError
     from streaming.local import LocalRuntime
 
-    say = lambda line: print(f"[bench] {line}", flush=True)  # noqa: E731
+    console.install("[bench] ")
+    # the runs' jobs say nothing of themselves: what they measure is the output
+    logging.getLogger("streaming.engine").setLevel(logging.WARNING)
     name = "quick" if args.quick else "full"
     base = PROFILES[name]
     profile = Profile(args.records or base.records, args.rounds or base.rounds, base.intervals, base.demo_seconds)
@@ -254,18 +262,20 @@ def main(argv: list[str] | None = None) -> int:
 
     import os
 
-    connection = Connection.from_env(os.environ) or LocalRuntime(progress=say).up()
+    connection = Connection.from_env(os.environ) or LocalRuntime(progress=log.info).up()
     topic = f"bench-events-{uuid.uuid4().hex[:6]}"
     create_topic(connection.kafka_bootstrap, topic, workloads.PARTITIONS)
-    say(f"producing {profile.records:,} records to {topic}")
+    log.info(f"producing {profile.records:,} records to {topic}")
     began = time.monotonic()
     expected = workloads.produce(connection.kafka_bootstrap, topic, profile.records)
-    say(f"produced in {time.monotonic() - began:.1f} s")
+    log.info(f"produced in {time.monotonic() - began:.1f} s")
     scaling_topic, scaling_expected = None, None
     if any(v.startswith("scaling-") for v in variants):
         scaling_topic = f"bench-scaling-{uuid.uuid4().hex[:6]}"
         create_topic(connection.kafka_bootstrap, scaling_topic, workloads.SCALING_PARTITIONS)
-        say(f"producing {profile.records:,} records to {scaling_topic} ({workloads.SCALING_PARTITIONS} partitions)")
+        log.info(
+            f"producing {profile.records:,} records to {scaling_topic} ({workloads.SCALING_PARTITIONS} partitions)"
+        )
         scaling_expected = workloads.produce(
             connection.kafka_bootstrap, scaling_topic, profile.records, partitions=workloads.SCALING_PARTITIONS
         )
@@ -284,23 +294,23 @@ def main(argv: list[str] | None = None) -> int:
     for round_ in range(1, profile.rounds + 1):
         order = variants if round_ % 2 else list(reversed(variants))
         for variant in order:
-            say(f"round {round_}/{profile.rounds}: {variant}")
+            log.info(f"round {round_}/{profile.rounds}: {variant}")
             try:
                 run = _run(variant, round_, context)
             except SparkAbsError as exc:  # one failed run is reported, the others still count
                 run = runs.Run(variant, round_, 0.0, detail={"error": str(exc)})
-                say(f"  {variant}: FAILED: {exc}")
+                log.warning(f"  {variant}: FAILED: {exc}")
                 all_runs.append(run)
                 continue
             all_runs.append(run)
-            say(
+            log.info(
                 f"  {variant}: {run.records_per_s:,.0f} records/s over {run.seconds:.1f} s "
                 f"(start-up {run.startup_s:.1f} s, {len(run.checkpoints_s)} checkpoints, "
                 f"output {'verified' if run.verified else 'WRONG: ' + json.dumps(run.detail)})"
             )
             (out / "runs.json").write_text(json.dumps([r.to_dict() for r in all_runs], indent=2))
     if args.demo:
-        say("demo at steady state, checkpoints every second")
+        log.info("demo at steady state, checkpoints every second")
         all_runs.append(
             runs.demo_run(
                 connection,
@@ -310,7 +320,6 @@ def main(argv: list[str] | None = None) -> int:
                 rate=DEMO_RATE,
                 settings=settings,
                 log_dir=out / "logs",
-                say=say,
             )
         )
     ratios = _ratios(all_runs, variants)
@@ -320,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.md").write_text(table)
     print()
     print(table)
-    say(f"runs: {out / 'runs.json'}; table: {out / 'results.md'}")
+    log.info(f"runs: {out / 'runs.json'}; table: {out / 'results.md'}")
     return 0 if all(r.verified for r in all_runs) else 1
 
 

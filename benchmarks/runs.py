@@ -7,6 +7,7 @@ them and takes the ratios."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import statistics
@@ -16,7 +17,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,10 +29,13 @@ from benchmarks.workloads import TOPIC_ENV
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.api.config import Connection
 from streaming.api.settings import JobSettings
+from streaming.engine.operations import committed_through, kill_worker
 from streaming.engine.runner import JobRunner
 from streaming.errors import SparkAbsError
 
 __all__ = ["Run", "abs_run", "native_run", "demo_run", "percentile"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -99,7 +103,6 @@ def abs_run(
         job_settings,
         connection,
         job=job,
-        say=lambda line: None,
         log_dir=log_dir / job,
         parallelism=parallelism,
     )
@@ -118,7 +121,7 @@ def abs_run(
         if interval_s is None:
             runner.coordinator.trigger()
         processed = _Processed(runner, target)
-        while runner.committed_through(target) is None and not processed():
+        while committed_through(runner, target) is None and not processed():
             if time.monotonic() > deadline:
                 raise SparkAbsError(f"{job}: input not committed within {timeout_s:.0f} s")
             runner.step(trigger=interval_s is not None)
@@ -213,7 +216,6 @@ def demo_run(
     seconds: float,
     rate: int,
     log_dir: Path,
-    say: Callable[[str], None],
     settings: Mapping[str, object] | None = None,
 ) -> Run:
     """The demo's three stages with checkpoints every second while transfers
@@ -225,9 +227,7 @@ def demo_run(
 
     job = f"bench-demo-{uuid.uuid4().hex[:6]}"
     job_settings = JobSettings(store=store, interval_s=1.0, retain=5, **dict(settings or {}))
-    runner = JobRunner(
-        "streaming.tools.demo:pipeline", job_settings, connection, job=job, say=lambda line: None, log_dir=log_dir / job
-    )
+    runner = JobRunner("streaming.tools.demo:pipeline", job_settings, connection, job=job, log_dir=log_dir / job)
     topic = runner.pipeline.ingress[0].topic
     partitions = runner.pipeline.ingress[0].partitions
     stop = threading.Event()
@@ -268,7 +268,7 @@ def demo_run(
         completed = [r.duration_s for r in runner.checkpoints() if r.status == CheckpointStatus.COMPLETED]
         steady = completed[1:]  # the first one pays for every query's first micro-batch
         killed = time.monotonic()
-        runner.kill_worker("accounts")
+        kill_worker(runner, "accounts")
         while not runner.restores:
             runner.step(trigger=False)
         _wait_ready(runner, deadline)
@@ -284,5 +284,7 @@ def demo_run(
         "p99_s": percentile(steady, 0.99),
         "median_s": statistics.median(steady) if steady else None,
     }
-    say(f"demo: {len(steady)} steady-state checkpoints, p50 {run.detail['p50_s']}, restore ready in {restored:.1f} s")
+    log.info(
+        f"demo: {len(steady)} steady-state checkpoints, p50 {run.detail['p50_s']}, restore ready in {restored:.1f} s"
+    )
     return run

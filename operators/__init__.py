@@ -1,17 +1,18 @@
 """Operators users write stages with: stateless transforms over Arrow
 batches, keyed state, and the built-in stateful operators (keyed and
-windowed aggregates, a stream-table join, balances for the money-in-transit
-demo), each handing all its state to ``snapshot()`` and taking it back in
-``restore()``.  The contract is in ``operators.base``; test helpers users
-can import are in ``operators.testing``."""
+windowed aggregates, a stream-table join), each handing all its state to
+``snapshot()`` and taking it back in ``restore()``.  The contract is in
+``operators.base``; test helpers users can import are in
+``operators.testing``; ``require_columns`` and ``row_index`` help write
+operators of one's own (the demo's, ``streaming.tools.money``, use them)."""
 
+from operators._arrow import require_columns, row_index
 from operators.aggregations import AggregateFunction, Aggregation, count, max_, min_, sum_
 from operators.base import Chain, MultiInputOperator, Operator, Stateless, WatermarkAware
 from operators.dead_letters import DeadLetter, DeadLetterBatch, DeadLetters, Reason
 from operators.errors import InputSchemaError, OperatorConfigError, OperatorError, StateRestoreError
 from operators.joins import LatestValueJoin, Union, Unmatched
 from operators.keyed import KeyedAggregate
-from operators.money import Balances, TransferLegs, transfer_legs
 from operators.state import KeyedState, latest_per_key
 from operators.stateless import FilterRows, FlatMap, MapBatches, filter_rows, flat_map, map_batches, select, with_column
 from operators.windows import WINDOW_END, WINDOW_START, TumblingWindowAggregate
@@ -23,6 +24,9 @@ __all__ = [
     "WatermarkAware",
     "Stateless",
     "Chain",
+    # writing operators
+    "require_columns",
+    "row_index",
     # stateless
     "MapBatches",
     "FilterRows",
@@ -49,10 +53,6 @@ __all__ = [
     "Union",
     "LatestValueJoin",
     "Unmatched",
-    # money in transit
-    "Balances",
-    "TransferLegs",
-    "transfer_legs",
     # dead letters and errors
     "DeadLetters",
     "DeadLetter",

@@ -12,7 +12,8 @@ The sub-packages, from the top down (docs/architecture.md has the picture):
 - ``streaming.adapters``: Kafka, Spark, object storage, snapshots, sinks;
   ``streaming.local``: the local runtime (Kafka, an S3 server, connector jars);
 - ``streaming.api``: pipelines, job settings, connection settings;
-- ``streaming.errors``: every error, under ``SparkAbsError``.
+- ``streaming.errors``: every error, under ``SparkAbsError``;
+  ``streaming.console``: what a command shows of the log (``install``).
 
 The protocol itself lives in ``barriers``, the operators in ``operators``.
 Names load on first use, so importing one sub-package does not import the rest."""

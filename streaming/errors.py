@@ -25,6 +25,10 @@ __all__ = [
     "SnapshotCorruptError",
     "SinkError",
     "SinkFencedError",
+    "CompletionError",
+    "ManifestNotWritten",
+    "ProgressNotLogged",
+    "RetentionFailed",
     "RescaleError",
     "JobFailed",
     "SmokeFailure",
@@ -119,6 +123,28 @@ class SinkError(SparkAbsError):
 class SinkFencedError(SinkError):
     """Another instance of the same sink task took over (a newer generation):
     this one must stop writing."""
+
+
+# ---- completing a checkpoint: the steps of ``CoordinatorService._complete`` that can fail
+
+
+class CompletionError(SparkAbsError):
+    """A step of completing a checkpoint failed."""
+
+
+class ManifestNotWritten(CompletionError):
+    """Step 1: the tasks' acknowledgements did not make a manifest, or the
+    store did not take it.  The checkpoint is aborted; the job goes on."""
+
+
+class ProgressNotLogged(CompletionError):
+    """Step 7: the completed checkpoint's progress line could not be
+    appended to its file.  The checkpoint stays complete."""
+
+
+class RetentionFailed(CompletionError):
+    """Step 9: the store did not delete what retention gives up.  The next
+    completed checkpoint tries again."""
 
 
 # ---- jobs and tools

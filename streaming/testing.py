@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 
 __all__ = [
+    "LineCollector",
     "assert_eventually",
     "broken_money_pipeline",
     "slow_pipeline",
@@ -112,9 +114,10 @@ def broken_money_pipeline(job: str = "broken-money", broken: str = "lose", every
     naming the expectation the output misses."""
     import dataclasses
 
-    from operators import Chain, map_batches, transfer_legs
+    from operators import Chain, map_batches
     from streaming.api.pipeline import Pipeline
     from streaming.tools import demo
+    from streaming.tools.money import transfer_legs
 
     bug = _Break(broken, every)
     good = demo.pipeline(job)
@@ -122,6 +125,29 @@ def broken_money_pipeline(job: str = "broken-money", broken: str = "lose", every
         good.stages[0], operator=lambda: Chain(map_batches(bug, name=f"{broken}-bug"), transfer_legs())
     )
     return Pipeline(good.job, good.ingress, (legs, *good.stages[1:]))
+
+
+class LineCollector(logging.Handler):
+    """Keeps what the library logs (INFO and up, the ``streaming`` loggers:
+    what ``spark-abs run`` prints) as lines in ``lines``, from ``attach``
+    until ``detach``."""
+
+    def __init__(self, lines: list[str] | None = None, logger: str = "streaming"):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = [] if lines is None else lines
+        self._logger = logging.getLogger(logger)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def attach(self) -> LineCollector:
+        if self._logger.getEffectiveLevel() > logging.INFO:
+            self._logger.setLevel(logging.INFO)
+        self._logger.addHandler(self)
+        return self
+
+    def detach(self) -> None:
+        self._logger.removeHandler(self)
 
 
 @dataclass
@@ -157,13 +183,12 @@ def money_job(pipeline_ref: str, settings, connection, job: str, **runner_option
 
     store = SnapshotStore(open_store(settings.store, connection), job)
     holder: list[MoneyJob] = []
-    lines: list[str] = []
+    lines = LineCollector().attach().lines
     runner = JobRunner(
         pipeline_ref,
         settings,
         connection,
         job=job,
-        say=lines.append,
         on_complete=lambda cid: holder[0].count(cid),
         **runner_options,
     )

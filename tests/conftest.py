@@ -1,16 +1,37 @@
 """Session fixtures: the local runtime (real Kafka broker and S3 server) and
 one Spark session, each started once per test session; per-test names so
-tests never share a topic or a bucket prefix."""
+tests never share a topic or a bucket prefix.
+
+And the Hypothesis profile of the operator tests (``tests/operators`` and
+the demo's operators in ``tests/streaming/tools``), ``operators``, applied by
+the property tests themselves (``@settings(settings.get_profile("operators"))``)
+so that registering it does not change other packages' Hypothesis tests.
+Examples are capped to keep the operator tests well under 30 s; with ``CI``
+set the profile is derandomized (the same examples every run, no example
+database)."""
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from streaming.api.config import Connection, LocalRuntimeSettings
+
+_common = dict(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+if os.environ.get("CI"):
+    settings.register_profile("operators", derandomize=True, database=None, print_blob=True, **_common)
+else:
+    settings.register_profile("operators", **_common)
 
 
 def _say(message: str) -> None:
@@ -52,3 +73,14 @@ def unique_name(request: pytest.FixtureRequest) -> str:
     """A topic / prefix name of this test's own: its name plus a random suffix."""
     base = re.sub(r"[^a-zA-Z0-9]+", "-", request.node.name).strip("-").lower()[:40]
     return f"{base}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def lines() -> Iterator[list[str]]:
+    """What the library logged during the test (INFO and up, the ``streaming``
+    loggers: the lines ``spark-abs run`` prints), one string a line."""
+    from streaming.testing import LineCollector
+
+    collector = LineCollector().attach()
+    yield collector.lines
+    collector.detach()

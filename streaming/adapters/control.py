@@ -1,7 +1,8 @@
 """The job's control topic: how the coordinator and the tasks talk.
 
 One partition, so every reader sees the events in one order.  Events are
-JSON (``ControlEvent``); their kinds (``ControlKind``):
+JSON, one frozen dataclass per kind (``ControlKind``), each a ``ControlEvent``
+encoded and decoded here and nowhere else:
 
 - ``trigger``: the coordinator injected barrier n; the ingress offsets it got
   and the barrier's headers (an unaligned task may snapshot on it);
@@ -17,22 +18,24 @@ JSON (``ControlEvent``); their kinds (``ControlKind``):
   which generation (``streaming.engine.membership``);
 - ``heartbeat``: a remote worker (``spark-abs worker``) is alive.
 
-Every event carries the generation it belongs to in its payload; readers
-ignore other generations."""
+Every event but the heartbeat carries the generation it belongs to
+(``belongs_to``); readers ignore other generations."""
 
 from __future__ import annotations
 
+import copy
 import enum
 import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 
+from barriers.failures import CheckpointFailure
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, patiently, producer
 from streaming.adapters.records import Headers
@@ -41,11 +44,22 @@ from streaming.errors import ConfigError, KafkaUnavailableError, parse_choice
 __all__ = [
     "ControlKind",
     "ControlEvent",
+    "Ready",
+    "Replayed",
+    "Progress",
+    "Trigger",
+    "Announce",
+    "Ack",
+    "Decline",
+    "Complete",
+    "Abort",
+    "Committed",
+    "Lease",
+    "Heartbeat",
     "ControlTopic",
     "control_topic_name",
     "send_event",
     "announced_barrier",
-    "announced_headers",
 ]
 
 log = logging.getLogger(__name__)
@@ -77,33 +91,80 @@ class ControlKind(enum.StrEnum):
         return parse_choice(cls, value, "control event kind")
 
 
+# ---------------------------------------------------------------- the events
+#
+# On the wire every event is one JSON object: ``kind``, ``checkpoint_id`` (0
+# when the event is about none), ``task`` (the sender: a task, "" for the
+# coordinator, the runner for a lease, the group for a heartbeat) and
+# ``payload`` (every other field, the generation among them).  Each kind is a
+# frozen dataclass below; ``_FIELDS`` says how each payload field is read
+# back.  Nothing outside this module reads a payload.
+
+
+def _optional_int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[arg-type]
+
+
+def _str_to_int(value: object) -> dict[str, int]:
+    return {str(k): int(v) for k, v in dict(value or {}).items()}  # type: ignore[call-overload]
+
+
+def _str_to_str(value: object) -> dict[str, str]:
+    return {str(k): str(v) for k, v in dict(value or {}).items()}  # type: ignore[call-overload]
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected a JSON object, got {value!r}")
+    return dict(value)
+
+
+def _wire(value: Any) -> Any:
+    """A field's value as JSON: failures by name, mappings as objects, sequences as lists."""
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, Mapping):
+        return {str(k): _wire(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_wire(v) for v in value]
+    return value
+
+
+_REQUIRED = object()
+
+
 @dataclass(frozen=True, slots=True)
 class ControlEvent:
-    """One message on the job's control topic."""
+    """One message on the job's control topic: a subclass per ``ControlKind``
+    (see the module docstring).  ``offset`` is the event's position on the
+    topic, set when it is read."""
 
-    kind: ControlKind
-    checkpoint_id: int
-    task: str = ""
-    payload: Mapping[str, Any] = field(default_factory=dict)
-    offset: int = -1  # position on the control topic, set when read
+    kind: ClassVar[ControlKind]
+    # the field that travels as the envelope's ``task`` (the sender)
+    _sender: ClassVar[str] = "task"
+    offset: int = field(default=-1, kw_only=True, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", ControlKind.parse(self.kind))
+    def belongs_to(self, generation: int | None) -> bool:
+        """Whether the event is of ``generation`` (a heartbeat is of none)."""
+        return getattr(self, "generation", None) == generation
 
     def encode(self) -> bytes:
+        envelope = {"checkpoint_id", self._sender, "offset"}
+        payload = {f.name: _wire(getattr(self, f.name)) for f in fields(self) if f.name not in envelope}
         return json.dumps(
             {
                 "kind": self.kind.value,
-                "checkpoint_id": self.checkpoint_id,
-                "task": self.task,
-                "payload": dict(self.payload),
+                "checkpoint_id": getattr(self, "checkpoint_id", 0),
+                "task": getattr(self, self._sender, ""),
+                "payload": payload,
             },
             sort_keys=True,
         ).encode()
 
-    @classmethod
-    def decode(cls, data: bytes, offset: int = -1) -> ControlEvent:
-        """Raises ValueError with the reason for anything that is not a control event."""
+    @staticmethod
+    def decode(data: bytes, offset: int = -1) -> ControlEvent:
+        """The event ``data`` encodes; a ValueError with the reason for
+        anything that is not a well-formed control event."""
         try:
             raw = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -111,15 +172,254 @@ class ControlEvent:
         if not isinstance(raw, dict) or not isinstance(raw.get("checkpoint_id"), int):
             raise ValueError("control message lacks an integer checkpoint_id")
         try:
-            return cls(
-                kind=str(raw.get("kind")),
-                checkpoint_id=raw["checkpoint_id"],
-                task=str(raw.get("task", "")),
-                payload=dict(raw.get("payload") or {}),
-                offset=offset,
-            )
+            kind = ControlKind.parse(raw.get("kind"))
         except ConfigError as exc:
             raise ValueError(str(exc)) from exc
+        cls = _KINDS[kind]
+        sender = str(raw.get("task", ""))
+        payload = raw.get("payload") or {}
+        values: dict[str, Any] = {}
+        try:
+            if not isinstance(payload, dict):
+                raise TypeError(f"payload is not a JSON object: {payload!r}")
+            for name, (read, default) in _FIELDS[kind].items():
+                if name == "checkpoint_id":
+                    values[name] = raw["checkpoint_id"]
+                elif name == cls._sender:
+                    values[name] = sender
+                elif payload.get(name) is not None:
+                    values[name] = read(payload[name])
+                elif default is _REQUIRED:
+                    raise KeyError(name)
+                else:
+                    values[name] = copy.copy(default)
+            return cls(**values, offset=offset)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed {kind.value} from {sender!r}: {exc!r}") from exc
+
+
+class _Announcement:
+    """A barrier's position and headers, as the trigger and announce events carry them."""
+
+    __slots__ = ()
+    barrier: Mapping[str, str]
+
+    def barrier_headers(self) -> list[tuple[str, bytes]]:
+        """The barrier's headers (``announced_barrier`` the other way)."""
+        return [(name, str(value).encode()) for name, value in self.barrier.items()]
+
+
+@dataclass(frozen=True, slots=True)
+class Ready(ControlEvent):
+    """A task's query runs (the coordinator triggers once all do);
+    ``replaying``: records of restored channel state it has still to read."""
+
+    kind = ControlKind.READY
+    task: str
+    generation: int
+    replaying: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed(ControlEvent):
+    """A restored task processed the channel state of ``checkpoint_id`` again."""
+
+    kind = ControlKind.REPLAYED
+    task: str
+    generation: int
+    checkpoint_id: int = 0
+    records: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Progress(ControlEvent):
+    """A task's next offset on each input channel, and the records it processed."""
+
+    kind = ControlKind.PROGRESS
+    task: str
+    generation: int
+    positions: Mapping[str, int] = field(default_factory=dict)
+    records: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger(_Announcement, ControlEvent):
+    """The coordinator injected barrier ``checkpoint_id``: the offset each
+    ingress channel gave it, and its headers."""
+
+    kind = ControlKind.TRIGGER
+    checkpoint_id: int
+    generation: int
+    offsets: Mapping[str, int] = field(default_factory=dict)
+    barrier: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Announce(_Announcement, ControlEvent):
+    """A task forwarded barrier ``checkpoint_id``: its offset on each output channel."""
+
+    kind = ControlKind.ANNOUNCE
+    checkpoint_id: int
+    task: str
+    generation: int
+    barrier: Mapping[str, str] = field(default_factory=dict)
+    offsets: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Ack(ControlEvent):
+    """A task's snapshot of ``checkpoint_id`` is uploaded: its metadata
+    (``TaskSnapshot`` as JSON, read by the coordinator when it writes the
+    manifest) and what the task measured of the upload."""
+
+    kind = ControlKind.ACK
+    checkpoint_id: int
+    task: str
+    generation: int
+    snapshot: Mapping[str, Any] = field(default_factory=dict)
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decline(ControlEvent):
+    """A task cannot take its snapshot of ``checkpoint_id``."""
+
+    kind = ControlKind.DECLINE
+    checkpoint_id: int
+    task: str
+    generation: int
+    reason: CheckpointFailure = CheckpointFailure.DECLINED
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Complete(ControlEvent):
+    """Checkpoint ``checkpoint_id`` is complete: sinks commit its epoch."""
+
+    kind = ControlKind.COMPLETE
+    checkpoint_id: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Abort(ControlEvent):
+    """The coordinator gave checkpoint ``checkpoint_id`` up: every task lets it go."""
+
+    kind = ControlKind.ABORT
+    checkpoint_id: int
+    generation: int
+    reason: CheckpointFailure = CheckpointFailure.USER
+    detail: str = "aborted by the coordinator"
+    task: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Committed(ControlEvent):
+    """A sink task made its epochs through ``checkpoint_id`` visible."""
+
+    kind = ControlKind.COMMITTED
+    checkpoint_id: int
+    task: str
+    generation: int
+    epochs: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Lease(ControlEvent):
+    """What the runner tells remote workers (``streaming.engine.membership``):
+    the generation and the checkpoint it starts from, the pipeline, the job's
+    settings and scale, each remote group's tasks and the incarnation that is
+    its member."""
+
+    kind = ControlKind.LEASE
+    _sender = "runner"
+    runner: str
+    generation: int
+    checkpoint: int | None
+    pipeline: str
+    job: str
+    settings: str  # JobSettings as JSON
+    scale: Mapping[str, Any] | None  # the job's Scale when other than declared
+    groups: Mapping[str, list[str]]  # remote group -> its tasks
+    members: Mapping[str, str]  # remote group -> the incarnation running it in this generation
+    timeout_s: float
+    ended: bool = False  # the runner stopped: members stop their tasks now
+    note: str = ""  # why a lease names no members (a pause), for the workers' messages
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(ControlEvent):
+    """A remote worker (``spark-abs worker``) is alive: its group,
+    incarnation and host, and the generation its tasks run in (None while idle)."""
+
+    kind = ControlKind.HEARTBEAT
+    _sender = "group"
+    group: str
+    incarnation: str
+    host: str
+    running: int | None
+
+
+def _failure(default: CheckpointFailure) -> Callable[[object], CheckpointFailure]:
+    return lambda name: CheckpointFailure.parse(name, default)
+
+
+_KINDS: dict[ControlKind, type[ControlEvent]] = {
+    cls.kind: cls
+    for cls in (
+        Ready,
+        Replayed,
+        Progress,
+        Trigger,
+        Announce,
+        Ack,
+        Decline,
+        Complete,
+        Abort,
+        Committed,
+        Lease,
+        Heartbeat,
+    )
+}
+
+# how each field of each kind is read back: (conversion, default or _REQUIRED)
+_READERS: dict[str, tuple[Callable[[Any], Any], Any]] = {
+    "task": (str, ""),
+    "checkpoint_id": (int, 0),
+    "generation": (int, _REQUIRED),
+    "replaying": (int, 0),
+    "records": (int, 0),
+    "seconds": (float, 0.0),
+    "positions": (_str_to_int, {}),
+    "offsets": (_str_to_int, {}),
+    "barrier": (_str_to_str, {}),
+    "snapshot": (_mapping, {}),
+    "metrics": (_mapping, {}),
+    "reason": (_failure(CheckpointFailure.DECLINED), CheckpointFailure.DECLINED),
+    "detail": (str, ""),
+    "epochs": (lambda v: tuple(int(e) for e in v), ()),
+    "runner": (str, ""),
+    "checkpoint": (_optional_int, None),
+    "pipeline": (str, _REQUIRED),
+    "job": (str, _REQUIRED),
+    "settings": (str, _REQUIRED),
+    "scale": (_mapping, None),
+    "groups": (lambda v: {str(g): [str(t) for t in tasks] for g, tasks in _mapping(v).items()}, _REQUIRED),
+    "members": (_str_to_str, {}),
+    "timeout_s": (float, _REQUIRED),
+    "ended": (bool, False),
+    "note": (str, ""),
+    "group": (str, ""),
+    "incarnation": (str, _REQUIRED),
+    "host": (str, "?"),
+    "running": (_optional_int, None),
+}
+_FIELDS: dict[ControlKind, dict[str, tuple[Callable[[Any], Any], Any]]] = {
+    kind: {f.name: _READERS[f.name] for f in fields(cls) if f.name != "offset"} for kind, cls in _KINDS.items()
+}
+_FIELDS[ControlKind.ABORT]["reason"] = (_failure(CheckpointFailure.USER), CheckpointFailure.USER)
+_FIELDS[ControlKind.ABORT]["detail"] = (str, "aborted by the coordinator")
 
 
 def send_event(
@@ -134,7 +434,7 @@ def send_event(
     saying so (``kafka_io.patiently``); then a ``KafkaUnavailableError``
     naming ``what`` (by default the event's kind and checkpoint).  Returns
     its offset."""
-    what = what or f"{event.kind.value} of checkpoint {event.checkpoint_id}"
+    what = what or f"{event.kind.value} of checkpoint {getattr(event, 'checkpoint_id', 0)}"
     try:
         future = producer.send(topic, value=event.encode(), partition=0)
     except KafkaError as exc:
@@ -201,8 +501,3 @@ def announced_barrier(headers: Headers) -> dict[str, str]:
     """A barrier's headers as JSON-friendly text, for the ``trigger`` and
     ``announce`` events; ``announced_headers`` is the way back."""
     return {name: value.decode() for name, value in headers}
-
-
-def announced_headers(payload: Mapping[str, Any]) -> list[tuple[str, bytes]]:
-    """The barrier headers an announcement carries (see ``announced_barrier``)."""
-    return [(name, str(value).encode()) for name, value in payload.items()]

@@ -9,6 +9,7 @@ while the store is unreachable (a restore during a store outage)."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +36,8 @@ __all__ = [
     "ensure_bucket",
     "list_files",
 ]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -96,16 +99,16 @@ def open_store(uri: str, connection: Connection | None = None) -> StoreLocation:
 STORE_BOUND_S = 120.0
 
 
-def patiently(read: Callable[[], T], what: str, say: Callable[[str], None], bound_s: float = STORE_BOUND_S) -> T:
+def patiently(read: Callable[[], T], what: str, bound_s: float = STORE_BOUND_S) -> T:
     """``read()`` again while the store is unreachable (a ``StoreError`` that
     is not about a missing or corrupt file), for at most ``bound_s``, with
-    growing pauses, each one said through ``say``; then its error."""
+    growing pauses, each one logged as a warning; then its error."""
 
     def unreachable(exc: BaseException) -> bool:
         return isinstance(exc, StoreError) and not isinstance(exc, (SnapshotMissingError, SnapshotCorruptError))
 
     def wait(state: tenacity.RetryCallState) -> None:
-        say(
+        log.warning(
             f"{what}: {state.outcome.exception() if state.outcome else 'failed'}; the store looks unreachable, "
             f"trying again in {state.next_action.sleep if state.next_action else 0:.0f} s "
             f"(for up to {bound_s:.0f} s)"

@@ -145,12 +145,12 @@ class _TwoPhaseSink:
         """Phase two, once checkpoint ``epoch`` is complete.  Returns False when
         the epoch was already committed (nothing is written twice)."""
         if self._committed(epoch) or (not self._staging.staged(epoch) and self._committed_elsewhere(epoch)):
-            log.info("sink task %s: epoch %d already committed", self.task_id, epoch)
+            log.debug("sink task %s: epoch %d already committed", self.task_id, epoch)
             self._staging.discard_if_staged(epoch)
             return False
         self._publish(epoch)
         self._staging.discard_if_staged(epoch)
-        log.info("sink task %s committed epoch %d", self.task_id, epoch)
+        log.debug("sink task %s committed epoch %d", self.task_id, epoch)
         return True
 
     def commit_through(self, completed_checkpoint: int) -> list[int]:

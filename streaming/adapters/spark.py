@@ -30,10 +30,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from barriers.messages import ChannelId
+from streaming.adapters.jars import connector_jars, require_tool
 from streaming.adapters.records import BATCH_COLUMNS
 from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings
 from streaming.errors import ChannelQueryError, ConfigError
-from streaming.local.artifacts import connector_jars, require_tool
 
 __all__ = ["spark_session", "spark_conf", "ChannelQuery"]
 
@@ -214,7 +214,7 @@ class ChannelQuery:
             self._query = writer.start()
         finally:
             context.setLocalProperty("spark.scheduler.pool", None)
-        log.info(
+        log.debug(
             "stage query %s started on %s", self.name, ", ".join(f"{c}@{self._starting[c]}" for c in self.channels)
         )
         return self

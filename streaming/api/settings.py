@@ -108,6 +108,12 @@ class JobSettings:
         return json.dumps(data, sort_keys=True)
 
     @classmethod
+    def default(cls, name: str) -> Any:
+        """The default of setting ``name``: what a command-line option that
+        sets it takes when not given (and says it takes)."""
+        return {f.name: f.default for f in dataclasses.fields(cls)}[name]
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobSettings:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)

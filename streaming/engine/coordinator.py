@@ -11,7 +11,9 @@ to Kafka and the snapshot store.
   so only a checkpoint with a manifest is complete), a ``complete`` event
   tells the sinks to commit, and retention deletes what it gives up (never a
   checkpoint pinned by a restore).  A manifest that cannot be written aborts
-  the checkpoint; the job goes on.
+  the checkpoint; the job goes on.  ``CoordinatorService._complete`` lists
+  the steps and what each does when it fails.  The manifest and the
+  progress log store names (``format.stored_name``), never prose.
 
 Events of other generations are ignored (a task of the run that failed may
 still speak).
@@ -24,20 +26,35 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from barriers.coordinator import CheckpointCoordinator, CheckpointStatus, CompletedCheckpoint, PendingCheckpoint
 from barriers.failures import CheckpointFailure
-from barriers.messages import Alignment, Barrier, ChannelId, CheckpointOptions, encode
-from streaming.adapters.control import ControlEvent, ControlKind, ControlTopic, announced_barrier
+from barriers.handler import CheckpointKind
+from barriers.messages import Barrier, ChannelId, CheckpointOptions, encode
+from streaming.adapters.control import (
+    Abort,
+    Ack,
+    Committed,
+    Complete,
+    ControlEvent,
+    ControlTopic,
+    Decline,
+    Progress,
+    Ready,
+    Replayed,
+    Trigger,
+    announced_barrier,
+)
 from streaming.adapters.kafka_io import append_markers, producer
 from streaming.adapters.snapshots import SnapshotStore, TaskSnapshot
+from streaming.adapters.snapshots.format import options_to_json, parse_stored, stored_name
 from streaming.api.pipeline import Pipeline
 from streaming.api.settings import JobSettings
-from streaming.errors import StoreError
+from streaming.errors import ManifestNotWritten, ProgressNotLogged, RetentionFailed, StoreError
 
 __all__ = ["CoordinatorService", "CoordinatorIO", "CheckpointRecord", "kafka_io"]
 
@@ -60,7 +77,7 @@ class CheckpointRecord:
     # offsets recorded as channel state (unaligned): input not yet processed into state or output
     in_flight: int = 0
     # what the tasks' checkpoints turned out to be (aligned, unaligned, switched after a timeout, ...)
-    kinds: tuple[str, ...] = ()
+    kinds: tuple[CheckpointKind, ...] = ()
     # per task, once complete: what it measured (the manifest's metrics), its positions and in-flight ranges
     tasks: dict[str, dict] = field(default_factory=dict)
 
@@ -120,7 +137,6 @@ class CoordinatorService:
         next_checkpoint_id: int = 1,
         pinned: int | None = None,
         job_key: bytes | None = None,
-        on_event: Callable[[str], None] = lambda line: None,
         on_complete: Callable[[int], None] | None = None,
         progress_log: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -130,7 +146,6 @@ class CoordinatorService:
         self.store = store
         self.options = settings.options
         self.job_key = job_key
-        self.say = on_event
         self.on_complete = on_complete
         self.progress_log = progress_log
         tasks = pipeline.tasks()
@@ -188,11 +203,11 @@ class CoordinatorService:
             barrier.checkpoint_id, barrier.generation, triggered_at, by_channel
         )
         self.io.publish(
-            ControlEvent(
-                ControlKind.TRIGGER,
-                barrier.checkpoint_id,
-                "",
-                {"generation": self.generation, "offsets": by_channel, "barrier": announced_barrier(headers)},
+            Trigger(
+                checkpoint_id=barrier.checkpoint_id,
+                generation=self.generation,
+                offsets=by_channel,
+                barrier=announced_barrier(headers),
             )
         )
         return barrier
@@ -206,127 +221,162 @@ class CoordinatorService:
             self._aborted(expired.checkpoint_id, expired.failure, expired.failure_detail)
 
     def handle(self, event: ControlEvent) -> None:
-        if event.payload.get("generation") != self.generation:
+        if not event.belongs_to(self.generation):
             return
-        if event.kind is ControlKind.READY:
+        if isinstance(event, Ready):
             self.ready.add(event.task)
             self.ready_at[event.task] = self.clock()
-            self.replaying[event.task] = int(event.payload.get("replaying") or 0)
-            if not event.payload.get("replaying"):
+            self.replaying[event.task] = event.replaying
+            if not event.replaying:
                 self.replayed_at[event.task] = self.ready_at[event.task]
-            return
-        if event.kind is ControlKind.PROGRESS:
-            self.positions[event.task] = dict(event.payload.get("positions") or {})
-            return
-        if event.kind is ControlKind.REPLAYED:
+        elif isinstance(event, Progress):
+            self.positions[event.task] = dict(event.positions)
+        elif isinstance(event, Replayed):
             self.replayed_at[event.task] = self.clock()
-            self.say(
-                f"{event.task}: restored channel state replayed ({event.payload.get('records')} records, "
-                f"{float(event.payload.get('seconds') or 0):.1f} s after the task started)"
+            log.info(
+                f"{event.task}: restored channel state replayed ({event.records} records, "
+                f"{event.seconds:.1f} s after the task started)"
             )
-            return
-        if event.kind is ControlKind.COMMITTED:
+        elif isinstance(event, Committed):
             record = self.records.get(event.checkpoint_id)
             if record is not None:
                 record.committed.add(event.task)
-            return
-        if event.kind is ControlKind.DECLINE:
-            result = self.coordinator.decline(
-                event.task,
-                event.checkpoint_id,
-                CheckpointFailure.parse(event.payload.get("reason")),
-                str(event.payload.get("detail", "")),
-            )
+        elif isinstance(event, Decline):
+            result = self.coordinator.decline(event.task, event.checkpoint_id, event.reason, event.detail)
             if isinstance(result, PendingCheckpoint):
                 self._aborted(event.checkpoint_id, result.failure, result.failure_detail)
-            return
-        if event.kind is ControlKind.ACK:
-            result = self.coordinator.acknowledge(event.task, event.checkpoint_id, dict(event.payload))
+        elif isinstance(event, Ack):
+            result = self.coordinator.acknowledge(event.task, event.checkpoint_id, event)
             if isinstance(result, PendingCheckpoint):
                 self._complete(result.checkpoint_id)
 
+    # ---- completion
+
     def _complete(self, checkpoint_id: int) -> None:
+        """Complete checkpoint ``checkpoint_id``: every task acknowledged it.
+
+        The steps, in this order:
+
+        1. Write the manifest (``_write_manifest``): the tasks' snapshots, the
+           options and the metrics.  From here on the checkpoint is complete.
+           A ``ManifestNotWritten`` aborts it (a store failure, published to
+           every task) and ends the completion: the job goes on.
+        2. Complete it in the bookkeeping (``CheckpointCoordinator.complete``),
+           which subsumes the older checkpoints still pending.
+        3. Publish the abort of each subsumed one still pending here
+           (``_abort_subsumed``).
+        4. Publish ``complete``: the sinks commit their epochs.
+        5. Record it (``_record``): status, time, channel state, kinds and each
+           task's metrics, for progress output.
+        6. Say it (``_say_complete``).
+        7. Append its progress line (``_log_progress``); a ``ProgressNotLogged``
+           is logged and nothing more.
+        8. Call ``on_complete``.
+        9. Apply retention (``_apply_retention``); a ``RetentionFailed`` is
+           logged, and the next completion tries again.
+
+        Steps 2, 3, 4 and 8 catch nothing: a failure to reach Kafka, or of the
+        callback, reaches whoever polled."""
         pending = self.coordinator.pending[checkpoint_id]
         record = self.records.get(checkpoint_id)
         try:
+            acked = self._write_manifest(pending, record)
+        except ManifestNotWritten as exc:
+            self.coordinator.abort(checkpoint_id, CheckpointFailure.STORE_FAILURE, str(exc))
+            self._aborted(checkpoint_id, CheckpointFailure.STORE_FAILURE, str(exc))
+            return
+        # the store applies retention in step 9 (it also sees orphaned parts the bookkeeping never knew)
+        self.coordinator.complete(checkpoint_id)
+        self._abort_subsumed()
+        self.io.publish(Complete(checkpoint_id=checkpoint_id, generation=self.generation))
+        if record:
+            self._record(record, acked)
+        self._say_complete(checkpoint_id, record)
+        try:
+            self._log_progress(checkpoint_id, pending.barrier, record, acked.metrics)
+        except ProgressNotLogged as exc:
+            log.warning("%s", exc)
+        if self.on_complete is not None:
+            self.on_complete(checkpoint_id)
+        try:
+            self._apply_retention(checkpoint_id)
+        except RetentionFailed as exc:
+            log.warning("%s", exc)
+
+    def _write_manifest(self, pending: PendingCheckpoint, record: CheckpointRecord | None) -> _Acknowledged:
+        """Step 1: the manifest of ``pending``, written; what the tasks
+        acknowledged.  ``ManifestNotWritten`` when an acknowledgement holds no
+        readable snapshot or the store refuses the manifest."""
+        try:
             snapshots = {
-                task: TaskSnapshot.from_json(json.dumps(ack.get("snapshot"))) for task, ack in pending.acks.items()
+                task: TaskSnapshot.from_json(json.dumps(dict(ack.snapshot))) for task, ack in pending.acks.items()
             }
             # per task: what it wrote with its snapshot, and what it measured after (the upload)
-            task_metrics = {
-                task: {**snapshots[task].metadata, **(ack.get("metrics") or {})} for task, ack in pending.acks.items()
-            }
-            options = pending.barrier.options
-            kinds = tuple(sorted({m.get("kind", "") for m in task_metrics.values()}))
+            metrics = {task: {**snapshots[task].metadata, **ack.metrics} for task, ack in pending.acks.items()}
+            acked = _Acknowledged(snapshots, metrics, _kinds(metrics.values()))
             self.store.write_manifest(
-                checkpoint_id,
+                pending.checkpoint_id,
                 self.generation,
                 snapshots,
-                options={
-                    "alignment": options.describe(),
-                    "in_flight": options.in_flight.value,
-                    "guarantee": _GUARANTEE[options.alignment],
-                },
+                options=options_to_json(pending.barrier.options),
                 metrics={
                     "ingress_barrier_offsets": record.ingress_offsets if record else {},
                     "trigger_to_complete_s": time.monotonic() - record.triggered_at if record else None,
-                    "kinds": list(kinds),
-                    "tasks": task_metrics,
+                    "kinds": [stored_name(k) for k in acked.kinds],
+                    "tasks": metrics,
                 },
             )
         except (StoreError, ValueError) as exc:
-            self.coordinator.abort(checkpoint_id, CheckpointFailure.STORE_FAILURE, f"manifest not written: {exc}")
-            self._aborted(checkpoint_id, CheckpointFailure.STORE_FAILURE, f"manifest not written: {exc}")
-            return
-        # the store applies retention below (it also sees orphaned parts the bookkeeping never knew)
-        self.coordinator.complete(checkpoint_id)
+            raise ManifestNotWritten(f"manifest not written: {exc}") from exc
+        return acked
+
+    def _abort_subsumed(self) -> None:
+        """Step 3: abort every checkpoint the completion subsumed that is still pending here."""
         for older in [a for a in self.coordinator.aborted if a.failure is CheckpointFailure.SUBSUMED]:
             if (
                 older.checkpoint_id in self.records
                 and self.records[older.checkpoint_id].status is CheckpointStatus.PENDING
             ):
                 self._aborted(older.checkpoint_id, older.failure, older.failure_detail)
-        self.io.publish(ControlEvent(ControlKind.COMPLETE, checkpoint_id, "", {"generation": self.generation}))
-        if record:
-            record.status, record.completed_at = CheckpointStatus.COMPLETED, time.monotonic()
-            record.in_flight = sum(e - s for snap in snapshots.values() for s, e in snap.in_flight.values())
-            record.kinds = kinds
-            record.tasks = {
-                task: {
-                    **task_metrics[task],
-                    "positions": dict(snapshot.positions),
-                    "in_flight": {c: list(r) for c, r in snapshot.in_flight.items()},
-                }
-                for task, snapshot in snapshots.items()
+
+    @staticmethod
+    def _record(record: CheckpointRecord, acked: _Acknowledged) -> None:
+        """Step 5: what the checkpoint turned out to be, on its record."""
+        record.status, record.completed_at = CheckpointStatus.COMPLETED, time.monotonic()
+        record.in_flight = sum(e - s for snap in acked.snapshots.values() for s, e in snap.in_flight.values())
+        record.kinds = acked.kinds
+        record.tasks = {
+            task: {
+                **acked.metrics[task],
+                "positions": dict(snapshot.positions),
+                "in_flight": {c: list(r) for c, r in snapshot.in_flight.items()},
             }
-        in_flight = f"; {record.in_flight} offsets in flight" if record and record.in_flight else ""
-        self.say(
-            f"checkpoint {checkpoint_id} complete in {record.duration_s:.2f} s ({', '.join(kinds)}{in_flight})"
-            if record
-            else f"checkpoint {checkpoint_id} complete"
-        )
-        self._log_progress(checkpoint_id, pending.barrier, record, task_metrics)
-        if self.on_complete is not None:
-            self.on_complete(checkpoint_id)
-        try:
-            deleted = self.store.apply_retention(self.retain, pinned=[self.pinned] if self.pinned else [])
-            if deleted:
-                log.info("retention deleted checkpoints %s", deleted)
-        except StoreError as exc:
-            log.warning("checkpoint %d: retention failed (will retry next time): %s", checkpoint_id, exc)
+            for task, snapshot in acked.snapshots.items()
+        }
+
+    def _say_complete(self, checkpoint_id: int, record: CheckpointRecord | None) -> None:
+        """Step 6: one line for a person: how long it took, what it turned out to be, its channel state."""
+        if record is None:
+            log.info(f"checkpoint {checkpoint_id} complete")
+            return
+        kinds = ", ".join(k.value for k in record.kinds)
+        in_flight = f"; {record.in_flight} offsets in flight" if record.in_flight else ""
+        log.info(f"checkpoint {checkpoint_id} complete in {record.duration_s:.2f} s ({kinds}{in_flight})")
 
     def _log_progress(
         self, checkpoint_id: int, barrier: Barrier, record: CheckpointRecord | None, task_metrics: dict
     ) -> None:
-        """One JSON line per completed checkpoint: its timings and every task's metrics."""
+        """Step 7: one JSON line per completed checkpoint, its timings and
+        every task's metrics (names, as the manifest stores them); a
+        ``ProgressNotLogged`` when the file cannot take it."""
         if self.progress_log is None:
             return
         line = {
             "checkpoint": checkpoint_id,
             "generation": self.generation,
-            "options": barrier.options.describe(),
+            "options": options_to_json(barrier.options),
             "trigger_to_complete_s": record.duration_s if record else None,
-            "kinds": list(record.kinds) if record else [],
+            "kinds": [stored_name(k) for k in record.kinds] if record else [],
             "in_flight_offsets": record.in_flight if record else 0,
             "tasks": task_metrics,
         }
@@ -334,21 +384,33 @@ class CoordinatorService:
             with open(self.progress_log, "a") as log_file:
                 log_file.write(json.dumps(line, sort_keys=True, default=str) + "\n")
         except OSError as exc:
-            log.warning("progress log %s: %s", self.progress_log, exc)
+            raise ProgressNotLogged(f"progress log {self.progress_log}: {exc}") from exc
+
+    def _apply_retention(self, checkpoint_id: int) -> None:
+        """Step 9: delete the checkpoints retention gives up (never the one a
+        restore started from); ``RetentionFailed`` when the store refuses."""
+        try:
+            deleted = self.store.apply_retention(self.retain, pinned=[self.pinned] if self.pinned else [])
+        except StoreError as exc:
+            raise RetentionFailed(
+                f"checkpoint {checkpoint_id}: retention failed (will retry next time): {exc}"
+            ) from exc
+        if deleted:
+            log.debug("retention deleted checkpoints %s", deleted)
 
     def _aborted(self, checkpoint_id: int, failure: CheckpointFailure | None, detail: str) -> None:
         record = self.records.get(checkpoint_id)
         if record is not None:
             record.status, record.reason = CheckpointStatus.ABORTED, f"{failure.value if failure else ''}: {detail}"
         self.io.publish(
-            ControlEvent(
-                ControlKind.ABORT,
-                checkpoint_id,
-                "",
-                {"generation": self.generation, "reason": failure.name if failure else "USER", "detail": detail},
+            Abort(
+                checkpoint_id=checkpoint_id,
+                generation=self.generation,
+                reason=failure or CheckpointFailure.USER,
+                detail=detail,
             )
         )
-        self.say(f"checkpoint {checkpoint_id} aborted: {failure.value if failure else ''} ({detail})")
+        log.info(f"checkpoint {checkpoint_id} aborted: {failure.value if failure else ''} ({detail})")
 
     # ---- queries
 
@@ -362,8 +424,24 @@ class CoordinatorService:
         self.io.close()
 
 
-_GUARANTEE = {
-    Alignment.ALIGNED: "exactly-once",
-    Alignment.UNALIGNED: "exactly-once (in-flight records are channel state, replayed on restore)",
-    Alignment.AT_LEAST_ONCE: "at-least-once: no alignment, so replay after a restore may duplicate records",
-}
+@dataclass(frozen=True)
+class _Acknowledged:
+    """What the tasks acknowledged of one checkpoint: each one's snapshot,
+    what it measured (with its snapshot and after, the upload) and the kinds
+    their checkpoints turned out to be."""
+
+    snapshots: dict[str, TaskSnapshot]
+    metrics: dict[str, dict[str, Any]]
+    kinds: tuple[CheckpointKind, ...]
+
+
+def _kinds(metrics: Iterable[Mapping[str, Any]]) -> tuple[CheckpointKind, ...]:
+    """The kinds the tasks' metrics name, in ``CheckpointKind`` order (a
+    kind no member names is left out)."""
+    named = set()
+    for measured in metrics:
+        try:
+            named.add(parse_stored(CheckpointKind, measured.get("kind")))
+        except ValueError:
+            pass
+    return tuple(k for k in CheckpointKind if k in named)

@@ -25,17 +25,21 @@ Silence only counts while the topic itself works: each side reads back what
 it published itself (``Liveness``).  A broker outage silences everyone,
 this side included, and restores nobody.
 
-Everything here is pure logic on a clock; the runner and ``RemoteWorker``
-wire it to Kafka."""
+Everything here is pure logic on a clock; ``streaming.engine.leases`` (the
+runner's side) and ``RemoteWorker`` wire it to Kafka."""
 
 from __future__ import annotations
 
+import enum
+import logging
+import os
+import socket
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from streaming.adapters.control import ControlEvent, ControlKind
+from streaming.adapters.control import Heartbeat, Lease
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
@@ -45,13 +49,31 @@ __all__ = [
     "Membership",
     "RemoteGroups",
     "Heartbeat",
+    "HeartbeatOutcome",
+    "Action",
+    "ActionKind",
+    "incarnation",
 ]
+
+log = logging.getLogger(__name__)
 
 # how often the runner renews its lease, and a remote worker says it is alive
 LEASE_INTERVAL_S = 1.0
 HEARTBEAT_INTERVAL_S = 1.0
 # own events further apart than this: the topic (or this process) stalled, and silence before does not count
 TOPIC_GAP_S = 3.0
+
+
+def incarnation() -> str:
+    """This process's name among the job's runners and workers: host, pid and a random part."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class HeartbeatOutcome(enum.Enum):
+    """What a heartbeat changed on the runner's side (``RemoteGroups.on_heartbeat``)."""
+
+    JOINED = "its sender became the member of its group"
+    LOST = "the member stopped the tasks it ran in this generation"
 
 
 class Liveness:
@@ -97,96 +119,6 @@ class Liveness:
         return sorted(p for p, at in self._heard.items() if now - at > self.timeout_s)
 
 
-@dataclass(frozen=True)
-class Lease:
-    """What the runner tells remote workers (see the module docstring)."""
-
-    runner: str
-    generation: int
-    checkpoint: int | None
-    pipeline: str
-    job: str
-    settings: str  # JobSettings as JSON
-    scale: Mapping[str, Any] | None  # the job's Scale when other than declared
-    groups: Mapping[str, list[str]]  # remote group -> its tasks
-    members: Mapping[str, str]  # remote group -> the incarnation running it in this generation
-    timeout_s: float
-    ended: bool = False  # the runner stopped: members stop their tasks now
-    note: str = ""  # why a lease names no members (a pause), for the workers' messages
-
-    def event(self) -> ControlEvent:
-        return ControlEvent(
-            ControlKind.LEASE,
-            0,
-            self.runner,
-            {
-                "generation": self.generation,
-                "checkpoint": self.checkpoint,
-                "pipeline": self.pipeline,
-                "job": self.job,
-                "settings": self.settings,
-                "scale": dict(self.scale) if self.scale is not None else None,
-                "groups": {g: list(t) for g, t in self.groups.items()},
-                "members": dict(self.members),
-                "timeout_s": self.timeout_s,
-                "ended": self.ended,
-                "note": self.note,
-            },
-        )
-
-    @classmethod
-    def from_event(cls, event: ControlEvent) -> Lease:
-        """Raises ValueError with the reason for a malformed lease."""
-        p = event.payload
-        try:
-            checkpoint = p.get("checkpoint")
-            return cls(
-                runner=event.task,
-                generation=int(p["generation"]),
-                checkpoint=None if checkpoint is None else int(checkpoint),
-                pipeline=str(p["pipeline"]),
-                job=str(p["job"]),
-                settings=str(p["settings"]),
-                scale=p.get("scale"),
-                groups={str(g): [str(t) for t in tasks] for g, tasks in dict(p["groups"]).items()},
-                members={str(g): str(i) for g, i in dict(p.get("members") or {}).items()},
-                timeout_s=float(p["timeout_s"]),
-                ended=bool(p.get("ended")),
-                note=str(p.get("note") or ""),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"malformed lease from {event.task!r}: {exc!r}") from exc
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """A remote worker's heartbeat: its group, incarnation and where it runs."""
-
-    group: str
-    incarnation: str
-    host: str
-    running: int | None  # the generation its tasks run in, None while idle
-
-    def event(self) -> ControlEvent:
-        return ControlEvent(
-            ControlKind.HEARTBEAT,
-            0,
-            self.group,
-            {"incarnation": self.incarnation, "host": self.host, "running": self.running},
-        )
-
-    @classmethod
-    def from_event(cls, event: ControlEvent) -> Heartbeat:
-        p = event.payload
-        try:
-            running = p.get("running")
-            return cls(
-                event.task, str(p["incarnation"]), str(p.get("host", "?")), None if running is None else int(running)
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"malformed heartbeat from {event.task!r}: {exc!r}") from exc
-
-
 @dataclass
 class RemoteGroups:
     """The runner's side: the remote groups' members, standbys and silence."""
@@ -194,7 +126,6 @@ class RemoteGroups:
     groups: dict[str, list[str]]
     timeout_s: float
     clock: Callable[[], float] = time.monotonic
-    say: Callable[[str], None] = lambda line: None
     members: dict[str, str] = field(default_factory=dict)
     standby: dict[str, str] = field(default_factory=dict)
     hosts: dict[str, str] = field(default_factory=dict)  # incarnation -> host, for messages
@@ -209,18 +140,20 @@ class RemoteGroups:
     def own(self) -> None:
         self.liveness.own()
 
-    def on_heartbeat(self, beat: Heartbeat, generation: int) -> str | None:
-        """A remote worker's heartbeat in ``generation``: ``"joined"`` when it
-        made its sender a member (the lease should say so at once), ``"lost"``
+    def on_heartbeat(self, beat: Heartbeat, generation: int) -> HeartbeatOutcome | None:
+        """A remote worker's heartbeat in ``generation``: ``JOINED`` when it
+        made its sender a member (the lease should say so at once), ``LOST``
         when a member that ran the generation's tasks says it no longer does
         (it stopped them: the job must restore), else None."""
         self.hosts[beat.incarnation] = beat.host
         if beat.group not in self.groups:
             if beat.group not in self._refused:
                 self._refused.add(beat.group)
-                self.say(
-                    f"a worker on {beat.host} offers group {beat.group!r}, which this job does not run remotely "
-                    f"(remote groups: {', '.join(sorted(self.groups)) or 'none'}); ignored"
+                log.warning(
+                    "a worker on %s offers group %r, which this job does not run remotely (remote groups: %s); ignored",
+                    beat.host,
+                    beat.group,
+                    ", ".join(sorted(self.groups)) or "none",
                 )
             return None
         member = self.members.get(beat.group)
@@ -230,20 +163,23 @@ class RemoteGroups:
             if beat.running == generation:
                 self._ran[beat.group] = generation
             elif self._ran.get(beat.group) == generation:
-                return "lost"
+                return HeartbeatOutcome.LOST
             return None
         if member is None:
             self.members[beat.group] = beat.incarnation
             self.reported[beat.group] = beat.running
             self.standby.pop(beat.group, None)
             self.liveness.watch(beat.group)
-            self.say(f"worker group {beat.group} joined: {beat.incarnation} on {beat.host}")
-            return "joined"
+            log.info("worker group %s joined: %s on %s", beat.group, beat.incarnation, beat.host)
+            return HeartbeatOutcome.JOINED
         if self.standby.get(beat.group) != beat.incarnation:
             self.standby[beat.group] = beat.incarnation
-            self.say(
-                f"a second worker of group {beat.group} ({beat.incarnation} on {beat.host}) waits as standby: "
-                f"{member} runs it"
+            log.info(
+                "a second worker of group %s (%s on %s) waits as standby: %s runs it",
+                beat.group,
+                beat.incarnation,
+                beat.host,
+                member,
             )
         return None
 
@@ -261,7 +197,7 @@ class RemoteGroups:
         standby = self.standby.pop(group, None)
         if standby is not None:
             self.members[group] = standby
-            self.say(f"worker group {group}: standby {standby} takes over")
+            log.info("worker group %s: standby %s takes over", group, standby)
 
     def new_generation(self, groups: Mapping[str, list[str]]) -> None:
         """A new generation (perhaps of another scale): members keep their
@@ -291,13 +227,18 @@ class RemoteGroups:
         return None
 
 
+class ActionKind(enum.Enum):
+    """What a remote worker does with its group's tasks."""
+
+    START = "start them in the lease's generation (restoring in place when some run)"
+    STOP = "stop them and wait"
+
+
 @dataclass(frozen=True)
 class Action:
-    """What a remote worker does after a lease or a lapse: ``start`` its
-    group's tasks in ``lease.generation`` (restoring in place when it runs
-    some), or ``stop`` them and wait."""
+    """What a remote worker does after a lease or a lapse (``ActionKind``), and why."""
 
-    kind: str  # "start" | "stop"
+    kind: ActionKind
     reason: str
     lease: Lease | None = None
 
@@ -333,21 +274,21 @@ class Membership:
         self._liveness.watch("runner")
         if lease.ended:
             if self.running is not None:
-                return Action("stop", "the job runner stopped")
+                return Action(ActionKind.STOP, "the job runner stopped")
             return None
         if self.group not in lease.groups:
             if self.running is not None:
-                return Action("stop", f"generation {lease.generation} runs no group {self.group}")
+                return Action(ActionKind.STOP, f"generation {lease.generation} runs no group {self.group}")
             return None
         if lease.members.get(self.group) == self.incarnation:
             if lease.generation > self.started:
                 self.started = lease.generation
-                return Action("start", f"member of group {self.group} in generation {lease.generation}", lease)
+                return Action(ActionKind.START, f"member of group {self.group} in generation {lease.generation}", lease)
             return None
         if self.running is not None:
             member = lease.members.get(self.group)
             why = f"{member} runs group {self.group}" if member else f"group {self.group} has no member yet"
-            return Action("stop", lease.note or f"not the member in generation {lease.generation} ({why})")
+            return Action(ActionKind.STOP, lease.note or f"not the member in generation {lease.generation} ({why})")
         return None
 
     def check(self) -> Action | None:
@@ -355,7 +296,7 @@ class Membership:
         if self.running is None or self._liveness is None or not self._liveness.silent():
             return None
         return Action(
-            "stop",
+            ActionKind.STOP,
             f"no lease from the job runner for {self._liveness.quiet_for('runner'):.0f} s "
             f"(its timeout is {self._liveness.timeout_s:g} s) while the control topic works",
         )

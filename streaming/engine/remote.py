@@ -15,20 +15,17 @@ connection (Kafka, the store, a Spark master) in its environment."""
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 import time
-import uuid
-from collections.abc import Callable
 
-from streaming.adapters.control import ControlEvent, ControlKind, ControlTopic
+from streaming.adapters.control import ControlEvent, ControlTopic, Heartbeat, Lease
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection
 from streaming.api.pipeline import Scale, load_pipeline
 from streaming.api.settings import JobSettings
-from streaming.engine.membership import HEARTBEAT_INTERVAL_S, Action, Heartbeat, Lease, Membership
+from streaming.engine.membership import HEARTBEAT_INTERVAL_S, Action, ActionKind, Membership, incarnation
 from streaming.engine.worker import Worker
 from streaming.errors import ConfigError, SparkAbsError
 
@@ -40,16 +37,10 @@ log = logging.getLogger(__name__)
 WAITING_NOTICE_S = 30.0
 
 
-def incarnation() -> str:
-    """This process's name among the job's workers: host, pid and a random part."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
 def wait_for_lease(
     control: ControlTopic,
     job: str,
     *,
-    say: Callable[[str], None],
     stop: threading.Event,
     timeout_s: float | None = None,
 ) -> Lease | None:
@@ -57,14 +48,11 @@ def wait_for_lease(
     started = notice = time.monotonic()
     while not stop.is_set() and (timeout_s is None or time.monotonic() - started < timeout_s):
         for event in control.poll(0.5):
-            if event.kind is ControlKind.LEASE:
-                try:
-                    return Lease.from_event(event)
-                except ValueError as exc:
-                    say(f"ignored: {exc}")
+            if isinstance(event, Lease):
+                return event
         if time.monotonic() - notice >= WAITING_NOTICE_S:
             notice = time.monotonic()
-            say(f"still waiting for the runner of job {job} (no lease on {control.topic} yet)")
+            log.info(f"still waiting for the runner of job {job} (no lease on {control.topic} yet)")
     return None
 
 
@@ -78,7 +66,6 @@ class RemoteWorker(Worker):
         connection: Connection,
         *,
         spark=None,
-        say: Callable[[str], None] = print,
         name: str | None = None,
     ):
         pipeline = load_pipeline(lease.pipeline, lease.job)
@@ -90,7 +77,6 @@ class RemoteWorker(Worker):
             generation=None,
             restore=None,
             spark=spark,
-            say=say,
         )
         self.group = group
         self.incarnation = name or incarnation()
@@ -103,29 +89,25 @@ class RemoteWorker(Worker):
         makes this worker the member when its group has none)."""
         self.open()
         self._beats.start()
-        self.say(f"worker {self.incarnation}: group {self.group} of job {self.pipeline.job}, waiting to be its member")
+        log.info(f"worker {self.incarnation}: group {self.group} of job {self.pipeline.job}, waiting to be its member")
         self._apply(self.membership.on_lease(self._first))
 
     def _heartbeats(self) -> None:
         while not self._stop.is_set():
             beat = Heartbeat(self.group, self.incarnation, socket.gethostname(), self.membership.running)
             try:
-                self.control.publish(beat.event())
+                self.control.publish(beat)
             except SparkAbsError as exc:  # the broker is away: the next one tries again
                 log.warning("heartbeat not published: %s", exc)
             self._stop.wait(HEARTBEAT_INTERVAL_S)
 
     def _on_control(self, event: ControlEvent) -> None:
-        if event.kind is ControlKind.HEARTBEAT:
-            if event.payload.get("incarnation") == self.incarnation:
+        if isinstance(event, Heartbeat):
+            if event.incarnation == self.incarnation:
                 self.membership.own()
             return
-        if event.kind is ControlKind.LEASE:
-            try:
-                lease = Lease.from_event(event)
-            except ValueError as exc:
-                log.warning("%s", exc)
-                return
+        if isinstance(event, Lease):
+            lease = event
             self._apply(self.membership.on_lease(lease))
             if self.membership.unknown_group:
                 raise ConfigError(
@@ -141,7 +123,7 @@ class RemoteWorker(Worker):
     def _apply(self, action: Action | None) -> None:
         if action is None:
             return
-        if action.kind == "stop":
+        if action.kind is ActionKind.STOP:
             self.idle(action.reason)
             self.membership.running = None
             return

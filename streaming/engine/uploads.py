@@ -27,7 +27,8 @@ from barriers.failures import CheckpointFailure
 from barriers.handler import TaskCheckpoint
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId, InFlightFormat
-from streaming.adapters.control import ControlEvent, ControlKind
+from streaming.adapters.control import Ack, Decline
+from streaming.adapters.snapshots.format import stored_name
 from streaming.engine import faults
 
 __all__ = ["SnapshotUploader", "TakenSnapshot"]
@@ -88,9 +89,6 @@ class SnapshotUploader:
         if self._own_executor:
             self._executor.shutdown(wait=True)
 
-    def _publish(self, kind: ControlKind, checkpoint_id: int, payload: dict[str, Any]) -> None:
-        self.io.publish(ControlEvent(kind, checkpoint_id, self.task, {"generation": self.generation, **payload}))
-
     def _copy_in_flight(self, checkpoint: TaskCheckpoint) -> dict[str, pa.Table]:
         """The in-flight records of the checkpoint, read straight from Kafka in
         bulk (not by waiting for processing to reach them)."""
@@ -131,20 +129,27 @@ class SnapshotUploader:
         except Exception as exc:  # the store, Kafka or the sink staging failed: decline, keep running
             log.warning("%s: checkpoint %d: snapshot upload failed, declining: %s", self.task, checkpoint_id, exc)
             self.counters["declined"] += 1
-            self._publish(
-                ControlKind.DECLINE, checkpoint_id, {"reason": CheckpointFailure.STORE_FAILURE.name, "detail": str(exc)}
+            self.io.publish(
+                Decline(
+                    checkpoint_id=checkpoint_id,
+                    task=self.task,
+                    generation=self.generation,
+                    reason=CheckpointFailure.STORE_FAILURE,
+                    detail=str(exc),
+                )
             )
             return
-        self._publish(
-            ControlKind.ACK,
-            checkpoint_id,
-            {
-                "snapshot": json.loads(snapshot.to_json()),
-                "metrics": {
+        self.io.publish(
+            Ack(
+                checkpoint_id=checkpoint_id,
+                task=self.task,
+                generation=self.generation,
+                snapshot=json.loads(snapshot.to_json()),
+                metrics={
                     "async_snapshot_s": upload_s,
                     "state_bytes": sum(p.bytes for p in getattr(snapshot, "state_parts", ())),
                 },
-            },
+            )
         )
         self.counters["acknowledged"] += 1
 
@@ -158,7 +163,7 @@ class SnapshotUploader:
         """What the task measured of this checkpoint, kept with its snapshot (and in the manifest)."""
         wall = taken.snapshot_wall
         return {
-            "kind": checkpoint.kind.value,
+            "kind": stored_name(checkpoint.kind),
             "watermarks": {str(c): w for c, w in watermarks.items()},
             # trigger -> this task saw checkpoint n (first barrier or announcement)
             "first_barrier_s": max(
@@ -167,9 +172,8 @@ class SnapshotUploader:
             if checkpoint.barrier.timestamp_ms
             else None,
             "alignment_s": checkpoint.alignment_duration,
-            # an aligned checkpoint that turned unaligned: why, and when (ms since the trigger)
-            "switch": checkpoint.switch.name.lower() if checkpoint.switch else None,
-            "switch_reason": checkpoint.switch.value if checkpoint.switch else None,
+            # an aligned checkpoint that turned unaligned: why (a Switch), and when (ms since the trigger)
+            "switch": stored_name(checkpoint.switch) if checkpoint.switch else None,
             "switched_after_ms": checkpoint.switched_after_ms,
             "sync_snapshot_s": taken.sync_snapshot_s,
             "held_bytes_max": taken.held_bytes_max,

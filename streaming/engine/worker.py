@@ -43,7 +43,8 @@ import pyarrow as pa
 from kafka import KafkaProducer
 
 from barriers.messages import ChannelId, InFlightFormat
-from streaming.adapters.control import ControlEvent, ControlKind, ControlTopic
+from streaming import console
+from streaming.adapters.control import Committed, Complete, ControlEvent, ControlTopic, Heartbeat, Lease, Ready
 from streaming.adapters.kafka_io import DeadLetters, append_markers, read_range, retention_ms
 from streaming.adapters.objects import open_store, patiently
 from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, kafka_records, open_sink, sink_location
@@ -61,12 +62,13 @@ if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this
 
 __all__ = ["Worker", "main"]
 
-log = logging.getLogger(__name__)
+# named, not __name__: run as `python -m streaming.engine.worker` this module is __main__
+log = logging.getLogger("streaming.engine.worker")
 
 # how often each task publishes its positions on the control topic (lag, a comparison's backpressure)
 PROGRESS_INTERVAL_S = 0.5
 # events between the runner and remote workers, not for tasks (streaming.engine.membership)
-_MEMBERSHIP = (ControlKind.LEASE, ControlKind.HEARTBEAT)
+_MEMBERSHIP = (Lease, Heartbeat)
 
 
 @dataclass
@@ -121,14 +123,12 @@ class Worker:
         generation: int | None,
         restore: int | None,
         spark=None,
-        say: Callable[[str], None] = print,
     ):
         self.pipeline = pipeline
         self.settings = settings
         self.connection = connection
         self.generation = generation
         self.restore = restore
-        self.say = say
         self.task_names = task_names
         self._spark = spark
         self._stop = threading.Event()
@@ -140,7 +140,7 @@ class Worker:
     def start(self) -> None:
         self.open()
         self._start_tasks()
-        self.say(
+        log.info(
             f"worker g{self.generation}: tasks {', '.join(self.task_names)} running"
             + (f" (restored checkpoint {self.restore})" if self.restore else "")
         )
@@ -190,8 +190,9 @@ class Worker:
         for running in self.running:
             # "replaying": records of restored channel state (offset ranges) still to read; a
             # "replayed" event follows when they are processed
-            payload = {"generation": self.generation, "replaying": running.task.replay_records}
-            self.control.publish(ControlEvent(ControlKind.READY, 0, running.task.spec.name, payload))
+            self.control.publish(
+                Ready(task=running.task.spec.name, generation=self.generation, replaying=running.task.replay_records)
+            )
 
     def _start_task(self, name: str) -> tuple[_Running, dict[ChannelId, int]]:
         spec = self.pipeline.task(name)
@@ -211,6 +212,7 @@ class Worker:
             copy_in_flight=self._must_copy(spec),
             max_segment_records=self.settings.max_segment_records,
         )
+        task.recover()
         return _Running(task, sink), dict(plan.query_start)
 
     def _open_sink(self, name: str, stage: Stage) -> ObjectStoreSink | KafkaSink:
@@ -220,12 +222,12 @@ class Worker:
         sink = open_sink(stage.sink, location, name, job=self.pipeline.job, bootstrap=self.connection.kafka_bootstrap)
         recovery = sink.recover(self.restore or 0)
         if recovery:
-            self.say(
+            log.info(
                 f"{name}: sink recovered: committed epochs {recovery.committed}, discarded "
                 f"{recovery.discarded}, retracted {recovery.retracted}"
             )
         if recovery.irrevocable:
-            self.say(
+            log.info(
                 f"{name}: WARNING: epochs {recovery.irrevocable} were committed to Kafka after "
                 f"checkpoint {self.restore or 0}; readers have them and the replay writes them again"
             )
@@ -263,7 +265,7 @@ class Worker:
         for topic in sorted({c.topic for c in spec.inputs}):
             kept = retention_ms(self.connection.kafka_bootstrap, topic)
             if kept is not None and kept < needed_ms:
-                self.say(
+                log.info(
                     f"{spec.name}: topic {topic} keeps records {kept} ms, less than the {needed_ms:.0f} ms a "
                     f"checkpoint may need them: copying in-flight records instead of keeping ranges"
                 )
@@ -298,7 +300,7 @@ class Worker:
         faults.set_generation(generation)
         self.control.seek_to_end()
         self._start_tasks()
-        self.say(
+        log.info(
             f"worker g{generation}: tasks {', '.join(self.task_names)} "
             + ("restored in place from " if was_running else "started from ")
             + (f"checkpoint {restore}" if restore else "the beginning")
@@ -309,7 +311,7 @@ class Worker:
         if self.running:
             self._stop_tasks()
             self.producer.flush(30)
-            self.say(f"worker g{self.generation}: tasks {', '.join(self.task_names)} stopped: {reason}")
+            log.info(f"worker g{self.generation}: tasks {', '.join(self.task_names)} stopped: {reason}")
         self.generation = None
 
     def _round(self) -> None:
@@ -335,29 +337,28 @@ class Worker:
             for query in self.queries:
                 error = query.failure()
                 if error is not None:
-                    self.say(f"{query.name}: stage query failed: {error}")
+                    log.info(f"{query.name}: stage query failed: {error}")
                     return 1
         return 0
 
     def _on_control(self, event: ControlEvent) -> None:
-        if event.payload.get("generation") != self.generation or event.kind in _MEMBERSHIP:
+        if not event.belongs_to(self.generation) or isinstance(event, _MEMBERSHIP):
             return
         for running in self.running:
             running.task.on_control(event)
-            if event.kind is ControlKind.COMPLETE and running.sink is not None:
+            if isinstance(event, Complete) and running.sink is not None:
                 faults.point(running.task.spec.name, "before_sink_commit", event.checkpoint_id)
                 # the store may be down for a while (an outage): wait for it rather than die and restore
                 committed = patiently(
                     functools.partial(running.sink.commit_through, event.checkpoint_id),
                     f"committing epochs through {event.checkpoint_id}",
-                    log.warning,
                 )
                 self.control.publish(
-                    ControlEvent(
-                        ControlKind.COMMITTED,
-                        event.checkpoint_id,
-                        running.task.spec.name,
-                        {"generation": self.generation, "epochs": committed},
+                    Committed(
+                        checkpoint_id=event.checkpoint_id,
+                        task=running.task.spec.name,
+                        generation=self.generation,
+                        epochs=tuple(committed),
                     )
                 )
 
@@ -397,9 +398,9 @@ def _read_commands(worker: Worker, runner_pipe: bool) -> None:
         if len(parts) == 3 and parts[0] == "restore":
             worker.commands.put((int(parts[1]), None if parts[2] == "none" else int(parts[2])))
         elif parts:
-            print(f"[worker] ignored command {line.strip()!r}", flush=True)
+            log.warning("ignored command %r", line.strip())
     if runner_pipe:
-        worker.say("the job runner is gone (its pipe to this worker closed): stopping the tasks and Spark")
+        log.info("the job runner is gone (its pipe to this worker closed): stopping the tasks and Spark")
         worker.stop()
 
 
@@ -424,8 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         help="stdin is the job runner's pipe: stop when it closes (the runner ended or died)",
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    say = lambda line: print(f"[worker] {line}", flush=True)  # noqa: E731
+    console.install("[worker] ")
     try:
         pipeline = load_pipeline(args.pipeline, args.job)
         if args.scale:
@@ -437,7 +437,6 @@ def main(argv: list[str] | None = None) -> int:
             Connection.load(),
             generation=args.generation,
             restore=args.restore,
-            say=say,
         )
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
         threading.Thread(target=_read_commands, args=(worker, args.runner_pipe), daemon=True).start()

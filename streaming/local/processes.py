@@ -120,7 +120,7 @@ def start(spec: ServiceSpec) -> subprocess.Popen:
             start_new_session=True,
         )
     spec.pid_path.write_text(f"{proc.pid}\n")
-    log.info("started %s (pid %d), log %s", spec.name, proc.pid, spec.log_path)
+    log.debug("started %s (pid %d), log %s", spec.name, proc.pid, spec.log_path)
     return proc
 
 

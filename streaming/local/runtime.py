@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pyspark
 
+from streaming.adapters import jars
 from streaming.adapters.objects import ensure_bucket
 from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.errors import ConfigError, ServiceStartError
@@ -163,7 +164,7 @@ class LocalRuntime:
         s = self.settings
         fetched: dict[str, list[Path]] = {}
         if "kafka" in only:
-            fetched["kafka"] = artifacts.resolve_jars(
+            fetched["kafka"] = jars.resolve_jars(
                 f"kafka-{s.kafka_version}",
                 artifacts.kafka_broker_artifacts(s.kafka_version),
                 s.cache_dir,
@@ -172,7 +173,7 @@ class LocalRuntime:
         if "s3-server" in only:
             fetched["s3-server"] = [artifacts.build_versitygw(s.s3_server_version, s.cache_dir, self._progress)]
         if "spark-connector" in only:
-            fetched["spark-connector"] = artifacts.connector_jars(
+            fetched["spark-connector"] = jars.connector_jars(
                 s.spark_version, s.cache_dir, Path(pyspark.__file__).parent / "jars", self._progress
             )
         return fetched
@@ -186,7 +187,7 @@ class LocalRuntime:
                 f"spark_version {s.spark_version} differs from the installed pyspark "
                 f"{pyspark.__version__}; the Kafka connector must match pyspark exactly"
             )
-        java = artifacts.require_tool("java")
+        java = jars.require_tool("java")
         binary = self.fetch()["s3-server"][0]
         with self._locked():
             ports = self._load_ports()

@@ -34,14 +34,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from barriers.handler import CheckpointKind, Switch
 from barriers.lineage import Lineage
-from barriers.messages import GENERATION_HEADER, KIND_HEADER, ChannelId
+from barriers.messages import GENERATION_HEADER, KIND_HEADER, Alignment, ChannelId, InFlightFormat
 from operators.state import KEYS_METADATA
 from streaming.adapters import codec
 from streaming.adapters.kafka_io import read_range
 from streaming.adapters.objects import open_store
 from streaming.adapters.records import RECORD_SCHEMA, header_values
 from streaming.adapters.snapshots import LoadedTask, Manifest, SnapshotStore
+from streaming.adapters.snapshots.format import options_from_json, parse_stored, text_of
 from streaming.api.config import Connection
 from streaming.api.pipeline import Pipeline
 from streaming.engine.rescale import RescalePlan, plan_rescale, scale_of, target_scale
@@ -318,7 +320,7 @@ class Checkpoints:
                     problems,
                     manifest.generation,
                     manifest.created_at,
-                    tuple(manifest.metrics.get("kinds", ())),
+                    tuple(text_of(CheckpointKind, k) for k in manifest.metrics.get("kinds", ())),
                     manifest.metrics.get("trigger_to_complete_s"),
                     sum(p.bytes for t in tasks for p in t.state_parts),
                     sum(end - start for t in tasks for start, end in t.in_flight.values()),
@@ -545,7 +547,7 @@ def _detail(manifest: Manifest, problems: list[str]) -> CheckpointDetail:
         tasks.append(
             TaskDetail(
                 task=name,
-                kind=str(measured.get("kind", "")),
+                kind=text_of(CheckpointKind, measured.get("kind", "")),
                 first_barrier_s=measured.get("first_barrier_s"),
                 alignment_s=measured.get("alignment_s"),
                 sync_snapshot_s=measured.get("sync_snapshot_s"),
@@ -557,24 +559,48 @@ def _detail(manifest: Manifest, problems: list[str]) -> CheckpointDetail:
                 positions=dict(snapshot.positions),
                 watermarks={c: int(w) for c, w in (measured.get("watermarks") or {}).items()},
                 restores=list(measured.get("lineage") or []),
-                switch_reason=measured.get("switch_reason"),
+                switch_reason=_switch_reason(measured),
                 switched_after_ms=measured.get("switched_after_ms"),
             )
         )
     options = manifest.options
+    try:
+        ran_with = options_from_json(options)
+        alignment, guarantee = ran_with.describe(), _GUARANTEE[ran_with.alignment]
+    except ValueError:  # options that read as none: shown as they are
+        alignment, guarantee = str(options.get("alignment", "")), str(options.get("guarantee", ""))
     return CheckpointDetail(
         job=manifest.job,
         checkpoint_id=manifest.checkpoint_id,
         generation=manifest.generation,
         created_at=manifest.created_at,
-        alignment=str(options.get("alignment", "")),
-        in_flight_format=str(options.get("in_flight", "")),
-        guarantee=str(options.get("guarantee", "")),
+        alignment=alignment,
+        in_flight_format=text_of(InFlightFormat, options.get("in_flight", "")),
+        guarantee=guarantee,
         trigger_to_complete_s=metrics.get("trigger_to_complete_s"),
         ingress_barrier_offsets=dict(metrics.get("ingress_barrier_offsets") or {}),
         tasks=tasks,
         problems=list(problems),
     )
+
+
+# what each alignment guarantees, as ``checkpoints show`` says it
+_GUARANTEE = {
+    Alignment.ALIGNED: "exactly-once",
+    Alignment.UNALIGNED: "exactly-once (in-flight records are channel state, replayed on restore)",
+    Alignment.AT_LEAST_ONCE: "at-least-once: no alignment, so replay after a restore may duplicate records",
+}
+
+
+def _switch_reason(measured: Mapping[str, Any]) -> str | None:
+    """Why a task's aligned checkpoint turned unaligned (its ``Switch``), in
+    words; an older manifest's words when its switch names none."""
+    if measured.get("switch"):
+        try:
+            return parse_stored(Switch, measured["switch"]).value
+        except ValueError:
+            pass
+    return measured.get("switch_reason")
 
 
 _OCCURRENCE = "_occurrence"

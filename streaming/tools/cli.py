@@ -14,12 +14,16 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from streaming import console
 from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings, default_home
-from streaming.api.settings import MODES, WORKER_LAYOUTS
+from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, WORKER_LAYOUTS, JobSettings
 from streaming.errors import SparkAbsError
 from streaming.local.artifacts import FETCHABLE
 
 __all__ = ["main", "build_parser"]
+
+# by name: `python -m streaming.tools.cli` runs this module as __main__
+log = logging.getLogger("streaming.tools.cli")
 
 DESCRIPTION = """\
 spark-abs: Asynchronous Barrier Snapshots (Chandy-Lamport) for pipelines of
@@ -30,10 +34,6 @@ and an S3 API server (versitygw) from artifacts it fetches once into the cache
 ($SPARK_ABS_HOME, default ~/.cache/spark-abs); the connection details go to
 <home>/runtime/connection.json, which every other command reads.
 """
-
-
-def _say(message: str) -> None:
-    print(f"[spark-abs] {message}", flush=True)
 
 
 def _runtime_settings(args: argparse.Namespace) -> LocalRuntimeSettings:
@@ -50,16 +50,16 @@ def _runtime_settings(args: argparse.Namespace) -> LocalRuntimeSettings:
 def _cmd_local(args: argparse.Namespace) -> int:
     from streaming.local import LocalRuntime
 
-    runtime = LocalRuntime(_runtime_settings(args), progress=_say)
+    runtime = LocalRuntime(_runtime_settings(args), progress=log.info)
     if args.action == "fetch":
         for what, paths in runtime.fetch(args.only or FETCHABLE).items():
-            _say(f"{what}: {len(paths)} file(s) cached, e.g. {paths[0] if paths else '-'}")
+            log.info(f"{what}: {len(paths)} file(s) cached, e.g. {paths[0] if paths else '-'}")
     elif args.action == "up":
         runtime.up()
         print(runtime.status().render())
     elif args.action == "down":
         for line in runtime.down(purge=args.purge):
-            _say(line)
+            log.info(line)
     elif args.action == "env":
         connection = Connection.load(runtime.settings, environ={})
         for name, value in connection.as_env().items():
@@ -78,12 +78,12 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     from streaming.tools.smoke import run_smoke
 
     settings = _runtime_settings(args)
-    connection = Connection.from_env(os.environ) or LocalRuntime(settings, progress=_say).up()
+    connection = Connection.from_env(os.environ) or LocalRuntime(settings, progress=log.info).up()
     check_broker(connection.kafka_bootstrap)
-    _say("starting Spark (local master) with the Kafka connector")
+    log.info("starting Spark (local master) with the Kafka connector")
     started = time.monotonic()
-    spark = spark_session(SparkSettings(master=connection.spark_master), settings, progress=_say)
-    _say(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
+    spark = spark_session(SparkSettings(master=connection.spark_master), settings, progress=log.info)
+    log.info(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
     run_id = uuid.uuid4().hex[:8]
     try:
         report = run_smoke(
@@ -93,12 +93,12 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
             prefix=f"smoke/{run_id}",
             records=args.records,
             partitions=args.partitions,
-            progress=_say,
+            progress=log.info,
         )
     finally:
         spark.stop()
     print(report.render())
-    _say("smoke pipeline passed: Kafka -> Structured Streaming foreachBatch -> Arrow -> Parquet on S3 -> read back")
+    log.info("smoke pipeline passed: Kafka -> Structured Streaming foreachBatch -> Arrow -> Parquet on S3 -> read back")
     return 0
 
 
@@ -117,7 +117,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from streaming.api.pipeline import parse_parallelism
-    from streaming.api.settings import JobSettings
     from streaming.engine.runner import JobRunner
     from streaming.errors import ConfigError
     from streaming.local import LocalRuntime
@@ -144,21 +143,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         retain=args.retain,
         **extra,
     )
-    connection = Connection.from_env(os.environ) or LocalRuntime(_runtime_settings(args), progress=_say).up()
+    connection = Connection.from_env(os.environ) or LocalRuntime(_runtime_settings(args), progress=log.info).up()
     runner = JobRunner(
         args.pipeline,
         settings,
         connection,
         job=args.job,
         workers=args.workers,
-        say=_say,
         max_restores=args.max_restores,
         parallelism=parse_parallelism(",".join(args.parallelism)),
         remote=args.remote_workers,
     )
-    run_job(
-        runner, restore=args.restore, seconds=args.seconds, checkpoints=args.checkpoints, drain=args.drain, say=_say
-    )
+    run_job(runner, restore=args.restore, seconds=args.seconds, checkpoints=args.checkpoints, drain=args.drain)
     return 0
 
 
@@ -173,25 +169,25 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     _export_home(args)
     if os.getcwd() not in sys.path:  # the pipeline's module, as `run` finds it
         sys.path.insert(0, os.getcwd())
-    connection = Connection.from_env(os.environ) or LocalRuntime(_runtime_settings(args), progress=_say).up()
+    connection = Connection.from_env(os.environ) or LocalRuntime(_runtime_settings(args), progress=log.info).up()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     control = ControlTopic(connection.kafka_bootstrap, args.job)
     try:
         control.seek_to_end()
-        _say(f"worker: waiting for the runner of job {args.job} (its lease on {control.topic})")
-        lease = wait_for_lease(control, args.job, say=_say, stop=stop)
+        log.info(f"worker: waiting for the runner of job {args.job} (its lease on {control.topic})")
+        lease = wait_for_lease(control, args.job, stop=stop)
     finally:
         control.close()
     if lease is None:
         return 0
-    worker = RemoteWorker(lease, args.group, connection, say=_say)
+    worker = RemoteWorker(lease, args.group, connection)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     try:
         worker.start()
         return worker.serve()
     except KeyboardInterrupt:
-        _say("worker: stopping (Ctrl-C)")
+        log.info("worker: stopping (Ctrl-C)")
         return 130
     finally:
         # stopping: a second SIGTERM (a process manager's, sent again) neither cuts the close short
@@ -252,16 +248,15 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
             print(views.render_diff(a, b, checkpoints.diff(a, b, sample=args.rows), args.rows))
         elif args.action == "verify":
             ids = _ids(args, (0, 1))
-            results = checkpoints.verify(ids[0] if ids else None, progress=_say)
+            results = checkpoints.verify(ids[0] if ids else None, progress=log.info)
             print(views.render_verify(args.job, results))
             return 1 if any(results.values()) else 0
         else:
             from streaming.adapters.sinks import sink_location
-            from streaming.api.settings import JobSettings
 
             _ids(args, (0,))
             sink = sink_location(JobSettings(store=args.store), args.job, connection)
-            plan = gc.plan_gc(checkpoints.store, sink, retain=args.retain, grace_s=args.grace, progress=_say)
+            plan = gc.plan_gc(checkpoints.store, sink, retain=args.retain, grace_s=args.grace, progress=log.info)
             if not args.dry_run:
                 removed = gc.apply_gc(checkpoints.store, plan)
                 plan = gc.GcPlan(removed, plan.kept)
@@ -275,7 +270,7 @@ def _cmd_state(args: argparse.Namespace) -> int:
     checkpoints, _ = _checkpoints(args, kafka=args.channels)
     with checkpoints:
         if args.channels:
-            channels = checkpoints.channel_state(args.checkpoint, task=args.task, progress=_say)
+            channels = checkpoints.channel_state(args.checkpoint, task=args.task, progress=log.info)
             tables = {"records": channels.records, "rows": channels.rows}
             text = views.render_channels(channels.records, channels.rows, channels.problems, args.rows)
         else:
@@ -283,7 +278,7 @@ def _cmd_state(args: argparse.Namespace) -> int:
             text = views.render_state(tables, args.rows)
     if args.output:
         for path in _export(tables, Path(args.output)):
-            _say(f"wrote {path}")
+            log.info(f"wrote {path}")
     else:
         print(text)
     return 0
@@ -335,14 +330,14 @@ def _cmd_restore(args: argparse.Namespace) -> int:
         checkpoints, _ = _checkpoints(args, kafka=True)
         with checkpoints:
             plan = checkpoints.rescale_plan(
-                pipeline, parse_parallelism(",".join(args.parallelism)), args.checkpoint, progress=_say
+                pipeline, parse_parallelism(",".join(args.parallelism)), args.checkpoint, progress=log.info
             )
         print(views.render_rescale_plan(plan))
         return 0
     if args.dry_run:
         checkpoints, _ = _checkpoints(args)
         with checkpoints:
-            print(views.render_restore_plan(checkpoints.restore_plan(args.checkpoint, progress=_say)))
+            print(views.render_restore_plan(checkpoints.restore_plan(args.checkpoint, progress=log.info)))
         return 0
     if not args.pipeline:
         raise ConfigError("restore: give --pipeline (module:attribute) to restore the job, or --dry-run")
@@ -380,13 +375,15 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _add_job_options(parser: argparse.ArgumentParser) -> None:
-    """The options of a job run, shared by ``run`` and ``restore``."""
-    parser.add_argument("--mode", default="aligned", choices=MODES, help="checkpoint mode (default aligned)")
+    """The options of a job run, shared by ``run`` and ``restore``; their
+    defaults are ``JobSettings``'s."""
+    mode, in_flight = JobSettings.default("mode"), JobSettings.default("in_flight").value
+    parser.add_argument("--mode", default=mode, choices=MODES, help=f"checkpoint mode (default {mode})")
     parser.add_argument(
         "--in-flight",
-        default="range",
-        choices=("range", "records"),
-        help="unaligned channel state: offset ranges or copied records (default range)",
+        default=in_flight,
+        choices=IN_FLIGHT_FORMATS,
+        help=f"unaligned channel state: offset ranges or copied records (default {in_flight})",
     )
     parser.add_argument(
         "--alignment-timeout-ms",
@@ -394,8 +391,11 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
         help="aligned-timeout: turn unaligned once this long has passed since the checkpoint's trigger",
     )
     parser.add_argument("--held-bytes-budget", type=int, help="aligned-timeout: switch past this many held bytes")
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between checkpoints (default 2)")
-    parser.add_argument("--retain", type=int, default=3, help="completed checkpoints kept (default 3)")
+    interval, retain = JobSettings.default("interval_s"), JobSettings.default("retain")
+    parser.add_argument(
+        "--interval", type=float, default=interval, help=f"seconds between checkpoints (default {interval:g})"
+    )
+    parser.add_argument("--retain", type=int, default=retain, help=f"completed checkpoints kept (default {retain})")
     parser.add_argument(
         "--workers",
         default="one",
@@ -436,7 +436,8 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="SECONDS",
         help="with --remote-workers: a worker group not heard this long is taken for dead (the job restores), "
-        "and a worker that hears nothing of the runner this long stops its tasks (default 15)",
+        f"and a worker that hears nothing of the runner this long stops its tasks "
+        f"(default {JobSettings.default('heartbeat_timeout_s'):g})",
     )
     parser.add_argument(
         "--max-restores",
@@ -574,7 +575,10 @@ Operator and channel state as tables: `spark-abs state N`.""",
     checkpoints.add_argument("--json", action="store_true", help="show: the checkpoint as JSON")
     checkpoints.add_argument("--rows", type=int, default=10, help="diff: changed rows shown per table (default 10)")
     checkpoints.add_argument("--dry-run", action="store_true", help="gc: list what would go, remove nothing")
-    checkpoints.add_argument("--retain", type=int, default=3, help="gc: complete checkpoints kept (default 3)")
+    retain = JobSettings.default("retain")
+    checkpoints.add_argument(
+        "--retain", type=int, default=retain, help=f"gc: complete checkpoints kept (default {retain})"
+    )
     checkpoints.add_argument(
         "--grace",
         type=float,
@@ -672,10 +676,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.rest = rest
     else:
         args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    console.install("[spark-abs] ", verbose=args.verbose)
     if not args.verbose:
         # kafka-python logs every lost connection and retry of its own (a line every few ms while a
         # broker is down); spark-abs says itself what it waits for and fails with a clear error

@@ -10,14 +10,17 @@ in its input topics is processed and committed.  Looking at checkpoints is ``str
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
 
 from barriers.coordinator import CheckpointStatus
+from streaming.engine.operations import run_until_caught_up
 
 __all__ = ["run_job"]
+
+log = logging.getLogger(__name__)
 
 
 def run_job(
@@ -28,7 +31,6 @@ def run_job(
     checkpoints: int | None = None,
     drain: bool = False,
     drain_timeout_s: float = 600.0,
-    say: Callable[[str], None] = print,
 ) -> None:
     """Start ``runner`` (a ``JobRunner``; from checkpoint ``restore`` when
     given) and drive it until ``seconds`` passed once all its tasks are up,
@@ -36,7 +38,7 @@ def run_job(
     until Ctrl-C); then stop its workers.  With ``drain``, or once the process
     gets SIGUSR1, run until everything the ingress topics hold then is
     processed and committed (a final aligned checkpoint covers it, as a
-    stop-with-savepoint does), then stop."""
+    stop-with-savepoint does), then stop.  What it does is logged (INFO)."""
     started = time.monotonic()
     deadline = None
     asked = threading.Event()
@@ -47,7 +49,7 @@ def run_job(
         previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         runner.start(restore=restore)
-        say(
+        log.info(
             f"job {runner.job}: {len(runner.groups) - len(runner.remote_names)} worker process(es) starting"
             + (f", {len(runner.remote_names)} remote group(s) to join" if runner.remote_names else "")
             + f", generation {runner.generation} (Ctrl-C or SIGTERM stops it; SIGUSR1 drains it)"
@@ -60,17 +62,17 @@ def run_job(
             ):
                 break
             if deadline is None and runner.coordinator.all_ready:
-                say(
+                log.info(
                     f"all tasks ready after {time.monotonic() - started:.1f} s; checkpoints every "
                     f"{runner.settings.interval_s:g} s" + ("" if seconds is None else f", for {seconds:g} s")
                 )
                 deadline = float("inf") if seconds is None else time.monotonic() + seconds
         if drain or asked.is_set():
-            say("draining: until everything in the input topics now is processed and committed")
-            record = runner.run_until_caught_up(drain_timeout_s)
-            say(f"drained: checkpoint {record.checkpoint_id} covers every input record and is committed")
+            log.info("draining: until everything in the input topics now is processed and committed")
+            record = run_until_caught_up(runner, drain_timeout_s)
+            log.info("drained: checkpoint %d covers every input record and is committed", record.checkpoint_id)
     except KeyboardInterrupt:
-        say("stopping (Ctrl-C or SIGTERM)")
+        log.info("stopping (Ctrl-C or SIGTERM)")
     finally:
         if previous is not None:
             signal.signal(signal.SIGUSR1, previous)
@@ -82,7 +84,7 @@ def run_job(
             if previous_term is not None:
                 signal.signal(signal.SIGTERM, previous_term)
     done = [r for r in runner.checkpoints() if r.status == CheckpointStatus.COMPLETED]
-    say(
+    log.info(
         f"stopped; {len(done)} checkpoint(s) completed in this run"
         + (f", the last {done[-1].checkpoint_id}" if done else "")
     )

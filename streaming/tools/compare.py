@@ -41,323 +41,40 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from barriers.coordinator import CheckpointStatus
+from barriers.handler import CheckpointKind
+from barriers.messages import InFlightFormat
+from streaming.adapters.snapshots.format import text_of
+from streaming.api.settings import JobSettings, Mode
 from streaming.errors import ConfigError, SparkAbsError
+from streaming.tools.compare_model import WORKLOADS, Comparison, Restore, Run, Sample, Workload
 
-__all__ = [
-    "VARIANTS",
-    "WORKLOADS",
-    "Workload",
-    "Sample",
-    "Restore",
-    "Run",
-    "Comparison",
-    "run_compare",
-    "main",
-]
+__all__ = ["VARIANTS", "run_compare", "main"]
+
+log = logging.getLogger(__name__)
 
 # variant name -> JobSettings keyword arguments (aligned-timeout's timeout comes from --timeout-ms)
 VARIANTS: Mapping[str, Mapping[str, object]] = {
-    "aligned": {"mode": "aligned"},
-    "unaligned": {"mode": "unaligned", "in_flight": "range"},
-    "unaligned-records": {"mode": "unaligned", "in_flight": "records"},
-    "aligned-timeout": {"mode": "aligned-timeout"},
-    "at-least-once": {"mode": "at-least-once"},
+    "aligned": {"mode": Mode.ALIGNED},
+    "unaligned": {"mode": Mode.UNALIGNED, "in_flight": InFlightFormat.RANGE},
+    "unaligned-records": {"mode": Mode.UNALIGNED, "in_flight": InFlightFormat.RECORDS},
+    "aligned-timeout": {"mode": Mode.ALIGNED_TIMEOUT},
+    "at-least-once": {"mode": Mode.AT_LEAST_ONCE},
 }
-WORKLOADS = ("backpressure", "skew", "backlog", "money")
-_AXES = {
-    "backpressure": "per-record cost of the slow stage (ms)",
-    "skew": "records partition 0 starts behind",
-    "backlog": "backlog in front of the barriers (records per partition)",
-    "money": "",
-}
-_SLOW = "streaming.testing:slow_pipeline"
-_MONEY = "streaming.tools.demo:pipeline"
 # a slow task looks at control events at least this often (records per segment follow from the cost)
 _SEGMENT_MS = 100
 # the warm-up waits at most this much longer for every job's first checkpoint
 _WARMUP_LIMIT_S = 60.0
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the jobs run and how they are fed (see the module docstring)."""
-
-    kind: str = "backpressure"
-    costs: tuple[float, ...] = (1.0, 10.0)  # ms per record of the slow stage (backlog, skew: the first)
-    load: float = 1.25  # source rate as a multiple of what the slow stage can take
-    rate: float | None = None  # records (money: transfers) per second; overrides load
-    duration_s: float = 30.0
-    interval_s: float = 1.0
-    warmup_s: float = 5.0  # run, but not counted: Spark's first micro-batches
-    # backpressure: the source stops while this many seconds of the stage's work wait in front
-    # of it (Flink's network buffers do this; Kafka alone would let the backlog grow for ever)
-    buffer_s: float = 1.0
-    keys: int = 7  # distinct keys (the slow stage's state); money: accounts
-    skew: int = 3000
-    backlogs: tuple[int, ...] = (500, 1000, 2000)
-    timeout_ms: int = 200
-
-    def __post_init__(self) -> None:
-        if self.kind not in WORKLOADS:
-            raise ConfigError(f"--workload {self.kind}: use one of {', '.join(WORKLOADS)}")
-        if not self.costs or any(not c > 0 for c in self.costs):
-            raise ConfigError(f"--costs {self.costs}: one or more positive milliseconds per record")
-        if len(set(self.costs)) != len(self.costs):
-            raise ConfigError(f"--costs {self.costs}: each at most once")
-        for name in ("load", "duration_s", "interval_s", "buffer_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"--{name.removesuffix('_s')} must be positive, got {getattr(self, name)}")
-        if self.rate is not None and not self.rate > 0:
-            raise ConfigError(f"--rate must be positive, got {self.rate}")
-        if self.warmup_s < 0 or self.keys < 1 or self.skew < 0 or self.timeout_ms < 0:
-            raise ConfigError("--warmup, --skew and --timeout-ms must not be negative and --keys at least 1")
-        if not self.backlogs or any(b < 1 for b in self.backlogs):
-            raise ConfigError(f"--backlogs {self.backlogs}: one or more counts, each at least 1")
-        if self.kind == "money" and self.keys < 2:
-            raise ConfigError("--keys (accounts) must be at least 2 for money: a transfer needs two")
-
-    @property
-    def continuous(self) -> bool:
-        return self.kind != "backlog"
-
-    @property
-    def points(self) -> tuple[float, ...]:
-        """The x axis: backlogs are rounds of the same jobs, every other point a job per variant."""
-        if self.kind == "backlog":
-            return tuple(float(b) for b in self.backlogs)
-        return self.job_points
-
-    @property
-    def job_points(self) -> tuple[float, ...]:
-        if self.kind == "backpressure":
-            return self.costs
-        if self.kind == "skew":
-            return (float(self.skew),)
-        return (0.0,)
-
-    def cost_ms(self, point: float) -> float:
-        return point if self.kind == "backpressure" else self.costs[0]
-
-    def rate_of(self, point: float) -> float:
-        """Records per second into each job at ``point`` (the slow stage takes
-        1000 / cost records per second at best)."""
-        if self.rate is not None:
-            return self.rate
-        if self.kind == "money":
-            return 300.0
-        return self.load * 1000.0 / self.cost_ms(point)
-
-    def buffer_of(self, point: float, partitions: int) -> int:
-        """Records that may wait unread in each partition before the source stops."""
-        per_second = self.rate_of(point) if self.kind == "money" else 1000.0 / self.cost_ms(point)
-        return max(1, round(self.buffer_s * per_second / partitions))
-
-    def pipeline_ref(self, point: float) -> str:
-        if self.kind == "money":
-            return _MONEY
-        return f"{_SLOW}?ms_per_record={self.cost_ms(point):g}"
-
-    def label(self, point: float) -> str:
-        if self.kind == "backpressure":
-            return f"{point:g} ms/record"
-        if self.kind == "skew":
-            return f"skew {point:g}"
-        if self.kind == "backlog":
-            return f"backlog {point:g}"
-        return "money"
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One checkpoint of one job, over all its tasks (times: the slowest
-    task; bytes and records: summed over tasks; held bytes: the most any held)."""
-
-    checkpoint_id: int
-    at_s: float  # its trigger, seconds after the measured part of the run began
-    status: str  # completed, aborted, or pending (still running when the run ended)
-    duration_s: float  # trigger to complete; pending: how long it had run when the run ended
-    reason: str = ""
-    kinds: tuple[str, ...] = ()
-    first_barrier_s: float = 0.0
-    alignment_s: float = 0.0
-    held_bytes_max: int = 0
-    in_flight_records: int = 0
-    in_flight_bytes_copied: int = 0
-    state_bytes: int = 0
-    switches: tuple[str, ...] = ()  # per task that switched: "task: why (after N ms)"
-
-    @classmethod
-    def from_record(cls, record: Any, at_s: float, now: float) -> Sample:
-        status = str(record.status)
-        if record.status is CheckpointStatus.COMPLETED:
-            duration = float(record.duration_s)
-        else:
-            duration = now - record.triggered_at
-        tasks = record.tasks or {}
-
-        def values(name: str) -> list[float]:
-            return [float(t.get(name) or 0) for t in tasks.values()]
-
-        switches = tuple(
-            f"{name}: {t['switch']}"
-            + (f" after {t['switched_after_ms']:.0f} ms" if t.get("switched_after_ms") is not None else "")
-            for name, t in sorted(tasks.items())
-            if t.get("switch")
-        )
-        return cls(
-            checkpoint_id=record.checkpoint_id,
-            at_s=at_s,
-            status=status,
-            duration_s=duration,
-            reason=record.reason,
-            kinds=tuple(record.kinds),
-            first_barrier_s=max(values("first_barrier_s"), default=0.0),
-            alignment_s=max(values("alignment_s"), default=0.0),
-            held_bytes_max=int(max(values("held_bytes_max"), default=0)),
-            in_flight_records=int(sum(values("in_flight_records_referenced"))),
-            in_flight_bytes_copied=int(sum(values("in_flight_bytes_copied"))),
-            state_bytes=int(sum(values("state_bytes"))),
-            switches=switches,
-        )
-
-
-@dataclass(frozen=True)
-class Restore:
-    """A restore from the latest checkpoint at the end of the run."""
-
-    checkpoint_id: int | None
-    ready_s: float | None  # until every task's query ran again
-    replayed_s: float | None  # until every task had processed its restored channel state (None: not in time)
-    replay_records: int  # records of channel state the tasks read again (offset ranges)
-    replayed_copies: int = 0  # records of copied channel state (replayed before "ready")
-
-
-@dataclass
-class Run:
-    """One job: a variant at a workload point."""
-
-    variant: str
-    point: float
-    job: str
-    rate: float  # records per second fed to it (0: a fixed backlog)
-    samples: list[Sample] = field(default_factory=list)
-    produced: int = 0
-    mean_record_bytes: float = 0.0
-    records_per_s: float | None = None  # data records the first stage read per second, between checkpoints
-    restore: Restore | None = None
-
-    def durations(self, *, pending: bool = True) -> list[float]:
-        """Checkpoint times: completed ones, and (``pending``) the ones still
-        running at the end, at how long they had run (a lower bound)."""
-        keep = ("completed", "pending") if pending else ("completed",)
-        return [s.duration_s for s in self.samples if s.status in keep]
-
-    def percentile(self, q: float) -> float | None:
-        values = self.durations()
-        return float(np.percentile(values, q)) if values else None
-
-    def median(self, name: str) -> float | None:
-        values = [getattr(s, name) for s in self.samples if s.status == "completed"]
-        return float(np.median(values)) if values else None
-
-    def most(self, name: str) -> float | None:
-        values = [getattr(s, name) for s in self.samples if s.status == "completed"]
-        return float(max(values)) if values else None
-
-    def count(self, status: str) -> int:
-        return sum(1 for s in self.samples if s.status == status)
-
-    @property
-    def in_flight_bytes_referenced(self) -> float | None:
-        """Median channel state kept as offset ranges, in bytes: its records
-        times the mean size of the records fed to the job."""
-        records = self.median("in_flight_records")
-        return None if records is None else records * self.mean_record_bytes
-
-    @property
-    def switch_reasons(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for s in self.samples:
-            for entry in s.switches:
-                why = entry.split(": ", 1)[1].split(" after ", 1)[0]
-                counts[why] = counts.get(why, 0) + 1
-        return counts
-
-
-@dataclass
-class Comparison:
-    """Every checkpoint of every job of one comparison."""
-
-    workload: Workload
-    variants: list[str]
-    runs: list[Run] = field(default_factory=list)
-    started: str = ""
-    seconds: float = 0.0
-
-    @property
-    def axis(self) -> str:
-        return _AXES[self.workload.kind]
-
-    @property
-    def points(self) -> list[float]:
-        return sorted({r.point for r in self.runs})
-
-    def run(self, variant: str, point: float) -> Run | None:
-        return next((r for r in self.runs if r.variant == variant and r.point == point), None)
-
-    def ratio(self, variant: str, point: float, q: float = 50) -> float | None:
-        """Checkpoint time percentile ``q`` of ``variant`` over the baseline's
-        (the first variant), at the same point of the same run."""
-        run, base = self.run(variant, point), self.run(self.variants[0], point)
-        if run is None or base is None:
-            return None
-        mine, theirs = run.percentile(q), base.percentile(q)
-        return None if mine is None or not theirs else mine / theirs
-
-    def ratio_to(self, variant: str, other: str, point: float, q: float = 50) -> float | None:
-        run, base = self.run(variant, point), self.run(other, point)
-        if run is None or base is None:
-            return None
-        mine, theirs = run.percentile(q), base.percentile(q)
-        return None if mine is None or not theirs else mine / theirs
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "workload": asdict(self.workload),
-                "variants": self.variants,
-                "started": self.started,
-                "seconds": self.seconds,
-                "runs": [asdict(r) for r in self.runs],
-            },
-            indent=2,
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> Comparison:
-        data = json.loads(text)
-        workload = data["workload"]
-        for name in ("costs", "backlogs"):
-            workload[name] = tuple(workload[name])
-        runs = []
-        for r in data["runs"]:
-            samples = [
-                Sample(**{**s, "kinds": tuple(s["kinds"]), "switches": tuple(s["switches"])}) for s in r.pop("samples")
-            ]
-            restore = Restore(**r.pop("restore")) if r.get("restore") else None
-            r.pop("restore", None)
-            runs.append(Run(**r, samples=samples, restore=restore))
-        return cls(Workload(**workload), data["variants"], runs, data.get("started", ""), data.get("seconds", 0.0))
 
 
 def check_variants(variants: Sequence[str]) -> None:
@@ -395,14 +112,14 @@ def run_compare(
     connection,
     *,
     store_uri: str,
-    workload: Workload = Workload(),
+    workload: Workload = Workload(),  # noqa: B008 - a frozen dataclass
     variants: Sequence[str] = ("aligned", "unaligned", "aligned-timeout"),
     restore: bool = True,
     timeout_s: float = 600.0,
-    say: Callable[[str], None] = print,
 ) -> Comparison:
     """Run the comparison on ``connection`` (see the module docstring): the
-    variants side by side, one workload point after another."""
+    variants side by side, one workload point after another.  Its progress
+    is logged (INFO)."""
     check_variants(variants)
     stamp = uuid.uuid4().hex[:6]
     comparison = Comparison(workload, list(variants), started=time.strftime("%Y-%m-%d %H:%M:%S"))
@@ -410,9 +127,9 @@ def run_compare(
     points = workload.job_points
     for index, point in enumerate(points, start=1):
         if len(points) > 1:
-            say(f"part {index}/{len(points)}: {workload.label(point)}")
+            log.info(f"part {index}/{len(points)}: {workload.label(point)}")
         comparison.runs += _side_by_side(
-            connection, store_uri, workload, variants, point, stamp, restore, began + timeout_s, say
+            connection, store_uri, workload, variants, point, stamp, restore, began + timeout_s
         )
     comparison.seconds = time.monotonic() - began
     return comparison
@@ -427,11 +144,9 @@ def _side_by_side(
     stamp: str,
     restore: bool,
     deadline: float,
-    say: Callable[[str], None],
 ) -> list[Run]:
     """One job per variant at ``point``, all at once: started, fed, measured,
     restored, stopped.  The runs measured."""
-    from streaming.api.settings import JobSettings
     from streaming.engine.runner import JobRunner
 
     jobs: list[_Job] = []
@@ -440,7 +155,7 @@ def _side_by_side(
     try:
         for variant in variants:
             extra = dict(VARIANTS[variant])
-            if variant == "aligned-timeout":
+            if extra["mode"] is Mode.ALIGNED_TIMEOUT:
                 extra["alignment_timeout_ms"] = workload.timeout_ms
             settings = JobSettings(
                 store=store_uri,
@@ -452,14 +167,7 @@ def _side_by_side(
             )
             name = f"cmp-{variant}-{workload.label(point)}-{stamp}".replace(" ", "").replace("/", "-")
             label = f"{variant} @ {workload.label(point)}"
-            runner = JobRunner(
-                workload.pipeline_ref(point),
-                settings,
-                connection,
-                job=name,
-                # progress comes from the comparison; a job says what goes wrong or restores
-                say=lambda line, label=label: None if line.startswith("checkpoint ") else say(f"{label}: {line}"),
-            )
+            runner = JobRunner(workload.pipeline_ref(point), settings, connection, job=name)
             ingress = runner.pipeline.ingress[0]
             run = Run(variant, point, name, workload.rate_of(point) if workload.continuous else 0.0)
             jobs.append(_Job(variant, point, runner, run, ingress.topic, ingress.partitions, label=label))
@@ -468,14 +176,14 @@ def _side_by_side(
         for job in jobs:
             job.runner.prepare()
         if workload.kind == "skew":
-            say(f"partition 0 of every job starts {workload.skew} records behind partition 1")
+            log.info(f"partition 0 of every job starts {workload.skew} records behind partition 1")
             for job in jobs:
                 feed.send(job, workload.skew, partitions=(0,))
             feed.flush()
-        say(f"starting {len(jobs)} jobs side by side: {', '.join(variants)}")
+        log.info(f"starting {len(jobs)} jobs side by side: {', '.join(variants)}")
         for job in jobs:
             job.runner.start()
-        side = _SideBySide(jobs, feed, deadline, say)
+        side = _SideBySide(jobs, feed, deadline)
         side.wait(lambda: all(j.runner.coordinator.all_ready for j in jobs), "the jobs' tasks to start", "starting")
         if workload.continuous:
             side.continuous(workload)
@@ -556,11 +264,10 @@ class _SideBySide:
     """The jobs of a comparison, driven together: records fed at their rate,
     checkpoints triggered, control topics polled in turn, progress said."""
 
-    def __init__(self, jobs: list[_Job], feed: _Feed, deadline: float, say: Callable[[str], None]):
+    def __init__(self, jobs: list[_Job], feed: _Feed, deadline: float):
         self.jobs = jobs
         self.feed = feed
         self.deadline = deadline
-        self.say = say
         self._said = 0.0
 
     def wait(self, done: Callable[[], bool], what: str, phase: str, limit: float | None = None) -> bool:
@@ -576,7 +283,7 @@ class _SideBySide:
             self.poll()
             if now - self._said > 10:
                 self._said = now
-                self.say(f"{phase}: waiting for {what}")
+                log.info(f"{phase}: waiting for {what}")
         return True
 
     def poll(self) -> None:
@@ -594,7 +301,7 @@ class _SideBySide:
         """Feed and checkpoint every job; the measured part begins after the
         warm-up, once every job has completed a checkpoint (a slow variant's
         first checkpoint may take long), and lasts ``duration_s``."""
-        self.say(
+        log.info(
             f"feeding {self.jobs[0].run.rate:g} records/s into each job (throttled while {workload.buffer_s:g} s "
             f"of work wait unread), a checkpoint every {workload.interval_s:g} s in each; warm-up (not counted): "
             f"{workload.warmup_s:g} s and until every job completed a checkpoint"
@@ -618,12 +325,12 @@ class _SideBySide:
                 )
                 if warm or now > give_up_warmup:
                     if not warm:
-                        self.say(f"warm-up: not every job completed a checkpoint in {now - start:.0f} s; measuring")
+                        log.info(f"warm-up: not every job completed a checkpoint in {now - start:.0f} s; measuring")
                     measuring = now
                     for job in self.jobs:
                         job.started_at = now
                         job.counted_from = max(job.runner.coordinator.records, default=0) + 1
-                    self.say(f"warm-up done after {now - start:.0f} s; measuring {workload.duration_s:g} s")
+                    log.info(f"warm-up done after {now - start:.0f} s; measuring {workload.duration_s:g} s")
             for job in self.jobs:
                 self._feed(job, workload, now - start)
             self.feed.flush()
@@ -638,7 +345,10 @@ class _SideBySide:
         end = time.monotonic()
         for job in self.jobs:
             job.run.samples = self._samples(job, end)
-        self.say("run done: " + ", ".join(f"{j.label}: {j.run.count('completed')} checkpoints" for j in self.jobs))
+        log.info(
+            "run done: "
+            + ", ".join(f"{j.label}: {j.run.count(CheckpointStatus.COMPLETED)} checkpoints" for j in self.jobs)
+        )
 
     def _feed(self, job: _Job, workload: Workload, elapsed: float) -> None:
         """Each partition gets its share of the rate, as long as fewer than
@@ -661,7 +371,7 @@ class _SideBySide:
             last = f"{done[-1]:.2f} s" if done else "-"
             parts.append(f"{job.label} {len(done)} (last {last})")
         where = f"{elapsed:.0f}/{total:.0f} s, ETA {total - elapsed:.0f} s + restore" if measuring else "warm-up"
-        self.say(f"{where}; checkpoints completed: " + "; ".join(parts))
+        log.info(f"{where}; checkpoints completed: " + "; ".join(parts))
 
     # ---- the fixed-backlog workload
 
@@ -672,7 +382,7 @@ class _SideBySide:
         for job in self.jobs:
             job.started_at = time.monotonic()
         for round_, backlog in enumerate(workload.backlogs, start=1):
-            self.say(f"round {round_}/{len(workload.backlogs)}: {backlog} records per partition, then a checkpoint")
+            log.info(f"round {round_}/{len(workload.backlogs)}: {backlog} records per partition, then a checkpoint")
             for job in self.jobs:
                 self.feed.send(job, backlog * job.partitions)
             self.feed.flush()
@@ -691,9 +401,9 @@ class _SideBySide:
                 record = records[id(job)]
                 sample = Sample.from_record(record, record.triggered_at - job.started_at, now)
                 runs.append(Run(job.variant, float(backlog), job.run.job, 0.0, [sample]))
-                self.say(
+                log.info(
                     f"round {round_}: {job.variant}: checkpoint {record.checkpoint_id} {record.status} in "
-                    f"{sample.duration_s:.2f} s ({', '.join(sample.kinds)})"
+                    f"{sample.duration_s:.2f} s ({', '.join(text_of(CheckpointKind, k) for k in sample.kinds)})"
                 )
         return runs
 
@@ -710,7 +420,7 @@ class _SideBySide:
     def restore(self, limit_s: float = 90.0) -> None:
         """Restore every job from its latest checkpoint (in place: the
         workers' Spark stays up) and time it."""
-        self.say("restoring every job from its latest checkpoint (no new input meanwhile)")
+        log.info("restoring every job from its latest checkpoint (no new input meanwhile)")
         begun = {}
         for job in self.jobs:
             begun[id(job)] = time.monotonic()
@@ -733,7 +443,7 @@ class _SideBySide:
                 replayed_s=max(coordinator.replayed_at.values()) - start if replayed else None,
                 replay_records=sum(coordinator.replaying.values()),
             )
-            self.say(
+            log.info(
                 f"{job.label}: restored checkpoint {job.run.restore.checkpoint_id}, ready in "
                 f"{job.run.restore.ready_s:.1f} s, "
                 + (
@@ -863,11 +573,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import os
 
+    from streaming import console
     from streaming.api.config import Connection, default_home
     from streaming.local import LocalRuntime
     from streaming.tools import compare_report
 
-    say = lambda line: print(f"[compare] {line}", flush=True)  # noqa: E731
+    console.install("[compare] ")
+    # progress comes from the comparison: the jobs' own checkpoint lines are left out
+    logging.getLogger("streaming.engine.coordinator").setLevel(logging.WARNING)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     check_variants(variants)
     workload = Workload(
@@ -887,10 +600,10 @@ def main(argv: list[str] | None = None) -> int:
     if workload.kind == "money" and args.keys == defaults.keys:
         workload = replace(workload, keys=10)
     out = Path(args.out) if args.out else default_home() / "runs" / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    connection = Connection.from_env(os.environ) or LocalRuntime(progress=say).up()
+    connection = Connection.from_env(os.environ) or LocalRuntime(progress=log.info).up()
     store = args.store or f"file://{default_home() / 'compare-store'}"
     comparison = run_compare(
-        connection, store_uri=store, workload=workload, variants=variants, restore=not args.no_restore, say=say
+        connection, store_uri=store, workload=workload, variants=variants, restore=not args.no_restore
     )
     written = compare_report.write(comparison, out)
     print()

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streaming.tools.compare import Comparison, Run
-from streaming.tools.views import _size, _table, _text
+from barriers.coordinator import CheckpointStatus
+from streaming.tools.compare_model import Comparison, Run
+from streaming.tools.views import as_text, byte_size, titled_table
 
 __all__ = ["render_tables", "print_tables", "summary", "chart", "write", "CHARTS"]
 
@@ -47,16 +48,16 @@ def _point(comparison: Comparison, run: Run) -> str:
 
 def render_tables(comparison: Comparison) -> str:
     base = comparison.variants[0]
-    times = _table(
+    times = titled_table(
         f"checkpoint time, trigger to complete (seconds; ÷ {base}: median over {base}'s median, same run)",
         ("point", "variant", "done", "pending", "aborted", "p50", "p90", "p99", f"÷ {base}", "first barrier", "align"),
         (
             (
                 _point(comparison, r),
                 r.variant,
-                r.count("completed"),
-                r.count("pending"),
-                r.count("aborted"),
+                r.count(CheckpointStatus.COMPLETED),
+                r.count(CheckpointStatus.PENDING),
+                r.count(CheckpointStatus.ABORTED),
                 _n(r.percentile(50)),
                 _n(r.percentile(90)),
                 _n(r.percentile(99)),
@@ -68,7 +69,7 @@ def render_tables(comparison: Comparison) -> str:
         ),
         right=("done", "pending", "aborted", "p50", "p90", "p99", f"÷ {base}", "first barrier", "align"),
     )
-    stored = _table(
+    stored = titled_table(
         "what the checkpoints kept (medians per checkpoint; held: the most), records read per second, "
         "and a restore from the latest checkpoint (seconds until running, until its channel state was replayed)",
         (
@@ -89,11 +90,11 @@ def render_tables(comparison: Comparison) -> str:
             (
                 _point(comparison, r),
                 r.variant,
-                _size(r.median("state_bytes") or 0) if r.median("state_bytes") is not None else None,
+                byte_size(r.median("state_bytes") or 0) if r.median("state_bytes") is not None else None,
                 None if r.median("in_flight_records") is None else f"{r.median('in_flight_records'):.0f}",
-                None if r.in_flight_bytes_referenced is None else _size(r.in_flight_bytes_referenced),
-                None if r.median("in_flight_bytes_copied") is None else _size(r.median("in_flight_bytes_copied")),
-                None if r.most("held_bytes_max") is None else _size(r.most("held_bytes_max")),
+                None if r.in_flight_bytes_referenced is None else byte_size(r.in_flight_bytes_referenced),
+                None if r.median("in_flight_bytes_copied") is None else byte_size(r.median("in_flight_bytes_copied")),
+                None if r.most("held_bytes_max") is None else byte_size(r.most("held_bytes_max")),
                 None if r.records_per_s is None else f"{r.records_per_s:.0f}",
                 _n(r.restore.ready_s, 1) if r.restore else None,
                 (_n(r.restore.replayed_s, 1) or "not in time") if r.restore else None,
@@ -104,7 +105,7 @@ def render_tables(comparison: Comparison) -> str:
         ),
         right=("state", "in flight", "≈ bytes", "copied", "held max", "rec/s", "restore", "replayed", "replay recs"),
     )
-    return _text(times, stored, "\n".join(summary(comparison)))
+    return as_text(times, stored, "\n".join(summary(comparison)))
 
 
 def summary(comparison: Comparison) -> list[str]:
@@ -197,13 +198,15 @@ def chart(comparison: Comparison, name: str, out: Path) -> Path:
                 samples = sorted((s for r in runs for s in r.samples), key=lambda s: s.at_s)
                 if not samples:
                     continue
-                done = [s for s in samples if s.status == "completed"]
+                done = [s for s in samples if s.status is CheckpointStatus.COMPLETED]
                 (line,) = ax.plot([s.at_s for s in done], [s.duration_s for s in done], marker=".", label=variant)
                 # still running at the end: hollow; aborted: a cross
-                styles = {"pending": {"facecolors": "none", "edgecolors": line.get_color()}}
-                styles["aborted"] = {"marker": "x", "color": line.get_color()}
+                styles = {
+                    CheckpointStatus.PENDING: {"facecolors": "none", "edgecolors": line.get_color()},
+                    CheckpointStatus.ABORTED: {"marker": "x", "color": line.get_color()},
+                }
                 for status, style in styles.items():
-                    marked = [s for s in samples if s.status == status]
+                    marked = [s for s in samples if s.status is status]
                     ax.scatter([s.at_s for s in marked], [max(s.duration_s, 1e-3) for s in marked], **style)
             ax.set_yscale("log")
             ax.set_ylabel("checkpoint time, s")

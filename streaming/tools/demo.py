@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import logging
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -32,10 +33,11 @@ import pyarrow.compute as pc
 from barriers.coordinator import CheckpointStatus
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId
-from operators import Balances, TumblingWindowAggregate, count, sum_, transfer_legs
+from operators import TumblingWindowAggregate, count, sum_
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
-from streaming.api.settings import MODES, WORKER_LAYOUTS
+from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, WORKER_LAYOUTS, JobSettings, Mode
 from streaming.tools.checkpoints import channel_rows, classify_channel_records
+from streaming.tools.money import Balances, transfer_legs
 
 __all__ = [
     "TRANSFERS",
@@ -49,6 +51,8 @@ __all__ = [
     "money_in_checkpoint",
     "main",
 ]
+
+log = logging.getLogger(__name__)
 
 TRANSFERS = pa.schema(
     [("id", pa.int64()), ("source", pa.string()), ("target", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())]
@@ -230,7 +234,7 @@ def _amounts(records: pa.Table, channel: ChannelId, generation: int, lineage: Li
 
 @dataclass
 class DemoReport:
-    mode: str
+    mode: Mode
     job: str
     transfers: int
     money: list[Money]
@@ -245,7 +249,7 @@ class DemoReport:
 
     @property
     def passed(self) -> bool:
-        if self.mode == "at-least-once":  # replay may duplicate; nothing may be lost
+        if self.mode is Mode.AT_LEAST_ONCE:  # replay may duplicate; nothing may be lost
             return self.lost == 0
         return self.output_matches and bool(self.money) and all(m.total == 0 for m in self.money)
 
@@ -277,7 +281,7 @@ class DemoReport:
             f"output: {self.output_rows} window rows committed, {self.expected_rows} expected from a "
             f"run without failures: {'identical' if self.output_matches else 'DIFFERENT'}"
         )
-        if self.mode == "at-least-once":
+        if self.mode is Mode.AT_LEAST_ONCE:
             lines.append(f"at-least-once: replay may duplicate legs; windows missing legs: {self.lost}")
         lines.append(f"dead letters: {self.dead_letters}")
         return "\n".join(lines)
@@ -289,20 +293,19 @@ def run_demo(
     store_uri: str,
     transfers: int = 2000,
     kill: str | None = "accounts",
-    mode: str = "aligned",
+    mode: Mode | str = Mode.ALIGNED,
     job: str | None = None,
     faults: str = "",
     interval_s: float = 1.0,
     timeout_s: float = 300.0,
     chunks: int = 2,
     workers: Mapping[str, list[str]] | str | None = None,
-    say: Callable[[str], None] = print,
     **settings,
 ) -> DemoReport:
     """Run the demo on ``connection`` (see the module docstring): the
     transfers go in ``chunks`` parts, each after a checkpoint completed; with
     ``kill``, that worker is SIGKILLed after the first checkpoint; ``faults``
-    arms ``SPARK_ABS_FAULT`` in the workers."""
+    arms ``SPARK_ABS_FAULT`` in the workers.  Its progress is logged (INFO)."""
     import uuid
 
     from streaming.adapters.kafka_admin import end_offsets
@@ -310,7 +313,8 @@ def run_demo(
     from streaming.adapters.objects import open_store
     from streaming.adapters.sinks import read_committed_output, sink_location
     from streaming.adapters.snapshots import SnapshotStore
-    from streaming.api.settings import JobSettings
+    from streaming.engine.faults import ENV as FAULT_ENV
+    from streaming.engine.operations import kill_worker, run_until_caught_up
     from streaming.engine.runner import JobRunner
 
     job = job or f"money-demo-{uuid.uuid4().hex[:6]}"
@@ -321,7 +325,7 @@ def run_demo(
     def check(checkpoint_id: int) -> None:
         m = money_in_checkpoint(reader, checkpoint_id, lambda c, a, b: read_range(connection.kafka_bootstrap, c, a, b))
         money.append(m)
-        say(
+        log.info(
             f"checkpoint {checkpoint_id}: balances {m.balances:+d}, in flight {m.in_flight:+d} -> "
             + ("money conserved" if m.total == 0 else f"MONEY NOT CONSERVED ({m.total:+d})")
         )
@@ -331,8 +335,7 @@ def run_demo(
         job_settings,
         connection,
         job=job,
-        say=say,
-        faults=faults,
+        worker_env={FAULT_ENV: faults} if faults else None,
         on_complete=check,
         workers=workers,
     )
@@ -344,12 +347,12 @@ def run_demo(
         runner.prepare()
         for index, part in enumerate(parts):
             last = index == len(parts) - 1
-            say(f"producing {len(part)} transfers to {ingress.topic}" + (" and the end of input" if last else ""))
+            log.info(f"producing {len(part)} transfers to {ingress.topic}" + (" and the end of input" if last else ""))
             produce_transfers(connection.kafka_bootstrap, ingress.topic, part, ingress.partitions, end=last)
             if index == 0:
-                say(
-                    f"starting job {job}: {len(runner.groups)} worker processes ({mode} checkpoints every "
-                    f"{interval_s:g} s)"
+                log.info(
+                    f"starting job {job}: {len(runner.groups)} worker processes "
+                    f"({job_settings.mode} checkpoints every {interval_s:g} s)"
                 )
                 runner.start()
             if last:
@@ -359,9 +362,9 @@ def run_demo(
                 runner.step()
             if index == 0 and kill:
                 worker = runner.supervisor.worker_of(kill)
-                say(f"killing worker {worker.name!r} (tasks {', '.join(worker.tasks)}) with SIGKILL")
-                runner.kill_worker(kill)
-        runner.run_until_caught_up(max(1.0, deadline - time.monotonic()))
+                log.info(f"killing worker {worker.name!r} (tasks {', '.join(worker.tasks)}) with SIGKILL")
+                kill_worker(runner, kill)
+        run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
     finally:
         runner.close()
     output = normalise(read_committed_output(sink_location(job_settings, job, connection)))
@@ -371,7 +374,7 @@ def run_demo(
     got = {_row_key(r): r["legs"] for r in output}
     lost = sum(1 for r in expected if got.get(_row_key(r), 0) < r["legs"])
     return DemoReport(
-        mode,
+        job_settings.mode,
         job,
         len(data),
         money,
@@ -390,17 +393,18 @@ def main(argv: list[str] | None = None) -> int:
         prog="spark-abs demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--transfers", type=int, default=2000, help="transfers to produce (default 2000)")
+    mode, in_flight = JobSettings.default("mode"), JobSettings.default("in_flight").value
     parser.add_argument(
         "--mode",
-        default="aligned",
+        default=mode,
         choices=MODES,
-        help="checkpoint mode (default aligned; aligned-timeout switches after 200 ms)",
+        help=f"checkpoint mode (default {mode}; {Mode.ALIGNED_TIMEOUT} switches after 200 ms)",
     )
     parser.add_argument(
         "--in-flight",
-        default="range",
-        choices=("range", "records"),
-        help="unaligned channel state: offset ranges or copied records (default range)",
+        default=in_flight,
+        choices=IN_FLIGHT_FORMATS,
+        help=f"unaligned channel state: offset ranges or copied records (default {in_flight})",
     )
     parser.add_argument(
         "--kill",
@@ -419,13 +423,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import os
 
+    from streaming import console
     from streaming.api.config import Connection, default_home
     from streaming.local import LocalRuntime
 
-    say = lambda line: print(f"[demo] {line}", flush=True)  # noqa: E731
-    connection = Connection.from_env(os.environ) or LocalRuntime(progress=say).up()
+    console.install("[demo] ")
+    connection = Connection.from_env(os.environ) or LocalRuntime(progress=log.info).up()
     store = args.store or f"file://{default_home() / 'demo-store'}"
-    extra = {"alignment_timeout_ms": 200} if args.mode == "aligned-timeout" else {}
+    extra = {"alignment_timeout_ms": 200} if args.mode == Mode.ALIGNED_TIMEOUT else {}
     report = run_demo(
         connection,
         store_uri=store,
@@ -434,7 +439,6 @@ def main(argv: list[str] | None = None) -> int:
         kill=None if args.kill == "none" else args.kill,
         workers=args.workers,
         interval_s=args.interval,
-        say=say,
         in_flight=args.in_flight,
         **extra,
     )

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import os
 import random
 import signal
@@ -57,11 +58,12 @@ from typing import Any
 
 import pandas as pd
 
-from streaming.adapters.control import ControlKind, ControlTopic
+from streaming.adapters.control import ControlTopic, Progress
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import Pipeline, load_pipeline
+from streaming.api.settings import MODES, JobSettings, Mode
 from streaming.engine import faults
 from streaming.errors import ConfigError, SnapshotMissingError, SparkAbsError, parse_choice
 
@@ -79,6 +81,8 @@ __all__ = [
     "plan_failures",
     "run_drill",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class FailureKind(enum.StrEnum):
@@ -120,13 +124,14 @@ class Failure:
         return f"{service} down for {self.outage_s:.0f} s"
 
 
-def fault_pools(pipeline: Pipeline, mode: str) -> dict[str, list[str]]:
+def fault_pools(pipeline: Pipeline, mode: Mode) -> dict[str, list[str]]:
     """The tasks where each fault point can strike: any task mid-batch, during
     an upload or a restore; a task with more than one input during alignment
     (aligned modes only); a sink task between the manifest and its commit."""
     tasks = pipeline.tasks()
     every = [t.name for t in tasks]
-    aligning = [t.name for t in tasks if len(t.inputs) > 1] if mode in ("aligned", "aligned-timeout") else []
+    aligned = mode in (Mode.ALIGNED, Mode.ALIGNED_TIMEOUT)
+    aligning = [t.name for t in tasks if len(t.inputs) > 1] if aligned else []
     sinks = [t.name for t in tasks if pipeline.stage(t.stage).sink is not None]
     return {
         "mid_batch": every,
@@ -374,7 +379,7 @@ def _kill_group(pid: int) -> None:
 class DrillReport:
     job: str
     seed: int
-    mode: str
+    mode: Mode
     pipeline: str
     plan: list[Failure]
     outcomes: list[FailureOutcome]
@@ -404,12 +409,12 @@ class _Watch:
     def take(self, events) -> None:
         with self.lock:
             for event in events:
-                if event.kind is not ControlKind.PROGRESS:
+                if not isinstance(event, Progress):
                     continue
-                reached = self.furthest.setdefault(int(event.payload.get("generation", -1)), {})
-                for channel, position in (event.payload.get("positions") or {}).items():
-                    if channel in self.ingress and position is not None:
-                        reached[channel] = max(reached.get(channel, 0), int(position))
+                reached = self.furthest.setdefault(event.generation, {})
+                for channel, position in event.positions.items():
+                    if channel in self.ingress:
+                        reached[channel] = max(reached.get(channel, 0), position)
 
     def before(self, generation: int) -> dict[str, int]:
         """The furthest position on each ingress channel of the generations before ``generation``."""
@@ -434,7 +439,7 @@ class Drill:
         failures: int,
         seed: int,
         kinds: Sequence[FailureKind],
-        mode: str,
+        mode: Mode | str,
         interval_s: float,
         rate: float,
         store_uri: str,
@@ -442,13 +447,12 @@ class Drill:
         runtime=None,
         spark=None,
         recover_timeout_s: float = 180.0,
-        say: Callable[[str], None] = print,
     ):
         self.connection = connection
         self.pipeline_ref = pipeline
         self.workload = workload
         self.seed = seed
-        self.mode = mode
+        self.mode = parse_choice(Mode, mode, "mode")
         self.interval_s = interval_s
         self.rate = rate
         self.store_uri = store_uri
@@ -456,7 +460,6 @@ class Drill:
         self.runtime = runtime
         self.spark = spark
         self.recover_timeout_s = recover_timeout_s
-        self.say = say
         self.job = f"drill-{seed}-{uuid.uuid4().hex[:6]}"
         self.pipeline = load_pipeline(pipeline, self.job)
         needs_runtime = {FailureKind.BROKER, FailureKind.STORE} & set(kinds)
@@ -467,7 +470,7 @@ class Drill:
             )
         if FailureKind.STORE in kinds and not store_uri.startswith("s3://"):
             raise ConfigError(f"failure kind store stops the S3 server; the store {store_uri} is not on it")
-        self.plan = plan_failures(failures, seed, kinds, fault_pools(self.pipeline, mode), interval_s)
+        self.plan = plan_failures(failures, seed, kinds, fault_pools(self.pipeline, self.mode), interval_s)
         self.store = SnapshotStore(open_store(store_uri, connection), self.job)
         self.log_dir = default_home() / "runs" / self.job
         self.report_dir.mkdir(parents=True, exist_ok=True)
@@ -487,8 +490,8 @@ class Drill:
 
     # ---- progress
 
-    def _say(self, line: str) -> None:
-        self.say(f"[{time.monotonic() - self.started:6.1f} s] {line}")
+    def _log(self, line: str) -> None:
+        log.info(f"[{time.monotonic() - self.started:6.1f} s] {line}")
 
     # ---- the job's processes
 
@@ -674,7 +677,7 @@ class Drill:
         left = job_processes(self.job, groups)
         if not left:
             outcome.orphans_gone_s = round(time.monotonic() - killed, 2)
-            self._say(f"  no process of the job left {outcome.orphans_gone_s:.1f} s after the runner died")
+            self._log(f"  no process of the job left {outcome.orphans_gone_s:.1f} s after the runner died")
             return
         self.problems.append(
             f"failure {outcome.failure.index + 1}: processes {left} of the job outlived their runner by "
@@ -769,7 +772,7 @@ class Drill:
         prepare = JobRunner(self.pipeline_ref, JobSettings(store=self.store_uri), self.connection, job=self.job)
         prepare.prepare()
         prepare.store.close()
-        self._say(
+        self._log(
             f"drill {self.job}: {len(self.plan)} failures from seed {self.seed} on {self.pipeline_ref} "
             f"({self.mode} checkpoints every {self.interval_s:g} s, {self.rate:g} records/s); report in {self.report_dir}"
         )
@@ -785,16 +788,16 @@ class Drill:
                 raise SparkAbsError(
                     f"the job completed no checkpoint within {self.recover_timeout_s:.0f} s; see {self.runner_log}"
                 )
-            self._say(f"job up: checkpoint {self._completed()[-1]} complete")
+            self._log(f"job up: checkpoint {self._completed()[-1]} complete")
             for failure in self.plan:
                 time.sleep(failure.delay_s)
-                self._say(f"failure {failure.index + 1}/{len(self.plan)}: {failure.describe()}")
+                self._log(f"failure {failure.index + 1}/{len(self.plan)}: {failure.describe()}")
                 outcome = self._inject(failure, rng)
                 outcomes.append(outcome)
-                self._say("  " + _outcome_line(outcome))
+                self._log("  " + _outcome_line(outcome))
             self._stop_feed.set()
             feeder.join(600)
-            self._say(f"input closed after {self.produced} records ({len(self.malformed)} malformed); draining the job")
+            self._log(f"input closed after {self.produced} records ({len(self.malformed)} malformed); draining the job")
             # the running job drains (SIGUSR1): no restart, no new generation
             self.runner.send_signal(signal.SIGUSR1)
             code = self.runner.wait(600)
@@ -803,7 +806,7 @@ class Drill:
                     f"draining the job failed (status {code}); see {self.runner_log}:\n{_tail(self.runner_log)}"
                 )
             self.runner = None
-            self._say("drained: every input record is processed and committed")
+            self._log("drained: every input record is processed and committed")
             frames, checks = self._check()
         finally:
             self._stop_feed.set()
@@ -844,7 +847,7 @@ class Drill:
         from streaming.api.settings import JobSettings
         from streaming.tools import drill_checks
 
-        self._say("checking: the reference in batch with Spark, the output, every checkpoint, the dead letters")
+        self._log("checking: the reference in batch with Spark, the output, every checkpoint, the dead letters")
         spark = self.spark
         if spark is None:
             from streaming.adapters.spark import spark_session
@@ -974,23 +977,23 @@ def run_drill(
     failures: int = 10,
     seed: int = 1,
     kinds: Sequence[FailureKind | str] = KINDS,
-    mode: str = "aligned",
+    mode: Mode | str = Mode.ALIGNED,
     interval_s: float = 1.0,
     rate: float = 200.0,
     store_uri: str | None = None,
     report_dir: Path | None = None,
     runtime=None,
     spark=None,
-    say: Callable[[str], None] = print,
 ) -> DrillReport:
     """Run a drill (see the module docstring) and write its report; the
-    local runtime is started when no ``connection`` is given."""
+    local runtime is started when no ``connection`` is given.  Its progress
+    is logged (INFO)."""
     from streaming.tools import drill_report
 
     if connection is None:
         from streaming.local import LocalRuntime
 
-        runtime = runtime or LocalRuntime(progress=say)
+        runtime = runtime or LocalRuntime(progress=log.info)
         connection = runtime.up()
     chosen = tuple(parse_choice(FailureKind, k, "failure kind") for k in kinds)
     store_uri = store_uri or f"s3://{connection.s3_bucket}/drills"
@@ -1009,7 +1012,6 @@ def run_drill(
         report_dir=Path(report_dir),
         runtime=runtime,
         spark=spark,
-        say=say,
     )
     report = drill.run()
     drill_report.write(report, Path(report_dir))
@@ -1019,7 +1021,7 @@ def run_drill(
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from streaming.api.settings import MODES
+    from streaming import console
     from streaming.tools import drill_report
 
     parser = argparse.ArgumentParser(
@@ -1032,7 +1034,8 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(KINDS),
         help=f"comma-separated failure kinds, taken in turn (default all: {','.join(KINDS)})",
     )
-    parser.add_argument("--mode", default="aligned", choices=MODES, help="checkpoint mode (default aligned)")
+    mode = JobSettings.default("mode")
+    parser.add_argument("--mode", default=mode, choices=MODES, help=f"checkpoint mode (default {mode})")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints (default 1)")
     parser.add_argument("--rate", type=float, default=200.0, help="input records per second (default 200)")
     parser.add_argument(
@@ -1047,13 +1050,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from streaming.local import LocalRuntime
 
-    say = lambda line: print(f"[drill] {line}", flush=True)  # noqa: E731
+    console.install("[drill] ")
     if os.getcwd() not in sys.path:  # the user's pipeline and workload modules
         sys.path.insert(0, os.getcwd())
     connection = Connection.from_env(os.environ)
     runtime = None
     if connection is None:
-        runtime = LocalRuntime(progress=say)
+        runtime = LocalRuntime(progress=log.info)
         connection = runtime.up()
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     out = Path(args.out) if args.out else default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S")
@@ -1070,7 +1073,6 @@ def main(argv: list[str] | None = None) -> int:
         store_uri=args.store,
         report_dir=out,
         runtime=runtime,
-        say=say,
     )
     print()
     print(drill_report.render(report))

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from streaming.tools.views import _table, _text
+from streaming.tools.views import as_text, titled_table
 
 __all__ = ["failure_rows", "expectation_rows", "render", "markdown", "verdict", "write"]
 
@@ -70,14 +70,14 @@ def verdict(report) -> str:
 def render(report) -> str:
     """The report as text tables (what the command prints)."""
     return (
-        _text(
-            _table(
+        as_text(
+            titled_table(
                 f"drill {report.job}: failures (seed {report.seed})",
                 FAILURE_COLUMNS,
                 failure_rows(report),
                 right=("#",),
             ),
-            _table("expectations (great-expectations)", EXPECTATION_COLUMNS, expectation_rows(report)),
+            titled_table("expectations (great-expectations)", EXPECTATION_COLUMNS, expectation_rows(report)),
         )
         + f"\n\n{verdict(report)}"
     )

@@ -1,7 +1,8 @@
 """What the checkpoint commands print: rich tables of the
 ``streaming.tools.checkpoints`` and ``streaming.tools.gc`` results, one
 function per view, each returning the lines as text (so a test reads what a
-person sees)."""
+person sees).  ``titled_table``, ``as_text`` and ``byte_size`` are what the
+compare and drill reports draw their tables with too."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from streaming.tools.checkpoints import CheckpointDetail, CheckpointRow, Restore
 from streaming.tools.gc import GcPlan
 
 __all__ = [
+    "as_text",
+    "titled_table",
+    "byte_size",
     "render_checkpoints",
     "render_detail",
     "render_state",
@@ -33,7 +37,7 @@ __all__ = [
 ]
 
 
-def _text(*renderables: object) -> str:
+def as_text(*renderables: object) -> str:
     """The renderables as plain text, as wide as the terminal (or 200 columns when piped)."""
     width = shutil.get_terminal_size((200, 24)).columns if sys.stdout.isatty() else 200
     console = Console(file=io.StringIO(), width=width, color_system=None, highlight=False)
@@ -44,7 +48,9 @@ def _text(*renderables: object) -> str:
     return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines())
 
 
-def _table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[object]], right: Sequence[str] = ()):
+def titled_table(
+    title: str | None, columns: Sequence[str], rows: Iterable[Sequence[object]], right: Sequence[str] = ()
+):
     """A table with a plain header rule; its title (as wide as the screen, not
     the table) above it."""
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
@@ -59,7 +65,8 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _size(n: int) -> str:
+def byte_size(n: float) -> str:
+    """``n`` bytes in B, kB, MB or GB (powers of 1000), for a person to read."""
     for unit in ("B", "kB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -97,7 +104,9 @@ def render_checkpoints(job: str, rows: list[CheckpointRow], generation: int | No
         )
     title = f"job {job}" + ("" if generation is None else f", generation {generation}")
     columns = ("checkpoint", "gen", "created (UTC)", "seconds", "state bytes", "in flight", "kinds", "verifies")
-    text = _text(_table(title, columns, body, right=("checkpoint", "gen", "seconds", "state bytes", "in flight")))
+    text = as_text(
+        titled_table(title, columns, body, right=("checkpoint", "gen", "seconds", "state bytes", "in flight"))
+    )
     if below:
         text += "\n\n" + "\n".join(below)
     if pick is None:
@@ -116,7 +125,7 @@ def render_detail(detail: CheckpointDetail) -> str:
     if detail.ingress_barrier_offsets:
         offsets = ", ".join(f"{c}@{o}" for c, o in sorted(detail.ingress_barrier_offsets.items()))
         head.append(f"barriers injected at {offsets}")
-    tasks = _table(
+    tasks = titled_table(
         "tasks (seconds: trigger to first barrier, alignment, synchronous and asynchronous snapshot)",
         ("task", "checkpoint taken", "first barrier", "alignment", "sync", "async", "held max", "state", "in flight"),
         (
@@ -127,8 +136,8 @@ def render_detail(detail: CheckpointDetail) -> str:
                 _s(t.alignment_s),
                 _s(t.sync_snapshot_s),
                 _s(t.async_snapshot_s),
-                None if t.held_bytes_max is None else _size(t.held_bytes_max),
-                _size(t.state_bytes),
+                None if t.held_bytes_max is None else byte_size(t.held_bytes_max),
+                byte_size(t.state_bytes),
                 sum(b - a for a, b in t.in_flight.values()),
             )
             for t in detail.tasks
@@ -142,13 +151,13 @@ def render_detail(detail: CheckpointDetail) -> str:
         for t in detail.tasks
         if t.switch_reason
     ]
-    state = _table(
+    state = titled_table(
         "state tables",
         ("task", "table", "rows", "bytes"),
         ((t.task, name, rows, size) for t in detail.tasks for name, (rows, size) in sorted(t.state_tables.items())),
         right=("rows", "bytes"),
     )
-    channels = _table(
+    channels = titled_table(
         "channels (position: where the task resumes; in flight: unaligned channel state, as an offset range "
         "and the records copied of it)",
         ("task", "channel", "position", "in flight", "copied", "watermark"),
@@ -177,13 +186,13 @@ def render_detail(detail: CheckpointDetail) -> str:
     parts += [state, channels]
     if lineage:
         parts.append("lineage (the restores this generation descends from):\n  " + "\n  ".join(lineage))
-    return _text(*parts)
+    return as_text(*parts)
 
 
 def _sample(title: str, table: pa.Table, rows: int, drop: Sequence[str] = ()) -> Group:
     shown = table.drop_columns([c for c in drop if c in table.column_names]).slice(0, rows)
     body = [tuple(_cell(v) for v in row.values()) for row in shown.to_pylist()]
-    return _table(title, shown.column_names, body)
+    return titled_table(title, shown.column_names, body)
 
 
 def _cell(value: object) -> object:
@@ -202,7 +211,7 @@ def render_state(tables: dict[str, pa.Table], rows: int) -> str:
     parts: list[object] = []
     for name, table in tables.items():
         parts.append(_sample(f"table {name}: {table.num_rows} rows (first {min(rows, table.num_rows)})", table, rows))
-    return _text(*parts)
+    return as_text(*parts)
 
 
 def render_channels(records: pa.Table, decoded: pa.Table, problems: list[str], rows: int) -> str:
@@ -217,7 +226,7 @@ def render_channels(records: pa.Table, decoded: pa.Table, problems: list[str], r
         counts[1] += bool(stale)
         counts[2] += kind == "data" and not stale
     parts: list[object] = [
-        _table(
+        titled_table(
             f"channel state: {records.num_rows} records, {decoded.num_rows} rows "
             "(held: copied into the checkpoint, or read back from Kafka by offset range)",
             ("task", "channel", "held", "records", "stale", "data records"),
@@ -231,14 +240,14 @@ def render_channels(records: pa.Table, decoded: pa.Table, problems: list[str], r
     if decoded.num_rows:
         parts.append(_sample(f"rows they carry (first {min(rows, decoded.num_rows)})", decoded, rows))
     parts += [f"problem: {p}" for p in problems]
-    return _text(*parts)
+    return as_text(*parts)
 
 
 def render_diff(a: int, b: int, diffs: list[TableDiff], rows: int) -> str:
     if not diffs:
         return f"checkpoints {a} and {b} hold no state tables"
     parts: list[object] = [
-        _table(
+        titled_table(
             f"state changes from checkpoint {a} to {b}, by key",
             ("task", "table", "keys", "added", "removed", "changed", "unchanged"),
             ((d.task, d.table, ", ".join(d.keys), d.added, d.removed, d.changed, d.unchanged) for d in diffs),
@@ -248,7 +257,7 @@ def render_diff(a: int, b: int, diffs: list[TableDiff], rows: int) -> str:
     for d in diffs:
         if d.sample.num_rows:
             parts.append(_sample(f"{d.task} {d.table} (first {min(rows, d.sample.num_rows)} changes)", d.sample, rows))
-    return _text(*parts)
+    return as_text(*parts)
 
 
 def render_verify(job: str, results: dict[int, list[str]]) -> str:
@@ -262,7 +271,7 @@ def render_verify(job: str, results: dict[int, list[str]]) -> str:
             body.append((checkpoint_id, problem))
     bad = sum(bool(p) for p in results.values())
     title = f"job {job}: {len(results) - bad} of {len(results)} checkpoint(s) verify (every part, size and checksum)"
-    return _text(_table(title, ("checkpoint", "result"), body, right=("checkpoint",)))
+    return as_text(titled_table(title, ("checkpoint", "result"), body, right=("checkpoint",)))
 
 
 def render_gc(plan: GcPlan, *, dry_run: bool, rows: int = 30) -> str:
@@ -270,19 +279,19 @@ def render_gc(plan: GcPlan, *, dry_run: bool, rows: int = 30) -> str:
     if not plan.garbage:
         text = "nothing to collect"
     else:
-        summary = _table(
-            f"{verb} {len(plan.garbage)} file(s), {_size(plan.bytes)}",
+        summary = titled_table(
+            f"{verb} {len(plan.garbage)} file(s), {byte_size(plan.bytes)}",
             ("reason", "files", "bytes"),
-            ((reason, files, _size(size)) for reason, (files, size) in sorted(plan.by_reason().items())),
+            ((reason, files, byte_size(size)) for reason, (files, size) in sorted(plan.by_reason().items())),
             right=("files", "bytes"),
         )
-        listing = _table(
+        listing = titled_table(
             None if len(plan.garbage) <= rows else f"first {rows} of {len(plan.garbage)}",
             ("file", "bytes", "reason"),
             ((g.path, g.bytes, g.reason) for g in plan.garbage[:rows]),
             right=("bytes",),
         )
-        text = _text(summary, listing)
+        text = as_text(summary, listing)
     if plan.kept:
         text += "\n\nkept:\n  " + "\n  ".join(plan.kept)
     return text
@@ -301,7 +310,7 @@ def render_restore_plan(plan: RestorePlan) -> str:
     lines.append(
         f"job {plan.job}: a restore picks checkpoint {plan.checkpoint_id} and starts generation {plan.generation}"
     )
-    table = _table(
+    table = titled_table(
         "what each task loads and replays (replayed: copied channel state, before anything the query reads; "
         "re-read: ranges the query reads again from Kafka)",
         ("task", "state rows", "replayed records", "re-read ranges", "query starts at"),
@@ -316,7 +325,7 @@ def render_restore_plan(plan: RestorePlan) -> str:
             for t in plan.tasks
         ),
     )
-    return "\n".join(lines) + "\n" + _text(table)
+    return "\n".join(lines) + "\n" + as_text(table)
 
 
 def render_rescale_plan(plan: RescalePlan) -> str:
@@ -335,7 +344,7 @@ def render_rescale_plan(plan: RescalePlan) -> str:
         + (f"; {len(plan.undecodable)} records that do not decode go to the dead letters" if plan.undecodable else ""),
     ]
     rerouted = {c: sum(t.num_rows for t in ts) for c, ts in plan.rerouted.items()}
-    table = _table(
+    table = titled_table(
         "each task of the new scale (channels: the input channels it reads; re-routed: rows of the old "
         "topics' channel state it reads first; watermark from: the lowest its channels start from)",
         ("task", "state rows", "channels", "re-routed rows", "watermark from"),
@@ -351,4 +360,4 @@ def render_rescale_plan(plan: RescalePlan) -> str:
         ),
         right=("channels", "re-routed rows", "watermark from"),
     )
-    return "\n".join(lines) + "\n" + _text(table)
+    return "\n".join(lines) + "\n" + as_text(table)

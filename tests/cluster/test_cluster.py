@@ -26,6 +26,7 @@ from streaming.adapters.objects import ensure_bucket
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.api.settings import JobSettings
+from streaming.engine.operations import run_until_caught_up
 from streaming.tools import demo
 
 pytestmark = pytest.mark.integration
@@ -115,7 +116,7 @@ def test_money_pipeline_on_the_cluster_survives_a_spark_worker_a_broker_and_a_wo
                 killed.append("windows")
                 replacement = testing.RemoteWorkerProcess(job, "windows", connection, tmp_path / "windows-2.log")
         demo.produce_transfers(connection.kafka_bootstrap, topic, [], 2, end=True)
-        runner.run_until_caught_up(max(1.0, deadline - time.monotonic()))
+        run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
         applications = [a for a in _applications(runtime) if a["name"] == f"spark-abs-{job}"]
     finally:
         runner.close()  # its last lease tells the remote workers to stop their tasks

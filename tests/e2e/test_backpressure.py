@@ -16,6 +16,7 @@ from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
 from streaming.engine.runner import JobRunner
+from streaming.testing import LineCollector
 
 pytestmark = pytest.mark.integration
 
@@ -34,8 +35,8 @@ def _checkpoint(connection, tmp_path, job: str, mode: str, before: dict[int, int
     per partition behind the barrier, and return the checkpoint's barrier
     offsets, the task's snapshot and how many records its state covers."""
     settings = JobSettings(store=f"file://{tmp_path}/store", mode=mode, interval_s=3600, max_records_per_batch=200)
-    lines: list[str] = []
-    runner = JobRunner("streaming.testing:slow_pipeline", settings, connection, job=job, say=lines.append)
+    lines = LineCollector().attach().lines
+    runner = JobRunner("streaming.testing:slow_pipeline", settings, connection, job=job)
     topic = runner.pipeline.ingress[0].topic
     try:
         runner.prepare()
@@ -101,5 +102,5 @@ def test_skewed_channels(connection, tmp_path, unique_name, mode):
     else:
         # nothing waited: records after partition 1's barrier are in the snapshot, and a restore
         # resumes after that barrier, so they would be read twice (the mode's duplicates)
-        assert metrics["held_bytes_max"] == 0 and metrics["kind"] == "at-least-once"
+        assert metrics["held_bytes_max"] == 0 and metrics["kind"] == "at_least_once"  # stored by name
         assert covered > 3020 and snapshot.in_flight == {}

@@ -19,6 +19,7 @@ from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
+from streaming.engine.operations import kill_worker, run_until_caught_up
 from streaming.engine.runner import JobRunner
 from streaming.tools import demo
 
@@ -42,12 +43,11 @@ def _dead_letters(bootstrap: str, job: str) -> list[tuple[str, bytes]]:
     return letters
 
 
-def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique_name, tmp_path):
+def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique_name, tmp_path, lines):
     job = f"bad-{unique_name[-8:]}"
     store_dir = tmp_path / "store"
     settings = JobSettings(store=f"file://{store_dir}", interval_s=0.7, timeout_s=60, max_records_per_batch=200)
-    lines: list[str] = []
-    runner = JobRunner("streaming.tools.demo:pipeline", settings, connection, job=job, say=lines.append)
+    runner = JobRunner("streaming.tools.demo:pipeline", settings, connection, job=job)
     topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
     data = demo.make_transfers(1200)
     bootstrap = connection.kafka_bootstrap
@@ -92,7 +92,7 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         raw = bytearray(part.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         part.write_bytes(bytes(raw))
-        runner.kill_worker("windows")
+        kill_worker(runner, "windows")
         _step_until(runner, lambda: runner.restores, 30, "the restore")
         restore = runner.restores[0]
         assert restore.checkpoint_id < newest
@@ -100,7 +100,7 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         assert any(f"checkpoint {newest} skipped" in line and "checksum" in line for line in lines), lines
 
         demo.produce_transfers(bootstrap, topic, data[800:], partitions, end=True)
-        runner.run_until_caught_up(240)
+        run_until_caught_up(runner, 240)
     finally:
         runner.close()
     output = demo.normalise(read_committed_output(sink_location(settings, job, connection)))

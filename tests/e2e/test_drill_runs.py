@@ -18,24 +18,22 @@ from streaming.tools.drill import FailureKind
 pytestmark = pytest.mark.integration
 
 
-def _run(connection, runtime_settings, spark, tmp_path, **options):
-    lines: list[str] = []
+def _run(connection, runtime_settings, spark, tmp_path, lines, **options):
     report = drill.run_drill(
         connection,
         runtime=LocalRuntime(runtime_settings, progress=lines.append),
         spark=spark,
         report_dir=tmp_path / "report",
         store_uri=f"s3://{connection.s3_bucket}/drills-{tmp_path.name}",
-        say=lines.append,
         **options,
     )
     return report, lines
 
 
 def test_a_drill_with_a_failure_of_every_kind_passes_and_writes_its_report(
-    connection, runtime_settings, spark, tmp_path
+    connection, runtime_settings, spark, tmp_path, lines
 ):
-    report, lines = _run(connection, runtime_settings, spark, tmp_path, failures=5, seed=11)
+    report, lines = _run(connection, runtime_settings, spark, tmp_path, lines, failures=5, seed=11)
     outcomes = {o.failure.kind: o for o in report.outcomes}
     assert set(outcomes) == set(FailureKind), report.plan
     assert report.passed, "\n".join(lines[-40:])
@@ -61,13 +59,14 @@ def test_a_drill_with_a_failure_of_every_kind_passes_and_writes_its_report(
 
 @pytest.mark.parametrize("broken", ["lose", "duplicate"])
 def test_a_drill_fails_on_a_pipeline_that_loses_or_duplicates_a_record(
-    connection, runtime_settings, spark, tmp_path, broken
+    connection, runtime_settings, spark, tmp_path, lines, broken
 ):
     report, lines = _run(
         connection,
         runtime_settings,
         spark,
         tmp_path,
+        lines,
         pipeline=f"streaming.testing:broken_money_pipeline?broken={broken}&every=300",
         failures=1,
         kinds=[FailureKind.WORKER],

@@ -11,12 +11,15 @@ import time
 import pyarrow.compute as pc
 import pytest
 
+from barriers.handler import CheckpointKind
 from streaming.adapters.kafka_admin import end_offsets
 from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
 from streaming.adapters.objects import ensure_bucket, open_store
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
+from streaming.engine.faults import ENV as faults_env
+from streaming.engine.operations import run_until_caught_up
 from streaming.engine.runner import JobRunner
 from streaming.tools import demo
 from streaming.tools.checkpoints import Checkpoints
@@ -66,8 +69,7 @@ def _run(
         settings,
         connection,
         job=job,
-        say=lines.append,
-        faults=",".join(f"{task}:{point}:*:{g}" for g, (task, point) in enumerate(faults)),
+        worker_env={faults_env: ",".join(f"{task}:{point}:*:{g}" for g, (task, point) in enumerate(faults))},
         on_complete=on_complete,
     )
     data = demo.make_transfers(transfers)
@@ -87,7 +89,7 @@ def _run(
             while len(money) == seen and len(runner.restores) == restores and time.monotonic() < deadline:
                 runner.step()
         demo.produce_transfers(connection.kafka_bootstrap, topic, [], partitions, end=True)
-        runner.run_until_caught_up(max(1.0, deadline - time.monotonic()))
+        run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
     finally:
         runner.close()
     output = demo.normalise(read_committed_output(sink_location(settings, job, connection)))
@@ -119,10 +121,9 @@ MODES = {
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_kills_at_chosen_points_then_output_equals_a_failure_free_run(connection, unique_name, mode):
+def test_kills_at_chosen_points_then_output_equals_a_failure_free_run(connection, unique_name, mode, lines):
     ensure_bucket(connection)
     settings, faults = MODES[mode]
-    lines: list[str] = []
     job = f"e2e-{unique_name[-8:]}"
     store = f"s3://{connection.s3_bucket}/{unique_name}"
     runner, sent, money, output, inspected = _run(
@@ -141,7 +142,7 @@ def test_kills_at_chosen_points_then_output_equals_a_failure_free_run(connection
     assert dead == 0
     kinds = {kind for record in runner.checkpoints() for kind in record.kinds}
     if mode.startswith("unaligned"):
-        assert "unaligned" in kinds
+        assert CheckpointKind.UNALIGNED in kinds
         assert any(m.in_flight for m in money) or any(r.in_flight for r in runner.checkpoints()), (
             "no checkpoint had channel state: the unaligned path was not exercised"
         )
@@ -153,4 +154,4 @@ def test_kills_at_chosen_points_then_output_equals_a_failure_free_run(connection
             legs = channels.rows.filter(pc.starts_with(channels.rows["task"], "accounts-"))
             assert (pc.sum(legs["amount"]).as_py() or 0) == checked.in_flight, checked
     if mode == "aligned-timeout":
-        assert "aligned, unaligned after the alignment timeout" in kinds, kinds
+        assert CheckpointKind.TIMED_OUT_TO_UNALIGNED in kinds, kinds

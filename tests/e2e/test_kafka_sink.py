@@ -16,6 +16,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from streaming.adapters.kafka_admin import end_offsets
 from streaming.api.settings import JobSettings
+from streaming.engine.operations import kill_worker, run_until_caught_up
 from streaming.engine.runner import JobRunner
 from streaming.errors import ConfigError
 from streaming.tools import demo
@@ -38,10 +39,9 @@ def _committed(bootstrap: str, topic: str) -> list[dict]:
     return rows
 
 
-def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tmp_path):
+def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tmp_path, lines):
     job = f"ks-{unique_name[-8:]}"
     settings = JobSettings(store=f"file://{tmp_path}/store", interval_s=0.7, max_records_per_batch=200)
-    lines: list[str] = []
 
     def job_runner(settings: JobSettings) -> JobRunner:
         return JobRunner(
@@ -49,7 +49,6 @@ def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tm
             settings,
             connection,
             job=job,
-            say=lines.append,
             workers={"all": [t.name for t in demo.kafka_pipeline(job).tasks()]},
         )
 
@@ -80,9 +79,9 @@ def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tm
         while not any(r.committed for r in runner.coordinator.completed()):
             assert time.monotonic() < deadline, "\n".join(lines)
             runner.step()
-        runner.kill_worker("all")
+        kill_worker(runner, "all")
         demo.produce_transfers(bootstrap, topic, data[500:], partitions, end=True)
-        runner.run_until_caught_up(240)
+        run_until_caught_up(runner, 240)
     finally:
         runner.close()
     assert [r.generation for r in runner.restores] == [1, 2]

@@ -1,9 +1,10 @@
 """End to end on real Kafka, the S3 server and Spark: the money pipeline runs
 with 2 tasks per stage, is rescaled while it runs to 3 tasks per stage and
-then to 1 (each a restore from the latest checkpoint), and must commit
+then to 1 (each a restore from a recent checkpoint), and must commit
 exactly the output of a run without failures, with money conserved in
-every checkpoint, the rescaled ones too.  Unaligned checkpoints rescale with
-channel state on the internal topics, routed again by key.  The aligned run's
+every checkpoint, the rescaled ones too.  An unaligned run rescales from a
+checkpoint that holds channel state on the internal topics (it waits,
+boundedly, for one), and all of it is routed again by key.  The aligned run's
 worker is remote (a `spark-abs worker` process the runner did not start):
 each rescale pauses it, then it runs the new task counts in place."""
 
@@ -11,20 +12,42 @@ from __future__ import annotations
 
 import time
 
+import pyarrow.compute as pc
 import pytest
 
+from barriers.messages import ChannelId
 from streaming import testing
+from streaming.adapters import codec
 from streaming.adapters.kafka_admin import end_offsets
-from streaming.adapters.kafka_io import dead_letter_topic_name
+from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
 from streaming.adapters.objects import ensure_bucket
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.api.settings import JobSettings
+from streaming.engine.operations import run_until_caught_up
 from streaming.tools import demo
 
 pytestmark = pytest.mark.integration
 
 TO_THREE = {"legs": 3, "accounts": 3, "windows": 3}
 TO_ONE = {"legs": 1, "accounts": 1, "windows": 1}
+# unaligned: checkpoints looked at, at most, for one with channel state to rescale
+SEEK_CHECKPOINTS = 30
+
+
+def _channel_state_rows(bootstrap: str, manifest, internal_topics) -> int:
+    """The rows checkpoint ``manifest`` holds as channel state on the internal
+    topics (what an upstream task sent before the barrier and its downstream
+    task had not processed): what a rescale from it must route again.
+    Barriers and watermarks carry no value and are not counted."""
+    rows = 0
+    for snapshot in manifest.tasks.values():
+        for name, (start, end) in snapshot.in_flight.items():
+            channel = ChannelId.parse(name)
+            if channel.topic in internal_topics and end > start:
+                records = read_range(bootstrap, channel, start, end)
+                data = records.filter(pc.greater(pc.fill_null(pc.binary_length(records["value"]), 0), 0))
+                rows += codec.decode_records(data).table.num_rows
+    return rows
 
 
 @pytest.mark.parametrize(("mode", "remote"), [("aligned", True), ("unaligned", False)], ids=["aligned", "unaligned"])
@@ -45,34 +68,55 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
     )
     worker = testing.RemoteWorkerProcess(job, "all", connection, tmp_path / "worker.log") if remote else None
     runner, money, lines, reader = money_job.runner, money_job.money, money_job.lines, money_job.store
-    manifests = []
-    transfers = demo.make_transfers(6000 if mode == "unaligned" else 2400)
+    manifests, in_flight = [], []
+    # a prefix is sent: `wanted` transfers, more while a rescale waits for a checkpoint with channel state
+    transfers = demo.make_transfers(20_000)
+    wanted = 6000 if mode == "unaligned" else 2400
     topic, partitions = runner.pipeline.ingress[0].topic, 3
-    # rescale after this many checkpoints; unaligned waits (a while) for one with legs in flight
+    bootstrap = connection.kafka_bootstrap
+    # rescale after this many checkpoints; unaligned from the first one since with channel state to route
     steps = [(TO_THREE, 2), (TO_ONE, 4)]
+    looked: list[int] = []  # checkpoints without channel state since the due rescale
     deadline = time.monotonic() + 300
     sent = 0
     try:
         runner.prepare()
         runner.start()
         assert {s.name: s.parallelism for s in runner.pipeline.stages} == {"legs": 2, "accounts": 2, "windows": 2}
-        while sent < len(transfers) and time.monotonic() < deadline:
-            demo.produce_transfers(
-                connection.kafka_bootstrap, topic, transfers[sent : sent + 300], partitions, end=False
-            )
-            sent += 300
+        while (steps or sent < wanted) and time.monotonic() < deadline:
+            burst = transfers[sent : sent + 300]
+            demo.produce_transfers(bootstrap, topic, burst, partitions, end=False)
+            sent += len(burst)
             seen = len(money)
             while len(money) == seen and time.monotonic() < deadline:
                 runner.step()
-            if steps and len(money) >= steps[0][1]:
-                legs_in_flight = money[-1].in_flight != 0 or money[-1].balances != 0
-                if mode == "aligned" or legs_in_flight or len(money) >= steps[0][1] + 6:
-                    record = runner.rescale(steps.pop(0)[0])
-                    # the rescaled checkpoint, read before retention may remove it: money conserved too
-                    manifests.append(reader.read_manifest(record.checkpoint_id))
-                    money_job.count(record.checkpoint_id)
-        demo.produce_transfers(connection.kafka_bootstrap, topic, [], partitions, end=True)
-        runner.run_until_caught_up(max(1.0, deadline - time.monotonic()))
+            if not steps or len(money) < steps[0][1]:
+                continue
+            source = None
+            if mode == "unaligned":
+                internal = runner.pipeline.internal_topics()
+                found = [
+                    (m.checkpoint_id, _channel_state_rows(bootstrap, reader.read_manifest(m.checkpoint_id), internal))
+                    for m in money[seen:]
+                ]
+                looked += [c for c, _ in found]
+                with_state = [(c, rows) for c, rows in found if rows]
+                if not with_state:
+                    assert len(looked) < SEEK_CHECKPOINTS, (
+                        f"none of checkpoints {looked} holds channel state on the internal topics to rescale\n"
+                        + "\n".join(lines)
+                    )
+                    continue
+                source, rows = with_state[-1]
+                in_flight.append(rows)
+                looked.clear()
+            record = runner.rescale(steps.pop(0)[0], source)
+            # the rescaled checkpoint, read before retention may remove it: money conserved too
+            manifests.append(reader.read_manifest(record.checkpoint_id))
+            money_job.count(record.checkpoint_id)
+        assert not steps, f"rescales left undone after 300 s: {steps}; looked at {looked}\n" + "\n".join(lines)
+        demo.produce_transfers(bootstrap, topic, [], partitions, end=True)
+        run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
     finally:
         runner.close()
         stopped = worker.stop() if worker else None
@@ -98,6 +142,8 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
         assert "tasks legs-0, accounts-0, windows-0 started from checkpoint" in said and stopped == 0, said
     assert all(m.total == 0 for m in money), money
     if mode == "unaligned":
+        # each rescale started from a checkpoint with channel state, and routed all of it again
+        assert [m.metrics["rerouted_rows"] for m in manifests] == in_flight, log
         assert sum(m.metrics["rerouted_rows"] for m in manifests) > 0, "no channel state was routed again\n" + log
     expected = demo.expected_output(transfers[:sent])
     assert len(output) == len(expected), log

@@ -19,6 +19,7 @@ import pytest
 
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.api.settings import JobSettings
+from streaming.engine.operations import run_until_caught_up
 from streaming.engine.runner import JobRunner
 from streaming.tools import cli, demo
 from streaming.tools.checkpoints import Checkpoints, to_spark
@@ -54,16 +55,14 @@ def _look_inside(spark, capsys, store: str, job: str, newest: int, oldest: int) 
     assert row["accounts"] == balances.num_rows > 0 and row["total"] == 0, row
 
 
-def test_roll_back_to_a_named_checkpoint(connection, spark, capsys, tmp_path, unique_name):
+def test_roll_back_to_a_named_checkpoint(connection, spark, capsys, tmp_path, unique_name, lines):
     job, store = f"drill-{unique_name[-8:]}", f"file://{tmp_path}/store"
     data = demo.make_transfers(400)
-    lines: list[str] = []
     runner = JobRunner(
         "streaming.tools.demo:pipeline",
         JobSettings(store=store, interval_s=1, retain=20),
         connection,
         job=job,
-        say=lines.append,
     )
     runner.prepare()
     ingress = runner.pipeline.ingress[0]
@@ -97,7 +96,7 @@ def test_roll_back_to_a_named_checkpoint(connection, spark, capsys, tmp_path, un
         ]
 
         runner.restore("drill", checkpoint_id=oldest)
-        runner.run_until_caught_up(240)
+        run_until_caught_up(runner, 240)
     finally:
         runner.close()
     assert f"restoring generation 1 from checkpoint {oldest} (drill)" in lines

@@ -10,7 +10,8 @@ import pytest
 
 from streaming.tools import compare_report
 from streaming.tools.checkpoints import Checkpoints
-from streaming.tools.compare import Comparison, Workload, run_compare
+from streaming.tools.compare import run_compare
+from streaming.tools.compare_model import Comparison, Workload
 
 pytestmark = pytest.mark.integration
 
@@ -19,8 +20,7 @@ pytestmark = pytest.mark.integration
 SWITCHED_BEFORE_READING = {"timeout_while_announced", "late_announcement"}
 
 
-def test_aligned_unaligned_and_the_timeout_from_the_trigger_side_by_side(connection, tmp_path):
-    lines: list[str] = []
+def test_aligned_unaligned_and_the_timeout_from_the_trigger_side_by_side(connection, tmp_path, lines):
     store = f"file://{tmp_path}/store"
     workload = Workload(costs=(10.0,), load=1.5, duration_s=8, warmup_s=2, interval_s=1, timeout_ms=200)
     comparison = run_compare(
@@ -28,7 +28,6 @@ def test_aligned_unaligned_and_the_timeout_from_the_trigger_side_by_side(connect
         store_uri=store,
         workload=workload,
         variants=("aligned", "unaligned", "aligned-timeout"),
-        say=lines.append,
     )
     log = "\n".join(lines)
     aligned, unaligned, timeout = (comparison.run(v, 10.0) for v in comparison.variants)
@@ -44,7 +43,7 @@ def test_aligned_unaligned_and_the_timeout_from_the_trigger_side_by_side(connect
     switched = [s for s in timeout.samples if s.status == "completed"]
     assert switched, log
     for sample in switched:
-        assert sample.kinds == ("aligned, unaligned after the alignment timeout",), sample
+        assert sample.kinds == ("timed_out_to_unaligned",), sample  # stored by name
         (entry,) = sample.switches
         assert entry.split(": ")[1].split(" after ")[0] in SWITCHED_BEFORE_READING, entry
     # what the manifest itself says of the aligned-timeout job's latest checkpoint

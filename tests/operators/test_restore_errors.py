@@ -8,7 +8,6 @@ import pyarrow as pa
 import pytest
 
 from operators import (
-    Balances,
     KeyedAggregate,
     LatestValueJoin,
     OperatorError,
@@ -20,6 +19,7 @@ from operators import (
     sum_,
 )
 from operators.testing import parquet_roundtrip
+from streaming.tools.money import Balances
 
 
 def aggregate() -> KeyedAggregate:

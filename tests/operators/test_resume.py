@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from operator_cases import account_batches, join_steps, table, window_steps
 
 from operators import (
-    Balances,
     Chain,
     KeyedAggregate,
     LatestValueJoin,
@@ -26,10 +25,10 @@ from operators import (
     max_,
     min_,
     sum_,
-    transfer_legs,
     with_column,
 )
 from operators.testing import Watermark, assert_resumes_exactly, parquet_roundtrip, run, run_with_restore
+from streaming.tools.money import Balances, transfer_legs
 
 PROFILE = settings.get_profile("operators")
 

@@ -1,8 +1,12 @@
-"""The layers of ``streaming/`` and who may import pyspark.
+"""The layers of ``streaming/``, the boundaries of every module of the
+project, and who may import pyspark.
 
-Imports go down only: tools -> engine -> adapters (and the local runtime)
--> api -> the protocol (``barriers``) and ``operators``.  pyspark is the
-Spark adapter's business: no module of the engine, the adapters (but
+Imports go down only: testing -> tools -> the engine and the local runtime
+-> adapters -> api -> errors, the protocol (``barriers``) and ``operators``;
+never sideways between packages of one layer (the engine and the local
+runtime know nothing of each other).  No two modules import each other, by
+any path, and no module imports another's ``_private`` names.  pyspark is
+the Spark adapter's business: no module of the engine, the adapters (but
 ``streaming.adapters.spark``), the api or ``operators`` names it, and
 importing any of them loads none of it."""
 
@@ -16,16 +20,19 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SPARK_ADAPTER = "streaming.adapters.spark"
 
-# a module of a layer may import modules of its own layer or lower ones
+# a module may import modules of its own package and of lower layers, never
+# another package of its own layer
 LAYERS = {
-    "streaming.errors": 1,
+    "streaming.errors": 0,
+    "streaming.console": 0,
     "streaming.api": 1,
     "streaming.adapters": 2,
-    "streaming.local": 2,
     "streaming.engine": 3,
+    "streaming.local": 3,
     "streaming.tools": 4,
-    "streaming.testing": 4,
+    "streaming.testing": 5,
 }
+PROJECT = ("barriers", "operators", "streaming", "benchmarks")
 WITHOUT_SPARK = ("operators", "streaming.api", "streaming.adapters", "streaming.engine", "streaming.errors")
 
 
@@ -37,24 +44,73 @@ def _modules(package: str) -> dict[str, pathlib.Path]:
     }
 
 
+def _is_module(name: str) -> bool:
+    path = ROOT / name.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
     """Every module a file imports, anywhere in it (functions and
-    ``TYPE_CHECKING`` blocks included): (line, module)."""
+    ``TYPE_CHECKING`` blocks included), and every name it imports from one:
+    (line, module or ``module.name``)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.append((node.lineno, node.module))
-            # ``from streaming.engine import faults`` imports streaming.engine.faults
-            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
-    return found
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                # ``from streaming.engine import faults`` imports the module streaming.engine.faults
+                found += (
+                    [(node.lineno, name)] if _is_module(name) else [(node.lineno, node.module), (node.lineno, name)]
+                )
+    return list(dict.fromkeys(found))
+
+
+def _package(module: str) -> str | None:
+    """The package of LAYERS ``module`` belongs to."""
+    return next((prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")), None)
 
 
 def _layer(module: str) -> int | None:
-    for prefix, rank in LAYERS.items():
-        if module == prefix or module.startswith(prefix + "."):
-            return rank
+    package = _package(module)
+    return None if package is None else LAYERS[package]
+
+
+def _project_modules() -> dict[str, pathlib.Path]:
+    return {module: path for package in PROJECT for module, path in _modules(package).items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """A cycle through every back edge of a depth-first walk of ``graph``
+    (none when there is none), as ``a -> b -> a``."""
+    found: list[str] = []
+    done: set[str] = set()
+
+    def walk(module: str, path: list[str]) -> None:
+        if module in path:
+            found.append(" -> ".join([*path[path.index(module) :], module]))
+            return
+        if module in done:
+            return
+        path.append(module)
+        for imported in sorted(graph[module]):
+            walk(imported, path)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        walk(module, [])
+    return found
+
+
+def _private_owner(imported: str) -> str | None:
+    """Whose ``_private`` name ``imported`` reaches (``a.b`` for ``a.b._c``
+    and ``a.b._c.d``), or None when every part of it is public."""
+    parts = imported.split(".")
+    for index, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:index])
     return None
 
 
@@ -68,6 +124,39 @@ def test_imports_only_go_down_the_layers():
             target = _layer(imported)
             if target is not None and target > own:
                 offenders.append(f"{module}:{line} imports {imported}")
+    assert offenders == []
+
+
+def test_no_import_goes_sideways_within_a_layer():
+    offenders = [
+        f"{module}:{line} imports {imported}, of {_package(imported)} on the same layer"
+        for module, path in _modules("streaming").items()
+        if _package(module) is not None
+        for line, imported in _imports(path)
+        if _layer(imported) == _layer(module) and _package(imported) != _package(module)
+    ]
+    assert offenders == []
+
+
+def test_no_modules_import_each_other():
+    modules = _project_modules()
+    graph = {
+        module: {imported for _, imported in _imports(path) if imported in modules and imported != module}
+        for module, path in modules.items()
+    }
+    assert _cycles(graph) == []
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """``_name`` is its module's own (``a._b``, a private module, its package's)."""
+    offenders = [
+        f"{module}:{line} imports {imported}"
+        for module, path in _project_modules().items()
+        for line, imported in _imports(path)
+        if imported.split(".")[0] in PROJECT
+        and (owner := _private_owner(imported)) is not None
+        and not (module == owner or module.startswith(owner + "."))
+    ]
     assert offenders == []
 
 

@@ -1,10 +1,19 @@
 """The JSON documents of a checkpoint: what each task recorded
 (``_TASK.json``), the manifest that completes it (``_MANIFEST.json``) and the
 job's generations (``_JOB.json``), each versioned; malformed text is one
-ValueError that says what is wrong."""
+ValueError that says what is wrong.
+
+What the protocol decided is stored by name, never as the sentence a person
+reads: an enum member as its name in lower case (``stored_name``:
+``timed_out_to_unaligned``, ``late_barrier``), checkpoint options as their
+fields (``options_to_json``); ``text_of`` gives back the words.  Documents
+written before (their values: "aligned, unaligned after the alignment
+timeout", options as ``CheckpointOptions.describe()`` text) read back the
+same (``parse_stored``, ``options_from_json``)."""
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -13,12 +22,29 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-__all__ = ["FORMAT_VERSION", "PartInfo", "TaskSnapshot", "Manifest", "LoadedTask", "JobMeta", "now"]
+from barriers.messages import Alignment, CheckpointOptions, InFlightFormat
+
+__all__ = [
+    "FORMAT_VERSION",
+    "PartInfo",
+    "TaskSnapshot",
+    "Manifest",
+    "LoadedTask",
+    "JobMeta",
+    "now",
+    "stored_name",
+    "parse_stored",
+    "text_of",
+    "options_to_json",
+    "options_from_json",
+    "options_as_stored",
+]
 
 # Version of the JSON written to _TASK.json, _MANIFEST.json and _JOB.json.
 FORMAT_VERSION = 1
 
 T = TypeVar("T")
+E = TypeVar("E", bound=enum.Enum)
 
 
 def now() -> str:
@@ -221,3 +247,86 @@ class JobMeta:
             return cls(str(data["job"]), int(data["generation"]), tuple(dict(r) for r in data.get("restores", [])))
 
         return _parsed("job metadata", parse)
+
+
+# ---- names, as the documents store them
+
+
+def stored_name(member: enum.Enum) -> str:
+    """How a document names ``member``: its name in lower case
+    (``CheckpointKind.TIMED_OUT_TO_UNALIGNED`` -> ``timed_out_to_unaligned``)."""
+    return member.name.lower()
+
+
+def parse_stored(kind: type[E], text: object) -> E:
+    """The member of ``kind`` that ``text`` names: as stored (``stored_name``,
+    any case) or as documents written before names were stored spell it (the
+    member's value, e.g. "aligned, unaligned after the alignment timeout").
+    A ValueError naming the stored names otherwise."""
+    if isinstance(text, kind):
+        return text
+    member = kind.__members__.get(str(text).upper())
+    if member is not None:
+        return member
+    try:
+        return kind(text)
+    except ValueError:
+        names = ", ".join(stored_name(m) for m in kind)
+        raise ValueError(f"{text!r} is not a {kind.__name__} (one of {names})") from None
+
+
+def text_of(kind: type[enum.Enum], stored: object) -> str:
+    """What a person reads for the member of ``kind`` that ``stored`` names
+    (``parse_stored``): its value; text that names none, as it is."""
+    try:
+        return parse_stored(kind, stored).value
+    except ValueError:
+        return str(stored)
+
+
+def options_to_json(options: CheckpointOptions) -> dict[str, Any]:
+    """The options a checkpoint ran with, as a manifest and a progress line store them."""
+    return {
+        "alignment": stored_name(options.alignment),
+        "alignment_timeout_ms": options.alignment_timeout_ms,
+        "held_bytes_budget": options.held_bytes_budget,
+        "in_flight": stored_name(options.in_flight),
+    }
+
+
+def options_from_json(stored: Mapping[str, Any]) -> CheckpointOptions:
+    """The options ``options_to_json`` stored, or those of a manifest written
+    before, whose ``alignment`` is ``CheckpointOptions.describe()`` text such
+    as "aligned (unaligned after 200 ms or 1000000 held bytes)".  A ValueError
+    when they are neither."""
+    if "alignment" not in stored:
+        raise ValueError("no alignment in the checkpoint's options")
+    timeout, budget = stored.get("alignment_timeout_ms"), stored.get("held_bytes_budget")
+    alignment, older, limits = str(stored["alignment"]).partition(" (unaligned after ")
+    if older:
+        if not limits.endswith(")"):
+            raise ValueError(f"alignment {stored['alignment']!r} does not read as options")
+        for limit in limits[:-1].split(" or "):
+            number, _, unit = limit.partition(" ")
+            if unit == "ms":
+                timeout = int(number)
+            elif unit == "held bytes":
+                budget = int(number)
+            else:
+                raise ValueError(f"alignment {stored['alignment']!r}: {limit!r} is no limit")
+    return CheckpointOptions(
+        parse_stored(Alignment, alignment),
+        None if timeout is None else int(timeout),
+        None if budget is None else int(budget),
+        parse_stored(InFlightFormat, stored.get("in_flight", stored_name(InFlightFormat.RANGE))),
+    )
+
+
+def options_as_stored(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """Options another manifest stored, as ``options_to_json`` stores them (an
+    older manifest's text becomes names); options that read as none are
+    copied as they are."""
+    try:
+        return options_to_json(options_from_json(stored))
+    except ValueError:
+        return dict(stored)

@@ -62,7 +62,7 @@ class JobHistory:
         generation = meta.generation + 1
         entry = {"generation": generation, "from_checkpoint": from_checkpoint, "at": now(), **details}
         self.write(JobMeta(self.job, generation, (*meta.restores, entry)))
-        log.info(
+        log.debug(
             "job %s: generation %d starts from %s",
             self.job,
             generation,

@@ -119,7 +119,7 @@ class SnapshotStore:
                 metadata=dict(metadata or {}),
             )
             self.files.write(self.layout.task_file(checkpoint_id, task), snapshot.to_json().encode())
-        log.info(
+        log.debug(
             "chk-%d task %s: snapshot written (%d state parts, %d channel parts, %d bytes, %.3f s)",
             checkpoint_id,
             task,
@@ -188,7 +188,7 @@ class SnapshotStore:
         )
         with self.files.io(f"writing the manifest of checkpoint {checkpoint_id}"):
             self.files.write(self.layout.manifest(checkpoint_id), manifest.to_json().encode(), atomic=True)
-        log.info(
+        log.debug(
             "chk-%d: complete, manifest written (%d tasks, generation %d)",
             checkpoint_id,
             len(manifest.tasks),
@@ -229,7 +229,7 @@ class SnapshotStore:
         snapshot = self.reader.required_task(checkpoint_id, task)
         state = {p.name: self.reader.part(checkpoint_id, task, p) for p in snapshot.state_parts}
         channels = {p.name: self.reader.part(checkpoint_id, task, p) for p in snapshot.channel_parts}
-        log.info(
+        log.debug(
             "chk-%d task %s: snapshot loaded (%d state parts, %d channel parts)",
             checkpoint_id,
             task,
@@ -265,7 +265,7 @@ class SnapshotStore:
             except FileNotFoundError:
                 pass
             self.files.clear(self.layout.checkpoint_dir(checkpoint_id), remove=True)
-        log.info("chk-%d: deleted", checkpoint_id)
+        log.debug("chk-%d: deleted", checkpoint_id)
 
     def apply_retention(self, keep: int, pinned: Iterable[int] = ()) -> list[int]:
         """Delete completed checkpoints older than the newest ``keep`` and
@@ -282,7 +282,7 @@ class SnapshotStore:
         for checkpoint_id in doomed:
             self.delete(checkpoint_id)
         if doomed:
-            log.info(
+            log.debug(
                 "retention (keep %d, pinned %s): deleted %s",
                 keep,
                 sorted(set(pinned)),

@@ -8,14 +8,14 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaTimeoutError
 
 from barriers.messages import ChannelId
-from streaming.adapters.control import ControlEvent, ControlTopic, send_event
+from streaming.adapters.control import Ack, ControlEvent, ControlTopic, Lease, Progress, Trigger, send_event
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import DeadLetters, append_markers
 from streaming.errors import KafkaUnavailableError
 
 
 def test_control_events_round_trip_and_reject_garbage():
-    event = ControlEvent("ack", 7, task="stage-a/0", payload={"bytes": 12})
+    event = Ack(checkpoint_id=7, task="stage-a/0", generation=1, metrics={"bytes": 12})
     assert ControlEvent.decode(event.encode()) == event
     for bad, reason in [
         (b"\xff", "not JSON"),
@@ -32,7 +32,7 @@ def test_a_send_refused_at_once_is_a_clear_kafka_error_naming_what():
         def send(self, *args, **kwargs):
             raise KafkaTimeoutError("Failed to update metadata after 60.0 secs.")
 
-    lease = ControlEvent("lease", 0, task="runner")
+    lease = Lease("runner", 3, None, "p:pipeline", "j", "{}", None, {}, {}, 10.0)
     with pytest.raises(KafkaUnavailableError, match="publishing the lease of generation 3 failed: .*metadata"):
         send_event(NoMetadata(), "spark-abs.j.control", lease, 1.0, "the lease of generation 3")
     with pytest.raises(KafkaUnavailableError, match="publishing lease of checkpoint 0 failed"):
@@ -66,14 +66,14 @@ def test_markers_land_after_everything_sent_before_them(connection, unique_name)
 def test_control_topic_delivers_events_in_order_and_counts_garbage(connection, unique_name):
     control = ControlTopic(connection.kafka_bootstrap, unique_name)
     reader = ControlTopic(connection.kafka_bootstrap, unique_name)
-    first = control.publish(ControlEvent("trigger", 1))
+    first = control.publish(Trigger(checkpoint_id=1, generation=0))
     KafkaProducer(bootstrap_servers=connection.kafka_bootstrap).send(control.topic, value=b"garbage", partition=0).get(
         10
     )
-    control.publish(ControlEvent("ack", 1, task="t0", payload={"offsets": {"a:0": 4}}))
-    seen = reader.wait_for(lambda e: e.kind == "ack", timeout_s=20)
-    assert [(e.kind, e.offset) for e in seen] == [("trigger", first), ("ack", first + 2)]
-    assert seen[1].payload == {"offsets": {"a:0": 4}}
+    control.publish(Progress(task="t0", generation=0, positions={"a:0": 4}))
+    seen = reader.wait_for(lambda e: e.kind == "progress", timeout_s=20)
+    assert [(e.kind, e.offset) for e in seen] == [("trigger", first), ("progress", first + 2)]
+    assert seen[1].positions == {"a:0": 4}
     assert reader.malformed == 1
     control.close()
     reader.close()

@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
+from barriers.handler import CheckpointKind, Switch
+from barriers.messages import CheckpointOptions, InFlightFormat
 from streaming.adapters.objects import StoreLocation, ensure_bucket, open_store, s3_filesystem
 from streaming.adapters.snapshots import (
     FORMAT_VERSION,
@@ -20,6 +22,14 @@ from streaming.adapters.snapshots import (
     Manifest,
     SnapshotStore,
     TaskSnapshot,
+)
+from streaming.adapters.snapshots.format import (
+    options_as_stored,
+    options_from_json,
+    options_to_json,
+    parse_stored,
+    stored_name,
+    text_of,
 )
 from streaming.api.config import Connection
 from streaming.errors import ConfigError, SnapshotCorruptError, SnapshotMissingError, StoreError
@@ -366,3 +376,52 @@ def test_snapshots_on_the_s3_server(connection, unique_name):
         store.delete(2)
         assert store.checkpoints() == [1, 3] and store.completed() == [1]
         assert store.next_generation(1) == 1 and store.read_job().restores[0]["from_checkpoint"] == 1
+
+
+# ---- names, as the documents store them
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        CheckpointOptions.aligned(),
+        CheckpointOptions.unaligned(InFlightFormat.RECORDS),
+        CheckpointOptions.at_least_once(),
+        CheckpointOptions.aligned_with_timeout(200),
+        CheckpointOptions.aligned_with_timeout(held_bytes_budget=4096),
+        CheckpointOptions.aligned_with_timeout(200, 4096, InFlightFormat.RECORDS),
+    ],
+    ids=lambda o: o.describe(),
+)
+def test_options_are_stored_as_names_and_numbers_and_older_text_reads_back(options):
+    stored = options_to_json(options)
+    assert options_from_json(json.loads(json.dumps(stored))) == options
+    assert all(" " not in str(v) for v in stored.values())  # names and numbers, no sentence
+    # what versions before stored: describe()'s text, the format's value and a guarantee
+    older = {"alignment": options.describe(), "in_flight": options.in_flight.value, "guarantee": "exactly-once"}
+    assert options_from_json(older) == options
+    assert options_as_stored(older) == stored
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [{}, {"alignment": "sideways"}, {"alignment": "aligned (unaligned after soon)"}, {"alignment": "aligned (x"}],
+)
+def test_options_that_read_as_none_are_a_value_error_and_copied_as_they_are(stored):
+    with pytest.raises(ValueError):
+        options_from_json(stored)
+    assert options_as_stored(stored) == stored
+
+
+def test_a_member_is_stored_by_its_name_and_read_from_its_name_or_older_value():
+    kind = CheckpointKind.TIMED_OUT_TO_UNALIGNED
+    assert stored_name(kind) == "timed_out_to_unaligned" and stored_name(Switch.LATE_BARRIER) == "late_barrier"
+    for text in ("timed_out_to_unaligned", "TIMED_OUT_TO_UNALIGNED", "aligned, unaligned after the alignment timeout"):
+        assert parse_stored(CheckpointKind, text) is kind
+    assert parse_stored(CheckpointKind, "at-least-once") is parse_stored(CheckpointKind, "at_least_once")
+    assert all(parse_stored(CheckpointKind, stored_name(k)) is k for k in CheckpointKind)
+    assert all(parse_stored(Switch, s.value) is s for s in Switch)
+    with pytest.raises(ValueError, match="'sideways' is not a CheckpointKind .*rescaled"):
+        parse_stored(CheckpointKind, "sideways")
+    assert text_of(CheckpointKind, "timed_out_to_unaligned") == kind.value
+    assert text_of(CheckpointKind, "rescaled") == "rescaled" and text_of(CheckpointKind, "") == ""

@@ -47,6 +47,7 @@ def test_a_worker_is_found_by_its_name_or_a_task_or_stage_it_runs(tmp_path: Path
 
 def test_remote_groups_are_the_jobs_own_and_are_not_started_or_killed_here(tmp_path: Path):
     from streaming.api.config import Connection
+    from streaming.engine.operations import kill_worker
     from streaming.engine.runner import JobRunner
 
     connection = Connection("127.0.0.1:9", "http://127.0.0.1:9", "a", "b", "bucket")
@@ -64,16 +65,17 @@ def test_remote_groups_are_the_jobs_own_and_are_not_started_or_killed_here(tmp_p
     try:
         assert runner.remote_names == {"windows"}
         assert sorted(runner.supervisor.groups) == ["accounts", "legs"]  # started here
-        assert runner.remote.groups == {"windows": ["windows-0"]} and runner.remote.missing() == ["windows"]
+        assert runner.remote.groups.groups == {"windows": ["windows-0"]}
+        assert runner.remote.groups.missing() == ["windows"]
         with pytest.raises(SparkAbsError, match="remote worker group windows: kill its process on its host"):
-            runner.kill_worker("windows-0")
+            kill_worker(runner, "windows-0")
     finally:
         runner.store.close()
 
 
 def test_a_worker_that_joins_while_the_runner_pauses_its_groups_is_told_to_pause_too(tmp_path: Path):
     from streaming.api.config import Connection
-    from streaming.engine.membership import Heartbeat, Membership
+    from streaming.engine.membership import ActionKind, Heartbeat, Membership
     from streaming.engine.runner import JobRunner
 
     class Leases:  # what the runner would publish
@@ -87,19 +89,19 @@ def test_a_worker_that_joins_while_the_runner_pauses_its_groups_is_told_to_pause
     settings = JobSettings(store=f"file://{tmp_path}/store")
     runner = JobRunner("streaming.tools.demo:pipeline", settings, connection, remote=True, log_dir=tmp_path / "logs")
     try:
-        runner._leases = leases = Leases()
+        runner.remote._renewal = leases = Leases()
         # a worker of the runner before this one, still running generation 3's tasks
         worker = Membership(runner.job, "all", "h:1:abc", running=3, started=3)
-        runner._paused = (4, "checkpoint 7 is being rescaled to accounts=3")
-        runner._observe([Heartbeat("all", "h:1:abc", "h", 3).event()])
+        runner.remote.paused = (4, "checkpoint 7 is being rescaled to accounts=3")
+        runner.remote.observe([Heartbeat("all", "h:1:abc", "h", 3)])
         pause = leases.published[-1]
-        assert runner.remote.members == {"all": "h:1:abc"}
+        assert runner.remote.groups.members == {"all": "h:1:abc"}
         assert (pause.generation, pause.checkpoint, pause.members) == (4, None, {})
         action = worker.on_lease(pause)
-        assert action is not None and action.kind == "stop" and "being rescaled" in action.reason
-        runner._paused = None
-        runner._observe([Heartbeat("all", "h:1:abc", "h", None).event()])
-        assert runner.remote.still_running() == []
-        assert runner._lease().members == {"all": "h:1:abc"}  # the next generation names it again
+        assert action is not None and action.kind is ActionKind.STOP and "being rescaled" in action.reason
+        runner.remote.paused = None
+        runner.remote.observe([Heartbeat("all", "h:1:abc", "h", None)])
+        assert runner.remote.groups.still_running() == []
+        assert runner.remote.lease().members == {"all": "h:1:abc"}  # the next generation names it again
     finally:
         runner.store.close()

@@ -5,11 +5,21 @@ and why a broker outage restores nobody."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 
 import pytest
 
 from streaming.adapters.control import ControlEvent, ControlKind
-from streaming.engine.membership import Heartbeat, Lease, Liveness, Membership, RemoteGroups
+from streaming.engine.membership import (
+    ActionKind,
+    Heartbeat,
+    HeartbeatOutcome,
+    Lease,
+    Liveness,
+    Membership,
+    RemoteGroups,
+)
 
 
 class Clock:
@@ -74,11 +84,11 @@ def test_an_outage_silences_everyone_and_restores_nobody():
 
 def test_lease_and_heartbeat_round_trip_through_control_events():
     original = lease(3, {"legs": "w1"})
-    event = ControlEvent.decode(original.event().encode())
+    event = ControlEvent.decode(original.encode())
     assert event.kind is ControlKind.LEASE
-    assert Lease.from_event(event) == original
+    assert event == original
     beat = Heartbeat("legs", "w1", "host-a", 3)
-    assert Heartbeat.from_event(ControlEvent.decode(beat.event().encode())) == beat
+    assert ControlEvent.decode(beat.encode()) == beat
 
 
 @pytest.mark.parametrize(
@@ -87,19 +97,19 @@ def test_lease_and_heartbeat_round_trip_through_control_events():
 )
 def test_a_malformed_lease_is_a_clear_error(payload):
     with pytest.raises(ValueError, match="malformed lease from 'r'"):
-        Lease.from_event(ControlEvent(ControlKind.LEASE, 0, "r", payload))
+        ControlEvent.decode(json.dumps({"kind": "lease", "checkpoint_id": 0, "task": "r", "payload": payload}).encode())
 
 
-def test_a_group_runs_once_a_generation_a_second_worker_waits_as_standby():
+def test_a_group_runs_once_a_generation_a_second_worker_waits_as_standby(caplog):
+    caplog.set_level(logging.INFO, logger="streaming")
     clock = Clock()
-    said: list[str] = []
-    groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=clock, say=said.append)
+    groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=clock)
     assert groups.missing() == ["legs"]
-    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 1) == "joined"
+    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 1) is HeartbeatOutcome.JOINED
     assert groups.members == {"legs": "w1"}
     assert groups.on_heartbeat(Heartbeat("legs", "w2", "b", None), 1) is None
     assert groups.members == {"legs": "w1"} and groups.standby == {"legs": "w2"}
-    assert any("standby" in line for line in said)
+    assert any("standby" in line for line in caplog.messages)
     groups.drop("legs")  # w1 taken for dead: its standby runs the group
     assert groups.members == {"legs": "w2"} and groups.standby == {}
 
@@ -125,43 +135,43 @@ def test_a_member_that_stopped_the_generations_tasks_is_lost():
     groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 4)
     assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 4) is None  # not started yet
     assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", 4), 4) is None
-    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 4) == "lost"
+    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 4) is HeartbeatOutcome.LOST
     # restoring in place into the next generation is not a loss
     assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", 4), 5) is None
 
 
-def test_heartbeats_of_a_group_the_job_does_not_run_remotely_are_refused_once():
-    said: list[str] = []
-    groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=Clock(), say=said.append)
+def test_heartbeats_of_a_group_the_job_does_not_run_remotely_are_refused_once(caplog):
+    caplog.set_level(logging.INFO, logger="streaming")
+    groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=Clock())
     assert groups.on_heartbeat(Heartbeat("windows", "w9", "c", None), 1) is None
     assert groups.on_heartbeat(Heartbeat("windows", "w9", "c", None), 1) is None
-    assert groups.members == {} and len(said) == 1 and "'windows'" in said[0]
+    assert groups.members == {} and len(caplog.messages) == 1 and "'windows'" in caplog.messages[0]
 
 
 def test_a_worker_starts_when_the_lease_names_it_and_restores_in_place_on_a_newer_generation():
     member = Membership("money", "legs", "w1", clock=Clock())
     assert member.on_lease(lease(1)) is None  # not a member yet: it waits (its heartbeats ask to join)
     action = member.on_lease(lease(1, {"legs": "w1"}))
-    assert action is not None and action.kind == "start" and action.lease.generation == 1
+    assert action is not None and action.kind is ActionKind.START and action.lease.generation == 1
     member.running = 1
     assert member.on_lease(lease(1, {"legs": "w1"})) is None
     action = member.on_lease(lease(2, {"legs": "w1"}))
-    assert action.kind == "start" and action.lease.generation == 2
+    assert action.kind is ActionKind.START and action.lease.generation == 2
 
 
 def test_tasks_stopped_in_a_generation_never_start_again_in_it():
     clock = Clock()
     member = Membership("money", "legs", "w1", clock=clock)
-    assert member.on_lease(lease(1, {"legs": "w1"}, timeout_s=5.0)).kind == "start"
+    assert member.on_lease(lease(1, {"legs": "w1"}, timeout_s=5.0)).kind is ActionKind.START
     member.running = 1
     member.own()
     clock.advance(6, own=member)
-    assert member.check().kind == "stop"  # the lease lapsed (the runner was away)
+    assert member.check().kind is ActionKind.STOP  # the lease lapsed (the runner was away)
     member.running = None
     # the runner is back, still in generation 1: the others went on without these tasks, so they
     # stay stopped (the heartbeat says so, and the runner restores into generation 2)
     assert member.on_lease(lease(1, {"legs": "w1"}, timeout_s=5.0)) is None
-    assert member.on_lease(lease(2, {"legs": "w1"}, timeout_s=5.0)).kind == "start"
+    assert member.on_lease(lease(2, {"legs": "w1"}, timeout_s=5.0)).kind is ActionKind.START
 
 
 @pytest.mark.parametrize(
@@ -178,7 +188,7 @@ def test_a_worker_that_is_no_longer_the_member_stops_its_tasks(next_lease, why):
     member = Membership("money", "legs", "w1", clock=Clock())
     member.running = 1
     action = member.on_lease(next_lease)
-    assert action is not None and action.kind == "stop" and why in action.reason
+    assert action is not None and action.kind is ActionKind.STOP and why in action.reason
 
 
 def test_a_worker_stops_its_tasks_when_the_runners_lease_lapses_while_the_topic_works():
@@ -194,7 +204,7 @@ def test_a_worker_stops_its_tasks_when_the_runners_lease_lapses_while_the_topic_
     assert member.check() is None
     clock.advance(2, own=member)
     action = member.check()
-    assert action is not None and action.kind == "stop" and "no lease from the job runner" in action.reason
+    assert action is not None and action.kind is ActionKind.STOP and "no lease from the job runner" in action.reason
 
 
 def test_leases_of_another_job_are_not_followed():
@@ -228,7 +238,7 @@ def test_the_runner_knows_when_every_member_stopped_its_tasks():
 def test_a_worker_of_the_runner_before_joins_still_running_until_it_says_it_stopped():
     groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=Clock())
     groups.forget_reports()  # a new runner about to rescale: it pauses whoever is out there
-    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", 3), 0) == "joined"
+    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", 3), 0) is HeartbeatOutcome.JOINED
     assert groups.still_running() == ["legs"]
     groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 0)
     assert groups.still_running() == []

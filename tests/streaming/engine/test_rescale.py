@@ -10,7 +10,6 @@ import pytest
 
 from barriers.lineage import Lineage
 from barriers.messages import GENERATION_HEADER, Barrier, ChannelId, encode
-from operators import Balances
 from streaming.adapters import codec
 from streaming.adapters.snapshots import LoadedTask, Manifest, TaskSnapshot
 from streaming.api.pipeline import Ingress, Pipeline, Scale, Sink, Stage, parse_parallelism, route
@@ -18,6 +17,7 @@ from streaming.engine.rescale import plan_rescale, scale_of, target_scale
 from streaming.engine.watermarks import watermark_headers
 from streaming.errors import ConfigError, RescaleError
 from streaming.tools import demo
+from streaming.tools.money import Balances
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 JOB = "j"

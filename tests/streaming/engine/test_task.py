@@ -15,7 +15,7 @@ from barriers.lineage import Lineage
 from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions, encode
 from operators import KeyedAggregate, count, filter_rows, sum_
 from operators.windows import TumblingWindowAggregate
-from streaming.adapters.control import ControlEvent, ControlKind, announced_barrier
+from streaming.adapters.control import ControlKind, Trigger, announced_barrier
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.engine.task import StageTask, TaskIO, TaskStart
 from streaming.engine.watermarks import watermark_headers
@@ -147,6 +147,7 @@ def counting_pipeline(parallelism=1, sink_stage=False):
 def make_task(pipeline, name="count-0", sink=False, **kwargs):
     recorded = RecordedIO()
     task = StageTask(pipeline, pipeline.task(name), recorded.io(sink), **kwargs)
+    task.recover()
     return task, recorded
 
 
@@ -178,7 +179,7 @@ def test_aligned_barrier_holds_the_early_channel_and_forwards_after_the_snapshot
     assert io.log.index(("send", "spark-abs.job.count:0"), barrier_at) > barrier_at
     kinds = [e.kind for e in io.events]
     assert kinds == ["announce", "ack"]
-    assert io.events[0].payload["offsets"] == {"spark-abs.job.count:0": 100}
+    assert io.events[0].offsets == {"spark-abs.job.count:0": 100}
 
 
 def test_output_carries_the_generation_and_routes_by_key():
@@ -278,9 +279,9 @@ def test_windows_close_on_the_minimum_watermark_over_channels():
             ("in", 0, 1, {"account": "x", "amount": 2, "ts": 250}),
         )
     )
-    assert task._epoch_rows == []  # channel 1 has not spoken: no window may close
+    assert task.output.epoch_rows == []  # channel 1 has not spoken: no window may close
     task.process_batch(batch(("in", 1, 0, {"account": "x", "amount": 5, "ts": 120})))
-    closed = [row for table in task._epoch_rows for row in table.to_pylist()]
+    closed = [row for table in task.output.epoch_rows for row in table.to_pylist()]
     assert [(r["window_start"], r["amount"]) for r in closed] == [(0, 1)]
 
 
@@ -314,7 +315,7 @@ def test_watermarks_travel_downstream_in_headers_and_watermark_records():
     topic = "spark-abs.job.pass"
     rows = [(topic, 0, i, value, 0, headers) for i, (_, value, headers) in enumerate(io.records)]
     downstream.process_batch(batch(*rows))
-    assert downstream.watermark == 20 and downstream._epoch_rows == []
+    assert downstream.watermark == 20 and downstream.output.epoch_rows == []
     downstream.process_batch(batch((topic, 0, 3, {"account": "x"}, 0)))
     assert [r for _, _, r in down_io.dead] == ["TumblingWindowAggregate: input has no column 'ts' (columns: account)"]
     end = batch((topic, 0, 4, b""))
@@ -324,7 +325,7 @@ def test_watermarks_travel_downstream_in_headers_and_watermark_records():
         pa.array([[{"key": k, "value": v} for k, v in watermark_headers(10**6, 0)]], HEADER_TYPE),
     )
     downstream.process_batch(end)
-    closed = [(r["window_start"], r["amount"]) for t in downstream._epoch_rows for r in t.to_pylist()]
+    closed = [(r["window_start"], r["amount"]) for t in downstream.output.epoch_rows for r in t.to_pylist()]
     assert closed == [(0, 3), (100, 4)]
 
 
@@ -336,7 +337,7 @@ def test_copied_channel_state_is_replayed_before_anything_else():
     )
     assert task.counters["replayed_in_flight"] == 2 and task.handler.position(A) == 5
     task.process_batch(batch(("in", 0, 6, {"account": "x", "amount": 7})))  # the query resumes after the barrier
-    rows = [r for t in task._epoch_rows for r in t.to_pylist()]
+    rows = [r for t in task.output.epoch_rows for r in t.to_pylist()]
     assert rows[-1] == {"account": "x", "n": 3, "total": 18}
 
 
@@ -349,7 +350,7 @@ def test_a_restored_task_says_when_its_channel_state_ranges_are_replayed():
     assert not [e for e in io.events if e.kind is ControlKind.REPLAYED]
     task.process_batch(batch(("in", 0, 5, {"account": "x", "amount": 1}), ("in", 0, 6, {"account": "x", "amount": 1})))
     replayed = [e for e in io.events if e.kind is ControlKind.REPLAYED]
-    assert len(replayed) == 1 and replayed[0].payload["records"] == 3 and replayed[0].checkpoint_id == 2
+    assert len(replayed) == 1 and replayed[0].records == 3 and replayed[0].checkpoint_id == 2
     task.process_batch(batch(("in", 0, 7, {"account": "x", "amount": 1})))
     assert len([e for e in io.events if e.kind is ControlKind.REPLAYED]) == 1
 
@@ -361,7 +362,7 @@ def test_a_channel_state_range_that_ends_in_barriers_is_replayed_when_they_are_r
     task, io = make_task(pipeline, sink=True, start=start)
     old_barrier = Barrier(1, generation=0, job="job")
     task.process_batch(batch(("in", 0, 3, {"account": "x", "amount": 1}), ("in", 0, 4, old_barrier)))
-    assert [e.payload["records"] for e in io.events if e.kind is ControlKind.REPLAYED] == [2]
+    assert [e.records for e in io.events if e.kind is ControlKind.REPLAYED] == [2]
 
 
 def test_an_announcement_during_a_large_batch_is_taken_between_its_segments():
@@ -370,11 +371,11 @@ def test_an_announcement_during_a_large_batch_is_taken_between_its_segments():
     holds the first segment's records and the rest of the batch is channel state."""
     task, io = make_task(counting_pipeline(), max_segment_records=100)
     barrier = Barrier(1, job="job", options=CheckpointOptions.unaligned())
-    event = ControlEvent(
-        ControlKind.TRIGGER,
-        1,
-        "coordinator",
-        {"generation": 0, "barrier": announced_barrier(encode(barrier)), "offsets": {"in:0": 1000, "in:1": 0}},
+    event = Trigger(
+        checkpoint_id=1,
+        generation=0,
+        barrier=announced_barrier(encode(barrier)),
+        offsets={"in:0": 1000, "in:1": 0},
     )
     sent_before = []
 
@@ -414,10 +415,11 @@ def test_held_records_past_the_memory_budget_are_read_back_from_kafka_when_relea
     task = StageTask(
         counting_pipeline(), counting_pipeline().task("count-0"), io, max_segment_records=50, held_memory_bytes=budget
     )
+    task.recover()
     task.process_batch(batch(("in", 0, 0, Barrier(1, job="job"))))
     task.process_batch(held)  # all of in:0 is held: channel in:1 has not passed barrier 1
     assert task.handler.blocked == {A} and task.held_bytes > budget
-    in_memory = [s.first_offset for s in task._queues[A] if not s.spilled]
+    in_memory = [s.first_offset for s in task.gate.queue(A) if not s.spilled]
     assert in_memory == [1, 51] and task.counters["spilled_segments"] == 6
     task.process_batch(batch(("in", 1, 0, Barrier(1, job="job"))))  # aligned: in:0 released
     assert task.handler.blocked == frozenset() and task.handler.position(A) == 400
@@ -449,7 +451,7 @@ def test_a_sink_epoch_that_could_not_be_staged_is_staged_with_the_next_one():
         )
         task.wait_for_uploads()
         assert io.staged == {} and [e.kind for e in io.events] == ["decline"]
-        assert "the store is down" in io.events[0].payload["detail"]
+        assert "the store is down" in io.events[0].detail
         task.process_batch(
             batch(
                 ("in", 0, 2, {"account": "z", "amount": 3}),

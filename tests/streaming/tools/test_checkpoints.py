@@ -6,8 +6,12 @@ commands' output and exit status."""
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import datetime
 
 import pyarrow as pa
@@ -15,14 +19,19 @@ import pyarrow.parquet as pq
 import pytest
 
 from barriers.lineage import Lineage
-from barriers.messages import ChannelId
+from barriers.messages import Barrier, ChannelId, encode
+from operators import KeyedAggregate, count, sum_
 from operators.state import KeyedState
 from streaming.adapters.objects import open_store
 from streaming.adapters.records import RECORD_SCHEMA
 from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
+from streaming.api.settings import JobSettings
+from streaming.engine.coordinator import CoordinatorIO, CoordinatorService
+from streaming.engine.task import StageTask, TaskIO
 from streaming.errors import SnapshotMissingError
 from streaming.tools.checkpoints import Checkpoints, channel_rows, classify_channel_records, state_keys
-from streaming.tools.views import render_detail, render_diff, render_restore_plan
+from streaming.tools.views import render_checkpoints, render_detail, render_diff, render_restore_plan
 
 JOB = "ledger"
 CHANNEL = "legs:0"
@@ -293,3 +302,129 @@ def test_a_restore_with_nothing_to_restore_from_says_so(tmp_path):
     SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB).close()
     done = _cli("restore", "--store", f"file://{tmp_path}/s", "--job", JOB, "--pipeline", "x:y")
     assert done.returncode == 2 and "no checkpoint verifies, nothing to restore from" in done.stderr, done.stderr
+
+
+# ---- what is stored: names, and checkpoints written before names were stored
+
+PROSE = pathlib.Path(__file__).parent / "fixtures" / "prose_checkpoint"
+
+
+@pytest.fixture
+def prose_store(tmp_path, monkeypatch) -> str:
+    """A copy of the checkpoint the fixture keeps (see its README), and
+    tables drawn 200 columns wide as when piped."""
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda *_, **__: os.terminal_size((200, 24)))
+    shutil.copytree(PROSE / "store", tmp_path / "store")
+    return f"file://{tmp_path}/store"
+
+
+def test_a_checkpoint_written_before_names_were_stored_shows_as_it_did(prose_store):
+    with Checkpoints.open(prose_store, "legacy") as checkpoints:
+        detail = checkpoints.detail(1)
+        listed = render_checkpoints("legacy", checkpoints.rows(), checkpoints.generation())
+    assert render_detail(detail) + "\n" == (PROSE / "show.txt").read_text()
+    assert json.loads(json.dumps(detail.to_dict())) == json.loads((PROSE / "show.json").read_text())
+    assert listed + "\n" == (PROSE / "list.txt").read_text()
+    shown = _cli("checkpoints", "show", "1", "--store", prose_store, "--job", "legacy")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == (PROSE / "show.txt").read_text()
+
+
+def _batch(*records: tuple[str, int, int, dict | Barrier]) -> pa.Table:
+    """Records as a stage query hands them over: (topic, partition, offset, row or barrier)."""
+    return pa.table(
+        {
+            "topic": [t for t, _, _, _ in records],
+            "partition": [p for _, p, _, _ in records],
+            "offset": [o for _, _, o, _ in records],
+            "key": [None] * len(records),
+            "value": [b"" if isinstance(v, Barrier) else json.dumps(v).encode() for _, _, _, v in records],
+            "headers": [
+                [{"key": k, "value": h} for k, h in encode(v)] if isinstance(v, Barrier) else []
+                for _, _, _, v in records
+            ],
+            "timestamp": [None] * len(records),
+        },
+        schema=RECORD_SCHEMA,
+    )
+
+
+def test_a_checkpoint_written_now_stores_names_and_shows_the_same_words(tmp_path, prose_store):
+    """The fixture's checkpoint taken again: two tasks, the second seeing its
+    first barrier after the alignment timeout."""
+    schema = pa.schema([("account", pa.string()), ("amount", pa.int64())])
+    stage = Stage(
+        "count",
+        ("in",),
+        lambda: KeyedAggregate("account", {"n": count(), "total": sum_("amount")}),
+        key="account",
+        parallelism=2,
+        sink=Sink(),
+    )
+    pipeline = Pipeline("legacy", (Ingress("in", 4, schema),), (stage,))
+    store = SnapshotStore(open_store(f"file://{tmp_path}/now"), "legacy")
+    acks: list = []
+    coordinator = CoordinatorService(
+        pipeline,
+        CoordinatorIO(
+            inject=lambda channels, headers: {c: 3 for c in channels},
+            publish=lambda event: None,
+            poll=lambda timeout_s: [acks.pop(0) for _ in range(len(acks))],
+        ),
+        store,
+        JobSettings(
+            store=f"file://{tmp_path}/now", mode="aligned-timeout", alignment_timeout_ms=200, held_bytes_budget=1000000
+        ),
+        progress_log=tmp_path / "checkpoints.jsonl",
+    )
+    barrier = coordinator.trigger()
+    tasks = [
+        StageTask(
+            pipeline,
+            pipeline.task(name),
+            TaskIO(
+                send=lambda *_: None,
+                append_barrier=lambda channels, headers: {c: 0 for c in channels},
+                publish=acks.append,
+                dead_letter=lambda *_: None,
+                write_snapshot=store.write_task,
+                stage_epoch=lambda epoch, rows: None,
+            ),
+        )
+        for name in ("count-0", "count-1")
+    ]
+    tasks[0].process_batch(
+        _batch(("in", 0, 0, {"account": "x", "amount": 1}), ("in", 0, 3, barrier), ("in", 2, 3, barrier))
+    )
+    late = replace(barrier, timestamp_ms=barrier.timestamp_ms - 1000)  # taken a second before the task sees it
+    tasks[1].process_batch(_batch(("in", 1, 3, late), ("in", 3, 0, {"account": "w", "amount": 7})))
+    tasks[1].process_batch(_batch(("in", 3, 3, late)))
+    for task in tasks:
+        task.wait_for_uploads()
+    coordinator.poll()
+    assert store.completed() == [1]
+
+    manifest = json.loads(next((tmp_path / "now").rglob("_MANIFEST.json")).read_text())
+    stored = {"alignment": "aligned", "alignment_timeout_ms": 200, "held_bytes_budget": 1000000, "in_flight": "range"}
+    assert manifest["options"] == stored
+    assert manifest["metrics"]["kinds"] == ["aligned", "timed_out_to_unaligned"]
+    switched = json.loads(next((tmp_path / "now").rglob("count-1/_TASK.json")).read_text())["metadata"]
+    assert (switched["kind"], switched["switch"]) == ("timed_out_to_unaligned", "late_barrier")
+    assert "switch_reason" not in switched and manifest["tasks"]["count-1"]["metadata"] == switched
+    assert manifest["metrics"]["tasks"]["count-1"]["kind"] == "timed_out_to_unaligned"
+    (line,) = (tmp_path / "checkpoints.jsonl").read_text().splitlines()
+    assert json.loads(line)["options"] == stored
+    assert json.loads(line)["kinds"] == ["aligned", "timed_out_to_unaligned"]
+
+    # in words, what the version before printed (the fixture is the same checkpoint, taken then)
+    with Checkpoints(store) as checkpoints:
+        now, now_listed = checkpoints.detail(1), checkpoints.rows()[0].kinds
+    with Checkpoints.open(prose_store, "legacy") as checkpoints:
+        then, then_listed = checkpoints.detail(1), checkpoints.rows()[0].kinds
+    assert (now.alignment, now.guarantee, now.in_flight_format, now_listed) == (
+        then.alignment,
+        then.guarantee,
+        then.in_flight_format,
+        then_listed,
+    )
+    assert [(t.kind, t.switch_reason) for t in now.tasks] == [(t.kind, t.switch_reason) for t in then.tasks]

@@ -65,3 +65,15 @@ def test_a_malformed_setting_is_named(tmp_path):
     done = _run("--home", str(tmp_path), "smoke", env=env)
     assert done.returncode == 2
     assert "SPARK_ABS_S3_ENDPOINT" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_job_options_default_to_the_job_settings_defaults():
+    from streaming.api.settings import JobSettings
+    from streaming.tools.cli import build_parser
+
+    defaults = JobSettings(store="file:///s")
+    args = build_parser().parse_args(["run", "orders:orders", "--store", "file:///s"])
+    assert JobSettings(store=args.store, mode=args.mode, in_flight=args.in_flight) == defaults
+    assert (args.interval, args.retain) == (defaults.interval_s, defaults.retain)
+    gc = build_parser().parse_args(["checkpoints", "gc", "--store", "file:///s", "--job", "orders"])
+    assert gc.retain == defaults.retain

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
+from streaming.tools import commands
 from streaming.tools.checkpoints import Checkpoints
 from streaming.tools.commands import run_job
 from streaming.tools.views import render_checkpoints
@@ -133,28 +134,29 @@ class _Runner:
         self.closed = True
 
 
-def test_run_stops_after_the_checkpoints_asked_for_and_closes_the_job():
-    runner, said = _Runner(ready_after=5, every=3), []
-    run_job(runner, restore=4, checkpoints=2, say=said.append)
+def test_run_stops_after_the_checkpoints_asked_for_and_closes_the_job(lines):
+    runner = _Runner(ready_after=5, every=3)
+    run_job(runner, restore=4, checkpoints=2)
     assert runner.started_from == 4 and runner.closed
     assert len(runner.done) == 2 and runner.steps == 5 + 2 * 3 - 1
-    assert any(s.startswith("all tasks ready after") for s in said)
-    assert said[-1] == "stopped; 2 checkpoint(s) completed in this run, the last 2"
+    assert any(s.startswith("all tasks ready after") for s in lines)
+    assert lines[-1] == "stopped; 2 checkpoint(s) completed in this run, the last 2"
 
 
-def test_run_time_counts_from_when_the_tasks_are_up_and_ctrl_c_still_closes():
-    runner, said = _Runner(ready_after=10, every=10**9), []
+def test_run_time_counts_from_when_the_tasks_are_up_and_ctrl_c_still_closes(lines):
+    runner = _Runner(ready_after=10, every=10**9)
     began = time.monotonic()
-    run_job(runner, seconds=0.1, say=said.append)
+    run_job(runner, seconds=0.1)
     # ten starting steps of 0.02 s each, then the 0.1 s asked for
     assert time.monotonic() - began >= 0.28 and runner.steps > 10 and runner.closed
-    assert said[-1] == "stopped; 0 checkpoint(s) completed in this run"
-    interrupted, said = _Runner(ready_after=1, every=1000, interrupt_at=4), []
-    run_job(interrupted, say=said.append)
-    assert interrupted.closed and "stopping (Ctrl-C or SIGTERM)" in said
+    assert lines[-1] == "stopped; 0 checkpoint(s) completed in this run"
+    interrupted = _Runner(ready_after=1, every=1000, interrupt_at=4)
+    lines.clear()
+    run_job(interrupted)
+    assert interrupted.closed and "stopping (Ctrl-C or SIGTERM)" in lines
 
 
-def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_handler_before_comes_back():
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_handler_before_comes_back(lines):
     class Terminated(_Runner):
         def step(self):
             super().step()
@@ -167,35 +169,37 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_handler_before_comes_back():
             super().close()
 
     before = signal.getsignal(signal.SIGTERM)
-    runner, said = Terminated(ready_after=1, every=1000), []
-    run_job(runner, say=said.append)
-    assert runner.closed and runner.steps == 3 and "stopping (Ctrl-C or SIGTERM)" in said
-    assert said[-1] == "stopped; 0 checkpoint(s) completed in this run"
+    runner = Terminated(ready_after=1, every=1000)
+    run_job(runner)
+    assert runner.closed and runner.steps == 3 and "stopping (Ctrl-C or SIGTERM)" in lines
+    assert lines[-1] == "stopped; 0 checkpoint(s) completed in this run"
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_run_with_drain_stops_once_the_input_is_committed_and_closes_the_job():
-    runner, said = _Runner(ready_after=5, every=3), []
+def test_run_with_drain_stops_once_the_input_is_committed_and_closes_the_job(lines, monkeypatch):
+    runner = _Runner(ready_after=5, every=3)
     drained = SimpleNamespace(checkpoint_id=9, status="completed")
 
-    def run_until_caught_up(timeout_s):
-        assert timeout_s == 42
+    def run_until_caught_up(drained_runner, timeout_s):
+        assert drained_runner is runner and timeout_s == 42
         runner.done.append(drained)
         return drained
 
-    runner.run_until_caught_up = run_until_caught_up
-    run_job(runner, drain=True, drain_timeout_s=42, say=said.append)
+    monkeypatch.setattr(commands, "run_until_caught_up", run_until_caught_up)
+    run_job(runner, drain=True, drain_timeout_s=42)
     assert runner.closed and runner.steps == 0  # the drain drives the runner itself
-    assert "drained: checkpoint 9 covers every input record and is committed" in said
-    assert said[-1] == "stopped; 1 checkpoint(s) completed in this run, the last 9"
+    assert "drained: checkpoint 9 covers every input record and is committed" in lines
+    assert lines[-1] == "stopped; 1 checkpoint(s) completed in this run, the last 9"
 
 
-def test_sigusr1_drains_a_running_job():
+def test_sigusr1_drains_a_running_job(lines, monkeypatch):
     import os
     import signal
 
-    runner, said = _Runner(ready_after=2, every=10**9), []
-    runner.run_until_caught_up = lambda timeout_s: SimpleNamespace(checkpoint_id=3, status="completed")
+    runner = _Runner(ready_after=2, every=10**9)
+    monkeypatch.setattr(
+        commands, "run_until_caught_up", lambda _, timeout_s: SimpleNamespace(checkpoint_id=3, status="completed")
+    )
     steps = runner.step
 
     def step():
@@ -205,7 +209,7 @@ def test_sigusr1_drains_a_running_job():
 
     runner.step = step
     before = signal.getsignal(signal.SIGUSR1)
-    run_job(runner, say=said.append)
+    run_job(runner)
     assert runner.steps == 5 and runner.closed
-    assert "drained: checkpoint 3 covers every input record and is committed" in said
+    assert "drained: checkpoint 3 covers every input record and is committed" in lines
     assert signal.getsignal(signal.SIGUSR1) is before  # the handler is the caller's again

@@ -10,12 +10,16 @@ import sys
 
 import pytest
 
+from barriers.coordinator import CheckpointStatus
 from streaming.errors import ConfigError
 from streaming.tools import compare_report
-from streaming.tools.compare import Comparison, Restore, Run, Sample, Workload, check_variants
+from streaming.tools.compare import check_variants
+from streaming.tools.compare_model import Comparison, Restore, Run, Sample, Workload
 
 
-def _sample(checkpoint_id: int, seconds: float, status: str = "completed", **fields) -> Sample:
+def _sample(
+    checkpoint_id: int, seconds: float, status: CheckpointStatus = CheckpointStatus.COMPLETED, **fields
+) -> Sample:
     return Sample(checkpoint_id, at_s=float(checkpoint_id), status=status, duration_s=seconds, **fields)
 
 
@@ -32,7 +36,12 @@ def _comparison() -> Comparison:
             10.0,
             "a10",
             125,
-            [_sample(1, 5.0), _sample(2, 9.0), _sample(3, 12.0, status="pending"), _sample(4, 0.1, "aborted")],
+            [
+                _sample(1, 5.0),
+                _sample(2, 9.0),
+                _sample(3, 12.0, status=CheckpointStatus.PENDING),
+                _sample(4, 0.1, CheckpointStatus.ABORTED),
+            ],
         ),
         Run("unaligned", 10.0, "u10", 125, [_sample(i, 0.3, in_flight_records=40) for i in range(1, 4)]),
         Run(
@@ -54,7 +63,8 @@ def test_percentiles_count_checkpoints_still_running_as_lower_bounds_and_leave_o
     run = _comparison().run("aligned", 10.0)
     assert run.durations() == [5.0, 9.0, 12.0]
     assert run.percentile(50) == 9.0 and run.percentile(99) == pytest.approx(11.94)
-    assert run.count("completed") == 2 and run.count("pending") == 1 and run.count("aborted") == 1
+    assert run.count(CheckpointStatus.COMPLETED) == 2
+    assert run.count(CheckpointStatus.PENDING) == 1 and run.count(CheckpointStatus.ABORTED) == 1
 
 
 def test_ratios_are_taken_against_the_baseline_at_the_same_point():
@@ -179,8 +189,6 @@ def _job_with(records, positions=None):
 
 def _record(checkpoint_id, triggered_at, barriers, tasks, status="completed"):
     from types import SimpleNamespace
-
-    from barriers.coordinator import CheckpointStatus
 
     return SimpleNamespace(
         checkpoint_id=checkpoint_id,

@@ -10,12 +10,13 @@ import json
 import pandas as pd
 import pytest
 
+from streaming.api.settings import Mode
 from streaming.errors import ConfigError
 from streaming.tools import demo, drill, drill_checks, drill_report
 from streaming.tools.drill import FailureKind, FailureOutcome
 
 
-def _pools(mode: str = "aligned"):
+def _pools(mode: Mode = Mode.ALIGNED):
     return drill.fault_pools(demo.pipeline("plan"), mode)
 
 
@@ -47,7 +48,7 @@ def test_worker_failures_start_with_a_plain_kill_then_walk_the_fault_points_wher
     assert set(_pools()["during_alignment"]) == {"accounts-0", "accounts-1", "windows-0"}
     assert _pools()["before_sink_commit"] == ["windows-0"]
     # no alignment in unaligned checkpoints, so that fault point is not drawn
-    unaligned = drill.plan_failures(12, 3, [FailureKind.WORKER], _pools("unaligned"), 1.0)
+    unaligned = drill.plan_failures(12, 3, [FailureKind.WORKER], _pools(Mode.UNALIGNED), 1.0)
     assert "during_alignment" not in {f.moment for f in unaligned}
 
 
@@ -107,7 +108,7 @@ def _report(tmp_path, *, lost: bool):
     return drill.DrillReport(
         "drill-1-x",
         1,
-        "aligned",
+        Mode.ALIGNED,
         "streaming.tools.demo:pipeline",
         plan,
         outcomes,

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from streaming.adapters import jars
+from streaming.adapters.jars import Artifact
 from streaming.errors import ArtifactResolutionError, ToolMissingError
-from streaming.local import artifacts
-from streaming.local.artifacts import Artifact
+from streaming.local.artifacts import kafka_broker_artifacts
 
 
 def test_pom_lists_every_artifact():
-    pom = ET.fromstring(artifacts._pom("x", artifacts.kafka_broker_artifacts("4.1.1")))
+    pom = ET.fromstring(jars._pom("x", kafka_broker_artifacts("4.1.1")))
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
     coords = [
         ":".join(d.find(f"m:{k}", ns).text for k in ("groupId", "artifactId", "version"))
@@ -34,15 +35,15 @@ def test_pom_lists_every_artifact():
     ],
 )
 def test_artifact_id_of_a_jar_name(jar, artifact_id):
-    assert artifacts._artifact_id(Path(jar)) == artifact_id
+    assert jars._artifact_id(Path(jar)) == artifact_id
 
 
 def test_missing_tool_says_how_to_install_it(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(ToolMissingError, match="apt-get install maven"):
-        artifacts.require_tool("mvn")
+        jars.require_tool("mvn")
     with pytest.raises(ToolMissingError, match="Java 17"):
-        artifacts.require_tool("java")
+        jars.require_tool("java")
 
 
 def test_unreachable_registry_is_a_clear_error(tmp_path, monkeypatch):
@@ -51,7 +52,7 @@ def test_unreachable_registry_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARK_ABS_MAVEN_REPO", "http://127.0.0.1:9/maven2")
     missing = Artifact("org.spark-abs.nowhere", "not-published", "0.0.1")
     with pytest.raises(ArtifactResolutionError, match="not-published") as info:
-        artifacts.resolve_jars("nowhere", [missing], tmp_path)
+        jars.resolve_jars("nowhere", [missing], tmp_path)
     assert "127.0.0.1:9" in str(info.value)
     assert not (tmp_path / "jars" / "nowhere").exists()  # nothing half-written is left
 
@@ -62,7 +63,7 @@ def test_a_resolved_set_is_cached(tmp_path, monkeypatch):
     (done / "a-1.0.jar").write_bytes(b"")
     (done / ".complete").write_text("a-1.0.jar\n")
     monkeypatch.setenv("PATH", "/nonexistent")  # no mvn needed for a cached set
-    assert artifacts.resolve_jars("cached", [Artifact("g", "a", "1.0")], tmp_path) == [done / "a-1.0.jar"]
+    assert jars.resolve_jars("cached", [Artifact("g", "a", "1.0")], tmp_path) == [done / "a-1.0.jar"]
 
 
 def test_connector_jars_leave_out_what_spark_ships(tmp_path):
@@ -80,5 +81,5 @@ def test_connector_jars_leave_out_what_spark_ships(tmp_path):
     shipped.mkdir()
     for name in ("scala-library-2.13.17.jar", "zstd-jni-1.5.7-4.jar", "spark-sql_2.13-9.9.9.jar"):
         (shipped / name).write_bytes(b"")
-    kept = artifacts.connector_jars("9.9.9", tmp_path / "cache", shipped)
+    kept = jars.connector_jars("9.9.9", tmp_path / "cache", shipped)
     assert [j.name for j in kept] == ["kafka-clients-3.9.1.jar", "spark-sql-kafka-0-10_2.13-9.9.9.jar"]

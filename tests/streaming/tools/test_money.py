@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from operators import Balances, Chain, OperatorConfigError, transfer_legs
+from operators import Chain, OperatorConfigError
 from operators.testing import parquet_roundtrip, run
+from streaming.tools.money import Balances, transfer_legs
 
 PROFILE = settings.get_profile("operators")
 TRANSFER = pa.schema([("id", pa.int64()), ("source", pa.string()), ("target", pa.string()), ("amount", pa.int64())])

@@ -1,5 +1,7 @@
-"""Money in transit, the project's demo: accounts hold balances, transfers
-move money between accounts owned by different tasks.
+"""The demo's operators (``streaming.tools.demo``), money in transit:
+accounts hold balances, transfers move money between accounts owned by
+different tasks.  They are written as a user writes operators, on the public
+API of ``operators``.
 
 ``transfer_legs`` turns each transfer into a debit of its source account and
 a credit of its target account; the stage routes each leg to the task that
@@ -15,12 +17,17 @@ from collections.abc import Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators._arrow import require_columns, row_index
-from operators.aggregations import sum_
-from operators.base import Stateless
-from operators.dead_letters import DeadLetters, Reason
-from operators.errors import OperatorConfigError, StateRestoreError
-from operators.keyed import KeyedAggregate
+from operators import (
+    DeadLetters,
+    KeyedAggregate,
+    OperatorConfigError,
+    Reason,
+    Stateless,
+    StateRestoreError,
+    require_columns,
+    row_index,
+    sum_,
+)
 
 __all__ = ["Balances", "TransferLegs", "transfer_legs"]
 

@@ -1,0 +1,116 @@
+"""What a task does at barrier n, driven by the barrier handler of
+``barriers.handler`` through its ``Controller`` interface.
+
+``snapshot`` takes the operator's state (immutable Arrow tables) and closes
+the sink epoch, ``forward_barrier`` appends barrier n to every output
+partition after the event-time progress before it and announces where it
+went, and ``acknowledge`` hands the snapshot to the ``SnapshotUploader``,
+which uploads it in the background and then acknowledges on the job's
+control topic, so processing never waits for the upload.  ``abort`` gives
+an aborted epoch's output to the next one and declines on the control topic."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from barriers.failures import CheckpointFailure
+from barriers.handler import BarrierHandler, TaskCheckpoint
+from barriers.messages import Barrier, ChannelId, encode
+from streaming.adapters.control import Announce, Decline, announced_barrier
+from streaming.engine import faults
+from streaming.engine.gate import InputGate
+from streaming.engine.output import TaskOutput
+from streaming.engine.uploads import SnapshotUploader, TakenSnapshot
+from streaming.engine.watermarks import WatermarkTracker
+
+__all__ = ["TaskController"]
+
+log = logging.getLogger(__name__)
+
+
+class TaskController:
+    """The ``Controller`` of task ``task`` (see the module docstring);
+    ``handler`` is set once the handler that drives it is made."""
+
+    def __init__(
+        self,
+        task: str,
+        generation: int,
+        io: Any,
+        *,
+        operator: Any,
+        gate: InputGate,
+        output: TaskOutput,
+        watermarks: WatermarkTracker,
+        uploader: SnapshotUploader,
+        forward_watermark: Callable[[], None],
+        counters: collections.Counter,
+        job_key: bytes | None = None,
+    ):
+        self.task = task
+        self.generation = generation
+        self.io = io
+        self.operator = operator
+        self.gate = gate
+        self.output = output
+        self.watermarks = watermarks
+        self.uploader = uploader
+        self.forward_watermark = forward_watermark
+        self.counters = counters
+        self.job_key = job_key
+        self.handler: BarrierHandler | None = None
+        # what each started checkpoint took (its synchronous phase)
+        self._taken: dict[int, TakenSnapshot] = {}
+
+    def block(self, channel: ChannelId) -> None:
+        log.debug("%s: %s blocked", self.task, channel)
+        faults.point(self.task, "during_alignment", self.handler.newest_started if self.handler else 0)
+
+    def release(self, channel: ChannelId) -> None:
+        log.debug("%s: %s released", self.task, channel)
+
+    def snapshot(self, barrier: Barrier) -> None:
+        began = time.perf_counter()
+        state = self.operator.snapshot()
+        self._taken[barrier.checkpoint_id] = TakenSnapshot(
+            state, self.output.take_epoch(), time.perf_counter() - began, time.time(), self.gate.take_held_max()
+        )
+
+    def forward_barrier(self, barrier: Barrier) -> None:
+        outputs = self.output.spec.outputs
+        if not outputs:
+            return
+        self.forward_watermark()  # event-time progress before the barrier belongs to its epoch
+        self.io.flush()
+        headers = encode(barrier, key=self.job_key)
+        offsets = self.io.append_barrier(outputs, headers)
+        self.io.publish(
+            Announce(
+                checkpoint_id=barrier.checkpoint_id,
+                task=self.task,
+                generation=self.generation,
+                barrier=announced_barrier(headers),
+                offsets={str(c): o for c, o in offsets.items()},
+            )
+        )
+
+    def record_in_flight(self, checkpoint_id: int, channel: ChannelId, start: int, end: int) -> None:
+        log.debug("%s: checkpoint %d: %s in flight [%d, %d)", self.task, checkpoint_id, channel, start, end)
+
+    def acknowledge(self, checkpoint: TaskCheckpoint) -> None:
+        self.uploader.submit(checkpoint, self._taken.pop(checkpoint.checkpoint_id), self.watermarks.snapshot())
+
+    def abort(self, checkpoint_id: int, reason: CheckpointFailure, detail: str) -> None:
+        taken = self._taken.pop(checkpoint_id, None)
+        if taken is not None:
+            self.output.give_back(taken.epoch)
+        self.counters["aborted"] += 1
+        self.io.publish(
+            Decline(
+                checkpoint_id=checkpoint_id, task=self.task, generation=self.generation, reason=reason, detail=detail
+            )
+        )

@@ -1,0 +1,79 @@
+"""The control events a task takes (``StageTask.on_control``): the
+coordinator's abort of a checkpoint, and the barrier positions announced by
+the injector (``trigger``) and by upstream tasks (``announce``), which let an
+unaligned checkpoint (or an aligned one whose timeout passed) start before
+the backlog in front of its barrier is read.
+
+They come on the control topic's thread; the task's processing thread takes
+them between two segments (a large batch does not delay an unaligned
+snapshot), or at once when the task is idle."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Mapping
+
+from barriers.handler import BarrierHandler
+from barriers.messages import Alignment, Barrier, BarrierRejected, ChannelId, decode
+from streaming.adapters.control import Abort, Announce, ControlEvent, Trigger
+
+__all__ = ["ControlInbox"]
+
+log = logging.getLogger(__name__)
+
+
+class ControlInbox:
+    """The control events of task ``task`` (reading ``inputs``) of job
+    ``job``, applied to its ``handler`` under the task's ``lock``."""
+
+    def __init__(
+        self,
+        task: str,
+        job: str,
+        inputs: Mapping[ChannelId, object],
+        handler: BarrierHandler,
+        lock: threading.RLock,
+        job_key: bytes | None = None,
+    ):
+        self.task = task
+        self.job = job
+        self.inputs = inputs
+        self.handler = handler
+        self.lock = lock
+        self.job_key = job_key
+        self._events: collections.deque[ControlEvent] = collections.deque()
+
+    def offer(self, event: ControlEvent) -> None:
+        """Queue ``event``; apply it at once when the task is idle (its lock is free)."""
+        self._events.append(event)
+        if self.lock.acquire(blocking=False):
+            try:
+                self.apply()
+            finally:
+                self.lock.release()
+
+    def apply(self) -> None:
+        """Every queued event, in order (the caller holds the task's lock)."""
+        while self._events:
+            event = self._events.popleft()
+            if isinstance(event, (Trigger, Announce)) and event.barrier:
+                self._announced(event)
+            elif isinstance(event, Abort) and event.task != self.task and event.checkpoint_id in self.handler.pending:
+                self.handler.abort(event.checkpoint_id, event.reason, event.detail)
+
+    def _announced(self, event: Trigger | Announce) -> None:
+        try:
+            barrier = decode(event.barrier_headers(), job=self.job, key=self.job_key)
+        except BarrierRejected as exc:
+            log.warning("%s: announcement of checkpoint %d ignored: %s", self.task, event.checkpoint_id, exc)
+            return
+        if not isinstance(barrier, Barrier) or (
+            barrier.options.alignment is not Alignment.UNALIGNED and barrier.options.alignment_timeout_ms is None
+        ):
+            return  # aligned without a timeout and at-least-once checkpoints wait for the barriers themselves
+        for name, offset in sorted(event.offsets.items()):
+            channel = ChannelId.parse(name)
+            if channel in self.inputs:
+                self.handler.announcement_received(channel, barrier, offset)

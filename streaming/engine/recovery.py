@@ -1,0 +1,262 @@
+"""Restoring a job (docs/architecture.md, "Restore" and "Rescaling"): which
+checkpoint the next generation starts from, at which scale, and, when that
+checkpoint was taken with other task counts, writing it again as a
+checkpoint of the new scale.
+
+A restore, in order (``RestoreService.prepare``, then the job runner):
+
+1. **Pick** the checkpoint: the one asked for, which must verify, or the
+   latest that verifies (newer ones that do not are skipped, with why).
+2. **Scale**: the task counts the job runs with (its latest generation's,
+   as ``_JOB.json`` records them, with the ones asked for on top); when the
+   checkpoint was taken with others, plan the rescale (``plan_rescale``: a
+   ``RescaleError`` here, before anything changed, when it cannot be done)
+   and name the rescaled checkpoint the next checkpoint id.
+3. **Record** the new generation in the store (another runner that recorded
+   one meanwhile fails this restore).
+4. The runner stops its workers (and pauses remote ones), and a rescale is
+   **written** (``write_rescaled``): old sink tasks recover to the source
+   checkpoint, re-routed channel state goes to the new internal topics,
+   records that cannot be decoded to the dead letters, then every task's
+   snapshot and the manifest, last.
+5. The runner starts the workers of the new generation from the checkpoint.
+
+The store is unreachable at times (an outage): every read and write here
+waits for it, boundedly (``patiently``); a damaged checkpoint is skipped,
+not waited for."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from barriers.handler import CheckpointKind
+from streaming.adapters import codec
+from streaming.adapters.kafka_io import DeadLetters, producer, read_range, write_records
+from streaming.adapters.objects import patiently
+from streaming.adapters.sinks import open_sink, sink_location
+from streaming.adapters.snapshots import JobMeta, Manifest, SnapshotStore
+from streaming.adapters.snapshots.format import options_as_stored, stored_name
+from streaming.api.config import Connection
+from streaming.api.pipeline import Pipeline, Scale
+from streaming.api.settings import JobSettings
+from streaming.engine.rescale import RescalePlan, plan_rescale, rerouted_headers, scale_of, target_scale
+from streaming.errors import JobFailed
+
+__all__ = ["RestoreRecord", "RestorePlan", "RestoreService", "recorded_scale"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RestoreRecord:
+    """One restore of a job: the generation it started, from which checkpoint, and why."""
+
+    generation: int
+    checkpoint_id: int | None
+    reason: str
+    skipped: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    # a rescaling restore: the checkpoint that was rescaled into ``checkpoint_id``
+    rescaled_from: int | None = None
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """What the next generation starts from (steps 1 to 3 of the module docstring)."""
+
+    generation: int
+    # the checkpoint it restores (the rescaled one when rescaling), None for the beginning
+    checkpoint_id: int | None
+    scale: Scale
+    skipped: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    # a rescaling restore: the plan, and the checkpoint it rescales
+    rescale: RescalePlan | None = None
+    source: Manifest | None = None
+
+    @property
+    def rescaled_from(self) -> int | None:
+        return self.rescale.source if self.rescale is not None else None
+
+    def record(self, reason: str) -> RestoreRecord:
+        return RestoreRecord(self.generation, self.checkpoint_id, reason, self.skipped, self.rescaled_from)
+
+
+def recorded_scale(meta: JobMeta | None) -> Scale | None:
+    """The scale of the job's latest generation, as ``_JOB.json`` recorded it."""
+    for entry in reversed(meta.restores if meta else ()):
+        if entry.get("scale"):
+            return Scale.from_json(entry["scale"])
+    return None
+
+
+class RestoreService:
+    """Plans and writes the restores of the job ``declared`` (the pipeline as
+    its code declares it) kept in ``store`` (see the module docstring)."""
+
+    def __init__(self, declared: Pipeline, store: SnapshotStore, settings: JobSettings, connection: Connection):
+        self.declared = declared
+        self.job = declared.job
+        self.store = store
+        self.settings = settings
+        self.connection = connection
+
+    def pick(self, checkpoint_id: int | None) -> tuple[Manifest | None, list[tuple[int, list[str]]]]:
+        """Step 1: the manifest of ``checkpoint_id`` (it must verify), or of
+        the latest checkpoint that verifies (None: there is none), and the
+        newer checkpoints skipped with their problems."""
+        if checkpoint_id is None:
+            manifest, skipped = patiently(self.store.latest_verified, "picking a checkpoint")
+            for skipped_id, problems in skipped:
+                log.warning("checkpoint %d skipped: %s", skipped_id, "; ".join(problems))
+            return manifest, skipped
+        problems = patiently(lambda: self.store.verify(checkpoint_id), f"verifying checkpoint {checkpoint_id}")
+        if problems:
+            raise JobFailed(f"checkpoint {checkpoint_id} cannot be restored: {'; '.join(problems)}")
+        manifest = patiently(lambda: self.store.read_manifest(checkpoint_id), f"reading checkpoint {checkpoint_id}")
+        return manifest, []
+
+    def prepare(
+        self,
+        checkpoint_id: int | None,
+        parallelism: Mapping[str, int],
+        running: Scale,
+        next_checkpoint_id: Callable[[], int],
+    ) -> RestorePlan:
+        """Steps 1 to 3: the next generation's checkpoint and scale, recorded
+        in the store.  ``parallelism`` holds the task counts asked for,
+        ``running`` the scale the runner runs now (used when the store
+        recorded none), ``next_checkpoint_id`` names a rescaled checkpoint."""
+        manifest, skipped = self.pick(checkpoint_id)
+        meta = patiently(self.store.read_job, "reading the job")
+        generation = (meta.generation if meta else 0) + 1
+        current = recorded_scale(meta) or running
+        wanted = {**current.parallelism, **parallelism}
+        rescale = None
+        if manifest is None:
+            scale = target_scale(self.declared, current, wanted, generation)
+        else:
+            scale = scale_of(manifest, self.declared)
+            if scale.parallelism != wanted:
+                new = target_scale(self.declared, scale, wanted, generation)
+                rescale = self._plan_rescale(manifest, scale, new, generation)
+                scale = rescale.new
+        picked = manifest.checkpoint_id if manifest else None
+        details: dict[str, object] = {"scale": scale.to_json()}
+        if rescale is not None:
+            picked = next_checkpoint_id()
+            details["rescaled_from"] = rescale.source
+        recorded = patiently(lambda: self.store.next_generation(picked, **details), "recording the generation")
+        if recorded != generation:
+            raise JobFailed(f"job {self.job}: generation {recorded} was recorded meanwhile; is another runner running?")
+        return RestorePlan(
+            generation,
+            picked,
+            scale,
+            tuple((cid, tuple(p)) for cid, p in skipped),
+            rescale,
+            manifest if rescale is not None else None,
+        )
+
+    def _plan_rescale(self, manifest: Manifest, old: Scale, new: Scale, generation: int) -> RescalePlan:
+        """What rescaling ``manifest``'s checkpoint to ``new`` takes; a
+        ``RescaleError`` before anything changes when it cannot be done."""
+        source = manifest.checkpoint_id
+        log.info("rescaling checkpoint %d from %s to %s", source, old.describe(), new.describe())
+        loaded = {
+            name: patiently(lambda n=name: self.store.load_task(source, n), f"reading task {name}")
+            for name in manifest.tasks
+        }
+        bootstrap = self.connection.kafka_bootstrap
+        return plan_rescale(
+            self.declared,
+            source,
+            loaded,
+            old,
+            new,
+            generation,
+            lambda channel, start, end: read_range(bootstrap, channel, start, end),
+        )
+
+    # ---- step 4: writing a rescaled checkpoint (every worker stopped)
+
+    def write_rescaled(self, plan: RestorePlan) -> None:
+        """The rescale of ``plan`` written out as checkpoint ``plan.checkpoint_id``:
+        the old sink tasks recover to the source checkpoint first (their
+        staged epochs up to it committed, later ones discarded), the new
+        topics get the re-routed channel state, undecodable records go to
+        the dead letters, then every task's snapshot and the manifest."""
+        rescale, source = plan.rescale, plan.source
+        if rescale is None or source is None or plan.checkpoint_id is None:
+            raise ValueError("write_rescaled needs a rescaling restore plan")
+        self._recover_old_sinks(rescale)
+        self._write_rerouted(rescale)
+        self._dead_letter_undecodable(rescale)
+        self._write_checkpoint(rescale, plan.checkpoint_id, source)
+        log.info("%s: written as checkpoint %d", rescale.describe(), plan.checkpoint_id)
+
+    def _recover_old_sinks(self, rescale: RescalePlan) -> None:
+        old_pipeline = self.declared.rescaled(rescale.old)
+        location = sink_location(self.settings, self.job, self.connection)
+        for spec in old_pipeline.tasks():
+            stage = old_pipeline.stage(spec.stage)
+            if stage.sink is None:
+                continue
+            sink = open_sink(stage.sink, location, spec.name, job=self.job, bootstrap=self.connection.kafka_bootstrap)
+            try:
+                sink.recover(rescale.source)
+            finally:
+                getattr(sink, "close", lambda: None)()
+
+    def _write_rerouted(self, rescale: RescalePlan) -> None:
+        if not rescale.rerouted:
+            return
+        values = {c: [v for t in tables for v in codec.encode_batches(t)] for c, tables in rescale.rerouted.items()}
+        writer = producer(self.connection.kafka_bootstrap, max_in_flight_requests_per_connection=1)
+        try:
+            rescale.place(write_records(writer, values, rerouted_headers(rescale.generation)))
+        finally:
+            writer.close()
+
+    def _dead_letter_undecodable(self, rescale: RescalePlan) -> None:
+        if not rescale.undecodable:
+            return
+        letters = DeadLetters(self.connection.kafka_bootstrap, self.job)
+        try:
+            for channel, offset, why in rescale.undecodable:
+                letters.send(channel, offset, None, None, [], f"channel state not decodable when rescaling: {why}")
+        finally:
+            letters.close()
+
+    def _write_checkpoint(self, rescale: RescalePlan, checkpoint_id: int, source: Manifest) -> None:
+        snapshots = {}
+        for name, task in rescale.tasks.items():
+            snapshots[name] = self.store.write_task(
+                checkpoint_id,
+                rescale.generation,
+                name,
+                task.state,
+                positions={str(c): p for c, p in task.positions.items()},
+                in_flight={str(c): r for c, r in task.in_flight.items()},
+                channel_records={str(c): t for c, t in task.channel_records.items()} or None,
+                metadata={
+                    "kind": stored_name(CheckpointKind.RESCALED),
+                    "rescaled_from": rescale.source,
+                    "watermarks": {str(c): w for c, w in task.watermarks.items()},
+                    "lineage": task.lineage.to_json(),
+                },
+            )
+        self.store.write_manifest(
+            checkpoint_id,
+            rescale.generation,
+            snapshots,
+            options=options_as_stored(source.options),
+            metrics={
+                "rescaled_from": rescale.source,
+                "scale": rescale.new.to_json(),
+                "previous_scale": rescale.old.to_json(),
+                "rerouted_rows": rescale.rerouted_rows,
+                "kinds": [stored_name(CheckpointKind.RESCALED)],
+                "tasks": {},
+            },
+        )
