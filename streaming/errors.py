@@ -125,7 +125,7 @@ class SinkFencedError(SinkError):
     this one must stop writing."""
 
 
-# ---- completing a checkpoint: the steps of ``CoordinatorService._complete`` that can fail
+# ---- completing a checkpoint: the steps of ``CheckpointCompletion.complete`` that can fail
 
 
 class CompletionError(SparkAbsError):

@@ -110,9 +110,12 @@ def dead_letter_topic_name(job: str) -> str:
     return f"spark-abs.{job}.dead-letters"
 
 
-def producer(bootstrap: str, **extra: Any) -> KafkaProducer:
+def producer(bootstrap: str, **options: Any) -> KafkaProducer:
+    """A producer on ``bootstrap``: every replica acknowledges, no lingering,
+    unless ``options`` (KafkaProducer's) say otherwise; a clear error when
+    Kafka cannot be reached."""
     try:
-        return KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0, **extra)
+        return KafkaProducer(bootstrap_servers=bootstrap, **{"acks": "all", "linger_ms": 0, **options})
     except KafkaError as exc:
         raise KafkaUnavailableError(f"cannot open a Kafka producer on {bootstrap}: {exc}") from exc
 

@@ -165,17 +165,30 @@ class Pipeline:
     # ---- validation
 
     def _validate(self) -> None:
+        """Checked in order, the first problem raising ConfigError: the job's
+        name and that it has a stage, the ingress topics, the stages, their
+        inputs (recording which stage reads each stage), where each stage's
+        output goes, and the topics given for stages."""
         if not _NAME.match(self.job or ""):
             raise ConfigError(f"job name {self.job!r}: use letters, digits, '-' and '_'")
         if not self.stages:
             raise ConfigError(f"pipeline {self.job}: no stage")
         names: dict[str, str] = {}
+        self._validate_ingress(names)
+        self._validate_stages(names)
+        self._validate_inputs(names)
+        self._validate_outputs()
+        self._validate_topics()
+
+    def _validate_ingress(self, names: dict[str, str]) -> None:
         for ingress in self.ingress:
             if not _NAME.match(ingress.topic.replace(".", "_")):
                 raise ConfigError(f"ingress topic {ingress.topic!r} has characters Kafka does not allow")
             if ingress.partitions < 1:
                 raise ConfigError(f"ingress topic {ingress.topic}: partitions must be >= 1")
             names.setdefault(ingress.topic, "ingress topic")
+
+    def _validate_stages(self, names: dict[str, str]) -> None:
         for stage in self.stages:
             if not _NAME.match(stage.name):
                 raise ConfigError(f"stage name {stage.name!r}: use letters, digits, '-' and '_'")
@@ -188,6 +201,8 @@ class Pipeline:
                 raise ConfigError(
                     f"stage {stage.name}: operator must be a factory (a callable), got {stage.operator!r}"
                 )
+
+    def _validate_inputs(self, names: dict[str, str]) -> None:
         for stage in self.stages:
             if not stage.inputs:
                 raise ConfigError(f"stage {stage.name} has no input")
@@ -208,6 +223,8 @@ class Pipeline:
                     self._downstream[name] = stage.name
             if len(set(stage.inputs)) != len(stage.inputs):
                 raise ConfigError(f"stage {stage.name} names an input twice")
+
+    def _validate_outputs(self) -> None:
         by_name = {s.name: s for s in self.stages}
         for stage in self.stages:
             seen, current = {stage.name}, stage.name
@@ -226,6 +243,8 @@ class Pipeline:
                     f"stage {stage.name}: stage {downstream} runs {by_name[downstream].parallelism} "
                     f"tasks, so {stage.name} needs a key column to route its output"
                 )
+
+    def _validate_topics(self) -> None:
         for name, topic in self.topics.items():
             if name not in self._downstream:
                 raise ConfigError(f"topic {topic!r} is given for {name!r}, which is not a stage another stage reads")

@@ -11,7 +11,7 @@ to Kafka and the snapshot store.
   so only a checkpoint with a manifest is complete), a ``complete`` event
   tells the sinks to commit, and retention deletes what it gives up (never a
   checkpoint pinned by a restore).  A manifest that cannot be written aborts
-  the checkpoint; the job goes on.  ``CoordinatorService._complete`` lists
+  the checkpoint; the job goes on.  ``CheckpointCompletion.complete`` lists
   the steps and what each does when it fails.  The manifest and the
   progress log store names (``format.stored_name``), never prose.
 
@@ -56,7 +56,14 @@ from streaming.api.pipeline import Pipeline
 from streaming.api.settings import JobSettings
 from streaming.errors import ManifestNotWritten, ProgressNotLogged, RetentionFailed, StoreError
 
-__all__ = ["CoordinatorService", "CoordinatorIO", "CheckpointRecord", "kafka_io"]
+__all__ = [
+    "CheckpointCompletion",
+    "CheckpointRecord",
+    "CoordinatorIO",
+    "CoordinatorService",
+    "TaskReadiness",
+    "kafka_io",
+]
 
 log = logging.getLogger(__name__)
 
@@ -119,65 +126,24 @@ def kafka_io(bootstrap: str, job: str, *, control_start: int | None = None) -> C
     )
 
 
-class CoordinatorService:
-    """Triggers checkpoints, collects acks, writes manifests, applies retention.
+class TaskReadiness:
+    """Where the tasks of this generation are, from their events: which run
+    (``ready``; a checkpoint triggered before they all do would only wait),
+    when each started and when it had replayed the channel state it
+    restored, and how far each has read."""
 
-    ``settings`` gives the options barriers carry, how many checkpoints may be
-    pending, the timeout and the retention; a restore passes the checkpoint it
-    started from as ``pinned`` (retention never deletes it) and its generation."""
-
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        io: CoordinatorIO,
-        store: SnapshotStore,
-        settings: JobSettings,
-        *,
-        generation: int = 0,
-        next_checkpoint_id: int = 1,
-        pinned: int | None = None,
-        job_key: bytes | None = None,
-        on_complete: Callable[[int], None] | None = None,
-        progress_log: Path | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.pipeline = pipeline
-        self.io = io
-        self.store = store
-        self.options = settings.options
-        self.job_key = job_key
-        self.on_complete = on_complete
-        self.progress_log = progress_log
-        tasks = pipeline.tasks()
-        self.tasks = [t.name for t in tasks]
-        self.sink_tasks = {t.name for t in tasks if pipeline.stage(t.stage).sink is not None}
-        self.coordinator = CheckpointCoordinator(
-            self.tasks,
-            job=pipeline.job,
-            generation=generation,
-            next_checkpoint_id=next_checkpoint_id,
-            max_concurrent=settings.max_concurrent,
-            timeout_s=settings.timeout_s,
-            retain=settings.retain,
-            clock=clock,
-        )
-        self.retain = settings.retain
-        self.pinned = pinned
-        self.records: dict[int, CheckpointRecord] = {}
-        # tasks of this generation whose queries run (a checkpoint before that would only wait)
+    def __init__(self, tasks: Iterable[str], clock: Callable[[], float]):
+        self.tasks = list(tasks)
+        self.clock = clock
+        # tasks of this generation whose queries run
         self.ready: set[str] = set()
         # when (clock) each task said it was ready, and when it had replayed its restored channel state
-        self.clock = clock
         self.ready_at: dict[str, float] = {}
         self.replayed_at: dict[str, float] = {}
         # records of restored channel state (offset ranges) each task said it had to read again
         self.replaying: dict[str, int] = {}
         # each task's latest position per input channel (its progress events)
         self.positions: dict[str, dict[str, int]] = {}
-
-    @property
-    def generation(self) -> int:
-        return self.coordinator.generation
 
     @property
     def all_ready(self) -> bool:
@@ -188,41 +154,8 @@ class CoordinatorService:
         """Every task is running and has processed the channel state it restored."""
         return set(self.replayed_at) >= set(self.tasks)
 
-    # ---- trigger
-
-    def trigger(self, options: CheckpointOptions | None = None) -> Barrier | None:
-        """Inject barrier n into every ingress partition (None when too many are pending)."""
-        if not self.coordinator.can_trigger():
-            return None
-        triggered_at = time.monotonic()  # the injection counts towards the checkpoint's time
-        barrier = self.coordinator.trigger(options or self.options, timestamp_ms=int(time.time() * 1000))
-        headers = encode(barrier, key=self.job_key)
-        offsets = self.io.inject(self.pipeline.ingress_channels(), headers)
-        by_channel = {str(c): o for c, o in offsets.items()}
-        self.records[barrier.checkpoint_id] = CheckpointRecord(
-            barrier.checkpoint_id, barrier.generation, triggered_at, by_channel
-        )
-        self.io.publish(
-            Trigger(
-                checkpoint_id=barrier.checkpoint_id,
-                generation=self.generation,
-                offsets=by_channel,
-                barrier=announced_barrier(headers),
-            )
-        )
-        return barrier
-
-    # ---- events
-
-    def poll(self, timeout_s: float = 0.2) -> None:
-        for event in self.io.poll(timeout_s):
-            self.handle(event)
-        for expired in self.coordinator.expire():
-            self._aborted(expired.checkpoint_id, expired.failure, expired.failure_detail)
-
-    def handle(self, event: ControlEvent) -> None:
-        if not event.belongs_to(self.generation):
-            return
+    def handle(self, event: Ready | Progress | Replayed) -> None:
+        """A task of this generation said it runs, where it is, or that it replayed its channel state."""
         if isinstance(event, Ready):
             self.ready.add(event.task)
             self.ready_at[event.task] = self.clock()
@@ -231,28 +164,52 @@ class CoordinatorService:
                 self.replayed_at[event.task] = self.ready_at[event.task]
         elif isinstance(event, Progress):
             self.positions[event.task] = dict(event.positions)
-        elif isinstance(event, Replayed):
+        else:
             self.replayed_at[event.task] = self.clock()
             log.info(
                 f"{event.task}: restored channel state replayed ({event.records} records, "
                 f"{event.seconds:.1f} s after the task started)"
             )
-        elif isinstance(event, Committed):
-            record = self.records.get(event.checkpoint_id)
-            if record is not None:
-                record.committed.add(event.task)
-        elif isinstance(event, Decline):
-            result = self.coordinator.decline(event.task, event.checkpoint_id, event.reason, event.detail)
-            if isinstance(result, PendingCheckpoint):
-                self._aborted(event.checkpoint_id, result.failure, result.failure_detail)
-        elif isinstance(event, Ack):
-            result = self.coordinator.acknowledge(event.task, event.checkpoint_id, event)
-            if isinstance(result, PendingCheckpoint):
-                self._complete(result.checkpoint_id)
 
-    # ---- completion
 
-    def _complete(self, checkpoint_id: int) -> None:
+class CheckpointCompletion:
+    """Completes a checkpoint every task acknowledged, in the steps
+    ``complete`` lists: the manifest, the bookkeeping, the sinks' commit,
+    its record, its progress line, retention.
+
+    ``records`` are the service's (``CheckpointRecord`` by checkpoint id);
+    ``abort(checkpoint_id, failure, detail)`` records an abort and publishes
+    it; ``retain`` and ``pinned`` (the checkpoint a restore started from,
+    never deleted) are retention's."""
+
+    def __init__(
+        self,
+        coordinator: CheckpointCoordinator,
+        store: SnapshotStore,
+        records: dict[int, CheckpointRecord],
+        *,
+        publish: Callable[[ControlEvent], Any],
+        abort: Callable[[int, CheckpointFailure | None, str], None],
+        retain: int,
+        pinned: int | None = None,
+        on_complete: Callable[[int], None] | None = None,
+        progress_log: Path | None = None,
+    ):
+        self.coordinator = coordinator
+        self.store = store
+        self.records = records
+        self.publish = publish
+        self.abort = abort
+        self.retain = retain
+        self.pinned = pinned
+        self.on_complete = on_complete
+        self.progress_log = progress_log
+
+    @property
+    def generation(self) -> int:
+        return self.coordinator.generation
+
+    def complete(self, checkpoint_id: int) -> None:
         """Complete checkpoint ``checkpoint_id``: every task acknowledged it.
 
         The steps, in this order:
@@ -283,12 +240,12 @@ class CoordinatorService:
             acked = self._write_manifest(pending, record)
         except ManifestNotWritten as exc:
             self.coordinator.abort(checkpoint_id, CheckpointFailure.STORE_FAILURE, str(exc))
-            self._aborted(checkpoint_id, CheckpointFailure.STORE_FAILURE, str(exc))
+            self.abort(checkpoint_id, CheckpointFailure.STORE_FAILURE, str(exc))
             return
         # the store applies retention in step 9 (it also sees orphaned parts the bookkeeping never knew)
         self.coordinator.complete(checkpoint_id)
         self._abort_subsumed()
-        self.io.publish(Complete(checkpoint_id=checkpoint_id, generation=self.generation))
+        self.publish(Complete(checkpoint_id=checkpoint_id, generation=self.generation))
         if record:
             self._record(record, acked)
         self._say_complete(checkpoint_id, record)
@@ -337,7 +294,7 @@ class CoordinatorService:
                 older.checkpoint_id in self.records
                 and self.records[older.checkpoint_id].status is CheckpointStatus.PENDING
             ):
-                self._aborted(older.checkpoint_id, older.failure, older.failure_detail)
+                self.abort(older.checkpoint_id, older.failure, older.failure_detail)
 
     @staticmethod
     def _record(record: CheckpointRecord, acked: _Acknowledged) -> None:
@@ -398,7 +355,149 @@ class CoordinatorService:
         if deleted:
             log.debug("retention deleted checkpoints %s", deleted)
 
+
+class CoordinatorService:
+    """Triggers checkpoints, collects acks and declines, aborts; completes a
+    checkpoint through its ``completion`` (``CheckpointCompletion``) and
+    follows the tasks through its ``readiness`` (``TaskReadiness``).
+
+    ``settings`` gives the options barriers carry, how many checkpoints may be
+    pending, the timeout and the retention; a restore passes the checkpoint it
+    started from as ``pinned`` (retention never deletes it) and its generation."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        io: CoordinatorIO,
+        store: SnapshotStore,
+        settings: JobSettings,
+        *,
+        generation: int = 0,
+        next_checkpoint_id: int = 1,
+        pinned: int | None = None,
+        job_key: bytes | None = None,
+        on_complete: Callable[[int], None] | None = None,
+        progress_log: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.pipeline = pipeline
+        self.io = io
+        self.options = settings.options
+        self.job_key = job_key
+        tasks = pipeline.tasks()
+        self.tasks = [t.name for t in tasks]
+        self.sink_tasks = {t.name for t in tasks if pipeline.stage(t.stage).sink is not None}
+        self.coordinator = CheckpointCoordinator(
+            self.tasks,
+            job=pipeline.job,
+            generation=generation,
+            next_checkpoint_id=next_checkpoint_id,
+            max_concurrent=settings.max_concurrent,
+            timeout_s=settings.timeout_s,
+            retain=settings.retain,
+            clock=clock,
+        )
+        self.records: dict[int, CheckpointRecord] = {}
+        self.readiness = TaskReadiness(self.tasks, clock)
+        self.completion = CheckpointCompletion(
+            self.coordinator,
+            store,
+            self.records,
+            publish=io.publish,
+            abort=self._aborted,
+            retain=settings.retain,
+            pinned=pinned,
+            on_complete=on_complete,
+            progress_log=progress_log,
+        )
+
+    @property
+    def generation(self) -> int:
+        return self.coordinator.generation
+
+    # ---- where the tasks are: the readiness's
+
+    @property
+    def all_ready(self) -> bool:
+        return self.readiness.all_ready
+
+    @property
+    def all_replayed(self) -> bool:
+        """Every task is running and has processed the channel state it restored."""
+        return self.readiness.all_replayed
+
+    @property
+    def ready(self) -> set[str]:
+        return self.readiness.ready
+
+    @property
+    def ready_at(self) -> dict[str, float]:
+        return self.readiness.ready_at
+
+    @property
+    def replayed_at(self) -> dict[str, float]:
+        return self.readiness.replayed_at
+
+    @property
+    def replaying(self) -> dict[str, int]:
+        return self.readiness.replaying
+
+    @property
+    def positions(self) -> dict[str, dict[str, int]]:
+        return self.readiness.positions
+
+    # ---- trigger
+
+    def trigger(self, options: CheckpointOptions | None = None) -> Barrier | None:
+        """Inject barrier n into every ingress partition (None when too many are pending)."""
+        if not self.coordinator.can_trigger():
+            return None
+        triggered_at = time.monotonic()  # the injection counts towards the checkpoint's time
+        barrier = self.coordinator.trigger(options or self.options, timestamp_ms=int(time.time() * 1000))
+        headers = encode(barrier, key=self.job_key)
+        offsets = self.io.inject(self.pipeline.ingress_channels(), headers)
+        by_channel = {str(c): o for c, o in offsets.items()}
+        self.records[barrier.checkpoint_id] = CheckpointRecord(
+            barrier.checkpoint_id, barrier.generation, triggered_at, by_channel
+        )
+        self.io.publish(
+            Trigger(
+                checkpoint_id=barrier.checkpoint_id,
+                generation=self.generation,
+                offsets=by_channel,
+                barrier=announced_barrier(headers),
+            )
+        )
+        return barrier
+
+    # ---- events
+
+    def poll(self, timeout_s: float = 0.2) -> None:
+        for event in self.io.poll(timeout_s):
+            self.handle(event)
+        for expired in self.coordinator.expire():
+            self._aborted(expired.checkpoint_id, expired.failure, expired.failure_detail)
+
+    def handle(self, event: ControlEvent) -> None:
+        if not event.belongs_to(self.generation):
+            return
+        if isinstance(event, (Ready, Progress, Replayed)):
+            self.readiness.handle(event)
+        elif isinstance(event, Committed):
+            record = self.records.get(event.checkpoint_id)
+            if record is not None:
+                record.committed.add(event.task)
+        elif isinstance(event, Decline):
+            result = self.coordinator.decline(event.task, event.checkpoint_id, event.reason, event.detail)
+            if isinstance(result, PendingCheckpoint):
+                self._aborted(event.checkpoint_id, result.failure, result.failure_detail)
+        elif isinstance(event, Ack):
+            result = self.coordinator.acknowledge(event.task, event.checkpoint_id, event)
+            if isinstance(result, PendingCheckpoint):
+                self.completion.complete(result.checkpoint_id)
+
     def _aborted(self, checkpoint_id: int, failure: CheckpointFailure | None, detail: str) -> None:
+        """Checkpoint ``checkpoint_id`` is aborted: on its record, to every task, and said."""
         record = self.records.get(checkpoint_id)
         if record is not None:
             record.status, record.reason = CheckpointStatus.ABORTED, f"{failure.value if failure else ''}: {detail}"

@@ -100,6 +100,7 @@ class RestoreService:
         self.store = store
         self.settings = settings
         self.connection = connection
+        self.log = logging.LoggerAdapter(log, {"job": self.job})
 
     def pick(self, checkpoint_id: int | None) -> tuple[Manifest | None, list[tuple[int, list[str]]]]:
         """Step 1: the manifest of ``checkpoint_id`` (it must verify), or of
@@ -108,7 +109,7 @@ class RestoreService:
         if checkpoint_id is None:
             manifest, skipped = patiently(self.store.latest_verified, "picking a checkpoint")
             for skipped_id, problems in skipped:
-                log.warning("checkpoint %d skipped: %s", skipped_id, "; ".join(problems))
+                self.log.warning("checkpoint %d skipped: %s", skipped_id, "; ".join(problems))
             return manifest, skipped
         problems = patiently(lambda: self.store.verify(checkpoint_id), f"verifying checkpoint {checkpoint_id}")
         if problems:
@@ -162,7 +163,7 @@ class RestoreService:
         """What rescaling ``manifest``'s checkpoint to ``new`` takes; a
         ``RescaleError`` before anything changes when it cannot be done."""
         source = manifest.checkpoint_id
-        log.info("rescaling checkpoint %d from %s to %s", source, old.describe(), new.describe())
+        self.log.info("rescaling checkpoint %d from %s to %s", source, old.describe(), new.describe())
         loaded = {
             name: patiently(lambda n=name: self.store.load_task(source, n), f"reading task {name}")
             for name in manifest.tasks
@@ -193,7 +194,7 @@ class RestoreService:
         self._write_rerouted(rescale)
         self._dead_letter_undecodable(rescale)
         self._write_checkpoint(rescale, plan.checkpoint_id, source)
-        log.info("%s: written as checkpoint %d", rescale.describe(), plan.checkpoint_id)
+        self.log.info("%s: written as checkpoint %d", rescale.describe(), plan.checkpoint_id)
 
     def _recover_old_sinks(self, rescale: RescalePlan) -> None:
         old_pipeline = self.declared.rescaled(rescale.old)

@@ -250,10 +250,40 @@ def plan_rescale(
     """Checkpoint ``source`` of ``pipeline`` (its tasks' snapshots in
     ``loaded``, taken at scale ``old``) as a checkpoint of scale ``new``
     restored in ``generation``.  Raises ``RescaleError`` when a stage's state
-    cannot be divided."""
+    cannot be divided.
+
+    1. each stage's state: kept by a stage whose task count stays, divided by
+       key otherwise (``_divide_state``);
+    2. each new task's channels: an old channel with what its owner recorded,
+       a new one empty (``_assign_channels``);
+    3. the channel state of every internal topic that is replaced, re-routed
+       (``_reroute``)."""
     before = _Old(pipeline.rescaled(old), loaded)
     after = pipeline.rescaled(new)
     tasks = {spec.name: NewTask(spec.name) for spec in after.tasks()}
+    _divide_state(pipeline, before, after, old, loaded, tasks)
+    _assign_channels(before, after, tasks)
+    rerouted: dict[ChannelId, list[pa.Table]] = defaultdict(list)
+    undecodable: list[tuple[ChannelId, int, str]] = []
+    for stage in after.stages:
+        downstream = after.downstream(stage.name)
+        if downstream is None or after.topic_of(stage.name) == before.pipeline.topic_of(stage.name):
+            continue
+        _reroute(before, after, stage.name, generation, read_range, rerouted, undecodable)
+    return RescalePlan(source, generation, old, new, after, tasks, dict(rerouted), undecodable)
+
+
+def _divide_state(
+    pipeline: Pipeline,
+    before: _Old,
+    after: Pipeline,
+    old: Scale,
+    loaded: Mapping[str, LoadedTask],
+    tasks: Mapping[str, NewTask],
+) -> None:
+    """Each new task's state and lineage: as it was where the stage's task
+    count stays, else the old tasks' state divided by key and their
+    lineages merged."""
     ingress = {i.topic for i in pipeline.ingress}
     for stage in after.stages:
         count, was = stage.parallelism, old.parallelism[stage.name]
@@ -280,8 +310,14 @@ def plan_rescale(
         for name, state in zip(new_names, divided):
             tasks[name].state = state
             tasks[name].lineage = lineage
-    rerouted: dict[ChannelId, list[pa.Table]] = defaultdict(list)
-    undecodable: list[tuple[ChannelId, int, str]] = []
+
+
+def _assign_channels(before: _Old, after: Pipeline, tasks: Mapping[str, NewTask]) -> None:
+    """Each new task's input channels: a channel that stays with its
+    position, in-flight range, copied records and watermark as its old owner
+    recorded them (and that owner's lineage); a channel of a new internal
+    topic at position 0 with the lowest watermark of its input's old
+    channels."""
     for spec in after.tasks():
         task = tasks[spec.name]
         for channel, input_name in spec.inputs.items():
@@ -301,12 +337,6 @@ def plan_rescale(
                 floor = _lowest_watermark(before, input_name)
                 if floor is not None:
                     task.watermarks[channel] = floor
-    for stage in after.stages:
-        downstream = after.downstream(stage.name)
-        if downstream is None or after.topic_of(stage.name) == before.pipeline.topic_of(stage.name):
-            continue
-        _reroute(before, after, stage.name, generation, read_range, rerouted, undecodable)
-    return RescalePlan(source, generation, old, new, after, tasks, dict(rerouted), undecodable)
 
 
 def _lowest_watermark(before: _Old, input_name: str) -> int | None:

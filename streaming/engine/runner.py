@@ -103,6 +103,8 @@ class JobRunner:
         self.parallelism = dict(parallelism or {})
         self.pipeline = self.declared.rescaled(Scale(self.parallelism))
         self.job = self.pipeline.job
+        # every line says which job it is about (``record.job``), for a command that runs several
+        self.log = logging.LoggerAdapter(log, {"job": self.job})
         self.settings = settings
         self.connection = connection
         self.on_complete = on_complete
@@ -265,7 +267,7 @@ class JobRunner:
         dead = self.supervisor.dead()
         if dead:
             worker = dead[0]
-            log.info(
+            self.log.info(
                 "worker %s (tasks %s) exited with %s; last lines of %s:\n%s",
                 worker.name,
                 ", ".join(worker.tasks),
@@ -304,7 +306,7 @@ class JobRunner:
                 self.remote.pause(plan.generation, why, poll, self.connection.kafka_bootstrap)
             self.stop_workers()
             self.recovery.write_rescaled(plan)
-        log.info(
+        self.log.info(
             "restoring generation %d from %s%s (%s)",
             plan.generation,
             f"checkpoint {plan.checkpoint_id}" if plan.checkpoint_id else "the beginning (no complete checkpoint)",

@@ -131,41 +131,13 @@ class StageTask:
         self._schemas = {i.topic: i.schema for i in pipeline.ingress}
         self.lineage = self.start.lineage
         self.counters: collections.Counter = collections.Counter()
-        segmenter = Segmenter(
-            (pipeline.topic_of(s.name) for s in pipeline.stages),
-            self.generation,
-            self.lineage,
-            max_records=max_segment_records,
-        )
-        self.gate = InputGate(
-            spec.name,
-            spec.inputs,
-            segmenter,
-            self.counters,
-            read_range=io.read_range,
-            held_memory_bytes=held_memory_bytes,
-        )
+        self.gate = self._input_gate(max_segment_records, held_memory_bytes)
         self.watermarks = WatermarkTracker(
             {i.topic: i.event_time for i in pipeline.ingress if i.event_time}, self.start.watermarks
         )
         self.quarantine = Quarantine(spec.name, io, self.counters)
         self.output = TaskOutput(pipeline, spec, io, self.generation, self.counters)
-        uploader = SnapshotUploader(
-            spec.name, self.generation, io, self.lineage, self.counters, copy_in_flight=copy_in_flight, executor=upload
-        )
-        self.controller = TaskController(
-            spec.name,
-            self.generation,
-            io,
-            operator=self.operator,
-            gate=self.gate,
-            output=self.output,
-            watermarks=self.watermarks,
-            uploader=uploader,
-            forward_watermark=self._forward_watermark,
-            counters=self.counters,
-            job_key=job_key,
-        )
+        self.controller = self._controller(copy_in_flight, upload)
         self.handler = BarrierHandler(
             self.controller,
             spec.inputs,
@@ -183,6 +155,46 @@ class StageTask:
         self._replaying: dict[ChannelId, int] = {}
         self.replay_records = 0
         self._recovered = False
+
+    def _input_gate(self, max_segment_records: int, held_memory_bytes: int) -> InputGate:
+        segmenter = Segmenter(
+            (self.pipeline.topic_of(s.name) for s in self.pipeline.stages),
+            self.generation,
+            self.lineage,
+            max_records=max_segment_records,
+        )
+        return InputGate(
+            self.spec.name,
+            self.spec.inputs,
+            segmenter,
+            self.counters,
+            read_range=self.io.read_range,
+            held_memory_bytes=held_memory_bytes,
+        )
+
+    def _controller(self, copy_in_flight: bool, upload: concurrent.futures.Executor | None) -> TaskController:
+        uploader = SnapshotUploader(
+            self.spec.name,
+            self.generation,
+            self.io,
+            self.lineage,
+            self.counters,
+            copy_in_flight=copy_in_flight,
+            executor=upload,
+        )
+        return TaskController(
+            self.spec.name,
+            self.generation,
+            self.io,
+            operator=self.operator,
+            gate=self.gate,
+            output=self.output,
+            watermarks=self.watermarks,
+            uploader=uploader,
+            forward_watermark=self._forward_watermark,
+            counters=self.counters,
+            job_key=self.job_key,
+        )
 
     def recover(self) -> None:
         """Where the task starts (``TaskStart``): its operator's state

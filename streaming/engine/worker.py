@@ -35,26 +35,24 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-from kafka import KafkaProducer
 
-from barriers.messages import ChannelId, InFlightFormat
+from barriers.messages import ChannelId
 from streaming import console
 from streaming.adapters.control import Committed, Complete, ControlEvent, ControlTopic, Heartbeat, Lease, Ready
-from streaming.adapters.kafka_io import DeadLetters, append_markers, read_range, retention_ms
+from streaming.adapters.kafka_io import DeadLetters, producer
 from streaming.adapters.objects import open_store, patiently
-from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, kafka_records, open_sink, sink_location
+from streaming.adapters.sinks import KafkaSink
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, SparkSettings
-from streaming.api.pipeline import Pipeline, Scale, Stage, TaskSpec, load_pipeline
-from streaming.api.settings import JobSettings, Mode
+from streaming.api.pipeline import Pipeline, Scale, load_pipeline
+from streaming.api.settings import JobSettings
 from streaming.engine import faults
-from streaming.engine.restore import plan_start
-from streaming.engine.task import StageTask, TaskIO
+from streaming.engine.task import StageTask
+from streaming.engine.task_factory import RunningTask, TaskFactory
 from streaming.errors import SparkAbsError
 
 if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this module is imported
@@ -69,12 +67,6 @@ log = logging.getLogger("streaming.engine.worker")
 PROGRESS_INTERVAL_S = 0.5
 # events between the runner and remote workers, not for tasks (streaming.engine.membership)
 _MEMBERSHIP = (Lease, Heartbeat)
-
-
-@dataclass
-class _Running:
-    task: StageTask
-    sink: ObjectStoreSink | KafkaSink | None
 
 
 class _Dispatch:
@@ -133,7 +125,7 @@ class Worker:
         self._spark = spark
         self._stop = threading.Event()
         self.commands: queue.Queue[tuple[int, int | None]] = queue.Queue()
-        self.running: list[_Running] = []
+        self.running: list[RunningTask] = []
         self.queries: list[ChannelQuery] = []
         faults.set_generation(generation or 0)
 
@@ -155,9 +147,7 @@ class Worker:
         self.control = ControlTopic(bootstrap, job)
         self.control.seek_to_end()
         # one in-flight request per connection keeps each partition in send order
-        self.producer = KafkaProducer(
-            bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_in_flight_requests_per_connection=1
-        )
+        self.producer = producer(bootstrap, linger_ms=5, max_in_flight_requests_per_connection=1)
         self.dead_letters = DeadLetters(bootstrap, job)
         self._spark = self._spark or spark_session(
             SparkSettings(master=self.connection.spark_master, app_name=f"spark-abs-{job}")
@@ -168,9 +158,20 @@ class Worker:
         channels of that stage's tasks here, from where each task starts."""
         from streaming.adapters.spark import ChannelQuery
 
+        factory = TaskFactory(
+            self.pipeline,
+            self.settings,
+            self.connection,
+            generation=self.generation,
+            restore=self.restore,
+            producer=self.producer,
+            control=self.control,
+            dead_letters=self.dead_letters,
+            store=lambda: self.store,
+        )
         by_stage: dict[str, list[tuple[StageTask, dict[ChannelId, int]]]] = {}
         for name in self.task_names:
-            running, starting = self._start_task(name)
+            running, starting = factory.build(name)
             self.running.append(running)
             by_stage.setdefault(running.task.spec.stage, []).append((running.task, starting))
         for stage, tasks in by_stage.items():
@@ -193,91 +194,6 @@ class Worker:
             self.control.publish(
                 Ready(task=running.task.spec.name, generation=self.generation, replaying=running.task.replay_records)
             )
-
-    def _start_task(self, name: str) -> tuple[_Running, dict[ChannelId, int]]:
-        spec = self.pipeline.task(name)
-        stage = self.pipeline.stage(spec.stage)
-        loaded = None
-        if self.restore:
-            loaded = self.store.load_task(self.restore, name)
-            faults.point(name, "during_restore", self.restore)
-        plan = plan_start(self.generation, self.restore, loaded)
-        sink = None if stage.sink is None else self._open_sink(name, stage)
-        task = StageTask(
-            self.pipeline,
-            spec,
-            self._task_io(name, stage, sink),
-            start=plan.start,
-            max_concurrent=self.settings.max_concurrent,
-            copy_in_flight=self._must_copy(spec),
-            max_segment_records=self.settings.max_segment_records,
-        )
-        task.recover()
-        return _Running(task, sink), dict(plan.query_start)
-
-    def _open_sink(self, name: str, stage: Stage) -> ObjectStoreSink | KafkaSink:
-        """The stage's sink, recovered to the restored checkpoint (staged epochs
-        up to it committed, later ones discarded, later output taken back)."""
-        location = sink_location(self.settings, self.pipeline.job, self.connection)
-        sink = open_sink(stage.sink, location, name, job=self.pipeline.job, bootstrap=self.connection.kafka_bootstrap)
-        recovery = sink.recover(self.restore or 0)
-        if recovery:
-            log.info(
-                f"{name}: sink recovered: committed epochs {recovery.committed}, discarded "
-                f"{recovery.discarded}, retracted {recovery.retracted}"
-            )
-        if recovery.irrevocable:
-            log.info(
-                f"{name}: WARNING: epochs {recovery.irrevocable} were committed to Kafka after "
-                f"checkpoint {self.restore or 0}; readers have them and the replay writes them again"
-            )
-        return sink
-
-    def _task_io(self, name: str, stage: Stage, sink: ObjectStoreSink | KafkaSink | None) -> TaskIO:
-        """The task's I/O on this worker's Kafka clients, store and sink."""
-        if sink is None:
-            stage_epoch = None
-        elif isinstance(sink, KafkaSink):
-
-            def stage_epoch(epoch, table):
-                return sink.stage(epoch, kafka_records(table, stage.key))
-        else:
-            stage_epoch = sink.stage
-        return TaskIO(
-            send=lambda c, k, v, h: self.producer.send(c.topic, key=k, value=v, headers=h, partition=c.partition),
-            append_barrier=lambda channels, headers: append_markers(self.producer, channels, headers),
-            publish=self.control.publish,
-            dead_letter=self.dead_letters.send,
-            write_snapshot=self._write_snapshot(name),
-            read_range=lambda c, a, b: read_range(self.connection.kafka_bootstrap, c, a, b),
-            stage_epoch=stage_epoch,
-            flush=self.producer.flush,
-        )
-
-    def _must_copy(self, spec: TaskSpec) -> bool:
-        """Whether unaligned channel state must be copied: a range is only good
-        while Kafka keeps its records, at least until the checkpoint is superseded."""
-        if self.settings.in_flight is InFlightFormat.RECORDS:
-            return True
-        if self.settings.mode not in (Mode.UNALIGNED, Mode.ALIGNED_TIMEOUT):
-            return False
-        needed_ms = 10 * (self.settings.retain * self.settings.interval_s + self.settings.timeout_s) * 1000
-        for topic in sorted({c.topic for c in spec.inputs}):
-            kept = retention_ms(self.connection.kafka_bootstrap, topic)
-            if kept is not None and kept < needed_ms:
-                log.info(
-                    f"{spec.name}: topic {topic} keeps records {kept} ms, less than the {needed_ms:.0f} ms a "
-                    f"checkpoint may need them: copying in-flight records instead of keeping ranges"
-                )
-                return True
-        return False
-
-    def _write_snapshot(self, name: str):
-        def write(checkpoint_id, generation, task, state, **kwargs):
-            faults.point(name, "during_upload", checkpoint_id)
-            return self.store.write_task(checkpoint_id, generation, task, state, **kwargs)
-
-        return write
 
     def restart(
         self,

@@ -147,40 +147,18 @@ def _side_by_side(
 ) -> list[Run]:
     """One job per variant at ``point``, all at once: started, fed, measured,
     restored, stopped.  The runs measured."""
-    from streaming.engine.runner import JobRunner
-
     jobs: list[_Job] = []
     runs: list[Run] = []
     feed = _Feed(connection.kafka_bootstrap, workload)
+    labels = _JobLabels().attach()
     try:
         for variant in variants:
-            extra = dict(VARIANTS[variant])
-            if extra["mode"] is Mode.ALIGNED_TIMEOUT:
-                extra["alignment_timeout_ms"] = workload.timeout_ms
-            settings = JobSettings(
-                store=store_uri,
-                interval_s=workload.interval_s if workload.continuous else 3600,
-                timeout_s=max(60.0, deadline - time.monotonic()),
-                retain=2,
-                max_segment_records=max(1, round(_SEGMENT_MS / workload.cost_ms(point))),
-                **extra,
-            )
-            name = f"cmp-{variant}-{workload.label(point)}-{stamp}".replace(" ", "").replace("/", "-")
-            label = f"{variant} @ {workload.label(point)}"
-            runner = JobRunner(workload.pipeline_ref(point), settings, connection, job=name)
-            ingress = runner.pipeline.ingress[0]
-            run = Run(variant, point, name, workload.rate_of(point) if workload.continuous else 0.0)
-            jobs.append(_Job(variant, point, runner, run, ingress.topic, ingress.partitions, label=label))
+            jobs.append(_new_job(connection, store_uri, workload, variant, point, stamp, deadline))
             if workload.continuous:
-                runs.append(run)
-        for job in jobs:
-            job.runner.prepare()
-        if workload.kind == "skew":
-            log.info(f"partition 0 of every job starts {workload.skew} records behind partition 1")
-            for job in jobs:
-                feed.send(job, workload.skew, partitions=(0,))
-            feed.flush()
+                runs.append(jobs[-1].run)
+        _prepare(jobs, feed, workload)
         log.info(f"starting {len(jobs)} jobs side by side: {', '.join(variants)}")
+        labels.update({job.runner.job: job.label for job in jobs})
         for job in jobs:
             job.runner.start()
         side = _SideBySide(jobs, feed, deadline)
@@ -189,24 +167,91 @@ def _side_by_side(
             side.continuous(workload)
         else:
             runs += side.rounds(workload)
-        for job in jobs:
-            job.run.produced = feed.produced.get(job.job_name, 0)
-            job.run.mean_record_bytes = feed.bytes.get(job.job_name, 0) / max(1, job.run.produced)
-            job.run.records_per_s = _records_per_s(job) if workload.continuous else None
-        if not workload.continuous:  # every round's records went into every job
-            for run in runs:
-                run.mean_record_bytes = next(j.run.mean_record_bytes for j in jobs if j.variant == run.variant)
+        _count_records(jobs, runs, feed, workload)
         if restore:
-            side.restore()
-            if not workload.continuous:  # the restore follows the last round
-                last = workload.points[-1]
-                for job in jobs:
-                    next(r for r in runs if r.variant == job.variant and r.point == last).restore = job.run.restore
+            _restore(side, runs, workload)
     finally:
         feed.close()
         for job in jobs:
             job.runner.close()
+        labels.detach()
     return runs
+
+
+def _new_job(
+    connection, store_uri: str, workload: Workload, variant: str, point: float, stamp: str, deadline: float
+) -> _Job:
+    """The job of ``variant`` at ``point`` (its runner made, not started)."""
+    from streaming.engine.runner import JobRunner
+
+    extra = dict(VARIANTS[variant])
+    if extra["mode"] is Mode.ALIGNED_TIMEOUT:
+        extra["alignment_timeout_ms"] = workload.timeout_ms
+    settings = JobSettings(
+        store=store_uri,
+        interval_s=workload.interval_s if workload.continuous else 3600,
+        timeout_s=max(60.0, deadline - time.monotonic()),
+        retain=2,
+        max_segment_records=max(1, round(_SEGMENT_MS / workload.cost_ms(point))),
+        **extra,
+    )
+    name = f"cmp-{variant}-{workload.label(point)}-{stamp}".replace(" ", "").replace("/", "-")
+    label = f"{variant} @ {workload.label(point)}"
+    runner = JobRunner(workload.pipeline_ref(point), settings, connection, job=name)
+    ingress = runner.pipeline.ingress[0]
+    run = Run(variant, point, name, workload.rate_of(point) if workload.continuous else 0.0)
+    return _Job(variant, point, runner, run, ingress.topic, ingress.partitions, label=label)
+
+
+def _prepare(jobs: list[_Job], feed: _Feed, workload: Workload) -> None:
+    """Every job's topics; the skew workload's head start of partition 1 fed."""
+    for job in jobs:
+        job.runner.prepare()
+    if workload.kind == "skew":
+        log.info(f"partition 0 of every job starts {workload.skew} records behind partition 1")
+        for job in jobs:
+            feed.send(job, workload.skew, partitions=(0,))
+        feed.flush()
+
+
+def _count_records(jobs: list[_Job], runs: list[Run], feed: _Feed, workload: Workload) -> None:
+    """Records produced, their mean size and the rate read, per run."""
+    for job in jobs:
+        job.run.produced = feed.produced.get(job.job_name, 0)
+        job.run.mean_record_bytes = feed.bytes.get(job.job_name, 0) / max(1, job.run.produced)
+        job.run.records_per_s = _records_per_s(job) if workload.continuous else None
+    if not workload.continuous:  # every round's records went into every job
+        for run in runs:
+            run.mean_record_bytes = next(j.run.mean_record_bytes for j in jobs if j.variant == run.variant)
+
+
+def _restore(side: _SideBySide, runs: list[Run], workload: Workload) -> None:
+    """Restore every job and time it; with rounds, the restore goes with the last round's runs."""
+    side.restore()
+    if not workload.continuous:  # the restore follows the last round
+        last = workload.points[-1]
+        for job in side.jobs:
+            next(r for r in runs if r.variant == job.variant and r.point == last).restore = job.run.restore
+
+
+class _JobLabels(logging.Filter, dict):
+    """Job name -> label: a line a job logs (``record.job``, the runner's)
+    starts with its label, so the lines of jobs side by side can be told apart."""
+
+    def attach(self) -> _JobLabels:
+        for handler in logging.getLogger("streaming").handlers:
+            handler.addFilter(self)
+        return self
+
+    def detach(self) -> None:
+        for handler in logging.getLogger("streaming").handlers:
+            handler.removeFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        label = self.get(getattr(record, "job", None))
+        if label is not None and not getattr(record, "labelled", False):
+            record.msg, record.labelled = f"{label}: {record.msg}", True
+        return True
 
 
 class _Feed:
@@ -518,7 +563,7 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
         raise ConfigError(f"{option} {text}: comma-separated numbers") from None
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spark-abs compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -570,19 +615,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-restore", action="store_true", help="skip the restore measured at the end")
     parser.add_argument("--store", help="snapshot store URI (default file://<home>/compare-store)")
     parser.add_argument("--out", help="directory for the JSON, tables and charts (default <home>/runs/compare-<time>)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     import os
 
     from streaming import console
     from streaming.api.config import Connection, default_home
     from streaming.local import LocalRuntime
-    from streaming.tools import compare_report
 
     console.install("[compare] ")
     # progress comes from the comparison: the jobs' own checkpoint lines are left out
     logging.getLogger("streaming.engine.coordinator").setLevel(logging.WARNING)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     check_variants(variants)
+    workload = _workload(args)
+    out = Path(args.out) if args.out else default_home() / "runs" / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    connection = Connection.from_env(os.environ) or LocalRuntime(progress=log.info).up()
+    store = args.store or f"file://{default_home() / 'compare-store'}"
+    comparison = run_compare(
+        connection, store_uri=store, workload=workload, variants=variants, restore=not args.no_restore
+    )
+    _write(comparison, out)
+    return 0
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    """The workload the options name (money: 10 accounts unless --keys says otherwise)."""
+    defaults = Workload()
     workload = Workload(
         kind=args.workload,
         costs=_floats(args.costs, "--costs"),
@@ -599,16 +661,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     if workload.kind == "money" and args.keys == defaults.keys:
         workload = replace(workload, keys=10)
-    out = Path(args.out) if args.out else default_home() / "runs" / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    connection = Connection.from_env(os.environ) or LocalRuntime(progress=log.info).up()
-    store = args.store or f"file://{default_home() / 'compare-store'}"
-    comparison = run_compare(
-        connection, store_uri=store, workload=workload, variants=variants, restore=not args.no_restore
-    )
+    return workload
+
+
+def _write(comparison: Comparison, out: Path) -> None:
+    """The JSON, the tables and the charts into ``out``; the tables and what was written shown."""
+    from streaming.tools import compare_report
+
     written = compare_report.write(comparison, out)
     print()
     compare_report.print_tables(comparison)
     print(f"\n{len(comparison.runs)} jobs, {comparison.seconds:.0f} s; written to {out}:")
     for path in written:
         print(f"  {path.name}")
-    return 0

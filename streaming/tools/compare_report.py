@@ -160,84 +160,100 @@ def chart(comparison: Comparison, name: str, out: Path) -> Path:
     """Draw chart ``name`` (one of ``CHARTS``) into ``out``."""
     plt = _pyplot()
     title = f"spark-abs compare: {comparison.workload.kind}"
-    if name == "checkpoint-times.png":
-        fig, ax = plt.subplots(figsize=(8, 5.2))
-        points = comparison.points
-        categorical = len(points) == 1
-        for index, variant in enumerate(comparison.variants):
-            runs = [r for r in (comparison.run(variant, p) for p in points) if r is not None and r.durations()]
-            if not runs:
+    draw = {
+        "checkpoint-times.png": _checkpoint_times,
+        "timeline.png": _timeline,
+        "bytes.png": _bytes,
+    }.get(name)
+    if draw is None:
+        raise ValueError(f"unknown chart {name!r} (known: {', '.join(CHARTS)})")
+    return _finish(plt, draw(plt, comparison, title), name, out)
+
+
+def _checkpoint_times(plt, comparison: Comparison, title: str):
+    """Checkpoint time per variant: p50 to p90 as a bar, p99 as a dash; per workload point."""
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    points = comparison.points
+    categorical = len(points) == 1
+    for index, variant in enumerate(comparison.variants):
+        runs = [r for r in (comparison.run(variant, p) for p in points) if r is not None and r.durations()]
+        if not runs:
+            continue
+        xs = [index if categorical else r.point for r in runs]
+        p50 = [r.percentile(50) for r in runs]
+        p90 = [r.percentile(90) for r in runs]
+        p99 = [r.percentile(99) for r in runs]
+        line = ax.errorbar(
+            xs, p50, yerr=[[0] * len(runs), [b - a for a, b in zip(p50, p90)]], marker="o", capsize=0, label=variant
+        )
+        ax.scatter(xs, p99, marker="_", s=120, color=line[0].get_color())
+    if categorical:
+        ax.set_xticks(range(len(comparison.variants)), comparison.variants)
+        ax.set_xlabel(comparison.workload.label(points[0]) if points else "")
+    else:
+        ax.set_xscale("log")
+        ax.set_xticks(points, [f"{p:g}" for p in points])
+        ax.set_xlabel(comparison.axis)
+    ax.set_yscale("log")
+    ax.set_ylabel("checkpoint time, s")
+    ax.set_title(f"{title}: checkpoint time per variant")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def _timeline(plt, comparison: Comparison, title: str):
+    """Every checkpoint's time against when it was triggered, one panel per workload point."""
+    points = comparison.points if comparison.workload.continuous else [None]
+    fig, axes = plt.subplots(len(points), 1, figsize=(8, 2.6 + 2.4 * len(points)), squeeze=False)
+    for ax, point in zip(axes[:, 0], points):
+        for variant in comparison.variants:
+            runs = [r for r in comparison.runs if r.variant == variant and (point is None or r.point == point)]
+            samples = sorted((s for r in runs for s in r.samples), key=lambda s: s.at_s)
+            if not samples:
                 continue
-            xs = [index if categorical else r.point for r in runs]
-            p50 = [r.percentile(50) for r in runs]
-            p90 = [r.percentile(90) for r in runs]
-            p99 = [r.percentile(99) for r in runs]
-            line = ax.errorbar(
-                xs, p50, yerr=[[0] * len(runs), [b - a for a, b in zip(p50, p90)]], marker="o", capsize=0, label=variant
-            )
-            ax.scatter(xs, p99, marker="_", s=120, color=line[0].get_color())
-        if categorical:
-            ax.set_xticks(range(len(comparison.variants)), comparison.variants)
-            ax.set_xlabel(comparison.workload.label(points[0]) if points else "")
-        else:
-            ax.set_xscale("log")
-            ax.set_xticks(points, [f"{p:g}" for p in points])
-            ax.set_xlabel(comparison.axis)
+            done = [s for s in samples if s.status is CheckpointStatus.COMPLETED]
+            (line,) = ax.plot([s.at_s for s in done], [s.duration_s for s in done], marker=".", label=variant)
+            # still running at the end: hollow; aborted: a cross
+            styles = {
+                CheckpointStatus.PENDING: {"facecolors": "none", "edgecolors": line.get_color()},
+                CheckpointStatus.ABORTED: {"marker": "x", "color": line.get_color()},
+            }
+            for status, style in styles.items():
+                marked = [s for s in samples if s.status is status]
+                ax.scatter([s.at_s for s in marked], [max(s.duration_s, 1e-3) for s in marked], **style)
         ax.set_yscale("log")
         ax.set_ylabel("checkpoint time, s")
-        ax.set_title(f"{title}: checkpoint time per variant")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-        return _finish(plt, fig, name, out)
-    if name == "timeline.png":
-        points = comparison.points if comparison.workload.continuous else [None]
-        fig, axes = plt.subplots(len(points), 1, figsize=(8, 2.6 + 2.4 * len(points)), squeeze=False)
-        for ax, point in zip(axes[:, 0], points):
-            for variant in comparison.variants:
-                runs = [r for r in comparison.runs if r.variant == variant and (point is None or r.point == point)]
-                samples = sorted((s for r in runs for s in r.samples), key=lambda s: s.at_s)
-                if not samples:
-                    continue
-                done = [s for s in samples if s.status is CheckpointStatus.COMPLETED]
-                (line,) = ax.plot([s.at_s for s in done], [s.duration_s for s in done], marker=".", label=variant)
-                # still running at the end: hollow; aborted: a cross
-                styles = {
-                    CheckpointStatus.PENDING: {"facecolors": "none", "edgecolors": line.get_color()},
-                    CheckpointStatus.ABORTED: {"marker": "x", "color": line.get_color()},
-                }
-                for status, style in styles.items():
-                    marked = [s for s in samples if s.status is status]
-                    ax.scatter([s.at_s for s in marked], [max(s.duration_s, 1e-3) for s in marked], **style)
-            ax.set_yscale("log")
-            ax.set_ylabel("checkpoint time, s")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.set_title(comparison.workload.label(point) if point is not None else "rounds", fontsize=9)
-            ax.legend(fontsize=8)
-        axes[-1, 0].set_xlabel("triggered at, s after the measured run began")
-        fig.suptitle(f"{title}: checkpoint times during the run")
-        return _finish(plt, fig, name, out)
-    if name == "bytes.png":
-        fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(comparison.runs)), 5.2))
-        series = (
-            ("state", lambda r: r.median("state_bytes")),
-            ("in flight (ranges)", lambda r: r.in_flight_bytes_referenced),
-            ("in flight (copied)", lambda r: r.median("in_flight_bytes_copied")),
-            ("held while aligning", lambda r: r.most("held_bytes_max")),
-        )
-        runs = [r for r in comparison.runs if r.samples]
-        width = 0.8 / len(series)
-        for index, (label, value) in enumerate(series):
-            xs = [i + (index - (len(series) - 1) / 2) * width for i in range(len(runs))]
-            ax.bar(xs, [value(r) or 0 for r in runs], width, label=label)
-        ax.set_xticks(range(len(runs)), [f"{r.variant}\n{_point(comparison, r)}" for r in runs], fontsize=7, rotation=0)
-        ax.set_yscale("log")
-        ax.set_ylim(bottom=1)
-        ax.set_ylabel("bytes")
-        ax.set_title(f"{title}: what a checkpoint keeps, per variant")
-        ax.grid(True, axis="y", which="both", alpha=0.3)
+        ax.set_title(comparison.workload.label(point) if point is not None else "rounds", fontsize=9)
         ax.legend(fontsize=8)
-        return _finish(plt, fig, name, out)
-    raise ValueError(f"unknown chart {name!r} (known: {', '.join(CHARTS)})")
+    axes[-1, 0].set_xlabel("triggered at, s after the measured run began")
+    fig.suptitle(f"{title}: checkpoint times during the run")
+    return fig
+
+
+def _bytes(plt, comparison: Comparison, title: str):
+    """What a checkpoint keeps, per run: state, in flight (referenced, copied), held while aligning."""
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(comparison.runs)), 5.2))
+    series = (
+        ("state", lambda r: r.median("state_bytes")),
+        ("in flight (ranges)", lambda r: r.in_flight_bytes_referenced),
+        ("in flight (copied)", lambda r: r.median("in_flight_bytes_copied")),
+        ("held while aligning", lambda r: r.most("held_bytes_max")),
+    )
+    runs = [r for r in comparison.runs if r.samples]
+    width = 0.8 / len(series)
+    for index, (label, value) in enumerate(series):
+        xs = [i + (index - (len(series) - 1) / 2) * width for i in range(len(runs))]
+        ax.bar(xs, [value(r) or 0 for r in runs], width, label=label)
+    ax.set_xticks(range(len(runs)), [f"{r.variant}\n{_point(comparison, r)}" for r in runs], fontsize=7, rotation=0)
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=1)
+    ax.set_ylabel("bytes")
+    ax.set_title(f"{title}: what a checkpoint keeps, per variant")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
 
 
 def write(comparison: Comparison, out: Path) -> list[Path]:

@@ -308,29 +308,63 @@ def run_demo(
     arms ``SPARK_ABS_FAULT`` in the workers.  Its progress is logged (INFO)."""
     import uuid
 
-    from streaming.adapters.kafka_admin import end_offsets
-    from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
-    from streaming.adapters.objects import open_store
-    from streaming.adapters.sinks import read_committed_output, sink_location
-    from streaming.adapters.snapshots import SnapshotStore
-    from streaming.engine.faults import ENV as FAULT_ENV
-    from streaming.engine.operations import kill_worker, run_until_caught_up
-    from streaming.engine.runner import JobRunner
+    from streaming.engine.operations import run_until_caught_up
 
     job = job or f"money-demo-{uuid.uuid4().hex[:6]}"
     job_settings = JobSettings(store=store_uri, mode=mode, interval_s=interval_s, **settings)
-    money: list[Money] = []
-    reader = SnapshotStore(open_store(store_uri, connection), job)
+    check = _MoneyCheck(connection, store_uri, job)
+    runner = _demo_runner(connection, job_settings, job, faults, check, workers)
+    data = make_transfers(transfers)
+    deadline = time.monotonic() + timeout_s
+    try:
+        runner.prepare()
+        _feed_in_chunks(
+            runner,
+            connection,
+            data,
+            chunks,
+            kill=kill,
+            money=check.money,
+            deadline=deadline,
+            checkpoints=f"{job_settings.mode} checkpoints every {interval_s:g} s",
+        )
+        run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
+    finally:
+        runner.close()
+    return _demo_report(runner, connection, job_settings, data, check)
 
-    def check(checkpoint_id: int) -> None:
-        m = money_in_checkpoint(reader, checkpoint_id, lambda c, a, b: read_range(connection.kafka_bootstrap, c, a, b))
-        money.append(m)
+
+class _MoneyCheck:
+    """``on_complete`` of the demo's job: the money in each checkpoint
+    completed (``money``), counted and logged."""
+
+    def __init__(self, connection, store_uri: str, job: str):
+        from streaming.adapters.objects import open_store
+        from streaming.adapters.snapshots import SnapshotStore
+
+        self.connection = connection
+        self.reader = SnapshotStore(open_store(store_uri, connection), job)
+        self.money: list[Money] = []
+
+    def __call__(self, checkpoint_id: int) -> None:
+        from streaming.adapters.kafka_io import read_range
+
+        connection = self.connection
+        m = money_in_checkpoint(
+            self.reader, checkpoint_id, lambda c, a, b: read_range(connection.kafka_bootstrap, c, a, b)
+        )
+        self.money.append(m)
         log.info(
             f"checkpoint {checkpoint_id}: balances {m.balances:+d}, in flight {m.in_flight:+d} -> "
             + ("money conserved" if m.total == 0 else f"MONEY NOT CONSERVED ({m.total:+d})")
         )
 
-    runner = JobRunner(
+
+def _demo_runner(connection, job_settings: JobSettings, job: str, faults: str, check: _MoneyCheck, workers):
+    from streaming.engine.faults import ENV as FAULT_ENV
+    from streaming.engine.runner import JobRunner
+
+    return JobRunner(
         "streaming.tools.demo:pipeline",
         job_settings,
         connection,
@@ -339,45 +373,62 @@ def run_demo(
         on_complete=check,
         workers=workers,
     )
-    data = make_transfers(transfers)
+
+
+def _feed_in_chunks(
+    runner,
+    connection,
+    data: list[dict],
+    chunks: int,
+    *,
+    kill: str | None,
+    money: list[Money],
+    deadline: float,
+    checkpoints: str,
+) -> None:
+    """The transfers in ``chunks`` parts, each after a checkpoint completed
+    (the last with the end of input); the job started after the first, and
+    worker ``kill`` SIGKILLed after the first checkpoint."""
+    from streaming.engine.operations import kill_worker
+
     ingress = runner.pipeline.ingress[0]
     parts = [data[i * len(data) // chunks : (i + 1) * len(data) // chunks] for i in range(chunks)]
-    deadline = time.monotonic() + timeout_s
-    try:
-        runner.prepare()
-        for index, part in enumerate(parts):
-            last = index == len(parts) - 1
-            log.info(f"producing {len(part)} transfers to {ingress.topic}" + (" and the end of input" if last else ""))
-            produce_transfers(connection.kafka_bootstrap, ingress.topic, part, ingress.partitions, end=last)
-            if index == 0:
-                log.info(
-                    f"starting job {job}: {len(runner.groups)} worker processes "
-                    f"({job_settings.mode} checkpoints every {interval_s:g} s)"
-                )
-                runner.start()
-            if last:
-                break
-            seen = len(money)
-            while len(money) == seen and time.monotonic() < deadline:
-                runner.step()
-            if index == 0 and kill:
-                worker = runner.supervisor.worker_of(kill)
-                log.info(f"killing worker {worker.name!r} (tasks {', '.join(worker.tasks)}) with SIGKILL")
-                kill_worker(runner, kill)
-        run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
-    finally:
-        runner.close()
+    for index, part in enumerate(parts):
+        last = index == len(parts) - 1
+        log.info(f"producing {len(part)} transfers to {ingress.topic}" + (" and the end of input" if last else ""))
+        produce_transfers(connection.kafka_bootstrap, ingress.topic, part, ingress.partitions, end=last)
+        if index == 0:
+            log.info(f"starting job {runner.job}: {len(runner.groups)} worker processes ({checkpoints})")
+            runner.start()
+        if last:
+            break
+        seen = len(money)
+        while len(money) == seen and time.monotonic() < deadline:
+            runner.step()
+        if index == 0 and kill:
+            worker = runner.supervisor.worker_of(kill)
+            log.info(f"killing worker {worker.name!r} (tasks {', '.join(worker.tasks)}) with SIGKILL")
+            kill_worker(runner, kill)
+
+
+def _demo_report(runner, connection, job_settings: JobSettings, data: list[dict], check: _MoneyCheck) -> DemoReport:
+    """The committed output against the expected, the dead letters and the money of every checkpoint."""
+    from streaming.adapters.kafka_admin import end_offsets
+    from streaming.adapters.kafka_io import dead_letter_topic_name
+    from streaming.adapters.sinks import read_committed_output, sink_location
+
+    job = runner.job
     output = normalise(read_committed_output(sink_location(job_settings, job, connection)))
     expected = expected_output(data)
     dead = sum(end_offsets(connection.kafka_bootstrap, dead_letter_topic_name(job), 1).values())
-    reader.close()
+    check.reader.close()
     got = {_row_key(r): r["legs"] for r in output}
     lost = sum(1 for r in expected if got.get(_row_key(r), 0) < r["legs"])
     return DemoReport(
         job_settings.mode,
         job,
         len(data),
-        money,
+        check.money,
         runner.restores,
         len(output),
         len(expected),

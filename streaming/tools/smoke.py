@@ -96,13 +96,37 @@ def run_smoke(
     create_topic(connection.kafka_bootstrap, topic, partitions)
     produce_records(connection.kafka_bootstrap, topic, records, partitions)
     progress(f"produced {records} records with headers to {topic}")
-
     store = open_store(f"s3://{connection.s3_bucket}/{prefix.strip('/')}", connection)
-    batches: list[int] = []
-    rows_seen = 0
+    batches = _ParquetBatches(store, progress)
+    _stream(spark, connection, topic, partitions, batch_limit, batches.write, timeout_s)
+    back = pq.read_table(store.root, filesystem=store.filesystem)
+    check_round_trip(back, records, partitions)
+    files = store.filesystem.get_file_info(pafs.FileSelector(store.root))
+    parquet_files = sum(1 for f in files if f.path.endswith(".parquet"))
+    return SmokeReport(
+        topic,
+        partitions,
+        records,
+        len(batches.ids),
+        batches.rows,
+        store.uri,
+        parquet_files,
+        back.num_rows,
+        time.monotonic() - started,
+    )
 
-    def write_batch(batch: pa.Table, batch_id: int) -> None:
-        nonlocal rows_seen
+
+class _ParquetBatches:
+    """``on_batch``: each micro-batch (as Arrow) written as a Parquet file to ``store``."""
+
+    def __init__(self, store, progress: Callable[[str], None]):
+        self.store = store
+        self.progress = progress
+        self.ids: list[int] = []
+        self.rows = 0
+
+    def write(self, batch: pa.Table, batch_id: int) -> None:
+        store = self.store
         table = pa.table(
             {
                 "partition": batch["partition"],
@@ -113,17 +137,28 @@ def run_smoke(
             }
         )
         pq.write_table(table, store.path(f"batch-{batch_id:06d}.parquet"), filesystem=store.filesystem)
-        batches.append(batch_id)
-        rows_seen += table.num_rows
-        progress(f"batch {batch_id}: {table.num_rows} rows -> {store.uri}/batch-{batch_id:06d}.parquet")
+        self.ids.append(batch_id)
+        self.rows += table.num_rows
+        self.progress(f"batch {batch_id}: {table.num_rows} rows -> {store.uri}/batch-{batch_id:06d}.parquet")
 
+
+def _stream(
+    spark: SparkSession,
+    connection: Connection,
+    topic: str,
+    partitions: int,
+    batch_limit: int,
+    on_batch: Callable[[pa.Table, int], None],
+    timeout_s: float,
+) -> None:
+    """The topic's channels through a Structured Streaming query, until every record available is read."""
     query = ChannelQuery(
         spark,
         connection,
         name=f"smoke-{topic}",
         channels=[ChannelId(topic, p) for p in range(partitions)],
         max_records_per_batch=batch_limit,
-        on_batch=write_batch,
+        on_batch=on_batch,
     )
     try:
         query.start(available_now=True).await_done(timeout_s)
@@ -131,22 +166,6 @@ def run_smoke(
         raise SmokeFailure(str(exc)) from exc
     finally:
         query.stop()
-
-    back = pq.read_table(store.root, filesystem=store.filesystem)
-    check_round_trip(back, records, partitions)
-    files = store.filesystem.get_file_info(pafs.FileSelector(store.root))
-    parquet_files = sum(1 for f in files if f.path.endswith(".parquet"))
-    return SmokeReport(
-        topic,
-        partitions,
-        records,
-        len(batches),
-        rows_seen,
-        store.uri,
-        parquet_files,
-        back.num_rows,
-        time.monotonic() - started,
-    )
 
 
 def check_round_trip(table: pa.Table, records: int, partitions: int) -> None:

@@ -115,6 +115,21 @@ def render_checkpoints(job: str, rows: list[CheckpointRow], generation: int | No
 
 
 def render_detail(detail: CheckpointDetail) -> str:
+    """A checkpoint's detail as text: what it is and whether it verifies, its
+    tasks, the tasks that turned unaligned, its state tables, its channels
+    and the restores its generation descends from."""
+    switches = _switches(detail)
+    lineage = _lineage(detail)
+    parts: list[object] = ["\n".join(_detail_head(detail)), _task_table(detail)]
+    if switches:
+        parts.append("\n".join(switches))
+    parts += [_state_table(detail), _channel_table(detail)]
+    if lineage:
+        parts.append("lineage (the restores this generation descends from):\n  " + "\n  ".join(lineage))
+    return as_text(*parts)
+
+
+def _detail_head(detail: CheckpointDetail) -> list[str]:
     verdict = "verifies" if not detail.problems else "DOES NOT VERIFY: " + "; ".join(detail.problems)
     head = [
         f"checkpoint {detail.checkpoint_id} of job {detail.job}: generation {detail.generation}, "
@@ -125,7 +140,11 @@ def render_detail(detail: CheckpointDetail) -> str:
     if detail.ingress_barrier_offsets:
         offsets = ", ".join(f"{c}@{o}" for c, o in sorted(detail.ingress_barrier_offsets.items()))
         head.append(f"barriers injected at {offsets}")
-    tasks = titled_table(
+    return head
+
+
+def _task_table(detail: CheckpointDetail) -> Group:
+    return titled_table(
         "tasks (seconds: trigger to first barrier, alignment, synchronous and asynchronous snapshot)",
         ("task", "checkpoint taken", "first barrier", "alignment", "sync", "async", "held max", "state", "in flight"),
         (
@@ -144,20 +163,29 @@ def render_detail(detail: CheckpointDetail) -> str:
         ),
         right=("first barrier", "alignment", "sync", "async", "held max", "state", "in flight"),
     )
-    switches = [
+
+
+def _switches(detail: CheckpointDetail) -> list[str]:
+    return [
         f"{t.task} turned unaligned"
         + (f" {t.switched_after_ms:.0f} ms after the trigger" if t.switched_after_ms is not None else "")
         + f": {t.switch_reason}"
         for t in detail.tasks
         if t.switch_reason
     ]
-    state = titled_table(
+
+
+def _state_table(detail: CheckpointDetail) -> Group:
+    return titled_table(
         "state tables",
         ("task", "table", "rows", "bytes"),
         ((t.task, name, rows, size) for t in detail.tasks for name, (rows, size) in sorted(t.state_tables.items())),
         right=("rows", "bytes"),
     )
-    channels = titled_table(
+
+
+def _channel_table(detail: CheckpointDetail) -> Group:
+    return titled_table(
         "channels (position: where the task resumes; in flight: unaligned channel state, as an offset range "
         "and the records copied of it)",
         ("task", "channel", "position", "in flight", "copied", "watermark"),
@@ -175,18 +203,14 @@ def render_detail(detail: CheckpointDetail) -> str:
         ),
         right=("position", "copied", "watermark"),
     )
-    lineage = [
+
+
+def _lineage(detail: CheckpointDetail) -> list[str]:
+    return [
         f"{t.task}: restored as " + ", ".join(f"generation {g} at {len(p)} channel position(s)" for g, p in t.restores)
         for t in detail.tasks
         if t.restores
     ]
-    parts: list[object] = ["\n".join(head), tasks]
-    if switches:
-        parts.append("\n".join(switches))
-    parts += [state, channels]
-    if lineage:
-        parts.append("lineage (the restores this generation descends from):\n  " + "\n  ".join(lineage))
-    return as_text(*parts)
 
 
 def _sample(title: str, table: pa.Table, rows: int, drop: Sequence[str] = ()) -> Group:

@@ -160,6 +160,16 @@ def test_no_module_imports_a_private_name_of_another():
     assert offenders == []
 
 
+def test_the_engine_reaches_kafka_only_through_the_adapters():
+    offenders = [
+        f"{module}:{line} imports {imported}"
+        for module, path in _modules("streaming.engine").items()
+        for line, imported in _imports(path)
+        if imported.split(".")[0] == "kafka"
+    ]
+    assert offenders == []
+
+
 def test_operators_import_nothing_of_streaming():
     offenders = [
         f"{module}:{line} imports {imported}"

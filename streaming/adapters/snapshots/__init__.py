@@ -31,10 +31,10 @@ content ``SnapshotCorruptError``, each naming the checkpoint, task and part.
 
 The package: ``layout`` (where each file lives), ``format`` (the JSON
 documents), ``reading`` (listing and reading back, every part checked),
-``verify`` (whether a checkpoint can be restored, and which one a restore
-picks), ``jobs`` (generations and restore history) and ``store`` (the
-``SnapshotStore`` that writes, deletes and applies retention, and gives
-one handle to the rest).
+``writing`` (task parts, ``_TASK.json``, the manifest), ``verify`` (whether
+a checkpoint can be restored, and which one a restore picks), ``retention``
+(deleting checkpoints, and which ones go), ``jobs`` (generations and restore
+history) and ``store`` (the ``SnapshotStore``: one handle to the rest).
 """
 
 from streaming.adapters.snapshots.format import FORMAT_VERSION, JobMeta, LoadedTask, Manifest, PartInfo, TaskSnapshot

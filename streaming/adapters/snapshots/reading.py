@@ -6,17 +6,20 @@ checkpoint, task and part, never a wrong restore."""
 from __future__ import annotations
 
 import hashlib
+import logging
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from streaming.adapters.objects import ObjectFiles
-from streaming.adapters.snapshots.format import Manifest, PartInfo, TaskSnapshot
+from streaming.adapters.snapshots.format import LoadedTask, Manifest, PartInfo, TaskSnapshot
 from streaming.adapters.snapshots.layout import CHECKPOINT_DIR, MANIFEST, TASK, Layout, escape
 from streaming.errors import SnapshotCorruptError, SnapshotMissingError
 
 __all__ = ["SnapshotReader"]
+
+log = logging.getLogger(__name__)
 
 
 class SnapshotReader:
@@ -109,6 +112,21 @@ class SnapshotReader:
         if table.num_rows != part.rows:
             raise SnapshotCorruptError(f"{where} has {table.num_rows} rows, {part.rows} were written")
         return table
+
+    def load_task(self, checkpoint_id: int, task: str) -> LoadedTask:
+        """``task``'s snapshot in ``checkpoint_id`` with all its tables, each part
+        checked against its recorded size and checksum."""
+        snapshot = self.required_task(checkpoint_id, task)
+        state = {p.name: self.part(checkpoint_id, task, p) for p in snapshot.state_parts}
+        channels = {p.name: self.part(checkpoint_id, task, p) for p in snapshot.channel_parts}
+        log.debug(
+            "chk-%d task %s: snapshot loaded (%d state parts, %d channel parts)",
+            checkpoint_id,
+            task,
+            len(state),
+            len(channels),
+        )
+        return LoadedTask(snapshot, state, channels)
 
     def why_missing(self, checkpoint_id: int, relative: str) -> str:
         directory = self.files.uri(self.layout.checkpoint_dir(checkpoint_id))

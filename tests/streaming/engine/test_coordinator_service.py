@@ -289,8 +289,8 @@ def test_a_progress_line_or_a_retention_that_fails_is_logged_and_the_checkpoint_
     memory = MemoryIO()
     service, said, _ = _service(store, memory, tmp_path)
     steps: list[tuple[str, int]] = []
-    service.progress_log = tmp_path  # a directory: no line can be appended to it
-    service.on_complete = lambda checkpoint_id: steps.append(("on_complete", checkpoint_id))
+    service.completion.progress_log = tmp_path  # a directory: no line can be appended to it
+    service.completion.on_complete = lambda checkpoint_id: steps.append(("on_complete", checkpoint_id))
 
     def refuse(retain: int, pinned: list[int]) -> list[int]:
         steps.append(("retention", retain))

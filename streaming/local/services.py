@@ -1,0 +1,81 @@
+"""Where each service of the local runtime lives: its ``ServiceSpec`` (pid
+file, marker, log), as ``up`` starts it and ``down``, ``status`` and
+``stop_service`` find it, and the ports ``up`` chose (``ports.json``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from streaming.api.config import LocalRuntimeSettings
+from streaming.local import kafka_broker, processes, s3_server, spark_cluster
+
+__all__ = ["RuntimeServices"]
+
+
+class RuntimeServices:
+    """The services of one runtime home (``settings.runtime_dir``) and their
+    ports: one Kafka node or several, the S3 server, on a cluster the Spark
+    master and workers."""
+
+    def __init__(self, settings: LocalRuntimeSettings):
+        self.settings = settings
+        self.dir = settings.runtime_dir
+
+    # -- paths -------------------------------------------------------------
+
+    @property
+    def ports_file(self) -> Path:
+        return self.dir / "ports.json"
+
+    def kafka_names(self) -> list[str]:
+        """``kafka`` alone, or ``kafka-1`` .. ``kafka-N``."""
+        n = self.settings.kafka_nodes
+        return ["kafka"] if n == 1 else [f"kafka-{i}" for i in range(1, n + 1)]
+
+    def kafka_spec(self, java: str = "java", name: str = "kafka") -> processes.ServiceSpec:
+        return kafka_broker.broker_spec(java, self.kafka_jars_dir(), self.dir, self.settings.kafka_heap, name)
+
+    def spark_specs(self, ports: dict[str, int] | None = None) -> list[processes.ServiceSpec]:
+        """The master and workers (with ``ports``, as they start; without, to find them)."""
+        if not self.settings.spark_workers:
+            return []
+        ports = ports or {}
+        specs = [spark_cluster.master_spec(self.dir, ports.get("spark", 0), ports.get("spark_web", 0))]
+        for i in range(1, self.settings.spark_workers + 1):
+            specs.append(
+                spark_cluster.worker_spec(self.dir, i, ports.get("spark", 0), ports.get(f"spark-worker-{i}_web", 0))
+            )
+        return specs
+
+    def specs(self) -> list[processes.ServiceSpec]:
+        """Every service, as ``down``, ``status`` and ``stop_service`` find them."""
+        return [*(self.kafka_spec(name=n) for n in self.kafka_names()), self.s3_spec(), *self.spark_specs()]
+
+    def s3_spec(self, binary: Path | None = None, port: int = 0) -> processes.ServiceSpec:
+        binary = binary or Path("versitygw")
+        s = self.settings
+        return s3_server.server_spec(binary, self.dir, port, s.s3_access_key, s.s3_secret_key)
+
+    def kafka_jars_dir(self) -> Path:
+        return self.settings.cache_dir / "jars" / f"kafka-{self.settings.kafka_version}"
+
+    # -- ports -------------------------------------------------------------
+
+    def load_ports(self) -> dict[str, int]:
+        try:
+            return {k: int(v) for k, v in json.loads(self.ports_file.read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def choose_port(self, name: str, configured: int, remembered: dict[str, int], taken: set[int], what: str) -> int:
+        if configured:
+            processes.ensure_port_free(configured, what)
+            return configured
+        previous = remembered.get(name)
+        if previous and previous not in taken and processes.port_is_free(previous):
+            return previous
+        while True:
+            port = processes.free_port()
+            if port not in taken:
+                return port

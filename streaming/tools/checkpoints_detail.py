@@ -1,0 +1,132 @@
+"""One checkpoint in words (``spark-abs checkpoints show``): what each task's
+checkpoint turned out to be, its timings, state tables, in-flight channels
+and watermarks, read from the manifest."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from barriers.handler import CheckpointKind, Switch
+from barriers.messages import Alignment, InFlightFormat
+from streaming.adapters.snapshots import Manifest
+from streaming.adapters.snapshots.format import options_from_json, parse_stored, text_of
+
+__all__ = ["CheckpointDetail", "TaskDetail", "checkpoint_detail"]
+
+
+@dataclass(frozen=True)
+class TaskDetail:
+    """One task's part of a checkpoint: what it turned out to be (``kind``:
+    aligned, unaligned, ...), when it saw the checkpoint and how long each
+    step took, its state tables ``{name: (rows, bytes)}``, its in-flight
+    channels ``{channel: [start, end)}`` and the rows copied of each."""
+
+    task: str
+    kind: str
+    first_barrier_s: float | None
+    alignment_s: float | None
+    sync_snapshot_s: float | None
+    async_snapshot_s: float | None
+    held_bytes_max: int | None
+    state_tables: dict[str, tuple[int, int]]
+    in_flight: dict[str, tuple[int, int]]
+    copied_rows: dict[str, int]
+    positions: dict[str, int]
+    watermarks: dict[str, int]
+    restores: list = field(default_factory=list)  # the lineage: [[generation, {channel: offset}], ...]
+    # an aligned checkpoint that turned unaligned here: why, and when (ms since the trigger)
+    switch_reason: str | None = None
+    switched_after_ms: float | None = None
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(b for _, b in self.state_tables.values())
+
+
+@dataclass(frozen=True)
+class CheckpointDetail:
+    """A complete checkpoint, read from its manifest, and what keeps it from
+    being restored (``problems``, empty when it verifies)."""
+
+    job: str
+    checkpoint_id: int
+    generation: int
+    created_at: str
+    alignment: str
+    in_flight_format: str
+    guarantee: str
+    trigger_to_complete_s: float | None
+    ingress_barrier_offsets: dict[str, Any]
+    tasks: list[TaskDetail]
+    problems: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def checkpoint_detail(manifest: Manifest, problems: list[str]) -> CheckpointDetail:
+    """``manifest`` in words, with the ``problems`` that keep it from being restored."""
+    metrics = manifest.metrics
+    per_task = metrics.get("tasks") or {}
+    tasks = []
+    for name, snapshot in sorted(manifest.tasks.items()):
+        measured = {**snapshot.metadata, **(per_task.get(name) or {})}
+        tasks.append(
+            TaskDetail(
+                task=name,
+                kind=text_of(CheckpointKind, measured.get("kind", "")),
+                first_barrier_s=measured.get("first_barrier_s"),
+                alignment_s=measured.get("alignment_s"),
+                sync_snapshot_s=measured.get("sync_snapshot_s"),
+                async_snapshot_s=measured.get("async_snapshot_s"),
+                held_bytes_max=measured.get("held_bytes_max"),
+                state_tables={p.name: (p.rows, p.bytes) for p in snapshot.state_parts},
+                in_flight=dict(snapshot.in_flight),
+                copied_rows={p.name: p.rows for p in snapshot.channel_parts},
+                positions=dict(snapshot.positions),
+                watermarks={c: int(w) for c, w in (measured.get("watermarks") or {}).items()},
+                restores=list(measured.get("lineage") or []),
+                switch_reason=_switch_reason(measured),
+                switched_after_ms=measured.get("switched_after_ms"),
+            )
+        )
+    options = manifest.options
+    try:
+        ran_with = options_from_json(options)
+        alignment, guarantee = ran_with.describe(), _GUARANTEE[ran_with.alignment]
+    except ValueError:  # options that read as none: shown as they are
+        alignment, guarantee = str(options.get("alignment", "")), str(options.get("guarantee", ""))
+    return CheckpointDetail(
+        job=manifest.job,
+        checkpoint_id=manifest.checkpoint_id,
+        generation=manifest.generation,
+        created_at=manifest.created_at,
+        alignment=alignment,
+        in_flight_format=text_of(InFlightFormat, options.get("in_flight", "")),
+        guarantee=guarantee,
+        trigger_to_complete_s=metrics.get("trigger_to_complete_s"),
+        ingress_barrier_offsets=dict(metrics.get("ingress_barrier_offsets") or {}),
+        tasks=tasks,
+        problems=list(problems),
+    )
+
+
+# what each alignment guarantees, as ``checkpoints show`` says it
+_GUARANTEE = {
+    Alignment.ALIGNED: "exactly-once",
+    Alignment.UNALIGNED: "exactly-once (in-flight records are channel state, replayed on restore)",
+    Alignment.AT_LEAST_ONCE: "at-least-once: no alignment, so replay after a restore may duplicate records",
+}
+
+
+def _switch_reason(measured: Mapping[str, Any]) -> str | None:
+    """Why a task's aligned checkpoint turned unaligned (its ``Switch``), in
+    words; an older manifest's words when its switch names none."""
+    if measured.get("switch"):
+        try:
+            return parse_stored(Switch, measured["switch"]).value
+        except ValueError:
+            pass
+    return measured.get("switch_reason")

@@ -1,0 +1,204 @@
+"""A restore drill's failures, injected (``streaming.tools.drill``): one
+method per failure kind (a worker killed at random or at a fault point, the
+runner killed, a checkpoint damaged, a service down), then the wait for the
+job to recover from it: a checkpoint completes after it, which is timed, with
+the checkpoint each restore it caused started from and the input records it
+read again."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+
+from streaming.engine import faults
+from streaming.tools.drill_feed import ProgressWatch
+from streaming.tools.drill_job import DrilledJob, job_processes, job_worker_pids, kill_group
+from streaming.tools.drill_plan import ORPHAN_BOUND_S, Failure, FailureKind, FailureOutcome
+
+__all__ = ["FailureInjector"]
+
+
+class FailureInjector:
+    """Injects each failure of a drill into ``job`` and waits for the job to
+    recover from it; what goes wrong outside the expectations (a failure not
+    recovered, an orphan, a damaged checkpoint restored) goes to ``problems``."""
+
+    def __init__(
+        self,
+        job: DrilledJob,
+        watch: ProgressWatch,
+        *,
+        runtime,
+        wait: Callable[[Callable[[], bool], float], bool],  # until the condition holds or the timeout passed
+        log: Callable[[str], None],
+        problems: list[str],
+        started: float,
+        recover_timeout_s: float,
+    ):
+        self.job = job
+        self.watch = watch
+        self.runtime = runtime
+        self.wait = wait
+        self.log = log
+        self.problems = problems
+        self.started = started
+        self.recover_timeout_s = recover_timeout_s
+
+    def inject(self, failure: Failure, rng: random.Random) -> FailureOutcome:
+        """Inject ``failure``, wait for the recovery and say what happened."""
+        outcome = FailureOutcome(failure, round(time.monotonic() - self.started, 1))
+        newest_before = max(self.job.completed() or [0])
+        generation = self.job.generation()
+        t0 = time.monotonic()
+        kind = failure.kind
+        if kind is FailureKind.WORKER:
+            if failure.moment == "random":
+                self._kill_a_worker(rng)
+            else:
+                t0, newest_before = self._fault_point(outcome, rng, generation)
+        elif kind in (FailureKind.RUNNER, FailureKind.DAMAGE):
+            self._kill_runner(outcome)
+            if kind is FailureKind.DAMAGE:
+                self._damage(outcome, rng)
+            self.job.start_runner()
+        else:
+            self._outage(failure)
+        self._recover(outcome, t0, newest_before, generation)
+        self._damaged_not_restored(outcome)
+        return outcome
+
+    # ---- the failure kinds
+
+    def _kill_a_worker(self, rng: random.Random) -> None:
+        pids = job_worker_pids(self.job.job)
+        if pids:
+            kill_group(rng.choice(pids))
+
+    def _fault_point(self, outcome: FailureOutcome, rng: random.Random, generation: int) -> tuple[float, int]:
+        """A worker kills itself at the fault point armed in it (during a
+        restore: the one the drill causes by killing a worker); recovery
+        counts from there: (when, the newest checkpoint completed then)."""
+        failure = outcome.failure
+        target = generation + 1 if failure.moment == "during_restore" else generation
+        faults.arm(str(self.job.fault_file), [f"{failure.task}:{failure.moment}:*:{target}"])
+        if failure.moment == "during_restore":
+            self._kill_a_worker(rng)  # the restore this causes is where the fault waits
+        fired = self.wait(lambda: self.job.generation() > target, 60.0)
+        faults.arm(str(self.job.fault_file), [])
+        # recovery counts from the restore the fault caused
+        t0 = time.monotonic()
+        outcome.at_s = round(t0 - self.started, 1)
+        newest_before = max(self.job.completed() or [0])
+        if not fired:
+            outcome.note = f"{failure.moment} did not come within 60 s; killed at a random moment instead"
+            self._kill_a_worker(rng)
+        return t0, newest_before
+
+    def _kill_runner(self, outcome: FailureOutcome) -> None:
+        """SIGKILL the runner; its workers and their JVMs must stop by themselves within ORPHAN_BOUND_S."""
+        runner = self.job.runner
+        assert runner is not None
+        groups = job_worker_pids(self.job.job)  # each worker leads its process group, its JVM in it
+        runner.send_signal(signal.SIGKILL)
+        runner.wait()
+        killed = time.monotonic()
+        deadline = killed + ORPHAN_BOUND_S
+        while job_processes(self.job.job, groups) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        left = job_processes(self.job.job, groups)
+        if not left:
+            outcome.orphans_gone_s = round(time.monotonic() - killed, 2)
+            self.log(f"  no process of the job left {outcome.orphans_gone_s:.1f} s after the runner died")
+            return
+        self.problems.append(
+            f"failure {outcome.failure.index + 1}: processes {left} of the job outlived their runner by "
+            f"{ORPHAN_BOUND_S:.0f} s"
+        )
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _damage(self, outcome: FailureOutcome, rng: random.Random) -> None:
+        """Damage the newest complete checkpoint: delete one of its parts or flip a byte of one."""
+        store = self.job.store
+        done = self.job.completed()
+        if not done:
+            outcome.note = "no complete checkpoint to damage"
+            return
+        newest = done[-1]
+        manifest = store.read_manifest(newest)
+        parts = sorted(p.path for snap in manifest.tasks.values() for p in snap.parts)
+        if not parts:
+            outcome.note = f"checkpoint {newest} has no parts to damage"
+            return
+        path = store.layout.part(newest, rng.choice(parts))
+        fs = store.location.filesystem
+        if outcome.failure.moment == "delete a part":
+            fs.delete_file(path)
+        else:
+            with fs.open_input_file(path) as f:
+                raw = bytearray(f.read())
+            raw[len(raw) // 2] ^= 0xFF
+            with fs.open_output_stream(path) as f:
+                f.write(bytes(raw))
+        outcome.damaged = newest
+        outcome.note = (
+            f"{outcome.failure.moment} of checkpoint {newest}: {path.rsplit('/', 3)[-3]}/…/{path.rsplit('/', 1)[-1]}"
+        )
+
+    def _outage(self, failure: Failure) -> None:
+        """The local runtime's Kafka broker or S3 server down for ``outage_s``, then up again."""
+        service = "kafka" if failure.kind is FailureKind.BROKER else "s3"
+        self.runtime.stop_service(service)
+        time.sleep(failure.outage_s)
+        self.runtime.up()
+
+    # ---- the recovery
+
+    def _recover(self, outcome: FailureOutcome, t0: float, newest_before: int, generation_before: int) -> None:
+        def recovered() -> bool:
+            done = self.job.completed()
+            return bool(done) and done[-1] > newest_before
+
+        if self.wait(recovered, self.recover_timeout_s):
+            outcome.recovered_s = round(time.monotonic() - t0, 2)
+        else:
+            self.problems.append(
+                f"failure {outcome.failure.index + 1} ({outcome.failure.describe()}): no checkpoint completed "
+                f"within {self.recover_timeout_s:.0f} s"
+            )
+        restores = [r for r in self.job.restores() if r["generation"] > generation_before]
+        outcome.restored_from = [r.get("from_checkpoint") for r in restores]
+        if restores:
+            outcome.replayed = self._replayed(restores[-1]["generation"], restores[-1].get("from_checkpoint"))
+
+    def _replayed(self, generation: int, checkpoint_id: int | None) -> int | None:
+        """Ingress records read again by ``generation``: how far the generations
+        before it read, less where its checkpoint resumes."""
+        furthest = self.watch.before(generation)
+        if not furthest:
+            return None
+        resume: dict[str, int] = {}
+        if checkpoint_id is not None:
+            manifest = self.job.quietly(lambda: self.job.store.read_manifest(checkpoint_id))
+            if manifest is None:
+                return None
+            for snapshot in manifest.tasks.values():
+                for channel, position in snapshot.positions.items():
+                    if channel in self.watch.ingress:
+                        resume[channel] = position
+        return sum(max(0, position - resume.get(channel, 0)) for channel, position in furthest.items())
+
+    def _damaged_not_restored(self, outcome: FailureOutcome) -> None:
+        """A restore after a damage must have skipped the damaged checkpoint for an older one."""
+        if outcome.damaged is not None and outcome.restored_from:
+            picked = outcome.restored_from[-1]
+            if picked is not None and picked >= outcome.damaged:
+                self.problems.append(
+                    f"failure {outcome.failure.index + 1}: the restore used checkpoint {picked}, which the drill damaged"
+                )

@@ -1,0 +1,164 @@
+"""What a restore drill checks at its end, gathered and checked
+(``streaming.tools.drill``): the committed output beside the reference Spark
+computes in batch, every checkpoint a coordinator reported complete (does it
+verify, what does it conserve) and the dead letters of the records made
+malformed, as tables the great-expectations suites of
+``streaming.tools.drill_checks`` run on."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+
+import pandas as pd
+
+from streaming.api.config import Connection
+from streaming.api.pipeline import Pipeline
+from streaming.errors import SnapshotMissingError
+from streaming.tools.drill_job import DrilledJob
+from streaming.tools.drill_plan import FailureOutcome
+from streaming.tools.drill_workload import DrillWorkload
+
+__all__ = ["DrillVerification"]
+
+
+class DrillVerification:
+    """The tables of a drained drill and the suites run on them (``run``)."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        job: DrilledJob,
+        *,
+        pipeline: Pipeline,
+        workload: DrillWorkload,
+        outcomes: list[FailureOutcome],
+        malformed: list[tuple[str, int]],
+        spark=None,
+        log: Callable[[str], None],
+    ):
+        self.connection = connection
+        self.job = job
+        self.pipeline = pipeline
+        self.workload = workload
+        self.outcomes = outcomes
+        self.malformed = malformed
+        self.spark = spark
+        self.log = log
+
+    def run(self) -> tuple[dict[str, pd.DataFrame], list]:
+        """The tables (``output``, ``checkpoints``, ``dead_letters``) and GX's results on them."""
+        from streaming.tools import drill_checks
+
+        self.log("checking: the reference in batch with Spark, the output, every checkpoint, the dead letters")
+        reference = self.workload.reference(self._spark(), self.pipeline, self.connection.kafka_bootstrap)
+        joined = drill_checks.output_frame(self._output(reference), reference, self.workload.keys)
+        checkpoints = self._checkpoint_frame()
+        letters = self._dead_letter_frame()
+        frames = {"output": joined, "checkpoints": checkpoints, "dead_letters": letters}
+        suites = {
+            "output": (
+                functools.partial(
+                    drill_checks.output_suite,
+                    expected_rows=len(reference),
+                    keys=self.workload.keys,
+                    sums=self.workload.sums,
+                ),
+                joined,
+            ),
+            "checkpoints": (
+                functools.partial(drill_checks.checkpoint_suite, conserved=self.workload.conserved is not None),
+                checkpoints,
+            ),
+            "dead_letters": (drill_checks.dead_letter_suite, letters),
+        }
+        index = {"output": self.workload.keys, "checkpoints": ["checkpoint"], "dead_letters": ["source", "offset"]}
+        return frames, drill_checks.validate(suites, index)
+
+    def _spark(self):
+        if self.spark is not None:
+            return self.spark
+        from streaming.adapters.spark import spark_session
+        from streaming.api.config import SparkSettings
+
+        return spark_session(SparkSettings(master=self.connection.spark_master, app_name=f"{self.job.job}-reference"))
+
+    def _output(self, reference: pd.DataFrame) -> pd.DataFrame:
+        """The committed output as a frame (empty, with the reference's columns, when there is none)."""
+        from streaming.adapters.sinks import read_committed_output, sink_location
+        from streaming.api.settings import JobSettings
+
+        table = read_committed_output(
+            sink_location(JobSettings(store=self.job.store_uri), self.job.job, self.connection)
+        )
+        to_frame = self.workload.output or (lambda t: t.to_pandas())
+        return to_frame(table) if table is not None else reference.iloc[0:0]
+
+    def _checkpoint_frame(self) -> pd.DataFrame:
+        """One row per checkpoint reported complete: its state and, where the workload says, what it conserves."""
+        from streaming.adapters.kafka_io import read_range
+
+        store = self.job.store
+        damaged = {o.damaged for o in self.outcomes if o.damaged is not None}
+        rows = []
+
+        def reader(channel, start: int, end: int):
+            return read_range(self.connection.kafka_bootstrap, channel, start, end)
+
+        for checkpoint_id in self._reported_complete():
+            try:
+                problems = store.verify(checkpoint_id)
+            except SnapshotMissingError as exc:  # reported complete, and gone
+                problems = [str(exc)]
+            state = (
+                "verifies"
+                if not problems
+                else ("damaged by the drill" if checkpoint_id in damaged else "; ".join(problems))
+            )
+            total = None
+            if not problems and self.workload.conserved is not None:
+                total = self.workload.conserved(store, checkpoint_id, reader)
+            rows.append({"checkpoint": checkpoint_id, "state": state, "total": total})
+        return pd.DataFrame(rows, columns=["checkpoint", "state", "total"])
+
+    def _reported_complete(self) -> list[int]:
+        """Every checkpoint a coordinator reported complete (its progress log), in order."""
+        done = set()
+        try:
+            for line in (self.job.log_dir / "checkpoints.jsonl").read_text().splitlines():
+                if line.strip():
+                    done.add(int(json.loads(line)["checkpoint"]))
+        except OSError:
+            pass
+        return sorted(done)
+
+    def _dead_letter_frame(self) -> pd.DataFrame:
+        from kafka import KafkaConsumer, TopicPartition
+
+        from streaming.adapters.kafka_io import dead_letter_topic_name
+
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.connection.kafka_bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000
+        )
+        tp = TopicPartition(dead_letter_topic_name(self.job.job), 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        seen: dict[tuple[str, int], list[str]] = {}
+        for record in consumer:
+            headers = {k: v.decode(errors="replace") for k, v in record.headers}
+            source = (headers.get("spark-abs-source", ""), int(headers.get("spark-abs-source-offset", -1)))
+            seen.setdefault(source, []).append(headers.get("spark-abs-reason", ""))
+        consumer.close()
+        rows = []
+        for channel, offset in self.malformed:
+            reasons = seen.get((channel, offset), [])
+            rows.append(
+                {
+                    "source": channel,
+                    "offset": offset,
+                    "letters": len(reasons),
+                    "reason": reasons[0] if reasons else None,
+                }
+            )
+        return pd.DataFrame(rows, columns=["source", "offset", "letters", "reason"])
