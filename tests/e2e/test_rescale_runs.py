@@ -31,7 +31,9 @@ pytestmark = pytest.mark.integration
 TO_THREE = {"legs": 3, "accounts": 3, "windows": 3}
 TO_ONE = {"legs": 1, "accounts": 1, "windows": 1}
 # unaligned: checkpoints looked at, at most, for one with channel state to rescale
-SEEK_CHECKPOINTS = 30
+SEEK_CHECKPOINTS = 10
+# transfers per burst, and while an unaligned rescale waits for channel state (legs then has a backlog)
+BURST, SEEK_BURST = 300, 1200
 
 
 def _channel_state_rows(bootstrap: str, manifest, internal_topics) -> int:
@@ -48,6 +50,12 @@ def _channel_state_rows(bootstrap: str, manifest, internal_topics) -> int:
                 data = records.filter(pc.greater(pc.fill_null(pc.binary_length(records["value"]), 0), 0))
                 rows += codec.decode_records(data).table.num_rows
     return rows
+
+
+def _legs_written(bootstrap: str, pipeline) -> int:
+    """Records written so far to the topic from the legs stage to the accounts stage."""
+    topic = pipeline.topic_of("legs")
+    return sum(end_offsets(bootstrap, topic, pipeline.internal_topics()[topic]).values())
 
 
 @pytest.mark.parametrize(("mode", "remote"), [("aligned", True), ("unaligned", False)], ids=["aligned", "unaligned"])
@@ -70,11 +78,11 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
     runner, money, lines, reader = money_job.runner, money_job.money, money_job.lines, money_job.store
     manifests, in_flight = [], []
     # a prefix is sent: `wanted` transfers, more while a rescale waits for a checkpoint with channel state
-    transfers = demo.make_transfers(20_000)
     wanted = 6000 if mode == "unaligned" else 2400
+    transfers = demo.make_transfers(wanted + 2 * SEEK_CHECKPOINTS * SEEK_BURST)
     topic, partitions = runner.pipeline.ingress[0].topic, 3
     bootstrap = connection.kafka_bootstrap
-    # rescale after this many checkpoints; unaligned from the first one since with channel state to route
+    # rescale after this many checkpoints (unaligned: from the first one then that holds channel state)
     steps = [(TO_THREE, 2), (TO_ONE, 4)]
     looked: list[int] = []  # checkpoints without channel state since the due rescale
     deadline = time.monotonic() + 300
@@ -84,9 +92,15 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
         runner.start()
         assert {s.name: s.parallelism for s in runner.pipeline.stages} == {"legs": 2, "accounts": 2, "windows": 2}
         while (steps or sent < wanted) and time.monotonic() < deadline:
-            burst = transfers[sent : sent + 300]
+            seeking = mode == "unaligned" and bool(steps) and len(money) >= steps[0][1]
+            written = _legs_written(bootstrap, runner.pipeline) if seeking else 0
+            burst = transfers[sent : sent + (SEEK_BURST if seeking else BURST)]
             demo.produce_transfers(bootstrap, topic, burst, partitions, end=False)
             sent += len(burst)
+            # seeking: no barrier before legs works on the burst; its output before the barrier
+            # is then what the accounts tasks have not processed yet, their channel state
+            while seeking and _legs_written(bootstrap, runner.pipeline) == written and time.monotonic() < deadline:
+                runner.step(trigger=False)
             seen = len(money)
             while len(money) == seen and time.monotonic() < deadline:
                 runner.step()
