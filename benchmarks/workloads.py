@@ -51,7 +51,7 @@ def one_stage(job: str = "bench-one-stage") -> Pipeline:
     topic = _topic()
     return Pipeline(
         job,
-        (Ingress(topic, PARTITIONS, EVENTS),),
+        (Ingress(topic, PARTITIONS, EVENTS, key="k"),),  # the producer writes each key to one partition
         (Stage("count", (topic,), _count, parallelism=PARTITIONS, sink=Sink()),),
     )
 

@@ -23,7 +23,19 @@ tests check:
    time, thread scheduling or how the input was cut into snapshots.
 
 Output and dead letters are not state: rows returned by ``process()`` belong
-to the batch that produced them."""
+to the batch that produced them.
+
+Two optional parts, which the built-in operators have:
+
+- ``on_watermark(watermark)`` (``WatermarkAware``): the operator follows
+  event time.  The stage task calls it whenever the minimum over its
+  event-time inputs moves on (docs/architecture.md, "Event time"); an
+  operator never moves event time from the rows it sees.
+- ``state_keys``: the column that divides the state, per input name
+  (``{None: "account"}`` for one input).  The pipeline check
+  (``streaming.api.layout``) uses it to refuse layouts in which rows of one
+  key could reach different tasks; a stateful operator without it may not
+  read an ingress topic by partition with several tasks."""
 
 from __future__ import annotations
 

@@ -142,6 +142,11 @@ class LatestValueJoin:
         self._pending = pa.table({self.left_key: pa.array([], pa.int64())})
 
     @property
+    def state_keys(self) -> dict[str | None, str]:
+        """The column of each input that divides the state (``streaming.api.layout``)."""
+        return {self.left: self.left_key, self.right: self.right_key}
+
+    @property
     def latest(self) -> pa.Table:
         """The latest right row per key."""
         return self._latest.table

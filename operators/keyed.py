@@ -67,6 +67,11 @@ class KeyedAggregate:
         """The aggregate of every key seen so far."""
         return self._state.table
 
+    @property
+    def state_keys(self) -> dict[str | None, str]:
+        """The column that divides the state (``streaming.api.layout``)."""
+        return {None: self.key}
+
     def process(self, batch: pa.Table) -> pa.Table:
         name = type(self).__name__
         require_columns(batch, [self.key, *agg.input_columns(self.aggregations)], name)

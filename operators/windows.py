@@ -7,19 +7,23 @@ Event time comes from an integer column (milliseconds) or a timestamp column
 ``int``) or a ``timedelta``.  Time never comes from the clock: the output
 depends only on the sequence of batches (and ``on_watermark`` calls).
 
-Within one batch every row is judged against the watermark as it was before
-the batch (as in Spark Structured Streaming, the watermark moves between
-micro-batches):
+The watermark is the engine's: the stage task calls ``on_watermark`` each
+time the minimum over its event-time inputs moves on (docs/architecture.md,
+"Event time"; out-of-orderness is declared on the ``Ingress``).  Rows never
+move it.  Used on its own, call ``on_watermark`` where event time moved.
+
+``process(batch)``:
 
 1. rows with a null key or a null event time go to the dead letters
    (``null_key``, ``null_event_time``);
-2. rows whose window has already closed (window end <= watermark) are late:
-   they go to the dead letters with reason ``late``, never into a result;
-3. the other rows are aggregated into their open windows;
-4. the watermark becomes ``max(watermark, max event time of those rows -
-   allowed_lateness)``;
-5. every window whose end is <= the watermark closes: its final row is
-   returned and it leaves the state.
+2. rows whose window has already closed (window end + allowed lateness <=
+   watermark) are late: they go to the dead letters with reason ``late``,
+   never into a result;
+3. the other rows are aggregated into their open windows.
+
+``on_watermark(w)``: the watermark becomes ``max(watermark, w)``, and every
+window whose end + allowed lateness is <= it closes: its final row is
+returned and it leaves the state.
 
 Output: ``key, window_start, window_end, <aggregations>`` ordered by window
 start, then key.  ``window_start``/``window_end`` are int64 milliseconds for
@@ -80,8 +84,17 @@ class TumblingWindowAggregate:
     ``time_column``, each window's final result emitted once (see the
     module docstring for the rules).
 
-    ``allowed_lateness`` holds the watermark back: it is the max event time
-    seen minus this much, so rows that far behind the newest still count.
+    ``allowed_lateness`` keeps each window open that much longer after the
+    watermark passed its end (Flink's ``allowedLateness``), so rows that far
+    behind the watermark still count; its one result is emitted then.
+
+    >>> import pyarrow as pa
+    >>> from operators import TumblingWindowAggregate, count
+    >>> op = TumblingWindowAggregate("k", "t", 10, {"n": count()})
+    >>> op.process(pa.table({"k": ["a", "a", "b"], "t": [1, 12, 5]})).num_rows
+    0
+    >>> op.on_watermark(10).to_pylist()
+    [{'k': 'a', 'window_start': 0, 'window_end': 10, 'n': 1}, {'k': 'b', 'window_start': 0, 'window_end': 10, 'n': 1}]
 
     State: ``{"windows": open windows (key, window_start, aggregations),
     "watermark": one row, int64 ms or null before the first row}``."""
@@ -120,6 +133,11 @@ class TumblingWindowAggregate:
         return self._watermark
 
     @property
+    def state_keys(self) -> dict[str | None, str]:
+        """The column that divides the state (``streaming.api.layout``)."""
+        return {None: self.key}
+
+    @property
     def open_windows(self) -> pa.Table:
         return self._windows.table
 
@@ -137,7 +155,7 @@ class TumblingWindowAggregate:
         millis = self._to_millis(times)
         starts = pc.multiply(_floor_div(millis, self.size), self.size)
         if self._watermark is not None:
-            late = pc.less_equal(pc.add(starts, self.size), self._watermark)
+            late = pc.less_equal(pc.add(starts, self.size + self.allowed_lateness), self._watermark)
             self.dead_letters.add(batch.filter(late), Reason.LATE, name)
             on_time = pc.invert(late)
             batch, millis, starts = batch.filter(on_time), millis.filter(on_time), starts.filter(on_time)
@@ -150,14 +168,11 @@ class TumblingWindowAggregate:
         )
         partial = agg.partial(rows, [self.key, WINDOW_START], self.aggregations)
         self._windows.merge(partial, lambda r: agg.combine(r, [self.key, WINDOW_START], self.aggregations))
-        if len(millis):
-            self._advance(pc.max(millis).as_py() - self.allowed_lateness)
         return self._close()
 
     def on_watermark(self, watermark: int | dt.datetime) -> pa.Table:
         """Move the watermark to ``watermark`` (ms, or a datetime; naive means
-        UTC) if that is later, and return the windows that closes.  For idle
-        inputs and the end of a stream; allowed lateness is not applied."""
+        UTC) if that is later, and return the windows that closes."""
         if isinstance(watermark, dt.datetime):
             moment = watermark if watermark.tzinfo else watermark.replace(tzinfo=dt.UTC)
             watermark = (moment - _EPOCH) // dt.timedelta(milliseconds=1)
@@ -201,7 +216,7 @@ class TumblingWindowAggregate:
                         f"{name}: snapshot column {column!r} is {windows.schema.field(column).type}, which cannot hold {aggregation}"
                     )
             starts = windows[WINDOW_START].cast(pa.int64())
-            if watermark is None or pc.min(starts).as_py() + self.size <= watermark:
+            if watermark is not None and pc.min(starts).as_py() + self.size + self.allowed_lateness <= watermark:
                 raise StateRestoreError(
                     f"{name}: snapshot holds windows that should have closed at watermark {watermark}"
                 )
@@ -236,7 +251,7 @@ class TumblingWindowAggregate:
         if self._watermark is None or windows.num_rows == 0:
             closed = windows.slice(0, 0)
         else:
-            ends = pc.add(windows[WINDOW_START].cast(pa.int64()), self.size)
+            ends = pc.add(windows[WINDOW_START].cast(pa.int64()), self.size + self.allowed_lateness)
             closed = self._windows.pop(pc.less_equal(ends, self._watermark))
         closed = closed.sort_by([(WINDOW_START, "ascending"), (self.key, "ascending")])
         start_type = closed.schema.field(WINDOW_START).type

@@ -35,6 +35,7 @@ __all__ = [
     "SparkAbsError",
     "SparkSettings",
     "Stage",
+    "end_input",
 ]
 
 _WHERE = {
@@ -45,6 +46,7 @@ _WHERE = {
     "Pipeline": "streaming.api.pipeline",
     "Sink": "streaming.api.pipeline",
     "Stage": "streaming.api.pipeline",
+    "end_input": "streaming.api.producing",
     "JobSettings": "streaming.api.settings",
     "Mode": "streaming.api.settings",
     "JobRunner": "streaming.engine.runner",

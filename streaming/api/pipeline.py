@@ -13,6 +13,7 @@ per partition keeps every channel FIFO with exactly one barrier n."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import enum
 import importlib
 import json
@@ -38,6 +39,7 @@ __all__ = [
     "Scale",
     "TaskSpec",
     "route",
+    "duration_ms",
     "load_pipeline",
     "parse_parallelism",
 ]
@@ -47,16 +49,67 @@ _NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
 OperatorFactory = Callable[[], object]
 
 
+def duration_ms(value: int | dt.timedelta | None, what: str) -> int | None:
+    """``value`` (whole milliseconds, or a ``timedelta``) as an int >= 0;
+    None stays None.  Anything else is a ``ConfigError`` naming ``what``."""
+    if value is None:
+        return None
+    if isinstance(value, dt.timedelta):
+        whole, rest = divmod(value, dt.timedelta(milliseconds=1))
+        if rest:
+            raise ConfigError(f"{what} must be whole milliseconds, got {value}")
+        value = whole
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{what} must be milliseconds (an int >= 0) or a timedelta, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Ingress:
-    """An ingress topic fed by external producers (JSON values)."""
+    """An ingress topic fed by external producers (JSON values).
+
+    Event time is declared here, where the data enters, as Flink's
+    ``WatermarkStrategy`` and Spark's ``withWatermark`` declare it:
+
+    - ``event_time``: the column (int milliseconds, or a timestamp) that
+      event-time operators (windows, interval joins, deduplication, timers)
+      follow.  Without it the topic carries no event time (a table, a
+      changelog) and never holds a watermark back.
+    - ``max_out_of_orderness``: how far behind the newest event time of its
+      partition a record may still come (ms or a ``timedelta``); a
+      partition's watermark is its highest event time minus this.  A record
+      further behind is late wherever its window already closed.
+    - ``idle_timeout``: a partition that brings no record for this long (ms
+      or a ``timedelta``, wall clock) stops holding the watermark back, and
+      takes part again when records come (Flink's ``withIdleness``).  None:
+      a silent partition holds event time back until it speaks or ends
+      (``streaming.end_input``).
+    - ``key``: the column producers partition the topic by (records of one
+      key always in one partition).  Only then may a stateful stage with
+      several tasks read the topic directly (each task reads whole
+      partitions); otherwise route it through a stage keyed by that column.
+    """
 
     topic: str
     partitions: int = 1
     schema: pa.Schema | None = None  # None: inferred per batch
-    # event-time column (int ms), non-decreasing within each partition: it
-    # drives watermarks, which tasks carry downstream in an ``abs.wm`` header
     event_time: str | None = None
+    max_out_of_orderness: int | dt.timedelta = 0
+    idle_timeout: int | dt.timedelta | None = None
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        delay = duration_ms(self.max_out_of_orderness, f"ingress {self.topic}: max_out_of_orderness")
+        idle = duration_ms(self.idle_timeout, f"ingress {self.topic}: idle_timeout")
+        if self.event_time is None and (delay or idle is not None):
+            raise ConfigError(
+                f"ingress {self.topic}: max_out_of_orderness and idle_timeout describe event time; "
+                "name the event-time column too (event_time=...)"
+            )
+        if idle == 0:
+            raise ConfigError(f"ingress {self.topic}: idle_timeout must be > 0 (or None: never idle)")
+        object.__setattr__(self, "max_out_of_orderness", delay)
+        object.__setattr__(self, "idle_timeout", idle)
 
 
 class SinkKind(enum.StrEnum):
@@ -91,6 +144,9 @@ class Stage:
     parallelism: int = 1
     key: str | None = None
     sink: Sink | None = None
+    # the explicit opt-in for a layout ``Pipeline.check`` cannot see is right:
+    # records of one key reach one task however the inputs are partitioned
+    trust_partitioning: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +315,18 @@ class Pipeline:
                 return stage
         raise ConfigError(f"pipeline {self.job} has no stage {name!r}")
 
+    def ingress_named(self, name: str) -> Ingress | None:
+        """The ingress topic called ``name`` (None: ``name`` is a stage)."""
+        return next((i for i in self.ingress if i.topic == name), None)
+
+    def carries_event_time(self, name: str) -> bool:
+        """Whether input ``name`` carries event time: an ingress topic with an
+        ``event_time`` column, or a stage with such an input, however far up."""
+        ingress = self.ingress_named(name)
+        if ingress is not None:
+            return ingress.event_time is not None
+        return any(self.carries_event_time(upstream) for upstream in self.stage(name).inputs)
+
     def topic_of(self, name: str) -> str:
         """The Kafka topic behind an input name: the ingress topic, or a stage's output topic."""
         if any(i.topic == name for i in self.ingress):
@@ -326,9 +394,13 @@ class Pipeline:
                 specs.append(TaskSpec(stage.name, index, inputs, outputs))
         for spec in specs:
             if not spec.inputs:
+                stage = self.stage(spec.stage)
+                topics = ", ".join(n for n in stage.inputs if n in partitions)
+                most = max(partitions[n] for n in stage.inputs if n in partitions)
                 raise ConfigError(
                     f"task {spec.name} would read no channel: stage {spec.stage} has more tasks "
-                    f"than its ingress topics have partitions"
+                    f"than its ingress topics have partitions. Fix: give {topics} at least "
+                    f"{stage.parallelism} partitions, or run {spec.stage} with parallelism={most}"
                 )
         return specs
 

@@ -77,7 +77,12 @@ class TaskController:
         began = time.perf_counter()
         state = self.operator.snapshot()
         self._taken[barrier.checkpoint_id] = TakenSnapshot(
-            state, self.output.take_epoch(), time.perf_counter() - began, time.time(), self.gate.take_held_max()
+            state,
+            self.output.take_epoch(),
+            time.perf_counter() - began,
+            time.time(),
+            self.gate.take_held_max(),
+            self.watermarks.snapshot(),
         )
 
     def forward_barrier(self, barrier: Barrier) -> None:
@@ -102,7 +107,7 @@ class TaskController:
         log.debug("%s: checkpoint %d: %s in flight [%d, %d)", self.task, checkpoint_id, channel, start, end)
 
     def acknowledge(self, checkpoint: TaskCheckpoint) -> None:
-        self.uploader.submit(checkpoint, self._taken.pop(checkpoint.checkpoint_id), self.watermarks.snapshot())
+        self.uploader.submit(checkpoint, self._taken.pop(checkpoint.checkpoint_id))
 
     def abort(self, checkpoint_id: int, reason: CheckpointFailure, detail: str) -> None:
         taken = self._taken.pop(checkpoint_id, None)

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
 from streaming.adapters.records import BATCH_COLUMNS
-from streaming.engine.segments import Segment, Segmenter
+from streaming.engine.segments import Segment, Segmenter, SegmentKind
 from streaming.errors import TaskError
 
 __all__ = ["InputGate"]
@@ -54,10 +54,15 @@ class InputGate:
     def queue(self, channel: ChannelId) -> collections.deque[Segment]:
         return self._queues[channel]
 
-    def add(self, table: pa.Table) -> None:
-        """A micro-batch, ordered by channel and offset, cut into the queues."""
+    def add(self, table: pa.Table) -> set[ChannelId]:
+        """A micro-batch, ordered by channel and offset, cut into the queues;
+        the channels that brought records (barriers and cancellations aside)."""
+        brought = set()
         for segment in self._segmenter.cut(table):
             self._queues[segment.channel].append(segment)
+            if segment.kind is not SegmentKind.CONTROL:
+                brought.add(segment.channel)
+        return brought
 
     def drain(
         self, is_blocked: Callable[[ChannelId], bool], handle: Callable[[Segment], None], between: Callable[[], None]

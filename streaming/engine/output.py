@@ -50,10 +50,12 @@ class TaskOutput:
             for value in codec.encode_batches(part):
                 self._io.send(self.spec.outputs[int(target)], None, value, headers)
 
-    def watermark(self, watermark: int) -> None:
-        """Tell every output channel that event time got to ``watermark``."""
+    def watermark(self, watermark: int | None, idle: bool = False) -> None:
+        """Tell every output channel that event time got to ``watermark``, and
+        whether this task is idle (no active event-time input)."""
+        headers = watermark_headers(watermark, self.generation, idle=idle)
         for channel in self.spec.outputs:
-            self._io.send(channel, None, b"", watermark_headers(watermark, self.generation))
+            self._io.send(channel, None, b"", headers)
 
     def take_epoch(self) -> list[pa.Table]:
         """The epoch's rows, for a snapshot; the next epoch starts empty."""

@@ -46,6 +46,7 @@ from streaming.adapters.kafka_admin import create_topic, end_offsets
 from streaming.adapters.kafka_io import dead_letter_topic_name
 from streaming.adapters.objects import open_store, patiently
 from streaming.adapters.snapshots import SnapshotStore
+from streaming.api import layout
 from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import Pipeline, Scale, SinkKind, load_pipeline
 from streaming.api.settings import WORKER_LAYOUTS, JobSettings
@@ -102,6 +103,7 @@ class JobRunner:
         self.declared: Pipeline = load_pipeline(pipeline_ref, job)
         self.parallelism = dict(parallelism or {})
         self.pipeline = self.declared.rescaled(Scale(self.parallelism))
+        layout.check(self.pipeline)  # a layout that cannot give the right answer never starts
         self.job = self.pipeline.job
         # every line says which job it is about (``record.job``), for a command that runs several
         self.log = logging.LoggerAdapter(log, {"job": self.job})

@@ -54,7 +54,7 @@ from streaming.engine.output import TaskOutput
 from streaming.engine.quarantine import Quarantine
 from streaming.engine.segments import Segment, Segmenter, SegmentKind
 from streaming.engine.uploads import SnapshotUploader
-from streaming.engine.watermarks import WatermarkTracker
+from streaming.engine.watermarks import WatermarkTracker, event_time_inputs
 from streaming.errors import TaskError
 
 __all__ = ["StageTask", "TaskStart", "TaskIO"]
@@ -132,9 +132,7 @@ class StageTask:
         self.lineage = self.start.lineage
         self.counters: collections.Counter = collections.Counter()
         self.gate = self._input_gate(max_segment_records, held_memory_bytes)
-        self.watermarks = WatermarkTracker(
-            {i.topic: i.event_time for i in pipeline.ingress if i.event_time}, self.start.watermarks
-        )
+        self.watermarks = WatermarkTracker(event_time_inputs(pipeline, spec), self.start.watermarks, clock=clock)
         self.quarantine = Quarantine(spec.name, io, self.counters)
         self.output = TaskOutput(pipeline, spec, io, self.generation, self.counters)
         self.controller = self._controller(copy_in_flight, upload)
@@ -218,9 +216,9 @@ class StageTask:
     def process_batch(self, table: pa.Table, batch_id: int = -1) -> None:
         """One micro-batch, ordered by channel and offset (``ChannelQuery`` order)."""
         with self._lock:
-            self.gate.add(table)
+            self.watermarks.arrived(self.gate.add(table))
             self.gate.drain(self.handler.is_blocked, self._handle, self._between_segments)
-            self._forward_watermark()
+            self._follow_event_time()
 
     def _between_segments(self) -> None:
         """Control events that came in, and the handler's clock (timeouts, budget)."""
@@ -252,7 +250,8 @@ class StageTask:
         if segment.kind is SegmentKind.SKIP:
             self.counters["skipped_older_generation"] += segment.rows.num_rows
         elif segment.kind is SegmentKind.WATERMARK:
-            self._advance_watermark(channel, segment.rows, None)
+            self.watermarks.observe(channel, segment.rows, None)
+            self._watermark_moved(channel)
         else:
             self._process(channel, segment.rows)
 
@@ -327,7 +326,8 @@ class StageTask:
                 output = None
             self.quarantine.from_operator(channel, self.operator)
             self.output.emit(output, watermark)
-        self._advance_watermark(channel, rows, decoded.table)
+        self.watermarks.observe(channel, rows, decoded.table)
+        self._watermark_moved(channel)
         self.counters["records"] += rows.num_rows
 
     @property
@@ -336,23 +336,34 @@ class StageTask:
 
     @property
     def watermark(self) -> int | None:
-        """The minimum over open inputs of each channel's watermark (None until all have one)."""
-        return self.watermarks.current(self._inputs)
+        """The task's event-time watermark (``streaming.engine.watermarks``;
+        None before the first, and in a task without event time)."""
+        return self.watermarks.current
 
-    def _advance_watermark(self, channel: ChannelId, rows: pa.Table, decoded: pa.Table | None) -> None:
-        moved = self.watermarks.advance(channel, rows, decoded, self._inputs)
+    def _watermark_moved(self, channel: ChannelId) -> None:
+        """When the task's watermark moved on, the operator follows it (a
+        window closes, a timer fires) and what that releases goes on."""
+        moved = self.watermarks.update(self._inputs)
         if moved is not None and isinstance(self.operator, WatermarkAware):
             self.output.emit(self.operator.on_watermark(moved), moved)
             self.quarantine.from_operator(channel, self.operator)
 
     def _forward_watermark(self) -> None:
-        """Tell every output channel how far event time got, once per batch
-        when it moved, so downstream windows close even where no row goes."""
+        """Tell every output channel how far event time got, and when the
+        task went idle, once per batch when that changed, so downstream
+        windows close even where no row goes."""
         if not self.spec.outputs:
             return
-        watermark = self.watermarks.take_unsent(self._inputs)
-        if watermark is not None:
-            self.output.watermark(watermark)
+        unsent = self.watermarks.take_unsent(self._inputs)
+        if unsent is not None:
+            self.output.watermark(*unsent)
+
+    def _follow_event_time(self) -> None:
+        """Between batches: idleness that came with the clock, then what
+        goes downstream."""
+        if self.watermarks.has_event_time:
+            self._watermark_moved(min(self.spec.inputs))
+            self._forward_watermark()
 
     # ---------------------------------------------------------------- control
 
@@ -369,6 +380,7 @@ class StageTask:
             try:
                 self.inbox.apply()
                 self.handler.tick(self.held_bytes)
+                self._follow_event_time()
             finally:
                 self._lock.release()
 

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -40,13 +40,16 @@ log = logging.getLogger(__name__)
 class TakenSnapshot:
     """What a task took at its snapshot of checkpoint n (the synchronous
     phase): the operator's state, the sink epoch's rows, how long taking them
-    took, when, and the most bytes held while aligning before it."""
+    took, when, the most bytes held while aligning before it, and each input
+    channel's watermark (taken with the state: an unaligned snapshot's
+    in-flight records must move them again after a restore)."""
 
     state: dict[str, pa.Table]
     epoch: list[pa.Table]
     sync_snapshot_s: float
     snapshot_wall: float
     held_bytes_max: int
+    watermarks: dict[ChannelId, int] = field(default_factory=dict)
 
 
 class SnapshotUploader:
@@ -78,9 +81,9 @@ class SnapshotUploader:
         # sink output of epochs whose staging failed: staged with the next epoch (only the upload thread uses it)
         self._unstaged: list[pa.Table] = []
 
-    def submit(self, checkpoint: TaskCheckpoint, taken: TakenSnapshot, watermarks: dict[ChannelId, int]) -> None:
+    def submit(self, checkpoint: TaskCheckpoint, taken: TakenSnapshot) -> None:
         self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._executor.submit(self._upload_and_ack, checkpoint, taken, watermarks))
+        self._pending.append(self._executor.submit(self._upload_and_ack, checkpoint, taken))
 
     def wait(self, timeout_s: float) -> None:
         concurrent.futures.wait(list(self._pending), timeout=timeout_s)
@@ -99,9 +102,7 @@ class SnapshotUploader:
         faults.point(self.task, "during_copy", checkpoint.checkpoint_id)
         return {str(c): read_range(c, start, end) for c, (start, end) in checkpoint.in_flight.items()}
 
-    def _upload_and_ack(
-        self, checkpoint: TaskCheckpoint, taken: TakenSnapshot, watermarks: dict[ChannelId, int]
-    ) -> None:
+    def _upload_and_ack(self, checkpoint: TaskCheckpoint, taken: TakenSnapshot) -> None:
         checkpoint_id = checkpoint.checkpoint_id
         began = time.perf_counter()
         try:
@@ -123,7 +124,7 @@ class SnapshotUploader:
                 positions={str(c): p for c, p in checkpoint.positions.items()},
                 in_flight={str(c): r for c, r in checkpoint.in_flight.items()},
                 channel_records=copied or None,
-                metadata=self._metrics(checkpoint, watermarks, taken, copied),
+                metadata=self._metrics(checkpoint, taken.watermarks, taken, copied),
             )
             upload_s = time.perf_counter() - began
         except Exception as exc:  # the store, Kafka or the sink staging failed: decline, keep running

@@ -35,6 +35,7 @@ from barriers.lineage import Lineage
 from barriers.messages import ChannelId
 from operators import TumblingWindowAggregate, count, sum_
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
+from streaming.api.producing import end_input
 from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, WORKER_LAYOUTS, JobSettings, Mode
 from streaming.tools.checkpoints import channel_rows, classify_channel_records
 from streaming.tools.money import Balances, transfer_legs
@@ -59,7 +60,6 @@ TRANSFERS = pa.schema(
 )
 WINDOW_MS = 1_000
 STEP_MS = 10  # event time between two transfers
-END_OF_INPUT = 1 << 62  # the watermark the producer appends when it is done
 
 
 class ApplyLegs(Balances):
@@ -73,10 +73,8 @@ class ApplyLegs(Balances):
 
 
 def _windows() -> TumblingWindowAggregate:
-    # lateness is the watermark's business here: windows close when every input's watermark passed them
-    return TumblingWindowAggregate(
-        "account", "ts", WINDOW_MS, {"net": sum_("amount"), "legs": count()}, allowed_lateness=END_OF_INPUT
-    )
+    # windows close when the watermark of every input passed them (event time is the engine's)
+    return TumblingWindowAggregate("account", "ts", WINDOW_MS, {"net": sum_("amount"), "legs": count()})
 
 
 def pipeline(
@@ -120,11 +118,9 @@ def make_transfers(count_: int, *, accounts: int = 10, seed: int = 7) -> list[di
 
 def produce_transfers(bootstrap: str, topic: str, transfers: list[dict], partitions: int, *, end: bool = True) -> None:
     """Write the transfers (transfer i to partition i mod ``partitions``, so
-    event time grows within each partition), then, with ``end``, a watermark
-    record per partition that says the input is complete."""
+    event time grows within each partition), then, with ``end``, the end of
+    the input on every partition (``streaming.end_input``)."""
     from kafka import KafkaProducer
-
-    from streaming.engine.watermarks import watermark_headers
 
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
     try:
@@ -136,8 +132,7 @@ def produce_transfers(bootstrap: str, topic: str, transfers: list[dict], partiti
                 partition=transfer["id"] % partitions,
             )
         if end:
-            for partition in range(partitions):
-                producer.send(topic, value=b"", headers=watermark_headers(END_OF_INPUT), partition=partition)
+            end_input(producer, topic, partitions)
         producer.flush(60)
     finally:
         producer.close()

@@ -54,7 +54,7 @@ class DrillWorkload:
 def money_workload(*, accounts: int = 10, malformed_every: int = 997) -> DrillWorkload:
     """The money pipeline's workload: transfers between ``accounts`` accounts
     (event time 10 ms apart), one record in ``malformed_every`` not JSON."""
-    from streaming.engine.watermarks import watermark_headers
+    from streaming.api.producing import MAX_WATERMARK, watermark_record_headers
     from streaming.tools import demo
 
     def records(pipeline: Pipeline, rng: random.Random) -> Iterator[InputRecord]:
@@ -72,7 +72,7 @@ def money_workload(*, accounts: int = 10, malformed_every: int = 997) -> DrillWo
 
     def end(pipeline: Pipeline) -> list[InputRecord]:
         ingress = pipeline.ingress[0]
-        headers = tuple(watermark_headers(demo.END_OF_INPUT))
+        headers = tuple(watermark_record_headers(MAX_WATERMARK))  # the end of the input (streaming.end_input)
         return [InputRecord(ingress.topic, p, b"", headers) for p in range(ingress.partitions)]
 
     def conserved(store: SnapshotStore, checkpoint_id: int, read_range: Callable) -> int:

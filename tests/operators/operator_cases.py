@@ -89,13 +89,15 @@ def window_steps(draw, *, watermarks: bool = True, max_steps: int = 7) -> list:
     )
     schema = pa.schema([("k", pa.string()), ("t", pa.int64()), ("v", pa.int64())])
     batch = st.lists(row, max_size=8).map(lambda rows: table(rows, schema))
-    step = st.one_of(batch, batch, batch, st.integers(-20, 150).map(Watermark)) if watermarks else batch
+    step = st.one_of(batch, batch, st.integers(-20, 150).map(Watermark)) if watermarks else batch
     return draw(st.lists(step, max_size=max_steps))
 
 
 def windows_model(steps: list, size: int, lateness: int):
     """Expected outputs and dead letters of TumblingWindowAggregate(k, t, size,
-    {n: count(), s: sum_(v)}, allowed_lateness=lateness)."""
+    {n: count(), s: sum_(v)}, allowed_lateness=lateness): rows never move the
+    watermark, ``Watermark`` steps do; a window closes (and takes no more
+    rows) once its end plus the lateness is at or behind the watermark."""
     watermark = None
     open_: dict[tuple[str, int], dict[str, Any]] = {}
     outputs, letters = [], []
@@ -112,7 +114,7 @@ def windows_model(steps: list, size: int, lateness: int):
             on_time = []
             for r in rows:
                 start = (r["t"] // size) * size
-                if watermark is not None and start + size <= watermark:
+                if watermark is not None and start + size + lateness <= watermark:
                     letters.append(DeadLetter(r, "late", op))
                 else:
                     on_time.append((r, start))
@@ -121,10 +123,9 @@ def windows_model(steps: list, size: int, lateness: int):
                 w["n"] += 1
                 if r["v"] is not None:
                     w["s"] = r["v"] if w["s"] is None else w["s"] + r["v"]
-            if on_time:
-                candidate = max(r["t"] for r, _ in on_time) - lateness
-                watermark = candidate if watermark is None else max(watermark, candidate)
-        closed = sorted((start, k) for (k, start) in open_ if watermark is not None and start + size <= watermark)
+        closed = sorted(
+            (start, k) for (k, start) in open_ if watermark is not None and start + size + lateness <= watermark
+        )
         outputs.append(
             [
                 {"k": k, "window_start": start, "window_end": start + size, **open_.pop((k, start))}

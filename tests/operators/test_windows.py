@@ -1,4 +1,4 @@
-"""TumblingWindowAggregate: window assignment, the watermark, exactly-once
+"""TumblingWindowAggregate: window assignment, the engine's watermark, exactly-once
 final results, late rows and nulls to the dead letters, timestamp columns."""
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ def test_each_window_is_emitted_at_most_once(steps) -> None:
 
 def test_window_closes_when_watermark_passes_its_end() -> None:
     op = windows()
-    assert op.process(batch(("a", 1, 1), ("a", 9, 2))).num_rows == 0
-    assert op.watermark == 9
-    out = op.process(batch(("a", 10, 5)))
+    assert op.process(batch(("a", 1, 1), ("a", 9, 2), ("a", 10, 5))).num_rows == 0
+    assert op.watermark is None  # rows never move it: event time is the engine's
+    assert op.on_watermark(9).num_rows == 0
+    out = op.on_watermark(10)
     assert out.to_pylist() == [{"k": "a", "window_start": 0, "window_end": 10, "n": 2, "s": 3}]
     assert out.column_names == ["k", "window_start", "window_end", "n", "s"]
 
@@ -54,32 +55,37 @@ def test_window_closes_when_watermark_passes_its_end() -> None:
 def test_late_rows_go_to_dead_letters_with_reason_late() -> None:
     op = windows()
     op.process(batch(("a", 25, 1)))
+    op.on_watermark(20)
     assert op.process(batch(("a", 19, 7), ("b", 20, 1))).num_rows == 0
     letters = op.dead_letters.drain()
     assert [(l.row, l.reason) for l in letters] == [({"k": "a", "t": 19, "v": 7}, "late")]
     assert op.open_windows.num_rows == 2  # (a, 20) and (b, 20)
 
 
-def test_rows_of_one_batch_are_judged_against_the_watermark_before_it() -> None:
+def test_rows_far_apart_in_one_batch_are_not_late() -> None:
+    # rows of two upstream tasks arrive in one batch, far apart: none is late
     op = windows()
-    out = op.process(batch(("a", 30, 1), ("a", 2, 1)))  # 2 is not late: the watermark was unset
-    assert [(r["window_start"], r["n"]) for r in out.to_pylist()] == [(0, 1)]
+    assert op.process(batch(("a", 30, 1), ("a", 2, 1))).num_rows == 0
     assert op.dead_letters.drain() == []
+    assert [(r["window_start"], r["n"]) for r in op.on_watermark(40).to_pylist()] == [(0, 1), (30, 1)]
 
 
-def test_allowed_lateness_holds_the_watermark_back() -> None:
+def test_allowed_lateness_keeps_windows_open_after_the_watermark() -> None:
     op = windows(lateness=5)
-    op.process(batch(("a", 12, 1)))
-    assert op.watermark == 7
-    assert op.process(batch(("a", 8, 1))).num_rows == 0  # window [0, 10) still open
-    out = op.process(batch(("a", 15, 1)))
-    assert out.to_pylist() == [{"k": "a", "window_start": 0, "window_end": 10, "n": 1, "s": 1}]
+    op.process(batch(("a", 2, 1)))
+    assert op.on_watermark(12).num_rows == 0  # [0, 10) is open until 15
+    assert op.process(batch(("a", 8, 1))).num_rows == 0 and op.dead_letters.drain() == []
+    out = op.on_watermark(15)
+    assert out.to_pylist() == [{"k": "a", "window_start": 0, "window_end": 10, "n": 2, "s": 2}]
+    op.process(batch(("a", 9, 1)))
+    assert [l.reason for l in op.dead_letters.drain()] == ["late"]
 
 
 def test_windows_of_negative_times_round_down() -> None:
     op = windows()
-    out = op.process(batch(("a", -1, 1), ("a", -10, 1), ("a", -11, 1)))
-    assert [(r["window_start"], r["n"]) for r in out.to_pylist()] == [(-20, 1)]  # the watermark is -1
+    op.process(batch(("a", -1, 1), ("a", -10, 1), ("a", -11, 1)))
+    out = op.on_watermark(-1)
+    assert [(r["window_start"], r["n"]) for r in out.to_pylist()] == [(-20, 1)]
     assert op.open_windows.select(["window_start", "n"]).to_pylist() == [{"window_start": -10, "n": 2}]
 
 
@@ -93,6 +99,7 @@ def test_output_is_ordered_by_window_then_key() -> None:
 def test_on_watermark_flushes_and_never_goes_back() -> None:
     op = windows()
     op.process(batch(("a", 5, 1)))
+    assert op.on_watermark(5).num_rows == 0
     assert op.on_watermark(3).num_rows == 0 and op.watermark == 5
     assert op.on_watermark(dt.datetime(1970, 1, 1, 0, 0, 0, 10_000)).to_pylist()[0]["window_end"] == 10
 
@@ -113,7 +120,8 @@ def test_timestamp_columns_keep_their_zone_and_units() -> None:
         {"k": 1, "ts": at(61), "v": 0.0},
     ]
     assert op.process(pa.Table.from_pylist(rows[:2], schema=schema)).num_rows == 0
-    out = op.process(pa.Table.from_pylist(rows[2:], schema=schema))
+    assert op.process(pa.Table.from_pylist(rows[2:], schema=schema)).num_rows == 0
+    out = op.on_watermark(at(61))
     assert out.schema.field("window_start").type == pa.timestamp("ms", "UTC")
     assert out.to_pylist() == [{"k": 1, "window_start": at(0), "window_end": at(60), "n": 2, "hi": 2.0}]
 

@@ -5,11 +5,11 @@ generations are skipped, malformed input becomes dead letters."""
 
 from __future__ import annotations
 
-import json
 import threading
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from task_cases import HEADER_TYPE, RecordedIO, batch, make_task
 
 from barriers.lineage import Lineage
 from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions, encode
@@ -17,106 +17,8 @@ from operators import KeyedAggregate, count, filter_rows, sum_
 from operators.windows import TumblingWindowAggregate
 from streaming.adapters.control import ControlKind, Trigger, announced_barrier
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
-from streaming.engine.task import StageTask, TaskIO, TaskStart
+from streaming.engine.task import StageTask, TaskStart
 from streaming.engine.watermarks import watermark_headers
-
-HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-
-
-def batch(*records) -> pa.Table:
-    """records: (topic, partition, offset, value-dict | bytes | Barrier | CancelBarrier[, generation[, headers]])."""
-    rows = []
-    for topic, partition, offset, value, *rest in records:
-        headers = []
-        if isinstance(value, (Barrier, CancelBarrier)):
-            headers, value = encode(value), b""
-        elif isinstance(value, dict):
-            value = json.dumps(value).encode()
-        if rest:
-            headers.append(("abs.gen", str(rest[0]).encode()))
-        if len(rest) > 1:
-            headers += [(k, v) for k, v in rest[1].items() if k != "abs.gen"]
-        rows.append(
-            {
-                "topic": topic,
-                "partition": partition,
-                "offset": offset,
-                "key": None,
-                "value": value,
-                "headers": [{"key": k, "value": v} for k, v in headers],
-                "timestamp": None,
-            }
-        )
-    schema = pa.schema(
-        [
-            ("topic", pa.string()),
-            ("partition", pa.int32()),
-            ("offset", pa.int64()),
-            ("key", pa.binary()),
-            ("value", pa.binary()),
-            ("headers", HEADER_TYPE),
-            ("timestamp", pa.timestamp("ms")),
-        ]
-    )
-    return pa.Table.from_pylist(rows, schema=schema)
-
-
-class RecordedIO:
-    def __init__(self):
-        self.log = []
-        self.sent = []  # one entry per output row
-        self.records = []  # one entry per Kafka record (an Arrow batch)
-        self.dead = []
-        self.events = []
-        self.snapshots = {}
-        self.staged = {}
-        self.watermarks = []
-
-    def io(self, sink=False) -> TaskIO:
-        return TaskIO(
-            send=self._send,
-            append_barrier=self._barrier,
-            publish=self._publish,
-            dead_letter=self._dead,
-            write_snapshot=self._write,
-            stage_epoch=self._stage if sink else None,
-        )
-
-    def _send(self, channel, key, value, headers):
-        if dict(headers).get("abs.kind") == b"watermark":
-            self.watermarks.append((channel, int(dict(headers)["abs.wm"])))
-            return
-        assert dict(headers)["abs.fmt"] == b"arrow"
-        with pa.ipc.open_stream(value) as reader:
-            rows = reader.read_all().to_pylist()
-        self.sent += [(channel, row, dict(headers)) for row in rows]
-        self.records.append((channel, value, dict(headers)))
-        self.log.append(("send", str(channel)))
-
-    def _barrier(self, channels, headers):
-        self.log.append(("barrier", tuple(map(str, channels))))
-        return {c: 100 + i for i, c in enumerate(channels)}
-
-    def _publish(self, event):
-        self.events.append(event)
-
-    def _dead(self, channel, offset, key, value, headers, reason):
-        self.dead.append((str(channel), offset, reason))
-
-    def _write(self, checkpoint_id, generation, task, state, *, positions, in_flight, metadata, channel_records=None):
-        self.snapshots[checkpoint_id] = (state, positions, in_flight, metadata)
-        self.copied = channel_records
-        self.log.append(("snapshot", checkpoint_id))
-
-        class Snap:
-            def to_json(self):
-                return json.dumps({"task": task, "checkpoint_id": checkpoint_id})
-
-        return Snap()
-
-    def _stage(self, epoch, table):
-        self.staged[epoch] = table
-
 
 SCHEMA = pa.schema([("account", pa.string()), ("amount", pa.int64())])
 
@@ -142,13 +44,6 @@ def counting_pipeline(parallelism=1, sink_stage=False):
             )
         )
     return Pipeline("job", (Ingress("in", 2, SCHEMA),), tuple(stages))
-
-
-def make_task(pipeline, name="count-0", sink=False, **kwargs):
-    recorded = RecordedIO()
-    task = StageTask(pipeline, pipeline.task(name), recorded.io(sink), **kwargs)
-    task.recover()
-    return task, recorded
 
 
 A, B = ChannelId("in", 0), ChannelId("in", 1)
@@ -266,7 +161,7 @@ def test_sink_epochs_close_at_the_snapshot_and_an_aborted_epoch_moves_to_the_nex
 
 def test_windows_close_on_the_minimum_watermark_over_channels():
     def windows():
-        return TumblingWindowAggregate("account", "ts", 100, {"amount": sum_("amount")}, allowed_lateness=10**12)
+        return TumblingWindowAggregate("account", "ts", 100, {"amount": sum_("amount")})
 
     schema = pa.schema([("account", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
     pipeline = Pipeline(
@@ -289,7 +184,7 @@ def test_watermarks_travel_downstream_in_headers_and_watermark_records():
     schema = pa.schema([("account", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
 
     def windows():
-        return TumblingWindowAggregate("account", "ts", 100, {"amount": sum_("amount")}, allowed_lateness=10**12)
+        return TumblingWindowAggregate("account", "ts", 100, {"amount": sum_("amount")})
 
     pipeline = Pipeline(
         "job",

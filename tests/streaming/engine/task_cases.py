@@ -1,0 +1,123 @@
+"""Hand-made micro-batches in the shape ``ChannelQuery`` hands over, and a
+stage task whose I/O is recorded, for the task's unit tests."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+from barriers.messages import Barrier, CancelBarrier, encode
+from streaming.engine.task import StageTask, TaskIO
+
+__all__ = ["HEADER_TYPE", "batch", "RecordedIO", "make_task"]
+
+HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def batch(*records) -> pa.Table:
+    """records: (topic, partition, offset, value-dict | bytes | Barrier | CancelBarrier[, generation[, headers]])."""
+    rows = []
+    for topic, partition, offset, value, *rest in records:
+        headers = []
+        if isinstance(value, (Barrier, CancelBarrier)):
+            headers, value = encode(value), b""
+        elif isinstance(value, dict):
+            value = json.dumps(value).encode()
+        if rest:
+            headers.append(("abs.gen", str(rest[0]).encode()))
+        if len(rest) > 1:
+            headers += [(k, v) for k, v in rest[1].items() if k != "abs.gen"]
+        rows.append(
+            {
+                "topic": topic,
+                "partition": partition,
+                "offset": offset,
+                "key": None,
+                "value": value,
+                "headers": [{"key": k, "value": v} for k, v in headers],
+                "timestamp": None,
+            }
+        )
+    schema = pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("headers", HEADER_TYPE),
+            ("timestamp", pa.timestamp("ms")),
+        ]
+    )
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+class RecordedIO:
+    def __init__(self):
+        self.log = []
+        self.sent = []  # one entry per output row
+        self.records = []  # one entry per Kafka record (an Arrow batch)
+        self.dead = []
+        self.events = []
+        self.snapshots = {}
+        self.staged = {}
+        self.watermarks = []
+        self.idle = []  # watermark records that said their writer went idle
+        self.stream = []  # every record sent, watermark records too, in order
+
+    def io(self, sink=False) -> TaskIO:
+        return TaskIO(
+            send=self._send,
+            append_barrier=self._barrier,
+            publish=self._publish,
+            dead_letter=self._dead,
+            write_snapshot=self._write,
+            stage_epoch=self._stage if sink else None,
+        )
+
+    def _send(self, channel, key, value, headers):
+        self.stream.append((channel, value, list(headers)))
+        if dict(headers).get("abs.kind") == b"watermark":
+            if "abs.idle" in dict(headers):
+                self.idle.append((channel, dict(headers).get("abs.wm")))
+            else:
+                self.watermarks.append((channel, int(dict(headers)["abs.wm"])))
+            return
+        assert dict(headers)["abs.fmt"] == b"arrow"
+        with pa.ipc.open_stream(value) as reader:
+            rows = reader.read_all().to_pylist()
+        self.sent += [(channel, row, dict(headers)) for row in rows]
+        self.records.append((channel, value, dict(headers)))
+        self.log.append(("send", str(channel)))
+
+    def _barrier(self, channels, headers):
+        self.log.append(("barrier", tuple(map(str, channels))))
+        return {c: 100 + i for i, c in enumerate(channels)}
+
+    def _publish(self, event):
+        self.events.append(event)
+
+    def _dead(self, channel, offset, key, value, headers, reason):
+        self.dead.append((str(channel), offset, reason))
+
+    def _write(self, checkpoint_id, generation, task, state, *, positions, in_flight, metadata, channel_records=None):
+        self.snapshots[checkpoint_id] = (state, positions, in_flight, metadata)
+        self.copied = channel_records
+        self.log.append(("snapshot", checkpoint_id))
+
+        class Snap:
+            def to_json(self):
+                return json.dumps({"task": task, "checkpoint_id": checkpoint_id})
+
+        return Snap()
+
+    def _stage(self, epoch, table):
+        self.staged[epoch] = table
+
+
+def make_task(pipeline, name="count-0", sink=False, **kwargs):
+    recorded = RecordedIO()
+    task = StageTask(pipeline, pipeline.task(name), recorded.io(sink), **kwargs)
+    task.recover()
+    return task, recorded
