@@ -1,6 +1,8 @@
 """Operators users write stages with: stateless transforms over Arrow
-batches, keyed state, and the built-in stateful operators (keyed and
-windowed aggregates, a stream-table join), each handing all its state to
+batches, keyed state, and the built-in stateful operators (keyed
+aggregates; tumbling, sliding and session windows; a stream-table join, an
+interval join, deduplication; keyed state with event-time timers of one's
+own), each handing all its state to
 ``snapshot()`` and taking it back in ``restore()``.  The contract is in
 ``operators.base``; test helpers users can import are in
 ``operators.testing``; ``require_columns`` and ``row_index`` help write
@@ -13,6 +15,9 @@ from operators.dead_letters import DeadLetter, DeadLetterBatch, DeadLetters, Rea
 from operators.errors import InputSchemaError, OperatorConfigError, OperatorError, StateRestoreError
 from operators.joins import LatestValueJoin, Union, Unmatched
 from operators.keyed import KeyedAggregate
+from operators.process import KeyContext, KeyedProcess, KeyedProcessFunction
+from operators.session_windows import SESSION_END, SESSION_START, SessionWindowAggregate
+from operators.sliding_windows import SlidingWindowAggregate
 from operators.state import KeyedState, latest_per_key
 from operators.stateless import FilterRows, FlatMap, MapBatches, filter_rows, flat_map, map_batches, select, with_column
 from operators.windows import WINDOW_END, WINDOW_START, TumblingWindowAggregate
@@ -47,8 +52,16 @@ __all__ = [
     "max_",
     "KeyedAggregate",
     "TumblingWindowAggregate",
+    "SlidingWindowAggregate",
+    "SessionWindowAggregate",
     "WINDOW_START",
     "WINDOW_END",
+    "SESSION_START",
+    "SESSION_END",
+    # keyed state and event-time timers of one's own
+    "KeyedProcess",
+    "KeyedProcessFunction",
+    "KeyContext",
     # two inputs
     "Union",
     "LatestValueJoin",

@@ -31,6 +31,10 @@ Two optional parts, which the built-in operators have:
   event time.  The stage task calls it whenever the minimum over its
   event-time inputs moves on (docs/architecture.md, "Event time"); an
   operator never moves event time from the rows it sees.
+- ``watermark_hold()``: the earliest event time of rows the operator may
+  still emit (rows it buffers), or None.  The task tells downstream no more
+  than the smaller of its watermark and this hold, so buffered rows are
+  never late after it (a watermark hold, as Beam calls it).
 - ``state_keys``: the column that divides the state, per input name
   (``{None: "account"}`` for one input).  The pipeline check
   (``streaming.api.layout``) uses it to refuse layouts in which rows of one
@@ -108,6 +112,17 @@ class Stateless:
             raise StateRestoreError(f"{type(self).__name__} is stateless but was given tables {sorted(state)}")
 
 
+def _hold_of(operator: object) -> int | None:
+    hold = getattr(operator, "watermark_hold", None)
+    return hold() if callable(hold) else None
+
+
+def _held(watermark: int, before: tuple) -> int:
+    """``watermark``, held back by what the operators ``before`` buffer."""
+    holds = [h for h in (_hold_of(o) for o in before) if h is not None]
+    return min([watermark, *holds])
+
+
 def _is_operator(candidate: object) -> bool:
     return all(callable(getattr(candidate, name, None)) for name in ("process", "snapshot", "restore"))
 
@@ -161,14 +176,21 @@ class Chain:
 
     def on_watermark(self, watermark: int) -> pa.Table:
         """Advance every watermark-aware operator in order; what one releases
-        flows through the operators after it before they get the watermark."""
+        flows through the operators after it before they get the watermark,
+        which is held back by the rows the operators before them buffer."""
         outputs: list[pa.Table] = []
         for position, operator in enumerate(self.operators):
             if isinstance(operator, WatermarkAware):
-                released = operator.on_watermark(watermark)
+                held = _held(watermark, self.operators[:position])
+                released = operator.on_watermark(held)
                 self._collect(operator)
                 outputs.append(self._run(position + 1, released))
         return concat(outputs) if outputs else pa.table({})
+
+    def watermark_hold(self) -> int | None:
+        """The earliest event time any operator of the chain may still emit."""
+        holds = [h for h in (_hold_of(o) for o in self.operators) if h is not None]
+        return min(holds) if holds else None
 
     def snapshot(self) -> dict[str, pa.Table]:
         return {

@@ -104,6 +104,11 @@ class LatestValueJoin:
     ``EMIT_NULLS`` or ``DEAD_LETTER`` where that can happen).  Null keys on
     either side go to the dead letters (``null_key``).
 
+    On an event-time path give the left rows' ``time_column``: the join then
+    holds the watermark it passes downstream at the earliest buffered row
+    (``watermark_hold``), so a window after it never finds those rows late
+    when their key's right row comes.
+
     State: ``{"right": latest right row per key, "pending": buffered left rows}``."""
 
     RIGHT = "right"
@@ -118,10 +123,14 @@ class LatestValueJoin:
         right: str = "right",
         unmatched: Unmatched | str = Unmatched.BUFFER,
         right_suffix: str = "_right",
+        time_column: str | None = None,
         dead_letters: DeadLetters | None = None,
     ):
         name = type(self).__name__
         self.left_key = key_name(left_key, name)
+        if time_column is not None and not (isinstance(time_column, str) and time_column):
+            raise OperatorConfigError(f"{name}: time_column must be a column name or None, got {time_column!r}")
+        self.time_column = time_column
         self.right_key = key_name(right_key if right_key is not None else left_key, name)
         if not (isinstance(left, str) and isinstance(right, str) and left and right and left != right):
             raise OperatorConfigError(
@@ -151,6 +160,16 @@ class LatestValueJoin:
         """The latest right row per key."""
         return self._latest.table
 
+    def watermark_hold(self) -> int | None:
+        """The earliest event time (ms) of a buffered left row, with ``time_column``."""
+        if self.time_column is None or self._pending.num_rows == 0:
+            return None
+        times = self._pending[self.time_column]
+        if pa.types.is_timestamp(times.type):
+            times = times.cast(pa.timestamp("ms", times.type.tz)).cast(pa.int64())
+        earliest = pc.min(times).as_py()
+        return None if earliest is None else int(earliest)
+
     @property
     def pending(self) -> pa.Table:
         """Left rows waiting for their key's right row (``Unmatched.BUFFER``)."""
@@ -171,7 +190,7 @@ class LatestValueJoin:
                 out.append(joined.filter(matched))
         if self.left in batches:
             rows = batches[self.left]
-            require_columns(rows, [self.left_key], f"{name} (left input)")
+            require_columns(rows, [self.left_key, *filter(None, [self.time_column])], f"{name} (left input)")
             rows = split_null_keys(rows, self.left_key, self.dead_letters, name)
             joined, matched = self._join(rows)
             if self.unmatched is Unmatched.EMIT_NULLS:
@@ -201,6 +220,10 @@ class LatestValueJoin:
             )
         if pending[self.left_key].null_count:
             raise StateRestoreError(f"{name}: snapshot table 'pending' has null keys")
+        if pending.num_rows and self.time_column and self.time_column not in pending.column_names:
+            raise StateRestoreError(
+                f"{name}: snapshot table 'pending' lacks the time column {self.time_column!r} (has {pending.column_names})"
+            )
         if pending.num_rows and self.unmatched is not Unmatched.BUFFER:
             raise StateRestoreError(
                 f"{name}: snapshot has {pending.num_rows} buffered rows but unmatched={self.unmatched.value} never buffers"

@@ -38,11 +38,12 @@ from collections.abc import Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from operators import _time as et
 from operators import aggregations as agg
 from operators._arrow import expect_columns, expect_tables, require_columns
 from operators.aggregations import Aggregation
 from operators.dead_letters import DeadLetters, Reason
-from operators.errors import InputSchemaError, OperatorConfigError, StateRestoreError
+from operators.errors import OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
 from operators.rescale import MIN, RESCALE_METADATA
 from operators.state import KeyedState
@@ -51,32 +52,6 @@ __all__ = ["TumblingWindowAggregate", "WINDOW_START", "WINDOW_END"]
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
-
-_PER_MS = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-
-
-def _millis(value: int | dt.timedelta, argument: str, *, positive: bool) -> int:
-    if isinstance(value, dt.timedelta):
-        whole, rest = divmod(value, dt.timedelta(milliseconds=1))
-        if rest:
-            raise OperatorConfigError(f"TumblingWindowAggregate: {argument} must be whole milliseconds, got {value}")
-        value = whole
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise OperatorConfigError(
-            f"TumblingWindowAggregate: {argument} must be an int (ms) or a timedelta, got {value!r}"
-        )
-    if value < 0 or (positive and value == 0):
-        raise OperatorConfigError(
-            f"TumblingWindowAggregate: {argument} must be {'> 0' if positive else '>= 0'}, got {value}"
-        )
-    return value
-
-
-def _floor_div(values: pa.Array | pa.ChunkedArray, divisor: int) -> pa.Array | pa.ChunkedArray:
-    """Integer division rounding down (Arrow's rounds toward zero)."""
-    quotient = pc.divide(values, divisor)
-    return pc.if_else(pc.greater(pc.multiply(quotient, divisor), values), pc.subtract(quotient, 1), quotient)
 
 
 class TumblingWindowAggregate:
@@ -117,8 +92,8 @@ class TumblingWindowAggregate:
         if not (isinstance(time_column, str) and time_column):
             raise OperatorConfigError(f"{name}: time_column must be a non-empty column name, got {time_column!r}")
         self.time_column = time_column
-        self.size = _millis(size, "size", positive=True)
-        self.allowed_lateness = _millis(allowed_lateness, "allowed_lateness", positive=False)
+        self.size = et.millis(size, "size", name, positive=True)
+        self.allowed_lateness = et.millis(allowed_lateness, "allowed_lateness", name, positive=False)
         self.aggregations = agg.validate([self.key, WINDOW_START, WINDOW_END], aggregations, name)
         reserved = {WINDOW_START, WINDOW_END} & {self.key, *agg.input_columns(self.aggregations)}
         if reserved:
@@ -129,7 +104,7 @@ class TumblingWindowAggregate:
 
     @property
     def watermark(self) -> int | None:
-        """Milliseconds; None until the first on-time row or ``on_watermark``."""
+        """Milliseconds; None until the first ``on_watermark``."""
         return self._watermark
 
     @property
@@ -145,15 +120,11 @@ class TumblingWindowAggregate:
         name = type(self).__name__
         inputs = agg.input_columns(self.aggregations)
         require_columns(batch, [self.key, self.time_column, *inputs], name)
-        window_type = self._window_type(batch.schema.field(self.time_column).type)
+        window_type = et.bounds_type(batch.schema.field(self.time_column).type, self.time_column, name)
         batch = split_null_keys(batch, self.key, self.dead_letters, name)
-        times = batch[self.time_column]
-        if times.null_count:
-            self.dead_letters.add(batch.filter(pc.is_null(times)), Reason.NULL_EVENT_TIME, name)
-            batch = batch.filter(pc.is_valid(times))
-            times = batch[self.time_column]
-        millis = self._to_millis(times)
-        starts = pc.multiply(_floor_div(millis, self.size), self.size)
+        batch = et.null_times_out(batch, self.time_column, self.dead_letters, name)
+        millis = et.to_millis(batch[self.time_column])
+        starts = pc.multiply(et.floor_div(millis, self.size), self.size)
         if self._watermark is not None:
             late = pc.less_equal(pc.add(starts, self.size + self.allowed_lateness), self._watermark)
             self.dead_letters.add(batch.filter(late), Reason.LATE, name)
@@ -173,14 +144,7 @@ class TumblingWindowAggregate:
     def on_watermark(self, watermark: int | dt.datetime) -> pa.Table:
         """Move the watermark to ``watermark`` (ms, or a datetime; naive means
         UTC) if that is later, and return the windows that closes."""
-        if isinstance(watermark, dt.datetime):
-            moment = watermark if watermark.tzinfo else watermark.replace(tzinfo=dt.UTC)
-            watermark = (moment - _EPOCH) // dt.timedelta(milliseconds=1)
-        if isinstance(watermark, bool) or not isinstance(watermark, int):
-            raise OperatorConfigError(
-                f"{type(self).__name__}: watermark must be an int (ms) or a datetime, got {watermark!r}"
-            )
-        self._advance(watermark)
+        self._advance(et.watermark_millis(watermark, type(self).__name__))
         return self._close()
 
     def snapshot(self) -> dict[str, pa.Table]:
@@ -220,27 +184,10 @@ class TumblingWindowAggregate:
                 raise StateRestoreError(
                     f"{name}: snapshot holds windows that should have closed at watermark {watermark}"
                 )
-            if pc.any(pc.not_equal(pc.multiply(_floor_div(starts, self.size), self.size), starts)).as_py():
+            if pc.any(pc.not_equal(pc.multiply(et.floor_div(starts, self.size), self.size), starts)).as_py():
                 raise StateRestoreError(f"{name}: snapshot window starts are not multiples of size {self.size} ms")
         self._windows.restore(windows, self.WINDOWS)
         self._watermark = watermark
-
-    def _window_type(self, time_type: pa.DataType) -> pa.DataType:
-        if pa.types.is_integer(time_type):
-            return pa.int64()
-        if pa.types.is_timestamp(time_type):
-            return pa.timestamp("ms", time_type.tz)
-        raise InputSchemaError(
-            f"{type(self).__name__}: time column {self.time_column!r} is {time_type}; expected integer milliseconds or a timestamp"
-        )
-
-    @staticmethod
-    def _to_millis(times: pa.ChunkedArray) -> pa.ChunkedArray:
-        if pa.types.is_integer(times.type):
-            return times.cast(pa.int64())
-        units = times.cast(pa.int64())
-        per_ms = _PER_MS[times.type.unit]
-        return pc.multiply(units, 1000) if per_ms is None else _floor_div(units, per_ms) if per_ms > 1 else units
 
     def _advance(self, watermark: int) -> None:
         if self._watermark is None or watermark > self._watermark:

@@ -18,13 +18,24 @@ def test_the_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():
     assert [l for l in ci.splitlines() if l.strip() and not l.startswith("#")][-1].strip() == "make test"
 
 
-def test_the_pipeline_example_builds_and_is_valid(tmp_path):
-    code = re.search(r"```python\n(# orders\.py.*?)```", README, re.S).group(1)
-    path = tmp_path / "orders.py"
+def test_the_pipeline_example_is_the_orders_example_and_passes_the_check(tmp_path):
+    from examples import orders
+    from streaming.api.layout import check
+
+    code = re.search(r"## Writing a pipeline.*?```python\n(.*?)```", README, re.S).group(1)
+    path = tmp_path / "readme_orders.py"
     path.write_text(code)
-    spec = importlib.util.spec_from_file_location("orders", path)
+    spec = importlib.util.spec_from_file_location("readme_orders", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # the __main__ part does not run
-    pipeline = module.orders()
-    assert [t.name for t in pipeline.tasks()] == ["valid-0", "valid-1", "totals-0"]
-    assert pipeline.internal_topics() == {"spark-abs.orders.valid": 2}
+    spec.loader.exec_module(module)
+    shown, real = module.pipeline(), orders.pipeline()
+    check(shown)
+
+    def shape(pipeline):
+        return (
+            pipeline.ingress,
+            [(s.name, s.inputs, s.parallelism, s.key, s.sink, repr(s.operator())) for s in pipeline.stages],
+        )
+
+    assert shape(shown) == shape(real)
+    assert [t.name for t in shown.tasks()][:2] == ["valid-orders-0", "valid-orders-1"]

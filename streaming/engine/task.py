@@ -311,7 +311,7 @@ class StageTask:
             self.quarantine.record(channel, rows.slice(index, 1), reason)
         # outputs of this segment carry the watermark from before it: no record
         # of the segment is older than that
-        watermark = self.watermark
+        watermark = self.downstream_watermark
         if decoded.table.num_rows:
             batch = decoded.table
             try:
@@ -340,12 +340,22 @@ class StageTask:
         None before the first, and in a task without event time)."""
         return self.watermarks.current
 
+    @property
+    def downstream_watermark(self) -> int | None:
+        """What the task tells downstream: its watermark, held back by the
+        rows its operator buffers (``watermark_hold``)."""
+        watermark = self.watermarks.current
+        hold = getattr(self.operator, "watermark_hold", None)
+        held = hold() if callable(hold) and watermark is not None else None
+        return watermark if held is None else min(watermark, held)
+
     def _watermark_moved(self, channel: ChannelId) -> None:
         """When the task's watermark moved on, the operator follows it (a
         window closes, a timer fires) and what that releases goes on."""
         moved = self.watermarks.update(self._inputs)
         if moved is not None and isinstance(self.operator, WatermarkAware):
-            self.output.emit(self.operator.on_watermark(moved), moved)
+            released = self.operator.on_watermark(moved)
+            self.output.emit(released, self.downstream_watermark)
             self.quarantine.from_operator(channel, self.operator)
 
     def _forward_watermark(self) -> None:
@@ -354,7 +364,7 @@ class StageTask:
         windows close even where no row goes."""
         if not self.spec.outputs:
             return
-        unsent = self.watermarks.take_unsent(self._inputs)
+        unsent = self.watermarks.take_unsent(self._inputs, self.downstream_watermark)
         if unsent is not None:
             self.output.watermark(*unsent)
 

@@ -192,11 +192,11 @@ class WatermarkTracker:
         self._watermark = low
         return low
 
-    def take_unsent(self, inputs: Iterable[ChannelId]) -> tuple[int | None, bool] | None:
-        """What to tell downstream, when it changed since the last call: the
-        task's watermark and whether the task is idle; else None."""
+    def take_unsent(self, inputs: Iterable[ChannelId], watermark: int | None) -> tuple[int | None, bool] | None:
+        """What to tell downstream, when it changed since the last call:
+        ``watermark`` (the task's, held back by what its operator buffers)
+        and whether the task is idle; else None."""
         _, idle = self._active(inputs)
-        watermark = self._watermark
         moved = watermark is not None and watermark > self._sent
         if not moved and idle == self._sent_idle:
             return None

@@ -183,3 +183,32 @@ def test_end_of_input_closes_every_window():
     task.process_batch(pa.concat_tables(ends))
     assert task.watermark == MAX_WATERMARK
     assert closed(task) == [("a", 0, 1), ("b", 900, 1)]
+
+
+def test_a_join_holds_the_watermark_it_passes_on_at_its_earliest_buffered_row():
+    customers = pa.schema([("account", pa.string()), ("country", pa.string())])
+    join = lambda: LatestValueJoin("account", left="orders", right="customers", time_column="ts")  # noqa: E731
+    pipeline = Pipeline(
+        "job",
+        (Ingress("orders", 1, ORDERS, event_time="ts"), Ingress("customers", 1, customers)),
+        (
+            Stage("enrich", ("orders", "customers"), join, key="country"),
+            Stage("w", ("enrich",), lambda: TumblingWindowAggregate("country", "ts", 100, {"n": count()}), sink=Sink()),
+        ),
+    )
+    task, io = make_task(pipeline, "enrich-0")
+    task.process_batch(batch(*[("orders", 0, i, {"account": "a", "amount": 1, "ts": 40 + i * 50}) for i in range(6)]))
+    assert task.watermark == 290 and task.downstream_watermark == 40  # a's orders wait for their customer
+    assert io.watermarks == [(ChannelId("spark-abs.job.enrich", 0), 40)]
+    task.process_batch(batch(("customers", 0, 0, {"account": "a", "country": "fr"})))
+    assert task.downstream_watermark == 290
+    assert [h.get("abs.wm") for _, _, h in io.sent] == [b"40"] * 6  # released with the watermark they were held at
+    assert io.watermarks[-1] == (ChannelId("spark-abs.job.enrich", 0), 290)
+    # downstream, none of them is late
+    down, down_io = make_task(pipeline, "w-0", sink=True)
+    down.process_batch(forward(io, "spark-abs.job.enrich", 0))
+    assert down_io.dead == [] and closed_by_country(down) == [("fr", 0, 2), ("fr", 100, 2)]
+
+
+def closed_by_country(task) -> list[tuple]:
+    return [(r["country"], r["window_start"], r["n"]) for t in task.output.epoch_rows for r in t.to_pylist()]

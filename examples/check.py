@@ -1,0 +1,122 @@
+"""An example run against its reference: its input produced (and ended),
+its committed output read back, and the same output computed independently
+in batch by Spark SQL from the same ingress topics, compared row by row.
+
+The reference never uses the pipeline's operators: each ingress topic is
+read with Spark's Kafka source, its JSON decoded with the ingress schema,
+and registered as a view named after the topic's last part (``orders`` for
+``<job>.orders``); the example's SQL does the rest."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+
+import pandas as pd
+import pyarrow as pa
+
+from streaming.api.pipeline import Pipeline
+from streaming.api.producing import end_input
+
+__all__ = ["produce", "reference", "committed", "differences", "spark_ddl"]
+
+_SPARK_TYPES = {
+    pa.int64(): "BIGINT",
+    pa.int32(): "INT",
+    pa.string(): "STRING",
+    pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
+}
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """``schema`` as Spark's DDL (``id BIGINT, name STRING``)."""
+    return ", ".join(f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in schema)
+
+
+def produce(bootstrap: str, records: Iterable[tuple[str, int, bytes]], *, end: Pipeline | None = None) -> int:
+    """Send ``records`` (topic, partition, value) in order; with ``end``, then
+    end the input of every partition of that pipeline's ingress topics."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    sent = 0
+    try:
+        for topic, partition, value in records:
+            producer.send(topic, value=value, partition=partition)
+            sent += 1
+        if end is not None:
+            for ingress in end.ingress:
+                end_input(producer, ingress.topic, ingress.partitions)
+        producer.flush(60)
+    finally:
+        producer.close()
+    return sent
+
+
+def reference(spark, pipeline: Pipeline, sql: str, bootstrap: str) -> pd.DataFrame:
+    """The example's ``sql`` over views of its ingress topics, read in batch."""
+    from pyspark.sql import functions as F
+
+    for ingress in pipeline.ingress:
+        raw = (
+            spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", ingress.topic)
+            .option("startingOffsets", "earliest")
+            .option("endingOffsets", "latest")
+            .load()
+        )
+        # barriers and watermark records are header-only records with an empty value
+        decoded = raw.where(F.length("value") > 0).select(
+            F.from_json(F.col("value").cast("string"), spark_ddl(ingress.schema)).alias("r")
+        )
+        view = ingress.topic.removeprefix(f"{pipeline.job}.")
+        decoded.select("r.*").createOrReplaceTempView(f"`{view}`")
+    return spark.sql(sql).toPandas()
+
+
+def committed(bootstrap: str, topic: str) -> pd.DataFrame:
+    """The rows a Kafka sink committed to ``topic`` (read_committed)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        consumer_timeout_ms=3000,
+    )
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(partitions)
+        for tp in partitions:
+            consumer.seek_to_beginning(tp)
+        return pd.DataFrame([json.loads(r.value) for r in consumer])
+    finally:
+        consumer.close()
+
+
+def differences(output: pd.DataFrame, expected: pd.DataFrame, keys: Sequence[str], *, limit: int = 10) -> list[str]:
+    """Where ``output`` and ``expected`` differ, by key: a row missing, one
+    too many, a value unlike the reference's, a key written twice."""
+    keys = list(keys)
+    found: list[str] = []
+    if output.empty:
+        return [f"no output at all; the reference has {len(expected)} rows"] if len(expected) else []
+    twice = output[output.duplicated(keys, keep=False)]
+    found += [
+        f"written more than once: {dict(zip(keys, k))}" for k in twice[keys].drop_duplicates().itertuples(index=False)
+    ]
+    columns = [c for c in expected.columns if c not in keys]
+    merged = output.drop_duplicates(keys).merge(expected, on=keys, how="outer", suffixes=("", "_ref"), indicator=True)
+    for row in merged.to_dict("records"):
+        where = {k: row[k] for k in keys}
+        if row["_merge"] == "right_only":
+            found.append(f"missing: {where} (reference: { ({c: row[c + '_ref'] for c in columns}) })")
+        elif row["_merge"] == "left_only":
+            found.append(f"not in the reference: {where} { ({c: row[c] for c in columns}) }")
+        else:
+            unlike = {c: (row[c], row[c + "_ref"]) for c in columns if row[c] != row[c + "_ref"]}
+            if unlike:
+                found.append(f"differs at {where}: " + ", ".join(f"{c} {a} != {b}" for c, (a, b) in unlike.items()))
+    return found[:limit] + ([f"... and {len(found) - limit} more"] if len(found) > limit else [])
