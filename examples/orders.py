@@ -3,7 +3,7 @@
 
 ::
 
-    <job>.orders     (2 partitions, event time ts) ─► valid-orders (2 tasks, by customer) ─┐
+    <job>.orders     (3 partitions, event time ts) ─► valid-orders (2 tasks, by customer) ─┐
                                                                                           ├─► enriched-orders (2 tasks, by country)
     <job>.customers  (1 partition, a table)        ─► customers-by-id (1 task, by id) ────┘        │
                                                                                                    ▼
@@ -13,7 +13,9 @@ What it shows: a stream-table join whose table side carries no event time
 (it holds no window back), routed by the join key so that every task of the
 join sees the customers of its orders; the join holding the watermark at
 its earliest buffered order (``time_column``), so an order that waits for
-its customer is never late for the window after it.
+its customer is never late for the window after it; and an idle partition
+(no producer writes to partition 2 of the orders) that stops holding the
+windows back after ``idle_timeout``.
 
 Run it on the local runtime (``spark-abs local up``)::
 
@@ -44,7 +46,8 @@ def pipeline(job: str = "orders-by-country") -> Pipeline:
     return Pipeline(
         job,
         (
-            Ingress(orders, 2, ORDERS, event_time="ts", max_out_of_orderness=1_000),
+            # partition 2 has no producer: 3 s after the job starts it stops holding event time back
+            Ingress(orders, 3, ORDERS, event_time="ts", max_out_of_orderness=1_000, idle_timeout=3_000),
             Ingress(customers, 1, CUSTOMERS),
         ),
         (
@@ -80,7 +83,8 @@ def pipeline(job: str = "orders-by-country") -> Pipeline:
 def records(job: str = "orders-by-country", *, orders: int = 4_000, seed: int = 1) -> list[tuple[str, int, bytes]]:
     """The input, in the order it is produced: (topic, partition, JSON value).
     The customer table comes first; orders follow, 25 ms of event time apart,
-    order i on partition i mod 2 (event-time order within a partition),
+    order i on partition i mod 2 (event-time order within a partition;
+    partition 2 gets nothing),
     a few with amounts that are not positive (filtered out)."""
     rng = random.Random(seed)
     customers = [{"id": f"c{i:03d}", "name": f"customer {i}", "country": rng.choice(COUNTRIES)} for i in range(120)]

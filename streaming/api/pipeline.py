@@ -83,7 +83,10 @@ class Ingress:
       or a ``timedelta``, wall clock) stops holding the watermark back, and
       takes part again when records come (Flink's ``withIdleness``).  None:
       a silent partition holds event time back until it speaks or ends
-      (``streaming.end_input``).
+      (``streaming.end_input``).  As in Flink it is a trade: when every
+      partition a task reads pauses longer than this, the records after the
+      pause may find event time moved on by other tasks and be late, so
+      choose it above the pauses your producers make.
     - ``key``: the column producers partition the topic by (records of one
       key always in one partition).  Only then may a stateful stage with
       several tasks read the topic directly (each task reads whole

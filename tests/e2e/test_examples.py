@@ -7,6 +7,7 @@ letters (no row late, none lost)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -28,6 +29,12 @@ MODES = {"aligned": {}, "unaligned": {"mode": "unaligned"}}
 KILLED = "enriched-orders-1"
 
 
+def _feed(bootstrap: str, records: list, chunk: int, pause_s: float) -> None:
+    for start in range(0, len(records), chunk):
+        check.produce(bootstrap, records[start : start + chunk])
+        time.sleep(pause_s)
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
     connection, spark, unique_name, mode, lines, tmp_path
@@ -47,23 +54,31 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
         "examples:combined", settings, connection, job=job, worker_env={faults.FILE_ENV: str(fault_file)}
     )
     records = examples.combined_records(job)
-    third = len(records) // 3
     deadline = time.monotonic() + 300
+    # the input comes as producers send it, a chunk every half second, while the job runs and dies
+    feed = threading.Thread(target=_feed, args=(bootstrap, records, 100, 0.5), daemon=True)
+    windows = f"{job}.country-totals"
     try:
         runner.prepare()
-        check.produce(bootstrap, records[:third])
+        feed.start()
         runner.start()
         while not any(r.completed_at for r in runner.checkpoints()) and time.monotonic() < deadline:
             runner.step()
         faults.arm(str(fault_file), [f"{KILLED}:mid_batch:*:0"])
-        check.produce(bootstrap, records[third : 2 * third])
         while not runner.restores and time.monotonic() < deadline:
             runner.step()
-        check.produce(bootstrap, records[2 * third :], end=runner.pipeline)
+        # before any input ends, windows close: the quiet orders partition and the table hold nothing back
+        while check.committed(bootstrap, windows).empty and time.monotonic() < deadline:
+            for _ in range(20):
+                runner.step()
+        early = len(check.committed(bootstrap, windows))
+        feed.join(max(1.0, deadline - time.monotonic()))
+        check.produce(bootstrap, [], end=runner.pipeline)
         run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
     finally:
         runner.close()
     log = "\n".join(lines[-40:])
+    assert early > 0, f"no window was committed before the end of the input\n{log}"
     assert [(r.generation, r.checkpoint_id > 0) for r in runner.restores] == [(1, True)], f"{runner.restores}\n{log}"
     dead = sum(end_offsets(bootstrap, dead_letter_topic_name(job), 1).values())
     assert dead == 0, f"{dead} dead letters (late or malformed rows)\n{log}"
