@@ -7,6 +7,11 @@ reference computed independently in batch by Spark SQL (``examples.check``):
 - ``examples.clickstream``: each user's clicks in 30-second session
   windows, keyed state read straight from an ingress topic its producers
   partition by user.
+- ``examples.payments``: payments joined with their card authorisation
+  within five minutes (an interval join, left outer), two ingress topics
+  co-partitioned by the join key.
+- ``examples.devices``: device events deduplicated within a minute (resent
+  events counted once) and counted per device and minute.
 
 Each module has ``pipeline(job)``, ``records(job)`` (its input, in the
 order it is produced), ``REFERENCE`` (the Spark SQL) and ``KEYS`` (the
@@ -23,7 +28,7 @@ from streaming.api.pipeline import Pipeline
 
 __all__ = ["NAMES", "example", "combined", "combined_records"]
 
-NAMES = ("orders", "clickstream")
+NAMES = ("orders", "clickstream", "payments", "devices")
 
 
 def example(name: str) -> ModuleType:

@@ -116,7 +116,14 @@ def differences(output: pd.DataFrame, expected: pd.DataFrame, keys: Sequence[str
         elif row["_merge"] == "left_only":
             found.append(f"not in the reference: {where} { ({c: row[c] for c in columns}) }")
         else:
-            unlike = {c: (row[c], row[c + "_ref"]) for c in columns if row[c] != row[c + "_ref"]}
+            unlike = {c: (row[c], row[c + "_ref"]) for c in columns if not _same(row[c], row[c + "_ref"])}
             if unlike:
                 found.append(f"differs at {where}: " + ", ".join(f"{c} {a} != {b}" for c, (a, b) in unlike.items()))
     return found[:limit] + ([f"... and {len(found) - limit} more"] if len(found) > limit else [])
+
+
+def _same(a, b) -> bool:
+    """Equal, or both null (a JSON null and Spark's null both read as NaN or None)."""
+    if pd.isna(a) or pd.isna(b):
+        return bool(pd.isna(a) and pd.isna(b))
+    return a == b

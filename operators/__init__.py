@@ -12,7 +12,9 @@ from operators._arrow import require_columns, row_index
 from operators.aggregations import AggregateFunction, Aggregation, count, max_, min_, sum_
 from operators.base import Chain, MultiInputOperator, Operator, Stateless, WatermarkAware
 from operators.dead_letters import DeadLetter, DeadLetterBatch, DeadLetters, Reason
+from operators.dedup import Deduplicate
 from operators.errors import InputSchemaError, OperatorConfigError, OperatorError, StateRestoreError
+from operators.interval_join import IntervalJoin
 from operators.joins import LatestValueJoin, Union, Unmatched
 from operators.keyed import KeyedAggregate
 from operators.process import KeyContext, KeyedProcess, KeyedProcessFunction
@@ -51,6 +53,7 @@ __all__ = [
     "min_",
     "max_",
     "KeyedAggregate",
+    "Deduplicate",
     "TumblingWindowAggregate",
     "SlidingWindowAggregate",
     "SessionWindowAggregate",
@@ -66,6 +69,7 @@ __all__ = [
     "Union",
     "LatestValueJoin",
     "Unmatched",
+    "IntervalJoin",
     # dead letters and errors
     "DeadLetters",
     "DeadLetter",

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.acero as acero
 import pyarrow.compute as pc
 
-from operators.errors import InputSchemaError, StateRestoreError
+from operators.errors import InputSchemaError, OperatorError, StateRestoreError
 
 __all__ = [
     "require_columns",
@@ -21,6 +21,7 @@ __all__ = [
     "evaluate",
     "plain",
     "row_index",
+    "check_inputs",
 ]
 
 
@@ -127,3 +128,16 @@ def plain(column: pa.ChunkedArray) -> pa.ChunkedArray:
 def row_index(n: int) -> pa.Array:
     """0, 1, ..., n-1 as int64."""
     return pc.subtract(pc.cumulative_sum(pa.nulls(n, pa.int64()).fill_null(1)), 1)
+
+
+def check_inputs(operator: str, inputs: tuple[str, ...], batches: Mapping[str, pa.Table]) -> None:
+    """OperatorError unless ``batches`` maps some of ``inputs`` to tables (a multi-input ``process``)."""
+    if not isinstance(batches, Mapping):
+        raise OperatorError(
+            f"{operator}: process() takes a mapping of input name to table, got {type(batches).__name__}"
+        )
+    for name, table in batches.items():
+        if name not in inputs:
+            raise OperatorError(f"{operator}: unknown input {name!r} (inputs: {', '.join(inputs)})")
+        if not isinstance(table, pa.Table):
+            raise OperatorError(f"{operator}: input {name!r} is a {type(table).__name__}, not a pyarrow.Table")

@@ -12,27 +12,15 @@ from enum import StrEnum
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators._arrow import concat, expect_tables, require_columns, storable
+from operators._arrow import check_inputs, concat, expect_tables, require_columns, storable
 from operators.base import Stateless
 from operators.dead_letters import DeadLetters, Reason
-from operators.errors import InputSchemaError, OperatorConfigError, OperatorError, StateRestoreError
+from operators.errors import InputSchemaError, OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
 from operators.rescale import RESCALE_METADATA, rows_by
 from operators.state import KeyedState, latest_per_key
 
 __all__ = ["Union", "LatestValueJoin", "Unmatched"]
-
-
-def _check_inputs(operator: str, inputs: tuple[str, ...], batches: Mapping[str, pa.Table]) -> None:
-    if not isinstance(batches, Mapping):
-        raise OperatorError(
-            f"{operator}: process() takes a mapping of input name to table, got {type(batches).__name__}"
-        )
-    for name, table in batches.items():
-        if name not in inputs:
-            raise OperatorError(f"{operator}: unknown input {name!r} (inputs: {', '.join(inputs)})")
-        if not isinstance(table, pa.Table):
-            raise OperatorError(f"{operator}: input {name!r} is a {type(table).__name__}, not a pyarrow.Table")
 
 
 class Union(Stateless):
@@ -54,7 +42,7 @@ class Union(Stateless):
         self.tag_column = tag_column
 
     def process(self, batches: Mapping[str, pa.Table]) -> pa.Table:  # type: ignore[override]
-        _check_inputs("Union", self.inputs, batches)
+        check_inputs("Union", self.inputs, batches)
         tables = [self._tagged(name, batches[name]) for name in self.inputs if name in batches]
         if not tables:
             return pa.table({self.tag_column: pa.array([], pa.string())}) if self.tag_column else pa.table({})
@@ -177,7 +165,7 @@ class LatestValueJoin:
 
     def process(self, batches: Mapping[str, pa.Table]) -> pa.Table:
         name = type(self).__name__
-        _check_inputs(name, self.inputs, batches)
+        check_inputs(name, self.inputs, batches)
         out: list[pa.Table] = []
         if self.right in batches:
             rows = batches[self.right]

@@ -79,9 +79,11 @@ class Ingress:
       partition a record may still come (ms or a ``timedelta``); a
       partition's watermark is its highest event time minus this.  A record
       further behind is late wherever its window already closed.
-    - ``idle_timeout``: a partition that brings no record for this long (ms
-      or a ``timedelta``, wall clock) stops holding the watermark back, and
-      takes part again when records come (Flink's ``withIdleness``).  None:
+    - ``idle_timeout``: a partition that brought no record for this long (ms
+      or a ``timedelta``, wall clock) stops holding the watermark back once
+      a micro-batch comes without its records (Kafka had none: a slow batch
+      is not silence), and takes part again when records come (Flink's
+      ``withIdleness``).  None:
       a silent partition holds event time back until it speaks or ends
       (``streaming.end_input``).  As in Flink it is a trade: when every
       partition a task reads pauses longer than this, the records after the

@@ -216,7 +216,7 @@ class StageTask:
     def process_batch(self, table: pa.Table, batch_id: int = -1) -> None:
         """One micro-batch, ordered by channel and offset (``ChannelQuery`` order)."""
         with self._lock:
-            self.watermarks.arrived(self.gate.add(table))
+            self.watermarks.batch(self.gate.add(table))
             self.gate.drain(self.handler.is_blocked, self._handle, self._between_segments)
             self._follow_event_time()
 

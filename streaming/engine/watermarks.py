@@ -14,10 +14,12 @@ Each channel's watermark:
 - internal: the ``abs.wm`` header of its records, the watermark of the task
   that wrote them (a header-only watermark record where no row goes).
 
-Idleness: an ingress channel that brought no record for its topic's
-``idle_timeout`` is idle; an internal channel is idle from a watermark
-record of its writer that says so (``abs.idle``) to its next record.  Idle
-channels are left out of the minimum.
+Idleness: an ingress channel is idle once a micro-batch of the task comes
+without its records after it brought none for its topic's ``idle_timeout``
+(the batch shows that Kafka had none to give: a slow batch is not
+silence), until its next record; an internal channel is idle from a
+watermark record of its writer that says so (``abs.idle``) to its next
+record.  Idle channels are left out of the minimum.
 
 The task's watermark is the minimum over its active event-time inputs; it
 never goes back, stays where it is while an active input has none yet and
@@ -118,6 +120,7 @@ class WatermarkTracker:
         now = clock()
         self._last_seen = {c: now for c in self._inputs}
         self._said_idle: set[ChannelId] = set()
+        self._timed_out: set[ChannelId] = set()
         self._watermark: int | None = None
         self._sent = _NEVER_SENT
         self._sent_idle = False
@@ -132,13 +135,21 @@ class WatermarkTracker:
         """The task's watermark (None before its first)."""
         return self._watermark
 
-    def arrived(self, channels: Iterable[ChannelId]) -> None:
-        """Records (not barriers) came on ``channels``: an idle ingress
-        channel among them holds event time back again from now on."""
+    def batch(self, brought: Iterable[ChannelId]) -> None:
+        """A micro-batch came, with records (not barriers) on ``brought``: an
+        idle ingress channel among them holds event time back again, and an
+        ingress channel not among them that brought none for its
+        ``idle_timeout`` is idle from now on."""
         now = self._clock()
-        for channel in channels:
-            if channel in self._last_seen:
+        brought = set(brought)
+        for channel, source in self._inputs.items():
+            if source.column is None:
+                continue
+            if channel in brought:
                 self._last_seen[channel] = now
+                self._timed_out.discard(channel)
+            elif source.idle_timeout_s is not None and now - self._last_seen[channel] >= source.idle_timeout_s:
+                self._timed_out.add(channel)
 
     def observe(self, channel: ChannelId, rows: pa.Table, decoded: pa.Table | None) -> None:
         """Take what the processed ``rows`` of ``channel`` say about event
@@ -164,20 +175,14 @@ class WatermarkTracker:
         if latest is not None and latest > self._by_channel.get(channel, latest - 1):
             self._by_channel[channel] = latest
 
-    def idle(self, channel: ChannelId, now: float | None = None) -> bool:
-        source = self._inputs[channel]
-        if source.column is None:
-            return channel in self._said_idle
-        if source.idle_timeout_s is None:
-            return False
-        return (self._clock() if now is None else now) - self._last_seen[channel] >= source.idle_timeout_s
+    def idle(self, channel: ChannelId) -> bool:
+        return channel in self._said_idle or channel in self._timed_out
 
     def _active(self, inputs: Iterable[ChannelId]) -> tuple[list[ChannelId], bool]:
         """The active event-time channels among ``inputs``, and whether every
         event-time channel among them is idle (there being one)."""
-        now = self._clock()
         timed = [c for c in inputs if c in self._inputs]
-        active = [c for c in timed if not self.idle(c, now)]
+        active = [c for c in timed if not self.idle(c)]
         return active, bool(timed) and not active
 
     def update(self, inputs: Iterable[ChannelId]) -> int | None:

@@ -30,9 +30,17 @@ KILLED = "enriched-orders-1"
 
 
 def _feed(bootstrap: str, records: list, chunk: int, pause_s: float) -> None:
-    for start in range(0, len(records), chunk):
-        check.produce(bootstrap, records[start : start + chunk])
-        time.sleep(pause_s)
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    try:
+        for start in range(0, len(records), chunk):
+            for topic, partition, value in records[start : start + chunk]:
+                producer.send(topic, value=value, partition=partition)
+            producer.flush(60)
+            time.sleep(pause_s)
+    finally:
+        producer.close()
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -56,7 +64,7 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
     records = examples.combined_records(job)
     deadline = time.monotonic() + 300
     # the input comes as producers send it, a chunk every half second, while the job runs and dies
-    feed = threading.Thread(target=_feed, args=(bootstrap, records, 100, 0.5), daemon=True)
+    feed = threading.Thread(target=_feed, args=(bootstrap, records, 250, 0.5), daemon=True)
     windows = f"{job}.country-totals"
     try:
         runner.prepare()

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from task_cases import batch, make_task
 
-from barriers.messages import ChannelId
+from barriers.messages import Barrier, ChannelId
 from operators import Chain, LatestValueJoin, TumblingWindowAggregate, count, filter_rows, sum_
 from streaming import end_input
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
@@ -125,19 +125,20 @@ def test_an_idle_partition_stops_holding_event_time_back_and_takes_part_again():
     clock.now = 0.5
     task.process_batch(batch(*[("in", 0, i, {"account": "a", "amount": 1, "ts": i * 50}) for i in range(5)]))
     clock.now = 0.9
-    task.tick()
+    task.process_batch(batch(("in", 0, 5, {"account": "a", "amount": 1, "ts": 210})))
     assert closed(task) == [] and task.watermark is None  # partition 1 may still speak
     clock.now = 1.0
-    task.tick()  # partition 1 brought nothing for a second: idle
-    assert task.watermark == 200 and closed(task) == [("a", 0, 2), ("a", 100, 2)]
-    task.process_batch(batch(("in", 1, 0, {"account": "b", "amount": 1, "ts": 210})))  # it speaks again
-    task.process_batch(batch(*[("in", 0, i, {"account": "a", "amount": 1, "ts": i * 50}) for i in range(5, 9)]))
-    assert task.watermark == 210  # held by partition 1 again
+    # a batch comes without partition 1's records, a second after the task started: it is idle
+    task.process_batch(batch(("in", 0, 6, {"account": "a", "amount": 1, "ts": 220})))
+    assert task.watermark == 220 and closed(task) == [("a", 0, 2), ("a", 100, 2)]
+    task.process_batch(batch(("in", 1, 0, {"account": "b", "amount": 1, "ts": 230})))  # it speaks again
+    task.process_batch(batch(*[("in", 0, i, {"account": "a", "amount": 1, "ts": i * 50}) for i in range(7, 11)]))
+    assert task.watermark == 230  # held by partition 1 again
     clock.now = 5.0
     task.tick()
-    assert task.watermark == 210  # every partition idle: event time stays where it is
-    task.process_batch(batch(("in", 0, 9, {"account": "a", "amount": 1, "ts": 450})))
-    assert task.watermark == 450  # partition 1 idle again
+    assert task.watermark == 230  # the clock alone makes nothing idle: a slow batch is not silence
+    task.process_batch(batch(("in", 0, 11, {"account": "a", "amount": 1, "ts": 550})))
+    assert task.watermark == 550  # this batch came without partition 1's records: idle again
 
 
 def test_a_task_whose_inputs_are_all_idle_says_so_and_holds_nothing_back_downstream():
@@ -149,6 +150,8 @@ def test_a_task_whose_inputs_are_all_idle_says_so_and_holds_nothing_back_downstr
     clock.now = 1.0
     busy.process_batch(batch(("in", 0, 5, {"account": "a", "amount": 1, "ts": 250})))
     quiet.tick()
+    assert quiet_io.idle == []  # no batch has come without its records yet
+    quiet.process_batch(batch(("in", 1, 0, Barrier(1, job="job"))))  # a barrier is not a record
     assert quiet_io.idle == [(ChannelId("spark-abs.job.pass", 1), None)] and busy_io.idle == []
     down, _ = make_task(pipeline, "w-0", sink=True, clock=clock)
     topic = "spark-abs.job.pass"
