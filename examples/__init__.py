@@ -11,7 +11,10 @@ reference computed independently in batch by Spark SQL (``examples.check``):
   within five minutes (an interval join, left outer), two ingress topics
   co-partitioned by the join key.
 - ``examples.devices``: device events deduplicated within a minute (resent
-  events counted once) and counted per device and minute.
+  events counted once) and counted per device in one-minute windows
+  sliding by 20 seconds.
+- ``examples.carts``: abandoned shopping carts, keyed state with event-time
+  timers written by hand (``KeyedProcess``).
 
 Each module has ``pipeline(job)``, ``records(job)`` (its input, in the
 order it is produced), ``REFERENCE`` (the Spark SQL) and ``KEYS`` (the
@@ -28,7 +31,7 @@ from streaming.api.pipeline import Pipeline
 
 __all__ = ["NAMES", "example", "combined", "combined_records"]
 
-NAMES = ("orders", "clickstream", "payments", "devices")
+NAMES = ("orders", "clickstream", "payments", "devices", "carts")
 
 
 def example(name: str) -> ModuleType:

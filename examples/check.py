@@ -84,7 +84,7 @@ def committed(bootstrap: str, topic: str) -> pd.DataFrame:
         bootstrap_servers=bootstrap,
         isolation_level="read_committed",
         enable_auto_commit=False,
-        consumer_timeout_ms=3000,
+        consumer_timeout_ms=1500,
     )
     try:
         partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]

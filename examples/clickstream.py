@@ -61,7 +61,7 @@ def partition_of(user: str, partitions: int = 2) -> int:
     return zlib.crc32(user.encode()) % partitions
 
 
-def records(job: str = "clickstream", *, users: int = 60, seed: int = 3) -> list[tuple[str, int, bytes]]:
+def records(job: str = "clickstream", *, users: int = 40, seed: int = 3) -> list[tuple[str, int, bytes]]:
     """Clicks of ``users`` users over about ten minutes of event time, in
     event-time order: within a session clicks come 0.5 to 25 s apart,
     between two sessions 45 s to 3 min (never exactly the gap)."""

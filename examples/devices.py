@@ -1,18 +1,18 @@
-"""Device events deduplicated and counted per device and minute: devices
-send again what they are not sure arrived (the same event, seconds later),
-and each event must count once.
+"""Device events deduplicated and counted per device over the last minute,
+every twenty seconds: devices send again what they are not sure arrived
+(the same event, seconds later), and each event must count once.
 
 ::
 
     <job>.events (2 partitions, event time ts) ─► events-by-id (2 tasks, by event_id)
         ─► unique-events (2 tasks, Deduplicate within 1 min, by device)
-        ─► device-minutes (1-minute windows per device) ─► Kafka topic <job>.device-minutes
+        ─► device-minutes (1-minute windows sliding by 20 s, per device) ─► Kafka topic <job>.device-minutes
 
 What it shows: deduplication within a watermark (Spark's
 ``dropDuplicatesWithinWatermark``), fed by a stage that routes by the event
-id so that every copy of an event meets in one task; records out of order
-within the ingress's declared bound (a resent event is up to 4 s behind),
-never late.
+id so that every copy of an event meets in one task; sliding windows
+(Spark's ``window(ts, size, slide)``); records out of order within the
+ingress's declared bound (a resent event is up to 4 s behind), never late.
 
 Run it on the local runtime (``spark-abs local up``)::
 
@@ -26,7 +26,7 @@ import random
 
 import pyarrow as pa
 
-from operators import Deduplicate, TumblingWindowAggregate, count, select, sum_
+from operators import Deduplicate, SlidingWindowAggregate, count, select, sum_
 from streaming import Ingress, Pipeline, Sink, Stage
 
 __all__ = ["EVENTS", "pipeline", "records", "REFERENCE", "KEYS"]
@@ -41,6 +41,7 @@ EVENTS = pa.schema(
     ]
 )
 MINUTE_MS = 60_000
+SLIDE_MS = 20_000
 
 
 def pipeline(job: str = "device-events") -> Pipeline:
@@ -66,14 +67,16 @@ def pipeline(job: str = "device-events") -> Pipeline:
             Stage(
                 "device-minutes",
                 ("unique-events",),
-                lambda: TumblingWindowAggregate("device", "ts", MINUTE_MS, {"events": count(), "total": sum_("value")}),
+                lambda: SlidingWindowAggregate(
+                    "device", "ts", MINUTE_MS, SLIDE_MS, {"events": count(), "total": sum_("value")}
+                ),
                 sink=Sink("kafka", f"{job}.device-minutes"),
             ),
         ),
     )
 
 
-def records(job: str = "device-events", *, events: int = 4_000, seed: int = 9) -> list[tuple[str, int, bytes]]:
+def records(job: str = "device-events", *, events: int = 2_500, seed: int = 9) -> list[tuple[str, int, bytes]]:
     """Events of 25 devices, 50 ms of event time apart, spread over two
     partitions; one in eight is sent again 1 to 4 s later on its partition
     (the same record: its event time is the original's)."""
@@ -104,14 +107,15 @@ def records(job: str = "device-events", *, events: int = 4_000, seed: int = 9) -
     return [(topic, p, json.dumps(row).encode()) for _, p, _, row in sent]
 
 
-# the output, computed in batch from the same topic: every event once, per device and minute
+# the output, computed in batch from the same topic: every event once, per device and sliding minute
 REFERENCE = f"""
 SELECT device,
-       CAST(FLOOR(ts / {MINUTE_MS}) * {MINUTE_MS} AS BIGINT) AS window_start,
-       CAST(FLOOR(ts / {MINUTE_MS}) * {MINUTE_MS} + {MINUTE_MS} AS BIGINT) AS window_end,
+       unix_millis(w.start) AS window_start,
+       unix_millis(w.end) AS window_end,
        COUNT(*) AS events,
        SUM(value) AS total
-FROM (SELECT DISTINCT event_id, device, value, ts FROM events)
-GROUP BY device, FLOOR(ts / {MINUTE_MS})
+FROM (SELECT device, value, window(timestamp_millis(ts), '{MINUTE_MS // 1000} seconds', '{SLIDE_MS // 1000} seconds') AS w
+      FROM (SELECT DISTINCT event_id, device, value, ts FROM events))
+GROUP BY device, w
 """
 KEYS = ("device", "window_start")

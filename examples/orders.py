@@ -80,7 +80,7 @@ def pipeline(job: str = "orders-by-country") -> Pipeline:
     )
 
 
-def records(job: str = "orders-by-country", *, orders: int = 4_000, seed: int = 1) -> list[tuple[str, int, bytes]]:
+def records(job: str = "orders-by-country", *, orders: int = 2_500, seed: int = 1) -> list[tuple[str, int, bytes]]:
     """The input, in the order it is produced: (topic, partition, JSON value).
     The customer table comes first; orders follow, 25 ms of event time apart,
     order i on partition i mod 2 (event-time order within a partition;

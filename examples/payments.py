@@ -89,7 +89,7 @@ def partition_of(auth_id: str, partitions: int = 2) -> int:
     return zlib.crc32(auth_id.encode()) % partitions
 
 
-def records(job: str = "payments", *, authorisations: int = 1_200, seed: int = 5) -> list[tuple[str, int, bytes]]:
+def records(job: str = "payments", *, authorisations: int = 800, seed: int = 5) -> list[tuple[str, int, bytes]]:
     """Authorisations a second apart on average, each followed by none to two
     payments 1 s to 6 min later (some too late for it, some above the
     authorised amount), and a few payments naming no authorisation; every

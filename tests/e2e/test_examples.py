@@ -52,9 +52,9 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
     bootstrap = connection.kafka_bootstrap
     settings = JobSettings(
         store=f"s3://{connection.s3_bucket}/{unique_name}",
-        interval_s=0.7,
+        interval_s=1.0,
         timeout_s=60,
-        max_records_per_batch=300,
+        max_records_per_batch=2_000,
         **MODES[mode],
     )
     fault_file = tmp_path / "faults"
@@ -64,7 +64,7 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
     records = examples.combined_records(job)
     deadline = time.monotonic() + 300
     # the input comes as producers send it, a chunk every half second, while the job runs and dies
-    feed = threading.Thread(target=_feed, args=(bootstrap, records, 250, 0.5), daemon=True)
+    feed = threading.Thread(target=_feed, args=(bootstrap, records, 250, 0.4), daemon=True)
     windows = f"{job}.country-totals"
     try:
         runner.prepare()
