@@ -19,10 +19,9 @@ from operators.joins import LatestValueJoin, Union, Unmatched
 from operators.keyed import KeyedAggregate
 from operators.process import KeyContext, KeyedProcess, KeyedProcessFunction
 from operators.session_windows import SESSION_END, SESSION_START, SessionWindowAggregate
-from operators.sliding_windows import SlidingWindowAggregate
 from operators.state import KeyedState, latest_per_key
 from operators.stateless import FilterRows, FlatMap, MapBatches, filter_rows, flat_map, map_batches, select, with_column
-from operators.windows import WINDOW_END, WINDOW_START, TumblingWindowAggregate
+from operators.windows import WINDOW_END, WINDOW_START, SlidingWindowAggregate, TumblingWindowAggregate
 
 __all__ = [
     # the contract

@@ -1,11 +1,16 @@
-"""Tumbling event-time windows: per key, aggregates over fixed, adjacent
-windows ``[floor(t / size) * size, + size)``, each emitted exactly once, when
-the watermark passes its end.
+"""Event-time windows per key: sliding (hopping) windows of ``size`` that
+start every ``slide``, ``[s, s + size)`` for every multiple ``s`` of
+``slide``, so that each row counts in ``size / slide`` windows (Spark's
+``window(ts, size, slide)``, Flink's ``SlidingEventTimeWindows``), and
+tumbling windows, the sliding ones with ``slide == size`` (Spark's
+``window(ts, size)``).  Each window is emitted exactly once, when the
+watermark passes its end.
 
 Event time comes from an integer column (milliseconds) or a timestamp column
-(any unit, any time zone); sizes and lateness are whole milliseconds (an
-``int``) or a ``timedelta``.  Time never comes from the clock: the output
-depends only on the sequence of batches (and ``on_watermark`` calls).
+(any unit, any time zone, taken to the millisecond rounding down); sizes and
+lateness are whole milliseconds (an ``int``) or a ``timedelta``.  Time never
+comes from the clock: the output depends only on the sequence of batches
+(and ``on_watermark`` calls), not on how rows are cut into batches.
 
 The watermark is the engine's: the stage task calls ``on_watermark`` each
 time the minimum over its event-time inputs moves on (docs/architecture.md,
@@ -16,10 +21,11 @@ move it.  Used on its own, call ``on_watermark`` where event time moved.
 
 1. rows with a null key or a null event time go to the dead letters
    (``null_key``, ``null_event_time``);
-2. rows whose window has already closed (window end + allowed lateness <=
-   watermark) are late: they go to the dead letters with reason ``late``,
-   never into a result;
-3. the other rows are aggregated into their open windows.
+2. a row counts in each of its windows that is still open (window end +
+   allowed lateness > watermark); a row none of whose windows is open (its
+   latest window has closed) is late: it goes to the dead letters with
+   reason ``late``, never into a result;
+3. nothing closes: the watermark did not move.
 
 ``on_watermark(w)``: the watermark becomes ``max(watermark, w)``, and every
 window whose end + allowed lateness is <= it closes: its final row is
@@ -40,48 +46,58 @@ import pyarrow.compute as pc
 
 from operators import _time as et
 from operators import aggregations as agg
-from operators._arrow import expect_columns, expect_tables, require_columns
+from operators._arrow import expect_columns, expect_tables, require_columns, row_index
 from operators.aggregations import Aggregation
 from operators.dead_letters import DeadLetters, Reason
 from operators.errors import OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
-from operators.rescale import MIN, RESCALE_METADATA
 from operators.state import KeyedState
 
-__all__ = ["TumblingWindowAggregate", "WINDOW_START", "WINDOW_END"]
+__all__ = ["TumblingWindowAggregate", "SlidingWindowAggregate", "WINDOW_START", "WINDOW_END"]
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 
 
-class TumblingWindowAggregate:
-    """Aggregates per ``key`` over tumbling windows of ``size`` on
-    ``time_column``, each window's final result emitted once (see the
-    module docstring for the rules).
+class SlidingWindowAggregate:
+    """Aggregates per ``key`` over sliding windows of ``size`` starting every
+    ``slide`` on ``time_column`` (``size`` a multiple of ``slide``), each
+    window's final result emitted once (see the module docstring for the
+    rules).
 
     ``allowed_lateness`` keeps each window open that much longer after the
     watermark passed its end (Flink's ``allowedLateness``), so rows that far
-    behind the watermark still count; its one result is emitted then.
+    behind the watermark still count in it; its one result is emitted then.
+    Each row is aggregated into ``size / slide`` windows: a large ratio
+    costs that many times the work (and state) of a tumbling window.
 
     >>> import pyarrow as pa
-    >>> from operators import TumblingWindowAggregate, count
-    >>> op = TumblingWindowAggregate("k", "t", 10, {"n": count()})
-    >>> op.process(pa.table({"k": ["a", "a", "b"], "t": [1, 12, 5]})).num_rows
+    >>> from operators import count
+    >>> from operators import SlidingWindowAggregate
+    >>> op = SlidingWindowAggregate("k", "t", 10, 5, {"n": count()})
+    >>> op.process(pa.table({"k": ["a", "a"], "t": [3, 7]})).num_rows
     0
-    >>> op.on_watermark(10).to_pylist()
-    [{'k': 'a', 'window_start': 0, 'window_end': 10, 'n': 1}, {'k': 'b', 'window_start': 0, 'window_end': 10, 'n': 1}]
+    >>> for row in op.on_watermark(10).to_pylist():
+    ...     print(row)
+    {'k': 'a', 'window_start': -5, 'window_end': 5, 'n': 1}
+    {'k': 'a', 'window_start': 0, 'window_end': 10, 'n': 2}
+    >>> op.open_windows.to_pylist()
+    [{'k': 'a', 'window_start': 5, 'n': 1}]
 
     State: ``{"windows": open windows (key, window_start, aggregations),
-    "watermark": one row, int64 ms or null before the first row}``."""
+    "watermark": one row, int64 ms or null before the first
+    ``on_watermark``}``."""
 
     WINDOWS = "windows"
     WATERMARK = "watermark"
+    _step = "slide"  # what window starts are multiples of, in messages
 
     def __init__(
         self,
         key: str,
         time_column: str,
         size: int | dt.timedelta,
+        slide: int | dt.timedelta,
         aggregations: Mapping[str, Aggregation],
         *,
         allowed_lateness: int | dt.timedelta = 0,
@@ -89,10 +105,13 @@ class TumblingWindowAggregate:
     ):
         name = type(self).__name__
         self.key = key_name(key, name)
-        if not (isinstance(time_column, str) and time_column):
-            raise OperatorConfigError(f"{name}: time_column must be a non-empty column name, got {time_column!r}")
-        self.time_column = time_column
+        self.time_column = et.time_column(time_column, name)
         self.size = et.millis(size, "size", name, positive=True)
+        self.slide = et.millis(slide, "slide", name, positive=True)
+        if self.size % self.slide:
+            raise OperatorConfigError(
+                f"{name}: size must be a multiple of slide, got size {self.size} ms and slide {self.slide} ms"
+            )
         self.allowed_lateness = et.millis(allowed_lateness, "allowed_lateness", name, positive=False)
         self.aggregations = agg.validate([self.key, WINDOW_START, WINDOW_END], aggregations, name)
         reserved = {WINDOW_START, WINDOW_END} & {self.key, *agg.input_columns(self.aggregations)}
@@ -123,18 +142,28 @@ class TumblingWindowAggregate:
         window_type = et.bounds_type(batch.schema.field(self.time_column).type, self.time_column, name)
         batch = split_null_keys(batch, self.key, self.dead_letters, name)
         batch = et.null_times_out(batch, self.time_column, self.dead_letters, name)
-        millis = et.to_millis(batch[self.time_column])
-        starts = pc.multiply(et.floor_div(millis, self.size), self.size)
+        # the latest window of each row; the others start 1, 2, ... slides before it
+        latest = pc.multiply(et.floor_div(et.to_millis(batch[self.time_column]), self.slide), self.slide)
         if self._watermark is not None:
-            late = pc.less_equal(pc.add(starts, self.size + self.allowed_lateness), self._watermark)
+            late = pc.less_equal(pc.add(latest, self.size + self.allowed_lateness), self._watermark)
             self.dead_letters.add(batch.filter(late), Reason.LATE, name)
             on_time = pc.invert(late)
-            batch, millis, starts = batch.filter(on_time), millis.filter(on_time), starts.filter(on_time)
+            batch, latest = batch.filter(on_time), latest.filter(on_time)
+        # one (row, window) pair per row and window: pair p is row p // per_row's window p % per_row
+        per_row = self.size // self.slide
+        pairs = row_index(batch.num_rows * per_row)
+        rows_of = pc.divide(pairs, per_row)
+        starts = pc.subtract(
+            latest.take(rows_of), pc.multiply(pc.subtract(pairs, pc.multiply(rows_of, per_row)), self.slide)
+        )
+        if self._watermark is not None:
+            still_open = pc.greater(pc.add(starts, self.size + self.allowed_lateness), self._watermark)
+            rows_of, starts = rows_of.filter(still_open), starts.filter(still_open)
         rows = pa.table(
             {
-                self.key: batch[self.key],
+                self.key: batch[self.key].take(rows_of),
                 WINDOW_START: starts.cast(window_type),
-                **{column: batch[column] for column in inputs if column != self.key},
+                **{column: batch[column].take(rows_of) for column in inputs if column != self.key},
             }
         )
         partial = agg.partial(rows, [self.key, WINDOW_START], self.aggregations)
@@ -143,55 +172,38 @@ class TumblingWindowAggregate:
 
     def on_watermark(self, watermark: int | dt.datetime) -> pa.Table:
         """Move the watermark to ``watermark`` (ms, or a datetime; naive means
-        UTC) if that is later, and return the windows that closes."""
-        self._advance(et.watermark_millis(watermark, type(self).__name__))
+        UTC) if that is later, and return the windows that close."""
+        watermark = et.watermark_millis(watermark, type(self).__name__)
+        if self._watermark is None or watermark > self._watermark:
+            self._watermark = watermark
         return self._close()
 
     def snapshot(self) -> dict[str, pa.Table]:
         return {
             self.WINDOWS: self._windows.snapshot(),
-            # after a rescale every task starts from the lowest: no window closes early
-            self.WATERMARK: pa.table({self.WATERMARK: pa.array([self._watermark], pa.int64())}).replace_schema_metadata(
-                {RESCALE_METADATA: MIN}
-            ),
+            self.WATERMARK: et.watermark_table(self._watermark, self.WATERMARK),
         }
 
     def restore(self, state: Mapping[str, pa.Table]) -> None:
         name = type(self).__name__
         tables = expect_tables(state, [self.WINDOWS, self.WATERMARK], name)
-        marks = tables[self.WATERMARK]
-        expect_columns(marks, self.WATERMARK, [self.WATERMARK], name)
-        if marks.num_rows != 1 or not pa.types.is_integer(marks.schema.field(0).type):
-            raise StateRestoreError(
-                f"{name}: snapshot table 'watermark' must be one integer row, got {marks.num_rows} of {marks.schema.field(0).type}"
-            )
-        watermark = marks.column(0)[0].as_py()
+        watermark = et.restored_watermark(tables[self.WATERMARK], self.WATERMARK, name)
         windows = tables[self.WINDOWS]
         expect_columns(windows, self.WINDOWS, [self.key, WINDOW_START, *self.aggregations], name)
         if windows.num_rows:
-            start_type = windows.schema.field(WINDOW_START).type
-            if not (start_type == pa.int64() or (pa.types.is_timestamp(start_type) and start_type.unit == "ms")):
-                raise StateRestoreError(
-                    f"{name}: snapshot window_start is {start_type}, expected int64 or timestamp[ms]"
-                )
-            for column, aggregation in self.aggregations.items():
-                if not agg.state_type_ok(aggregation, windows.schema.field(column).type):
-                    raise StateRestoreError(
-                        f"{name}: snapshot column {column!r} is {windows.schema.field(column).type}, which cannot hold {aggregation}"
-                    )
+            et.check_bounds_type(windows.schema.field(WINDOW_START).type, WINDOW_START, name)
+            et.check_aggregate_types(windows, self.aggregations, name)
             starts = windows[WINDOW_START].cast(pa.int64())
             if watermark is not None and pc.min(starts).as_py() + self.size + self.allowed_lateness <= watermark:
                 raise StateRestoreError(
                     f"{name}: snapshot holds windows that should have closed at watermark {watermark}"
                 )
-            if pc.any(pc.not_equal(pc.multiply(et.floor_div(starts, self.size), self.size), starts)).as_py():
-                raise StateRestoreError(f"{name}: snapshot window starts are not multiples of size {self.size} ms")
+            if pc.any(pc.not_equal(pc.multiply(et.floor_div(starts, self.slide), self.slide), starts)).as_py():
+                raise StateRestoreError(
+                    f"{name}: snapshot window starts are not multiples of {self._step} {self.slide} ms"
+                )
         self._windows.restore(windows, self.WINDOWS)
         self._watermark = watermark
-
-    def _advance(self, watermark: int) -> None:
-        if self._watermark is None or watermark > self._watermark:
-            self._watermark = watermark
 
     def _close(self) -> pa.Table:
         windows = self._windows.table
@@ -204,6 +216,56 @@ class TumblingWindowAggregate:
         start_type = closed.schema.field(WINDOW_START).type
         ends = pc.add(closed[WINDOW_START].cast(pa.int64()), self.size).cast(start_type)
         return closed.add_column(2, WINDOW_END, ends)
+
+    def __repr__(self) -> str:
+        specs = ", ".join(f"{n}={a}" for n, a in self.aggregations.items())
+        return (
+            f"SlidingWindowAggregate(key={self.key!r}, time={self.time_column!r}, size={self.size}ms, "
+            f"slide={self.slide}ms, lateness={self.allowed_lateness}ms, {specs})"
+        )
+
+
+class TumblingWindowAggregate(SlidingWindowAggregate):
+    """Aggregates per ``key`` over tumbling windows of ``size`` on
+    ``time_column``, each window's final result emitted once (see the
+    module docstring for the rules).
+
+    ``allowed_lateness`` keeps each window open that much longer after the
+    watermark passed its end (Flink's ``allowedLateness``), so rows that far
+    behind the watermark still count; its one result is emitted then.
+
+    >>> import pyarrow as pa
+    >>> from operators import TumblingWindowAggregate, count
+    >>> op = TumblingWindowAggregate("k", "t", 10, {"n": count()})
+    >>> op.process(pa.table({"k": ["a", "a", "b"], "t": [1, 12, 5]})).num_rows
+    0
+    >>> op.on_watermark(10).to_pylist()
+    [{'k': 'a', 'window_start': 0, 'window_end': 10, 'n': 1}, {'k': 'b', 'window_start': 0, 'window_end': 10, 'n': 1}]
+
+    State: ``{"windows": open windows (key, window_start, aggregations),
+    "watermark": one row, int64 ms or null before the first ``on_watermark``}``."""
+
+    _step = "size"
+
+    def __init__(
+        self,
+        key: str,
+        time_column: str,
+        size: int | dt.timedelta,
+        aggregations: Mapping[str, Aggregation],
+        *,
+        allowed_lateness: int | dt.timedelta = 0,
+        dead_letters: DeadLetters | None = None,
+    ):
+        super().__init__(
+            key,
+            time_column,
+            size,
+            size,
+            aggregations,
+            allowed_lateness=allowed_lateness,
+            dead_letters=dead_letters,
+        )
 
     def __repr__(self) -> str:
         specs = ", ".join(f"{n}={a}" for n, a in self.aggregations.items())

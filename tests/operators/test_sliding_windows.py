@@ -30,9 +30,9 @@ from window_models import (
 
 from operators import InputSchemaError, OperatorConfigError, StateRestoreError, count, max_, sum_
 from operators.rescale import MIN, RESCALE_METADATA, split_state
-from operators.sliding_windows import SlidingWindowAggregate
 from operators.state import KEYS_METADATA
 from operators.testing import Watermark, parquet_roundtrip, run
+from operators.windows import SlidingWindowAggregate
 
 PROFILE = settings.get_profile("operators")
 # (size, slide): overlapping windows, tumbling ones (slide == size), one-ms ones
