@@ -29,7 +29,7 @@ from benchmarks.workloads import TOPIC_ENV
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.api.config import Connection
 from streaming.api.settings import JobSettings
-from streaming.engine.operations import committed_through, kill_worker
+from streaming.engine.operations import committed_through, ingress_end_offsets, kill_worker
 from streaming.engine.runner import JobRunner
 from streaming.errors import SparkAbsError
 
@@ -117,7 +117,7 @@ def abs_run(
             sampler = Sampler(
                 {n: w.process.pid for n, w in runner.workers.items()}, profile_dir / f"{variant}-r{round_}"
             )
-        target = runner.ingress_end_offsets()
+        target = ingress_end_offsets(runner)
         if interval_s is None:
             runner.coordinator.trigger()
         processed = _Processed(runner, target)

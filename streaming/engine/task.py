@@ -369,8 +369,9 @@ class StageTask:
             self.output.watermark(*unsent)
 
     def _follow_event_time(self) -> None:
-        """Between batches: idleness that came with the clock, then what
-        goes downstream."""
+        """After a batch: what it changed of idleness (a batch without a
+        partition's records, ``WatermarkTracker.batch``), then what goes
+        downstream."""
         if self.watermarks.has_event_time:
             self._watermark_moved(min(self.spec.inputs))
             self._forward_watermark()
@@ -390,7 +391,6 @@ class StageTask:
             try:
                 self.inbox.apply()
                 self.handler.tick(self.held_bytes)
-                self._follow_event_time()
             finally:
                 self._lock.release()
 
