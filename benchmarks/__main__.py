@@ -17,6 +17,9 @@ values, two partitions, every record already in the topic).  Variants:
   snapshots at its announcement and keeps the unread input as channel state
   (offset ranges), so checkpoints are taken all through the run, as at
   steady state;
+- abs-1stage-spark: the same pipeline with the records decoded by Spark on
+  the executors (the stage's Spark code ``SELECT _position, k, v``): only
+  the two columns cross to Python;
 - abs-2stage: a stateless stage keyed by k in front of the count.
 - with ``--scaling``: scaling-1, scaling-2, scaling-4, the two stages with
   1, 2 and 4 tasks each over a topic of four partitions, all tasks in one
@@ -70,6 +73,8 @@ DEMO_RATE = 100
 RATIOS = [
     ("spark-abs / native (HDFS state store)", "abs-1stage", "native-hdfs"),
     ("spark-abs / native (RocksDB state store)", "abs-1stage", "native-rocksdb"),
+    ("spark-abs, Spark decoding / native (HDFS state store)", "abs-1stage-spark", "native-hdfs"),
+    ("Spark decoding / Python decoding", "abs-1stage-spark", "abs-1stage"),
     ("checkpoints every 0.5 s / off", "abs-1stage-ckpt0.5s", "abs-1stage"),
     ("checkpoints every 1 s / off", "abs-1stage-ckpt1s", "abs-1stage"),
     ("checkpoints every 5 s / off", "abs-1stage-ckpt5s", "abs-1stage"),
@@ -84,7 +89,7 @@ SCALING = (1, 2, 4)
 
 def _variants(profile: Profile, scaling: bool = False) -> list[str]:
     return (
-        ["native-hdfs", "native-rocksdb", "abs-1stage"]
+        ["native-hdfs", "native-rocksdb", "abs-1stage", "abs-1stage-spark"]
         + [f"abs-1stage-ckpt{i:g}s" for i in profile.intervals]
         + ["abs-2stage"]
         + ([f"scaling-{n}" for n in SCALING] if scaling else [])
@@ -119,7 +124,10 @@ def _run(variant: str, round_: int, context: dict):
     settings = dict(context["settings"])
     if interval is not None:  # see the module docstring
         settings["mode"] = Mode.UNALIGNED
-    pipeline = "benchmarks.workloads:two_stage" if variant == "abs-2stage" else "benchmarks.workloads:one_stage"
+    pipeline = {
+        "abs-2stage": "benchmarks.workloads:two_stage",
+        "abs-1stage-spark": "benchmarks.workloads:one_stage_spark",
+    }.get(variant, "benchmarks.workloads:one_stage")
     return runs.abs_run(
         context["connection"],
         variant,
@@ -159,8 +167,9 @@ def _markdown(
         f"spark-abs settings {json.dumps(settings) if settings else 'default'}"
         + (f", Spark master `{master}`." if master else "."),
         "",
-        "| variant | records/s (median) | start-up s (median) | checkpoints p50 s | output verified |",
-        "| --- | ---: | ---: | ---: | --- |",
+        "| variant | records/s (median) | start-up s (median) | checkpoints p50 s | bytes to Python per record "
+        "| output verified |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for variant in dict.fromkeys(r.variant for r in all_runs):
         mine = [r for r in all_runs if r.variant == variant]
@@ -168,9 +177,11 @@ def _markdown(
             continue
         checkpoints = [c for r in mine for c in r.checkpoints_s]
         p50 = f"{statistics.median(checkpoints):.2f}" if checkpoints else "-"
+        handed = [r.detail["handed_bytes_per_record"] for r in mine if r.detail.get("handed_bytes_per_record")]
         lines.append(
             f"| {variant} | {statistics.median(r.records_per_s for r in mine):,.0f} | "
             f"{statistics.median(r.startup_s for r in mine):.1f} | {p50} | "
+            f"{f'{statistics.median(handed):.1f}' if handed else '-'} | "
             f"{'yes' if all(r.verified for r in mine) else 'NO'} |"
         )
     lines += ["", "| ratio (throughput) | median | per round |", "| --- | ---: | --- |"]

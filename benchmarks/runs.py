@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from streaming.api.config import Connection
 from streaming.api.settings import JobSettings
 from streaming.engine.operations import committed_through, ingress_end_offsets, kill_worker
 from streaming.engine.runner import JobRunner
+from streaming.engine.worker import HANDED_PER_RECORD
 from streaming.errors import SparkAbsError
 
 __all__ = ["Run", "abs_run", "native_run", "demo_run", "percentile"]
@@ -135,7 +137,20 @@ def abs_run(
     run = Run(variant, round_, ready - began, finished - ready, int(expected["records"]), durations)
     output = read_committed_output(sink_location(job_settings, job, connection))
     run.verified, run.detail = _verify(output, expected)
+    run.detail["handed_bytes_per_record"] = handed_per_record(log_dir / job)
     return run
+
+
+def handed_per_record(logs: Path) -> float | None:
+    """The bytes Spark handed to Python per Kafka record read, over every
+    stage query of a run (the workers log it when a query stops)."""
+    records = handed = 0.0
+    pattern = re.compile(rf"(\d+) records read, ([\d.]+) {re.escape(HANDED_PER_RECORD)}")
+    for path in sorted(logs.glob("*.log")):
+        for match in pattern.finditer(path.read_text(errors="replace")):
+            records += int(match.group(1))
+            handed += int(match.group(1)) * float(match.group(2))
+    return handed / records if records else None
 
 
 class _Processed:

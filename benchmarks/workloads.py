@@ -1,6 +1,7 @@
 """The benchmark workloads: a keyed count (count and sum per key over
 100,000 keys, JSON values, two partitions) as spark-abs pipelines, one stage
-or a stateless stage in front of it, and the records they read.
+(its records decoded in Python, or by Spark) or a stateless stage in front
+of it, and the records they read.
 
 Worker processes load the pipelines by name (``benchmarks.workloads:one_stage``)
 and find the input topic in ``SPARK_ABS_BENCH_TOPIC``, which the job runner
@@ -24,6 +25,7 @@ __all__ = [
     "PARTITIONS",
     "SCALING_PARTITIONS",
     "one_stage",
+    "one_stage_spark",
     "two_stage",
     "scaling",
     "produce",
@@ -53,6 +55,26 @@ def one_stage(job: str = "bench-one-stage") -> Pipeline:
         job,
         (Ingress(topic, PARTITIONS, EVENTS, key="k"),),  # the producer writes each key to one partition
         (Stage("count", (topic,), _count, parallelism=PARTITIONS, sink=Sink()),),
+    )
+
+
+def one_stage_spark(job: str = "bench-one-stage-spark") -> Pipeline:
+    """``one_stage`` with Spark decoding the records on the executors (the
+    stage's Spark code): only ``k`` and ``v`` cross to Python."""
+    topic = _topic()
+    return Pipeline(
+        job,
+        (Ingress(topic, PARTITIONS, EVENTS, key="k"),),
+        (
+            Stage(
+                "count",
+                (topic,),
+                _count,
+                parallelism=PARTITIONS,
+                sink=Sink(),
+                spark="SELECT _position, k, v FROM {input}",
+            ),
+        ),
     )
 
 

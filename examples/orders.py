@@ -9,7 +9,8 @@
                                                                                                    ▼
                                      country-totals (10 s windows per country) ─► Kafka topic <job>.country-totals
 
-What it shows: a stream-table join whose table side carries no event time
+What it shows: a stage that is Spark SQL (Spark decodes the orders and
+filters them on the executors; only the orders kept reach Python); a stream-table join whose table side carries no event time
 (it holds no window back), routed by the join key so that every task of the
 join sees the customers of its orders; the join holding the watermark at
 its earliest buffered order (``time_column``), so an order that waits for
@@ -28,9 +29,8 @@ import json
 import random
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from operators import LatestValueJoin, TumblingWindowAggregate, count, filter_rows, select, sum_
+from operators import LatestValueJoin, TumblingWindowAggregate, count, select, sum_
 from streaming import Ingress, Pipeline, Sink, Stage
 
 __all__ = ["ORDERS", "CUSTOMERS", "pipeline", "records", "REFERENCE", "KEYS"]
@@ -51,10 +51,11 @@ def pipeline(job: str = "orders-by-country") -> Pipeline:
             Ingress(customers, 1, CUSTOMERS),
         ),
         (
+            # Spark code: Spark decodes the orders and filters them on the executors
             Stage(
                 "valid-orders",
                 (orders,),
-                lambda: filter_rows(lambda t: pc.greater(t["amount"], 0)),
+                spark="SELECT _position, order_id, customer, amount, ts FROM {input} WHERE amount > 0",
                 parallelism=2,
                 key="customer",
             ),

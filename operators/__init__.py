@@ -20,7 +20,17 @@ from operators.keyed import KeyedAggregate
 from operators.process import KeyContext, KeyedProcess, KeyedProcessFunction
 from operators.session_windows import SESSION_END, SESSION_START, SessionWindowAggregate
 from operators.state import KeyedState, latest_per_key
-from operators.stateless import FilterRows, FlatMap, MapBatches, filter_rows, flat_map, map_batches, select, with_column
+from operators.stateless import (
+    FilterRows,
+    FlatMap,
+    MapBatches,
+    Passthrough,
+    filter_rows,
+    flat_map,
+    map_batches,
+    select,
+    with_column,
+)
 from operators.windows import WINDOW_END, WINDOW_START, SlidingWindowAggregate, TumblingWindowAggregate
 
 __all__ = [
@@ -34,6 +44,7 @@ __all__ = [
     "require_columns",
     "row_index",
     # stateless
+    "Passthrough",
     "MapBatches",
     "FilterRows",
     "FlatMap",

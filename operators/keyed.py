@@ -79,6 +79,16 @@ class KeyedAggregate:
         partial = agg.partial(batch, [self.key], self.aggregations)
         return self._state.merge(partial, lambda rows: agg.combine(rows, [self.key], self.aggregations))
 
+    def merge_partials(self, partials: pa.Table) -> pa.Table:
+        """Partial aggregates computed elsewhere (a stage's Spark code
+        computes them per key over a run of records): the key, then the
+        aggregate columns as ``process`` computes them from rows, one row per
+        key.  Folded into the state; returns what ``process`` returns."""
+        name = type(self).__name__
+        require_columns(partials, [self.key, *self.aggregations], name)
+        partials = split_null_keys(partials.select([self.key, *self.aggregations]), self.key, self.dead_letters, name)
+        return self._state.merge(partials, lambda rows: agg.combine(rows, [self.key], self.aggregations))
+
     def snapshot(self) -> dict[str, pa.Table]:
         return {self.TABLE: self._state.snapshot()}
 

@@ -19,6 +19,7 @@ from operators.base import Stateless
 from operators.errors import InputSchemaError, OperatorConfigError, OperatorError
 
 __all__ = [
+    "Passthrough",
     "MapBatches",
     "FilterRows",
     "FlatMap",
@@ -49,6 +50,16 @@ def _column_of(batch: pa.Table, value: ColumnValue, operator: str) -> pa.Array |
     if len(result) != batch.num_rows:
         raise OperatorError(f"{operator}: got {len(result)} values for a batch of {batch.num_rows} rows")
     return result
+
+
+class Passthrough(Stateless):
+    """The batch as it came (a stage whose work is all Spark code)."""
+
+    def process(self, batch: pa.Table) -> pa.Table:
+        return batch
+
+    def __repr__(self) -> str:
+        return "passthrough()"
 
 
 class MapBatches(Stateless):

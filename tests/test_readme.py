@@ -34,7 +34,10 @@ def test_the_pipeline_example_is_the_orders_example_and_passes_the_check(tmp_pat
     def shape(pipeline):
         return (
             pipeline.ingress,
-            [(s.name, s.inputs, s.parallelism, s.key, s.sink, repr(s.operator())) for s in pipeline.stages],
+            [
+                (s.name, s.inputs, s.parallelism, s.key, s.sink, s.spark, repr(s.make_operator()))
+                for s in pipeline.stages
+            ],
         )
 
     assert shape(shown) == shape(real)

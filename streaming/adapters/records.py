@@ -5,13 +5,29 @@ Pure Arrow: the engine uses these without Spark."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["BATCH_COLUMNS", "RECORD_SCHEMA", "Headers", "header_values"]
+__all__ = [
+    "BATCH_COLUMNS",
+    "RECORD_SCHEMA",
+    "Headers",
+    "header_values",
+    "Part",
+    "PART",
+    "ROW",
+    "RECORDS",
+    "EVENT_TIME",
+    "REASON",
+    "PARTIAL",
+    "is_prepared",
+    "part_of",
+    "records_in",
+]
 
 # Columns of every batch handed to a task, in this order.
 BATCH_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "timestamp")
@@ -32,6 +48,40 @@ RECORD_SCHEMA = pa.schema(
 Headers = Sequence[tuple[str, bytes]]
 
 
+class Part(enum.IntEnum):
+    """What a row of a *prepared* micro-batch is: one that a stage's Spark
+    code made before it reached Python (``streaming.adapters.spark_stage``).
+    Every row has the ``topic``, ``partition`` and ``offset`` of the record
+    it stands for; the other columns depend on the part."""
+
+    ROW = 0  # a row of the code's output, in ``ROW`` (the record at ``offset`` gave it)
+    MARKER = 1  # the end of a run of data records: ``RECORDS`` records, highest ``EVENT_TIME``
+    REJECTED = 2  # a record Spark could not decode: its raw columns and ``REASON``
+    CONTROL = 3  # a control or watermark record, its raw columns as they came
+    # the operator's partial aggregate of one key over a run of records, in ``PARTIAL``, at the
+    # run's last offset (every partial of a run there: the task takes them together)
+    PARTIAL = 4
+
+
+# the columns of a prepared micro-batch beside the record columns
+PART = "_abs_part"
+ROW = "_abs_row"
+RECORDS = "_abs_records"
+EVENT_TIME = "_abs_event_time"
+REASON = "_abs_reason"
+PARTIAL = "_abs_partial"
+
+
+def is_prepared(table: pa.Table) -> bool:
+    """Whether ``table`` is a prepared micro-batch rather than Kafka records."""
+    return PART in table.column_names
+
+
+def part_of(table: pa.Table, part: Part) -> pa.Table:
+    """The rows of a prepared micro-batch that are ``part``."""
+    return table.filter(pc.equal(table[PART], pa.scalar(int(part), pa.int8())))
+
+
 def header_values(table: pa.Table, name: str) -> pa.Array:
     """The value of header ``name`` in each row of a batch (null where absent;
     the first one where repeated), computed without a Python loop over rows."""
@@ -45,3 +95,12 @@ def header_values(table: pa.Table, name: str) -> pa.Array:
     index = np.full(table.num_rows, -1, dtype=np.int64)
     index[rows[first]] = np.flatnonzero(first)
     return pc.take(values, pa.array(index, mask=index < 0)).cast(pa.binary())
+
+
+def records_in(table: pa.Table) -> int:
+    """How many Kafka records a micro-batch handed to a task stands for."""
+    if not is_prepared(table):
+        return table.num_rows
+    parts = table[PART]
+    control = pc.sum(pc.equal(parts, pa.scalar(int(Part.CONTROL), pa.int8())).cast(pa.int64())).as_py() or 0
+    return control + (pc.sum(table[RECORDS]).as_py() or 0)

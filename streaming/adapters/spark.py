@@ -13,6 +13,7 @@ truth for where each channel resumes.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import shutil
@@ -31,7 +32,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from barriers.messages import ChannelId
 from streaming.adapters.jars import connector_jars, require_tool
-from streaming.adapters.records import BATCH_COLUMNS
+from streaming.adapters.records import BATCH_COLUMNS, records_in
 from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings
 from streaming.errors import ChannelQueryError, ConfigError
 
@@ -53,8 +54,10 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         "spark.sql.adaptive.enabled": "false",
-        # the tasks of a job are queries of one application: each gets a pool of its own
-        "spark.scheduler.mode": "FAIR",
+        # the tasks of a job are queries of one application, whose jobs run in the order they
+        # come: Spark's FAIR pools break ties by pool name, so with every pool idle between
+        # micro-batches, queries named late in the alphabet waited for minutes behind the others
+        "spark.scheduler.mode": "FIFO",
     }
     if settings.master.startswith("spark://"):
         # a worker group is one application among others: it must leave them cores
@@ -91,11 +94,6 @@ def spark_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
-    # a pool per query is made on first use, as intended: not worth a warning each time
-    jvm = session.sparkContext._jvm
-    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
-        "org.apache.spark.scheduler.FairSchedulableBuilder", jvm.org.apache.logging.log4j.Level.ERROR
-    )
     return session
 
 
@@ -109,6 +107,10 @@ class ChannelQuery:
     """A Structured Streaming query reading ``channels`` from ``starting``
     offsets (missing ones start at the earliest), calling ``on_batch(table,
     batch_id)`` with each non-empty micro-batch.
+
+    With ``prepare`` (a stage's Spark code, ``streaming.adapters.spark_stage``)
+    each micro-batch is prepared by Spark first and ``on_batch`` gets what
+    that gives.
 
     ``on_batch`` runs on a thread of the query's own, one batch at a time and in
     order, while Spark reads the next micro-batch: the JVM's Kafka read and
@@ -127,6 +129,7 @@ class ChannelQuery:
         max_records_per_batch: int = 10_000,
         on_batch: BatchHandler,
         work_dir: Path | None = None,
+        prepare: Callable[[DataFrame], pa.Table] | None = None,
     ):
         self.channels = tuple(sorted(set(channels)))
         if not self.channels:
@@ -145,11 +148,14 @@ class ChannelQuery:
         self._starting = {c: starting.get(c, EARLIEST) for c in self.channels}
         self._limit = max_records_per_batch
         self._on_batch = on_batch
+        self._prepare = prepare
         self._work_dir = work_dir
         self._checkpoint_dir: str | None = None
         self._query: StreamingQuery | None = None
         self._processing: ThreadPoolExecutor | None = None
         self._in_hand: Future | None = None
+        # what crossed from Spark to Python: the Kafka records read and the bytes of the tables handed over
+        self.handed: collections.Counter[str] = collections.Counter()
 
     def _options(self) -> dict[str, str]:
         assign: dict[str, list[int]] = {}
@@ -173,7 +179,9 @@ class ChannelQuery:
         return options
 
     def _handle(self, df: DataFrame, batch_id: int) -> None:
-        table = df.select(*BATCH_COLUMNS).toArrow()
+        table = self._prepare(df) if self._prepare is not None else df.select(*BATCH_COLUMNS).toArrow()
+        self.handed["records"] += records_in(table)
+        self.handed["bytes"] += table.nbytes
         self._finish_in_hand()
         if table.num_rows:
             self._in_hand = self._require_processing().submit(self._process, table, batch_id)
@@ -207,13 +215,7 @@ class ChannelQuery:
             .option("checkpointLocation", self._checkpoint_dir)
         )
         writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=interval)
-        # the query's thread inherits the pool: queries of one application share it fairly
-        context = self._spark.sparkContext
-        context.setLocalProperty("spark.scheduler.pool", self.name)
-        try:
-            self._query = writer.start()
-        finally:
-            context.setLocalProperty("spark.scheduler.pool", None)
+        self._query = writer.start()
         log.debug(
             "stage query %s started on %s", self.name, ", ".join(f"{c}@{self._starting[c]}" for c in self.channels)
         )

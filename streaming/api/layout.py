@@ -69,7 +69,7 @@ class StageState:
 
 def state_of(stage: Stage) -> StageState:
     """Read from a fresh operator of ``stage``."""
-    operator = stage.operator()
+    operator = stage.make_operator()
     parts = list(_parts(operator))
     event_time = any(callable(getattr(p, "on_watermark", None)) for p in parts)
     stateful = [p for p in parts if _stateful(p)]

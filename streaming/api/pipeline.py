@@ -33,6 +33,7 @@ from streaming.errors import ConfigError, parse_choice
 __all__ = [
     "Ingress",
     "Stage",
+    "SparkCode",
     "Sink",
     "SinkKind",
     "Pipeline",
@@ -136,22 +137,43 @@ class Sink:
             raise ConfigError("a kafka sink needs a topic, an object-store sink takes none")
 
 
+# Spark code of a stage: a function from DataFrame to DataFrame, or a SQL query over ``{input}``
+SparkCode = Callable[[Any], Any] | str
+
+
 @dataclass(frozen=True, slots=True)
 class Stage:
     """One stage: ``operator()`` builds a fresh operator per task (an
     ``operators.Operator``, or a ``MultiInputOperator`` whose ``inputs`` are the
     stage's input names).  ``inputs``: ingress topics or other stages' names.
-    ``key``: the output column that routes rows to the next stage's tasks."""
+    ``key``: the output column that routes rows to the next stage's tasks.
+
+    ``spark``: Spark code run on the executors for each micro-batch before
+    anything reaches Python (``streaming.adapters.spark_stage``): a function
+    from DataFrame to DataFrame, or SQL over ``{input}``.  Its input is the
+    ingress records decoded by Spark with the ingress schema, plus
+    ``_position`` (the record's topic, partition and offset), which every
+    output row must keep; its output rows are what ``operator`` receives
+    (no operator: they go on as they are)."""
 
     name: str
     inputs: tuple[str, ...]
-    operator: OperatorFactory
+    operator: OperatorFactory | None = None
     parallelism: int = 1
     key: str | None = None
     sink: Sink | None = None
     # the explicit opt-in for a layout ``Pipeline.check`` cannot see is right:
     # records of one key reach one task however the inputs are partitioned
     trust_partitioning: bool = False
+    spark: SparkCode | None = None
+
+    def make_operator(self) -> Any:
+        """A fresh operator for one task (rows as they are, for a stage of Spark code alone)."""
+        if self.operator is None:
+            from operators.stateless import Passthrough
+
+            return Passthrough()
+        return self.operator()
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,10 +280,36 @@ class Pipeline:
             names[stage.name] = "stage"
             if stage.parallelism < 1:
                 raise ConfigError(f"stage {stage.name}: parallelism must be >= 1, got {stage.parallelism}")
-            if not callable(stage.operator):
+            if stage.operator is None and stage.spark is None:
+                raise ConfigError(f"stage {stage.name}: give it an operator, Spark code (spark=...), or both")
+            if stage.operator is not None and not callable(stage.operator):
                 raise ConfigError(
                     f"stage {stage.name}: operator must be a factory (a callable), got {stage.operator!r}"
                 )
+            if stage.spark is not None:
+                self._validate_spark_stage(stage)
+
+    def _validate_spark_stage(self, stage: Stage) -> None:
+        """Spark code reads one ingress topic that has a schema (Spark decodes
+        its records with it); the code itself is checked where Spark runs
+        (``streaming.adapters.spark_stage``)."""
+        if not (callable(stage.spark) or (isinstance(stage.spark, str) and "{input}" in stage.spark)):
+            raise ConfigError(
+                f"stage {stage.name}: spark must be a function from DataFrame to DataFrame or a SQL "
+                f'query reading {{input}} (e.g. "SELECT _position, user FROM {{input}} WHERE amount > 0"), '
+                f"got {stage.spark!r}"
+            )
+        ingress = [self.ingress_named(name) for name in stage.inputs]
+        if len(ingress) != 1 or ingress[0] is None:
+            raise ConfigError(
+                f"stage {stage.name}: Spark code reads exactly one input, an ingress topic "
+                f"(it reads {', '.join(stage.inputs)}); put it in a stage of its own in front of the others"
+            )
+        if ingress[0].schema is None:
+            raise ConfigError(
+                f"stage {stage.name}: Spark decodes {ingress[0].topic} with its schema: give "
+                f"Ingress({ingress[0].topic!r}, schema=...)"
+            )
 
     def _validate_inputs(self, names: dict[str, str]) -> None:
         for stage in self.stages:

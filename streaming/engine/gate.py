@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
-from streaming.adapters.records import BATCH_COLUMNS
+from streaming.adapters.records import BATCH_COLUMNS, is_prepared
 from streaming.engine.segments import Segment, Segmenter, SegmentKind
 from streaming.errors import TaskError
 
@@ -143,4 +143,4 @@ class InputGate:
                 f"{segment.channel} could not be read back from Kafka ({rows.num_rows} records came back)"
             )
         self.counters["read_back_segments"] += 1
-        return Segment(segment.channel, rows.select(list(BATCH_COLUMNS)), segment.kind)
+        return Segment(segment.channel, rows if is_prepared(rows) else rows.select(list(BATCH_COLUMNS)), segment.kind)

@@ -45,6 +45,11 @@ class Quarantine:
             reason,
         )
 
+    def row(self, channel: ChannelId, value: bytes, reason: str) -> None:
+        """A row made from input records (``value``: the row as JSON), with ``reason``."""
+        self.counters["dead_letters"] += 1
+        self.io.dead_letter(channel, -1, None, value, [], reason)
+
     def control_record(self, channel: ChannelId, row: pa.Table, rejected: BarrierRejected) -> None:
         """A control record whose barrier failed its checks."""
         offset = int(row["offset"][0].as_py())

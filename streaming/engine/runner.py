@@ -3,8 +3,8 @@ restore when a worker dies.
 
 ``JobRunner`` starts one worker process per group of tasks, each its own
 Spark application (``WorkerSupervisor``): by default one group, ``all``, so a
-job needs one JVM and every task is a query of it (Spark's FAIR scheduler, a
-pool per query); ``workers=`` groups tasks otherwise (one worker per stage,
+job needs one JVM and every task is a query of it (their Spark jobs run in
+the order they come); ``workers=`` groups tasks otherwise (one worker per stage,
 as a cluster deployment would).  The coordinator service runs in the
 runner's own process.  When a worker dies, the whole job restores (every task
 rolls back to the same cut): the other workers are stopped, the latest

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from barriers.lineage import Lineage
 from barriers.messages import GENERATION_HEADER, KIND_HEADER, ChannelId
-from streaming.adapters.records import header_values
+from streaming.adapters.records import header_values, is_prepared
 from streaming.engine.watermarks import WATERMARK_KIND
 
 __all__ = ["SegmentKind", "Segment", "Segmenter"]
@@ -60,8 +60,10 @@ class Segment:
 
     def spill(self) -> None:
         """Let go of the records (a run of data or stale records only: a
-        control record is one small record and stays)."""
-        if self.kind in (SegmentKind.DATA, SegmentKind.SKIP):
+        control record is one small record and stays; so do the rows a
+        stage's Spark code prepared, whose partial aggregates stand for more
+        records than their offsets say)."""
+        if self.kind in (SegmentKind.DATA, SegmentKind.SKIP) and not is_prepared(self.rows):
             self.rows = None
 
 
@@ -129,6 +131,9 @@ class Segmenter:
                     base = sizes[begin - 1] if begin else 0
                     by_bytes = int(np.searchsorted(sizes[begin:end], base + self._max_bytes, side="left")) + 1
                     cut = min(end, begin + self._max_records, begin + max(1, by_bytes))
+                    # rows of one record (a Spark stage's explode) stay in one segment
+                    while cut < end and offsets[cut] == offsets[cut - 1]:
+                        cut += 1
                 segments.append(Segment(channel, table.slice(begin, cut - begin), kind))
                 begin = cut
         return segments

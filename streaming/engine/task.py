@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from barriers.handler import BarrierHandler
 from barriers.lineage import Lineage
@@ -46,6 +47,7 @@ from streaming.adapters.control import (
     Progress,
     Replayed,
 )
+from streaming.adapters.records import EVENT_TIME, PARTIAL, REASON, RECORDS, ROW, Part, is_prepared, part_of
 from streaming.api.pipeline import Pipeline, TaskSpec
 from streaming.engine.controller import TaskController
 from streaming.engine.gate import InputGate
@@ -98,6 +100,9 @@ class TaskIO:
     flush: Callable[[], None] = lambda: None
     # (channel, start, end) -> the records at [start, end), read from Kafka in bulk
     read_range: Callable[[ChannelId, int, int], pa.Table] | None = None
+    # a stage with Spark code: Kafka records read in Python, prepared by it as its query prepares
+    # each micro-batch (``streaming.adapters.spark_stage``)
+    prepare: Callable[[pa.Table], pa.Table] | None = None
 
 
 class StageTask:
@@ -126,7 +131,7 @@ class StageTask:
         self.start = start or TaskStart()
         self.generation = self.start.generation
         self.job_key = job_key
-        self.operator = pipeline.stage(spec.stage).operator()
+        self.operator = pipeline.stage(spec.stage).make_operator()
         self._multi_input = bool(getattr(self.operator, "inputs", None))
         self._schemas = {i.topic: i.schema for i in pipeline.ingress}
         self.lineage = self.start.lineage
@@ -161,12 +166,15 @@ class StageTask:
             self.lineage,
             max_records=max_segment_records,
         )
+        read_range, prepare = self.io.read_range, self.io.prepare
+        if read_range is not None and prepare is not None:
+            read_range = lambda channel, start, end: prepare(self.io.read_range(channel, start, end))  # noqa: E731
         return InputGate(
             self.spec.name,
             self.spec.inputs,
             segmenter,
             self.counters,
-            read_range=self.io.read_range,
+            read_range=read_range,
             held_memory_bytes=held_memory_bytes,
         )
 
@@ -207,7 +215,7 @@ class StageTask:
         for _channel, table in sorted(self.start.replay.items()):
             if table.num_rows:
                 self.counters["replayed_in_flight"] += table.num_rows
-                self.process_batch(table)
+                self.process_batch(table if self.io.prepare is None else self.io.prepare(table))
         self._replaying = {c: end for c, end in self.start.replay_until.items() if self.handler.position(c) < end}
         self.replay_records = sum(end - self.handler.position(c) for c, end in self._replaying.items())
 
@@ -306,6 +314,9 @@ class StageTask:
             self.counters[f"ignored_{ignored.reason.name.lower()}"] += 1
 
     def _process(self, channel: ChannelId, rows: pa.Table) -> None:
+        if is_prepared(rows):
+            self._process_prepared(channel, rows)
+            return
         decoded = codec.decode_records(rows, self._schemas.get(channel.topic))
         for index, reason in decoded.rejected:
             self.quarantine.record(channel, rows.slice(index, 1), reason)
@@ -329,6 +340,37 @@ class StageTask:
         self.watermarks.observe(channel, rows, decoded.table)
         self._watermark_moved(channel)
         self.counters["records"] += rows.num_rows
+
+    def _process_prepared(self, channel: ChannelId, rows: pa.Table) -> None:
+        """A run of a micro-batch the stage's Spark code prepared: its rows go
+        to the operator, then the partial aggregates Spark computed for it
+        (``merge_partials``), the records Spark could not decode to the dead
+        letters, and the run's markers say how many records it had and how far
+        their event time got (``streaming.adapters.spark_stage``)."""
+        rejected = part_of(rows, Part.REJECTED)
+        for index, reason in enumerate(rejected[REASON].to_pylist()):
+            self.quarantine.record(channel, rejected.slice(index, 1), reason)
+        watermark = self.downstream_watermark
+        batch = pa.Table.from_struct_array(part_of(rows, Part.ROW)[ROW].combine_chunks())
+        if batch.num_rows:
+            try:
+                output = self.operator.process(batch)
+            except InputSchemaError as exc:
+                # rows the operator cannot take at all: quarantined as the code gave them, with the reason
+                output = None
+                for value in codec.encode(batch):
+                    self.quarantine.row(
+                        channel, value, f"the stage's operator cannot take the rows its Spark code gives: {exc}"
+                    )
+            self.quarantine.from_operator(channel, self.operator)
+            self.output.emit(output, watermark)
+        partials = part_of(rows, Part.PARTIAL)
+        if partials.num_rows:
+            self.output.emit(self.operator.merge_partials(pa.Table.from_struct_array(partials[PARTIAL])), watermark)
+        markers = part_of(rows, Part.MARKER)
+        self.watermarks.observe_event_time(channel, pc.max(markers[EVENT_TIME]).as_py())
+        self._watermark_moved(channel)
+        self.counters["records"] += pc.sum(markers[RECORDS]).as_py() or 0
 
     @property
     def _inputs(self):

@@ -8,9 +8,11 @@ query starts its channels at; the worker runs it (``streaming.engine.worker``)."
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import pyarrow as pa
 
 from barriers.messages import ChannelId, InFlightFormat
 from streaming.adapters.control import ControlTopic
@@ -56,6 +58,7 @@ class TaskFactory:
         control: ControlTopic,
         dead_letters: DeadLetters,
         store: Callable[[], SnapshotStore],
+        prepare: Mapping[str, Callable[[pa.Table], pa.Table]] | None = None,
     ):
         self.pipeline = pipeline
         self.settings = settings
@@ -66,6 +69,8 @@ class TaskFactory:
         self.control = control
         self.dead_letters = dead_letters
         self.store = store
+        # per stage with Spark code: Kafka records read in Python, prepared by it
+        self.prepare = dict(prepare or {})
 
     def build(self, name: str) -> tuple[RunningTask, dict[ChannelId, int]]:
         """Task ``name``, recovered, and the offsets its channels start at."""
@@ -126,6 +131,7 @@ class TaskFactory:
             read_range=lambda c, a, b: read_range(self.connection.kafka_bootstrap, c, a, b),
             stage_epoch=stage_epoch,
             flush=self.producer.flush,
+            prepare=self.prepare.get(stage.name),
         )
 
     def _must_copy(self, spec: TaskSpec) -> bool:

@@ -172,6 +172,17 @@ class WatermarkTracker:
             if highest is not None:
                 highest -= source.delay_ms
                 latest = highest if latest is None else max(latest, highest)
+        self._move(channel, latest)
+
+    def observe_event_time(self, channel: ChannelId, highest: int | None) -> None:
+        """Records of ingress channel ``channel`` were processed whose highest
+        event time is ``highest`` ms (None: none had one), as a stage's Spark
+        code reports it."""
+        source = self._inputs.get(channel)
+        if source is not None and source.column is not None and highest is not None:
+            self._move(channel, highest - source.delay_ms)
+
+    def _move(self, channel: ChannelId, latest: int | None) -> None:
         if latest is not None and latest > self._by_channel.get(channel, latest - 1):
             self._by_channel[channel] = latest
 

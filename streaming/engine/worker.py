@@ -1,6 +1,6 @@
 """A worker process: runs some tasks of a pipeline in one Spark application
 until told to stop.  The tasks of one stage share one Structured Streaming
-query (its pool in Spark's FAIR scheduler) whose micro-batches are split by
+query (their jobs run in the order they come) whose micro-batches are split by
 channel among them: every channel has exactly one reading task, so a task
 sees its channels as if the query were its own, and a job pays one Spark
 micro-batch per stage instead of one per task.  The job
@@ -58,13 +58,15 @@ from streaming.errors import SparkAbsError
 if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this module is imported
     from streaming.adapters.spark import ChannelQuery
 
-__all__ = ["Worker", "main"]
+__all__ = ["Worker", "main", "HANDED_PER_RECORD"]
 
 # named, not __name__: run as `python -m streaming.engine.worker` this module is __main__
 log = logging.getLogger("streaming.engine.worker")
 
 # how often each task publishes its positions on the control topic (lag, a comparison's backpressure)
 PROGRESS_INTERVAL_S = 0.5
+# how a stopped stage query's log line names the bytes Spark handed to Python per Kafka record read
+HANDED_PER_RECORD = "bytes per record handed to Python"
 # events between the runner and remote workers, not for tasks (streaming.engine.membership)
 _MEMBERSHIP = (Lease, Heartbeat)
 
@@ -157,7 +159,10 @@ class Worker:
         """Every task of this worker, then one query per stage over the
         channels of that stage's tasks here, from where each task starts."""
         from streaming.adapters.spark import ChannelQuery
+        from streaming.adapters.spark_stage import spark_stages
 
+        stages = sorted({self.pipeline.task(name).stage for name in self.task_names})
+        code = spark_stages(self._spark, [self.pipeline.stage(s) for s in stages], self.pipeline.ingress_named)
         factory = TaskFactory(
             self.pipeline,
             self.settings,
@@ -168,6 +173,7 @@ class Worker:
             control=self.control,
             dead_letters=self.dead_letters,
             store=lambda: self.store,
+            prepare={stage: c.records for stage, c in code.items()},
         )
         by_stage: dict[str, list[tuple[StageTask, dict[ChannelId, int]]]] = {}
         for name in self.task_names:
@@ -185,6 +191,7 @@ class Worker:
                 starting={c: o for _, starting in tasks for c, o in starting.items()},
                 max_records_per_batch=self.settings.max_records_per_batch,
                 on_batch=_Dispatch(handlers, readers),
+                prepare=code.get(stage),
             )
             query.start(interval=self.settings.trigger_interval)
             self.queries.append(query)
@@ -287,6 +294,9 @@ class Worker:
                 query.stop()
             except Exception as exc:  # the JVM may already be gone on a signal
                 log.warning("%s: stopping the query: %s", query.name, exc)
+            records, handed = query.handed["records"], query.handed["bytes"]
+            if records:
+                log.info(f"{query.name}: {records} records read, {handed / records:.1f} {HANDED_PER_RECORD}")
         self.queries = []
         for running in self.running:
             running.task.wait_for_uploads(10)

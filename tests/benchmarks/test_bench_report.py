@@ -35,12 +35,21 @@ def test_ratios_are_taken_within_each_round_then_the_median():
 
 def test_the_table_names_every_variant_and_says_whether_its_output_verified():
     runs = [
-        Run("abs-1stage", 1, 12.0, seconds=10.0, records=1000, checkpoints_s=[1.0, 3.0], verified=True),
+        Run(
+            "abs-1stage",
+            1,
+            12.0,
+            seconds=10.0,
+            records=1000,
+            checkpoints_s=[1.0, 3.0],
+            verified=True,
+            detail={"handed_bytes_per_record": 92.25},
+        ),
         Run("native-hdfs", 1, 8.0, seconds=5.0, records=1000, verified=False),
     ]
     table = _markdown("quick", PROFILES["quick"], runs, _ratios(runs, ["abs-1stage", "native-hdfs"]), {})
-    assert "| abs-1stage | 100 | 12.0 | 2.00 | yes |" in table
-    assert "| native-hdfs | 200 | 8.0 | - | NO |" in table
+    assert "| abs-1stage | 100 | 12.0 | 2.00 | 92.2 | yes |" in table
+    assert "| native-hdfs | 200 | 8.0 | - | - | NO |" in table
     assert "| spark-abs / native (HDFS state store) | 0.500 | 0.500 |" in table
 
 
@@ -49,6 +58,7 @@ def test_profiles_list_their_variants():
         "native-hdfs",
         "native-rocksdb",
         "abs-1stage",
+        "abs-1stage-spark",
         "abs-1stage-ckpt1s",
         "abs-2stage",
     ]
@@ -98,3 +108,15 @@ def test_a_run_is_done_when_a_committed_checkpoint_shows_its_input_read(tmp_path
     shown = 3
     assert processed()  # read to 100 and committed: only barrier records were in flight
     store.close()
+
+
+def test_the_bytes_handed_to_python_per_record_come_from_the_workers_logs(tmp_path):
+    from benchmarks.runs import handed_per_record
+    from streaming.engine.worker import HANDED_PER_RECORD
+
+    assert handed_per_record(tmp_path) is None
+    (tmp_path / "worker-all-g0.log").write_text(
+        f"[worker] job-count-g0: 300 records read, 10.0 {HANDED_PER_RECORD}\n"
+        f"[worker] job-other-g0: 100 records read, 50.0 {HANDED_PER_RECORD}\n"
+    )
+    assert handed_per_record(tmp_path) == 20.0  # weighted by the records each query read

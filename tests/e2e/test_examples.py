@@ -26,6 +26,7 @@ pytestmark = pytest.mark.integration
 
 MODES = {"aligned": {}, "unaligned": {"mode": "unaligned"}}
 # armed once a checkpoint is complete: the worker dies halfway through this task's next micro-batch
+# (the worker runs every task, the Spark SQL stage in front of this one too)
 KILLED = "enriched-orders-1"
 
 

@@ -61,3 +61,14 @@ def test_long_runs_are_cut_by_records_and_by_bytes_in_order():
     assert [s.rows.num_rows for s in by_bytes] == [4, 4, 4, 4, 4, 4, 1]
     assert all(s.kind is SegmentKind.DATA and s.channel == ChannelId("t", 0) for s in by_bytes)
     assert Segmenter([], 0, Lineage()).cut(table.slice(0, 0)) == []
+
+
+def test_rows_of_one_record_stay_in_one_segment():
+    # a Spark stage's explode gives several rows the offset of one record: a run cut between
+    # them would have the task take the rest for a retried batch's and drop it
+    table = records([(0, o, b"", []) for o in (0, 0, 0, 1, 2, 2, 3)])
+    assert shape(Segmenter([], 0, Lineage(), max_records=2).cut(table)) == [
+        ("t:0", "data", 0, 0),
+        ("t:0", "data", 1, 2),
+        ("t:0", "data", 3, 3),
+    ]

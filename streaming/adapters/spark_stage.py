@@ -1,0 +1,435 @@
+"""Spark code in a stage: what Spark does on the executors with each
+micro-batch of a stage given ``spark=`` (``streaming.api.pipeline.Stage``)
+before anything reaches Python.
+
+For each micro-batch of the stage's Kafka query, Spark:
+
+1. tells control records (barriers, cancellations, watermark records: the
+   ``abs.kind`` header) from data records, and decodes the data records with
+   the ingress schema (``from_json``); control records, and the records that
+   do not decode, go to the task as they came (the latter to the dead
+   letters, with their reason);
+2. hands the decoded records, with ``_position`` (their topic, partition and
+   offset), to the stage's code, a function from DataFrame to DataFrame or a
+   SQL query over ``{input}``.  Every row of its output keeps ``_position``:
+   the record it came from.  That is what lets a barrier cut a Spark stage
+   exactly where it is (rows of records before barrier n belong to
+   checkpoint n, the others to n + 1, aligned or unaligned) and keeps
+   unaligned channel state an offset range: reading the range again and
+   running the code again gives the same rows;
+3. adds a *marker* per run of data records between two control records of a
+   channel: the run's last offset, its record count and its highest event
+   time, taken before the code, so records the code filters out still move
+   the channel's position and event time.
+
+Only the code's output columns, the control and undecodable records and
+the markers cross to Python (``streaming.adapters.records.Part`` says which
+row is which).  Code whose output cannot keep positions (an aggregation,
+a window function, a limit, deduplication across records) is refused when
+the stage starts, with the reason; stateful work belongs to the stage's
+operator, which receives the code's rows."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.errors import PySparkException
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+
+from barriers.messages import KIND_HEADER
+from operators.aggregations import AggregateFunction, Aggregation, input_columns
+from operators.keyed import KeyedAggregate
+from streaming.adapters import codec
+from streaming.adapters.records import (
+    BATCH_COLUMNS,
+    EVENT_TIME,
+    PART,
+    PARTIAL,
+    REASON,
+    RECORD_SCHEMA,
+    RECORDS,
+    ROW,
+    Part,
+)
+from streaming.api.pipeline import Ingress, Stage
+from streaming.errors import ChannelQueryError, ConfigError
+
+__all__ = ["POSITION", "SparkStage", "spark_stages"]
+
+log = logging.getLogger(__name__)
+
+# the column every row of a stage's Spark code carries: the record it came from
+POSITION = "_position"
+POSITION_TYPE = StructType(
+    [StructField("topic", StringType()), StructField("partition", IntegerType()), StructField("offset", LongType())]
+)
+
+_CORRUPT = "_abs_corrupt"
+_CONTROL = "_abs_control"
+_DECODED = "_abs_decoded"
+_RUN = "_abs_run"
+
+# logical plan nodes whose output rows no longer stand for one input record each
+_LOSES_POSITIONS = {
+    "Aggregate": "an aggregation combines records",
+    "Window": "a window function reads across records",
+    "Distinct": "DISTINCT combines records",
+    "Deduplicate": "dropDuplicates combines records",
+    "DeduplicateWithinWatermark": "dropDuplicatesWithinWatermark combines records",
+    "GlobalLimit": "a limit depends on how records fall into micro-batches",
+    "LocalLimit": "a limit depends on how records fall into micro-batches",
+    "Tail": "a tail depends on how records fall into micro-batches",
+    "Offset": "an offset depends on how records fall into micro-batches",
+    "Sample": "sampling depends on how records fall into micro-batches",
+    "Intersect": "INTERSECT combines records",
+    "Except": "EXCEPT combines records",
+}
+_SPARK_AGGREGATES = {
+    AggregateFunction.COUNT: F.count,
+    AggregateFunction.SUM: F.sum,
+    AggregateFunction.MIN: F.min,
+    AggregateFunction.MAX: F.max,
+}
+_NODE = re.compile(r"^[\s:+\-!]*([A-Za-z]+)")
+
+
+class SparkStage:
+    """The Spark code of stage ``stage`` reading ``ingress``, on session
+    ``spark``: checked when made (``check``), then called with each
+    micro-batch of the stage's query (``__call__``) or with Kafka records
+    read back in Python (``records``), giving a prepared micro-batch."""
+
+    def __init__(self, spark: SparkSession, stage: Stage, ingress: Ingress):
+        if stage.spark is None or ingress.schema is None:
+            raise ConfigError(f"stage {stage.name}: no Spark code, or its ingress {ingress.topic} has no schema")
+        self.name = stage.name
+        self._spark = spark
+        self._code = stage.spark
+        try:
+            self._fields = from_arrow_schema(ingress.schema)
+        except (TypeError, PySparkException) as exc:
+            raise ConfigError(
+                f"stage {stage.name}: the schema of {ingress.topic} has no Spark equivalent: {exc}"
+            ) from exc
+        clash = sorted({POSITION, _CORRUPT} & set(self._fields.names))
+        if clash:
+            raise ConfigError(
+                f"ingress {ingress.topic}: the schema uses names Spark stages keep for themselves: {clash}"
+            )
+        self._json = StructType([*self._fields.fields, StructField(_CORRUPT, StringType())])
+        self._topic = ingress.topic
+        self._schema = ingress.schema
+        self._event_time = self._event_time_column(ingress)
+        self.columns = self.check()
+        # a keyed aggregate after the code: Spark computes its partials per key and run of records
+        self._partial = _partial_spec(stage.make_operator(), self.columns)
+
+    def _event_time_column(self, ingress: Ingress) -> Column | None:
+        """The records' event time in milliseconds, as Spark computes it."""
+        if ingress.event_time is None:
+            return None
+        field = next((f for f in self._fields.fields if f.name == ingress.event_time), None)
+        if field is None:
+            raise ConfigError(f"ingress {ingress.topic}: event_time {ingress.event_time!r} is not in its schema")
+        column = F.col(f"{_DECODED}.{ingress.event_time}")
+        if isinstance(field.dataType, TimestampType):
+            return F.unix_millis(column)
+        if isinstance(field.dataType, (IntegerType, LongType)):
+            return column.cast(LongType())
+        raise ConfigError(
+            f"ingress {ingress.topic}: event_time {ingress.event_time!r} is {field.dataType.simpleString()}; "
+            "Spark stages read event time from a timestamp or whole milliseconds"
+        )
+
+    # ------------------------------------------------------------ the code
+
+    def _view_schema(self) -> StructType:
+        return StructType([*self._fields.fields, StructField(POSITION, POSITION_TYPE, nullable=False)])
+
+    def _apply(self, view: DataFrame) -> DataFrame:
+        what = f"stage {self.name}: its Spark code"
+        try:
+            # a micro-batch's frame has a session of its own (foreachBatch): the view lives there
+            code = self._code
+            with _quiet_query_context():
+                out = view.sparkSession.sql(code, input=view) if isinstance(code, str) else code(view)
+        except PySparkException as exc:
+            said = str(exc).splitlines()[0]  # the plan Spark adds after it says less than the schema
+            raise ConfigError(f"{what} failed on its input ({_columns(self._view_schema())}): {said}") from exc
+        if not isinstance(out, DataFrame):
+            raise ConfigError(f"{what} returned {type(out).__name__}, not a DataFrame")
+        return out
+
+    def check(self) -> list[str]:
+        """Run the code on an empty input: its output keeps ``_position`` and
+        has no step that loses it; the output columns (``_position`` aside)."""
+        out = self._apply(self._spark.createDataFrame([], self._view_schema()))
+        fields = {f.name: f.dataType for f in out.schema.fields}
+        if fields.get(POSITION) != POSITION_TYPE:
+            found = "drops it" if POSITION not in fields else f"makes it {fields[POSITION].simpleString()}"
+            raise ConfigError(
+                f"stage {self.name}: the output of its Spark code must keep {POSITION} (the record each row "
+                f"came from, so barriers cut the stage exactly), but the code {found}. Select it with the "
+                f"columns you keep, e.g. df.select('{POSITION}', ...) or SELECT {POSITION}, ... FROM {{input}}"
+            )
+        losing = _losing_steps(out)
+        if losing:
+            raise ConfigError(
+                f"stage {self.name}: its Spark code loses the positions of records ({'; '.join(losing)}): "
+                "each output row must come from one input record. Do per-record work in Spark "
+                "and stateful work (aggregates, windows, deduplication) in the stage's operator"
+            )
+        columns = [name for name in out.columns if name != POSITION]
+        if not columns:
+            raise ConfigError(f"stage {self.name}: its Spark code keeps no column besides {POSITION}")
+        return columns
+
+    # -------------------------------------------------------- micro-batches
+
+    def __call__(self, batch: DataFrame) -> pa.Table:
+        """A micro-batch of Kafka records (Spark's Kafka source columns),
+        prepared (see the module docstring)."""
+        # a record without headers has none: not a control record
+        control = F.coalesce(F.exists("headers", lambda h: h["key"] == F.lit(KIND_HEADER)), F.lit(False))
+        decoded = batch.select(
+            *BATCH_COLUMNS,
+            control.alias(_CONTROL),
+            F.from_json(
+                F.col("value").cast("string"), self._json, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
+            ).alias(_DECODED),
+        ).persist()
+        try:
+            bad = F.col(_DECODED).isNull() | F.col(f"{_DECODED}.{_CORRUPT}").isNotNull()
+            raw = decoded.filter(F.col(_CONTROL) | bad).select(*BATCH_COLUMNS, F.col(_CONTROL)).toArrow()
+            data = decoded.filter(~F.col(_CONTROL))
+            good = data.filter(~bad)
+            view = good.select(
+                *(F.col(f"{_DECODED}.{name}").alias(name) for name in self._fields.names),
+                F.struct("topic", "partition", "offset").alias(POSITION),
+            )
+            runs = _runs(raw)
+            out = self._apply(view).select(
+                F.col(f"{POSITION}.topic").alias("topic"),
+                F.col(f"{POSITION}.partition").alias("partition"),
+                F.col(f"{POSITION}.offset").alias("offset"),
+                *self.columns,
+            )
+            parts = [out]
+            if self._partial is not None:
+                key, _ = self._partial
+                # rows with a null key go to the operator as they are (it names them dead letters)
+                out = out.withColumn(_RUN, runs)
+                parts = [out.filter(F.col(key).isNull()), self._partials(out.filter(F.col(key).isNotNull()))]
+            rows = parts[0].select(
+                "topic",
+                "partition",
+                "offset",
+                *([_RUN] if self._partial is not None else []),
+                F.lit(int(Part.ROW)).cast("tinyint").alias(PART),
+                _struct(self.columns).alias(ROW),
+            )
+            markers = (
+                data.withColumn(_RUN, runs)
+                .groupBy("topic", "partition", _RUN)
+                .agg(
+                    F.max("offset").alias("offset"),
+                    F.count(F.lit(1)).alias(RECORDS),
+                    F.max(F.when(~bad, self._event_time) if self._event_time is not None else F.lit(None))
+                    .cast("long")
+                    .alias(EVENT_TIME),
+                )
+                .select(
+                    "topic",
+                    "partition",
+                    "offset",
+                    _RUN,
+                    F.lit(int(Part.MARKER)).cast("tinyint").alias(PART),
+                    RECORDS,
+                    EVENT_TIME,
+                )
+            )
+            prepared = rows.unionByName(markers, allowMissingColumns=True)
+            if len(parts) > 1:
+                prepared = prepared.unionByName(parts[1], allowMissingColumns=True)
+            prepared = _at_run_ends(prepared.toArrow())
+        finally:
+            decoded.unpersist()
+        return _assemble(prepared, raw, self._schema)
+
+    def _partials(self, rows: DataFrame) -> DataFrame:
+        """The operator's partial aggregates of ``rows`` per channel, run and
+        key (``KeyedAggregate.merge_partials`` folds them into its state)."""
+        key, aggregations = self._partial
+        specs = []
+        for name, aggregation in aggregations.items():
+            column = F.lit(1) if aggregation.column is None else F.col(aggregation.column)
+            specs.append(_SPARK_AGGREGATES[aggregation.function](column).alias(name))
+        return (
+            rows.groupBy("topic", "partition", _RUN, key)
+            .agg(*specs)
+            .select(
+                "topic",
+                "partition",
+                _RUN,
+                F.lit(int(Part.PARTIAL)).cast("tinyint").alias(PART),
+                _struct([key, *aggregations]).alias(PARTIAL),
+            )
+        )
+
+    def records(self, records: pa.Table) -> pa.Table:
+        """Kafka records read in Python (``RECORD_SCHEMA``: channel state
+        copied into a snapshot, held records read back), prepared as the
+        query would have prepared them."""
+        if records.num_rows == 0:
+            return records
+        frame = self._spark.createDataFrame(records.select(list(BATCH_COLUMNS)).cast(RECORD_SCHEMA))
+        # in channel and offset order, as a query hands a micro-batch over (``ChannelQuery``)
+        return self(frame).sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
+
+
+@contextlib.contextmanager
+def _quiet_query_context() -> Iterator[None]:
+    """pyspark logs a query it refuses with its whole context; the
+    ``ConfigError`` made of the refusal says what matters."""
+    loggers = [logging.getLogger(name) for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _partial_spec(operator: object, columns: list[str]) -> tuple[str, dict[str, Aggregation]] | None:
+    """What of the stage's operator Spark computes per run of records: the
+    key and aggregations of a ``KeyedAggregate`` over the code's columns."""
+    if not isinstance(operator, KeyedAggregate):
+        return None
+    if not {operator.key, *input_columns(operator.aggregations)} <= set(columns):
+        return None  # the operator will say what it misses
+    return operator.key, dict(operator.aggregations)
+
+
+def _struct(columns: list[str]) -> Column:
+    """``columns`` as a struct whose fields may all be null: a count or a
+    literal is never null in Spark's eyes, but the rows of the other parts
+    of a prepared micro-batch have no struct at all, which Arrow refuses
+    for a field said never to be null."""
+    return F.struct(*(F.when(F.col(c).isNotNull(), F.col(c)).alias(c) for c in columns))
+
+
+def _at_run_ends(prepared: pa.Table) -> pa.Table:
+    """With partial aggregates, every row of a run placed at the run's end
+    (its marker's offset): a partial stands for records all through the run,
+    so the task takes a run whole, after it, and a checkpoint never falls
+    inside it (where the records before would be in neither the state nor
+    the channel state)."""
+    if _RUN not in prepared.column_names:
+        return prepared
+    parts = prepared[PART]
+    moved = pc.and_(
+        pc.is_in(parts, pa.array([int(Part.ROW), int(Part.PARTIAL)], pa.int8())), pc.is_valid(prepared[_RUN])
+    )
+    if not pc.any(moved).as_py():
+        return prepared.drop_columns([_RUN])
+    markers = prepared.filter(pc.equal(parts, pa.scalar(int(Part.MARKER), pa.int8())))
+    ends = markers.select(["topic", "partition", _RUN, "offset"]).rename_columns(["topic", "partition", _RUN, "_end"])
+    rows = prepared.filter(moved)
+    where = rows.select(["topic", "partition", _RUN]).append_column("_i", pa.array(range(rows.num_rows)))
+    found = where.join(ends, ["topic", "partition", _RUN]).sort_by("_i")
+    if found.num_rows != rows.num_rows:  # every run with a row has its marker
+        raise ChannelQueryError(f"{found.num_rows} of {rows.num_rows} rows found the end of their run")
+    rows = rows.set_column(rows.schema.get_field_index("offset"), "offset", found["_end"])
+    return pa.concat_tables([prepared.filter(pc.invert(moved)), rows]).drop_columns([_RUN])
+
+
+def _runs(raw: pa.Table) -> Column:
+    """Each data record's run: how many control records of its channel come
+    before it in the micro-batch."""
+    control = raw.filter(raw[_CONTROL])
+    if control.num_rows == 0:
+        return F.lit(0)
+    by_channel: dict[str, list[int]] = {}
+    for topic, partition, offset in zip(
+        control["topic"].to_pylist(), control["partition"].to_pylist(), control["offset"].to_pylist()
+    ):
+        by_channel.setdefault(f"{topic}/{partition}", []).append(offset)
+    offsets = F.create_map(
+        *(
+            part
+            for name, found in sorted(by_channel.items())
+            for part in (F.lit(name), F.array(*(F.lit(o).cast("long") for o in found)))
+        )
+    )
+    before = F.coalesce(
+        offsets[F.concat_ws("/", "topic", F.col("partition").cast("string"))], F.array().cast("array<bigint>")
+    )
+    return F.size(F.filter(before, lambda o: o < F.col("offset")))
+
+
+def _assemble(prepared: pa.Table, raw: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The Spark side's two results as one table: the code's rows with the
+    markers, and the raw records (control records, and undecodable ones
+    with the reason the Python decoder gives, or Spark's)."""
+    control = raw[_CONTROL].to_pylist()
+    records = raw.drop_columns([_CONTROL]).cast(RECORD_SCHEMA, safe=False)
+    reasons = iter(_reasons(records.filter(pc.invert(raw[_CONTROL]))["value"], schema))
+    parts = pa.array([Part.CONTROL if c else Part.REJECTED for c in control], pa.int8())
+    why = pa.array([None if c else next(reasons) for c in control], pa.string())
+    return pa.concat_tables(
+        [prepared, records.append_column(PART, parts).append_column(REASON, why)], promote_options="permissive"
+    )
+
+
+def _reasons(values: pa.ChunkedArray, schema: pa.Schema) -> list[str]:
+    """Why each of ``values`` could not be a row: the Python decoder's
+    reason, or Spark's refusal where that decoder would have taken it."""
+    if len(values) == 0:
+        return []
+    said = dict(codec.decode(values, schema).rejected)
+    spark = f"Spark's JSON reader could not read the value with the ingress schema ({_arrow_columns(schema)})"
+    return [said.get(i, spark) for i in range(len(values))]
+
+
+def _arrow_columns(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name} {f.type}" for f in schema)
+
+
+def _columns(schema: StructType) -> str:
+    return ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in schema.fields)
+
+
+def _losing_steps(out: DataFrame) -> list[str]:
+    """The steps of ``out``'s analysed plan after which a row no longer
+    stands for one input record."""
+    plan = out._jdf.queryExecution().analyzed().treeString()
+    found: list[str] = []
+    for line in plan.splitlines():
+        match = _NODE.match(line)
+        if match and match.group(1) in _LOSES_POSITIONS:
+            why = f"{match.group(1)}: {_LOSES_POSITIONS[match.group(1)]}"
+            if why not in found:
+                found.append(why)
+    return found
+
+
+def spark_stages(
+    spark: SparkSession, stages: list[Stage], ingress_of: Callable[[str], Ingress | None]
+) -> dict[str, SparkStage]:
+    """The ``SparkStage`` of every stage among ``stages`` that has Spark code."""
+    made: dict[str, SparkStage] = {}
+    for stage in stages:
+        if stage.spark is not None:
+            ingress = ingress_of(stage.inputs[0])
+            made[stage.name] = SparkStage(spark, stage, ingress)
+    return made

@@ -1,0 +1,178 @@
+"""A stage's Spark code on a real Spark session: what each micro-batch
+becomes before it reaches Python (rows that keep the record they came
+from, undecodable records with their reason, control records as they came,
+one marker per run), and code that cannot keep positions refused at start."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+
+from barriers.messages import Barrier, encode
+from operators import KeyedAggregate, count, max_, sum_
+from streaming.adapters.records import EVENT_TIME, PARTIAL, REASON, RECORD_SCHEMA, RECORDS, ROW, Part, part_of
+from streaming.adapters.spark_stage import POSITION, SparkStage
+from streaming.api.pipeline import Ingress, Stage
+from streaming.errors import ConfigError
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = pa.schema([("user", pa.string()), ("amount", pa.int64()), ("ts", pa.int64()), ("tags", pa.list_(pa.string()))])
+INGRESS = Ingress("clicks", 2, SCHEMA, event_time="ts", max_out_of_orderness=1_000)
+
+
+def _stage(code) -> Stage:
+    return Stage("clean", ("clicks",), spark=code)
+
+
+def _records(*rows) -> pa.Table:
+    """(partition, offset, value: dict | bytes | None | Barrier)."""
+    out = []
+    for partition, offset, value in rows:
+        headers = []
+        if isinstance(value, Barrier):
+            headers, value = encode(value), b""
+        elif isinstance(value, dict):
+            value = json.dumps(value).encode()
+        out.append(
+            {
+                "topic": "clicks",
+                "partition": partition,
+                "offset": offset,
+                "key": None,
+                "value": value,
+                "headers": [{"key": k, "value": v} for k, v in headers],
+                "timestamp": None,
+            }
+        )
+    return pa.Table.from_pylist(out, schema=RECORD_SCHEMA)
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+    return table.sort_by([("partition", "ascending"), ("offset", "ascending"), ("_abs_part", "ascending")])
+
+
+def test_spark_decodes_runs_the_code_and_keeps_the_record_of_every_row(spark):
+    def code(df):
+        return df.filter(F.col("amount") > 0).select(
+            POSITION, "user", F.explode("tags").alias("tag"), (F.col("amount") * 2).alias("doubled")
+        )
+
+    stage = SparkStage(spark, _stage(code), INGRESS)
+    assert stage.columns == ["user", "tag", "doubled"]
+    prepared = _sorted(
+        stage.records(
+            _records(
+                (0, 0, {"user": "a", "amount": 5, "ts": 1_000, "tags": ["x", "y"]}),
+                (0, 1, b"not json"),
+                (0, 2, {"user": "b", "amount": -1, "ts": 9_000, "tags": ["z"]}),  # filtered out
+                (0, 3, {"user": "c", "amount": "lots", "ts": 2_000, "tags": []}),
+                (0, 4, Barrier(1, job="job")),
+                (0, 5, {"user": "d", "amount": 3, "ts": 3_000, "tags": ["q"]}),
+                (1, 0, None),
+                (1, 1, {"user": "b", "amount": -4, "ts": 4_000, "tags": ["q"]}),  # filtered out
+            )
+        )
+    )
+    rows = part_of(prepared, Part.ROW)
+    assert list(zip(rows["partition"].to_pylist(), rows["offset"].to_pylist(), rows[ROW].to_pylist())) == [
+        (0, 0, {"user": "a", "tag": "x", "doubled": 10}),
+        (0, 0, {"user": "a", "tag": "y", "doubled": 10}),
+        (0, 5, {"user": "d", "tag": "q", "doubled": 6}),
+    ]
+    rejected = part_of(prepared, Part.REJECTED)
+    reasons = dict(
+        zip(zip(rejected["partition"].to_pylist(), rejected["offset"].to_pylist()), rejected[REASON].to_pylist())
+    )
+    assert set(reasons) == {(0, 1), (0, 3), (1, 0)}
+    assert reasons[(0, 1)].startswith("value is not JSON")
+    assert reasons[(0, 3)].startswith("value does not fit the schema")
+    assert reasons[(1, 0)] == "record has no value"
+    assert rejected["value"].to_pylist()[0] == b"not json"  # the raw record, for the dead letters
+    control = part_of(prepared, Part.CONTROL)
+    assert control["offset"].to_pylist() == [4] and control["headers"][0].as_py()
+    # a run per channel and barrier: its last offset, its records (filtered and undecodable
+    # ones too) and its highest event time (of records the code filtered out too)
+    markers = part_of(prepared, Part.MARKER)
+    assert list(
+        zip(
+            markers["partition"].to_pylist(),
+            markers["offset"].to_pylist(),
+            markers[RECORDS].to_pylist(),
+            markers[EVENT_TIME].to_pylist(),
+        )
+    ) == [(0, 3, 4, 9_000), (0, 5, 1, 3_000), (1, 1, 2, 4_000)]
+
+
+def test_sql_over_the_input_view(spark):
+    stage = SparkStage(spark, _stage("SELECT _position, upper(user) AS who FROM {input} WHERE amount > 2"), INGRESS)
+    prepared = stage.records(
+        _records((0, 7, {"user": "a", "amount": 5, "ts": 1}), (0, 8, {"user": "b", "amount": 1, "ts": 2}))
+    )
+    rows = part_of(prepared, Part.ROW)
+    assert rows["offset"].to_pylist() == [7] and rows[ROW].to_pylist() == [{"who": "A"}]
+    # no control record, none undecodable: the record columns are there all the same
+    assert set(RECORD_SCHEMA.names) <= set(prepared.column_names)
+
+
+@pytest.mark.parametrize(
+    ("code", "says"),
+    [
+        (lambda df: df.groupBy("user").count(), "must keep _position"),
+        (lambda df: df.select("user"), "must keep _position"),
+        (lambda df: df.groupBy(POSITION, "user").count(), "Aggregate: an aggregation combines records"),
+        (lambda df: df.dropDuplicates(["user"]), "Deduplicate"),
+        ("SELECT _position, user FROM {input} LIMIT 3", "a limit depends on how records fall into micro-batches"),
+        ("SELECT _position, row_number() OVER (PARTITION BY user ORDER BY ts) AS n FROM {input}", "Window"),
+        ("SELECT _position, nope FROM {input}", "failed on its input"),
+        (lambda df: 5, "returned int, not a DataFrame"),
+    ],
+)
+def test_code_that_cannot_keep_positions_is_refused_at_start_with_the_reason(spark, code, says):
+    with pytest.raises(ConfigError, match="stage clean") as refused:
+        SparkStage(spark, _stage(code), INGRESS)
+    assert says in str(refused.value)
+
+
+def test_an_event_time_column_spark_cannot_read_as_time_is_refused(spark):
+    ingress = Ingress("clicks", 1, pa.schema([("user", pa.string()), ("ts", pa.string())]), event_time="ts")
+    with pytest.raises(ConfigError, match="timestamp or whole milliseconds"):
+        SparkStage(spark, _stage(lambda df: df), ingress)
+
+
+def test_a_keyed_aggregate_after_the_code_gets_partials_per_key_and_run_at_the_run_end(spark):
+    stage = Stage(
+        "totals",
+        ("clicks",),
+        lambda: KeyedAggregate("user", {"n": count(), "total": sum_("amount"), "top": max_("amount")}),
+        spark="SELECT _position, user, amount FROM {input} WHERE amount > 0",
+    )
+    code = SparkStage(spark, stage, INGRESS)
+    prepared = _sorted(
+        code.records(
+            _records(
+                (0, 0, {"user": "a", "amount": 5, "ts": 1}),
+                (0, 1, {"user": "b", "amount": 1, "ts": 2}),
+                (0, 2, {"user": "a", "amount": 7, "ts": 3}),
+                (0, 3, {"user": None, "amount": 2, "ts": 4}),  # a null key: a row, for the dead letters
+                (0, 4, {"user": "b", "amount": -1, "ts": 5}),  # filtered out: the run ends here all the same
+                (0, 5, Barrier(1, job="job")),
+                (0, 6, {"user": "a", "amount": 1, "ts": 6}),
+            )
+        )
+    )
+    partials = part_of(prepared, Part.PARTIAL)
+    got = sorted(zip(partials["offset"].to_pylist(), partials[PARTIAL].to_pylist()), key=lambda r: (r[0], r[1]["user"]))
+    assert got == [
+        (4, {"user": "a", "n": 2, "total": 12, "top": 7}),
+        (4, {"user": "b", "n": 1, "total": 1, "top": 1}),
+        (6, {"user": "a", "n": 1, "total": 1, "top": 1}),
+    ]
+    rows = part_of(prepared, Part.ROW)
+    # every row of a run at its end: the task takes the run whole
+    assert rows["offset"].to_pylist() == [4] and rows[ROW].to_pylist() == [{"user": None, "amount": 2}]
+    # what crosses to Python: one row per key and run, not one per record
+    assert prepared.num_rows == 3 + 1 + 2 + 1  # partials, the null key's row, a marker per run, the barrier
