@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+FLINK_VERSION := 2.2.1
+QUIX_VERSION  := 3.28.1
+PEERS  := .venv-flink/.installed .venv-quix/.installed
 
 .PHONY: run test install clean bench bench-quick
 
@@ -18,16 +21,28 @@ test: $(STAMP)
 
 install: $(STAMP)
 
-# spark-abs against plain Spark, side by side (benchmarks/): results under $SPARK_ABS_HOME/bench/
-bench: $(STAMP) $(VENV)/.bench
+# spark-abs against plain Spark, Flink SQL and Quix Streams, side by side (benchmarks/):
+# results under $SPARK_ABS_HOME/bench/
+bench: $(STAMP) $(VENV)/.bench $(PEERS)
 	$(BIN)/python -m benchmarks --demo --profile
 
-bench-quick: $(STAMP) $(VENV)/.bench
+bench-quick: $(STAMP) $(VENV)/.bench $(PEERS)
 	$(BIN)/python -m benchmarks --quick --demo --profile
 
 $(VENV)/.bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	touch $(VENV)/.bench
+
+# the peers, each in a virtualenv of its own: PyFlink pins py4j, pandas and pyarrow below pyspark's
+.venv-flink/.installed:
+	$(PYTHON) -m venv .venv-flink
+	.venv-flink/bin/python -m pip install --quiet 'apache-flink==$(FLINK_VERSION)'
+	touch $@
+
+.venv-quix/.installed:
+	$(PYTHON) -m venv .venv-quix
+	.venv-quix/bin/python -m pip install --quiet 'quixstreams==$(QUIX_VERSION)'
+	touch $@
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,4 +52,4 @@ $(STAMP): pyproject.toml
 
 clean:
 	-$(BIN)/spark-abs local down
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-flink .venv-quix .pytest_cache .hypothesis

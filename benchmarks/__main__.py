@@ -20,7 +20,16 @@ values, two partitions, every record already in the topic).  Variants:
 - abs-1stage-spark: the same pipeline with the records decoded by Spark on
   the executors (the stage's Spark code ``SELECT _position, k, v``): only
   the two columns cross to Python;
-- abs-2stage: a stateless stage keyed by k in front of the count.
+- abs-2stage: a stateless stage keyed by k in front of the count;
+- flink-sql, quix: the peers a user would pick instead, on the same topic
+  (``benchmarks.peers``): Flink SQL (PyFlink 2.2, a local mini-cluster of
+  two slots, the Kafka SQL connector, ``GROUP BY k`` with mini-batches,
+  checkpoints every second, updates to an upsert-kafka topic exactly once)
+  and Quix Streams (exactly once, committing every second, state in
+  RocksDB); their output is read back (read_committed) and checked, and
+  their throughput runs from their first output to their last as the
+  broker appended them (``make bench`` makes their environments; without
+  them they are left out, with a warning).
 - with ``--scaling``: scaling-1, scaling-2, scaling-4, the two stages with
   1, 2 and 4 tasks each over a topic of four partitions, all tasks in one
   Spark application on the connection's master (``local[2]`` on the local
@@ -73,7 +82,10 @@ DEMO_RATE = 100
 RATIOS = [
     ("spark-abs / native (HDFS state store)", "abs-1stage", "native-hdfs"),
     ("spark-abs / native (RocksDB state store)", "abs-1stage", "native-rocksdb"),
+    ("spark-abs / Flink SQL", "abs-1stage", "flink-sql"),
+    ("spark-abs / Quix Streams", "abs-1stage", "quix"),
     ("spark-abs, Spark decoding / native (HDFS state store)", "abs-1stage-spark", "native-hdfs"),
+    ("spark-abs, Spark decoding / Flink SQL", "abs-1stage-spark", "flink-sql"),
     ("Spark decoding / Python decoding", "abs-1stage-spark", "abs-1stage"),
     ("checkpoints every 0.5 s / off", "abs-1stage-ckpt0.5s", "abs-1stage"),
     ("checkpoints every 1 s / off", "abs-1stage-ckpt1s", "abs-1stage"),
@@ -87,9 +99,9 @@ RATIOS = [
 SCALING = (1, 2, 4)
 
 
-def _variants(profile: Profile, scaling: bool = False) -> list[str]:
+def _variants(profile: Profile, scaling: bool = False, peers: tuple[str, ...] = ()) -> list[str]:
     return (
-        ["native-hdfs", "native-rocksdb", "abs-1stage", "abs-1stage-spark"]
+        ["native-hdfs", "native-rocksdb", *peers, "abs-1stage", "abs-1stage-spark"]
         + [f"abs-1stage-ckpt{i:g}s" for i in profile.intervals]
         + ["abs-2stage"]
         + ([f"scaling-{n}" for n in SCALING] if scaling else [])
@@ -100,6 +112,15 @@ def _run(variant: str, round_: int, context: dict):
     from benchmarks import runs
     from streaming.api.settings import Mode
 
+    if variant in runs.PEERS:
+        return runs.peer_run(
+            variant,
+            round_,
+            bootstrap=context["connection"].kafka_bootstrap,
+            topic=context["topic"],
+            expected=context["expected"],
+            cache_dir=context["cache_dir"],
+        )
     if variant.startswith("native-"):
         return runs.native_run(
             variant, round_, topic=context["topic"], state_store=variant.split("-", 1)[1], expected=context["expected"]
@@ -252,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks import runs, workloads
     from streaming import console
     from streaming.adapters.kafka_admin import create_topic
-    from streaming.api.config import Connection, default_home
+    from streaming.api.config import Connection, LocalRuntimeSettings, default_home
     from streaming.errors import SparkAbsError
     from streaming.local import LocalRuntime
 
@@ -262,7 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     name = "quick" if args.quick else "full"
     base = PROFILES[name]
     profile = Profile(args.records or base.records, args.rounds or base.rounds, base.intervals, base.demo_seconds)
-    variants = _variants(profile, args.scaling)
+    from benchmarks.runs import PEERS, peer_available
+
+    peers = tuple(p for p in PEERS if peer_available(p))
+    missing = [p for p in PEERS if p not in peers]
+    if missing:
+        log.warning(f"no environment for {', '.join(missing)}: `make bench` makes them (.venv-flink, .venv-quix)")
+    variants = _variants(profile, args.scaling, peers)
     if args.only:
         variants = [v for v in variants if v in set(args.only.split(","))]
     settings = _settings(args.set)
@@ -300,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "profile": args.profile,
         "scaling_topic": scaling_topic,
         "scaling_expected": scaling_expected,
+        "cache_dir": LocalRuntimeSettings().cache_dir,
     }
     all_runs = []
     for round_ in range(1, profile.rounds + 1):

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from barriers.coordinator import CheckpointStatus
@@ -38,6 +39,8 @@ from streaming.errors import SparkAbsError
 __all__ = ["Run", "abs_run", "native_run", "demo_run", "percentile"]
 
 log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -303,3 +306,81 @@ def demo_run(
         f"demo: {len(steady)} steady-state checkpoints, p50 {run.detail['p50_s']}, restore ready in {restored:.1f} s"
     )
     return run
+
+
+# the peers' environments (``make bench`` makes them) and their scripts
+PEERS = {
+    "flink-sql": (".venv-flink", "benchmarks/peers/flink_count.py"),
+    "quix": (".venv-quix", "benchmarks/peers/quix_count.py"),
+}
+FLINK_KAFKA = ("org.apache.flink", "flink-sql-connector-kafka", "5.0.0-2.2")
+
+
+def peer_available(variant: str) -> bool:
+    return (ROOT / PEERS[variant][0] / "bin" / "python").exists()
+
+
+def flink_connector(cache_dir: Path) -> Path:
+    """Flink's Kafka SQL connector (one shaded jar), from Maven Central once."""
+    from streaming.adapters.jars import Artifact, resolve_jars
+
+    jars = resolve_jars("flink-sql-kafka", [Artifact(*FLINK_KAFKA)], cache_dir)
+    return next(j for j in jars if j.name.startswith(FLINK_KAFKA[1]))
+
+
+def peer_run(
+    variant: str, round_: int, *, bootstrap: str, topic: str, expected: Mapping[str, int], cache_dir: Path
+) -> Run:
+    """A peer over the whole topic, in its own environment: the updates it
+    commits to a topic of its own are checked, and its throughput runs from
+    its first output record to its last (when the broker appended each; its
+    start-up is launch to first output)."""
+    from streaming.adapters.kafka_admin import create_topic
+
+    env, script = PEERS[variant]
+    out = f"{topic}-{variant}-{uuid.uuid4().hex[:6]}"
+    # the broker stamps each record when it appends it (a peer may pass its input's time on)
+    create_topic(bootstrap, out, 2, config={"message.timestamp.type": "LogAppendTime"})
+    command = [str(ROOT / env / "bin" / "python"), str(ROOT / script), "--bootstrap", bootstrap, "--topic", topic]
+    command += ["--out", out]
+    command += (
+        ["--jar", str(flink_connector(cache_dir))]
+        if variant == "flink-sql"
+        else ["--records", str(expected["records"])]
+    )
+    launched = time.time()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+        raise SparkAbsError(f"{variant} failed (exit {done.returncode}):\n{tail}")
+    output, first, last = _committed_updates(bootstrap, out)
+    run = Run(variant, round_, max(0.0, first - launched), seconds=last - first, records=int(expected["records"]))
+    run.verified, run.detail = _verify(output, expected)
+    return run
+
+
+def _committed_updates(bootstrap: str, topic: str) -> tuple[pa.Table | None, float, float]:
+    """Every committed ``{"k", "n", "sum"}`` update on ``topic`` and the
+    times of the first and last (seconds since the epoch)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        ends = consumer.end_offsets(partitions)
+        rows, times = [], []
+        deadline = time.monotonic() + 300
+        while any(consumer.position(p) < ends[p] for p in partitions) and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=1000).values():
+                for record in records:
+                    if record.value:
+                        rows.append(json.loads(record.value))
+                        times.append(record.timestamp / 1000)
+    finally:
+        consumer.close()
+    if not rows:
+        return None, 0.0, 0.0
+    table = pa.Table.from_pylist(rows).select(["k", "n", "sum"])
+    return table, min(times), max(times)

@@ -127,8 +127,12 @@ def produce(
             key = f"key-{i % keys}"
             value = i % 100
             total += value
+            # keyed by k too: Quix Streams keeps its state by the message key
             producer.send(
-                topic, value=json.dumps({"k": key, "v": value}).encode(), partition=partition_of(key, partitions)
+                topic,
+                key=key.encode(),
+                value=json.dumps({"k": key, "v": value}).encode(),
+                partition=partition_of(key, partitions),
             )
         producer.flush(300)
     finally:

@@ -198,7 +198,7 @@ class SparkStage:
         """A micro-batch of Kafka records (Spark's Kafka source columns),
         prepared (see the module docstring)."""
         # a record without headers has none: not a control record
-        control = F.coalesce(F.exists("headers", lambda h: h["key"] == F.lit(KIND_HEADER)), F.lit(False))
+        control = F.coalesce(F.array_contains(F.col("headers.key"), KIND_HEADER), F.lit(False))
         decoded = batch.select(
             *BATCH_COLUMNS,
             control.alias(_CONTROL),
