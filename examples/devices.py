@@ -8,7 +8,8 @@ every twenty seconds: devices send again what they are not sure arrived
         ─► unique-events (2 tasks, Deduplicate within 1 min, by device)
         ─► device-minutes (1-minute windows sliding by 20 s, per device) ─► Kafka topic <job>.device-minutes
 
-What it shows: deduplication within a watermark (Spark's
+What it shows: a stage of Spark code given as a DataFrame function
+(``readings``); deduplication within a watermark (Spark's
 ``dropDuplicatesWithinWatermark``), fed by a stage that routes by the event
 id so that every copy of an event meets in one task; sliding windows
 (Spark's ``window(ts, size, slide)``); records out of order within the
@@ -26,10 +27,10 @@ import random
 
 import pyarrow as pa
 
-from operators import Deduplicate, SlidingWindowAggregate, count, select, sum_
+from operators import Deduplicate, SlidingWindowAggregate, count, sum_
 from streaming import Ingress, Pipeline, Sink, Stage
 
-__all__ = ["EVENTS", "pipeline", "records", "REFERENCE", "KEYS"]
+__all__ = ["EVENTS", "pipeline", "readings", "records", "REFERENCE", "KEYS"]
 
 EVENTS = pa.schema(
     [
@@ -50,13 +51,8 @@ def pipeline(job: str = "device-events") -> Pipeline:
         job,
         (Ingress(events, 2, EVENTS, event_time="ts", max_out_of_orderness=5_000),),
         (
-            Stage(
-                "events-by-id",
-                (events,),
-                lambda: select("event_id", "device", "value", "ts"),
-                parallelism=2,
-                key="event_id",
-            ),
+            # Spark code, a DataFrame function: Spark decodes the events and keeps four columns
+            Stage("events-by-id", (events,), spark=readings, parallelism=2, key="event_id"),
             Stage(
                 "unique-events",
                 ("events-by-id",),
@@ -74,6 +70,11 @@ def pipeline(job: str = "device-events") -> Pipeline:
             ),
         ),
     )
+
+
+def readings(events):
+    """The columns the later stages need, chosen by Spark on the executors."""
+    return events.select("_position", "event_id", "device", "value", "ts")
 
 
 def records(job: str = "device-events", *, events: int = 2_500, seed: int = 9) -> list[tuple[str, int, bytes]]:

@@ -10,9 +10,10 @@
                                      country-totals (10 s windows per country) ─► Kafka topic <job>.country-totals
 
 What it shows: a stage that is Spark SQL (Spark decodes the orders and
-filters them on the executors; only the orders kept reach Python); a stream-table join whose table side carries no event time
-(it holds no window back), routed by the join key so that every task of the
-join sees the customers of its orders; the join holding the watermark at
+filters them on the executors; only the orders kept reach Python); a
+stream-table join whose table side carries no event time (it holds no
+window back), routed by the join key so that every task of the join sees
+the customers of its orders; the join holding the watermark at
 its earliest buffered order (``time_column``), so an order that waits for
 its customer is never late for the window after it; and an idle partition
 (no producer writes to partition 2 of the orders) that stops holding the

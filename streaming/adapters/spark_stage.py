@@ -20,10 +20,15 @@ For each micro-batch of the stage's Kafka query, Spark:
 3. adds a *marker* per run of data records between two control records of a
    channel: the run's last offset, its record count and its highest event
    time, taken before the code, so records the code filters out still move
-   the channel's position and event time.
+   the channel's position and event time;
+4. when the stage's operator is a ``KeyedAggregate`` over the code's
+   columns, computes its partial aggregates per channel, run and key, and
+   places every row of such a run at the run's end: a partial stands for
+   records all through the run, so the task takes the run whole and no
+   checkpoint falls inside it (docs/spark-stages.md).
 
-Only the code's output columns, the control and undecodable records and
-the markers cross to Python (``streaming.adapters.records.Part`` says which
+Only the code's output columns (or the partials), the control and
+undecodable records and the markers cross to Python (``streaming.adapters.records.Part`` says which
 row is which).  Code whose output cannot keep positions (an aggregation,
 a window function, a limit, deduplication across records) is refused when
 the stage starts, with the reason; stateful work belongs to the stage's
@@ -196,7 +201,9 @@ class SparkStage:
 
     def __call__(self, batch: DataFrame) -> pa.Table:
         """A micro-batch of Kafka records (Spark's Kafka source columns),
-        prepared (see the module docstring)."""
+        prepared (see the module docstring): two Spark jobs over the records
+        decoded once (cached), the control and undecodable records first
+        (their offsets cut the runs), then everything else."""
         # a record without headers has none: not a control record
         control = F.coalesce(F.array_contains(F.col("headers.key"), KIND_HEADER), F.lit(False))
         decoded = batch.select(
@@ -209,60 +216,69 @@ class SparkStage:
         try:
             bad = F.col(_DECODED).isNull() | F.col(f"{_DECODED}.{_CORRUPT}").isNotNull()
             raw = decoded.filter(F.col(_CONTROL) | bad).select(*BATCH_COLUMNS, F.col(_CONTROL)).toArrow()
-            data = decoded.filter(~F.col(_CONTROL))
-            good = data.filter(~bad)
-            view = good.select(
-                *(F.col(f"{_DECODED}.{name}").alias(name) for name in self._fields.names),
-                F.struct("topic", "partition", "offset").alias(POSITION),
-            )
             runs = _runs(raw)
-            out = self._apply(view).select(
-                F.col(f"{POSITION}.topic").alias("topic"),
-                F.col(f"{POSITION}.partition").alias("partition"),
-                F.col(f"{POSITION}.offset").alias("offset"),
-                *self.columns,
-            )
-            parts = [out]
-            if self._partial is not None:
-                key, _ = self._partial
-                # rows with a null key go to the operator as they are (it names them dead letters)
-                out = out.withColumn(_RUN, runs)
-                parts = [out.filter(F.col(key).isNull()), self._partials(out.filter(F.col(key).isNotNull()))]
-            rows = parts[0].select(
-                "topic",
-                "partition",
-                "offset",
-                *([_RUN] if self._partial is not None else []),
-                F.lit(int(Part.ROW)).cast("tinyint").alias(PART),
-                _struct(self.columns).alias(ROW),
-            )
-            markers = (
-                data.withColumn(_RUN, runs)
-                .groupBy("topic", "partition", _RUN)
-                .agg(
-                    F.max("offset").alias("offset"),
-                    F.count(F.lit(1)).alias(RECORDS),
-                    F.max(F.when(~bad, self._event_time) if self._event_time is not None else F.lit(None))
-                    .cast("long")
-                    .alias(EVENT_TIME),
-                )
-                .select(
-                    "topic",
-                    "partition",
-                    "offset",
-                    _RUN,
-                    F.lit(int(Part.MARKER)).cast("tinyint").alias(PART),
-                    RECORDS,
-                    EVENT_TIME,
-                )
-            )
-            prepared = rows.unionByName(markers, allowMissingColumns=True)
-            if len(parts) > 1:
-                prepared = prepared.unionByName(parts[1], allowMissingColumns=True)
+            data = decoded.filter(~F.col(_CONTROL))
+            parts = [*self._rows(data.filter(~bad), runs), self._markers(data, runs, bad)]
+            prepared = parts[0]
+            for part in parts[1:]:
+                prepared = prepared.unionByName(part, allowMissingColumns=True)
             prepared = _at_run_ends(prepared.toArrow())
         finally:
             decoded.unpersist()
         return _assemble(prepared, raw, self._schema)
+
+    def _rows(self, good: DataFrame, runs: Column) -> list[DataFrame]:
+        """The code's rows (``ROW``), or with a keyed aggregate after the code
+        its partials (``PARTIAL``) and the rows whose key is null (the
+        operator names them dead letters)."""
+        view = good.select(
+            *(F.col(f"{_DECODED}.{name}").alias(name) for name in self._fields.names),
+            F.struct("topic", "partition", "offset").alias(POSITION),
+        )
+        out = self._apply(view).select(
+            F.col(f"{POSITION}.topic").alias("topic"),
+            F.col(f"{POSITION}.partition").alias("partition"),
+            F.col(f"{POSITION}.offset").alias("offset"),
+            *self.columns,
+        )
+        partials = []
+        if self._partial is not None:
+            key, _ = self._partial
+            out = out.withColumn(_RUN, runs)
+            partials = [self._partials(out.filter(F.col(key).isNotNull()))]
+            out = out.filter(F.col(key).isNull())
+        rows = out.select(
+            "topic",
+            "partition",
+            "offset",
+            *([_RUN] if self._partial is not None else []),
+            F.lit(int(Part.ROW)).cast("tinyint").alias(PART),
+            _struct(self.columns).alias(ROW),
+        )
+        return [rows, *partials]
+
+    def _markers(self, data: DataFrame, runs: Column, bad: Column) -> DataFrame:
+        """A ``MARKER`` per channel and run of data records: its last offset,
+        its records, the highest event time of those that decoded."""
+        event_time = F.when(~bad, self._event_time) if self._event_time is not None else F.lit(None)
+        return (
+            data.withColumn(_RUN, runs)
+            .groupBy("topic", "partition", _RUN)
+            .agg(
+                F.max("offset").alias("offset"),
+                F.count(F.lit(1)).alias(RECORDS),
+                F.max(event_time).cast("long").alias(EVENT_TIME),
+            )
+            .select(
+                "topic",
+                "partition",
+                "offset",
+                _RUN,
+                F.lit(int(Part.MARKER)).cast("tinyint").alias(PART),
+                RECORDS,
+                EVENT_TIME,
+            )
+        )
 
     def _partials(self, rows: DataFrame) -> DataFrame:
         """The operator's partial aggregates of ``rows`` per channel, run and

@@ -20,3 +20,21 @@ def test_header_values_takes_the_named_header_of_each_row():
     table = pa.table({"headers": headers})
     assert header_values(table, "g").to_pylist() == [b"7", None, b"8", None]
     assert header_values(table, "zzz").to_pylist() == [None] * 4
+
+
+def test_a_prepared_micro_batch_counts_the_records_it_stands_for():
+    from streaming.adapters.records import PART, RECORDS, Part, is_prepared, part_of, records_in
+
+    parts = [Part.ROW, Part.ROW, Part.MARKER, Part.CONTROL, Part.REJECTED, Part.MARKER, Part.PARTIAL]
+    prepared = pa.table(
+        {
+            "offset": pa.array([0, 0, 3, 4, 5, 6, 6], pa.int64()),
+            PART: pa.array([int(p) for p in parts], pa.int8()),
+            RECORDS: pa.array([None, None, 4, None, None, 2, None], pa.int64()),
+        }
+    )
+    assert is_prepared(prepared) and not is_prepared(prepared.drop_columns([PART]))
+    # the markers count every data record of their run (filtered and undecodable ones too), plus the control record
+    assert records_in(prepared) == 4 + 2 + 1
+    assert records_in(prepared.drop_columns([PART, RECORDS])) == 7  # Kafka records: one row each
+    assert part_of(prepared, Part.ROW)["offset"].to_pylist() == [0, 0]

@@ -95,3 +95,32 @@ def test_a_reference_passes_keyword_arguments_to_the_pipeline_function():
         load_pipeline("streaming.testing:slow_pipeline?ms_per_record", "slow-x")
     with pytest.raises(ConfigError, match="non-negative"):
         load_pipeline("streaming.testing:slow_pipeline?ms_per_record=fast", "slow-x")
+
+
+SCHEMA = pa.schema([("user", pa.string()), ("amount", pa.int64())])
+SQL = "SELECT _position, user FROM {input}"
+
+
+@pytest.mark.parametrize(
+    ("ingress", "stage", "message"),
+    [
+        ((Ingress("a", 1, SCHEMA),), Stage("s", ("a",), sink=Sink()), "give it an operator, Spark code"),
+        ((Ingress("a", 1, SCHEMA),), Stage("s", ("a",), spark="SELECT * FROM orders", sink=Sink()), "reading {input}"),
+        ((Ingress("a", 1),), Stage("s", ("a",), spark=SQL, sink=Sink()), "Spark decodes a with its schema"),
+        (
+            (Ingress("a", 1, SCHEMA), Ingress("b", 1, SCHEMA)),
+            Stage("s", ("a", "b"), spark=SQL, sink=Sink()),
+            "Spark code reads exactly one input, an ingress topic",
+        ),
+    ],
+)
+def test_a_stage_of_spark_code_reads_one_ingress_topic_with_a_schema(ingress, stage, message):
+    with pytest.raises(ConfigError, match="stage s") as refused:
+        Pipeline("job", ingress, (stage,))
+    assert message in str(refused.value)
+
+
+def test_a_stage_of_spark_code_alone_passes_its_rows_on():
+    pipeline = Pipeline("job", (Ingress("a", 1, SCHEMA),), (Stage("s", ("a",), spark=SQL, sink=Sink()),))
+    rows = pa.table({"user": ["x"]})
+    assert pipeline.stage("s").make_operator().process(rows) is rows
