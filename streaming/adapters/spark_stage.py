@@ -63,6 +63,7 @@ from streaming.adapters.records import (
     RECORDS,
     ROW,
     Part,
+    part_of,
 )
 from streaming.api.pipeline import Ingress, Stage
 from streaming.errors import ChannelQueryError, ConfigError
@@ -130,7 +131,6 @@ class SparkStage:
                 f"ingress {ingress.topic}: the schema uses names Spark stages keep for themselves: {clash}"
             )
         self._json = StructType([*self._fields.fields, StructField(_CORRUPT, StringType())])
-        self._topic = ingress.topic
         self._schema = ingress.schema
         self._event_time = self._event_time_column(ingress)
         self.columns = self.check()
@@ -358,7 +358,7 @@ def _at_run_ends(prepared: pa.Table) -> pa.Table:
     )
     if not pc.any(moved).as_py():
         return prepared.drop_columns([_RUN])
-    markers = prepared.filter(pc.equal(parts, pa.scalar(int(Part.MARKER), pa.int8())))
+    markers = part_of(prepared, Part.MARKER)
     ends = markers.select(["topic", "partition", _RUN, "offset"]).rename_columns(["topic", "partition", _RUN, "_end"])
     rows = prepared.filter(moved)
     where = rows.select(["topic", "partition", _RUN]).append_column("_i", pa.array(range(rows.num_rows)))

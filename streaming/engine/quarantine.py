@@ -70,6 +70,5 @@ class Quarantine:
         if not isinstance(letters, OperatorDeadLetters) or not len(letters):
             return
         for letter in letters.drain():
-            self.counters["dead_letters"] += 1
             value = json.dumps(letter.row, default=str, separators=(",", ":")).encode()
-            self.io.dead_letter(channel, -1, None, value, [], f"{letter.operator}: {letter.reason}")
+            self.row(channel, value, f"{letter.operator}: {letter.reason}")
