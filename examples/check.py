@@ -3,7 +3,7 @@ its committed output read back, and the same output computed independently
 in batch by Spark SQL from the same ingress topics, compared row by row.
 
 The reference never uses the pipeline's operators: each ingress topic is
-read with Spark's Kafka source, its JSON decoded with the ingress schema,
+read with Spark's Kafka source, its JSON (or Avro) decoded with the ingress schema,
 and registered as a view named after the topic's last part (``orders`` for
 ``<job>.orders``); the example's SQL does the rest."""
 
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 import pyarrow as pa
 
-from streaming.api.pipeline import Pipeline
+from streaming.api.pipeline import Ingress, Pipeline
 from streaming.api.producing import end_input
 
 __all__ = ["produce", "reference", "committed", "differences", "spark_ddl"]
@@ -68,12 +68,22 @@ def reference(spark, pipeline: Pipeline, sql: str, bootstrap: str) -> pd.DataFra
             .load()
         )
         # barriers and watermark records are header-only records with an empty value
-        decoded = raw.where(F.length("value") > 0).select(
-            F.from_json(F.col("value").cast("string"), spark_ddl(ingress.schema)).alias("r")
-        )
+        decoded = raw.where(F.length("value") > 0).select(_decoded(ingress).alias("r"))
         view = ingress.topic.removeprefix(f"{pipeline.job}.")
         decoded.select("r.*").createOrReplaceTempView(f"`{view}`")
     return spark.sql(sql).toPandas()
+
+
+def _decoded(ingress: Ingress):
+    """An ingress record's value as a struct of its columns."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    if ingress.avro is None:
+        return F.from_json(F.col("value").cast("string"), spark_ddl(ingress.schema))
+    # Confluent's serializers put five bytes first: a zero and the schema id
+    value = F.expr("substring(value, 6)") if ingress.avro.confluent_wire else F.col("value")
+    return from_avro(value, ingress.avro.json)
 
 
 def committed(bootstrap: str, topic: str) -> pd.DataFrame:

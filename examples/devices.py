@@ -8,7 +8,9 @@ every twenty seconds: devices send again what they are not sure arrived
         ─► unique-events (2 tasks, Deduplicate within 1 min, by device)
         ─► device-minutes (1-minute windows sliding by 20 s, per device) ─► Kafka topic <job>.device-minutes
 
-What it shows: a stage of Spark code given as a DataFrame function
+What it shows: Avro values as Confluent's serializers write them (the
+schema below, after a zero byte and a schema id), decoded by Spark on the
+executors; a stage of Spark code given as a DataFrame function
 (``readings``); deduplication within a watermark (Spark's
 ``dropDuplicatesWithinWatermark``), fed by a stage that routes by the event
 id so that every copy of an event meets in one task; sliding windows
@@ -22,25 +24,27 @@ Run it on the local runtime (``spark-abs local up``)::
 
 from __future__ import annotations
 
-import json
 import random
-
-import pyarrow as pa
 
 from operators import Deduplicate, SlidingWindowAggregate, count, sum_
 from streaming import Ingress, Pipeline, Sink, Stage
+from streaming.adapters import avro
 
 __all__ = ["EVENTS", "pipeline", "readings", "records", "REFERENCE", "KEYS"]
 
-EVENTS = pa.schema(
-    [
-        ("event_id", pa.string()),
-        ("device", pa.string()),
-        ("kind", pa.string()),
-        ("value", pa.int64()),
-        ("ts", pa.int64()),
-    ]
-)
+# the devices' Avro schema (event time ts in milliseconds)
+EVENTS = {
+    "type": "record",
+    "name": "DeviceEvent",
+    "namespace": "examples.devices",
+    "fields": [
+        {"name": "event_id", "type": "string"},
+        {"name": "device", "type": "string"},
+        {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["temp", "door"]}},
+        {"name": "value", "type": "long"},
+        {"name": "ts", "type": "long"},
+    ],
+}
 MINUTE_MS = 60_000
 SLIDE_MS = 20_000
 
@@ -49,7 +53,7 @@ def pipeline(job: str = "device-events") -> Pipeline:
     events = f"{job}.events"
     return Pipeline(
         job,
-        (Ingress(events, 2, EVENTS, event_time="ts", max_out_of_orderness=5_000),),
+        (Ingress(events, 2, avro=EVENTS, confluent_wire=True, event_time="ts", max_out_of_orderness=5_000),),
         (
             # Spark code, a DataFrame function: Spark decodes the events and keeps four columns
             Stage("events-by-id", (events,), spark=readings, parallelism=2, key="event_id"),
@@ -97,6 +101,7 @@ def records(job: str = "device-events", *, events: int = 2_500, seed: int = 9) -
         if rng.random() < 0.125:
             partitions[partition].append((ts + rng.randint(1_000, 4_000), event))  # sent again later
     topic = f"{job}.events"
+    schema = avro.avro_schema(EVENTS, confluent_wire=True, what=topic)
     sent = sorted(
         (
             (at, p, n, row)
@@ -105,7 +110,8 @@ def records(job: str = "device-events", *, events: int = 2_500, seed: int = 9) -
         ),
         key=lambda r: (r[0], r[1], r[2]),
     )
-    return [(topic, p, json.dumps(row).encode()) for _, p, _, row in sent]
+    values = avro.encode((row for _, _, _, row in sent), schema, schema_id=7)
+    return [(topic, p, value) for (_, p, _, _), value in zip(sent, values)]
 
 
 # the output, computed in batch from the same topic: every event once, per device and sliding minute

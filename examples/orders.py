@@ -9,7 +9,8 @@
                                                                                                    ▼
                                      country-totals (10 s windows per country) ─► Kafka topic <job>.country-totals
 
-What it shows: a stage that is Spark SQL (Spark decodes the orders and
+What it shows: a table whose records are Avro (decoded in Python, as no
+Spark code reads them); a stage that is Spark SQL (Spark decodes the orders and
 filters them on the executors; only the orders kept reach Python); a
 stream-table join whose table side carries no event time (it holds no
 window back), routed by the join key so that every task of the join sees
@@ -33,11 +34,21 @@ import pyarrow as pa
 
 from operators import LatestValueJoin, TumblingWindowAggregate, count, select, sum_
 from streaming import Ingress, Pipeline, Sink, Stage
+from streaming.adapters import avro
 
 __all__ = ["ORDERS", "CUSTOMERS", "pipeline", "records", "REFERENCE", "KEYS"]
 
 ORDERS = pa.schema([("order_id", pa.int64()), ("customer", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
-CUSTOMERS = pa.schema([("id", pa.string()), ("name", pa.string()), ("country", pa.string())])
+# the customer table comes as Avro records (no Spark code reads it: Python decodes them)
+CUSTOMERS = {
+    "type": "record",
+    "name": "Customer",
+    "fields": [
+        {"name": "id", "type": "string"},
+        {"name": "name", "type": "string"},
+        {"name": "country", "type": "string"},
+    ],
+}
 WINDOW_MS = 10_000
 COUNTRIES = ("fr", "de", "nl", "es", "it", "pl")
 
@@ -49,7 +60,7 @@ def pipeline(job: str = "orders-by-country") -> Pipeline:
         (
             # partition 2 has no producer: 3 s after the job starts it stops holding event time back
             Ingress(orders, 3, ORDERS, event_time="ts", max_out_of_orderness=1_000, idle_timeout=3_000),
-            Ingress(customers, 1, CUSTOMERS),
+            Ingress(customers, 1, avro=CUSTOMERS),
         ),
         (
             # Spark code: Spark decodes the orders and filters them on the executors
@@ -90,7 +101,8 @@ def records(job: str = "orders-by-country", *, orders: int = 2_500, seed: int = 
     a few with amounts that are not positive (filtered out)."""
     rng = random.Random(seed)
     customers = [{"id": f"c{i:03d}", "name": f"customer {i}", "country": rng.choice(COUNTRIES)} for i in range(120)]
-    out = [(f"{job}.customers", 0, json.dumps(c).encode()) for c in customers]
+    schema = avro.avro_schema(CUSTOMERS, what=f"{job}.customers")
+    out = [(f"{job}.customers", 0, value) for value in avro.encode(customers, schema)]
     for i in range(orders):
         order = {"order_id": i, "customer": rng.choice(customers)["id"], "amount": rng.randint(-20, 500), "ts": i * 25}
         out.append((f"{job}.orders", i % 2, json.dumps(order).encode()))

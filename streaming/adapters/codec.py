@@ -1,7 +1,8 @@
 """Record values on the wire.
 
 Ingress topics (what users produce) and the Kafka sink carry one JSON object
-per Kafka record.  ``decode`` turns a batch of values into an Arrow table in
+per Kafka record, or for an ingress given an Avro schema one Avro record
+(``streaming.adapters.avro``).  ``decode`` turns a batch of values into an Arrow table in
 bulk (pyarrow's JSON reader) and, only when the bulk read fails, finds the
 records that cannot be rows, so each malformed record is reported with its
 reason and none is dropped silently.  ``encode`` is the way back.
@@ -23,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
+from streaming.adapters import avro
 from streaming.adapters.records import header_values
 
 __all__ = [
@@ -81,13 +83,20 @@ def _bulk_ok(values: pa.Array) -> bool:
     return not pc.any(pc.greater(pc.count_substring(values, "\n"), 0)).as_py()
 
 
-def decode(values: Sequence[bytes | None] | pa.Array, schema: pa.Schema | None = None) -> Decoded:
+# how an ingress's values are read: JSON (its rows' schema, or None: inferred), or Avro
+ValueSchema = pa.Schema | avro.AvroSchema | None
+
+
+def decode(values: Sequence[bytes | None] | pa.Array, schema: ValueSchema = None) -> Decoded:
     """Decode JSON object values; with ``schema`` the columns and types are
-    fixed (missing fields are null, extra fields are ignored)."""
+    fixed (missing fields are null, extra fields are ignored).  With an
+    ``AvroSchema``, Avro records of it."""
     array = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values, pa.binary())
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     array = array.cast(pa.binary())
+    if isinstance(schema, avro.AvroSchema):
+        return Decoded(*avro.decode(array, schema))
     if len(array) == 0:
         return Decoded(pa.table({}) if schema is None else schema.empty_table(), [], [])
     if _bulk_ok(array):
@@ -175,6 +184,12 @@ def encode_batches(table: pa.Table, max_bytes: int = MAX_BATCH_BYTES) -> list[by
     return out
 
 
+def _empty(schema: ValueSchema) -> pa.Table:
+    if schema is None:
+        return pa.table({})
+    return (schema.arrow if isinstance(schema, avro.AvroSchema) else schema).empty_table()
+
+
 def _read_ipc(value: bytes | None) -> pa.Table:
     if not value:
         raise pa.ArrowInvalid("record has no value")
@@ -182,7 +197,7 @@ def _read_ipc(value: bytes | None) -> pa.Table:
         return reader.read_all()
 
 
-def decode_records(records: pa.Table, schema: pa.Schema | None = None) -> Decoded:
+def decode_records(records: pa.Table, schema: ValueSchema = None) -> Decoded:
     """Decode the values of ``records`` (Kafka records with ``value`` and
     ``headers`` columns): JSON objects, and Arrow IPC streams where the
     ``abs.fmt`` header says so, each run in its own way, rows in record order."""
@@ -212,7 +227,7 @@ def decode_records(records: pa.Table, schema: pa.Schema | None = None) -> Decode
             index += [i] * table.num_rows
     tables = [t for t in tables if t.num_rows] or tables[:1]
     if not tables:
-        return Decoded(pa.table({}) if schema is None else schema.empty_table(), [], rejected)
+        return Decoded(_empty(schema), [], rejected)
     try:
         table = pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:

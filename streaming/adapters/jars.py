@@ -1,5 +1,5 @@
 """Jar sets resolved from Maven with ``mvn`` into a cache, once: the Kafka
-connector the Spark session loads (``connector_jars``) and the local
+connectors the Spark session loads (Kafka and Avro: ``connector_jars``) and the local
 runtime's Kafka broker (``streaming.local.artifacts``).
 
 A finished set is marked by a ``.complete`` file (``COMPLETE``) written last,
@@ -59,7 +59,12 @@ class Artifact:
 
 
 def spark_kafka_connector_artifacts(spark_version: str) -> tuple[Artifact, ...]:
-    return (Artifact("org.apache.spark", "spark-sql-kafka-0-10_2.13", spark_version),)
+    """Spark's Kafka source and sink, and its Avro functions (``from_avro``
+    decodes the records of an Avro ingress on the executors)."""
+    return (
+        Artifact("org.apache.spark", "spark-sql-kafka-0-10_2.13", spark_version),
+        Artifact("org.apache.spark", "spark-avro_2.13", spark_version),
+    )
 
 
 def require_tool(name: str) -> str:
@@ -164,7 +169,7 @@ def connector_jars(
     jars whose artifact Spark already has (scala, hadoop, slf4j...) are left out
     so the classpath has one copy of each."""
     resolved = resolve_jars(
-        f"spark-kafka-{spark_version}", spark_kafka_connector_artifacts(spark_version), cache_dir, progress
+        f"spark-connectors-{spark_version}", spark_kafka_connector_artifacts(spark_version), cache_dir, progress
     )
     shipped = {_artifact_id(j) for j in spark_jars_dir.glob("*.jar")}
     return [j for j in resolved if _artifact_id(j) not in shipped]

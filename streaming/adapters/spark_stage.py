@@ -6,7 +6,8 @@ For each micro-batch of the stage's Kafka query, Spark:
 
 1. tells control records (barriers, cancellations, watermark records: the
    ``abs.kind`` header) from data records, and decodes the data records with
-   the ingress schema (``from_json``); control records, and the records that
+   the ingress schema (``from_json``, or ``from_avro`` for an Avro ingress);
+   control records, and the records that
    do not decode, go to the task as they came (the latter to the dead
    letters, with their reason);
 2. hands the decoded records, with ``_position`` (their topic, partition and
@@ -37,15 +38,18 @@ operator, which receives the code's rows."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 from collections.abc import Callable, Iterator
+from operator import and_, or_
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
@@ -53,6 +57,7 @@ from barriers.messages import KIND_HEADER
 from operators.aggregations import AggregateFunction, Aggregation, input_columns
 from operators.keyed import KeyedAggregate
 from streaming.adapters import codec
+from streaming.adapters.avro import WIRE_HEADER_BYTES, AvroSchema
 from streaming.adapters.records import (
     BATCH_COLUMNS,
     EVENT_TIME,
@@ -131,7 +136,9 @@ class SparkStage:
                 f"ingress {ingress.topic}: the schema uses names Spark stages keep for themselves: {clash}"
             )
         self._json = StructType([*self._fields.fields, StructField(_CORRUPT, StringType())])
-        self._schema = ingress.schema
+        self._avro = ingress.avro
+        # how the Python decoder reads the values, for the reason a record did not decode
+        self._schema = ingress.avro or ingress.schema
         self._event_time = self._event_time_column(ingress)
         self.columns = self.check()
         # a keyed aggregate after the code: Spark computes its partials per key and run of records
@@ -206,15 +213,9 @@ class SparkStage:
         (their offsets cut the runs), then everything else."""
         # a record without headers has none: not a control record
         control = F.coalesce(F.array_contains(F.col("headers.key"), KIND_HEADER), F.lit(False))
-        decoded = batch.select(
-            *BATCH_COLUMNS,
-            control.alias(_CONTROL),
-            F.from_json(
-                F.col("value").cast("string"), self._json, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
-            ).alias(_DECODED),
-        ).persist()
+        decoded = batch.select(*BATCH_COLUMNS, control.alias(_CONTROL), self._decode().alias(_DECODED)).persist()
         try:
-            bad = F.col(_DECODED).isNull() | F.col(f"{_DECODED}.{_CORRUPT}").isNotNull()
+            bad = self._undecoded()
             raw = decoded.filter(F.col(_CONTROL) | bad).select(*BATCH_COLUMNS, F.col(_CONTROL)).toArrow()
             runs = _runs(raw)
             data = decoded.filter(~F.col(_CONTROL))
@@ -226,6 +227,35 @@ class SparkStage:
         finally:
             decoded.unpersist()
         return _assemble(prepared, raw, self._schema)
+
+    def _decode(self) -> Column:
+        """A record's value decoded with the ingress schema: a struct, null
+        where the value is not a record of it (JSON with ``_CORRUPT`` set)."""
+        value = F.col("value")
+        if self._avro is None:
+            return F.from_json(
+                value.cast("string"), self._json, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
+            )
+        if not self._avro.confluent_wire:
+            return from_avro(value, self._avro.json, {"mode": "PERMISSIVE"})
+        framed = (F.length(value) > WIRE_HEADER_BYTES) & (F.substring(value, 1, 1) == F.lit(b"\x00"))
+        body = F.expr(f"substring(value, {WIRE_HEADER_BYTES + 1})")
+        return F.when(framed, from_avro(body, self._avro.json, {"mode": "PERMISSIVE"}))
+
+    def _undecoded(self) -> Column:
+        """Whether a record's value did not decode: JSON that Spark's reader
+        marks corrupt; Avro that Spark read as a row of nulls (what
+        ``from_avro`` gives for a value it cannot read) where a field is never
+        null, or with every field null when the schema has no such field."""
+        decoded = F.col(_DECODED)
+        if self._avro is None:
+            return decoded.isNull() | F.col(f"{_DECODED}.{_CORRUPT}").isNotNull()
+        if self._avro.required:
+            lost = [F.col(f"{_DECODED}.{name}").isNull() for name in self._avro.required]
+            return decoded.isNull() | functools.reduce(or_, lost)
+        return decoded.isNull() | functools.reduce(
+            and_, [F.col(f"{_DECODED}.{name}").isNull() for name in self._fields.names]
+        )
 
     def _rows(self, good: DataFrame, runs: Column) -> list[DataFrame]:
         """The code's rows (``ROW``), or with a keyed aggregate after the code
@@ -393,7 +423,7 @@ def _runs(raw: pa.Table) -> Column:
     return F.size(F.filter(before, lambda o: o < F.col("offset")))
 
 
-def _assemble(prepared: pa.Table, raw: pa.Table, schema: pa.Schema) -> pa.Table:
+def _assemble(prepared: pa.Table, raw: pa.Table, schema: codec.ValueSchema) -> pa.Table:
     """The Spark side's two results as one table: the code's rows with the
     markers, and the raw records (control records, and undecodable ones
     with the reason the Python decoder gives, or Spark's)."""
@@ -407,13 +437,14 @@ def _assemble(prepared: pa.Table, raw: pa.Table, schema: pa.Schema) -> pa.Table:
     )
 
 
-def _reasons(values: pa.ChunkedArray, schema: pa.Schema) -> list[str]:
+def _reasons(values: pa.ChunkedArray, schema: codec.ValueSchema) -> list[str]:
     """Why each of ``values`` could not be a row: the Python decoder's
     reason, or Spark's refusal where that decoder would have taken it."""
     if len(values) == 0:
         return []
     said = dict(codec.decode(values, schema).rejected)
-    spark = f"Spark's JSON reader could not read the value with the ingress schema ({_arrow_columns(schema)})"
+    reader, columns = ("Avro", schema.arrow) if isinstance(schema, AvroSchema) else ("JSON", schema)
+    spark = f"Spark's {reader} reader could not read the value with the ingress schema ({_arrow_columns(columns)})"
     return [said.get(i, spark) for i in range(len(values))]
 
 

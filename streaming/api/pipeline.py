@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
+from streaming.adapters.avro import AvroSchema, avro_schema
 from streaming.errors import ConfigError, parse_choice
 
 __all__ = [
@@ -67,7 +68,15 @@ def duration_ms(value: int | dt.timedelta | None, what: str) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class Ingress:
-    """An ingress topic fed by external producers (JSON values).
+    """An ingress topic fed by external producers: JSON values, or Avro.
+
+    - ``schema``: the Arrow schema of its rows (JSON values are decoded to
+      it: missing fields are null, extra ones ignored).  None: inferred per
+      batch.
+    - ``avro``: an Avro record schema (JSON text or a dict): the values are
+      Avro records of it (``streaming.adapters.avro``) and ``schema`` is
+      taken from it.  ``confluent_wire``: each value starts with the five
+      bytes of Confluent's serializers (a zero, the schema id).
 
     Event time is declared here, where the data enters, as Flink's
     ``WatermarkStrategy`` and Spark's ``withWatermark`` declare it:
@@ -103,8 +112,11 @@ class Ingress:
     max_out_of_orderness: int | dt.timedelta = 0
     idle_timeout: int | dt.timedelta | None = None
     key: str | None = None
+    avro: str | Mapping[str, Any] | AvroSchema | None = None
+    confluent_wire: bool = False
 
     def __post_init__(self) -> None:
+        self._avro_schema()
         delay = duration_ms(self.max_out_of_orderness, f"ingress {self.topic}: max_out_of_orderness")
         idle = duration_ms(self.idle_timeout, f"ingress {self.topic}: idle_timeout")
         if self.event_time is None and (delay or idle is not None):
@@ -116,6 +128,24 @@ class Ingress:
             raise ConfigError(f"ingress {self.topic}: idle_timeout must be > 0 (or None: never idle)")
         object.__setattr__(self, "max_out_of_orderness", delay)
         object.__setattr__(self, "idle_timeout", idle)
+
+    def _avro_schema(self) -> None:
+        """``avro`` parsed (an ``AvroSchema``), and ``schema`` taken from it."""
+        what = f"ingress {self.topic}"
+        if self.avro is None:
+            if self.confluent_wire:
+                raise ConfigError(f"{what}: confluent_wire describes Avro values; give the Avro schema too (avro=...)")
+            return
+        parsed = self.avro
+        if not isinstance(parsed, AvroSchema):
+            parsed = avro_schema(self.avro, confluent_wire=self.confluent_wire, what=what)
+        if self.schema is not None and not self.schema.equals(parsed.arrow):
+            raise ConfigError(
+                f"{what}: the schema is taken from the Avro schema ({parsed.arrow.to_string()!r}); "
+                f"leave schema= out, or make it that (got {self.schema.to_string()!r})"
+            )
+        object.__setattr__(self, "avro", parsed)
+        object.__setattr__(self, "schema", parsed.arrow)
 
 
 class SinkKind(enum.StrEnum):

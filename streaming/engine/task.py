@@ -133,7 +133,8 @@ class StageTask:
         self.job_key = job_key
         self.operator = pipeline.stage(spec.stage).make_operator()
         self._multi_input = bool(getattr(self.operator, "inputs", None))
-        self._schemas = {i.topic: i.schema for i in pipeline.ingress}
+        # how each ingress topic's values are read (JSON with its schema, or Avro)
+        self._schemas = {i.topic: i.avro or i.schema for i in pipeline.ingress}
         self.lineage = self.start.lineage
         self.counters: collections.Counter = collections.Counter()
         self.gate = self._input_gate(max_segment_records, held_memory_bytes)

@@ -67,7 +67,7 @@ def test_a_resolved_set_is_cached(tmp_path, monkeypatch):
 
 
 def test_connector_jars_leave_out_what_spark_ships(tmp_path):
-    resolved = tmp_path / "cache" / "jars" / "spark-kafka-9.9.9"
+    resolved = tmp_path / "cache" / "jars" / "spark-connectors-9.9.9"
     resolved.mkdir(parents=True)
     for name in (
         "spark-sql-kafka-0-10_2.13-9.9.9.jar",

@@ -5,6 +5,7 @@ one marker per run), and code that cannot keep positions refused at start."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pyarrow as pa
@@ -13,6 +14,7 @@ from pyspark.sql import functions as F
 
 from barriers.messages import Barrier, encode
 from operators import KeyedAggregate, count, max_, sum_
+from streaming.adapters import avro
 from streaming.adapters.records import EVENT_TIME, PARTIAL, REASON, RECORD_SCHEMA, RECORDS, ROW, Part, part_of
 from streaming.adapters.spark_stage import POSITION, SparkStage
 from streaming.api.pipeline import Ingress, Stage
@@ -29,7 +31,7 @@ def _stage(code) -> Stage:
 
 
 def _records(*rows) -> pa.Table:
-    """(partition, offset, value: dict | bytes | None | Barrier)."""
+    """(partition, offset, value: dict (JSON) | bytes | None | Barrier)."""
     out = []
     for partition, offset, value in rows:
         headers = []
@@ -116,6 +118,41 @@ def test_sql_over_the_input_view(spark):
     assert rows["offset"].to_pylist() == [7] and rows[ROW].to_pylist() == [{"who": "A"}]
     # no control record, none undecodable: the record columns are there all the same
     assert set(RECORD_SCHEMA.names) <= set(prepared.column_names)
+
+
+@pytest.mark.parametrize("wire", [False, True])
+def test_avro_values_are_decoded_by_spark_and_bad_ones_rejected_with_the_reason(spark, wire):
+    schema = {
+        "type": "record",
+        "name": "Click",
+        "fields": [
+            {"name": "user", "type": "string"},
+            {"name": "amount", "type": ["null", "long"]},
+            {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        ],
+    }
+    ingress = Ingress("clicks", 2, avro=schema, confluent_wire=wire, event_time="ts")
+    good = avro.encode(
+        [
+            {"user": "a", "amount": 5, "ts": dt.datetime(2026, 1, 1, 0, 0, 1, tzinfo=dt.UTC)},
+            {"user": "b", "amount": None, "ts": dt.datetime(2026, 1, 1, 0, 0, 2, tzinfo=dt.UTC)},
+        ],
+        ingress.avro,
+    )
+    stage = SparkStage(spark, _stage("SELECT _position, user, amount FROM {input}"), ingress)
+    prepared = _sorted(stage.records(_records((0, 0, good[0]), (0, 1, b"\x00\x01"), (1, 0, good[1]))))
+    rows = part_of(prepared, Part.ROW)
+    assert list(zip(rows["partition"].to_pylist(), rows[ROW].to_pylist())) == [
+        (0, {"user": "a", "amount": 5}),
+        (1, {"user": "b", "amount": None}),
+    ]
+    rejected = part_of(prepared, Part.REJECTED)
+    assert rejected["offset"].to_pylist() == [1] and rejected["value"].to_pylist() == [b"\x00\x01"]
+    said = rejected[REASON][0].as_py()
+    assert ("Confluent's wire header" if wire else "not an Avro record of the ingress schema") in said
+    markers = part_of(prepared, Part.MARKER)
+    # the event time of the records Spark decoded, in milliseconds
+    assert markers[EVENT_TIME].to_pylist() == [1_767_225_601_000, 1_767_225_602_000]
 
 
 @pytest.mark.parametrize(
