@@ -89,6 +89,20 @@ def slow_pipeline(job: str = "slow", ms_per_record: float = SLOW_SECONDS_PER_REC
     )
 
 
+def bad_spark_pipeline(job: str = "bad-spark"):
+    """A stage whose Spark SQL reads a column its input does not have: the
+    pipeline passes its checks, and its workers stop on the error when they
+    start (it is the pipeline's, so no restore can fix it)."""
+    from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
+
+    events = f"{job}.events"
+    return Pipeline(
+        job,
+        (Ingress(events, 1, EVENTS),),
+        (Stage("clean", (events,), spark="SELECT _position, nope FROM {input}", sink=Sink()),),
+    )
+
+
 class _Break:
     """Loses (``lose``) or doubles (``duplicate``) every transfer whose id is
     ``every - 1`` modulo ``every``: the deliberate bug a drill must catch."""

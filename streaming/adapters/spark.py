@@ -156,6 +156,8 @@ class ChannelQuery:
         self._in_hand: Future | None = None
         # what crossed from Spark to Python: the Kafka records read and the bytes of the tables handed over
         self.handed: collections.Counter[str] = collections.Counter()
+        # an error in the pipeline a micro-batch met (the stage's Spark code failed on it): no restore fixes it
+        self.pipeline_error: ConfigError | None = None
 
     def _options(self) -> dict[str, str]:
         assign: dict[str, list[int]] = {}
@@ -179,7 +181,11 @@ class ChannelQuery:
         return options
 
     def _handle(self, df: DataFrame, batch_id: int) -> None:
-        table = self._prepare(df) if self._prepare is not None else df.select(*BATCH_COLUMNS).toArrow()
+        try:
+            table = self._prepare(df) if self._prepare is not None else df.select(*BATCH_COLUMNS).toArrow()
+        except ConfigError as exc:
+            self.pipeline_error = exc
+            raise
         self.handed["records"] += records_in(table)
         self.handed["bytes"] += table.nbytes
         self._finish_in_hand()

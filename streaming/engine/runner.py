@@ -277,6 +277,12 @@ class JobRunner:
                 worker.log_path,
                 worker.tail(),
             )
+            if worker.pipeline_error:  # every restore would stop on it again
+                raise JobFailed(
+                    f"job {self.job}: worker {worker.name} (tasks {', '.join(worker.tasks)}) stopped on an error "
+                    f"in the pipeline, which no restore can fix; fix it and run the job again "
+                    f"(its log: {worker.log_path}):\n{worker.tail(4)}"
+                )
             self.restore(f"worker {worker.name} died")
             return
         if self.remote_names:

@@ -19,7 +19,11 @@ from streaming.api.pipeline import Scale
 from streaming.api.settings import JobSettings
 from streaming.errors import SparkAbsError
 
-__all__ = ["WorkerProcess", "WorkerSupervisor"]
+__all__ = ["WorkerProcess", "WorkerSupervisor", "EXIT_PIPELINE_ERROR"]
+
+# a worker's exit status when the pipeline itself is wrong (a ``ConfigError``: Spark code
+# that fails on its input, an operator that cannot be built): a restore would fail the same way
+EXIT_PIPELINE_ERROR = 3
 
 
 @dataclass
@@ -33,10 +37,17 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    @property
+    def pipeline_error(self) -> bool:
+        """Whether it stopped on an error in the pipeline, which no restore fixes."""
+        return self.process.returncode == EXIT_PIPELINE_ERROR
+
     def exit_text(self) -> str:
         code = self.process.returncode
         if code is not None and code < 0:
             return f"signal {signal.Signals(-code).name}"
+        if self.pipeline_error:
+            return f"status {code} (an error in the pipeline)"
         return f"status {code}"
 
     def tail(self, lines: int = 8) -> str:

@@ -51,9 +51,10 @@ from streaming.api.config import Connection, SparkSettings
 from streaming.api.pipeline import Pipeline, Scale, load_pipeline
 from streaming.api.settings import JobSettings
 from streaming.engine import faults
+from streaming.engine.supervisor import EXIT_PIPELINE_ERROR
 from streaming.engine.task import StageTask
 from streaming.engine.task_factory import RunningTask, TaskFactory
-from streaming.errors import SparkAbsError
+from streaming.errors import ConfigError, SparkAbsError
 
 if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this module is imported
     from streaming.adapters.spark import ChannelQuery
@@ -241,7 +242,8 @@ class Worker:
         """A hook run once per round of ``serve``."""
 
     def serve(self) -> int:
-        """Follow the control topic until stopped; 1 if a query failed."""
+        """Follow the control topic until stopped; 1 if a query failed,
+        ``EXIT_PIPELINE_ERROR`` if it failed on an error in the pipeline."""
         next_progress = 0.0
         while not self._stop.is_set():
             try:
@@ -258,6 +260,9 @@ class Worker:
                 for running in self.running:
                     self.control.publish(running.task.progress())
             for query in self.queries:
+                if query.pipeline_error is not None:
+                    print(f"worker: {query.name}: {query.pipeline_error}", file=sys.stderr, flush=True)
+                    return EXIT_PIPELINE_ERROR
                 error = query.failure()
                 if error is not None:
                     log.info(f"{query.name}: stage query failed: {error}")
@@ -367,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
         threading.Thread(target=_read_commands, args=(worker, args.runner_pipe), daemon=True).start()
         worker.start()
+    except ConfigError as exc:  # the pipeline cannot run: a restore would not change that
+        print(f"worker: {exc}", file=sys.stderr, flush=True)
+        return EXIT_PIPELINE_ERROR
     except SparkAbsError as exc:
         print(f"worker: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -21,6 +21,7 @@ from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
 from streaming.engine.operations import kill_worker, run_until_caught_up
 from streaming.engine.runner import JobRunner
+from streaming.errors import JobFailed
 from streaming.tools import demo
 
 pytestmark = pytest.mark.integration
@@ -113,3 +114,24 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
     assert reasons[b""] == f"rejected control record: belongs to job 'someone-else', not '{job}'"
     worker_logs = "".join(p.read_text(errors="replace") for p in runner.log_dir.glob("worker-*.log"))
     assert "of a generation this task has not reached" in worker_logs
+
+
+def test_an_error_in_the_pipeline_stops_the_job_at_once_with_the_reason(connection, unique_name, tmp_path):
+    """Spark code that fails on its input stops its worker with the error;
+    the runner gives the job up at once, saying why, rather than restore it
+    again and again into the same error."""
+    settings = JobSettings(store=f"file://{tmp_path / 'store'}", interval_s=1.0, timeout_s=60)
+    runner = JobRunner(
+        "streaming.testing:bad_spark_pipeline", settings, connection, job=f"bad-spark-{unique_name[-8:]}"
+    )
+    try:
+        runner.prepare()
+        runner.start()
+        with pytest.raises(JobFailed) as failed:
+            _step_until(runner, lambda: False, 120, "the job to fail")
+    finally:
+        runner.close()
+    said = str(failed.value)
+    assert "stopped on an error in the pipeline, which no restore can fix" in said
+    assert "stage clean: its Spark code failed on its input" in said and "nope" in said
+    assert runner.restores == []
