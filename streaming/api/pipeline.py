@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
-from streaming.adapters.avro import AvroSchema, avro_schema
+from streaming.api.avro import AvroSchema, avro_schema
 from streaming.errors import ConfigError, parse_choice
 
 __all__ = [
