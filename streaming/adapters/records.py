@@ -5,6 +5,7 @@ Pure Arrow: the engine uses these without Spark."""
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from collections.abc import Sequence
 
@@ -27,6 +28,11 @@ __all__ = [
     "is_prepared",
     "part_of",
     "records_in",
+    "BATCH_BEGAN",
+    "HANDED",
+    "stamped",
+    "stamp_of",
+    "kafka_time",
 ]
 
 # Columns of every batch handed to a task, in this order.
@@ -46,6 +52,35 @@ RECORD_SCHEMA = pa.schema(
 )
 
 Headers = Sequence[tuple[str, bytes]]
+
+# when a micro-batch's table was made (wall clock, seconds), kept in its schema's metadata for
+# the barrier path a checkpoint reports: Spark began the batch (foreachBatch), the task received it
+BATCH_BEGAN = b"abs.batch_began"
+HANDED = b"abs.handed"
+
+
+def stamped(table: pa.Table, key: bytes, wall: float) -> pa.Table:
+    """``table`` with ``key`` set to ``wall`` in its schema's metadata (no copy of the data)."""
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), key: repr(wall).encode()})
+
+
+def stamp_of(table: pa.Table, key: bytes) -> float | None:
+    """The wall time ``stamped`` set under ``key``, if any."""
+    value = (table.schema.metadata or {}).get(key)
+    return float(value) if value is not None else None
+
+
+def kafka_time(table: pa.Table, row: int = 0) -> float | None:
+    """The Kafka timestamp of record ``row`` (seconds since the epoch; a
+    timestamp without a zone is UTC, as Kafka's are), if it has one."""
+    if "timestamp" not in table.column_names:
+        return None
+    when = table["timestamp"][row].as_py()
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
 
 
 class Part(enum.IntEnum):

@@ -32,13 +32,16 @@ from pyspark.sql.streaming import StreamingQuery
 
 from barriers.messages import ChannelId
 from streaming.adapters.jars import connector_jars, require_tool
-from streaming.adapters.records import BATCH_COLUMNS, records_in
+from streaming.adapters.records import BATCH_BEGAN, BATCH_COLUMNS, records_in, stamped
 from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings
 from streaming.errors import ChannelQueryError, ConfigError
 
 __all__ = ["spark_session", "spark_conf", "ChannelQuery"]
 
 log = logging.getLogger(__name__)
+
+# how long the broker may hold a fetch of a stage query's consumer for data to come
+FETCH_MAX_WAIT_MS = 20
 
 
 def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
@@ -172,6 +175,10 @@ class ChannelQuery:
             "includeHeaders": "true",
             "maxOffsetsPerTrigger": str(self._limit),
             "failOnDataLoss": "true",
+            # a cached consumer leaves a fetch waiting on the broker after each micro-batch; the next
+            # batch's fetch waits behind it up to this long when no data came (Kafka's default 500 ms
+            # was most of a barrier's time through an idle stage)
+            "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
         }
         if "," in self._connection.kafka_bootstrap:
             # with replicas, a lost broker's partitions get new leaders within seconds: give up on
@@ -181,11 +188,13 @@ class ChannelQuery:
         return options
 
     def _handle(self, df: DataFrame, batch_id: int) -> None:
+        began = time.time()
         try:
             table = self._prepare(df) if self._prepare is not None else df.select(*BATCH_COLUMNS).toArrow()
         except ConfigError as exc:
             self.pipeline_error = exc
             raise
+        table = stamped(table, BATCH_BEGAN, began)
         self.handed["records"] += records_in(table)
         self.handed["bytes"] += table.nbytes
         self._finish_in_hand()

@@ -12,6 +12,7 @@ an aborted epoch's output to the next one and declines on the control topic."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -30,6 +31,9 @@ from streaming.engine.watermarks import WatermarkTracker
 __all__ = ["TaskController"]
 
 log = logging.getLogger(__name__)
+
+# the barrier paths kept of checkpoints not yet acknowledged or aborted
+_PATHS_KEPT = 32
 
 
 class TaskController:
@@ -65,6 +69,17 @@ class TaskController:
         self.handler: BarrierHandler | None = None
         # what each started checkpoint took (its synchronous phase)
         self._taken: dict[int, TakenSnapshot] = {}
+        # the path of each started checkpoint's first barrier to this task, and on (wall clock)
+        self._paths: dict[int, dict[str, float]] = {}
+
+    def barrier_path(self, checkpoint_id: int, **walls: float | None) -> None:
+        """When checkpoint ``checkpoint_id``'s barrier got where (wall clock:
+        appended to its channel, Spark began the micro-batch carrying it, the
+        task received that batch); the first barrier of a checkpoint counts."""
+        if checkpoint_id not in self._paths and (self.handler is None or checkpoint_id > self.handler.newest_started):
+            self._paths[checkpoint_id] = {name: wall for name, wall in walls.items() if wall is not None}
+            while len(self._paths) > _PATHS_KEPT:  # of barriers the handler ignored (stale, cancelled)
+                del self._paths[min(self._paths)]
 
     def block(self, channel: ChannelId) -> None:
         log.debug("%s: %s blocked", self.task, channel)
@@ -93,6 +108,7 @@ class TaskController:
         self.io.flush()
         headers = encode(barrier, key=self.job_key)
         offsets = self.io.append_barrier(outputs, headers)
+        self._paths.setdefault(barrier.checkpoint_id, {})["forwarded"] = time.time()
         self.io.publish(
             Announce(
                 checkpoint_id=barrier.checkpoint_id,
@@ -107,10 +123,13 @@ class TaskController:
         log.debug("%s: checkpoint %d: %s in flight [%d, %d)", self.task, checkpoint_id, channel, start, end)
 
     def acknowledge(self, checkpoint: TaskCheckpoint) -> None:
-        self.uploader.submit(checkpoint, self._taken.pop(checkpoint.checkpoint_id))
+        taken = self._taken.pop(checkpoint.checkpoint_id)
+        path = self._paths.pop(checkpoint.checkpoint_id, {})
+        self.uploader.submit(checkpoint, dataclasses.replace(taken, barrier_path=path))
 
     def abort(self, checkpoint_id: int, reason: CheckpointFailure, detail: str) -> None:
         taken = self._taken.pop(checkpoint_id, None)
+        self._paths.pop(checkpoint_id, None)
         if taken is not None:
             self.output.give_back(taken.epoch)
         self.counters["aborted"] += 1

@@ -47,7 +47,21 @@ from streaming.adapters.control import (
     Progress,
     Replayed,
 )
-from streaming.adapters.records import EVENT_TIME, PARTIAL, REASON, RECORDS, ROW, Part, is_prepared, part_of
+from streaming.adapters.records import (
+    BATCH_BEGAN,
+    EVENT_TIME,
+    HANDED,
+    PARTIAL,
+    REASON,
+    RECORDS,
+    ROW,
+    Part,
+    is_prepared,
+    kafka_time,
+    part_of,
+    stamp_of,
+    stamped,
+)
 from streaming.api.pipeline import Pipeline, TaskSpec
 from streaming.engine.controller import TaskController
 from streaming.engine.gate import InputGate
@@ -224,6 +238,7 @@ class StageTask:
 
     def process_batch(self, table: pa.Table, batch_id: int = -1) -> None:
         """One micro-batch, ordered by channel and offset (``ChannelQuery`` order)."""
+        table = stamped(table, HANDED, time.time())  # for the barrier path of a checkpoint it carries
         with self._lock:
             self.watermarks.batch(self.gate.add(table))
             self.gate.drain(self.handler.is_blocked, self._handle, self._between_segments)
@@ -310,6 +325,13 @@ class StageTask:
         if isinstance(message, CancelBarrier):
             ignored = self.handler.cancel_received(segment.channel, message, offset)
         else:
+            rows = segment.rows
+            self.controller.barrier_path(
+                message.checkpoint_id,
+                appended=kafka_time(rows),
+                batch_began=stamp_of(rows, BATCH_BEGAN),
+                handed=stamp_of(rows, HANDED),
+            )
             ignored = self.handler.barrier_received(segment.channel, message, offset)
         if ignored is not None:
             self.counters[f"ignored_{ignored.reason.name.lower()}"] += 1

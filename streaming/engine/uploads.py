@@ -50,6 +50,8 @@ class TakenSnapshot:
     snapshot_wall: float
     held_bytes_max: int
     watermarks: dict[ChannelId, int] = field(default_factory=dict)
+    # wall clock: where the checkpoint's first barrier got when (TaskController.barrier_path)
+    barrier_path: dict[str, float] = field(default_factory=dict)
 
 
 class SnapshotUploader:
@@ -149,6 +151,8 @@ class SnapshotUploader:
                 metrics={
                     "async_snapshot_s": upload_s,
                     "state_bytes": sum(p.bytes for p in getattr(snapshot, "state_parts", ())),
+                    # trigger -> this ack sent
+                    "acked_s": _since_trigger(checkpoint, time.time()),
                 },
             )
         )
@@ -173,6 +177,9 @@ class SnapshotUploader:
             if checkpoint.barrier.timestamp_ms
             else None,
             "alignment_s": checkpoint.alignment_duration,
+            # trigger -> the first barrier appended to its channel, Spark began the micro-batch that
+            # carried it, the task received that batch; -> the barrier forwarded downstream
+            **{f"{name}_s": _since_trigger(checkpoint, wall) for name, wall in taken.barrier_path.items()},
             # an aligned checkpoint that turned unaligned: why (a Switch), and when (ms since the trigger)
             "switch": stored_name(checkpoint.switch) if checkpoint.switch else None,
             "switched_after_ms": checkpoint.switched_after_ms,
@@ -184,3 +191,10 @@ class SnapshotUploader:
             "in_flight_records_copied": sum(t.num_rows for t in copied.values()),
             "in_flight_bytes_copied": sum(t.nbytes for t in copied.values()),
         }
+
+
+def _since_trigger(checkpoint: TaskCheckpoint, wall: float) -> float | None:
+    """Seconds from the checkpoint's trigger (its barrier's timestamp) to ``wall``."""
+    if not checkpoint.barrier.timestamp_ms:
+        return None
+    return round(wall - checkpoint.barrier.timestamp_ms / 1000, 4)

@@ -13,7 +13,10 @@ from barriers.messages import Alignment, InFlightFormat
 from streaming.adapters.snapshots import Manifest
 from streaming.adapters.snapshots.format import options_from_json, parse_stored, text_of
 
-__all__ = ["CheckpointDetail", "TaskDetail", "checkpoint_detail"]
+__all__ = ["CheckpointDetail", "TaskDetail", "checkpoint_detail", "PATH"]
+
+# the steps of a barrier's path through a task, in order, as the task measured them
+PATH = ("appended", "batch_began", "handed", "forwarded", "acked")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,9 @@ class TaskDetail:
     # an aligned checkpoint that turned unaligned here: why, and when (ms since the trigger)
     switch_reason: str | None = None
     switched_after_ms: float | None = None
+    # the barrier's path, seconds since the trigger: its first barrier appended to its channel,
+    # Spark began the micro-batch carrying it, the task received that batch; forwarded, acked
+    path: dict[str, float] = field(default_factory=dict)
 
     @property
     def state_bytes(self) -> int:
@@ -63,7 +69,11 @@ class CheckpointDetail:
     problems: list[str]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for task in out["tasks"]:
+            if not task["path"]:  # a checkpoint from before barrier paths were recorded reads as it did
+                del task["path"]
+        return out
 
 
 def checkpoint_detail(manifest: Manifest, problems: list[str]) -> CheckpointDetail:
@@ -90,6 +100,7 @@ def checkpoint_detail(manifest: Manifest, problems: list[str]) -> CheckpointDeta
                 restores=list(measured.get("lineage") or []),
                 switch_reason=_switch_reason(measured),
                 switched_after_ms=measured.get("switched_after_ms"),
+                path={name: measured[f"{name}_s"] for name in PATH if measured.get(f"{name}_s") is not None},
             )
         )
     options = manifest.options

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from streaming.engine.rescale import RescalePlan
 from streaming.tools.checkpoints import CheckpointDetail, CheckpointRow, RestorePlan, TableDiff
+from streaming.tools.checkpoints_detail import PATH
 from streaming.tools.gc import GcPlan
 
 __all__ = [
@@ -121,6 +122,8 @@ def render_detail(detail: CheckpointDetail) -> str:
     switches = _switches(detail)
     lineage = _lineage(detail)
     parts: list[object] = ["\n".join(_detail_head(detail)), _task_table(detail)]
+    if any(t.path for t in detail.tasks):  # older checkpoints did not record it
+        parts.append(_path_table(detail))
     if switches:
         parts.append("\n".join(switches))
     parts += [_state_table(detail), _channel_table(detail)]
@@ -162,6 +165,26 @@ def _task_table(detail: CheckpointDetail) -> Group:
             for t in detail.tasks
         ),
         right=("first barrier", "alignment", "sync", "async", "held max", "state", "in flight"),
+    )
+
+
+def _path_table(detail: CheckpointDetail) -> Group:
+    """Where each task's first barrier was when, in seconds since the trigger."""
+    columns = ("appended", "Spark batch", "handed", "seen", "forwarded", "acked")
+    return titled_table(
+        "barrier path (seconds since the trigger: the first barrier appended to its channel, the Spark "
+        "micro-batch carrying it began, handed to the task, seen by the task, forwarded downstream, acked)",
+        ("task", *columns),
+        (
+            (
+                t.task,
+                *(_s(t.path.get(step)) for step in PATH[:3]),
+                _s(t.first_barrier_s),
+                *(_s(t.path.get(step)) for step in PATH[3:]),
+            )
+            for t in detail.tasks
+        ),
+        right=columns,
     )
 
 
