@@ -5,7 +5,9 @@ generations are skipped, malformed input becomes dead letters."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,6 +18,7 @@ from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptio
 from operators import KeyedAggregate, count, filter_rows, sum_
 from operators.windows import TumblingWindowAggregate
 from streaming.adapters.control import ControlKind, Trigger, announced_barrier
+from streaming.adapters.records import BATCH_BEGAN, stamped
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.engine.task import StageTask, TaskStart
 from streaming.engine.watermarks import watermark_headers
@@ -360,3 +363,25 @@ def test_a_sink_epoch_that_could_not_be_staged_is_staged_with_the_next_one():
     # epoch 1's output (x, y) went with epoch 2's (z): checkpoint 2 cannot complete without it
     assert sorted(io.staged[2]["account"].to_pylist()) == ["x", "y", "z"]
     assert [e.kind for e in io.events] == ["decline", "ack"]
+
+
+def test_a_checkpoint_records_the_path_of_its_first_barrier_through_the_task():
+    """Seconds from the trigger: the first barrier appended to its channel
+    (its Kafka timestamp), the Spark micro-batch carrying it began, the task
+    received that batch, the barrier forwarded, the ack sent."""
+    task, io = make_task(counting_pipeline())
+    trigger_ms = int(time.time() * 1000) - 10_000
+    trigger = trigger_ms / 1000
+    barrier = Barrier(1, job="job", timestamp_ms=trigger_ms)
+    first = batch(("in", 0, 0, {"account": "x", "amount": 1}), ("in", 0, 1, barrier))
+    appended = dt.datetime.fromtimestamp(trigger + 0.5, dt.UTC).replace(tzinfo=None)  # Kafka's: UTC, no zone
+    first = first.set_column(6, "timestamp", pa.array([None, appended], pa.timestamp("ms")))
+    task.process_batch(stamped(first, BATCH_BEGAN, trigger + 1.25))
+    task.process_batch(batch(("in", 1, 0, barrier)))  # the second barrier: not its path
+    task.wait_for_uploads()
+    metadata = io.snapshots[1][3]
+    assert metadata["appended_s"] == 0.5 and metadata["batch_began_s"] == 1.25
+    # handed and forwarded just now, in that order, about ten seconds after the trigger
+    assert 10.0 <= metadata["handed_s"] <= metadata["forwarded_s"] < 20
+    ack = next(e for e in io.events if e.kind is ControlKind.ACK)
+    assert metadata["forwarded_s"] <= ack.metrics["acked_s"] < 20

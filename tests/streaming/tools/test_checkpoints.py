@@ -82,6 +82,10 @@ def _checkpoint(store: SnapshotStore, cid: int, balances: dict[str, int], *, gen
             metadata={
                 "kind": "unaligned",
                 "first_barrier_s": 0.25,
+                "appended_s": 0.01,
+                "batch_began_s": 0.12,
+                "handed_s": 0.24,
+                "forwarded_s": 0.26,
                 "alignment_s": 0.0,
                 "sync_snapshot_s": 0.002,
                 "watermarks": {CHANNEL: 1000},
@@ -100,7 +104,7 @@ def _checkpoint(store: SnapshotStore, cid: int, balances: dict[str, int], *, gen
         metrics={
             "trigger_to_complete_s": 0.8,
             "kinds": ["unaligned"],
-            "tasks": {"accounts-0": {"async_snapshot_s": 0.1}},
+            "tasks": {"accounts-0": {"async_snapshot_s": 0.1, "acked_s": 0.4}},
         },
     )
 
@@ -123,7 +127,10 @@ def test_a_checkpoint_in_words(store):
     assert (task.kind, task.first_barrier_s, task.async_snapshot_s) == ("unaligned", 0.25, 0.1)
     assert task.in_flight == {CHANNEL: (101, 105)} and task.copied_rows == {CHANNEL: 4}
     assert task.state_tables["balances"][0] == 3 and task.watermarks == {CHANNEL: 1000}
+    assert task.path == {"appended": 0.01, "batch_began": 0.12, "handed": 0.24, "forwarded": 0.26, "acked": 0.4}
     text = render_detail(detail)
+    path_row = next(line for line in text.splitlines() if line.lstrip().startswith("accounts-0") and "0.010" in line)
+    assert path_row.split()[1:] == ["0.010", "0.120", "0.240", "0.250", "0.260", "0.400"]
     assert "checkpoint 5 of job ledger: generation 2" in text and "verifies" in text
     assert "[101, 105)" in text and "accounts-0" in text and "unaligned" in text
     assert json.loads(json.dumps(detail.to_dict()))["tasks"][0]["task"] == "accounts-0"
