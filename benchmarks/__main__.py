@@ -123,7 +123,12 @@ def _run(variant: str, round_: int, context: dict):
         )
     if variant.startswith("native-"):
         return runs.native_run(
-            variant, round_, topic=context["topic"], state_store=variant.split("-", 1)[1], expected=context["expected"]
+            variant,
+            round_,
+            topic=context["topic"],
+            state_store=variant.split("-", 1)[1],
+            expected=context["expected"],
+            profile_dir=context["out"] / "profiles" if context["profile"] else None,
         )
     if variant.startswith("scaling-"):
         tasks = int(variant.split("-")[1])
@@ -205,6 +210,7 @@ def _markdown(
             f"{f'{statistics.median(handed):.1f}' if handed else '-'} | "
             f"{'yes' if all(r.verified for r in mine) else 'NO'} |"
         )
+    lines += _spark_task_lines(all_runs)
     lines += ["", "| ratio (throughput) | median | per round |", "| --- | ---: | --- |"]
     for row in ratios:
         lines.append(f"| {row['ratio']} | {row['median']:.3f} | {', '.join(f'{x:.3f}' for x in row['rounds'])} |")
@@ -222,6 +228,37 @@ def _markdown(
             f"| restore after a killed worker: ready again, s | {d['restore_ready_s']:.1f} |",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _spark_task_lines(all_runs: list) -> list[str]:
+    """Spark's task metrics per variant (medians over rounds; runs with ``--profile``)."""
+    measured: dict[str, list[dict]] = {}
+    for run in all_runs:
+        if run.detail.get("spark_tasks"):
+            measured.setdefault(run.variant, []).append(run.detail["spark_tasks"])
+    if not measured:
+        return []
+    lines = [
+        "",
+        "| Spark's task metrics (event log, median of rounds) | tasks | executor run s | executor CPU s "
+        "| records read | CPU µs per record read | task results to the driver, bytes per record read |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for variant, found in measured.items():
+
+        def median(name: str, found=found) -> float:
+            return statistics.median(m[name] for m in found)
+
+        read = median("records_read")
+        per_record = [m["executor_cpu_s"] * 1e6 / m["records_read"] for m in found if m["records_read"]]
+        results = [m["result_bytes"] / m["records_read"] for m in found if m["records_read"]]
+        lines.append(
+            f"| {variant} | {median('tasks'):,.0f} | {median('executor_run_s'):.1f} | "
+            f"{median('executor_cpu_s'):.1f} | {read:,.0f} | "
+            f"{f'{statistics.median(per_record):.1f}' if per_record else '-'} | "
+            f"{f'{statistics.median(results):.1f}' if results else '-'} |"
+        )
+    return lines
 
 
 def _settings(pairs: list[str]) -> dict[str, object]:
@@ -265,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         "(e.g. --set 'trigger_interval=100 milliseconds'; VALUE is read as JSON when it can be)",
     )
     parser.add_argument(
-        "--profile", action="store_true", help="sample every spark-abs worker with py-spy (profiles/ in --out)"
+        "--profile",
+        action="store_true",
+        help="sample every spark-abs worker with py-spy, and keep Spark's event log of every spark-abs and "
+        "native run, its task metrics tabled (profiles/ in --out)",
     )
     parser.add_argument("--out", help="results directory (default <home>/bench/<time>)")
     args = parser.parse_args(argv)

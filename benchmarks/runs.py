@@ -99,10 +99,12 @@ def abs_run(
     ``interval_s`` (None: one, triggered when all tasks are ready, so its
     barriers follow the whole input) until one that covers the input is
     complete and committed.  With ``profile_dir``, py-spy samples every
-    worker process from when its tasks are ready to the end."""
+    worker process from when its tasks are ready to the end, and Spark
+    writes its event log there (``spark_task_metrics`` sums its tasks)."""
     os.environ[TOPIC_ENV] = topic
     job = f"bench-{variant.replace('.', '_')}-{uuid.uuid4().hex[:6]}"  # job names: letters, digits, - and _
     job_settings = JobSettings(store=store, interval_s=interval_s or 3600, timeout_s=timeout_s, **dict(settings or {}))
+    event_logs = None if profile_dir is None else profile_dir / f"{variant}-r{round_}" / "spark-events"
     runner = JobRunner(
         pipeline,
         job_settings,
@@ -110,6 +112,7 @@ def abs_run(
         job=job,
         log_dir=log_dir / job,
         parallelism=parallelism,
+        worker_env=_event_log_env(event_logs) if event_logs is not None else None,
     )
     deadline = time.monotonic() + timeout_s
     began = time.monotonic()
@@ -141,7 +144,37 @@ def abs_run(
     output = read_committed_output(sink_location(job_settings, job, connection))
     run.verified, run.detail = _verify(output, expected)
     run.detail["handed_bytes_per_record"] = handed_per_record(log_dir / job)
+    if event_logs is not None:
+        run.detail["spark_tasks"] = spark_task_metrics(event_logs)
     return run
+
+
+def _event_log_env(directory: Path) -> dict[str, str]:
+    """The environment that makes a worker's Spark write its event log to ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": directory.resolve().as_uri()}
+    return {"PYSPARK_SUBMIT_ARGS": " ".join(f"--conf {k}={v}" for k, v in conf.items()) + " pyspark-shell"}
+
+
+def spark_task_metrics(directory: Path) -> dict[str, float] | None:
+    """Spark's task metrics of a run, summed over the event logs of its
+    applications in ``directory``: tasks, executor run and CPU seconds,
+    records read from Kafka, and the bytes of task results sent to the
+    driver (what a micro-batch's ``toArrow`` collects)."""
+    totals = {"tasks": 0, "executor_run_s": 0.0, "executor_cpu_s": 0.0, "records_read": 0, "result_bytes": 0}
+    found = False
+    for path in sorted(p for p in directory.glob("*") if p.is_file()):
+        found = True
+        for line in path.read_text(errors="replace").splitlines():
+            if '"SparkListenerTaskEnd"' not in line:
+                continue
+            metrics = json.loads(line).get("Task Metrics") or {}
+            totals["tasks"] += 1
+            totals["executor_run_s"] += metrics.get("Executor Run Time", 0) / 1000
+            totals["executor_cpu_s"] += metrics.get("Executor CPU Time", 0) / 1e9
+            totals["records_read"] += (metrics.get("Input Metrics") or {}).get("Records Read", 0)
+            totals["result_bytes"] += metrics.get("Result Size", 0)
+    return totals if found else None
 
 
 def handed_per_record(logs: Path) -> float | None:
@@ -204,9 +237,21 @@ def _verify(output, expected: Mapping[str, int]) -> tuple[bool, dict[str, object
     return got == dict(expected), {"output": got}
 
 
-def native_run(variant: str, round_: int, *, topic: str, state_store: str, expected: Mapping[str, int]) -> Run:
-    """The native query in a process of its own (see ``benchmarks.native``)."""
+def native_run(
+    variant: str,
+    round_: int,
+    *,
+    topic: str,
+    state_store: str,
+    expected: Mapping[str, int],
+    profile_dir: Path | None = None,
+) -> Run:
+    """The native query in a process of its own (see ``benchmarks.native``);
+    with ``profile_dir``, Spark writes its event log there."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    event_logs = None if profile_dir is None else profile_dir / f"{variant}-r{round_}" / "spark-events"
+    if event_logs is not None:
+        env.update(_event_log_env(event_logs))
     with tempfile.TemporaryDirectory(prefix="bench-native-") as out:
         began = time.monotonic()
         done = subprocess.run(
@@ -223,6 +268,8 @@ def native_run(variant: str, round_: int, *, topic: str, state_store: str, expec
     got = {k: result[k] for k in ("records", "keys", "sum")}
     run = Run(variant, round_, result["startup_s"], result["seconds"], int(expected["records"]))
     run.verified, run.detail = got == dict(expected), {"output": got, "wall_s": wall}
+    if event_logs is not None:
+        run.detail["spark_tasks"] = spark_task_metrics(event_logs)
     return run
 
 

@@ -4,9 +4,11 @@ and the workload's key placement."""
 
 from __future__ import annotations
 
+import json
+
 from benchmarks.__main__ import PROFILES, _markdown, _ratios, _variants
 from benchmarks.profiles import summarise
-from benchmarks.runs import Run, percentile
+from benchmarks.runs import Run, percentile, spark_task_metrics
 from benchmarks.workloads import PARTITIONS, partition_of
 
 
@@ -120,3 +122,29 @@ def test_the_bytes_handed_to_python_per_record_come_from_the_workers_logs(tmp_pa
         f"[worker] job-other-g0: 100 records read, 50.0 {HANDED_PER_RECORD}\n"
     )
     assert handed_per_record(tmp_path) == 20.0  # weighted by the records each query read
+
+
+def test_spark_task_metrics_are_summed_from_the_event_log_and_tabled(tmp_path):
+    end = {
+        "Event": "SparkListenerTaskEnd",
+        "Task Metrics": {
+            "Executor Run Time": 1500,
+            "Executor CPU Time": 1_000_000_000,
+            "Result Size": 4000,
+            "Input Metrics": {"Records Read": 100},
+        },
+    }
+    lines = [{"Event": "SparkListenerApplicationStart"}, end, {**end, "Task Metrics": {"Executor Run Time": 500}}]
+    (tmp_path / "app-1").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    totals = spark_task_metrics(tmp_path)
+    assert totals == {
+        "tasks": 2,
+        "executor_run_s": 2.0,
+        "executor_cpu_s": 1.0,
+        "records_read": 100,
+        "result_bytes": 4000,
+    }
+    assert spark_task_metrics(tmp_path / "none") is None
+    run = Run("abs-1stage-spark", 1, 5.0, seconds=1.0, records=100, verified=True, detail={"spark_tasks": totals})
+    table = _markdown("quick", PROFILES["quick"], [run], [], {})
+    assert "| abs-1stage-spark | 2 | 2.0 | 1.0 | 100 | 10000.0 | 40.0 |" in table
