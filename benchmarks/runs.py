@@ -152,7 +152,13 @@ def abs_run(
 def _event_log_env(directory: Path) -> dict[str, str]:
     """The environment that makes a worker's Spark write its event log to ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
-    conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": directory.resolve().as_uri()}
+    conf = {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": directory.resolve().as_uri(),
+        # one plain JSON-lines file per application (Spark 4 rolls and compresses by default)
+        "spark.eventLog.rolling.enabled": "false",
+        "spark.eventLog.compress": "false",
+    }
     return {"PYSPARK_SUBMIT_ARGS": " ".join(f"--conf {k}={v}" for k, v in conf.items()) + " pyspark-shell"}
 
 
@@ -163,7 +169,8 @@ def spark_task_metrics(directory: Path) -> dict[str, float] | None:
     driver (what a micro-batch's ``toArrow`` collects)."""
     totals = {"tasks": 0, "executor_run_s": 0.0, "executor_cpu_s": 0.0, "records_read": 0, "result_bytes": 0}
     found = False
-    for path in sorted(p for p in directory.glob("*") if p.is_file()):
+    # a worker stopped by a signal leaves its log ``.inprogress``: read all the same
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         found = True
         for line in path.read_text(errors="replace").splitlines():
             if '"SparkListenerTaskEnd"' not in line:
