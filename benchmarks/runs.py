@@ -104,7 +104,7 @@ def abs_run(
     os.environ[TOPIC_ENV] = topic
     job = f"bench-{variant.replace('.', '_')}-{uuid.uuid4().hex[:6]}"  # job names: letters, digits, - and _
     job_settings = JobSettings(store=store, interval_s=interval_s or 3600, timeout_s=timeout_s, **dict(settings or {}))
-    event_logs = None if profile_dir is None else profile_dir / f"{variant}-r{round_}" / "spark-events"
+    event_logs = _event_logs(profile_dir, variant, round_)
     runner = JobRunner(
         pipeline,
         job_settings,
@@ -147,6 +147,11 @@ def abs_run(
     if event_logs is not None:
         run.detail["spark_tasks"] = spark_task_metrics(event_logs)
     return run
+
+
+def _event_logs(profile_dir: Path | None, variant: str, round_: int) -> Path | None:
+    """Where a profiled run's Spark writes its event log (None: not profiled)."""
+    return None if profile_dir is None else profile_dir / f"{variant}-r{round_}" / "spark-events"
 
 
 def _event_log_env(directory: Path) -> dict[str, str]:
@@ -256,7 +261,7 @@ def native_run(
     """The native query in a process of its own (see ``benchmarks.native``);
     with ``profile_dir``, Spark writes its event log there."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    event_logs = None if profile_dir is None else profile_dir / f"{variant}-r{round_}" / "spark-events"
+    event_logs = _event_logs(profile_dir, variant, round_)
     if event_logs is not None:
         env.update(_event_log_env(event_logs))
     with tempfile.TemporaryDirectory(prefix="bench-native-") as out:

@@ -98,7 +98,7 @@ def decode(values: Sequence[bytes | None] | pa.Array, schema: ValueSchema = None
     if isinstance(schema, avro.AvroSchema):
         return Decoded(*avro.decode(array, schema))
     if len(array) == 0:
-        return Decoded(pa.table({}) if schema is None else schema.empty_table(), [], [])
+        return Decoded(_empty(schema), [], [])
     if _bulk_ok(array):
         try:
             table = _bulk(array, schema)

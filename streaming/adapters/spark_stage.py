@@ -138,7 +138,7 @@ class SparkStage:
         self._json = StructType([*self._fields.fields, StructField(_CORRUPT, StringType())])
         self._avro = ingress.avro
         # how the Python decoder reads the values, for the reason a record did not decode
-        self._schema = ingress.avro or ingress.schema
+        self._schema = ingress.value_schema
         self._event_time = self._event_time_column(ingress)
         self.columns = self.check()
         # a keyed aggregate after the code: Spark computes its partials per key and run of records
@@ -250,12 +250,8 @@ class SparkStage:
         decoded = F.col(_DECODED)
         if self._avro is None:
             return decoded.isNull() | F.col(f"{_DECODED}.{_CORRUPT}").isNotNull()
-        if self._avro.required:
-            lost = [F.col(f"{_DECODED}.{name}").isNull() for name in self._avro.required]
-            return decoded.isNull() | functools.reduce(or_, lost)
-        return decoded.isNull() | functools.reduce(
-            and_, [F.col(f"{_DECODED}.{name}").isNull() for name in self._fields.names]
-        )
+        names, combine = (self._avro.required, or_) if self._avro.required else (self._fields.names, and_)
+        return decoded.isNull() | functools.reduce(combine, [F.col(f"{_DECODED}.{name}").isNull() for name in names])
 
     def _rows(self, good: DataFrame, runs: Column) -> list[DataFrame]:
         """The code's rows (``ROW``), or with a keyed aggregate after the code

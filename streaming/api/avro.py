@@ -65,10 +65,11 @@ def avro_schema(schema: str | Mapping[str, Any], *, confluent_wire: bool = False
         parsed = fastavro.parse_schema(loaded)
     except (SchemaParseException, ValueError, TypeError, KeyError) as exc:
         raise ConfigError(f"{what}: the Avro schema does not parse: {exc}") from exc
+    typed = {f["name"]: _arrow_type(f["type"], f"{what}: field {f['name']!r}") for f in loaded["fields"]}
     # columns may all be null, as those of JSON values are: the rest of a pipeline sees no difference
-    fields = [pa.field(f["name"], _arrow_type(f["type"], f"{what}: field {f['name']!r}")[0]) for f in loaded["fields"]]
-    required = tuple(f["name"] for f in loaded["fields"] if not _arrow_type(f["type"], what)[1])
-    return AvroSchema(json.dumps(loaded, sort_keys=True), pa.schema(fields), bool(confluent_wire), parsed, required)
+    arrow = pa.schema([pa.field(name, kind) for name, (kind, _) in typed.items()])
+    required = tuple(name for name, (_, nullable) in typed.items() if not nullable)
+    return AvroSchema(json.dumps(loaded, sort_keys=True), arrow, bool(confluent_wire), parsed, required)
 
 
 def _arrow_type(avro: Any, what: str) -> tuple[pa.DataType, bool]:

@@ -129,6 +129,12 @@ class Ingress:
         object.__setattr__(self, "max_out_of_orderness", delay)
         object.__setattr__(self, "idle_timeout", idle)
 
+    @property
+    def value_schema(self) -> AvroSchema | pa.Schema | None:
+        """How its values are read: Avro records of ``avro``, or JSON objects
+        decoded to ``schema`` (None: inferred)."""
+        return self.avro or self.schema
+
     def _avro_schema(self) -> None:
         """``avro`` parsed (an ``AvroSchema``), and ``schema`` taken from it."""
         what = f"ingress {self.topic}"

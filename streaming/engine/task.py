@@ -148,7 +148,7 @@ class StageTask:
         self.operator = pipeline.stage(spec.stage).make_operator()
         self._multi_input = bool(getattr(self.operator, "inputs", None))
         # how each ingress topic's values are read (JSON with its schema, or Avro)
-        self._schemas = {i.topic: i.avro or i.schema for i in pipeline.ingress}
+        self._schemas = {i.topic: i.value_schema for i in pipeline.ingress}
         self.lineage = self.start.lineage
         self.counters: collections.Counter = collections.Counter()
         self.gate = self._input_gate(max_segment_records, held_memory_bytes)

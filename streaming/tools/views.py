@@ -20,7 +20,6 @@ from rich.text import Text
 
 from streaming.engine.rescale import RescalePlan
 from streaming.tools.checkpoints import CheckpointDetail, CheckpointRow, RestorePlan, TableDiff
-from streaming.tools.checkpoints_detail import PATH
 from streaming.tools.gc import GcPlan
 
 __all__ = [
@@ -170,7 +169,7 @@ def _task_table(detail: CheckpointDetail) -> Group:
 
 def _path_table(detail: CheckpointDetail) -> Group:
     """Where each task's first barrier was when, in seconds since the trigger."""
-    columns = ("appended", "Spark batch", "handed", "seen", "forwarded", "acked")
+    columns = tuple(_PATH_COLUMNS.values())
     return titled_table(
         "barrier path (seconds since the trigger: the first barrier appended to its channel, the Spark "
         "micro-batch carrying it began, handed to the task, seen by the task, forwarded downstream, acked)",
@@ -178,14 +177,23 @@ def _path_table(detail: CheckpointDetail) -> Group:
         (
             (
                 t.task,
-                *(_s(t.path.get(step)) for step in PATH[:3]),
-                _s(t.first_barrier_s),
-                *(_s(t.path.get(step)) for step in PATH[3:]),
+                *(_s(t.first_barrier_s if step == "first_barrier" else t.path.get(step)) for step in _PATH_COLUMNS),
             )
             for t in detail.tasks
         ),
         right=columns,
     )
+
+
+# the barrier path's steps, in order (the task's ``path``, and ``first_barrier_s``), as its table names them
+_PATH_COLUMNS = {
+    "appended": "appended",
+    "batch_began": "Spark batch",
+    "handed": "handed",
+    "first_barrier": "seen",
+    "forwarded": "forwarded",
+    "acked": "acked",
+}
 
 
 def _switches(detail: CheckpointDetail) -> list[str]:
