@@ -1,32 +1,53 @@
-"""Keyed state: one Arrow table with one row per key, the state of every
-keyed operator (aggregates, windows, the join's right side) and of custom
-operators users write.
+"""Keyed state: one row per key, the state of every keyed operator
+(aggregates, windows, the join's right side) and of custom operators users
+write.
 
 Rows are replaced, never changed in place: a table handed out by ``table``
 or ``snapshot()`` never changes afterwards, which is what makes a snapshot an
 immutable copy without copying.  An empty state has no fixed types (the
 first rows that arrive bring theirs), so an operator behaves the same
-whether its empty state is fresh or restored."""
+whether its empty state is fresh or restored.
+
+Indexed so that a batch costs what the batch holds, not what the state
+holds: a hash table (pandas' int64 table, in C) maps the 64-bit hash of each
+key (polars' row hash) to a slot, numbered in order of the key's first
+arrival; an array maps each slot to the position of the key's row; rows live
+in immutable Arrow chunks that new rows are appended to.  Every hit is
+checked against the stored key, and the rare key whose hash another key
+already holds is indexed in a dict instead.  A row
+replaced leaves a dead row behind; when the dead rows outnumber the live
+ones (or someone reads the whole ``table``), the live rows are gathered into
+one chunk in slot order.  So the whole table is always the live rows in
+order of the keys' first arrival, whatever the history of compactions,
+which keeps a restored state and an uninterrupted one in the same order.
+
+The state also keeps what changed since ``changes()`` was last called (the
+slots written, the keys removed), which is what an incremental checkpoint
+stores instead of the whole table."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
+from pandas._libs.hashtable import Int64HashTable
 
-from operators._arrow import concat, conform, plain, row_index, storable
-from operators.errors import InputSchemaError, OperatorConfigError, StateRestoreError
+from operators._arrow import conform, plain, row_index, storable
+from operators.errors import InputSchemaError, OperatorConfigError, OperatorError, StateRestoreError
 
-__all__ = ["KeyedState", "latest_per_key", "KEYS_METADATA"]
+__all__ = ["KeyedState", "StateChanges", "latest_per_key", "KEYS_METADATA"]
 
 # the schema metadata naming a stored state table's key columns (a JSON list)
 KEYS_METADATA = b"spark-abs.keys"
 
-# A state table gets many small chunks from batch-sized updates; past this
-# many, they are combined into one.
-_MAX_CHUNKS = 16
+# Dead rows (replaced or removed) are gathered away once they outnumber the
+# live rows by this many; below it a small state is never compacted.
+_SLACK_ROWS = 1 << 16
 
 
 def latest_per_key(rows: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -38,14 +59,49 @@ def latest_per_key(rows: pa.Table, keys: Sequence[str]) -> pa.Table:
     return rows.take(last.sort_by("i_max")["i_max"])
 
 
+@dataclass(frozen=True, slots=True)
+class StateChanges:
+    """What changed in a ``KeyedState`` between two calls of ``changes()``.
+
+    ``removed`` holds the key columns of keys removed, ``upserts`` the rows
+    (as they are now) of keys written.  Removing ``removed`` from the earlier
+    state and then putting ``upserts`` in gives the state now; a key may be
+    in both (removed, then written again).  When the state stopped keeping
+    track (``full``), ``upserts`` is the whole state, which replaces the
+    earlier one."""
+
+    upserts: pa.Table
+    removed: pa.Table
+    full: bool = False
+
+
 class KeyedState:
     """A table with one row per key: key columns and value columns.
 
     ``merge`` folds per-key partial results into the state (aggregates),
     ``upsert`` replaces whole rows (latest value per key), ``lookup`` reads
-    rows for a column of keys, ``pop`` takes rows out.  Keys are never null."""
+    rows for a column of keys, ``pop`` takes rows out.  Keys are never null.
+    ``changes()`` says what changed since it was last called."""
 
-    __slots__ = ("keys", "operator", "_table")
+    __slots__ = (
+        "keys",
+        "operator",
+        "_placeholder",
+        "_schema",
+        "_hash",
+        "_overflow",
+        "_live",
+        "_positions",
+        "_slots",
+        "_chunks",
+        "_starts",
+        "_rows",
+        "_table",
+        "_dirty",
+        "_removed",
+        "_removed_count",
+        "_untracked",
+    )
 
     def __init__(self, keys: Sequence[str], value_columns: Sequence[str] = (), *, operator: str = "KeyedState"):
         if not keys:
@@ -53,59 +109,108 @@ class KeyedState:
         self.keys: tuple[str, ...] = tuple(keys)
         self.operator = operator
         # an empty state's types do not count; int64 is only a placeholder
-        self._table = pa.table({name: pa.array([], pa.int64()) for name in (*self.keys, *value_columns)})
+        self._placeholder = pa.table({name: pa.array([], pa.int64()) for name in (*self.keys, *value_columns)})
+        self._load(self._placeholder)
+
+    # ---- reading
 
     @property
     def table(self) -> pa.Table:
-        """The state as it is now (an immutable table)."""
+        """The state as it is now (an immutable table), rows in order of
+        their keys' first arrival."""
+        if self._table is None:
+            self._compact()
         return self._table
 
     def __len__(self) -> int:
-        return self._table.num_rows
-
-    def merge(self, partial: pa.Table, combine: Callable[[pa.Table], pa.Table]) -> pa.Table:
-        """Fold ``partial`` (at most one row per key, the state's columns) into
-        the state and return the new rows of the keys it holds, in its order.
-
-        ``combine`` gets the partial rows followed by the state's rows for the
-        same keys and returns one row per key in order of first appearance."""
-        if self._table.num_rows == 0:
-            self._table = partial
-            return partial
-        partial = conform(partial, self._table.schema, self.operator, "batch")
-        touched = self._mask(partial)
-        combined = combine(pa.concat_tables([partial, self._table.filter(touched)]))
-        self._replace(self._table.filter(pc.invert(touched)), combined)
-        return combined
-
-    def upsert(self, rows: pa.Table) -> None:
-        """Make ``rows`` (at most one per key) the rows of their keys; other
-        keys keep theirs.  Columns missing on either side become null."""
-        if self._table.num_rows == 0:
-            self._table = rows
-            return
-        self._replace(self._table.filter(pc.invert(self._mask(rows))), rows)
+        return self._live
 
     def lookup(self, keys: pa.ChunkedArray | pa.Array) -> pa.Table:
         """The state's row for each of ``keys`` (single key column only), in
         the same order; a row of nulls where the state has none."""
         if len(self.keys) != 1:
             raise OperatorConfigError(f"{self.operator}: lookup needs a single key column, the state has {self.keys}")
-        key_type = self._table.schema.field(self.keys[0]).type
-        found = pc.index_in(self._same_type(keys, key_type), value_set=self._key_values())
-        return self._table.take(found)
-
-    def pop(self, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
-        """Take the rows where ``mask`` is true out of the state and return them."""
-        taken = self._table.filter(mask)
-        if taken.num_rows:
-            self._table = self._table.filter(pc.invert(mask))
-        return taken
+        if not self._live:
+            return self.table.take(pa.nulls(len(keys), pa.int64()))
+        probe = pa.table({self.keys[0]: self._same_type(keys, self._schema.field(self.keys[0]).type)})
+        slots = self._slots_of(probe, create=False)
+        found = slots >= 0
+        rows = self._take(self._positions[slots[found]])
+        at = np.cumsum(found) - 1
+        return rows.take(pa.array(at, mask=~found))
 
     def snapshot(self) -> pa.Table:
         """The state to store, its key columns named in the schema's metadata
         (``spark-abs.keys``, what ``spark-abs checkpoints diff`` compares by)."""
-        return storable(self._table).replace_schema_metadata({KEYS_METADATA: json.dumps(list(self.keys))})
+        return self._stored(self.table)
+
+    def changes(self) -> StateChanges:
+        """What changed since the last call (or since ``restore``, or since
+        the state was made); the next call starts from here.  A state whose
+        changes outgrew it stops keeping track and says so (``full``)."""
+        if self._untracked:
+            changes = StateChanges(self.snapshot(), self._key_columns(self.table.slice(0, 0)), full=True)
+        else:
+            positions = self._positions[np.flatnonzero(self._dirty[: self._slots])]
+            upserts = self._take(positions[positions >= 0])
+            removed = pa.concat_tables(self._removed) if self._removed else self._key_columns(upserts.slice(0, 0))
+            changes = StateChanges(self._stored(upserts), removed)
+        self._track_from_here()
+        return changes
+
+    # ---- writing
+
+    def merge(self, partial: pa.Table, combine: Callable[[pa.Table], pa.Table]) -> pa.Table:
+        """Fold ``partial`` (at most one row per key, the state's columns) into
+        the state and return the new rows of the keys it holds, in its order.
+
+        ``combine`` gets the partial rows followed by the state's rows for the
+        same keys and returns one row per key (in any order)."""
+        if not self._live:
+            self._start_over(partial)
+            return partial
+        partial = conform(partial, self._schema, self.operator, "batch")
+        slots = self._slots_of(partial, create=True)
+        positions = self._positions[slots]
+        combined = combine(pa.concat_tables([partial, self._take(positions[positions >= 0])]))
+        combined = self._in_order_of(partial, conform(combined, self._schema, self.operator, "combined rows"))
+        if combined.num_rows:
+            self._append(combined, slots)
+        return combined
+
+    def upsert(self, rows: pa.Table) -> None:
+        """Make ``rows`` (at most one per key) the rows of their keys; other
+        keys keep theirs.  Columns missing on either side become null."""
+        if not self._live:
+            self._start_over(rows)
+            return
+        rows = self._fit(rows)
+        if rows.num_rows:
+            self._append(rows, self._slots_of(rows, create=True))
+
+    def pop(self, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
+        """Take the rows where ``mask`` (over ``table``) is true out of the
+        state and return them."""
+        table = self.table
+        taken = table.filter(mask)
+        if not taken.num_rows:
+            return taken
+        live = np.flatnonzero(self._positions[: self._slots] >= 0)
+        gone = pc.fill_null(mask, False)
+        if isinstance(gone, pa.ChunkedArray):
+            gone = gone.combine_chunks()
+        gone = gone.to_numpy(zero_copy_only=False).astype(bool)
+        self._forget(taken, live[gone])
+        kept = live[~gone]
+        self._positions[kept] = np.arange(len(kept))
+        self._chunks, self._starts, self._rows = [table.filter(pa.array(~gone)).combine_chunks()], [0], len(kept)
+        self._table = self._chunks[0]
+        if not self._untracked:
+            self._removed.append(self._key_columns(taken))
+            self._removed_count += taken.num_rows
+            if self._removed_count > self._live + _SLACK_ROWS:
+                self._stop_tracking()
+        return taken
 
     def restore(self, table: pa.Table, table_name: str) -> None:
         """Take ``table`` as the state, after checking it has the key columns,
@@ -125,16 +230,202 @@ class KeyedState:
                     f"{self.operator}: snapshot table {table_name!r} holds {table.num_rows - distinct} duplicate key(s)"
                 )
         # the stored key names stay in the store: rows taken from the state must not carry them downstream
-        self._table = table.replace_schema_metadata(None)
+        self._load(table.replace_schema_metadata(None))
 
-    def _replace(self, kept: pa.Table, new: pa.Table) -> None:
-        table = concat([kept, new])
-        if table.num_rows and table.column(0).num_chunks > _MAX_CHUNKS:
-            table = table.combine_chunks()
+    # ---- the index
+
+    def _load(self, table: pa.Table) -> None:
+        """Make ``table`` (no key twice) the whole state, tracking from here."""
+        table = table.combine_chunks()
+        self._schema = table.schema
+        self._chunks, self._starts, self._rows = [table], [0], table.num_rows
+        self._table: pa.Table | None = table
+        self._positions = np.arange(max(table.num_rows, 16), dtype=np.int64)
+        self._reindex(table)
+        self._track_from_here()
+
+    def _reindex(self, table: pa.Table) -> None:
+        """Index ``table``, the live rows in slot order: row i is slot i."""
+        n = table.num_rows
+        self._hash = Int64HashTable(max(n, 16))
+        self._slots = self._live = n
+        hashes = self._hashes(table)
+        self._hash.map_keys_to_values(hashes, np.arange(n, dtype=np.int64))
+        # two keys of one hash: the table keeps the last, the dict the others
+        clash = np.flatnonzero(self._hash.lookup(hashes) != np.arange(n))
+        self._overflow: dict = dict(zip(self._key_list(table.take(clash)), clash.tolist())) if len(clash) else {}
+
+    def _start_over(self, rows: pa.Table) -> None:
+        """An empty state takes ``rows`` (at most one per key) with their types."""
+        removed, removed_count, untracked = self._removed, self._removed_count, self._untracked
+        self._load(rows)
+        # what was removed before still has to reach the next changes()
+        self._removed, self._removed_count, self._untracked = removed, removed_count, untracked
+        if not untracked and rows.num_rows:
+            self._dirty[: rows.num_rows] = True
+
+    def _hashes(self, rows: pa.Table) -> np.ndarray:
+        """A 64-bit hash of each row's key (polars' row hash, seed 0)."""
+        keys = pa.table({key: plain(rows[key]) for key in self.keys})
+        try:
+            frame = pl.from_arrow(keys)
+        except Exception as exc:  # polars names its own errors; any of them means this key type is out
+            raise InputSchemaError(f"{self.operator}: keys of type {keys.schema} cannot index a state: {exc}") from None
+        return frame.hash_rows(seed=0).to_numpy().view(np.int64)
+
+    def _key_list(self, rows: pa.Table) -> list:
+        """The keys of ``rows`` as Python values (tuples for several key columns)."""
+        if len(self.keys) == 1:
+            return plain(rows[self.keys[0]]).to_pylist()
+        return list(zip(*(plain(rows[key]).to_pylist() for key in self.keys)))
+
+    def _slots_of(self, rows: pa.Table, *, create: bool) -> np.ndarray:
+        """The slot of each row's key (at most one row per key); new keys get
+        new slots when ``create``, -1 otherwise."""
+        hashes = self._hashes(rows)
+        slots = self._hash.lookup(hashes)
+        hit = np.flatnonzero(slots >= 0)
+        if len(hit):
+            other = hit[~self._same_keys(rows, hit, self._positions[slots[hit]])]
+            slots[other] = -1  # a key of the same hash holds the table's entry
+        if self._overflow:
+            missed = np.flatnonzero(slots < 0)
+            get = self._overflow.get
+            slots[missed] = [get(key, -1) for key in self._key_list(rows.take(missed))]
+        if create:
+            new = np.flatnonzero(slots < 0)
+            if len(new):
+                self._new_slots(rows, hashes, slots, new)
+        return slots
+
+    def _new_slots(self, rows: pa.Table, hashes: np.ndarray, slots: np.ndarray, new: np.ndarray) -> None:
+        first = self._slots
+        ids = np.arange(first, first + len(new), dtype=np.int64)
+        slots[new] = ids
+        self._slots += len(new)
+        self._live += len(new)
+        if self._slots > len(self._positions):
+            size = max(self._slots, 2 * len(self._positions))
+            self._positions = np.concatenate([self._positions[:first], np.empty(size - first, np.int64)])
+            self._dirty = np.concatenate([self._dirty[:first], np.zeros(size - first, bool)])
+        self._positions[first : self._slots] = -1
+        fresh = hashes[new]
+        free = self._hash.lookup(fresh) < 0  # hashes no live key holds
+        self._hash.map_keys_to_values(fresh[free], ids[free])
+        mine = np.zeros(len(new), bool)
+        mine[free] = self._hash.lookup(fresh[free]) == ids[free]  # two new keys of one hash: one wins
+        if not mine.all():
+            self._overflow.update(zip(self._key_list(rows.take(new[~mine])), ids[~mine].tolist()))
+
+    def _same_keys(self, rows: pa.Table, at: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Whether the key of each row ``at`` is the key stored at ``positions``."""
+        stored = self._take(positions, self.keys)
+        same = None
+        for key in self.keys:
+            equal = pc.fill_null(pc.equal(plain(rows[key]).take(at), stored[key]), False)
+            same = equal if same is None else pc.and_(same, equal)
+        return np.asarray(same.combine_chunks() if isinstance(same, pa.ChunkedArray) else same, dtype=bool)
+
+    def _forget(self, taken: pa.Table, slots: np.ndarray) -> None:
+        """The keys of ``taken`` (the rows of ``slots``) leave the index."""
+        hashes = self._hashes(taken)
+        if self._overflow:
+            held = np.array([self._overflow.pop(key, None) is not None for key in self._key_list(taken)], bool)
+            hashes = hashes[~held]
+        self._hash.map_keys_to_values(hashes, np.full(len(hashes), -1, np.int64))
+        self._positions[slots] = -1
+        self._live -= len(slots)
+
+    def _in_order_of(self, partial: pa.Table, combined: pa.Table) -> pa.Table:
+        """``combined`` (one row per key of ``partial``) in ``partial``'s order:
+        Arrow's grouping does not keep the order of first appearance."""
+        if len(self.keys) == 1:
+            key = self.keys[0]
+            at = pc.index_in(partial[key], value_set=combined[key].combine_chunks())
+        else:
+            probe = partial.select(list(self.keys)).append_column("__p", row_index(partial.num_rows))
+            found = combined.select(list(self.keys)).append_column("__c", row_index(combined.num_rows))
+            at = probe.join(found, list(self.keys), join_type="left outer", use_threads=False).sort_by("__p")["__c"]
+        if combined.num_rows != partial.num_rows or at.null_count:
+            raise OperatorError(
+                f"{self.operator}: combine returned {combined.num_rows} rows for the {partial.num_rows} keys "
+                "of a batch (it must return one row per key)"
+            )
+        return combined.take(at)
+
+    def _take(self, positions: np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
+        """The rows at ``positions`` (all live), in that order (only ``columns``, if given)."""
+        chunks = self._chunks if columns is None else [chunk.select(list(columns)) for chunk in self._chunks]
+        if len(chunks) == 1:
+            return chunks[0].take(positions)
+        chunk = np.searchsorted(self._starts, positions, side="right") - 1
+        # chunks are few (a binary counter's worth): a stable sort of bytes is a radix sort
+        order = np.argsort(chunk.astype(np.uint8) if len(chunks) < 256 else chunk, kind="stable")
+        by_chunk = chunk[order]
+        bounds = np.flatnonzero(np.diff(by_chunk)) + 1
+        parts = [
+            chunks[by_chunk[start]].take(positions[part] - self._starts[by_chunk[start]])
+            for start, part in zip([0, *bounds.tolist()], np.split(order, bounds))
+            if len(part)
+        ]
+        if len(parts) <= 1:
+            return parts[0] if parts else chunks[0].slice(0, 0)
+        gathered = pa.concat_tables(parts).combine_chunks()
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))
+        return gathered.take(back)
+
+    def _append(self, rows: pa.Table, slots: np.ndarray) -> None:
+        """``rows`` (the state's schema, one per slot) become the rows of ``slots``."""
+        start = self._rows
+        self._chunks.append(rows.combine_chunks())
+        self._starts.append(start)
+        # neighbours of like size merge (a binary counter): few chunks, each row copied O(log n) times
+        while len(self._chunks) > 2 and self._chunks[-2].num_rows <= 2 * self._chunks[-1].num_rows:
+            merged = pa.concat_tables(self._chunks[-2:]).combine_chunks()
+            del self._chunks[-2:], self._starts[-1]
+            self._chunks.append(merged)
+        self._positions[slots] = np.arange(start, start + rows.num_rows)
+        self._rows += rows.num_rows
+        self._table = None
+        if not self._untracked:
+            self._dirty[slots] = True
+        if self._rows > 2 * self._live + _SLACK_ROWS:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Gather the live rows into one chunk in slot order; renumber the
+        slots when most of them belong to keys removed."""
+        live = np.flatnonzero(self._positions[: self._slots] >= 0)
+        table = self._take(self._positions[live]) if len(live) else self._chunks[0].slice(0, 0)
+        if self._slots > 2 * len(live) + _SLACK_ROWS:
+            self._dirty[: len(live)] = self._dirty[live]
+            self._dirty[len(live) : self._slots] = False
+            self._reindex(table)  # also drops the hashes of keys removed
+            self._positions[: len(live)] = np.arange(len(live))
+        else:
+            self._positions[live] = np.arange(len(live))
+        self._chunks, self._starts, self._rows = [table], [0], len(live)
         self._table = table
 
-    def _key_values(self) -> pa.Array:
-        return plain(self._table.column(self.keys[0])).combine_chunks()
+    # ---- schemas and tracking
+
+    def _fit(self, rows: pa.Table) -> pa.Table:
+        """``rows`` with the state's columns and types; a row with a column the
+        state lacks (or a wider type) widens the state first."""
+        if rows.schema.equals(self._schema):
+            return rows
+        try:
+            wider = pa.unify_schemas([self._schema, rows.schema], promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise InputSchemaError(
+                f"{self.operator}: rows {rows.schema} do not fit the state's {self._schema}: {exc}"
+            ) from None
+        if not wider.equals(self._schema):
+            self._chunks = [_with_schema(chunk, wider) for chunk in self._chunks]
+            self._schema = wider
+            self._table = None
+        return _with_schema(rows, wider)
 
     def _same_type(self, values: pa.ChunkedArray | pa.Array, type_: pa.DataType) -> pa.ChunkedArray | pa.Array:
         values = plain(values) if isinstance(values, pa.ChunkedArray) else values
@@ -147,15 +438,30 @@ class KeyedState:
                 f"{self.operator}: keys of type {values.type} do not match the state's {type_}: {exc}"
             ) from None
 
-    def _mask(self, rows: pa.Table) -> pa.ChunkedArray | pa.Array:
-        """True for each state row whose key is among ``rows``' keys."""
-        if len(self.keys) == 1:
-            key = self.keys[0]
-            values = self._same_type(rows[key], self._table.schema.field(key).type)
-            return pc.is_in(
-                self._table[key], value_set=values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-            )
-        probe = conform(rows.select(list(self.keys)), self._table.select(list(self.keys)).schema, self.operator, "keys")
-        indexed = self._table.select(list(self.keys)).append_column("__row", row_index(self._table.num_rows))
-        hits = indexed.join(probe, list(self.keys), join_type="left semi")["__row"]
-        return pc.is_in(row_index(self._table.num_rows), value_set=hits.combine_chunks())
+    def _key_columns(self, rows: pa.Table) -> pa.Table:
+        return rows.select(list(self.keys)).replace_schema_metadata(None)
+
+    def _stored(self, table: pa.Table) -> pa.Table:
+        return storable(table).replace_schema_metadata({KEYS_METADATA: json.dumps(list(self.keys))})
+
+    def _track_from_here(self) -> None:
+        self._dirty = np.zeros(len(self._positions), bool)  # per slot: written since the last changes()
+        self._removed: list[pa.Table] = []
+        self._removed_count = 0
+        self._untracked = False
+
+    def _stop_tracking(self) -> None:
+        """More was removed than the state holds: the next ``changes()`` is the
+        whole state (cheaper than the removals), so stop recording them."""
+        self._dirty[:] = False
+        self._removed, self._removed_count = [], 0
+        self._untracked = True
+
+
+def _with_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns (missing ones null) and types."""
+    columns = [
+        table[field.name].cast(field.type) if field.name in table.column_names else pa.nulls(table.num_rows, field.type)
+        for field in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)

@@ -7,9 +7,11 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from operators import KeyedState, OperatorConfigError, StateRestoreError, latest_per_key
-from operators.state import KEYS_METADATA
+from operators.state import KEYS_METADATA, StateChanges
 
 
 def add_values(rows: pa.Table) -> pa.Table:
@@ -104,3 +106,106 @@ def test_a_snapshot_names_its_keys_and_a_restored_state_does_not_pass_them_on():
     restored = KeyedState(["account", "day"], ["balance"])
     restored.restore(snapshot, "balances")
     assert restored.table.schema.metadata is None  # rows taken from it go downstream without it
+
+
+# ---- the index, against a model: a dict, which keeps keys in order of first arrival
+
+
+def _apply(changes: StateChanges, replica: dict[str, int]) -> dict[str, int]:
+    if changes.full:
+        replica = {}
+    for key in changes.removed["k"].to_pylist():
+        replica.pop(key, None)
+    for row in changes.upserts.to_pylist():
+        replica[row["k"]] = row["v"]
+    return replica
+
+
+_KEYS = st.sampled_from([f"k{i}" for i in range(12)])
+_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("merge"), st.dictionaries(_KEYS, st.integers(-5, 5), max_size=6)),
+        st.tuples(st.just("upsert"), st.dictionaries(_KEYS, st.integers(-5, 5), max_size=6)),
+        st.tuples(st.just("pop"), st.integers(-5, 5)),
+        st.tuples(st.just("lookup"), st.lists(_KEYS, max_size=5)),
+        st.tuples(st.just("changes"), st.none()),
+        st.tuples(st.just("restore"), st.none()),
+    ),
+    max_size=40,
+)
+
+
+@given(steps=_STEPS)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_index_keeps_the_rows_a_dict_would_and_its_changes_rebuild_them(steps, monkeypatch_slack) -> None:
+    _check_against_the_model(steps)
+
+
+@given(steps=_STEPS)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_keys_whose_hashes_collide_keep_their_own_rows(steps, monkeypatch_slack, monkeypatch) -> None:
+    hashes = KeyedState._hashes
+    monkeypatch.setattr(KeyedState, "_hashes", lambda self, rows: hashes(self, rows) % 3)  # 12 keys, 3 hashes
+    _check_against_the_model(steps)
+
+
+def _check_against_the_model(steps) -> None:
+    state, model, replica = KeyedState(["k"], ["v"]), {}, {}
+    for step, arg in steps:
+        if step == "merge":
+            if arg:
+                out = state.merge(pa.table({"k": list(arg), "v": list(arg.values())}), add_values)
+                for key, value in arg.items():
+                    model[key] = model.get(key, 0) + value
+                assert out.to_pylist() == [{"k": key, "v": model[key]} for key in arg]
+        elif step == "upsert":
+            state.upsert(
+                pa.table({"k": pa.array(list(arg), pa.string()), "v": pa.array(list(arg.values()), pa.int64())})
+            )
+            model.update(arg)
+        elif step == "pop" and len(state):
+            popped = state.pop(pc.greater(state.table["v"], arg))
+            assert popped.to_pylist() == [{"k": k, "v": v} for k, v in model.items() if v > arg]
+            model = {k: v for k, v in model.items() if v <= arg}
+        elif step == "lookup" and len(state):
+            assert state.lookup(pa.array(arg, pa.string())).to_pylist() == [
+                {"k": key if key in model else None, "v": model.get(key)} for key in arg
+            ]
+        elif step == "changes":
+            replica = _apply(state.changes(), replica)
+            assert replica == model
+        elif step == "restore":
+            state.restore(state.snapshot(), "state")  # a restored state is tracked from the restore on
+            replica = dict(model)
+        assert len(state) == len(model)
+        assert state.table.to_pylist() == [{"k": k, "v": v} for k, v in model.items()]
+    assert _apply(state.changes(), replica) == model
+
+
+@pytest.fixture
+def monkeypatch_slack(monkeypatch):
+    """Compact, renumber and give up tracking after a handful of rows, so
+    that small examples reach every path of the index (the same for every
+    example, so one setting per test is enough)."""
+    monkeypatch.setattr("operators.state._SLACK_ROWS", 3)
+
+
+def test_a_state_that_stops_tracking_says_its_changes_are_the_whole_state(monkeypatch_slack) -> None:
+    state = KeyedState(["k"], ["v"])
+    state.upsert(pa.table({"k": [f"k{i}" for i in range(10)], "v": list(range(10))}))
+    state.changes()
+    state.pop(pc.greater_equal(state.table["v"], 2))  # 8 removed, 2 left: more than the state plus the slack
+    changes = state.changes()
+    assert changes.full and changes.upserts.to_pylist() == [{"k": "k0", "v": 0}, {"k": "k1", "v": 1}]
+    assert not state.changes().full and state.changes().upserts.num_rows == 0
+
+
+def test_changes_of_a_merge_hold_only_the_keys_it_touched() -> None:
+    state = KeyedState(["k"], ["v"])
+    state.merge(pa.table({"k": [f"k{i}" for i in range(1000)], "v": [1] * 1000}), add_values)
+    state.changes()
+    state.merge(pa.table({"k": ["k5", "k7"], "v": [1, 1]}), add_values)
+    changes = state.changes()
+    assert changes.upserts.to_pylist() == [{"k": "k5", "v": 2}, {"k": "k7", "v": 2}]
+    assert changes.removed.num_rows == 0 and not changes.full
+    assert json.loads(changes.upserts.schema.metadata[KEYS_METADATA]) == ["k"]
