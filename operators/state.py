@@ -40,7 +40,7 @@ from pandas._libs.hashtable import Int64HashTable
 from operators._arrow import conform, plain, row_index, storable
 from operators.errors import InputSchemaError, OperatorConfigError, OperatorError, StateRestoreError
 
-__all__ = ["KeyedState", "StateChanges", "latest_per_key", "KEYS_METADATA"]
+__all__ = ["KeyedState", "StateChanges", "apply_changes", "stored_keys", "latest_per_key", "KEYS_METADATA"]
 
 # the schema metadata naming a stored state table's key columns (a JSON list)
 KEYS_METADATA = b"spark-abs.keys"
@@ -73,6 +73,44 @@ class StateChanges:
     upserts: pa.Table
     removed: pa.Table
     full: bool = False
+
+
+def stored_keys(table: pa.Table) -> list[str] | None:
+    """The key columns a stored state table names (``spark-abs.keys``), or None."""
+    recorded = (table.schema.metadata or {}).get(KEYS_METADATA)
+    return None if recorded is None else list(json.loads(recorded))
+
+
+def apply_changes(table: pa.Table, removed: pa.Table | None, upserts: pa.Table | None, keys: Sequence[str]) -> pa.Table:
+    """``table`` (one row per key) with the keys of ``removed`` taken out, then
+    the rows of ``upserts`` put in: a key's new row where its old one was,
+    new keys after the rest in ``upserts``' order.  That is the order a
+    ``KeyedState`` keeps (first arrival), so a state rebuilt from a base and
+    its changes is the state that was."""
+    if removed is not None and removed.num_rows:
+        table = table.filter(pc.is_null(_match(table, removed, keys)))
+    if upserts is None or not upserts.num_rows:
+        return table
+    if not table.num_rows:
+        return upserts  # an empty state's types do not count
+    n = table.num_rows
+    at = _match(table, upserts, keys)
+    both = pa.concat_tables([table, upserts], promote_options="permissive")
+    kept = pc.if_else(pc.is_null(at), row_index(n), pc.add(at.cast(pa.int64()), n))
+    fresh = pc.indices_nonzero(pc.is_null(_match(upserts, table, keys))).cast(pa.int64())
+    return both.take(pa.chunked_array([kept, pc.add(fresh, n)], pa.int64()))
+
+
+def _match(left: pa.Table, right: pa.Table, keys: Sequence[str]) -> pa.Array:
+    """For each row of ``left``, the row of ``right`` with the same key (null when none)."""
+    if len(keys) == 1:
+        key = keys[0]
+        values = plain(right[key]).combine_chunks()
+        return pc.index_in(plain(left[key]).cast(values.type), value_set=values)
+    probe = left.select(list(keys)).append_column("__l", row_index(left.num_rows))
+    found = right.select(list(keys)).append_column("__r", row_index(right.num_rows))
+    joined = probe.join(found, list(keys), join_type="left outer", use_threads=False).sort_by("__l")
+    return joined["__r"].combine_chunks()
 
 
 class KeyedState:

@@ -97,6 +97,9 @@ def plan_gc(
             pinned.setdefault(int(started_from), "the current generation started from it")
     newest = done[-1] if done else None
     kept_complete = set(done[-retain:]) | set(pinned)
+    for needed, by in store.retention.needed_by(kept_complete & set(done)).items():
+        pinned.setdefault(needed, f"checkpoint {by} links to its parts")
+    kept_complete |= {c for c in pinned if c in done}
     for checkpoint_id in all_ids:
         name = checkpoint_dir_name(checkpoint_id)
         if newest is None or checkpoint_id > newest:
@@ -106,6 +109,8 @@ def plan_gc(
         if checkpoint_id in kept_complete:
             plan.garbage += _orphans(store, checkpoint_id)
             continue
+        if checkpoint_id in pinned:
+            continue  # an incomplete checkpoint whose parts a kept one links to
         reason = f"retention (keep {retain})" if checkpoint_id in done else "incomplete, older than a complete one"
         files = list_files(fs, layout.checkpoint_dir(checkpoint_id))
         files.sort(key=lambda i: (i.base_name != MANIFEST, i.path))
@@ -122,7 +127,7 @@ def _orphans(store: SnapshotStore, checkpoint_id: int) -> list[Garbage]:
     named = {layout.manifest(checkpoint_id)}
     for task, snapshot in manifest.tasks.items():
         named.add(layout.task_file(checkpoint_id, task))
-        named.update(layout.part(checkpoint_id, p.path) for p in snapshot.parts)
+        named.update(layout.part(holder, p.path) for holder, p in snapshot.files() if holder == checkpoint_id)
     return [
         Garbage(i.path, i.size, "orphan: not in the manifest")
         for i in list_files(store.files.fs, layout.checkpoint_dir(checkpoint_id))

@@ -27,6 +27,8 @@ from barriers.messages import Alignment, CheckpointOptions, InFlightFormat
 __all__ = [
     "FORMAT_VERSION",
     "PartInfo",
+    "StateLink",
+    "LINK_KINDS",
     "TaskSnapshot",
     "Manifest",
     "LoadedTask",
@@ -40,8 +42,14 @@ __all__ = [
     "options_as_stored",
 ]
 
-# Version of the JSON written to _TASK.json, _MANIFEST.json and _JOB.json.
-FORMAT_VERSION = 1
+# Version of the JSON written to _TASK.json, _MANIFEST.json and _JOB.json:
+# 2 when a task's state is kept as chains (incremental checkpoints), which a
+# reader of version 1 would take for no state at all; 1 otherwise.
+FORMAT_VERSION = 2
+_PLAIN_VERSION = 1
+
+# what a link of a state chain holds: the whole table, rows put in, keys taken out
+LINK_KINDS = ("base", "upserts", "removed")
 
 T = TypeVar("T")
 E = TypeVar("E", bound=enum.Enum)
@@ -86,13 +94,41 @@ class PartInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class StateLink:
+    """One link of a state table's chain (an incremental checkpoint): a part
+    stored in checkpoint ``checkpoint_id``'s directory that holds the whole
+    table (``base``), rows that replace or add their keys' rows
+    (``upserts``), or the key columns of keys taken out (``removed``)."""
+
+    checkpoint_id: int
+    kind: str
+    part: PartInfo
+
+    def __post_init__(self) -> None:
+        if self.kind not in LINK_KINDS:
+            raise ValueError(f"state link kind {self.kind!r} is not one of {', '.join(LINK_KINDS)}")
+
+    def _to_dict(self) -> dict[str, Any]:
+        return {"checkpoint_id": self.checkpoint_id, "kind": self.kind, "part": self.part._to_dict()}
+
+    @classmethod
+    def _from_dict(cls, data: Mapping[str, Any]) -> StateLink:
+        return cls(int(data["checkpoint_id"]), str(data["kind"]), PartInfo._from_dict(data["part"]))
+
+
+@dataclass(frozen=True, slots=True)
 class TaskSnapshot:
     """What one task recorded for one checkpoint.
 
     ``positions`` maps each input channel (``"topic:partition"``) to the offset
     to resume from; ``in_flight`` maps a channel to its channel state as the
     offset range ``[start, end)``, whose records may also be copied into
-    ``channel_parts``.  ``metadata`` is free JSON (alignment kind, timings)."""
+    ``channel_parts``.  ``metadata`` is free JSON (alignment kind, timings).
+
+    A full snapshot keeps each state table in ``state_parts``; an
+    incremental one keeps each as a chain in ``state_chains``: a base, then
+    the changes of each checkpoint after it, oldest first, parts of earlier
+    checkpoints included (``files()`` names every part a restore reads)."""
 
     task: str
     checkpoint_id: int
@@ -102,13 +138,38 @@ class TaskSnapshot:
     state_parts: tuple[PartInfo, ...] = ()
     channel_parts: tuple[PartInfo, ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)
+    state_chains: dict[str, tuple[StateLink, ...]] = field(default_factory=dict)
 
     @property
     def parts(self) -> tuple[PartInfo, ...]:
-        return self.state_parts + self.channel_parts
+        """The parts this checkpoint wrote (in its own directory)."""
+        own = tuple(link.part for chain in self.state_chains.values() for link in chain if self._own(link))
+        return self.state_parts + own + self.channel_parts
+
+    def files(self) -> tuple[tuple[int, PartInfo], ...]:
+        """Every part a restore of this task reads, with the checkpoint whose
+        directory holds it (earlier checkpoints' for a chain's older links)."""
+        chained = tuple((link.checkpoint_id, link.part) for chain in self.state_chains.values() for link in chain)
+        own = tuple((self.checkpoint_id, part) for part in self.state_parts + self.channel_parts)
+        return own + chained
+
+    def needs(self) -> set[int]:
+        """The earlier checkpoints whose parts this one reads."""
+        return {link.checkpoint_id for chain in self.state_chains.values() for link in chain} - {self.checkpoint_id}
+
+    @property
+    def state_tables(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.state_parts) + tuple(self.state_chains)
+
+    @property
+    def version(self) -> int:
+        return FORMAT_VERSION if self.state_chains else _PLAIN_VERSION
+
+    def _own(self, link: StateLink) -> bool:
+        return link.checkpoint_id == self.checkpoint_id
 
     def to_json(self) -> str:
-        return json.dumps({"format_version": FORMAT_VERSION, **self._to_dict()}, indent=2, sort_keys=True)
+        return json.dumps({"format_version": self.version, **self._to_dict()}, indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> TaskSnapshot:
@@ -131,6 +192,11 @@ class TaskSnapshot:
             "state_parts": [p._to_dict() for p in self.state_parts],
             "channel_parts": [p._to_dict() for p in self.channel_parts],
             "metadata": self.metadata,
+            **(
+                {"state_chains": {n: [link._to_dict() for link in chain] for n, chain in self.state_chains.items()}}
+                if self.state_chains
+                else {}
+            ),
         }
 
     @classmethod
@@ -147,6 +213,10 @@ class TaskSnapshot:
             state_parts=tuple(PartInfo._from_dict(p) for p in data.get("state_parts", [])),
             channel_parts=tuple(PartInfo._from_dict(p) for p in data.get("channel_parts", [])),
             metadata=dict(data.get("metadata", {})),
+            state_chains={
+                str(name): tuple(StateLink._from_dict(link) for link in chain)
+                for name, chain in data.get("state_chains", {}).items()
+            },
         )
 
 
@@ -162,12 +232,17 @@ class Manifest:
     created_at: str
     options: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
-    format_version: int = FORMAT_VERSION
+    format_version: int = _PLAIN_VERSION
+
+    def needs(self) -> set[int]:
+        """The earlier checkpoints whose parts a restore of this one reads."""
+        return set().union(*(snap.needs() for snap in self.tasks.values()))
 
     def to_json(self) -> str:
+        version = max([self.format_version, *(snap.version for snap in self.tasks.values())])
         return json.dumps(
             {
-                "format_version": self.format_version,
+                "format_version": version,
                 "job": self.job,
                 "checkpoint_id": self.checkpoint_id,
                 "generation": self.generation,
@@ -196,7 +271,7 @@ class Manifest:
                 created_at=str(data["created_at"]),
                 options=dict(data.get("options", {})),
                 metrics=dict(data.get("metrics", {})),
-                format_version=int(data.get("format_version", FORMAT_VERSION)),
+                format_version=int(data.get("format_version", _PLAIN_VERSION)),
             )
             for name, snap in tasks.items():
                 if snap.task != name or snap.checkpoint_id != manifest.checkpoint_id:

@@ -60,6 +60,12 @@ class Layout:
         return f"{self.checkpoint_dir(checkpoint_id)}/{relative}"
 
     @staticmethod
+    def link_relative(task: str, name: str, kind: str, step: int) -> str:
+        """``<task>/state/<name>.<kind>-<step>.parquet``: a link of a state
+        chain, ``step`` its place in the chain."""
+        return f"{escape(task, 'task')}/state/{escape(name, 'table')}.{kind}-{step}.parquet"
+
+    @staticmethod
     def part_relative(task: str, kind: str, name: str) -> str:
         """``<task>/<kind>/<name>.parquet``, ``kind`` being ``state`` or ``channels``."""
         what = "channel" if kind == "channels" else "table"

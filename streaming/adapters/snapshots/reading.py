@@ -1,7 +1,9 @@
 """Listing a job's checkpoints and reading them back: manifests, task files
 and parts, each part checked against its recorded size, checksum and row
 count, so damaged content is a ``SnapshotCorruptError`` naming the
-checkpoint, task and part, never a wrong restore."""
+checkpoint, task and part, never a wrong restore.  A state table kept as a
+chain (incremental checkpoints) is read as its base with each later link
+applied in order, so whoever loads a task gets whole tables either way."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from operators.state import apply_changes, stored_keys
 from streaming.adapters.objects import ObjectFiles
-from streaming.adapters.snapshots.format import LoadedTask, Manifest, PartInfo, TaskSnapshot
+from streaming.adapters.snapshots.format import LoadedTask, Manifest, PartInfo, StateLink, TaskSnapshot
 from streaming.adapters.snapshots.layout import CHECKPOINT_DIR, MANIFEST, TASK, Layout, escape
 from streaming.errors import SnapshotCorruptError, SnapshotMissingError
 
@@ -118,6 +121,9 @@ class SnapshotReader:
         checked against its recorded size and checksum."""
         snapshot = self.required_task(checkpoint_id, task)
         state = {p.name: self.part(checkpoint_id, task, p) for p in snapshot.state_parts}
+        state.update(
+            (name, self.chain(checkpoint_id, task, name, chain)) for name, chain in snapshot.state_chains.items()
+        )
         channels = {p.name: self.part(checkpoint_id, task, p) for p in snapshot.channel_parts}
         log.debug(
             "chk-%d task %s: snapshot loaded (%d state parts, %d channel parts)",
@@ -127,6 +133,33 @@ class SnapshotReader:
             len(channels),
         )
         return LoadedTask(snapshot, state, channels)
+
+    def chain(self, checkpoint_id: int, task: str, name: str, chain: tuple[StateLink, ...]) -> pa.Table:
+        """State table ``name`` of ``task`` in ``checkpoint_id``: its chain's base
+        with every later link applied, oldest first."""
+        table: pa.Table | None = None
+        keys: list[str] | None = None
+        for link in chain:
+            data = self.part(link.checkpoint_id, task, link.part)
+            where = f"checkpoint {checkpoint_id} task {task} table {name!r}: link {link.kind} of checkpoint {link.checkpoint_id}"
+            if link.kind == "base":
+                table, keys = data, stored_keys(data)
+                continue
+            if table is None:
+                raise SnapshotCorruptError(f"{where} comes before the chain's base")
+            keys = keys or stored_keys(data) or (data.column_names if link.kind == "removed" else None)
+            if keys is None:
+                raise SnapshotCorruptError(f"{where} names no key columns, so its rows cannot be applied")
+            try:
+                if link.kind == "removed":
+                    table = apply_changes(table, data, None, keys)
+                else:
+                    table = apply_changes(table, None, data, keys)
+            except (pa.ArrowException, KeyError) as exc:
+                raise SnapshotCorruptError(f"{where} does not apply to the table before it: {exc}") from exc
+        if table is None:
+            raise SnapshotCorruptError(f"checkpoint {checkpoint_id} task {task} table {name!r}: its chain has no base")
+        return table
 
     def why_missing(self, checkpoint_id: int, relative: str) -> str:
         directory = self.files.uri(self.layout.checkpoint_dir(checkpoint_id))

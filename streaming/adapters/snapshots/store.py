@@ -6,7 +6,7 @@ job's generations (``JobHistory``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -19,7 +19,7 @@ from streaming.adapters.snapshots.layout import Layout
 from streaming.adapters.snapshots.reading import SnapshotReader
 from streaming.adapters.snapshots.retention import Retention
 from streaming.adapters.snapshots.verify import Verifier
-from streaming.adapters.snapshots.writing import SnapshotWriter
+from streaming.adapters.snapshots.writing import ChainStep, SnapshotWriter
 from streaming.errors import ConfigError
 
 __all__ = ["SnapshotStore"]
@@ -74,10 +74,12 @@ class SnapshotStore:
         in_flight: Mapping[str, tuple[int, int]] | None = None,
         channel_records: Mapping[str, pa.Table] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        chains: Mapping[str, Sequence[ChainStep]] | None = None,
     ) -> TaskSnapshot:
         """Store ``task``'s snapshot for ``checkpoint_id``: each state table and
         each channel's copied records as Parquet, then ``_TASK.json``.  Writing
-        the same task again replaces what was there."""
+        the same task again replaces what was there.  ``chains``: state
+        tables as chains (``SnapshotWriter.write_task``)."""
         return self.writer.write_task(
             checkpoint_id,
             generation,
@@ -87,6 +89,7 @@ class SnapshotStore:
             in_flight=in_flight,
             channel_records=channel_records,
             metadata=metadata,
+            chains=chains,
         )
 
     def write_task_async(
@@ -100,6 +103,7 @@ class SnapshotStore:
         in_flight: Mapping[str, tuple[int, int]] | None = None,
         channel_records: Mapping[str, pa.Table] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        chains: Mapping[str, Sequence[ChainStep]] | None = None,
     ) -> Future[TaskSnapshot]:
         """``write_task`` on a background thread, so the task keeps processing
         while its snapshot uploads.  Arrow tables are immutable, so the tables
@@ -114,6 +118,7 @@ class SnapshotStore:
             in_flight=in_flight,
             channel_records=channel_records,
             metadata=metadata,
+            chains=chains,
         )
 
     def write_manifest(

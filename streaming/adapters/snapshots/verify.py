@@ -1,7 +1,8 @@
 """Whether a checkpoint can be restored, and which one a restore picks: the
 manifest reads, every task's ``_TASK.json`` is there and equals the
-manifest's entry, and every part exists with its recorded size (and, with
-``checksums``, its SHA-256)."""
+manifest's entry, and every part a restore reads exists with its recorded
+size (and, with ``checksums``, its SHA-256), the parts of earlier
+checkpoints an incremental one's chains link to included."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class Verifier:
                 elif written != recorded:
                     problems.append(f"{prefix}: {TASK} differs from the manifest")
             problems.extend(
-                f"{prefix}: {problem}" for problem in self._check_parts(checkpoint_id, recorded.parts, checksums)
+                f"{prefix}: {problem}" for problem in self._check_parts(checkpoint_id, recorded.files(), checksums)
             )
         return manifest, problems
 
@@ -79,15 +80,17 @@ class Verifier:
             skipped.append((checkpoint_id, problems))
         return None, skipped
 
-    def _check_parts(self, checkpoint_id: int, parts: tuple[PartInfo, ...], checksums: bool) -> list[str]:
+    def _check_parts(self, checkpoint_id: int, parts: tuple[tuple[int, PartInfo], ...], checksums: bool) -> list[str]:
         if not parts:
             return []
         files, layout = self.reader.files, self.reader.layout
         problems = []
         with files.io(f"verifying checkpoint {checkpoint_id}"):
-            infos = files.fs.get_file_info([layout.part(checkpoint_id, p.path) for p in parts])
-            for part, info in zip(parts, infos):
+            infos = files.fs.get_file_info([layout.part(holder, p.path) for holder, p in parts])
+            for (holder, part), info in zip(parts, infos):
                 label = f"part {part.name!r} ({part.path})"
+                if holder != checkpoint_id:
+                    label = f"part {part.name!r} ({checkpoint_dir_name(holder)}/{part.path}, a link of its chain)"
                 if info.type != pafs.FileType.File:
                     problems.append(f"{label} is missing")
                 elif info.size != part.bytes:

@@ -8,7 +8,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -16,10 +16,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from streaming.adapters.objects import ObjectFiles
-from streaming.adapters.snapshots.format import Manifest, PartInfo, TaskSnapshot, now
+from streaming.adapters.snapshots.format import LINK_KINDS, Manifest, PartInfo, StateLink, TaskSnapshot, now
 from streaming.adapters.snapshots.layout import Layout, escape
 
-__all__ = ["SnapshotWriter"]
+__all__ = ["SnapshotWriter", "ChainStep"]
+
+# A step of a state chain given to ``write_task``: a link already stored (an
+# earlier checkpoint's), or a table to store now as a link of that kind.
+ChainStep = StateLink | tuple[str, pa.Table]
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +54,20 @@ class SnapshotWriter:
         in_flight: Mapping[str, tuple[int, int]] | None = None,
         channel_records: Mapping[str, pa.Table] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        chains: Mapping[str, Sequence[ChainStep]] | None = None,
     ) -> TaskSnapshot:
         """Store ``task``'s snapshot for ``checkpoint_id``: each state table and
         each channel's copied records as Parquet, then ``_TASK.json``.  Writing
-        the same task again replaces what was there."""
+        the same task again replaces what was there.
+
+        ``chains`` (an incremental checkpoint) gives state tables as chains
+        instead: the links an earlier checkpoint stored, kept as they are,
+        then the ``(kind, table)`` steps this one stores."""
         in_flight = {c: (int(r[0]), int(r[1])) for c, r in (in_flight or {}).items()}
         channel_records = dict(channel_records or {})
+        chains = {name: list(steps) for name, steps in (chains or {}).items()}
         _check_task(task, state, in_flight, channel_records)
+        _check_chains(task, state, chains)
         started = time.monotonic()
         with self.files.io(f"writing checkpoint {checkpoint_id} task {task}"):
             self.files.clear(self.layout.task_dir(checkpoint_id, task))
@@ -67,6 +78,19 @@ class SnapshotWriter:
                 self._write_part(checkpoint_id, task, "channels", name, table)
                 for name, table in channel_records.items()
             )
+            state_chains = {
+                name: tuple(
+                    step
+                    if isinstance(step, StateLink)
+                    else StateLink(
+                        checkpoint_id,
+                        step[0],
+                        self._store_part(checkpoint_id, Layout.link_relative(task, name, step[0], n), name, step[1]),
+                    )
+                    for n, step in enumerate(steps)
+                )
+                for name, steps in chains.items()
+            }
             snapshot = TaskSnapshot(
                 task=task,
                 checkpoint_id=checkpoint_id,
@@ -76,6 +100,7 @@ class SnapshotWriter:
                 state_parts=state_parts,
                 channel_parts=channel_parts,
                 metadata=dict(metadata or {}),
+                state_chains=state_chains,
             )
             self.files.write(self.layout.task_file(checkpoint_id, task), snapshot.to_json().encode())
         log.debug(
@@ -100,6 +125,7 @@ class SnapshotWriter:
         in_flight: Mapping[str, tuple[int, int]] | None = None,
         channel_records: Mapping[str, pa.Table] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        chains: Mapping[str, Sequence[ChainStep]] | None = None,
     ) -> Future[TaskSnapshot]:
         """``write_task`` on a background thread, so the task keeps processing
         while its snapshot uploads.  Arrow tables are immutable, so the tables
@@ -116,6 +142,7 @@ class SnapshotWriter:
             in_flight=dict(in_flight or {}),
             channel_records=dict(channel_records or {}),
             metadata=dict(metadata or {}),
+            chains={name: list(steps) for name, steps in (chains or {}).items()},
         )
 
     def write_manifest(
@@ -156,13 +183,15 @@ class SnapshotWriter:
         return manifest
 
     def _write_part(self, checkpoint_id: int, task: str, kind: str, name: str, table: pa.Table) -> PartInfo:
+        return self._store_part(checkpoint_id, Layout.part_relative(task, kind, name), name, table)
+
+    def _store_part(self, checkpoint_id: int, relative: str, name: str, table: pa.Table) -> PartInfo:
         # Serialise first so the checksum covers exactly the bytes stored.
         sink = pa.BufferOutputStream()
         # state is mostly unique keys: dictionaries and statistics cost more than
         # they save (a 100k-key table: a third of the time, an eighth of the bytes)
         pq.write_table(table, sink, compression="zstd", use_dictionary=False, write_statistics=False)
         data = sink.getvalue()
-        relative = Layout.part_relative(task, kind, name)
         self.files.write(self.layout.part(checkpoint_id, relative), data)
         return PartInfo(
             name=name, path=relative, rows=table.num_rows, bytes=data.size, sha256=hashlib.sha256(data).hexdigest()
@@ -183,6 +212,20 @@ class SnapshotWriter:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._upload_threads, thread_name_prefix=f"snapshots-{self.job}")
             return self._pool
+
+
+def _check_chains(task: str, state: Mapping[str, pa.Table], chains: Mapping[str, list[ChainStep]]) -> None:
+    """What ``write_task`` refuses of ``chains``: a table given whole and as a
+    chain, a chain that does not start with a base, a step of no known kind."""
+    for name, steps in chains.items():
+        if name in state:
+            raise ValueError(f"state table {name!r} of task {task} is given whole and as a chain")
+        kinds = [step.kind if isinstance(step, StateLink) else step[0] for step in steps]
+        if not kinds or kinds[0] != "base" or "base" in kinds[1:]:
+            raise ValueError(f"the chain of state table {name!r} of task {task} must start with its one base: {kinds}")
+        for step in steps:
+            if not isinstance(step, StateLink) and (step[0] not in LINK_KINDS or not isinstance(step[1], pa.Table)):
+                raise ValueError(f"chain step {step[0]!r} of table {name!r} (task {task}) is no (kind, table) pair")
 
 
 def _check_task(
