@@ -35,6 +35,12 @@ Two optional parts, which the built-in operators have:
   still emit (rows it buffers), or None.  The task tells downstream no more
   than the smaller of its watermark and this hold, so buffered rows are
   never late after it (a watermark hold, as Beam calls it).
+- ``changes()``: what changed in each snapshot table since the last call
+  (or since ``restore()``), as ``StateChanges``: the rows of keys written
+  and the keys removed, or the whole table.  A task of an incremental job
+  calls it at every checkpoint and stores only that (``changes_of`` gives
+  every table whole for an operator without it).  Operators built on
+  ``KeyedState`` have it for free: ``KeyedState.changes()``.
 - ``state_keys``: the column that divides the state, per input name
   (``{None: "account"}`` for one input).  The pipeline check
   (``streaming.api.layout``) uses it to refuse layouts in which rows of one
@@ -51,8 +57,9 @@ import pyarrow as pa
 from operators._arrow import concat
 from operators.dead_letters import DeadLetters
 from operators.errors import OperatorConfigError, OperatorError, StateRestoreError
+from operators.state import StateChanges, whole
 
-__all__ = ["Operator", "MultiInputOperator", "WatermarkAware", "Stateless", "Chain"]
+__all__ = ["Operator", "MultiInputOperator", "WatermarkAware", "Stateless", "Chain", "changes_of"]
 
 
 @runtime_checkable
@@ -110,6 +117,16 @@ class Stateless:
     def restore(self, state: Mapping[str, pa.Table]) -> None:
         if state:
             raise StateRestoreError(f"{type(self).__name__} is stateless but was given tables {sorted(state)}")
+
+
+def changes_of(operator: object) -> dict[str, StateChanges]:
+    """What changed in each of ``operator``'s snapshot tables since the last
+    call: its ``changes()``, or every table of ``snapshot()`` whole when it
+    keeps no track."""
+    changes = getattr(operator, "changes", None)
+    if callable(changes):
+        return changes()
+    return {name: whole(table) for name, table in operator.snapshot().items()}  # type: ignore[attr-defined]
 
 
 def _hold_of(operator: object) -> int | None:
@@ -197,6 +214,14 @@ class Chain:
             f"{position}.{name}": table
             for position, operator in enumerate(self.operators)
             for name, table in operator.snapshot().items()
+        }
+
+    def changes(self) -> dict[str, StateChanges]:
+        """Each operator's changes (``changes_of``), named as ``snapshot()`` names its tables."""
+        return {
+            f"{position}.{name}": changes
+            for position, operator in enumerate(self.operators)
+            for name, changes in changes_of(operator).items()
         }
 
     def restore(self, state: Mapping[str, pa.Table]) -> None:

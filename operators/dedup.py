@@ -24,7 +24,7 @@ from operators._arrow import conform, expect_columns, expect_tables, plain, requ
 from operators.dead_letters import DeadLetters, Reason
 from operators.errors import OperatorConfigError, StateRestoreError
 from operators.keyed import key_name
-from operators.state import KeyedState
+from operators.state import KeyedState, StateChanges, whole
 
 __all__ = ["Deduplicate"]
 
@@ -172,6 +172,12 @@ class Deduplicate:
 
     def snapshot(self) -> dict[str, pa.Table]:
         return {self.SEEN: self._seen.snapshot(), self.WATERMARK: et.watermark_table(self._watermark, self.WATERMARK)}
+
+    def changes(self) -> dict[str, StateChanges]:
+        return {
+            self.SEEN: self._seen.changes(),
+            self.WATERMARK: whole(et.watermark_table(self._watermark, self.WATERMARK)),
+        }
 
     def restore(self, state: Mapping[str, pa.Table]) -> None:
         name = type(self).__name__

@@ -18,7 +18,7 @@ from operators.dead_letters import DeadLetters, Reason
 from operators.errors import InputSchemaError, OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
 from operators.rescale import RESCALE_METADATA, rows_by
-from operators.state import KeyedState, latest_per_key
+from operators.state import KeyedState, StateChanges, latest_per_key, whole
 
 __all__ = ["Union", "LatestValueJoin", "Unmatched"]
 
@@ -195,8 +195,13 @@ class LatestValueJoin:
         return concat(out)
 
     def snapshot(self) -> dict[str, pa.Table]:
-        pending = storable(self._pending).replace_schema_metadata({RESCALE_METADATA: rows_by(self.left_key)})
-        return {self.RIGHT: self._latest.snapshot(), self.PENDING: pending}
+        return {self.RIGHT: self._latest.snapshot(), self.PENDING: self._pending_table()}
+
+    def changes(self) -> dict[str, StateChanges]:
+        return {self.RIGHT: self._latest.changes(), self.PENDING: whole(self._pending_table())}
+
+    def _pending_table(self) -> pa.Table:
+        return storable(self._pending).replace_schema_metadata({RESCALE_METADATA: rows_by(self.left_key)})
 
     def restore(self, state: Mapping[str, pa.Table]) -> None:
         name = type(self).__name__

@@ -19,7 +19,7 @@ from operators._arrow import expect_columns, expect_tables, plain, require_colum
 from operators.aggregations import Aggregation
 from operators.dead_letters import DeadLetters, Reason
 from operators.errors import OperatorConfigError, StateRestoreError
-from operators.state import KeyedState
+from operators.state import KeyedState, StateChanges
 
 __all__ = ["KeyedAggregate"]
 
@@ -91,6 +91,9 @@ class KeyedAggregate:
 
     def snapshot(self) -> dict[str, pa.Table]:
         return {self.TABLE: self._state.snapshot()}
+
+    def changes(self) -> dict[str, StateChanges]:
+        return {self.TABLE: self._state.changes()}
 
     def restore(self, state: Mapping[str, pa.Table]) -> None:
         name = type(self).__name__

@@ -61,7 +61,7 @@ from operators.aggregations import Aggregation
 from operators.dead_letters import DeadLetters, Reason
 from operators.errors import OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
-from operators.state import KeyedState
+from operators.state import KeyedState, StateChanges, whole
 
 __all__ = ["SessionWindowAggregate", "SESSION_START", "SESSION_END"]
 
@@ -195,6 +195,12 @@ class SessionWindowAggregate:
         return {
             self.SESSIONS: self._sessions.snapshot(),
             self.WATERMARK: et.watermark_table(self._watermark, self.WATERMARK),
+        }
+
+    def changes(self) -> dict[str, StateChanges]:
+        return {
+            self.SESSIONS: self._sessions.changes(),
+            self.WATERMARK: whole(et.watermark_table(self._watermark, self.WATERMARK)),
         }
 
     def restore(self, state: Mapping[str, pa.Table]) -> None:

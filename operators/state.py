@@ -40,7 +40,16 @@ from pandas._libs.hashtable import Int64HashTable
 from operators._arrow import conform, plain, row_index, storable
 from operators.errors import InputSchemaError, OperatorConfigError, OperatorError, StateRestoreError
 
-__all__ = ["KeyedState", "StateChanges", "apply_changes", "stored_keys", "latest_per_key", "KEYS_METADATA"]
+__all__ = [
+    "KeyedState",
+    "StateChanges",
+    "whole",
+    "apply_changes",
+    "apply_chain",
+    "stored_keys",
+    "latest_per_key",
+    "KEYS_METADATA",
+]
 
 # the schema metadata naming a stored state table's key columns (a JSON list)
 KEYS_METADATA = b"spark-abs.keys"
@@ -95,10 +104,36 @@ def apply_changes(table: pa.Table, removed: pa.Table | None, upserts: pa.Table |
         return upserts  # an empty state's types do not count
     n = table.num_rows
     at = _match(table, upserts, keys)
-    both = pa.concat_tables([table, upserts], promote_options="permissive")
+    both = pa.concat_tables([table, upserts], promote_options="permissive").combine_chunks()
     kept = pc.if_else(pc.is_null(at), row_index(n), pc.add(at.cast(pa.int64()), n))
-    fresh = pc.indices_nonzero(pc.is_null(_match(upserts, table, keys))).cast(pa.int64())
-    return both.take(pa.chunked_array([kept, pc.add(fresh, n)], pa.int64()))
+    # the upserts no row of the table matched: new keys
+    matched = pc.drop_null(at).cast(pa.int64())
+    fresh = pc.indices_nonzero(pc.invert(pc.is_in(row_index(upserts.num_rows), value_set=matched))).cast(pa.int64())
+    return both.take(pa.concat_arrays([_array(kept), _array(pc.add(fresh, n))]))
+
+
+def _array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def apply_chain(table: pa.Table, links: Sequence[tuple[str, pa.Table]], keys: Sequence[str]) -> pa.Table:
+    """``table`` with each of ``links`` (``("removed", keys)`` or ``("upserts",
+    rows)``, oldest first) applied: the same as ``apply_changes`` link by
+    link, but the links are folded together first, so the table (the large
+    part) is gone through once."""
+    removed: list[pa.Table] = []
+    upserts: pa.Table | None = None
+    for kind, rows in links:
+        if not rows.num_rows:
+            continue  # nothing to apply (and an empty table's types do not count)
+        if kind == "removed":
+            removed.append(rows)
+            if upserts is not None:
+                upserts = apply_changes(upserts, rows, None, keys)
+        else:
+            upserts = rows if upserts is None else apply_changes(upserts, None, rows, keys)
+    gone = pa.concat_tables(removed, promote_options="permissive") if removed else None
+    return apply_changes(table, gone, upserts, keys)
 
 
 def _match(left: pa.Table, right: pa.Table, keys: Sequence[str]) -> pa.Array:
@@ -111,6 +146,12 @@ def _match(left: pa.Table, right: pa.Table, keys: Sequence[str]) -> pa.Array:
     found = right.select(list(keys)).append_column("__r", row_index(right.num_rows))
     joined = probe.join(found, list(keys), join_type="left outer", use_threads=False).sort_by("__l")
     return joined["__r"].combine_chunks()
+
+
+def whole(table: pa.Table) -> StateChanges:
+    """The changes of a table an operator keeps whole (a watermark, a
+    buffer): the table itself, which replaces the one before."""
+    return StateChanges(table, pa.table({}), full=True)
 
 
 class KeyedState:

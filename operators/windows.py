@@ -51,7 +51,7 @@ from operators.aggregations import Aggregation
 from operators.dead_letters import DeadLetters, Reason
 from operators.errors import OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
-from operators.state import KeyedState
+from operators.state import KeyedState, StateChanges, whole
 
 __all__ = ["TumblingWindowAggregate", "SlidingWindowAggregate", "WINDOW_START", "WINDOW_END"]
 
@@ -182,6 +182,12 @@ class SlidingWindowAggregate:
         return {
             self.WINDOWS: self._windows.snapshot(),
             self.WATERMARK: et.watermark_table(self._watermark, self.WATERMARK),
+        }
+
+    def changes(self) -> dict[str, StateChanges]:
+        return {
+            self.WINDOWS: self._windows.changes(),
+            self.WATERMARK: whole(et.watermark_table(self._watermark, self.WATERMARK)),
         }
 
     def restore(self, state: Mapping[str, pa.Table]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from barriers.messages import CheckpointOptions, InFlightFormat
 from streaming.errors import ConfigError, parse_choice
 
-__all__ = ["JobSettings", "Mode", "MODES", "IN_FLIGHT_FORMATS", "WORKER_LAYOUTS"]
+__all__ = ["JobSettings", "Mode", "MODES", "StateSnapshots", "STATE_SNAPSHOTS", "IN_FLIGHT_FORMATS", "WORKER_LAYOUTS"]
 
 
 class Mode(enum.StrEnum):
@@ -26,7 +26,15 @@ class Mode(enum.StrEnum):
     AT_LEAST_ONCE = "at-least-once"
 
 
+class StateSnapshots(enum.StrEnum):
+    """What a checkpoint stores of the operator state (docs/architecture.md, "Incremental checkpoints")."""
+
+    FULL = "full"
+    INCREMENTAL = "incremental"
+
+
 MODES = tuple(m.value for m in Mode)
+STATE_SNAPSHOTS = tuple(s.value for s in StateSnapshots)
 IN_FLIGHT_FORMATS = tuple(f.value for f in InFlightFormat)
 # how a job's tasks are spread over worker processes (streaming.engine.runner.worker_groups)
 WORKER_LAYOUTS = ("one", "per-stage")
@@ -48,8 +56,13 @@ class JobSettings:
     interval_s: float = 2.0
     # a checkpoint not complete after this long is aborted
     timeout_s: float = 60.0
-    # completed checkpoints kept in the store
+    # completed checkpoints kept in the store (and the earlier ones whose parts they link to)
     retain: int = 3
+    # what a checkpoint stores of the state: "full" (every table whole) or "incremental" (what
+    # changed since the task's previous checkpoint, linked to a base stored whole ...
+    state_snapshots: StateSnapshots = StateSnapshots.FULL
+    # ... every this many checkpoints, or sooner once the changes outweigh the base)
+    base_every: int = 10
     # checkpoints pending at once
     max_concurrent: int = 1
     # records per stage query micro-batch (Spark's maxOffsetsPerTrigger); large, so a
@@ -71,6 +84,9 @@ class JobSettings:
             raise ConfigError("store: give a file:// or s3:// URI for snapshots")
         object.__setattr__(self, "mode", parse_choice(Mode, self.mode, "mode"))
         object.__setattr__(self, "in_flight", parse_choice(InFlightFormat, self.in_flight, "in_flight"))
+        object.__setattr__(
+            self, "state_snapshots", parse_choice(StateSnapshots, self.state_snapshots, "state_snapshots")
+        )
         if self.mode is Mode.ALIGNED_TIMEOUT and self.alignment_timeout_ms is None and self.held_bytes_budget is None:
             raise ConfigError("mode aligned-timeout needs alignment_timeout_ms, held_bytes_budget or both")
         if self.mode is not Mode.ALIGNED_TIMEOUT and (
@@ -82,7 +98,7 @@ class JobSettings:
         for name in ("interval_s", "timeout_s", "heartbeat_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("retain", "max_concurrent", "max_records_per_batch", "max_segment_records"):
+        for name in ("retain", "max_concurrent", "max_records_per_batch", "max_segment_records", "base_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_concurrent > 1 and self.mode is not Mode.UNALIGNED:
@@ -104,7 +120,7 @@ class JobSettings:
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
-        data.update(mode=self.mode.value, in_flight=self.in_flight.value)
+        data.update(mode=self.mode.value, in_flight=self.in_flight.value, state_snapshots=self.state_snapshots.value)
         return json.dumps(data, sort_keys=True)
 
     @classmethod

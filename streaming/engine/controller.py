@@ -1,8 +1,9 @@
 """What a task does at barrier n, driven by the barrier handler of
 ``barriers.handler`` through its ``Controller`` interface.
 
-``snapshot`` takes the operator's state (immutable Arrow tables) and closes
-the sink epoch, ``forward_barrier`` appends barrier n to every output
+``snapshot`` takes the operator's state (immutable Arrow tables; with
+incremental snapshots, what changed since the task's previous snapshot, or
+the whole state when a base is due) and closes the sink epoch, ``forward_barrier`` appends barrier n to every output
 partition after the event-time progress before it and announces where it
 went, and ``acknowledge`` hands the snapshot to the ``SnapshotUploader``,
 which uploads it in the background and then acknowledges on the job's
@@ -21,6 +22,7 @@ from typing import Any
 from barriers.failures import CheckpointFailure
 from barriers.handler import BarrierHandler, TaskCheckpoint
 from barriers.messages import Barrier, ChannelId, encode
+from operators.base import changes_of
 from streaming.adapters.control import Announce, Decline, announced_barrier
 from streaming.engine import faults
 from streaming.engine.gate import InputGate
@@ -71,6 +73,8 @@ class TaskController:
         self._taken: dict[int, TakenSnapshot] = {}
         # the path of each started checkpoint's first barrier to this task, and on (wall clock)
         self._paths: dict[int, dict[str, float]] = {}
+        # incremental snapshots: the checkpoint whose snapshot the operator's changes are counted from
+        self._changes_since: int | None = None
 
     def barrier_path(self, checkpoint_id: int, **walls: float | None) -> None:
         """When checkpoint ``checkpoint_id``'s barrier got where (wall clock:
@@ -90,7 +94,13 @@ class TaskController:
 
     def snapshot(self, barrier: Barrier) -> None:
         began = time.perf_counter()
-        state = self.operator.snapshot()
+        changes, since = None, None
+        if self.uploader.incremental is not None:
+            changes = changes_of(self.operator)  # also where the next changes are counted from
+            since, self._changes_since = self._changes_since, barrier.checkpoint_id
+            if since is None or self.uploader.wants_base():
+                changes = None
+        state = self.operator.snapshot() if changes is None else {}
         self._taken[barrier.checkpoint_id] = TakenSnapshot(
             state,
             self.output.take_epoch(),
@@ -98,6 +108,8 @@ class TaskController:
             time.time(),
             self.gate.take_held_max(),
             self.watermarks.snapshot(),
+            changes=changes,
+            since=since,
         )
 
     def forward_barrier(self, barrier: Barrier) -> None:

@@ -69,7 +69,7 @@ from streaming.engine.inbox import ControlInbox
 from streaming.engine.output import TaskOutput
 from streaming.engine.quarantine import Quarantine
 from streaming.engine.segments import Segment, Segmenter, SegmentKind
-from streaming.engine.uploads import SnapshotUploader
+from streaming.engine.uploads import Incremental, SnapshotUploader
 from streaming.engine.watermarks import WatermarkTracker, event_time_inputs
 from streaming.errors import TaskError
 
@@ -138,6 +138,7 @@ class StageTask:
         copy_in_flight: bool = False,
         max_segment_records: int = 50_000,
         held_memory_bytes: int = 256 << 20,
+        incremental: Incremental | None = None,
     ):
         self.pipeline = pipeline
         self.spec = spec
@@ -155,7 +156,7 @@ class StageTask:
         self.watermarks = WatermarkTracker(event_time_inputs(pipeline, spec), self.start.watermarks, clock=clock)
         self.quarantine = Quarantine(spec.name, io, self.counters)
         self.output = TaskOutput(pipeline, spec, io, self.generation, self.counters)
-        self.controller = self._controller(copy_in_flight, upload)
+        self.controller = self._controller(copy_in_flight, upload, incremental)
         self.handler = BarrierHandler(
             self.controller,
             spec.inputs,
@@ -193,7 +194,9 @@ class StageTask:
             held_memory_bytes=held_memory_bytes,
         )
 
-    def _controller(self, copy_in_flight: bool, upload: concurrent.futures.Executor | None) -> TaskController:
+    def _controller(
+        self, copy_in_flight: bool, upload: concurrent.futures.Executor | None, incremental: Incremental | None
+    ) -> TaskController:
         uploader = SnapshotUploader(
             self.spec.name,
             self.generation,
@@ -202,6 +205,7 @@ class StageTask:
             self.counters,
             copy_in_flight=copy_in_flight,
             executor=upload,
+            incremental=incremental,
         )
         return TaskController(
             self.spec.name,

@@ -21,10 +21,11 @@ from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, kafka_records, 
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection
 from streaming.api.pipeline import Pipeline, Stage, TaskSpec
-from streaming.api.settings import JobSettings, Mode
+from streaming.api.settings import JobSettings, Mode, StateSnapshots
 from streaming.engine import faults
 from streaming.engine.restore import plan_start
 from streaming.engine.task import StageTask, TaskIO
+from streaming.engine.uploads import Incremental
 
 __all__ = ["RunningTask", "TaskFactory"]
 
@@ -90,6 +91,9 @@ class TaskFactory:
             max_concurrent=self.settings.max_concurrent,
             copy_in_flight=self._must_copy(spec),
             max_segment_records=self.settings.max_segment_records,
+            incremental=Incremental(self.settings.base_every)
+            if self.settings.state_snapshots is StateSnapshots.INCREMENTAL
+            else None,
         )
         task.recover()
         return RunningTask(task, sink), dict(plan.query_start)

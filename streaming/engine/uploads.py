@@ -8,7 +8,15 @@ A sink epoch that could not be staged (the store was down) is not lost: its
 rows are staged with the next epoch, by the next upload (uploads of a task
 run one at a time, in order), so no later checkpoint completes without them;
 an epoch staged whose snapshot then failed is committed with the next
-checkpoint that completes (``_TwoPhaseSink.commit_through``)."""
+checkpoint that completes (``_TwoPhaseSink.commit_through``).
+
+With incremental snapshots (``Incremental``) the task's state is stored as
+chains: a checkpoint that takes the whole state writes it as a new base; one
+that takes only the changes since the task's previous snapshot links them
+after the chains that snapshot wrote.  Changes whose previous snapshot was
+never written (its upload failed, or it was aborted before it uploaded)
+cannot be linked to anything: that checkpoint is declined and the next one
+takes a base."""
 
 from __future__ import annotations
 
@@ -27,13 +35,25 @@ from barriers.failures import CheckpointFailure
 from barriers.handler import TaskCheckpoint
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId, InFlightFormat
+from operators.state import StateChanges
 from streaming.adapters.control import Ack, Decline
-from streaming.adapters.snapshots.format import stored_name
+from streaming.adapters.snapshots.format import TaskSnapshot, stored_name
 from streaming.engine import faults
 
-__all__ = ["SnapshotUploader", "TakenSnapshot"]
+__all__ = ["SnapshotUploader", "TakenSnapshot", "Incremental"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Incremental:
+    """Incremental snapshots: each checkpoint stores what changed since the
+    task's previous one, on a base stored whole at a task's first
+    checkpoint, every ``base_every`` checkpoints, once the changes stored
+    since the base outweigh it, and after a checkpoint whose changes could
+    not be stored."""
+
+    base_every: int = 10
 
 
 @dataclass(frozen=True)
@@ -42,7 +62,11 @@ class TakenSnapshot:
     phase): the operator's state, the sink epoch's rows, how long taking them
     took, when, the most bytes held while aligning before it, and each input
     channel's watermark (taken with the state: an unaligned snapshot's
-    in-flight records must move them again after a restore)."""
+    in-flight records must move them again after a restore).
+
+    With incremental snapshots, ``changes`` (not None) holds what changed in
+    each table since the task's snapshot of checkpoint ``since``, and
+    ``state`` is empty; ``state`` holds the whole state otherwise (a base)."""
 
     state: dict[str, pa.Table]
     epoch: list[pa.Table]
@@ -52,6 +76,8 @@ class TakenSnapshot:
     watermarks: dict[ChannelId, int] = field(default_factory=dict)
     # wall clock: where the checkpoint's first barrier got when (TaskController.barrier_path)
     barrier_path: dict[str, float] = field(default_factory=dict)
+    changes: dict[str, StateChanges] | None = None
+    since: int | None = None
 
 
 class SnapshotUploader:
@@ -69,6 +95,7 @@ class SnapshotUploader:
         *,
         copy_in_flight: bool = False,
         executor: concurrent.futures.Executor | None = None,
+        incremental: Incremental | None = None,
     ):
         self.task = task
         self.generation = generation
@@ -82,6 +109,22 @@ class SnapshotUploader:
         self._pending: list[concurrent.futures.Future] = []
         # sink output of epochs whose staging failed: staged with the next epoch (only the upload thread uses it)
         self._unstaged: list[pa.Table] = []
+        self.incremental = incremental
+        # incremental: the snapshot this task wrote last (what the next changes link to; None: take a base),
+        # how many snapshots of changes since its base and their bytes, and the base's bytes
+        self._previous: TaskSnapshot | None = None
+        self._links = self._link_bytes = self._base_bytes = 0
+
+    def wants_base(self) -> bool:
+        """Whether the next snapshot should take the whole state (incremental
+        snapshots; read on the task's thread, so it may lag an upload)."""
+        if self.incremental is None:
+            return True
+        return (
+            self._previous is None
+            or self._links + 1 >= self.incremental.base_every
+            or self._link_bytes > self._base_bytes
+        )
 
     def submit(self, checkpoint: TaskCheckpoint, taken: TakenSnapshot) -> None:
         self._pending = [f for f in self._pending if not f.done()]
@@ -118,19 +161,23 @@ class SnapshotUploader:
                     self._unstaged = epoch  # not lost: the next epoch stages it
                     raise
                 self._unstaged = []
+            state, chains = self._state_to_write(checkpoint_id, taken)
             snapshot = self.io.write_snapshot(
                 checkpoint_id,
                 self.generation,
                 self.task,
-                taken.state,
+                state,
                 positions={str(c): p for c, p in checkpoint.positions.items()},
                 in_flight={str(c): r for c, r in checkpoint.in_flight.items()},
                 channel_records=copied or None,
                 metadata=self._metrics(checkpoint, taken.watermarks, taken, copied),
+                **({"chains": chains} if chains is not None else {}),
             )
+            self._wrote(snapshot, taken)
             upload_s = time.perf_counter() - began
         except Exception as exc:  # the store, Kafka or the sink staging failed: decline, keep running
             log.warning("%s: checkpoint %d: snapshot upload failed, declining: %s", self.task, checkpoint_id, exc)
+            self._previous = None  # what was written last is not what the next changes follow
             self.counters["declined"] += 1
             self.io.publish(
                 Decline(
@@ -150,13 +197,60 @@ class SnapshotUploader:
                 snapshot=json.loads(snapshot.to_json()),
                 metrics={
                     "async_snapshot_s": upload_s,
-                    "state_bytes": sum(p.bytes for p in getattr(snapshot, "state_parts", ())),
+                    "state_bytes": snapshot.state_bytes,
                     # trigger -> this ack sent
                     "acked_s": _since_trigger(checkpoint, time.time()),
                 },
             )
         )
         self.counters["acknowledged"] += 1
+
+    def _state_to_write(
+        self, checkpoint_id: int, taken: TakenSnapshot
+    ) -> tuple[dict[str, pa.Table], dict[str, list[Any]] | None]:
+        """The state tables to store whole, and (incremental snapshots) the
+        chains to store instead: a base of each table, or the previous
+        snapshot's chains with this checkpoint's changes linked on."""
+        if self.incremental is None:
+            return taken.state, None
+        if taken.changes is None:
+            return {}, {name: [("base", table)] for name, table in taken.state.items()}
+        previous = self._previous
+        if previous is None or previous.checkpoint_id != taken.since:
+            written = "nothing yet" if previous is None else f"checkpoint {previous.checkpoint_id}"
+            raise _ChainBroken(
+                f"its state changes follow checkpoint {taken.since}, but the task's last snapshot written is "
+                f"{written}; the next checkpoint stores the whole state"
+            )
+        chains: dict[str, list[Any]] = {}
+        for name, changes in taken.changes.items():
+            if changes.full:
+                chains[name] = [("base", changes.upserts)]
+            elif name not in previous.state_chains:
+                raise _ChainBroken(f"state table {name!r} has no chain in checkpoint {previous.checkpoint_id}")
+            else:
+                chains[name] = [
+                    *previous.state_chains[name],
+                    *([("removed", changes.removed)] if changes.removed.num_rows else []),
+                    *([("upserts", changes.upserts)] if changes.upserts.num_rows else []),
+                ]
+        return {}, chains
+
+    def _wrote(self, snapshot: TaskSnapshot, taken: TakenSnapshot) -> None:
+        """Keep count of the chains' links and bytes (incremental snapshots)."""
+        if self.incremental is None:
+            return
+        stored = sum(
+            link.part.bytes
+            for chain in snapshot.state_chains.values()
+            for link in chain
+            if link.checkpoint_id == snapshot.checkpoint_id
+        )
+        if taken.changes is None:
+            self._links, self._link_bytes, self._base_bytes = 0, 0, stored
+        else:
+            self._links, self._link_bytes = self._links + 1, self._link_bytes + stored
+        self._previous = snapshot
 
     def _metrics(
         self,
@@ -191,6 +285,10 @@ class SnapshotUploader:
             "in_flight_records_copied": sum(t.num_rows for t in copied.values()),
             "in_flight_bytes_copied": sum(t.nbytes for t in copied.values()),
         }
+
+
+class _ChainBroken(Exception):
+    """Changes that cannot be linked to the task's last written snapshot."""
 
 
 def _since_trigger(checkpoint: TaskCheckpoint, wall: float) -> float | None:

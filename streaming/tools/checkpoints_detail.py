@@ -10,7 +10,7 @@ from typing import Any
 
 from barriers.handler import CheckpointKind, Switch
 from barriers.messages import Alignment, InFlightFormat
-from streaming.adapters.snapshots import Manifest
+from streaming.adapters.snapshots import Manifest, TaskSnapshot
 from streaming.adapters.snapshots.format import options_from_json, parse_stored, text_of
 
 __all__ = ["CheckpointDetail", "TaskDetail", "checkpoint_detail", "PATH"]
@@ -45,6 +45,9 @@ class TaskDetail:
     # the barrier's path, seconds since the trigger: its first barrier appended to its channel,
     # Spark began the micro-batch carrying it, the task received that batch; forwarded, acked
     path: dict[str, float] = field(default_factory=dict)
+    # incremental checkpoints: per table, what this checkpoint stored ("base", or the changes it
+    # linked) and the checkpoints whose parts its chain reads; state_tables then count what it stored
+    chains: dict[str, str] = field(default_factory=dict)
 
     @property
     def state_bytes(self) -> int:
@@ -73,6 +76,8 @@ class CheckpointDetail:
         for task in out["tasks"]:
             if not task["path"]:  # a checkpoint from before barrier paths were recorded reads as it did
                 del task["path"]
+            if not task["chains"]:  # full snapshots read as they did
+                del task["chains"]
         return out
 
 
@@ -92,7 +97,7 @@ def checkpoint_detail(manifest: Manifest, problems: list[str]) -> CheckpointDeta
                 sync_snapshot_s=measured.get("sync_snapshot_s"),
                 async_snapshot_s=measured.get("async_snapshot_s"),
                 held_bytes_max=measured.get("held_bytes_max"),
-                state_tables={p.name: (p.rows, p.bytes) for p in snapshot.state_parts},
+                state_tables=_stored_tables(snapshot),
                 in_flight=dict(snapshot.in_flight),
                 copied_rows={p.name: p.rows for p in snapshot.channel_parts},
                 positions=dict(snapshot.positions),
@@ -101,6 +106,7 @@ def checkpoint_detail(manifest: Manifest, problems: list[str]) -> CheckpointDeta
                 switch_reason=_switch_reason(measured),
                 switched_after_ms=measured.get("switched_after_ms"),
                 path={name: measured[f"{name}_s"] for name in PATH if measured.get(f"{name}_s") is not None},
+                chains={name: _chain_text(snapshot, chain) for name, chain in snapshot.state_chains.items()},
             )
         )
     options = manifest.options
@@ -141,3 +147,23 @@ def _switch_reason(measured: Mapping[str, Any]) -> str | None:
         except ValueError:
             pass
     return measured.get("switch_reason")
+
+
+def _stored_tables(snapshot: TaskSnapshot) -> dict[str, tuple[int, int]]:
+    """``{table: (rows, bytes)}`` this checkpoint stored: whole tables, and of
+    a chain only its own links (the rows it put in and the keys it took out)."""
+    tables = {p.name: (p.rows, p.bytes) for p in snapshot.state_parts}
+    for name, chain in snapshot.state_chains.items():
+        own = [link.part for link in chain if link.checkpoint_id == snapshot.checkpoint_id]
+        tables[name] = (sum(p.rows for p in own), sum(p.bytes for p in own))
+    return tables
+
+
+def _chain_text(snapshot: TaskSnapshot, chain: tuple) -> str:
+    """How a checkpoint holds a chained table: ``base``, or the changes it
+    linked on the chain of an earlier base."""
+    if all(link.checkpoint_id == snapshot.checkpoint_id for link in chain):
+        return "base"
+    earlier = sorted({link.checkpoint_id for link in chain} - {snapshot.checkpoint_id})
+    own = sum(link.checkpoint_id == snapshot.checkpoint_id for link in chain)
+    return f"changes ({own} link{'s' if own != 1 else ''}) on the base of checkpoint {earlier[0]}, {len(earlier)} checkpoint(s) read"

@@ -64,7 +64,7 @@ class CheckpointList:
                     manifest.created_at,
                     tuple(text_of(CheckpointKind, k) for k in manifest.metrics.get("kinds", ())),
                     manifest.metrics.get("trigger_to_complete_s"),
-                    sum(p.bytes for t in tasks for p in t.state_parts),
+                    sum(t.state_bytes for t in tasks),
                     sum(end - start for t in tasks for start, end in t.in_flight.values()),
                 )
             )

@@ -117,11 +117,11 @@ class StateTables:
 
     def _tasks_with(self, checkpoint_id: int, table: str) -> set[str]:
         manifest = self.store.read_manifest(checkpoint_id)
-        return {t for t, snapshot in manifest.tasks.items() if any(p.name == table for p in snapshot.state_parts)}
+        return {t for t, snapshot in manifest.tasks.items() if table in snapshot.state_tables}
 
     def _table_names(self, checkpoint_id: int) -> set[str]:
         manifest = self.store.read_manifest(checkpoint_id)
-        return {p.name for t in manifest.tasks.values() for p in t.state_parts}
+        return {name for t in manifest.tasks.values() for name in t.state_tables}
 
 
 _OCCURRENCE = "_occurrence"

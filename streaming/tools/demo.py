@@ -36,7 +36,7 @@ from barriers.messages import ChannelId
 from operators import TumblingWindowAggregate, count, sum_
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.producing import end_input
-from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, WORKER_LAYOUTS, JobSettings, Mode
+from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, STATE_SNAPSHOTS, WORKER_LAYOUTS, JobSettings, Mode
 from streaming.tools.checkpoints import channel_rows, classify_channel_records
 from streaming.tools.money import Balances, transfer_legs
 
@@ -466,6 +466,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--store", help="snapshot store URI (default file://<home>/demo-store)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints (default 1)")
+    kind = JobSettings.default("state_snapshots").value
+    parser.add_argument(
+        "--state-snapshots",
+        default=kind,
+        choices=STATE_SNAPSHOTS,
+        help=f"what checkpoints store of the state: whole tables, or changes on a base (default {kind})",
+    )
     args = parser.parse_args(argv)
     import os
 
@@ -486,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         interval_s=args.interval,
         in_flight=args.in_flight,
+        state_snapshots=args.state_snapshots,
         **extra,
     )
     print()

@@ -55,7 +55,7 @@ import pandas as pd
 
 from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import load_pipeline
-from streaming.api.settings import MODES, JobSettings, Mode
+from streaming.api.settings import MODES, STATE_SNAPSHOTS, JobSettings, Mode, StateSnapshots
 from streaming.errors import ConfigError, SparkAbsError, parse_choice
 from streaming.tools.drill_failures import FailureInjector
 from streaming.tools.drill_feed import ProgressWatch, WorkloadFeed
@@ -140,6 +140,7 @@ class Drill:
         runtime=None,
         spark=None,
         recover_timeout_s: float = 180.0,
+        state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
     ):
         self.connection = connection
         self.pipeline_ref = pipeline
@@ -164,6 +165,7 @@ class Drill:
             interval_s=interval_s,
             store_uri=store_uri,
             report_dir=report_dir,
+            state_snapshots=parse_choice(StateSnapshots, state_snapshots, "state snapshots"),
             max_restores=2 * len(self.plan) + 10,  # a fault during a restore makes two restores of one failure
         )
         self.started = time.monotonic()
@@ -339,6 +341,7 @@ def run_drill(
     report_dir: Path | None = None,
     runtime=None,
     spark=None,
+    state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
 ) -> DrillReport:
     """Run a drill (see the module docstring) and write its report; the
     local runtime is started when no ``connection`` is given.  Its progress
@@ -367,6 +370,7 @@ def run_drill(
         report_dir=Path(report_dir),
         runtime=runtime,
         spark=spark,
+        state_snapshots=state_snapshots,
     )
     report = drill.run()
     drill_report.write(report, Path(report_dir))
@@ -392,6 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     mode = JobSettings.default("mode")
     parser.add_argument("--mode", default=mode, choices=MODES, help=f"checkpoint mode (default {mode})")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints (default 1)")
+    kind = JobSettings.default("state_snapshots").value
+    parser.add_argument(
+        "--state-snapshots",
+        default=kind,
+        choices=STATE_SNAPSHOTS,
+        help=f"what the job's checkpoints store of the state: whole tables or changes on a base (default {kind})",
+    )
     parser.add_argument("--rate", type=float, default=200.0, help="input records per second (default 200)")
     parser.add_argument(
         "--pipeline", default="streaming.tools.demo:pipeline", help="module:attribute (default the money pipeline)"
@@ -424,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds=kinds,
         mode=args.mode,
         interval_s=args.interval,
+        state_snapshots=args.state_snapshots,
         rate=args.rate,
         store_uri=args.store,
         report_dir=out,

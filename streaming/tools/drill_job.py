@@ -39,12 +39,14 @@ class DrilledJob:
         store_uri: str,
         report_dir: Path,
         max_restores: int,
+        state_snapshots: str = "full",
     ):
         self.connection = connection
         self.pipeline_ref = pipeline_ref
         self.job = job
         self.mode = mode
         self.interval_s = interval_s
+        self.state_snapshots = state_snapshots
         self.store_uri = store_uri
         self.max_restores = max_restores
         self.store = SnapshotStore(open_store(store_uri, connection), job)
@@ -72,6 +74,8 @@ class DrilledJob:
             self.job,
             "--mode",
             self.mode,
+            "--state-snapshots",
+            self.state_snapshots,
             "--interval",
             str(self.interval_s),
             # every checkpoint stays, so the drill can check that none was lost

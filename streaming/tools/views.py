@@ -207,10 +207,21 @@ def _switches(detail: CheckpointDetail) -> list[str]:
 
 
 def _state_table(detail: CheckpointDetail) -> Group:
+    if not any(t.chains for t in detail.tasks):
+        return titled_table(
+            "state tables",
+            ("task", "table", "rows", "bytes"),
+            ((t.task, name, rows, size) for t in detail.tasks for name, (rows, size) in sorted(t.state_tables.items())),
+            right=("rows", "bytes"),
+        )
     return titled_table(
-        "state tables",
-        ("task", "table", "rows", "bytes"),
-        ((t.task, name, rows, size) for t in detail.tasks for name, (rows, size) in sorted(t.state_tables.items())),
+        "state tables (incremental: rows and bytes this checkpoint stored; a restore reads its chain)",
+        ("task", "table", "stored", "rows", "bytes"),
+        (
+            (t.task, name, t.chains.get(name, "whole"), rows, size)
+            for t in detail.tasks
+            for name, (rows, size) in sorted(t.state_tables.items())
+        ),
         right=("rows", "bytes"),
     )
 

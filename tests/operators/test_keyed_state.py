@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from operators import KeyedState, OperatorConfigError, StateRestoreError, latest_per_key
-from operators.state import KEYS_METADATA, StateChanges, apply_changes
+from operators.state import KEYS_METADATA, StateChanges, apply_chain, apply_changes
 
 
 def add_values(rows: pa.Table) -> pa.Table:
@@ -153,6 +153,7 @@ def test_keys_whose_hashes_collide_keep_their_own_rows(steps, monkeypatch_slack,
 def _check_against_the_model(steps) -> None:
     state, model = KeyedState(["k"], ["v"]), {}
     replica = pa.table({"k": pa.array([], pa.string()), "v": pa.array([], pa.int64())})
+    base, links = replica, []  # a chain: the changes since the last base, folded together as a restore reads them
     for step, arg in steps:
         if step == "merge":
             if arg:
@@ -174,11 +175,18 @@ def _check_against_the_model(steps) -> None:
                 {"k": key if key in model else None, "v": model.get(key)} for key in arg
             ]
         elif step == "changes":
-            replica = _apply(state.changes(), replica)
+            changes = state.changes()
+            replica = _apply(changes, replica)
+            if changes.full:
+                base, links = changes.upserts, []
+            else:
+                links += [("removed", changes.removed), ("upserts", changes.upserts)]
+            assert _rows(apply_chain(base, links, ["k"])) == _rows(replica)
             assert _rows(replica) == [{"k": k, "v": v} for k, v in model.items()]  # the same rows, in the same order
         elif step == "restore":
             state.restore(state.snapshot(), "state")  # a restored state is tracked from the restore on
-            replica = state.table
+            replica = base = state.table
+            links = []
         assert len(state) == len(model)
         assert state.table.to_pylist() == [{"k": k, "v": v} for k, v in model.items()]
     assert _rows(_apply(state.changes(), replica)) == [{"k": k, "v": v} for k, v in model.items()]

@@ -27,7 +27,14 @@ from operators import (
     sum_,
     with_column,
 )
-from operators.testing import Watermark, assert_resumes_exactly, parquet_roundtrip, run, run_with_restore
+from operators.testing import (
+    Watermark,
+    assert_changes_rebuild_the_state,
+    assert_resumes_exactly,
+    parquet_roundtrip,
+    run,
+    run_with_restore,
+)
 from streaming.tools.money import Balances, transfer_legs
 
 PROFILE = settings.get_profile("operators")
@@ -107,6 +114,7 @@ def check_all(make, steps, cut) -> None:
     assert_resumes_exactly(make, steps, cut)
     assert_snapshot_frozen(make, steps, cut)
     assert_restore_round_trips(make, steps, cut)
+    assert_changes_rebuild_the_state(make, steps, cut)
 
 
 @PROFILE

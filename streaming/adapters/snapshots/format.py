@@ -146,6 +146,20 @@ class TaskSnapshot:
         own = tuple(link.part for chain in self.state_chains.values() for link in chain if self._own(link))
         return self.state_parts + own + self.channel_parts
 
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of state this checkpoint stored (a chain's earlier links not counted)."""
+        own = sum(link.part.bytes for chain in self.state_chains.values() for link in chain if self._own(link))
+        return sum(p.bytes for p in self.state_parts) + own
+
+    @property
+    def state_kind(self) -> str:
+        """``full`` (every table whole), ``base`` (every chain starts here) or
+        ``changes`` (some chain links to earlier checkpoints)."""
+        if not self.state_chains:
+            return "full"
+        return "changes" if self.needs() else "base"
+
     def files(self) -> tuple[tuple[int, PartInfo], ...]:
         """Every part a restore of this task reads, with the checkpoint whose
         directory holds it (earlier checkpoints' for a chain's older links)."""

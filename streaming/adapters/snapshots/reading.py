@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from operators.state import apply_changes, stored_keys
+from operators.state import apply_chain, stored_keys
 from streaming.adapters.objects import ObjectFiles
 from streaming.adapters.snapshots.format import LoadedTask, Manifest, PartInfo, StateLink, TaskSnapshot
 from streaming.adapters.snapshots.layout import CHECKPOINT_DIR, MANIFEST, TASK, Layout, escape
@@ -136,30 +136,19 @@ class SnapshotReader:
 
     def chain(self, checkpoint_id: int, task: str, name: str, chain: tuple[StateLink, ...]) -> pa.Table:
         """State table ``name`` of ``task`` in ``checkpoint_id``: its chain's base
-        with every later link applied, oldest first."""
-        table: pa.Table | None = None
-        keys: list[str] | None = None
-        for link in chain:
-            data = self.part(link.checkpoint_id, task, link.part)
-            where = f"checkpoint {checkpoint_id} task {task} table {name!r}: link {link.kind} of checkpoint {link.checkpoint_id}"
-            if link.kind == "base":
-                table, keys = data, stored_keys(data)
-                continue
-            if table is None:
-                raise SnapshotCorruptError(f"{where} comes before the chain's base")
-            keys = keys or stored_keys(data) or (data.column_names if link.kind == "removed" else None)
-            if keys is None:
-                raise SnapshotCorruptError(f"{where} names no key columns, so its rows cannot be applied")
-            try:
-                if link.kind == "removed":
-                    table = apply_changes(table, data, None, keys)
-                else:
-                    table = apply_changes(table, None, data, keys)
-            except (pa.ArrowException, KeyError) as exc:
-                raise SnapshotCorruptError(f"{where} does not apply to the table before it: {exc}") from exc
-        if table is None:
-            raise SnapshotCorruptError(f"checkpoint {checkpoint_id} task {task} table {name!r}: its chain has no base")
-        return table
+        with every later link applied, oldest first (``apply_chain``)."""
+        where = f"checkpoint {checkpoint_id} task {task} table {name!r}"
+        if not chain or chain[0].kind != "base" or any(link.kind == "base" for link in chain[1:]):
+            raise SnapshotCorruptError(f"{where}: its chain does not start with its one base")
+        base = self.part(chain[0].checkpoint_id, task, chain[0].part)
+        links = [(link.kind, self.part(link.checkpoint_id, task, link.part)) for link in chain[1:]]
+        keys = stored_keys(base) or next((stored_keys(rows) for _, rows in links if stored_keys(rows)), None)
+        if links and keys is None:
+            raise SnapshotCorruptError(f"{where}: its chain names no key columns, so its links cannot be applied")
+        try:
+            return apply_chain(base, links, keys) if links else base
+        except (pa.ArrowException, KeyError) as exc:
+            raise SnapshotCorruptError(f"{where}: the links of its chain do not apply to its base: {exc}") from exc
 
     def why_missing(self, checkpoint_id: int, relative: str) -> str:
         directory = self.files.uri(self.layout.checkpoint_dir(checkpoint_id))

@@ -17,7 +17,6 @@ from barriers.handler import CheckpointKind, Switch
 from barriers.messages import CheckpointOptions, InFlightFormat
 from streaming.adapters.objects import StoreLocation, ensure_bucket, open_store, s3_filesystem
 from streaming.adapters.snapshots import (
-    FORMAT_VERSION,
     JobMeta,
     Manifest,
     SnapshotStore,

@@ -8,6 +8,7 @@ import json
 import pyarrow as pa
 
 from barriers.messages import Barrier, CancelBarrier, encode
+from streaming.adapters.snapshots import TaskSnapshot
 from streaming.engine.task import StageTask, TaskIO
 
 __all__ = ["HEADER_TYPE", "batch", "RecordedIO", "make_task"]
@@ -105,12 +106,7 @@ class RecordedIO:
         self.snapshots[checkpoint_id] = (state, positions, in_flight, metadata)
         self.copied = channel_records
         self.log.append(("snapshot", checkpoint_id))
-
-        class Snap:
-            def to_json(self):
-                return json.dumps({"task": task, "checkpoint_id": checkpoint_id})
-
-        return Snap()
+        return TaskSnapshot(task, checkpoint_id, generation)
 
     def _stage(self, epoch, table):
         self.staged[epoch] = table

@@ -1,0 +1,165 @@
+"""Keyed state at 100 thousand, 1 million and 10 million keys, in one process:
+what a batch costs, what a checkpoint stores, and what a restore reads.
+
+    python -m benchmarks.state              # 100k, 1M and 10M keys (about 3 minutes, 4 GB)
+    python -m benchmarks.state --keys 100000,1000000
+
+For each key count the benchmark's keyed count (``KeyedAggregate``, count
+and sum per key) is loaded with every key once, then fed batches of
+``--batch`` records over keys drawn uniformly; every ``--checkpoint-every``
+batches a checkpoint is taken both ways: the whole state (``snapshot()``,
+what a full checkpoint stores) and what changed since the previous one
+(``changes()``, what an incremental checkpoint stores), each written as the
+snapshot store writes a part (Parquet, zstd).  A restore is timed from the
+last full snapshot, and from the first one plus the changes of every
+checkpoint after it (a chain, as ``SnapshotReader.chain`` applies it).
+
+Reported per key count: the median time of a batch, the time and bytes of
+each kind of checkpoint (median), and both restores.  The whole state's
+cost grows with the keys held; a batch's and the changes' should not.
+A table goes to stdout and, with ``--out``, ``state.md`` and ``state.json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = ["main", "measure"]
+
+KEY_COUNTS = (100_000, 1_000_000, 10_000_000)
+
+
+def _parquet(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", use_dictionary=False, write_statistics=False)
+    return sink.getvalue().to_pybytes()
+
+
+def _read(data: bytes) -> pa.Table:
+    return pq.read_table(pa.BufferReader(data))
+
+
+def measure(keys: int, *, batches: int, batch: int, checkpoint_every: int, seed: int = 1) -> dict[str, float]:
+    """One key count's figures (see the module docstring)."""
+    from operators import KeyedAggregate, count, sum_
+    from operators.state import apply_changes
+
+    rng = np.random.default_rng(seed)
+    names = pa.array([f"key-{i}" for i in range(keys)])
+    operator = KeyedAggregate("k", {"n": count(), "sum": sum_("v")})
+    loaded = time.perf_counter()
+    for start in range(0, keys, 1_000_000):
+        chunk = names.slice(start, 1_000_000)
+        operator.process(pa.table({"k": chunk, "v": pa.array(np.ones(len(chunk), np.int64))}))
+    load_s = time.perf_counter() - loaded
+    base = _parquet(operator.snapshot()["state"])
+    operator.changes()  # changes are counted from the base
+    chain: list[tuple[bytes, bytes]] = []
+    batch_s, full_s, full_bytes, changes_s, changes_bytes, changed_keys = [], [], [], [], [], []
+    for n in range(1, batches + 1):
+        records = pa.table(
+            {"k": names.take(pa.array(rng.integers(0, keys, batch))), "v": pa.array(np.ones(batch, np.int64))}
+        )
+        began = time.perf_counter()
+        operator.process(records)
+        batch_s.append(time.perf_counter() - began)
+        if n % checkpoint_every:
+            continue
+        began = time.perf_counter()
+        changes = operator.changes()["state"]
+        upserts, removed = _parquet(changes.upserts), _parquet(changes.removed)
+        changes_s.append(time.perf_counter() - began)
+        changes_bytes.append(len(upserts) + len(removed))
+        changed_keys.append(changes.upserts.num_rows)
+        chain.append((removed, upserts))
+        began = time.perf_counter()
+        full = _parquet(operator.snapshot()["state"])
+        full_s.append(time.perf_counter() - began)
+        full_bytes.append(len(full))
+    began = time.perf_counter()
+    KeyedAggregate("k", {"n": count(), "sum": sum_("v")}).restore({"state": _read(full)})
+    restore_full_s = time.perf_counter() - began
+    began = time.perf_counter()
+    table = _read(base)
+    for removed, upserts in chain:
+        table = apply_changes(table, _read(removed), _read(upserts), ["k"])
+    KeyedAggregate("k", {"n": count(), "sum": sum_("v")}).restore({"state": table})
+    restore_chain_s = time.perf_counter() - began
+    assert table.select(["k", "n", "sum"]).equals(operator.state.select(["k", "n", "sum"])), "chain != state"
+    return {
+        "keys": keys,
+        "load_s": load_s,
+        "batch_ms": statistics.median(batch_s) * 1000,
+        "full_ms": statistics.median(full_s) * 1000,
+        "full_bytes": statistics.median(full_bytes),
+        "changes_ms": statistics.median(changes_s) * 1000,
+        "changes_bytes": statistics.median(changes_bytes),
+        "changed_keys": statistics.median(changed_keys),
+        "restore_full_s": restore_full_s,
+        "restore_chain_s": restore_chain_s,
+        "chain_links": len(chain),
+    }
+
+
+def _markdown(rows: list[dict[str, float]], batch: int, checkpoint_every: int) -> str:
+    lines = [
+        f"Keyed count, batches of {batch:,} records over uniform keys, a checkpoint every {checkpoint_every} "
+        "batches (medians).",
+        "",
+        "| keys | batch ms | full checkpoint ms | full MB | incremental ms | incremental MB | keys changed "
+        "| restore full s | restore base + changes s |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['keys']:,} | {r['batch_ms']:.1f} | {r['full_ms']:.0f} | {r['full_bytes'] / 1e6:.2f} "
+            f"| {r['changes_ms']:.1f} | {r['changes_bytes'] / 1e6:.3f} | {r['changed_keys']:,.0f} "
+            f"| {r['restore_full_s']:.2f} | {r['restore_chain_s']:.2f} ({r['chain_links']} links) |"
+        )
+    if len(rows) > 1:
+        first, last = rows[0], rows[-1]
+        lines += [
+            "",
+            f"batch time at {last['keys']:,} keys / at {first['keys']:,}: {last['batch_ms'] / first['batch_ms']:.2f}; "
+            f"incremental bytes: {last['changes_bytes'] / first['changes_bytes']:.2f}; "
+            f"full bytes: {last['full_bytes'] / first['full_bytes']:.1f}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.state", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--keys", default=",".join(map(str, KEY_COUNTS)), help="comma-separated key counts (default 100k, 1M, 10M)"
+    )
+    parser.add_argument("--batches", type=int, default=40, help="batches per key count (default 40)")
+    parser.add_argument("--batch", type=int, default=20_000, help="records per batch (default 20000)")
+    parser.add_argument("--checkpoint-every", type=int, default=5, help="batches between checkpoints (default 5)")
+    parser.add_argument("--out", help="directory for state.md and state.json")
+    args = parser.parse_args(argv)
+    rows = []
+    for keys in (int(k) for k in args.keys.split(",")):
+        print(f"{keys:,} keys ...", flush=True)
+        rows.append(measure(keys, batches=args.batches, batch=args.batch, checkpoint_every=args.checkpoint_every))
+    table = _markdown(rows, args.batch, args.checkpoint_every)
+    print()
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "state.md").write_text(table)
+        (out / "state.json").write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
