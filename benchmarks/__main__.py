@@ -11,7 +11,9 @@ values, two partitions, every record already in the topic).  Variants:
 - abs-1stage: the spark-abs pipeline, checkpoints off (one checkpoint whose
   barriers follow the whole input commits the output);
 - abs-1stage-ckpt1s (full profile: 0.5 s and 5 s too): unaligned checkpoints
-  every second.  Unaligned, because the input is in the topic before the job
+  every second; abs-1stage-ckpt1s-incremental: the same with incremental
+  checkpoints (each stores the keys changed since the previous one on a
+  base stored every 10).  Unaligned, because the input is in the topic before the job
   starts: an aligned barrier appended then lands behind all of it, so the
   first aligned checkpoint could only complete at the end; an unaligned one
   snapshots at its announcement and keeps the unread input as channel state
@@ -34,6 +36,10 @@ values, two partitions, every record already in the topic).  Variants:
   1, 2 and 4 tasks each over a topic of four partitions, all tasks in one
   Spark application on the connection's master (``local[2]`` on the local
   runtime; a standalone master when ``SPARK_ABS_SPARK_MASTER`` names one).
+
+``--keys`` sets the key count (the state's size: 1,000,000 keys need at
+least as many records, ``--records``); the table gives the state bytes each
+checkpoint stored (median).
 
 Each round runs every variant once, in an order that alternates between
 rounds, on the same topic.  Throughput counts from the first record read (all
@@ -90,6 +96,8 @@ RATIOS = [
     ("checkpoints every 0.5 s / off", "abs-1stage-ckpt0.5s", "abs-1stage"),
     ("checkpoints every 1 s / off", "abs-1stage-ckpt1s", "abs-1stage"),
     ("checkpoints every 5 s / off", "abs-1stage-ckpt5s", "abs-1stage"),
+    ("incremental checkpoints every 1 s / off", "abs-1stage-ckpt1s-incremental", "abs-1stage"),
+    ("incremental / full checkpoints every 1 s", "abs-1stage-ckpt1s-incremental", "abs-1stage-ckpt1s"),
     ("two stages / one stage", "abs-2stage", "abs-1stage"),
     ("2 tasks per stage / 1", "scaling-2", "scaling-1"),
     ("4 tasks per stage / 1", "scaling-4", "scaling-1"),
@@ -103,14 +111,14 @@ def _variants(profile: Profile, scaling: bool = False, peers: tuple[str, ...] = 
     return (
         ["native-hdfs", "native-rocksdb", *peers, "abs-1stage", "abs-1stage-spark"]
         + [f"abs-1stage-ckpt{i:g}s" for i in profile.intervals]
-        + ["abs-2stage"]
+        + ["abs-1stage-ckpt1s-incremental", "abs-2stage"]
         + ([f"scaling-{n}" for n in SCALING] if scaling else [])
     )
 
 
 def _run(variant: str, round_: int, context: dict):
     from benchmarks import runs
-    from streaming.api.settings import Mode
+    from streaming.api.settings import Mode, StateSnapshots
 
     if variant in runs.PEERS:
         return runs.peer_run(
@@ -146,10 +154,12 @@ def _run(variant: str, round_: int, context: dict):
             profile_dir=context["out"] / "profiles" if context["profile"] else None,
             parallelism={"pass": tasks, "count": tasks},
         )
-    interval = float(variant.split("ckpt")[1].rstrip("s")) if "ckpt" in variant else None
+    interval = float(variant.split("ckpt")[1].split("s")[0]) if "ckpt" in variant else None
     settings = dict(context["settings"])
     if interval is not None:  # see the module docstring
         settings["mode"] = Mode.UNALIGNED
+    if variant.endswith("-incremental"):
+        settings["state_snapshots"] = StateSnapshots.INCREMENTAL
     pipeline = {
         "abs-2stage": "benchmarks.workloads:two_stage",
         "abs-1stage-spark": "benchmarks.workloads:one_stage_spark",
@@ -186,16 +196,22 @@ def _ratios(all_runs: list, variants: list[str]) -> list[dict]:
 
 
 def _markdown(
-    profile_name: str, profile: Profile, all_runs: list, ratios: list[dict], settings: dict, master: str = ""
+    profile_name: str,
+    profile: Profile,
+    all_runs: list,
+    ratios: list[dict],
+    settings: dict,
+    master: str = "",
+    keys: int = 100_000,
 ) -> str:
     lines = [
-        f"Profile `{profile_name}`: {profile.records:,} records, {profile.rounds} round(s), "
+        f"Profile `{profile_name}`: {profile.records:,} records over {keys:,} keys, {profile.rounds} round(s), "
         f"spark-abs settings {json.dumps(settings) if settings else 'default'}"
         + (f", Spark master `{master}`." if master else "."),
         "",
-        "| variant | records/s (median) | start-up s (median) | checkpoints p50 s | bytes to Python per record "
-        "| output verified |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
+        "| variant | records/s (median) | start-up s (median) | checkpoints p50 s | state bytes per checkpoint p50 "
+        "| bytes to Python per record | output verified |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for variant in dict.fromkeys(r.variant for r in all_runs):
         mine = [r for r in all_runs if r.variant == variant]
@@ -204,9 +220,11 @@ def _markdown(
         checkpoints = [c for r in mine for c in r.checkpoints_s]
         p50 = f"{statistics.median(checkpoints):.2f}" if checkpoints else "-"
         handed = [r.detail["handed_bytes_per_record"] for r in mine if r.detail.get("handed_bytes_per_record")]
+        stored = [b for r in mine for b in r.detail.get("state_bytes", [])]
         lines.append(
             f"| {variant} | {statistics.median(r.records_per_s for r in mine):,.0f} | "
             f"{statistics.median(r.startup_s for r in mine):.1f} | {p50} | "
+            f"{f'{statistics.median(stored):,.0f}' if stored else '-'} | "
             f"{f'{statistics.median(handed):.1f}' if handed else '-'} | "
             f"{'yes' if all(r.verified for r in mine) else 'NO'} |"
         )
@@ -281,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="the short profile (default: the full one)")
     parser.add_argument("--records", type=int, help="records in the topic (default: the profile's)")
+    parser.add_argument("--keys", type=int, help="distinct keys of the keyed count (default 100,000)")
     parser.add_argument("--rounds", type=int, help="rounds (default: the profile's)")
     parser.add_argument("--only", help="comma-separated variants to run (default: all of the profile)")
     parser.add_argument("--demo", action="store_true", help="also the demo at steady state and a restore")
@@ -345,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     create_topic(connection.kafka_bootstrap, topic, workloads.PARTITIONS)
     log.info(f"producing {profile.records:,} records to {topic}")
     began = time.monotonic()
-    expected = workloads.produce(connection.kafka_bootstrap, topic, profile.records)
+    keys = args.keys or workloads.KEYS
+    expected = workloads.produce(connection.kafka_bootstrap, topic, profile.records, keys=keys)
     log.info(f"produced in {time.monotonic() - began:.1f} s")
     scaling_topic, scaling_expected = None, None
     if any(v.startswith("scaling-") for v in variants):
@@ -402,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     ratios = _ratios(all_runs, variants)
-    table = _markdown(name, profile, all_runs, ratios, settings, connection.spark_master)
+    table = _markdown(name, profile, all_runs, ratios, settings, connection.spark_master, keys)
     (out / "runs.json").write_text(json.dumps([r.to_dict() for r in all_runs], indent=2))
     (out / "ratios.json").write_text(json.dumps(ratios, indent=2))
     (out / "results.md").write_text(table)

@@ -134,7 +134,10 @@ def abs_run(
                 raise SparkAbsError(f"{job}: input not committed within {timeout_s:.0f} s")
             runner.step(trigger=interval_s is not None)
         finished = time.monotonic()
-        durations = [r.duration_s for r in runner.checkpoints() if r.status == CheckpointStatus.COMPLETED]
+        completed = [r for r in runner.checkpoints() if r.status == CheckpointStatus.COMPLETED]
+        durations = [r.duration_s for r in completed]
+        # the state each checkpoint stored (all tasks): whole tables, or an incremental one's changes
+        stored = [sum(int(t.get("state_bytes") or 0) for t in r.tasks.values()) for r in completed]
         if sampler is not None:
             for stacks in sampler.stop().values():
                 stacks.with_suffix(".txt").write_text(summarise(stacks))
@@ -144,6 +147,7 @@ def abs_run(
     output = read_committed_output(sink_location(job_settings, job, connection))
     run.verified, run.detail = _verify(output, expected)
     run.detail["handed_bytes_per_record"] = handed_per_record(log_dir / job)
+    run.detail["state_bytes"] = stored
     if event_logs is not None:
         run.detail["spark_tasks"] = spark_task_metrics(event_logs)
     return run

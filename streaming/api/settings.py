@@ -27,7 +27,7 @@ class Mode(enum.StrEnum):
 
 
 class StateSnapshots(enum.StrEnum):
-    """What a checkpoint stores of the operator state (docs/architecture.md, "Incremental checkpoints")."""
+    """What a checkpoint stores of the operator state (docs/architecture.md, "Keyed state and incremental checkpoints")."""
 
     FULL = "full"
     INCREMENTAL = "incremental"

@@ -1,6 +1,8 @@
 """The example pipelines (``examples/``) end to end on real Kafka, the S3
-server and Spark: all of them in one job, in aligned and in unaligned mode,
-with the worker killed mid-run (SIGKILL) and the job restored; each one's
+server and Spark: all of them in one job, in aligned mode with full
+snapshots and in unaligned mode with incremental ones, with the worker
+killed mid-run (SIGKILL) and the job restored (from a checkpoint of state
+changes linked to a base, when incremental); each one's
 committed output must equal its reference, computed independently in batch
 by Spark SQL from the same ingress topics, with nothing sent to the dead
 letters (no row late, none lost)."""
@@ -24,7 +26,7 @@ from streaming.engine.runner import JobRunner
 
 pytestmark = pytest.mark.integration
 
-MODES = {"aligned": {}, "unaligned": {"mode": "unaligned"}}
+MODES = {"aligned": {}, "unaligned-incremental": {"mode": "unaligned", "state_snapshots": "incremental"}}
 # armed once a checkpoint is complete: the worker dies halfway through this task's next micro-batch
 # (the worker runs every task, the Spark SQL stage in front of this one too)
 KILLED = "enriched-orders-1"
@@ -71,7 +73,8 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
         runner.prepare()
         feed.start()
         runner.start()
-        while not any(r.completed_at for r in runner.checkpoints()) and time.monotonic() < deadline:
+        # a few checkpoints first: incremental, the one restored holds changes on the first one's base
+        while sum(1 for r in runner.checkpoints() if r.completed_at) < 3 and time.monotonic() < deadline:
             runner.step()
         faults.arm(str(fault_file), [f"{KILLED}:mid_batch:*:0"])
         while not runner.restores and time.monotonic() < deadline:
@@ -89,6 +92,10 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
     log = "\n".join(lines[-40:])
     assert early > 0, f"no window was committed before the end of the input\n{log}"
     assert [(r.generation, r.checkpoint_id > 0) for r in runner.restores] == [(1, True)], f"{runner.restores}\n{log}"
+    if "incremental" in mode:
+        restored = runner.store.read_manifest(runner.restores[0].checkpoint_id)
+        kinds = {task: snapshot.state_kind for task, snapshot in restored.tasks.items()}
+        assert "changes" in kinds.values(), f"the restore read no chain: {kinds}"
     dead = sum(end_offsets(bootstrap, dead_letter_topic_name(job), 1).values())
     assert dead == 0, f"{dead} dead letters (late or malformed rows)\n{log}"
     for name in examples.NAMES:
