@@ -145,14 +145,14 @@ class Deduplicate:
             return rows
         keys = pa.table({column: plain(rows[column]) for column in self.columns})
         if len(self._seen):
-            keys = conform(keys, self._seen.table.select(list(self.columns)).schema, name, "batch keys")
+            key_schema = pa.schema([self._seen.schema.field(column) for column in self.columns])
+            keys = conform(keys, key_schema, name, "batch keys")
         names = [f"k{i}" for i in range(len(self.columns))]
         probe = keys.rename_columns(names).append_column("i", row_index(rows.num_rows))
-        firsts = probe.group_by(names, use_threads=False).aggregate([("i", "min")])
-        if len(self._seen):
-            known = self._seen.table.select(list(self.columns)).rename_columns(names)
-            firsts = firsts.join(known, names, join_type="left anti", use_threads=False)
-        index = firsts["i_min"].take(pc.sort_indices(firsts["i_min"])).combine_chunks()
+        firsts = probe.group_by(names, use_threads=False).aggregate([("i", "min")])["i_min"]
+        if len(self._seen):  # keys seen before, looked up by key (not a pass over the whole state)
+            firsts = firsts.filter(pa.array(~self._seen.contains(keys.take(firsts))))
+        index = firsts.take(pc.sort_indices(firsts)).combine_chunks()
         self.duplicates += rows.num_rows - len(index)
         fresh = keys.take(index).append_column(self.FIRST_TIME, millis.take(index))
         self._seen.upsert(fresh)

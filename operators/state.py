@@ -204,6 +204,18 @@ class KeyedState:
     def __len__(self) -> int:
         return self._live
 
+    @property
+    def schema(self) -> pa.Schema:
+        """The state's columns and types (an empty state's are placeholders)."""
+        return self._schema
+
+    def contains(self, keys: pa.Table) -> np.ndarray:
+        """Whether the state holds each row's key (``keys``: the key columns,
+        the state's types), without reading the rest of the state."""
+        if not self._live:
+            return np.zeros(keys.num_rows, bool)
+        return self._slots_of(keys, create=False) >= 0
+
     def lookup(self, keys: pa.ChunkedArray | pa.Array) -> pa.Table:
         """The state's row for each of ``keys`` (single key column only), in
         the same order; a row of nulls where the state has none."""
