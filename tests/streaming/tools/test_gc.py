@@ -99,3 +99,47 @@ def test_gc_removes_exactly_what_the_dry_run_listed(uri):
     assert sink.staged_epochs() == [6]
     assert not plan_gc(store, sink_at, retain=1, grace_s=0, now=time.time() + 60).garbage
     store.close()
+
+
+def test_gc_keeps_every_checkpoint_a_kept_one_links_to(tmp_path) -> None:
+    """Incremental checkpoints: 3 links to 1 (its base) and 2 (aborted, never
+    complete); with one checkpoint kept, gc removes neither and says why."""
+    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB)
+    keys = {b"spark-abs.keys": b'["k"]'}
+    base = store.write_task(
+        1,
+        1,
+        "a-0",
+        {},
+        positions={},
+        chains={"t": [("base", pa.table({"k": [1], "n": [1]}).replace_schema_metadata(keys))]},
+    )
+    store.write_manifest(1, 1, {"a-0": base})
+    aborted = store.write_task(
+        2,
+        1,
+        "a-0",
+        {},
+        positions={},
+        chains={
+            "t": [*base.state_chains["t"], ("upserts", pa.table({"k": [2], "n": [1]}).replace_schema_metadata(keys))]
+        },
+    )
+    third = store.write_task(
+        3,
+        1,
+        "a-0",
+        {},
+        positions={},
+        chains={
+            "t": [*aborted.state_chains["t"], ("upserts", pa.table({"k": [3], "n": [1]}).replace_schema_metadata(keys))]
+        },
+    )
+    store.write_manifest(3, 1, {"a-0": third})
+    plan = plan_gc(store, None, retain=1, grace_s=0)
+    assert plan.garbage == []
+    assert [line for line in plan.kept if "links to its parts" in line] == [
+        "chk-00000001: older than the newest 1, kept: checkpoint 3 links to its parts",
+        "chk-00000002: older than the newest 1, kept: checkpoint 3 links to its parts",
+    ]
+    assert store.load_task(3, "a-0").state["t"]["k"].to_pylist() == [1, 2, 3]
