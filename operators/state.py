@@ -486,7 +486,13 @@ class KeyedState:
 
     def _compact(self) -> None:
         """Gather the live rows into one chunk in slot order; renumber the
-        slots when most of them belong to keys removed."""
+        slots when most of them belong to keys removed.  A state that only
+        ever took new keys is its chunks as they are: the whole table costs
+        no copy (a growing state's full snapshot)."""
+        positions = self._positions[: self._slots]
+        if self._rows == self._slots and self._slots and positions[0] == 0 and np.all(np.diff(positions) == 1):
+            self._table = pa.concat_tables(self._chunks)
+            return
         live = np.flatnonzero(self._positions[: self._slots] >= 0)
         table = self._take(self._positions[live]) if len(live) else self._chunks[0].slice(0, 0)
         if self._slots > 2 * len(live) + _SLACK_ROWS:
