@@ -11,7 +11,7 @@ import pytest
 from task_cases import batch, make_task
 from test_task import counting_pipeline
 
-from barriers.messages import Barrier
+from barriers.messages import Barrier, CancelBarrier, CheckpointOptions
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.engine.uploads import Incremental
@@ -73,3 +73,32 @@ def test_after_changes_that_could_not_be_stored_the_next_checkpoint_is_a_base(st
     _checkpoint(task, 4, "b")
     assert store.reader.required_task(4, "count-0").state_kind == "changes"
     assert {r["account"]: r["n"] for r in _stored_rows(store, 4)} == {"a": 2, "b": 2, "c": 1}
+
+
+def test_changes_counted_from_an_aborted_snapshot_are_declined_and_a_base_follows(store) -> None:
+    """Unaligned: checkpoint 2's snapshot is taken at its first barrier, then
+    the checkpoint is cancelled; checkpoint 3's changes follow 2's snapshot,
+    which was never stored, so 3 is declined and 4 stores a base."""
+    task, io = make_task(counting_pipeline(), incremental=Incremental(base_every=100))
+    task.io.write_snapshot = store.write_task
+    unaligned = CheckpointOptions.unaligned()
+    _checkpoint(task, 1, "a", "b")
+    task.process_batch(
+        batch(("in", 0, 200, {"account": "a", "amount": 1}), ("in", 0, 201, Barrier(2, job="job", options=unaligned)))
+    )
+    task.process_batch(batch(("in", 1, 200, CancelBarrier(2, job="job", reason="test"))))
+    task.wait_for_uploads()
+    for n in (3, 4):
+        task.process_batch(
+            batch(
+                ("in", 0, 100 * n, {"account": "c", "amount": 1}),
+                ("in", 0, 100 * n + 1, Barrier(n, job="job")),
+                ("in", 1, 100 * n, Barrier(n, job="job")),
+            )
+        )
+        task.wait_for_uploads()
+    declines = [e for e in io.events if e.kind == "decline"]
+    assert [e.checkpoint_id for e in declines] == [2, 3]
+    assert "follow checkpoint 2" in declines[1].detail and "stores the whole state" in declines[1].detail
+    assert store.reader.required_task(4, "count-0").state_kind == "base"
+    assert {r["account"]: r["n"] for r in _stored_rows(store, 4)} == {"a": 2, "b": 1, "c": 2}
