@@ -45,13 +45,16 @@ def test_the_table_names_every_variant_and_says_whether_its_output_verified():
             records=1000,
             checkpoints_s=[1.0, 3.0],
             verified=True,
-            detail={"handed_bytes_per_record": 92.25},
+            detail={"handed_bytes_per_record": 92.25, "state_bytes": [1000, 3000, 2000]},
         ),
         Run("native-hdfs", 1, 8.0, seconds=5.0, records=1000, verified=False),
     ]
-    table = _markdown("quick", PROFILES["quick"], runs, _ratios(runs, ["abs-1stage", "native-hdfs"]), {})
-    assert "| abs-1stage | 100 | 12.0 | 2.00 | 92.2 | yes |" in table
-    assert "| native-hdfs | 200 | 8.0 | - | - | NO |" in table
+    table = _markdown(
+        "quick", PROFILES["quick"], runs, _ratios(runs, ["abs-1stage", "native-hdfs"]), {}, keys=1_000_000
+    )
+    assert "300,000 records over 1,000,000 keys" in table
+    assert "| abs-1stage | 100 | 12.0 | 2.00 | 2,000 | 92.2 | yes |" in table
+    assert "| native-hdfs | 200 | 8.0 | - | - | - | NO |" in table
     assert "| spark-abs / native (HDFS state store) | 0.500 | 0.500 |" in table
 
 
@@ -62,6 +65,7 @@ def test_profiles_list_their_variants():
         "abs-1stage",
         "abs-1stage-spark",
         "abs-1stage-ckpt1s",
+        "abs-1stage-ckpt1s-incremental",
         "abs-2stage",
     ]
     assert "abs-1stage-ckpt0.5s" in _variants(PROFILES["full"]) and "abs-1stage-ckpt5s" in _variants(PROFILES["full"])
