@@ -3,9 +3,9 @@
 
 ``snapshot`` takes the operator's state (immutable Arrow tables; with
 incremental snapshots, what changed since the task's previous snapshot, or
-the whole state when a base is due) and closes the sink epoch, ``forward_barrier`` appends barrier n to every output
-partition after the event-time progress before it and announces where it
-went, and ``acknowledge`` hands the snapshot to the ``SnapshotUploader``,
+the whole state when a base is due) and closes the sink epoch,
+``forward_barrier`` appends barrier n to every output partition after the
+event-time progress before it and announces where it went, and ``acknowledge`` hands the snapshot to the ``SnapshotUploader``,
 which uploads it in the background and then acknowledges on the job's
 control topic, so processing never waits for the upload.  ``abort`` gives
 an aborted epoch's output to the next one and declines on the control topic."""
