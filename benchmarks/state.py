@@ -37,9 +37,9 @@ KEY_COUNTS = (100_000, 1_000_000, 10_000_000)
 
 
 def _parquet(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", use_dictionary=False, write_statistics=False)
-    return sink.getvalue().to_pybytes()
+    from streaming.adapters.snapshots.writing import part_bytes
+
+    return part_bytes(table).to_pybytes()
 
 
 def _read(data: bytes) -> pa.Table:

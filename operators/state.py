@@ -287,10 +287,7 @@ class KeyedState:
         if not taken.num_rows:
             return taken
         live = np.flatnonzero(self._positions[: self._slots] >= 0)
-        gone = pc.fill_null(mask, False)
-        if isinstance(gone, pa.ChunkedArray):
-            gone = gone.combine_chunks()
-        gone = gone.to_numpy(zero_copy_only=False).astype(bool)
+        gone = _array(pc.fill_null(mask, False)).to_numpy(zero_copy_only=False).astype(bool)
         self._forget(taken, live[gone])
         kept = live[~gone]
         self._positions[kept] = np.arange(len(kept))
@@ -415,7 +412,7 @@ class KeyedState:
         for key in self.keys:
             equal = pc.fill_null(pc.equal(plain(rows[key]).take(at), stored[key]), False)
             same = equal if same is None else pc.and_(same, equal)
-        return np.asarray(same.combine_chunks() if isinstance(same, pa.ChunkedArray) else same, dtype=bool)
+        return np.asarray(_array(same), dtype=bool)
 
     def _forget(self, taken: pa.Table, slots: np.ndarray) -> None:
         """The keys of ``taken`` (the rows of ``slots``) leave the index."""
@@ -430,13 +427,7 @@ class KeyedState:
     def _in_order_of(self, partial: pa.Table, combined: pa.Table) -> pa.Table:
         """``combined`` (one row per key of ``partial``) in ``partial``'s order:
         Arrow's grouping does not keep the order of first appearance."""
-        if len(self.keys) == 1:
-            key = self.keys[0]
-            at = pc.index_in(partial[key], value_set=combined[key].combine_chunks())
-        else:
-            probe = partial.select(list(self.keys)).append_column("__p", row_index(partial.num_rows))
-            found = combined.select(list(self.keys)).append_column("__c", row_index(combined.num_rows))
-            at = probe.join(found, list(self.keys), join_type="left outer", use_threads=False).sort_by("__p")["__c"]
+        at = _match(partial, combined, self.keys)
         if combined.num_rows != partial.num_rows or at.null_count:
             raise OperatorError(
                 f"{self.operator}: combine returned {combined.num_rows} rows for the {partial.num_rows} keys "

@@ -240,16 +240,10 @@ class SnapshotUploader:
         """Keep count of the chains' links and bytes (incremental snapshots)."""
         if self.incremental is None:
             return
-        stored = sum(
-            link.part.bytes
-            for chain in snapshot.state_chains.values()
-            for link in chain
-            if link.checkpoint_id == snapshot.checkpoint_id
-        )
         if taken.changes is None:
-            self._links, self._link_bytes, self._base_bytes = 0, 0, stored
+            self._links, self._link_bytes, self._base_bytes = 0, 0, snapshot.state_bytes
         else:
-            self._links, self._link_bytes = self._links + 1, self._link_bytes + stored
+            self._links, self._link_bytes = self._links + 1, self._link_bytes + snapshot.state_bytes
         self._previous = snapshot
 
     def _metrics(

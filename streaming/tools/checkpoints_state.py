@@ -4,14 +4,13 @@ as a column, and which keys' state changed between two checkpoints."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.state import KEYS_METADATA
+from operators.state import stored_keys
 from streaming.adapters.snapshots import LoadedTask, SnapshotStore
 from streaming.errors import SnapshotMissingError
 
@@ -38,12 +37,8 @@ class TableDiff:
 def state_keys(table: pa.Table) -> tuple[str, ...]:
     """The key columns of a state table as keyed state records them in its
     schema (``spark-abs.keys``); empty when the table names none."""
-    recorded = (table.schema.metadata or {}).get(KEYS_METADATA)
-    if recorded:
-        keys = tuple(json.loads(recorded))
-        if keys and all(k in table.column_names for k in keys):
-            return keys
-    return ()
+    keys = tuple(stored_keys(table) or ())
+    return keys if keys and all(k in table.column_names for k in keys) else ()
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from streaming import console
 from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings, default_home
-from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, STATE_SNAPSHOTS, WORKER_LAYOUTS, JobSettings
+from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, WORKER_LAYOUTS, JobSettings
 from streaming.errors import SparkAbsError
 from streaming.local.artifacts import FETCHABLE
 
@@ -376,28 +376,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return narrate.main(args.rest)
 
 
-def add_state_snapshot_options(parser: argparse.ArgumentParser) -> None:
-    """``--state-snapshots`` and ``--base-every`` (``JobSettings``'s defaults)."""
-    kind, every = JobSettings.default("state_snapshots").value, JobSettings.default("base_every")
-    parser.add_argument(
-        "--state-snapshots",
-        default=kind,
-        choices=STATE_SNAPSHOTS,
-        help="what a checkpoint stores of the operator state: every table whole, or what changed since the "
-        f"task's previous checkpoint, linked to a base stored whole (default {kind})",
-    )
-    parser.add_argument(
-        "--base-every",
-        type=int,
-        default=every,
-        help=f"incremental: store the whole state every this many checkpoints, or sooner once the changes "
-        f"outweigh it (default {every})",
-    )
-
-
 def _add_job_options(parser: argparse.ArgumentParser) -> None:
     """The options of a job run, shared by ``run`` and ``restore``; their
     defaults are ``JobSettings``'s."""
+    from streaming.tools.commands import add_state_snapshot_options
+
     mode, in_flight = JobSettings.default("mode"), JobSettings.default("in_flight").value
     parser.add_argument("--mode", default=mode, choices=MODES, help=f"checkpoint mode (default {mode})")
     parser.add_argument(
@@ -417,7 +400,7 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
         "--interval", type=float, default=interval, help=f"seconds between checkpoints (default {interval:g})"
     )
     parser.add_argument("--retain", type=int, default=retain, help=f"completed checkpoints kept (default {retain})")
-    add_state_snapshot_options(parser)
+    add_state_snapshot_options(parser, base_every=True)
     parser.add_argument(
         "--workers",
         default="one",

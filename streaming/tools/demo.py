@@ -36,8 +36,9 @@ from barriers.messages import ChannelId
 from operators import TumblingWindowAggregate, count, sum_
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.producing import end_input
-from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, STATE_SNAPSHOTS, WORKER_LAYOUTS, JobSettings, Mode
+from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, WORKER_LAYOUTS, JobSettings, Mode
 from streaming.tools.checkpoints import channel_rows, classify_channel_records
+from streaming.tools.commands import add_state_snapshot_options
 from streaming.tools.money import Balances, transfer_legs
 
 __all__ = [
@@ -466,13 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--store", help="snapshot store URI (default file://<home>/demo-store)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints (default 1)")
-    kind = JobSettings.default("state_snapshots").value
-    parser.add_argument(
-        "--state-snapshots",
-        default=kind,
-        choices=STATE_SNAPSHOTS,
-        help=f"what checkpoints store of the state: whole tables, or changes on a base (default {kind})",
-    )
+    add_state_snapshot_options(parser, base_every=False)
     args = parser.parse_args(argv)
     import os
 

@@ -55,8 +55,9 @@ import pandas as pd
 
 from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import load_pipeline
-from streaming.api.settings import MODES, STATE_SNAPSHOTS, JobSettings, Mode, StateSnapshots
+from streaming.api.settings import MODES, JobSettings, Mode, StateSnapshots
 from streaming.errors import ConfigError, SparkAbsError, parse_choice
+from streaming.tools.commands import add_state_snapshot_options
 from streaming.tools.drill_failures import FailureInjector
 from streaming.tools.drill_feed import ProgressWatch, WorkloadFeed
 from streaming.tools.drill_job import DrilledJob, job_processes, job_worker_pids
@@ -396,13 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = JobSettings.default("mode")
     parser.add_argument("--mode", default=mode, choices=MODES, help=f"checkpoint mode (default {mode})")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints (default 1)")
-    kind = JobSettings.default("state_snapshots").value
-    parser.add_argument(
-        "--state-snapshots",
-        default=kind,
-        choices=STATE_SNAPSHOTS,
-        help=f"what the job's checkpoints store of the state: whole tables or changes on a base (default {kind})",
-    )
+    add_state_snapshot_options(parser, base_every=False)
     parser.add_argument("--rate", type=float, default=200.0, help="input records per second (default 200)")
     parser.add_argument(
         "--pipeline", default="streaming.tools.demo:pipeline", help="module:attribute (default the money pipeline)"

@@ -143,14 +143,12 @@ class TaskSnapshot:
     @property
     def parts(self) -> tuple[PartInfo, ...]:
         """The parts this checkpoint wrote (in its own directory)."""
-        own = tuple(link.part for chain in self.state_chains.values() for link in chain if self._own(link))
-        return self.state_parts + own + self.channel_parts
+        return self._own_state_parts() + self.channel_parts
 
     @property
     def state_bytes(self) -> int:
         """Bytes of state this checkpoint stored (a chain's earlier links not counted)."""
-        own = sum(link.part.bytes for chain in self.state_chains.values() for link in chain if self._own(link))
-        return sum(p.bytes for p in self.state_parts) + own
+        return sum(p.bytes for p in self._own_state_parts())
 
     @property
     def state_kind(self) -> str:
@@ -179,8 +177,15 @@ class TaskSnapshot:
     def version(self) -> int:
         return FORMAT_VERSION if self.state_chains else _PLAIN_VERSION
 
-    def _own(self, link: StateLink) -> bool:
-        return link.checkpoint_id == self.checkpoint_id
+    def _own_state_parts(self) -> tuple[PartInfo, ...]:
+        """Whole tables, and the links of chains this checkpoint wrote."""
+        links = (
+            link.part
+            for chain in self.state_chains.values()
+            for link in chain
+            if link.checkpoint_id == self.checkpoint_id
+        )
+        return self.state_parts + tuple(links)
 
     def to_json(self) -> str:
         return json.dumps({"format_version": self.version, **self._to_dict()}, indent=2, sort_keys=True)

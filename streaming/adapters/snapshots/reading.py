@@ -142,7 +142,7 @@ class SnapshotReader:
             raise SnapshotCorruptError(f"{where}: its chain does not start with its one base")
         base = self.part(chain[0].checkpoint_id, task, chain[0].part)
         links = [(link.kind, self.part(link.checkpoint_id, task, link.part)) for link in chain[1:]]
-        keys = stored_keys(base) or next((stored_keys(rows) for _, rows in links if stored_keys(rows)), None)
+        keys = next(filter(None, map(stored_keys, [base, *(rows for _, rows in links)])), None)
         if links and keys is None:
             raise SnapshotCorruptError(f"{where}: its chain names no key columns, so its links cannot be applied")
         try:

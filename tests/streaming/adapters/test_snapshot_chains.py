@@ -12,20 +12,13 @@ import pytest
 
 from operators import KeyedState
 from operators.state import KEYS_METADATA
-from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore, TaskSnapshot
 
 JOB = "counts"
 
 
-@pytest.fixture
-def store(tmp_path: Path):
-    with SnapshotStore(open_store(str(tmp_path / "snapshots")), JOB) as snapshots:
-        yield snapshots
-
-
 def _chk_dir(store: SnapshotStore, cid: int) -> Path:
-    return Path(store.location.root) / JOB / "checkpoints" / f"chk-{cid:08d}"
+    return Path(store.layout.checkpoint_dir(cid))
 
 
 def _counts(state: KeyedState, *pairs: tuple[str, int]) -> None:

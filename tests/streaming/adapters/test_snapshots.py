@@ -59,12 +59,6 @@ def _records(*offsets: int) -> pa.Table:
     return pa.table({"offset": pa.array(offsets, pa.int64()), "value": [f"t{o}".encode() for o in offsets]})
 
 
-@pytest.fixture
-def store(tmp_path: Path):
-    with SnapshotStore(open_store(str(tmp_path / "snapshots")), JOB) as snapshots:
-        yield snapshots
-
-
 def _chk_dir(store: SnapshotStore, cid: int) -> Path:
     return Path(store.location.root) / JOB / "checkpoints" / f"chk-{cid:08d}"
 
