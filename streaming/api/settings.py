@@ -69,9 +69,13 @@ class JobSettings:
     # backlog is read in few Spark micro-batches (tasks still take control events
     # between segments of a batch, and spill held records past a memory budget)
     max_records_per_batch: int = 200_000
-    # records a task processes between two looks at control events (an unaligned
-    # snapshot, an alignment timeout): how long a barrier's announcement can wait
-    # behind a large micro-batch; small for a slow operator, large for throughput
+    # how long a task processes records between two looks at control events (an
+    # unaligned snapshot, an alignment timeout): about how long a barrier's
+    # announcement waits behind a micro-batch.  A task learns what its operator
+    # takes per record and processes runs of as many records as fit (see
+    # streaming.engine.segments.SegmentPace) ...
+    segment_ms: float = 40.0
+    # ... and never more than this many records per run
     max_segment_records: int = 50_000
     # how often a stage query looks for new records
     trigger_interval: str = "300 milliseconds"
@@ -95,7 +99,7 @@ class JobSettings:
             raise ConfigError(
                 f"alignment_timeout_ms and held_bytes_budget apply to mode aligned-timeout, not {self.mode}"
             )
-        for name in ("interval_s", "timeout_s", "heartbeat_timeout_s"):
+        for name in ("interval_s", "timeout_s", "heartbeat_timeout_s", "segment_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("retain", "max_concurrent", "max_records_per_batch", "max_segment_records", "base_every"):

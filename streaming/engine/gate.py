@@ -6,13 +6,16 @@ Each micro-batch (all channels of the task, ordered by channel and offset)
 is cut into segments (``streaming.engine.segments``): runs of data records,
 and single control records (barriers, cancellations).  Segments wait in
 per-channel queues; a blocked channel's segments are held (alignment) while
-the others go on.  Past ``held_memory_bytes`` the newest held runs let go of
-their records, which are read again from Kafka by offset range when their
-channel is released, as unaligned channel state is."""
+the others go on.  A run of data is handed out in pieces of as many records
+as the task processes in its time budget (``SegmentPace``), so a control
+event waits for at most about that long.  Past ``held_memory_bytes`` the
+newest held runs let go of their records, which are read again from Kafka by
+offset range when their channel is released, as unaligned channel state is."""
 
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable, Iterable
 
 import pyarrow as pa
@@ -20,7 +23,7 @@ import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
 from streaming.adapters.records import BATCH_COLUMNS, is_prepared
-from streaming.engine.segments import Segment, Segmenter, SegmentKind
+from streaming.engine.segments import Segment, Segmenter, SegmentKind, SegmentPace
 from streaming.errors import TaskError
 
 __all__ = ["InputGate"]
@@ -41,9 +44,13 @@ class InputGate:
         *,
         read_range: ReadRange | None = None,
         held_memory_bytes: int = 256 << 20,
+        pace: SegmentPace | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         self.task = task
         self._segmenter = segmenter
+        self.pace = pace
+        self._clock = clock
         self._queues: dict[ChannelId, collections.deque[Segment]] = {c: collections.deque() for c in channels}
         self.counters = counters
         self._read_range = read_range
@@ -77,9 +84,23 @@ class InputGate:
                 between()
                 queue = self._queues[channel]
                 if queue and not is_blocked(channel):
-                    handle(queue.popleft())
+                    self._hand(queue, handle)
                     progress = True
         between()
+
+    def _hand(self, queue: collections.deque[Segment], handle: Callable[[Segment], None]) -> None:
+        """The queue's next segment to ``handle``: a run of data as much of it
+        as the pace allows (the rest stays first in the queue), timed."""
+        segment = queue.popleft()
+        if self.pace is None or not segment.splittable:
+            handle(segment)
+            return
+        segment, rest = segment.split(self.pace.limit)
+        if rest is not None:
+            queue.appendleft(rest)
+        began = self._clock()
+        handle(segment)
+        self.pace.observe(segment.rows.num_rows, self._clock() - began)
 
     def held_bytes(self, blocked: Iterable[ChannelId]) -> int:
         """Bytes of the records held on the ``blocked`` channels (spilled ones included)."""

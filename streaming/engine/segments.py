@@ -9,10 +9,14 @@ records are not processed, since the new generation writes them again.
 
 Runs are cut at ``max_records`` records or ``max_bytes`` of values, so a
 large micro-batch still lets the task take control events (an unaligned
-snapshot, an abort) between its segments."""
+snapshot, an abort) between its segments.  How long a task goes without
+looking is bounded in time as well: ``SegmentPace`` learns what the task's
+operator takes per record and the gate hands out runs of as many records as
+it processes in a time budget (``Segment.split``)."""
 
 from __future__ import annotations
 
+import collections
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,7 +30,7 @@ from barriers.messages import GENERATION_HEADER, KIND_HEADER, ChannelId
 from streaming.adapters.records import header_values, is_prepared
 from streaming.engine.watermarks import WATERMARK_KIND
 
-__all__ = ["SegmentKind", "Segment", "Segmenter"]
+__all__ = ["SegmentKind", "Segment", "Segmenter", "SegmentPace"]
 
 
 class SegmentKind(enum.StrEnum):
@@ -57,6 +61,26 @@ class Segment:
     @property
     def spilled(self) -> bool:
         return self.rows is None
+
+    @property
+    def splittable(self) -> bool:
+        """A run of data records in hand (not spilled; not rows a stage's
+        Spark code prepared, whose markers count for the whole run)."""
+        return self.kind is SegmentKind.DATA and self.rows is not None and not is_prepared(self.rows)
+
+    def split(self, records: int) -> tuple[Segment, Segment | None]:
+        """The first ``records`` rows (more where rows of one record go on:
+        a record is never cut) and the rest, or None when nothing is left."""
+        rows = self.rows
+        if records >= rows.num_rows:
+            return self, None
+        offsets = rows["offset"]
+        cut = max(1, records)
+        while cut < rows.num_rows and offsets[cut].as_py() == offsets[cut - 1].as_py():
+            cut += 1
+        if cut >= rows.num_rows:
+            return self, None
+        return Segment(self.channel, rows.slice(0, cut), self.kind), Segment(self.channel, rows.slice(cut), self.kind)
 
     def spill(self) -> None:
         """Let go of the records (a run of data or stale records only: a
@@ -137,6 +161,50 @@ class Segmenter:
                 segments.append(Segment(channel, table.slice(begin, cut - begin), kind))
                 begin = cut
         return segments
+
+
+class SegmentPace:
+    """How many records of a run a task takes before it looks at its control
+    events again: as many as it processes in ``budget_s``, by what its last
+    ``window`` runs took, at most ``max_records``; ``first_records`` before
+    anything was measured.
+
+    A run of n records is taken to cost c + r·n: a fixed cost per call of
+    the operator (c) and one per record (r), fitted by least squares when
+    the runs measured differ in size (the last run of a micro-batch is
+    shorter), r = time ÷ records when they do not.  A run is then sized to
+    take the budget, or 4·c where c alone is more than half of it (an
+    operator that costs a fixed 100 ms per call, a batched lookup say, gets
+    runs of 400 ms: smaller ones could not meet the budget anyway, and one
+    record per call would throw its throughput away)."""
+
+    def __init__(self, budget_s: float, max_records: int, *, first_records: int = 1_000, window: int = 16):
+        self.budget_s = budget_s
+        self.max_records = max_records
+        self._samples: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
+        self.limit = min(first_records, max_records)
+
+    def observe(self, records: int, seconds: float) -> None:
+        """A run of ``records`` records took ``seconds``: the next runs' size follows."""
+        if records <= 0:
+            return
+        self._samples.append((records, max(0.0, seconds)))
+        fixed, per_record = self.fit()
+        if per_record <= 0:
+            self.limit = self.max_records
+            return
+        target = max(self.budget_s, 4 * fixed) if fixed > self.budget_s / 2 else self.budget_s
+        self.limit = int(min(self.max_records, max(1, round((target - fixed) / per_record))))
+
+    def fit(self) -> tuple[float, float]:
+        """(c, r): the fixed cost of a run and the cost per record, in seconds."""
+        n = np.array([s[0] for s in self._samples], dtype=np.float64)
+        t = np.array([s[1] for s in self._samples], dtype=np.float64)
+        if n.max() >= 1.5 * n.min():
+            slope, intercept = np.polyfit(n, t, 1)
+            if slope > 0 and intercept >= 0:
+                return float(intercept), float(slope)
+        return 0.0, float(t.sum() / n.sum())
 
 
 _DATA, _CONTROL, _WATERMARK, _SKIP = range(4)

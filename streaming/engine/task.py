@@ -68,7 +68,7 @@ from streaming.engine.gate import InputGate
 from streaming.engine.inbox import ControlInbox
 from streaming.engine.output import TaskOutput
 from streaming.engine.quarantine import Quarantine
-from streaming.engine.segments import Segment, Segmenter, SegmentKind
+from streaming.engine.segments import Segment, Segmenter, SegmentKind, SegmentPace
 from streaming.engine.uploads import Incremental, SnapshotUploader
 from streaming.engine.watermarks import WatermarkTracker, event_time_inputs
 from streaming.errors import TaskError
@@ -137,6 +137,7 @@ class StageTask:
         job_key: bytes | None = None,
         copy_in_flight: bool = False,
         max_segment_records: int = 50_000,
+        segment_ms: float | None = None,
         held_memory_bytes: int = 256 << 20,
         incremental: Incremental | None = None,
     ):
@@ -152,7 +153,7 @@ class StageTask:
         self._schemas = {i.topic: i.value_schema for i in pipeline.ingress}
         self.lineage = self.start.lineage
         self.counters: collections.Counter = collections.Counter()
-        self.gate = self._input_gate(max_segment_records, held_memory_bytes)
+        self.gate = self._input_gate(max_segment_records, segment_ms, held_memory_bytes, clock)
         self.watermarks = WatermarkTracker(event_time_inputs(pipeline, spec), self.start.watermarks, clock=clock)
         self.quarantine = Quarantine(spec.name, io, self.counters)
         self.output = TaskOutput(pipeline, spec, io, self.generation, self.counters)
@@ -175,7 +176,9 @@ class StageTask:
         self.replay_records = 0
         self._recovered = False
 
-    def _input_gate(self, max_segment_records: int, held_memory_bytes: int) -> InputGate:
+    def _input_gate(
+        self, max_segment_records: int, segment_ms: float | None, held_memory_bytes: int, clock: Callable[[], float]
+    ) -> InputGate:
         segmenter = Segmenter(
             (self.pipeline.topic_of(s.name) for s in self.pipeline.stages),
             self.generation,
@@ -192,6 +195,8 @@ class StageTask:
             self.counters,
             read_range=read_range,
             held_memory_bytes=held_memory_bytes,
+            pace=SegmentPace(segment_ms / 1000, max_segment_records) if segment_ms is not None else None,
+            clock=clock,
         )
 
     def _controller(

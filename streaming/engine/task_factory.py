@@ -91,6 +91,7 @@ class TaskFactory:
             max_concurrent=self.settings.max_concurrent,
             copy_in_flight=self._must_copy(spec),
             max_segment_records=self.settings.max_segment_records,
+            segment_ms=self.settings.segment_ms,
             incremental=Incremental(self.settings.base_every)
             if self.settings.state_snapshots is StateSnapshots.INCREMENTAL
             else None,

@@ -71,8 +71,6 @@ VARIANTS: Mapping[str, Mapping[str, object]] = {
     "aligned-timeout": {"mode": Mode.ALIGNED_TIMEOUT},
     "at-least-once": {"mode": Mode.AT_LEAST_ONCE},
 }
-# a slow task looks at control events at least this often (records per segment follow from the cost)
-_SEGMENT_MS = 100
 # the warm-up waits at most this much longer for every job's first checkpoint
 _WARMUP_LIMIT_S = 60.0
 
@@ -192,7 +190,6 @@ def _new_job(
         interval_s=workload.interval_s if workload.continuous else 3600,
         timeout_s=max(60.0, deadline - time.monotonic()),
         retain=2,
-        max_segment_records=max(1, round(_SEGMENT_MS / workload.cost_ms(point))),
         **extra,
     )
     name = f"cmp-{variant}-{workload.label(point)}-{stamp}".replace(" ", "").replace("/", "-")

@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from barriers.lineage import Lineage
 from barriers.messages import Barrier, ChannelId, encode
-from streaming.engine.segments import Segmenter, SegmentKind
+from streaming.engine.segments import Segmenter, SegmentKind, SegmentPace
 from streaming.engine.watermarks import watermark_headers
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -72,3 +72,40 @@ def test_rows_of_one_record_stay_in_one_segment():
         ("t:0", "data", 1, 2),
         ("t:0", "data", 3, 3),
     ]
+
+
+def test_a_split_never_cuts_a_record_and_keeps_every_row():
+    rows = records([(0, o, b"{}", []) for o in (0, 1, 1, 1, 2, 3)])
+    (run,) = Segmenter([], 0, Lineage()).cut(rows)
+    head, rest = run.split(2)
+    assert (head.first_offset, head.last_offset, head.rows.num_rows) == (0, 1, 4)
+    assert (rest.first_offset, rest.last_offset, rest.rows.num_rows) == (2, 3, 2)
+    assert run.split(6) == (run, None)
+    assert run.split(3)[1].first_offset == 2  # rows of offset 1 go together
+
+
+def test_the_pace_sizes_runs_to_the_budget_from_the_cost_per_record():
+    pace = SegmentPace(0.040, 50_000, first_records=1_000)
+    assert pace.limit == 1_000
+    pace.observe(1_000, 10.0)  # 10 ms per record
+    assert pace.limit == 4
+    for n in (4, 4, 2, 4):
+        pace.observe(n, 0.010 * n)
+    assert pace.limit == 4
+    for _ in range(16):  # a fast operator: 1 µs per record, capped at max_records
+        pace.observe(pace.limit, 1e-6 * pace.limit)
+    assert pace.limit == 40_000
+    pace.observe(40_000, 0.0)
+    assert pace.limit == 50_000
+
+
+def test_the_pace_does_not_cut_runs_below_what_a_fixed_cost_per_call_makes_worth_it():
+    """An operator that costs 100 ms per call plus 10 µs per record: runs of
+    one record would meet no budget and lose all throughput."""
+    pace = SegmentPace(0.040, 50_000, first_records=1_000)
+    cost = lambda n: 0.100 + 1e-5 * n  # noqa: E731
+    for _ in range(20):
+        pace.observe(pace.limit, cost(pace.limit))
+    fixed, per_record = pace.fit()
+    assert abs(fixed - 0.100) < 1e-6 and abs(per_record - 1e-5) < 1e-9
+    assert pace.limit == 30_000  # runs of 4 × 100 ms, 3/4 of them records

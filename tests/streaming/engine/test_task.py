@@ -15,7 +15,7 @@ from task_cases import HEADER_TYPE, RecordedIO, batch, make_task
 
 from barriers.lineage import Lineage
 from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions, encode
-from operators import KeyedAggregate, count, filter_rows, sum_
+from operators import Chain, KeyedAggregate, count, filter_rows, map_batches, sum_
 from operators.windows import TumblingWindowAggregate
 from streaming.adapters.control import ControlKind, Trigger, announced_barrier
 from streaming.adapters.records import BATCH_BEGAN, stamped
@@ -295,6 +295,49 @@ def test_an_announcement_during_a_large_batch_is_taken_between_its_segments():
     # records [100, 1000) of in:0 are channel state; the task resumes after the barrier
     assert in_flight == {"in:0": (100, 1000)} and positions == {"in:0": 1001, "in:1": 1}
     assert task.handler.position(A) == 300  # the batch went on after the snapshot
+
+
+def test_a_slow_operator_gets_runs_of_its_time_budget_so_an_announcement_waits_one_run():
+    """With a 40 ms budget and an operator that takes 10 ms per record (on the
+    task's clock), a task learns the cost on its first run and takes runs of
+    4 records after it: an unaligned checkpoint announced during a run starts
+    when that run ends, and the rest of the batch is channel state."""
+    now = [0.0]
+    runs = []
+
+    def slow(table):
+        runs.append(table.num_rows)
+        now[0] += 0.010 * table.num_rows
+        if len(runs) == 3:  # the control topic's thread announces a checkpoint during the third run
+            thread = threading.Thread(target=task.on_control, args=(event,))
+            thread.start()
+            thread.join()
+        return table
+
+    pipeline = Pipeline(
+        "job",
+        (Ingress("in", 2, SCHEMA),),
+        (
+            Stage(
+                "count",
+                ("in",),
+                lambda: Chain(map_batches(slow, name="slow"), KeyedAggregate("account", {"total": sum_("amount")})),
+                key="account",
+                sink=Sink(),
+            ),
+        ),
+    )
+    task, io = make_task(pipeline, sink=True, segment_ms=40, clock=lambda: now[0])
+    barrier = Barrier(1, job="job", options=CheckpointOptions.unaligned())
+    event = Trigger(
+        checkpoint_id=1, generation=0, barrier=announced_barrier(encode(barrier)), offsets={"in:0": 2000, "in:1": 0}
+    )
+    task.process_batch(batch(*[("in", 0, i, {"account": "x", "amount": 1}) for i in range(1020)]))
+    task.wait_for_uploads()
+    assert runs == [1000, 4, 4, 4, 4, 4]  # the first run before anything was measured, then 40 ms each
+    state, positions, in_flight, _ = io.snapshots[1]
+    assert state["1.state"]["total"].to_pylist() == [1008]  # the run in hand when it was announced, then the snapshot
+    assert in_flight == {"in:0": (1008, 2000)}
 
 
 def test_held_records_past_the_memory_budget_are_read_back_from_kafka_when_released():
