@@ -3,6 +3,7 @@ what a batch costs, what a checkpoint stores, and what a restore reads.
 
     python -m benchmarks.state              # 100k, 1M and 10M keys (about 3 minutes, 4 GB)
     python -m benchmarks.state --keys 100000,1000000
+    python -m benchmarks.state --keys 10000000 --memory 268435456   # rows past 256 MB spilled
 
 For each key count the benchmark's keyed count (``KeyedAggregate``, count
 and sum per key) is loaded with every key once, then fed batches of
@@ -17,6 +18,13 @@ checkpoint after it (a chain, as ``SnapshotReader.chain`` applies it).
 Reported per key count: the median time of a batch, the time and bytes of
 each kind of checkpoint (median), and both restores.  The whole state's
 cost grows with the keys held; a batch's and the changes' should not.
+With ``--memory``, the state runs under that budget (``StateMemory``: rows
+past it spill to memory-mapped files).  After the batches and checkpoints
+the table says how many bytes of rows the state holds and how many of them
+are in memory, and the process's anonymous resident memory (``RssAnon``:
+what spilling bounds; mapped pages are not in it; the benchmark's own 10 M
+key names are).  Run one key count per process to compare that figure with
+and without a budget.
 A table goes to stdout and, with ``--out``, ``state.md`` and ``state.json``."""
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,10 +55,39 @@ def _read(data: bytes) -> pa.Table:
     return pq.read_table(pa.BufferReader(data))
 
 
-def measure(keys: int, *, batches: int, batch: int, checkpoint_every: int, seed: int = 1) -> dict[str, float]:
-    """One key count's figures (see the module docstring)."""
+def _rss_anon_mb() -> float | None:
+    """This process's anonymous resident memory (Linux), MB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def measure(
+    keys: int, *, batches: int, batch: int, checkpoint_every: int, seed: int = 1, memory_bytes: int | None = None
+) -> dict[str, float]:
+    """One key count's figures (see the module docstring), under a memory
+    budget of ``memory_bytes`` when given."""
+    from operators.state import StateMemory, use_memory
+
+    with tempfile.TemporaryDirectory(prefix="spill-") as spill:
+        memory = StateMemory(spill, memory_bytes) if memory_bytes is not None else None
+        previous = use_memory(memory)
+        try:
+            figures = _measure(keys, batches=batches, batch=batch, checkpoint_every=checkpoint_every, seed=seed)
+            figures["memory_bytes"] = memory_bytes
+            figures["spilled_mb"] = memory.spilled_bytes / 1e6 if memory else None
+            return figures
+        finally:
+            use_memory(previous)
+
+
+def _measure(keys: int, *, batches: int, batch: int, checkpoint_every: int, seed: int) -> dict[str, float]:
     from operators import KeyedAggregate, count, sum_
-    from operators.state import apply_changes
+    from operators.state import apply_changes, current_memory
 
     rng = np.random.default_rng(seed)
     names = pa.array([f"key-{i}" for i in range(keys)])
@@ -83,6 +121,10 @@ def measure(keys: int, *, batches: int, batch: int, checkpoint_every: int, seed:
         full = _parquet(operator.snapshot()["state"])
         full_s.append(time.perf_counter() - began)
         full_bytes.append(len(full))
+    pa.default_memory_pool().release_unused()  # what Arrow's allocator keeps for reuse is not the state's
+    rss_mb = _rss_anon_mb()
+    memory = current_memory()
+    in_memory_mb = memory.in_memory() / 1e6 if memory else None
     began = time.perf_counter()
     KeyedAggregate("k", {"n": count(), "sum": sum_("v")}).restore({"state": _read(full)})
     restore_full_s = time.perf_counter() - began
@@ -95,6 +137,10 @@ def measure(keys: int, *, batches: int, batch: int, checkpoint_every: int, seed:
     assert table.select(["k", "n", "sum"]).equals(operator.state.select(["k", "n", "sum"])), "chain != state"
     return {
         "keys": keys,
+        "rows_mb": operator.state.nbytes / 1e6,
+        # after the batches and checkpoints (the restores below read whole tables into memory)
+        "rss_anon_mb": rss_mb,
+        "rows_in_memory_mb": in_memory_mb,
         "load_s": load_s,
         "batch_ms": statistics.median(batch_s) * 1000,
         "full_ms": statistics.median(full_s) * 1000,
@@ -123,6 +169,24 @@ def _markdown(rows: list[dict[str, float]], batch: int, checkpoint_every: int) -
             f"| {r['changes_ms']:.1f} | {r['changes_bytes'] / 1e6:.3f} | {r['changed_keys']:,.0f} "
             f"| {r['restore_full_s']:.2f} | {r['restore_chain_s']:.2f} ({r['chain_links']} links) |"
         )
+    if rows and rows[0]["memory_bytes"] is not None:
+        lines += [
+            "",
+            f"Under a budget of {rows[0]['memory_bytes'] / 1e6:.0f} MB of rows in memory:",
+            "",
+            "| keys | rows held MB | rows in memory MB | spilled MB (written, all told) | process RssAnon MB |",
+            "| ---: | ---: | ---: | ---: | ---: |",
+        ]
+    else:
+        lines += ["", "| keys | rows held MB | process RssAnon MB |", "| ---: | ---: | ---: |"]
+    for r in rows:
+        rss = f"{r['rss_anon_mb']:.0f}" if r["rss_anon_mb"] is not None else "-"
+        if r["memory_bytes"] is not None:
+            lines.append(
+                f"| {r['keys']:,} | {r['rows_mb']:.0f} | {r['rows_in_memory_mb']:.0f} | {r['spilled_mb']:.0f} | {rss} |"
+            )
+        else:
+            lines.append(f"| {r['keys']:,} | {r['rows_mb']:.0f} | {rss} |")
     if len(rows) > 1:
         first, last = rows[0], rows[-1]
         lines += [
@@ -144,12 +208,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=40, help="batches per key count (default 40)")
     parser.add_argument("--batch", type=int, default=20_000, help="records per batch (default 20000)")
     parser.add_argument("--checkpoint-every", type=int, default=5, help="batches between checkpoints (default 5)")
+    parser.add_argument(
+        "--memory", type=int, help="bytes of state rows kept in memory; past them rows spill (default: no limit)"
+    )
     parser.add_argument("--out", help="directory for state.md and state.json")
     args = parser.parse_args(argv)
     rows = []
     for keys in (int(k) for k in args.keys.split(",")):
         print(f"{keys:,} keys ...", flush=True)
-        rows.append(measure(keys, batches=args.batches, batch=args.batch, checkpoint_every=args.checkpoint_every))
+        rows.append(
+            measure(
+                keys,
+                batches=args.batches,
+                batch=args.batch,
+                checkpoint_every=args.checkpoint_every,
+                memory_bytes=args.memory,
+            )
+        )
     table = _markdown(rows, args.batch, args.checkpoint_every)
     print()
     print(table)

@@ -23,13 +23,22 @@ which keeps a restored state and an uninterrupted one in the same order.
 
 The state also keeps what changed since ``changes()`` was last called (the
 slots written, the keys removed), which is what an incremental checkpoint
-stores instead of the whole table."""
+stores instead of the whole table.
+
+Rows need not all be in memory: under a ``StateMemory`` budget (for every
+state of the process, ``use_memory``) the largest chunks held in memory are
+spilled to Arrow IPC files and mapped back, so the operating system pages
+them in when a batch touches them and drops them again under pressure.  The
+index stays in memory (about 40 bytes per key)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import uuid
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -49,6 +58,9 @@ __all__ = [
     "stored_keys",
     "latest_per_key",
     "KEYS_METADATA",
+    "StateMemory",
+    "use_memory",
+    "current_memory",
 ]
 
 # the schema metadata naming a stored state table's key columns (a JSON list)
@@ -154,6 +166,91 @@ def whole(table: pa.Table) -> StateChanges:
     return StateChanges(table, pa.table({}), full=True)
 
 
+class StateMemory:
+    """A memory budget for the rows of every ``KeyedState`` of a process.
+
+    Past ``budget_bytes`` of rows in memory, the largest chunks are spilled:
+    written to an Arrow IPC file in ``directory`` and read back memory-mapped
+    (the file is unlinked once mapped, so it goes with the chunk, and a
+    process that dies leaves nothing behind).  Mapped pages are clean and
+    file-backed: the operating system reads them in when a batch takes rows
+    from them and drops them when memory runs short.  A state builds no chunk
+    larger than ``piece_bytes`` (an eighth of the budget) where it would
+    otherwise build one of its whole size (merging chunks, compacting,
+    popping rows), so rows in memory stay near the budget whatever the size
+    of the state.  The index of each state (its hash table and positions)
+    is not counted and stays in memory."""
+
+    def __init__(self, directory: str | Path, budget_bytes: int):
+        if budget_bytes < 1:
+            raise OperatorConfigError(f"a state memory budget must be at least 1 byte, got {budget_bytes}")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.budget_bytes = budget_bytes
+        self.piece_bytes = max(1, budget_bytes // 8)
+        self._states: weakref.WeakSet[KeyedState] = weakref.WeakSet()
+        # chunks and bytes spilled so far
+        self.spilled_chunks = 0
+        self.spilled_bytes = 0
+
+    def add(self, state: KeyedState) -> None:
+        self._states.add(state)
+
+    def in_memory(self) -> int:
+        """Bytes of rows the states hold in memory."""
+        return sum(state._bytes_in_memory() for state in list(self._states))
+
+    def enforce(self) -> None:
+        """Spill the largest chunks in memory until the rest fits the budget."""
+        held = [
+            (chunk.nbytes, state, i)
+            for state in list(self._states)
+            for i, chunk in enumerate(state._chunks)
+            if not state._mapped[i]
+        ]
+        total = sum(nbytes for nbytes, _, _ in held)
+        if total <= self.budget_bytes:
+            return
+        for nbytes, state, i in sorted(held, key=lambda h: -h[0]):
+            if total <= self.budget_bytes:
+                break
+            state._chunks[i] = self.spill(state._chunks[i])
+            state._mapped[i] = True
+            state._table = None  # it may hold the chunk's rows in memory
+            total -= nbytes
+
+    def spill(self, table: pa.Table) -> pa.Table:
+        """``table`` written to a file and mapped back."""
+        path = self.directory / f"{uuid.uuid4().hex}.arrow"
+        try:
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+            mapped = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        except OSError as exc:
+            raise OperatorError(f"keyed state: could not spill {table.nbytes} bytes of rows to {path}: {exc}") from exc
+        finally:
+            path.unlink(missing_ok=True)
+        self.spilled_chunks += 1
+        self.spilled_bytes += table.nbytes
+        return mapped
+
+
+_memory: StateMemory | None = None
+
+
+def current_memory() -> StateMemory | None:
+    """The budget keyed states made now spill under (``use_memory``)."""
+    return _memory
+
+
+def use_memory(memory: StateMemory | None) -> StateMemory | None:
+    """Keyed states made from now on in this process spill under ``memory``
+    (None: they keep every row in memory).  Returns the one used before."""
+    global _memory
+    previous, _memory = _memory, memory
+    return previous
+
+
 class KeyedState:
     """A table with one row per key: key columns and value columns.
 
@@ -173,6 +270,8 @@ class KeyedState:
         "_positions",
         "_slots",
         "_chunks",
+        "_mapped",
+        "_memory",
         "_starts",
         "_rows",
         "_table",
@@ -180,6 +279,7 @@ class KeyedState:
         "_removed",
         "_removed_count",
         "_untracked",
+        "__weakref__",
     )
 
     def __init__(self, keys: Sequence[str], value_columns: Sequence[str] = (), *, operator: str = "KeyedState"):
@@ -189,6 +289,9 @@ class KeyedState:
         self.operator = operator
         # an empty state's types do not count; int64 is only a placeholder
         self._placeholder = pa.table({name: pa.array([], pa.int64()) for name in (*self.keys, *value_columns)})
+        self._memory = _memory
+        if _memory is not None:
+            _memory.add(self)
         self._load(self._placeholder)
 
     # ---- reading
@@ -291,8 +394,10 @@ class KeyedState:
         self._forget(taken, live[gone])
         kept = live[~gone]
         self._positions[kept] = np.arange(len(kept))
-        self._chunks, self._starts, self._rows = [table.filter(pa.array(~gone)).combine_chunks()], [0], len(kept)
-        self._table = self._chunks[0]
+        self._replace_rows(
+            table.slice(start, end - start).filter(pa.array(~gone[start:end])).combine_chunks()
+            for start, end in self._pieces(table.num_rows)
+        )
         if not self._untracked:
             self._removed.append(self._key_columns(taken))
             self._removed_count += taken.num_rows
@@ -326,11 +431,12 @@ class KeyedState:
         """Make ``table`` (no key twice) the whole state, tracking from here."""
         table = table.combine_chunks()
         self._schema = table.schema
-        self._chunks, self._starts, self._rows = [table], [0], table.num_rows
+        self._chunks, self._mapped, self._starts, self._rows = [table], [False], [0], table.num_rows
         self._table: pa.Table | None = table
         self._positions = np.arange(max(table.num_rows, 16), dtype=np.int64)
         self._reindex(table)
         self._track_from_here()
+        self._enforce_memory()
 
     def _reindex(self, table: pa.Table) -> None:
         """Index ``table``, the live rows in slot order: row i is slot i."""
@@ -435,18 +541,27 @@ class KeyedState:
             )
         return combined.take(at)
 
-    def _take(self, positions: np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
-        """The rows at ``positions`` (all live), in that order (only ``columns``, if given)."""
-        chunks = self._chunks if columns is None else [chunk.select(list(columns)) for chunk in self._chunks]
+    def _take(
+        self,
+        positions: np.ndarray,
+        columns: Sequence[str] | None = None,
+        *,
+        chunks: list[pa.Table] | None = None,
+        starts: list[int] | None = None,
+    ) -> pa.Table:
+        """The rows at ``positions`` (all live), in that order (only ``columns``,
+        if given), of the state's chunks (or of ``chunks`` starting at ``starts``)."""
+        chunks, starts = (self._chunks, self._starts) if chunks is None else (chunks, starts)
+        chunks = chunks if columns is None else [chunk.select(list(columns)) for chunk in chunks]
         if len(chunks) == 1:
             return chunks[0].take(positions)
-        chunk = np.searchsorted(self._starts, positions, side="right") - 1
+        chunk = np.searchsorted(starts, positions, side="right") - 1
         # chunks are few (a binary counter's worth): a stable sort of bytes is a radix sort
         order = np.argsort(chunk.astype(np.uint8) if len(chunks) < 256 else chunk, kind="stable")
         by_chunk = chunk[order]
         bounds = np.flatnonzero(np.diff(by_chunk)) + 1
         parts = [
-            chunks[by_chunk[start]].take(positions[part] - self._starts[by_chunk[start]])
+            chunks[by_chunk[start]].take(positions[part] - starts[by_chunk[start]])
             for start, part in zip([0, *bounds.tolist()], np.split(order, bounds))
             if len(part)
         ]
@@ -461,12 +576,19 @@ class KeyedState:
         """``rows`` (the state's schema, one per slot) become the rows of ``slots``."""
         start = self._rows
         self._chunks.append(rows.combine_chunks())
+        self._mapped.append(False)
         self._starts.append(start)
         # neighbours of like size merge (a binary counter): few chunks, each row copied O(log n) times
-        while len(self._chunks) > 2 and self._chunks[-2].num_rows <= 2 * self._chunks[-1].num_rows:
+        # (under a memory budget, not past a piece's size)
+        while (
+            len(self._chunks) > 2
+            and self._chunks[-2].num_rows <= 2 * self._chunks[-1].num_rows
+            and (self._memory is None or self._chunks[-2].nbytes + self._chunks[-1].nbytes <= self._memory.piece_bytes)
+        ):
             merged = pa.concat_tables(self._chunks[-2:]).combine_chunks()
-            del self._chunks[-2:], self._starts[-1]
+            del self._chunks[-2:], self._mapped[-2:], self._starts[-1]
             self._chunks.append(merged)
+            self._mapped.append(False)
         self._positions[slots] = np.arange(start, start + rows.num_rows)
         self._rows += rows.num_rows
         self._table = None
@@ -474,6 +596,8 @@ class KeyedState:
             self._dirty[slots] = True
         if self._rows > 2 * self._live + _SLACK_ROWS:
             self._compact()
+        else:
+            self._enforce_memory()
 
     def _compact(self) -> None:
         """Gather the live rows into one chunk in slot order; renumber the
@@ -485,7 +609,12 @@ class KeyedState:
             self._table = pa.concat_tables(self._chunks)
             return
         live = np.flatnonzero(self._positions[: self._slots] >= 0)
-        table = self._take(self._positions[live]) if len(live) else self._chunks[0].slice(0, 0)
+        at = self._positions[live]
+        chunks, starts, empty = self._chunks, self._starts, self._chunks[0].slice(0, 0)
+        table = self._replace_rows(
+            (self._take(at[start:end], chunks=chunks, starts=starts) for start, end in self._pieces(len(live))),
+            empty,
+        )
         if self._slots > 2 * len(live) + _SLACK_ROWS:
             self._dirty[: len(live)] = self._dirty[live]
             self._dirty[len(live) : self._slots] = False
@@ -493,8 +622,42 @@ class KeyedState:
             self._positions[: len(live)] = np.arange(len(live))
         else:
             self._positions[live] = np.arange(len(live))
-        self._chunks, self._starts, self._rows = [table], [0], len(live)
-        self._table = table
+
+    def _pieces(self, rows: int) -> list[tuple[int, int]]:
+        """[start, end) ranges of ``rows`` rows of the state that make chunks
+        of at most a piece (one range when the state has no memory budget)."""
+        if self._memory is None or not rows:
+            return [(0, rows)]
+        held = sum(chunk.nbytes for chunk in self._chunks)
+        per_piece = max(1, int(self._memory.piece_bytes * self._rows / max(held, 1)))
+        return [(start, min(rows, start + per_piece)) for start in range(0, rows, per_piece)]
+
+    def _replace_rows(self, pieces: Iterator[pa.Table], empty: pa.Table | None = None) -> pa.Table:
+        """The live rows, in slot order, become ``pieces`` (one chunk each, in
+        memory until the budget spills them); the whole table comes back."""
+        old = self._chunks
+        self._chunks, self._mapped, self._starts, self._rows = [], [], [], 0
+        for piece in pieces:
+            self._chunks.append(piece)
+            self._mapped.append(False)
+            self._starts.append(self._rows)
+            self._rows += piece.num_rows
+            self._enforce_memory()
+        if not self._chunks:
+            self._chunks, self._mapped, self._starts = (
+                [empty if empty is not None else old[0].slice(0, 0)],
+                [False],
+                [0],
+            )
+        self._table = pa.concat_tables(self._chunks)
+        return self._table
+
+    def _enforce_memory(self) -> None:
+        if self._memory is not None:
+            self._memory.enforce()
+
+    def _bytes_in_memory(self) -> int:
+        return sum(chunk.nbytes for chunk, mapped in zip(self._chunks, self._mapped) if not mapped)
 
     # ---- schemas and tracking
 
@@ -511,6 +674,7 @@ class KeyedState:
             ) from None
         if not wider.equals(self._schema):
             self._chunks = [_with_schema(chunk, wider) for chunk in self._chunks]
+            self._mapped = [False] * len(self._chunks)  # counted as in memory until spilled again
             self._schema = wider
             self._table = None
         return _with_schema(rows, wider)

@@ -63,6 +63,10 @@ class JobSettings:
     state_snapshots: StateSnapshots = StateSnapshots.FULL
     # ... every this many checkpoints, or sooner once the changes outweigh the base)
     base_every: int = 10
+    # bytes of keyed-state rows a worker process keeps in memory; past it the largest
+    # chunks spill to memory-mapped files under $SPARK_ABS_HOME/spill (None: no limit;
+    # see operators.state.StateMemory)
+    state_memory_bytes: int | None = None
     # checkpoints pending at once
     max_concurrent: int = 1
     # records per stage query micro-batch (Spark's maxOffsetsPerTrigger); large, so a
@@ -105,6 +109,10 @@ class JobSettings:
         for name in ("retain", "max_concurrent", "max_records_per_batch", "max_segment_records", "base_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.state_memory_bytes is not None and self.state_memory_bytes < 1:
+            raise ConfigError(
+                f"state_memory_bytes must be at least 1 (or None: no limit), got {self.state_memory_bytes}"
+            )
         if self.max_concurrent > 1 and self.mode is not Mode.UNALIGNED:
             raise ConfigError(
                 f"max_concurrent={self.max_concurrent}: only unaligned checkpoints can overlap (mode is {self.mode})"

@@ -8,6 +8,7 @@ query starts its channels at; the worker runs it (``streaming.engine.worker``)."
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,11 +16,12 @@ from typing import Any
 import pyarrow as pa
 
 from barriers.messages import ChannelId, InFlightFormat
+from operators.state import StateMemory, use_memory
 from streaming.adapters.control import ControlTopic
 from streaming.adapters.kafka_io import DeadLetters, append_markers, read_range, retention_ms
 from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, kafka_records, open_sink, sink_location
 from streaming.adapters.snapshots import SnapshotStore
-from streaming.api.config import Connection
+from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import Pipeline, Stage, TaskSpec
 from streaming.api.settings import JobSettings, Mode, StateSnapshots
 from streaming.engine import faults
@@ -72,6 +74,10 @@ class TaskFactory:
         self.store = store
         # per stage with Spark code: Kafka records read in Python, prepared by it
         self.prepare = dict(prepare or {})
+        if settings.state_memory_bytes is not None:
+            # the states of this generation's tasks share the budget (those of the last one are gone)
+            spill = default_home() / "spill" / pipeline.job / f"{os.getpid()}-g{generation or 0}"
+            use_memory(StateMemory(spill, settings.state_memory_bytes))
 
     def build(self, name: str) -> tuple[RunningTask, dict[ChannelId, int]]:
         """Task ``name``, recovered, and the offsets its channels start at."""

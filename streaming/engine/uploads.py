@@ -35,6 +35,7 @@ from barriers.failures import CheckpointFailure
 from barriers.handler import TaskCheckpoint
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId, InFlightFormat
+from operators import state as keyed_state
 from operators.state import StateChanges
 from streaming.adapters.control import Ack, Decline
 from streaming.adapters.snapshots.format import TaskSnapshot, stored_name
@@ -278,6 +279,8 @@ class SnapshotUploader:
             "lineage": self.lineage.to_json(),
             "in_flight_records_copied": sum(t.num_rows for t in copied.values()),
             "in_flight_bytes_copied": sum(t.nbytes for t in copied.values()),
+            # bytes of keyed-state rows the worker process spilled so far (a memory budget only)
+            "state_spilled_bytes": memory.spilled_bytes if (memory := keyed_state.current_memory()) else None,
         }
 
 

@@ -143,6 +143,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         retain=args.retain,
         state_snapshots=args.state_snapshots,
         base_every=args.base_every,
+        segment_ms=args.segment_ms,
+        state_memory_bytes=args.state_memory,
         **extra,
     )
     connection = Connection.from_env(os.environ) or LocalRuntime(_runtime_settings(args), progress=log.info).up()
@@ -401,6 +403,21 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--retain", type=int, default=retain, help=f"completed checkpoints kept (default {retain})")
     add_state_snapshot_options(parser, base_every=True)
+    segment_ms = JobSettings.default("segment_ms")
+    parser.add_argument(
+        "--segment-ms",
+        type=float,
+        default=segment_ms,
+        help="how long a task processes records between two looks at control events: about how long an "
+        f"announced unaligned checkpoint waits (default {segment_ms:g})",
+    )
+    parser.add_argument(
+        "--state-memory",
+        type=int,
+        metavar="BYTES",
+        help="bytes of keyed-state rows a worker keeps in memory; past them rows spill to memory-mapped files "
+        "under $SPARK_ABS_HOME/spill (default: no limit)",
+    )
     parser.add_argument(
         "--workers",
         default="one",

@@ -1,6 +1,7 @@
 """The example pipelines (``examples/``) end to end on real Kafka, the S3
 server and Spark: all of them in one job, in aligned mode with full
-snapshots and in unaligned mode with incremental ones, with the worker
+snapshots and in unaligned mode with incremental ones (and keyed-state rows
+spilled past a small memory budget), with the worker
 killed mid-run (SIGKILL) and the job restored (from a checkpoint of state
 changes linked to a base, when incremental); each one's
 committed output must equal its reference, computed independently in batch
@@ -26,7 +27,11 @@ from streaming.engine.runner import JobRunner
 
 pytestmark = pytest.mark.integration
 
-MODES = {"aligned": {}, "unaligned-incremental": {"mode": "unaligned", "state_snapshots": "incremental"}}
+MODES = {
+    "aligned": {},
+    # and keyed-state rows past 16 kB spill to mapped files
+    "unaligned-incremental": {"mode": "unaligned", "state_snapshots": "incremental", "state_memory_bytes": 16 << 10},
+}
 # armed once a checkpoint is complete: the worker dies halfway through this task's next micro-batch
 # (the worker runs every task, the Spark SQL stage in front of this one too)
 KILLED = "enriched-orders-1"
@@ -96,6 +101,9 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
         restored = runner.store.read_manifest(runner.restores[0].checkpoint_id)
         kinds = {task: snapshot.state_kind for task, snapshot in restored.tasks.items()}
         assert "changes" in kinds.values(), f"the restore read no chain: {kinds}"
+        last = [r for r in runner.checkpoints() if r.completed_at][-1].checkpoint_id
+        spilled = [t.metadata.get("state_spilled_bytes") or 0 for t in runner.store.read_manifest(last).tasks.values()]
+        assert max(spilled) > 0, f"no keyed-state rows were spilled past the budget: {spilled}"
     dead = sum(end_offsets(bootstrap, dead_letter_topic_name(job), 1).values())
     assert dead == 0, f"{dead} dead letters (late or malformed rows)\n{log}"
     for name in examples.NAMES:

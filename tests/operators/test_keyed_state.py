@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from operators import KeyedState, OperatorConfigError, StateRestoreError, latest_per_key
-from operators.state import KEYS_METADATA, StateChanges, apply_chain, apply_changes
+from operators.state import KEYS_METADATA, StateChanges, StateMemory, apply_chain, apply_changes, use_memory
 
 
 def add_values(rows: pa.Table) -> pa.Table:
@@ -150,7 +150,15 @@ def test_keys_whose_hashes_collide_keep_their_own_rows(steps, monkeypatch_slack,
     _check_against_the_model(steps)
 
 
-def _check_against_the_model(steps) -> None:
+@given(steps=_STEPS)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_state_under_a_memory_budget_keeps_the_same_rows_and_its_rows_in_memory_within_it(
+    steps, monkeypatch_slack, tight_memory
+) -> None:
+    _check_against_the_model(steps, tight_memory)
+
+
+def _check_against_the_model(steps, memory: StateMemory | None = None) -> None:
     state, model = KeyedState(["k"], ["v"]), {}
     replica = pa.table({"k": pa.array([], pa.string()), "v": pa.array([], pa.int64())})
     base, links = replica, []  # a chain: the changes since the last base, folded together as a restore reads them
@@ -188,8 +196,47 @@ def _check_against_the_model(steps) -> None:
             replica = base = state.table
             links = []
         assert len(state) == len(model)
+        if memory is not None:
+            assert memory.in_memory() <= memory.budget_bytes
         assert state.table.to_pylist() == [{"k": k, "v": v} for k, v in model.items()]
     assert _rows(_apply(state.changes(), replica)) == [{"k": k, "v": v} for k, v in model.items()]
+
+
+@pytest.fixture
+def tight_memory(tmp_path):
+    """Keyed states made in the test spill past 64 bytes of rows in memory."""
+    memory = StateMemory(tmp_path / "spill", 64)
+    previous = use_memory(memory)
+    yield memory
+    use_memory(previous)
+
+
+def test_rows_past_the_budget_are_spilled_to_mapped_files_that_leave_nothing_behind(tmp_path) -> None:
+    """100,000 keys updated in batches under a 256 kB budget: the rows held in
+    memory stay within it, the rest are mapped files (unlinked at once), and
+    every row reads back as it was written."""
+    memory = StateMemory(tmp_path / "spill", 256 << 10)
+    previous = use_memory(memory)
+    try:
+        state = KeyedState(["k"], ["v"])
+        for _ in range(3):
+            for start in range(0, 100_000, 20_000):
+                keys = [f"key-{i}" for i in range(start, start + 20_000)]
+                state.merge(pa.table({"k": keys, "v": [1] * len(keys)}), add_values)
+                assert memory.in_memory() <= memory.budget_bytes
+        assert memory.spilled_chunks > 0 and state.table.nbytes > 4 * memory.budget_bytes
+        assert state.lookup(pa.array(["key-0", "key-99999", "nope"])).to_pylist() == [
+            {"k": "key-0", "v": 3},
+            {"k": "key-99999", "v": 3},
+            {"k": None, "v": None},
+        ]
+        assert pc.sum(state.table["v"]).as_py() == 300_000 and len(state) == 100_000
+        popped = state.pop(pc.less(pc.utf8_length(state.table["k"]), 9))  # key-0 ... key-9999
+        assert popped.num_rows == 10_000 and len(state) == 90_000
+        assert memory.in_memory() <= memory.budget_bytes
+        assert list((tmp_path / "spill").iterdir()) == []  # mapped, then unlinked
+    finally:
+        use_memory(previous)
 
 
 @pytest.fixture

@@ -75,5 +75,18 @@ def test_the_job_options_default_to_the_job_settings_defaults():
     args = build_parser().parse_args(["run", "orders:orders", "--store", "file:///s"])
     assert JobSettings(store=args.store, mode=args.mode, in_flight=args.in_flight) == defaults
     assert (args.interval, args.retain) == (defaults.interval_s, defaults.retain)
+    assert (args.segment_ms, args.state_memory) == (defaults.segment_ms, defaults.state_memory_bytes)
     gc = build_parser().parse_args(["checkpoints", "gc", "--store", "file:///s", "--job", "orders"])
     assert gc.retain == defaults.retain
+
+
+def test_a_memory_budget_or_segment_time_that_cannot_work_is_refused_with_its_name():
+    import pytest
+
+    from streaming.api.settings import JobSettings
+    from streaming.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="state_memory_bytes must be at least 1"):
+        JobSettings(store="file:///s", state_memory_bytes=0)
+    with pytest.raises(ConfigError, match="segment_ms must be positive"):
+        JobSettings(store="file:///s", segment_ms=0)
