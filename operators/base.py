@@ -41,6 +41,13 @@ Two optional parts, which the built-in operators have:
   calls it at every checkpoint and stores only that (``changes_of`` gives
   every table whole for an operator without it).  Operators built on
   ``KeyedState`` have it for free: ``KeyedState.changes()``.
+- ``snapshot_later()``: ``snapshot()``'s tables, where one may be a function
+  that gives the table when called, later and on another thread, as the
+  table was when ``snapshot_later()`` was called.  The task's upload thread
+  calls them, so a large state is gathered off the processing thread
+  (``snapshot_later_of`` gives ``snapshot()`` for an operator without it;
+  ``gathered`` calls the functions).  ``KeyedState.snapshot_later()`` is
+  one.
 - ``state_keys``: the column that divides the state, per input name
   (``{None: "account"}`` for one input).  The pipeline check
   (``streaming.api.layout``) uses it to refuse layouts in which rows of one
@@ -49,7 +56,7 @@ Two optional parts, which the built-in operators have:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
@@ -59,7 +66,20 @@ from operators.dead_letters import DeadLetters
 from operators.errors import OperatorConfigError, OperatorError, StateRestoreError
 from operators.state import StateChanges, whole
 
-__all__ = ["Operator", "MultiInputOperator", "WatermarkAware", "Stateless", "Chain", "changes_of"]
+__all__ = [
+    "Operator",
+    "MultiInputOperator",
+    "WatermarkAware",
+    "Stateless",
+    "Chain",
+    "changes_of",
+    "snapshot_later_of",
+    "gathered",
+    "LaterTables",
+]
+
+# snapshot_later()'s tables: a table, or a function that gives it
+LaterTables = dict[str, pa.Table | Callable[[], pa.Table]]
 
 
 @runtime_checkable
@@ -127,6 +147,17 @@ def changes_of(operator: object) -> dict[str, StateChanges]:
     if callable(changes):
         return changes()
     return {name: whole(table) for name, table in operator.snapshot().items()}  # type: ignore[attr-defined]
+
+
+def snapshot_later_of(operator: object) -> LaterTables:
+    """``operator``'s ``snapshot_later()``, or its ``snapshot()`` when it has none."""
+    later = getattr(operator, "snapshot_later", None)
+    return later() if callable(later) else operator.snapshot()  # type: ignore[attr-defined]
+
+
+def gathered(tables: Mapping[str, pa.Table | Callable[[], pa.Table]]) -> dict[str, pa.Table]:
+    """``snapshot_later()``'s tables, each function called."""
+    return {name: table if isinstance(table, pa.Table) else table() for name, table in tables.items()}
 
 
 def _hold_of(operator: object) -> int | None:
@@ -214,6 +245,14 @@ class Chain:
             f"{position}.{name}": table
             for position, operator in enumerate(self.operators)
             for name, table in operator.snapshot().items()
+        }
+
+    def snapshot_later(self) -> LaterTables:
+        """Each operator's ``snapshot_later_of``, named as ``snapshot()`` names its tables."""
+        return {
+            f"{position}.{name}": table
+            for position, operator in enumerate(self.operators)
+            for name, table in snapshot_later_of(operator).items()
         }
 
     def changes(self) -> dict[str, StateChanges]:

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from operators import aggregations as agg
 from operators._arrow import expect_columns, expect_tables, plain, require_columns
 from operators.aggregations import Aggregation
+from operators.base import LaterTables
 from operators.dead_letters import DeadLetters, Reason
 from operators.errors import OperatorConfigError, StateRestoreError
 from operators.state import KeyedState, StateChanges
@@ -91,6 +92,9 @@ class KeyedAggregate:
 
     def snapshot(self) -> dict[str, pa.Table]:
         return {self.TABLE: self._state.snapshot()}
+
+    def snapshot_later(self) -> LaterTables:
+        return {self.TABLE: self._state.snapshot_later()}
 
     def changes(self) -> dict[str, StateChanges]:
         return {self.TABLE: self._state.changes()}

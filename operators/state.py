@@ -338,6 +338,19 @@ class KeyedState:
         (``spark-abs.keys``, what ``spark-abs checkpoints diff`` compares by)."""
         return self._stored(self.table)
 
+    def snapshot_later(self) -> Callable[[], pa.Table]:
+        """``snapshot()`` as a function to call later, on another thread: what
+        it needs is taken now (the chunks, which never change, and where each
+        live row is: a copy of the positions, not of the rows), and the rows
+        are gathered when it is called, whatever the state did meanwhile."""
+        if self._table is not None or self._in_slot_order():
+            table = self.snapshot()
+            return lambda: table
+        positions = self._positions[: self._slots]
+        positions = positions[positions >= 0]
+        chunks, starts = list(self._chunks), list(self._starts)
+        return lambda: self._stored(self._take(positions, chunks=chunks, starts=starts))
+
     def changes(self) -> StateChanges:
         """What changed since the last call (or since ``restore``, or since
         the state was made); the next call starts from here.  A state whose
@@ -604,8 +617,7 @@ class KeyedState:
         slots when most of them belong to keys removed.  A state that only
         ever took new keys is its chunks as they are: the whole table costs
         no copy (a growing state's full snapshot)."""
-        positions = self._positions[: self._slots]
-        if self._rows == self._slots and self._slots and positions[0] == 0 and np.all(np.diff(positions) == 1):
+        if self._in_slot_order():
             self._table = pa.concat_tables(self._chunks)
             return
         live = np.flatnonzero(self._positions[: self._slots] >= 0)
@@ -622,6 +634,12 @@ class KeyedState:
             self._positions[: len(live)] = np.arange(len(live))
         else:
             self._positions[live] = np.arange(len(live))
+
+    def _in_slot_order(self) -> bool:
+        """Whether the chunks are the live rows in slot order (a state that
+        only ever took new keys)."""
+        positions = self._positions[: self._slots]
+        return bool(self._rows == self._slots and self._slots and positions[0] == 0 and np.all(np.diff(positions) == 1))
 
     def _pieces(self, rows: int) -> list[tuple[int, int]]:
         """[start, end) ranges of ``rows`` rows of the state that make chunks

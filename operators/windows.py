@@ -48,6 +48,7 @@ from operators import _time as et
 from operators import aggregations as agg
 from operators._arrow import expect_columns, expect_tables, require_columns, row_index
 from operators.aggregations import Aggregation
+from operators.base import LaterTables
 from operators.dead_letters import DeadLetters, Reason
 from operators.errors import OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
@@ -181,6 +182,12 @@ class SlidingWindowAggregate:
     def snapshot(self) -> dict[str, pa.Table]:
         return {
             self.WINDOWS: self._windows.snapshot(),
+            self.WATERMARK: et.watermark_table(self._watermark, self.WATERMARK),
+        }
+
+    def snapshot_later(self) -> LaterTables:
+        return {
+            self.WINDOWS: self._windows.snapshot_later(),
             self.WATERMARK: et.watermark_table(self._watermark, self.WATERMARK),
         }
 

@@ -22,7 +22,7 @@ from typing import Any
 from barriers.failures import CheckpointFailure
 from barriers.handler import BarrierHandler, TaskCheckpoint
 from barriers.messages import Barrier, ChannelId, encode
-from operators.base import changes_of
+from operators.base import changes_of, snapshot_later_of
 from streaming.adapters.control import Announce, Decline, announced_barrier
 from streaming.engine import faults
 from streaming.engine.gate import InputGate
@@ -100,7 +100,8 @@ class TaskController:
             since, self._changes_since = self._changes_since, barrier.checkpoint_id
             if since is None or self.uploader.wants_base():
                 changes = None
-        state = self.operator.snapshot() if changes is None else {}
+        # a large table is gathered on the upload thread (snapshot_later_of), not here
+        state = snapshot_later_of(self.operator) if changes is None else {}
         self._taken[barrier.checkpoint_id] = TakenSnapshot(
             state,
             self.output.take_epoch(),

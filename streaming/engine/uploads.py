@@ -36,6 +36,7 @@ from barriers.handler import TaskCheckpoint
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId, InFlightFormat
 from operators import state as keyed_state
+from operators.base import LaterTables, gathered
 from operators.state import StateChanges
 from streaming.adapters.control import Ack, Decline
 from streaming.adapters.snapshots.format import TaskSnapshot, stored_name
@@ -67,9 +68,11 @@ class TakenSnapshot:
 
     With incremental snapshots, ``changes`` (not None) holds what changed in
     each table since the task's snapshot of checkpoint ``since``, and
-    ``state`` is empty; ``state`` holds the whole state otherwise (a base)."""
+    ``state`` is empty; ``state`` holds the whole state otherwise (a base),
+    each table as the operator's ``snapshot_later()`` gave it (a table, or a
+    function the upload calls to gather it)."""
 
-    state: dict[str, pa.Table]
+    state: LaterTables
     epoch: list[pa.Table]
     sync_snapshot_s: float
     snapshot_wall: float
@@ -213,9 +216,9 @@ class SnapshotUploader:
         chains to store instead: a base of each table, or the previous
         snapshot's chains with this checkpoint's changes linked on."""
         if self.incremental is None:
-            return taken.state, None
+            return gathered(taken.state), None
         if taken.changes is None:
-            return {}, {name: [("base", table)] for name, table in taken.state.items()}
+            return {}, {name: [("base", table)] for name, table in gathered(taken.state).items()}
         previous = self._previous
         if previous is None or previous.checkpoint_id != taken.since:
             written = "nothing yet" if previous is None else f"checkpoint {previous.checkpoint_id}"

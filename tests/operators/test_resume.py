@@ -27,6 +27,7 @@ from operators import (
     sum_,
     with_column,
 )
+from operators.base import gathered, snapshot_later_of
 from operators.testing import (
     Watermark,
     assert_changes_rebuild_the_state,
@@ -91,13 +92,16 @@ def transfer_batches() -> st.SearchStrategy[list[pa.Table]]:
 
 
 def assert_snapshot_frozen(make, steps, cut) -> None:
-    """A snapshot taken at ``cut`` is unchanged by processing the rest."""
+    """A snapshot taken at ``cut`` is unchanged by processing the rest, and so
+    is one taken for later (``snapshot_later_of``) and gathered after it."""
     operator = make()
     run(operator, steps[:cut])
+    later = snapshot_later_of(operator)
     snapshot = operator.snapshot()
     frozen = {name: (t.schema, t.to_pylist()) for name, t in snapshot.items()}
     run(operator, steps[cut:])
     assert {name: (t.schema, t.to_pylist()) for name, t in snapshot.items()} == frozen
+    assert {name: (t.schema, t.to_pylist()) for name, t in gathered(later).items()} == frozen
 
 
 def assert_restore_round_trips(make, steps, cut) -> None:
