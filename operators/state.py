@@ -71,6 +71,12 @@ KEYS_METADATA = b"spark-abs.keys"
 _SLACK_ROWS = 1 << 16
 
 
+# A state of at most this many rows (live and dead) is gathered at once by
+# ``snapshot_later``: it takes a few milliseconds, and a compacted state
+# makes the next batches faster.
+_GATHER_LATER_ROWS = 1 << 18
+
+
 def latest_per_key(rows: pa.Table, keys: Sequence[str]) -> pa.Table:
     """The last row of ``rows`` for each key, in the order of those last rows."""
     if rows.num_rows == 0:
@@ -342,9 +348,10 @@ class KeyedState:
         """``snapshot()`` as a function to call later, on another thread: what
         it needs is taken now (the chunks, which never change, and where each
         live row is: a copy of the positions, not of the rows), and the rows
-        are gathered when it is called, whatever the state did meanwhile."""
-        if self._table is not None or self._in_slot_order():
-            table = self.snapshot()
+        are gathered when it is called, whatever the state did meanwhile.  A
+        small state is gathered now."""
+        if self._table is not None or self._in_slot_order() or self._rows <= _GATHER_LATER_ROWS:
+            table = self.snapshot()  # no copy, or a small one (which also leaves the state compacted)
             return lambda: table
         positions = self._positions[: self._slots]
         positions = positions[positions >= 0]
