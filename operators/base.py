@@ -150,9 +150,21 @@ def changes_of(operator: object) -> dict[str, StateChanges]:
 
 
 def snapshot_later_of(operator: object) -> LaterTables:
-    """``operator``'s ``snapshot_later()``, or its ``snapshot()`` when it has none."""
+    """``operator``'s ``snapshot_later()``, or its ``snapshot()`` when it has
+    none, or when a subclass overrides ``snapshot()`` but not ``snapshot_later()``
+    (the inherited one would not store what its ``snapshot()`` says)."""
     later = getattr(operator, "snapshot_later", None)
-    return later() if callable(later) else operator.snapshot()  # type: ignore[attr-defined]
+    if callable(later) and not _overrides_snapshot_only(type(operator)):
+        return later()
+    return operator.snapshot()  # type: ignore[attr-defined]
+
+
+def _overrides_snapshot_only(cls: type) -> bool:
+    def owner(name: str) -> type | None:
+        return next((c for c in cls.__mro__ if name in vars(c)), None)
+
+    snapshot, later = owner("snapshot"), owner("snapshot_later")
+    return snapshot is not None and later is not None and snapshot is not later and issubclass(snapshot, later)
 
 
 def gathered(tables: Mapping[str, pa.Table | Callable[[], pa.Table]]) -> dict[str, pa.Table]:

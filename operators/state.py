@@ -34,6 +34,7 @@ index stays in memory (about 40 bytes per key)."""
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -70,6 +71,9 @@ KEYS_METADATA = b"spark-abs.keys"
 # live rows by this many; below it a small state is never compacted.
 _SLACK_ROWS = 1 << 16
 
+
+# Under a memory budget, the smallest piece a state builds at once.
+_MIN_PIECE_BYTES = 1 << 20
 
 # A state of at most this many rows (live and dead) is gathered at once by
 # ``snapshot_later``: it takes a few milliseconds, and a compacted state
@@ -175,70 +179,92 @@ def whole(table: pa.Table) -> StateChanges:
 class StateMemory:
     """A memory budget for the rows of every ``KeyedState`` of a process.
 
-    Past ``budget_bytes`` of rows in memory, the largest chunks are spilled:
-    written to an Arrow IPC file in ``directory`` and read back memory-mapped
-    (the file is unlinked once mapped, so it goes with the chunk, and a
-    process that dies leaves nothing behind).  Mapped pages are clean and
-    file-backed: the operating system reads them in when a batch takes rows
-    from them and drops them when memory runs short.  A state builds no chunk
-    larger than ``piece_bytes`` (an eighth of the budget) where it would
+    Past ``budget_bytes`` of rows in memory, chunks are spilled: written to
+    an Arrow IPC file in ``directory`` and read back memory-mapped (the file
+    is unlinked once mapped, so it goes with the chunk, and a process that
+    dies leaves nothing behind).  Mapped pages are clean and file-backed:
+    the operating system reads them in when a batch takes rows from them and
+    drops them when memory runs short.
+
+    The states of one process change on different threads (a task each), so
+    a state only ever spills its own chunks, on the thread that changes it:
+    after a change it counts the bytes all the states hold in memory (each
+    keeps its own count) and, while that is over the budget, spills its
+    largest chunk in memory.  A state with nothing left to spill leaves the
+    rest to the others' next change.  No state builds a chunk larger than
+    ``piece_bytes`` (an eighth of the budget, at least 1 MiB) where it would
     otherwise build one of its whole size (merging chunks, compacting,
-    popping rows), so rows in memory stay near the budget whatever the size
-    of the state.  The index of each state (its hash table and positions)
+    popping rows).  The index of each state (its hash table and positions)
     is not counted and stays in memory."""
 
     def __init__(self, directory: str | Path, budget_bytes: int):
         if budget_bytes < 1:
             raise OperatorConfigError(f"a state memory budget must be at least 1 byte, got {budget_bytes}")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OperatorConfigError(f"keyed state: cannot make the spill directory {self.directory}: {exc}") from None
         self.budget_bytes = budget_bytes
-        self.piece_bytes = max(1, budget_bytes // 8)
+        self.piece_bytes = max(_MIN_PIECE_BYTES, budget_bytes // 8)
         self._states: weakref.WeakSet[KeyedState] = weakref.WeakSet()
+        self._lock = threading.Lock()
         # chunks and bytes spilled so far
         self.spilled_chunks = 0
         self.spilled_bytes = 0
 
     def add(self, state: KeyedState) -> None:
-        self._states.add(state)
+        with self._lock:
+            self._states.add(state)
 
     def in_memory(self) -> int:
-        """Bytes of rows the states hold in memory."""
-        return sum(state._bytes_in_memory() for state in list(self._states))
+        """Bytes of rows the states hold in memory (as each last counted them)."""
+        with self._lock:
+            states = list(self._states)
+        return sum(state._held for state in states)
 
-    def enforce(self) -> None:
-        """Spill the largest chunks in memory until the rest fits the budget."""
-        held = [
-            (chunk.nbytes, state, i)
-            for state in list(self._states)
-            for i, chunk in enumerate(state._chunks)
-            if not state._mapped[i]
-        ]
-        total = sum(nbytes for nbytes, _, _ in held)
+    def enforce(self, state: KeyedState) -> None:
+        """``state`` changed (on the caller's thread): spill its largest chunks
+        in memory while the states together hold more than the budget."""
+        state._held = state._bytes_in_memory()
+        total = self.in_memory()
         if total <= self.budget_bytes:
             return
-        for nbytes, state, i in sorted(held, key=lambda h: -h[0]):
+        held = sorted(
+            ((chunk.nbytes, i) for i, chunk in enumerate(state._chunks) if not state._mapped[i]), reverse=True
+        )
+        for nbytes, i in held:
             if total <= self.budget_bytes:
                 break
             state._chunks[i] = self.spill(state._chunks[i])
             state._mapped[i] = True
             state._table = None  # it may hold the chunk's rows in memory
+            state._held -= nbytes
             total -= nbytes
 
     def spill(self, table: pa.Table) -> pa.Table:
         """``table`` written to a file and mapped back."""
         path = self.directory / f"{uuid.uuid4().hex}.arrow"
         try:
+            self.directory.mkdir(parents=True, exist_ok=True)  # close() may have removed it
             with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table)
             mapped = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
-        except OSError as exc:
+        except (OSError, pa.ArrowException) as exc:
             raise OperatorError(f"keyed state: could not spill {table.nbytes} bytes of rows to {path}: {exc}") from exc
         finally:
             path.unlink(missing_ok=True)
-        self.spilled_chunks += 1
-        self.spilled_bytes += table.nbytes
+        with self._lock:
+            self.spilled_chunks += 1
+            self.spilled_bytes += table.nbytes
         return mapped
+
+    def close(self) -> None:
+        """Remove the (empty) spill directory; states still spilling make it again."""
+        try:
+            self.directory.rmdir()
+        except OSError:
+            pass
 
 
 _memory: StateMemory | None = None
@@ -278,6 +304,7 @@ class KeyedState:
         "_chunks",
         "_mapped",
         "_memory",
+        "_held",
         "_starts",
         "_rows",
         "_table",
@@ -296,6 +323,7 @@ class KeyedState:
         # an empty state's types do not count; int64 is only a placeholder
         self._placeholder = pa.table({name: pa.array([], pa.int64()) for name in (*self.keys, *value_columns)})
         self._memory = _memory
+        self._held = 0  # bytes of rows in memory, as the memory budget last counted them
         if _memory is not None:
             _memory.add(self)
         self._load(self._placeholder)
@@ -679,7 +707,7 @@ class KeyedState:
 
     def _enforce_memory(self) -> None:
         if self._memory is not None:
-            self._memory.enforce()
+            self._memory.enforce(self)
 
     def _bytes_in_memory(self) -> int:
         return sum(chunk.nbytes for chunk, mapped in zip(self._chunks, self._mapped) if not mapped)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -104,8 +105,8 @@ class JobSettings:
                 f"alignment_timeout_ms and held_bytes_budget apply to mode aligned-timeout, not {self.mode}"
             )
         for name in ("interval_s", "timeout_s", "heartbeat_timeout_s", "segment_ms"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ConfigError(f"{name} must be positive and finite, got {getattr(self, name)}")
         for name in ("retain", "max_concurrent", "max_records_per_batch", "max_segment_records", "base_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")

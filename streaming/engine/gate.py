@@ -92,6 +92,8 @@ class InputGate:
         """The queue's next segment to ``handle``: a run of data as much of it
         as the pace allows (the rest stays first in the queue), timed."""
         segment = queue.popleft()
+        if self.pace is not None and segment.kind is SegmentKind.DATA and segment.spilled:
+            segment = self._read_back(segment)  # to be handed out in pieces too
         if self.pace is None or not segment.splittable:
             handle(segment)
             return

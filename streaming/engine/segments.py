@@ -172,16 +172,20 @@ class SegmentPace:
     A run of n records is taken to cost c + r·n: a fixed cost per call of
     the operator (c) and one per record (r), fitted by least squares when
     the runs measured differ in size (the last run of a micro-batch is
-    shorter), r = time ÷ records when they do not.  A run is then sized to
-    take the budget, or 4·c where c alone is more than half of it (an
-    operator that costs a fixed 100 ms per call, a batched lookup say, gets
-    runs of 400 ms: smaller ones could not meet the budget anyway, and one
-    record per call would throw its throughput away)."""
+    shorter).  When they do not, r = time ÷ records, and every 8th run is
+    twice the size, so that the next fit can tell the two costs apart.  When
+    the time did not grow with the size (a fixed cost, or noise), the next
+    run is twice the largest measured.  A run is then sized to take the
+    budget, or 4·c where c alone is more than half of it (an operator that
+    costs a fixed 100 ms per call, a batched lookup say, gets runs of 400
+    ms: smaller ones could not meet the budget anyway, and one record per
+    call would throw its throughput away)."""
 
-    def __init__(self, budget_s: float, max_records: int, *, first_records: int = 1_000, window: int = 16):
+    def __init__(self, budget_s: float, max_records: int, *, first_records: int = 16, window: int = 16):
         self.budget_s = budget_s
         self.max_records = max_records
         self._samples: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
+        self._runs = 0
         self.limit = min(first_records, max_records)
 
     def observe(self, records: int, seconds: float) -> None:
@@ -189,22 +193,37 @@ class SegmentPace:
         if records <= 0:
             return
         self._samples.append((records, max(0.0, seconds)))
-        fixed, per_record = self.fit()
-        if per_record <= 0:
+        self._runs += 1
+        fit = self.fit()
+        if fit is None:  # the time did not grow with the run's size
+            self.limit = min(self.max_records, 2 * max(n for n, _ in self._samples))
+            return
+        fixed, per_record = fit
+        if per_record <= 0:  # no time at all
             self.limit = self.max_records
             return
         target = max(self.budget_s, 4 * fixed) if fixed > self.budget_s / 2 else self.budget_s
-        self.limit = int(min(self.max_records, max(1, round((target - fixed) / per_record))))
+        limit = int(min(self.max_records, max(1, round((target - fixed) / per_record))))
+        if not self._spread() and self._runs % 8 == 0:
+            limit = min(self.max_records, 2 * limit)
+        self.limit = limit
 
-    def fit(self) -> tuple[float, float]:
-        """(c, r): the fixed cost of a run and the cost per record, in seconds."""
+    def fit(self) -> tuple[float, float] | None:
+        """(c, r): the fixed cost of a run and the cost per record, in
+        seconds; None when the runs differ in size and the larger did not
+        take longer."""
         n = np.array([s[0] for s in self._samples], dtype=np.float64)
         t = np.array([s[1] for s in self._samples], dtype=np.float64)
-        if n.max() >= 1.5 * n.min():
-            slope, intercept = np.polyfit(n, t, 1)
-            if slope > 0 and intercept >= 0:
-                return float(intercept), float(slope)
-        return 0.0, float(t.sum() / n.sum())
+        if not self._spread():
+            return 0.0, float(t.sum() / n.sum())
+        slope, intercept = np.polyfit(n, t, 1)
+        if not slope > 0:
+            return None
+        return max(0.0, float(intercept)), float(slope)
+
+    def _spread(self) -> bool:
+        sizes = [n for n, _ in self._samples]
+        return max(sizes) >= 1.5 * min(sizes)
 
 
 _DATA, _CONTROL, _WATERMARK, _SKIP = range(4)

@@ -74,10 +74,14 @@ class TaskFactory:
         self.store = store
         # per stage with Spark code: Kafka records read in Python, prepared by it
         self.prepare = dict(prepare or {})
+        # the states of this generation's tasks share the budget (those of the last one are gone)
+        memory = None
         if settings.state_memory_bytes is not None:
-            # the states of this generation's tasks share the budget (those of the last one are gone)
             spill = default_home() / "spill" / pipeline.job / f"{os.getpid()}-g{generation or 0}"
-            use_memory(StateMemory(spill, settings.state_memory_bytes))
+            memory = StateMemory(spill, settings.state_memory_bytes)
+        previous = use_memory(memory)
+        if previous is not None:
+            previous.close()
 
     def build(self, name: str) -> tuple[RunningTask, dict[ChannelId, int]]:
         """Task ``name``, recovered, and the offsets its channels start at."""

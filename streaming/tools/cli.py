@@ -416,7 +416,7 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="BYTES",
         help="bytes of keyed-state rows a worker keeps in memory; past them rows spill to memory-mapped files "
-        "under $SPARK_ABS_HOME/spill (default: no limit)",
+        "under spill/ in the spark-abs home (default: no limit)",
     )
     parser.add_argument(
         "--workers",

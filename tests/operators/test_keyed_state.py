@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import threading
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -235,6 +237,63 @@ def test_rows_past_the_budget_are_spilled_to_mapped_files_that_leave_nothing_beh
         assert popped.num_rows == 10_000 and len(state) == 90_000
         assert memory.in_memory() <= memory.budget_bytes
         assert list((tmp_path / "spill").iterdir()) == []  # mapped, then unlinked
+    finally:
+        use_memory(previous)
+
+
+def test_a_state_spills_only_its_own_chunks_on_its_own_change(tmp_path) -> None:
+    """The states of a process change on their tasks' threads: a change of
+    one never rewrites another's chunks (which that task may be changing);
+    the other spills its own at its next change."""
+    memory = StateMemory(tmp_path / "spill", 2 << 20)
+    previous = use_memory(memory)
+    try:
+        big, small = KeyedState(["k"], ["v"]), KeyedState(["k"], ["v"])
+        big.merge(pa.table({"k": [f"key-{i}" for i in range(60_000)], "v": [1] * 60_000}), add_values)
+        memory.budget_bytes = 1 << 10  # from here on, the big state alone is over the budget
+        small.merge(pa.table({"k": ["x"], "v": [1]}), add_values)
+        assert not any(big._mapped) and all(small._mapped)  # the small one spilled what it had; the big one untouched
+        big.merge(pa.table({"k": ["key-0"], "v": [1]}), add_values)
+        assert any(big._mapped) and memory.in_memory() <= memory.budget_bytes
+    finally:
+        use_memory(previous)
+
+
+def test_states_on_several_threads_share_one_budget_and_each_spills_only_its_own_rows(tmp_path) -> None:
+    """Two tasks' states, changed at the same time on two threads under one
+    budget: each spills its own chunks, none loses or mixes a row, and the
+    rows in memory end within the budget."""
+    memory = StateMemory(tmp_path / "spill", 64 << 10)
+    previous = use_memory(memory)
+    try:
+        states = [KeyedState(["k"], ["v"]), KeyedState(["k"], ["v"])]
+        failures = []
+
+        def feed(state, prefix):
+            try:
+                for round_ in range(3):
+                    for start in range(0, 30_000, 500):
+                        keys = [f"{prefix}-{i}" for i in range(start, start + 500)]
+                        state.merge(pa.table({"k": keys, "v": [round_ + 1] * len(keys)}), add_values)
+            except Exception as exc:  # reported below, with the thread's state
+                failures.append(exc)
+
+        threads = [threading.Thread(target=feed, args=(s, p)) for s, p in zip(states, "ab")]
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # the threads take turns as often as they can
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            sys.setswitchinterval(interval)
+        assert failures == []
+        for state, prefix in zip(states, "ab"):
+            assert len(state) == 30_000 and pc.sum(state.table["v"]).as_py() == 6 * 30_000
+            assert pc.all(pc.starts_with(state.table["k"], f"{prefix}-")).as_py()
+            state.merge(pa.table({"k": [f"{prefix}-0"], "v": [0]}), add_values)  # each counts itself again
+        assert memory.spilled_chunks > 0 and memory.in_memory() <= memory.budget_bytes
     finally:
         use_memory(previous)
 

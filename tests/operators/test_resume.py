@@ -212,6 +212,16 @@ class _Forgetful(KeyedAggregate):
         return {"state": self.state.slice(0, 0)}
 
 
+def test_a_subclass_that_overrides_snapshot_only_is_stored_as_its_snapshot_says() -> None:
+    """``_Forgetful`` inherits ``KeyedAggregate.snapshot_later()``; the task
+    must still store what its own ``snapshot()`` gives."""
+    schema = pa.schema([("account", pa.string()), ("amount", pa.int64())])
+    for make, rows in ((_Forgetful, 0), (KeyedAggregate, 1)):
+        operator = make("account", {"total": sum_("amount")})
+        operator.process(table([{"account": "a", "amount": 1}], schema))
+        assert gathered(snapshot_later_of(operator))["state"].num_rows == rows
+
+
 def test_the_checker_catches_an_operator_that_forgets_state() -> None:
     batches = [
         table([{"account": "a", "amount": 1}], pa.schema([("account", pa.string()), ("amount", pa.int64())]))

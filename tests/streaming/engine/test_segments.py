@@ -3,6 +3,7 @@ control and watermark records, and long runs cut by records and by bytes."""
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 from barriers.lineage import Lineage
@@ -109,3 +110,16 @@ def test_the_pace_does_not_cut_runs_below_what_a_fixed_cost_per_call_makes_worth
     fixed, per_record = pace.fit()
     assert abs(fixed - 0.100) < 1e-6 and abs(per_record - 1e-5) < 1e-9
     assert pace.limit == 30_000  # runs of 4 × 100 ms, 3/4 of them records
+
+
+def test_the_pace_finds_a_fixed_cost_through_noise_even_from_runs_of_one_record():
+    """Runs of one record all alike cannot tell a fixed cost from a cost per
+    record, and noise can make a larger run look no slower: the pace tries
+    larger runs until the fit sees the fixed cost."""
+    noise = np.random.default_rng(7)
+    pace = SegmentPace(0.040, 50_000, first_records=1)
+    sizes = []
+    for _ in range(60):
+        sizes.append(pace.limit)
+        pace.observe(pace.limit, (0.100 + 1e-5 * pace.limit) * noise.uniform(0.9, 1.1))
+    assert sizes[0] == 1 and min(sizes[-10:]) > 10_000, sizes

@@ -88,5 +88,6 @@ def test_a_memory_budget_or_segment_time_that_cannot_work_is_refused_with_its_na
 
     with pytest.raises(ConfigError, match="state_memory_bytes must be at least 1"):
         JobSettings(store="file:///s", state_memory_bytes=0)
-    with pytest.raises(ConfigError, match="segment_ms must be positive"):
-        JobSettings(store="file:///s", segment_ms=0)
+    for bad in (0, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match="segment_ms must be positive and finite"):
+            JobSettings(store="file:///s", segment_ms=bad)
