@@ -74,11 +74,11 @@ class JobSettings:
     # backlog is read in few Spark micro-batches (tasks still take control events
     # between segments of a batch, and spill held records past a memory budget)
     max_records_per_batch: int = 200_000
-    # how long a task processes records between two looks at control events (an
-    # unaligned snapshot, an alignment timeout): about how long a barrier's
-    # announcement waits behind a micro-batch.  A task learns what its operator
-    # takes per record and processes runs of as many records as fit (see
-    # streaming.engine.segments.SegmentPace) ...
+    # modes unaligned and aligned-timeout: how long a task processes records between
+    # two looks at control events (an unaligned snapshot, an alignment timeout):
+    # about how long a barrier's announcement waits behind a micro-batch.  A task
+    # learns what its operator takes per record and processes runs of as many
+    # records as fit (see streaming.engine.segments.SegmentPace) ...
     segment_ms: float = 40.0
     # ... and never more than this many records per run
     max_segment_records: int = 50_000

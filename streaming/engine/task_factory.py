@@ -29,7 +29,19 @@ from streaming.engine.restore import plan_start
 from streaming.engine.task import StageTask, TaskIO
 from streaming.engine.uploads import Incremental
 
-__all__ = ["RunningTask", "TaskFactory"]
+__all__ = ["RunningTask", "TaskFactory", "segment_budget_ms"]
+
+# the modes whose checkpoints a task may take on an announcement, between two runs of a micro-batch
+_ANNOUNCED = (Mode.UNALIGNED, Mode.ALIGNED_TIMEOUT)
+
+
+def segment_budget_ms(settings: JobSettings) -> float | None:
+    """The time budget of a task's runs (``SegmentPace``): ``segment_ms`` in
+    the modes whose checkpoints are announced; None (runs cut by records
+    only) in the others, whose barriers come with the data, between runs
+    anyway, and where smaller runs only cost calls of the operator."""
+    return settings.segment_ms if settings.mode in _ANNOUNCED else None
+
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +113,7 @@ class TaskFactory:
             max_concurrent=self.settings.max_concurrent,
             copy_in_flight=self._must_copy(spec),
             max_segment_records=self.settings.max_segment_records,
-            segment_ms=self.settings.segment_ms,
+            segment_ms=segment_budget_ms(self.settings),
             incremental=Incremental(self.settings.base_every)
             if self.settings.state_snapshots is StateSnapshots.INCREMENTAL
             else None,

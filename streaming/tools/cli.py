@@ -408,8 +408,8 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
         "--segment-ms",
         type=float,
         default=segment_ms,
-        help="how long a task processes records between two looks at control events: about how long an "
-        f"announced unaligned checkpoint waits (default {segment_ms:g})",
+        help="unaligned and aligned-timeout modes: how long a task processes records between two looks at "
+        f"control events, about how long an announced checkpoint waits (default {segment_ms:g})",
     )
     parser.add_argument(
         "--state-memory",

@@ -91,3 +91,21 @@ def test_a_memory_budget_or_segment_time_that_cannot_work_is_refused_with_its_na
     for bad in (0, float("inf"), float("nan")):
         with pytest.raises(ConfigError, match="segment_ms must be positive and finite"):
             JobSettings(store="file:///s", segment_ms=bad)
+
+
+def test_runs_are_paced_in_time_only_where_checkpoints_are_announced():
+    from streaming.api.settings import JobSettings
+    from streaming.engine.task_factory import segment_budget_ms
+
+    paced = {
+        mode: segment_budget_ms(
+            JobSettings(
+                store="file:///s",
+                mode=mode,
+                segment_ms=25,
+                **({"alignment_timeout_ms": 100} if mode == "aligned-timeout" else {}),
+            )
+        )
+        for mode in ("aligned", "unaligned", "aligned-timeout", "at-least-once")
+    }
+    assert paced == {"aligned": None, "unaligned": 25, "aligned-timeout": 25, "at-least-once": None}
