@@ -40,6 +40,7 @@ from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, WORKER_LAYOUTS, Job
 from streaming.tools.checkpoints import channel_rows, classify_channel_records
 from streaming.tools.commands import add_state_snapshot_options
 from streaming.tools.money import Balances, transfer_legs
+from streaming.tools.views import as_text, titled_table
 
 __all__ = [
     "TRANSFERS",
@@ -250,25 +251,28 @@ class DemoReport:
         return self.output_matches and bool(self.money) and all(m.total == 0 for m in self.money)
 
     def render(self) -> str:
-        lines = [
-            f"job {self.job}: {self.transfers} transfers",
-            "",
-            "checkpoint  status     seconds  balances  in flight  accounts  money conserved",
-        ]
         money = {m.checkpoint_id: m for m in self.money}
+        rows = []
         for record in self.checkpoints:
             m = money.get(record.checkpoint_id)
-            seconds = f"{record.duration_s:7.2f}" if record.duration_s is not None else "      -"
+            seconds = f"{record.duration_s:.2f}" if record.duration_s is not None else None
             if m is None:
-                status, reason = record.status, record.reason
-                if status is CheckpointStatus.PENDING:  # triggered, then the job was stopped: never finished
+                status, reason = str(record.status), record.reason or None
+                if record.status is CheckpointStatus.PENDING:  # triggered, then the job was stopped: never finished
                     status, reason = "stopped", "the job stopped before it completed"
-                lines.append(f"{record.checkpoint_id:>10}  {status:<9}  {seconds}  {'':>8}  {'':>9}  {'':>8}  {reason}")
+                rows.append((record.checkpoint_id, status, seconds, None, None, None, reason))
             else:
-                lines.append(
-                    f"{record.checkpoint_id:>10}  {record.status:<9}  {seconds}  {m.balances:>8}  "
-                    f"{m.in_flight:>9}  {m.accounts:>8}  {'yes' if m.total == 0 else 'NO: ' + str(m.total)}"
+                conserved = "yes" if m.total == 0 else f"NO: {m.total}"
+                rows.append(
+                    (record.checkpoint_id, str(record.status), seconds, m.balances, m.in_flight, m.accounts, conserved)
                 )
+        table = titled_table(
+            f"job {self.job}: {self.transfers} transfers",
+            ("checkpoint", "status", "seconds", "balances", "in flight", "accounts", "money conserved"),
+            rows,
+            right=("checkpoint", "seconds", "balances", "in flight", "accounts"),
+        )
+        lines = [as_text(table)]
         lines.append("")
         for restore in self.restores:
             origin = f"checkpoint {restore.checkpoint_id}" if restore.checkpoint_id else "the beginning"
