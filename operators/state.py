@@ -657,10 +657,9 @@ class KeyedState:
             return
         live = np.flatnonzero(self._positions[: self._slots] >= 0)
         at = self._positions[live]
-        chunks, starts, empty = self._chunks, self._starts, self._chunks[0].slice(0, 0)
+        chunks, starts = self._chunks, self._starts
         table = self._replace_rows(
-            (self._take(at[start:end], chunks=chunks, starts=starts) for start, end in self._pieces(len(live))),
-            empty,
+            self._take(at[start:end], chunks=chunks, starts=starts) for start, end in self._pieces(len(live))
         )
         if self._slots > 2 * len(live) + _SLACK_ROWS:
             self._dirty[: len(live)] = self._dirty[live]
@@ -685,10 +684,10 @@ class KeyedState:
         per_piece = max(1, int(self._memory.piece_bytes * self._rows / max(held, 1)))
         return [(start, min(rows, start + per_piece)) for start in range(0, rows, per_piece)]
 
-    def _replace_rows(self, pieces: Iterator[pa.Table], empty: pa.Table | None = None) -> pa.Table:
+    def _replace_rows(self, pieces: Iterator[pa.Table]) -> pa.Table:
         """The live rows, in slot order, become ``pieces`` (one chunk each, in
-        memory until the budget spills them); the whole table comes back."""
-        old = self._chunks
+        memory until the budget spills them; ``_pieces`` gives at least one,
+        empty when no row is live); the whole table comes back."""
         self._chunks, self._mapped, self._starts, self._rows = [], [], [], 0
         for piece in pieces:
             self._chunks.append(piece)
@@ -696,12 +695,6 @@ class KeyedState:
             self._starts.append(self._rows)
             self._rows += piece.num_rows
             self._enforce_memory()
-        if not self._chunks:
-            self._chunks, self._mapped, self._starts = (
-                [empty if empty is not None else old[0].slice(0, 0)],
-                [False],
-                [0],
-            )
         self._table = pa.concat_tables(self._chunks)
         return self._table
 

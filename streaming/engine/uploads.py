@@ -35,9 +35,8 @@ from barriers.failures import CheckpointFailure
 from barriers.handler import TaskCheckpoint
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId, InFlightFormat
-from operators import state as keyed_state
 from operators.base import LaterTables, gathered
-from operators.state import StateChanges
+from operators.state import StateChanges, current_memory
 from streaming.adapters.control import Ack, Decline
 from streaming.adapters.snapshots.format import TaskSnapshot, stored_name
 from streaming.engine import faults
@@ -283,7 +282,7 @@ class SnapshotUploader:
             "in_flight_records_copied": sum(t.num_rows for t in copied.values()),
             "in_flight_bytes_copied": sum(t.nbytes for t in copied.values()),
             # bytes of keyed-state rows the worker process spilled so far (a memory budget only)
-            "state_spilled_bytes": memory.spilled_bytes if (memory := keyed_state.current_memory()) else None,
+            "state_spilled_bytes": memory.spilled_bytes if (memory := current_memory()) else None,
         }
 
 
