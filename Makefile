@@ -1,5 +1,6 @@
 # The two commands of the README.  Everything they need is installed here:
-# a virtualenv with the package and its test extras (pytest, ruff); the local runtime
+# a virtualenv with the package and its test and docs extras (pytest, ruff, selenium,
+# mkdocs); Debian's chromium and chromedriver for the UI's browser test; the local runtime
 # (Kafka, S3 server, connector jars) is fetched by `spark-abs local up` on first use.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -8,16 +9,23 @@ STAMP  := $(VENV)/.installed
 FLINK_VERSION := 2.2.1
 QUIX_VERSION  := 3.28.1
 PEERS  := .venv-flink/.installed .venv-quix/.installed
+BROWSER := /usr/bin/chromedriver
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test install clean bench bench-quick
+.PHONY: run test install clean bench bench-quick docs
 
 run: $(STAMP)
 	$(BIN)/spark-abs demo
 
-test: $(STAMP)
+test: $(STAMP) $(BROWSER)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
 	$(BIN)/python -m pytest
+
+# the documentation site (docs/, mkdocs.yml) served at http://127.0.0.1:8000
+docs: $(STAMP)
+	$(BIN)/mkdocs serve
 
 install: $(STAMP)
 
@@ -30,7 +38,7 @@ bench-quick: $(STAMP) $(VENV)/.bench $(PEERS)
 	$(BIN)/python -m benchmarks --quick --demo --profile
 
 $(VENV)/.bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[test,docs,bench]'
 	touch $(VENV)/.bench
 
 # the peers, each in a virtualenv of its own: PyFlink pins py4j, pandas and pyarrow below pyspark's
@@ -47,8 +55,13 @@ $(VENV)/.bench: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,docs]'
 	touch $(STAMP)
+
+# headless Chromium and its driver from Debian's packages (a browser that downloads itself cannot)
+$(BROWSER):
+	$(SUDO) apt-get install -y -q chromium chromium-driver \
+	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver)
 
 clean:
 	-$(BIN)/spark-abs local down
