@@ -1,13 +1,13 @@
 """What the checkpoint commands print: rich tables of the
 ``streaming.tools.checkpoints`` and ``streaming.tools.gc`` results, one
 function per view, each returning the lines as text (so a test reads what a
-person sees).  ``titled_table``, ``as_text`` and ``byte_size`` are what the
+person sees); the rows of those ``spark-abs ui`` shows too come from
+``streaming.tools.tables``.  ``titled_table``, ``as_text`` and ``byte_size`` are what the
 compare and drill reports draw their tables with too."""
 
 from __future__ import annotations
 
 import io
-import json
 import shutil
 import sys
 from collections.abc import Iterable, Sequence
@@ -15,20 +15,33 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 from rich import box
 from rich.console import Console, Group
-from rich.table import Table
+from rich.table import Table as RichTable
 from rich.text import Text
 
 from streaming.engine.rescale import RescalePlan
 from streaming.tools.checkpoints import CheckpointDetail, CheckpointRow, RestorePlan, TableDiff
 from streaming.tools.gc import GcPlan
+from streaming.tools.tables import (
+    Part,
+    Table,
+    byte_size,
+    channel_parts,
+    checkpoint_table,
+    detail_parts,
+    restore_pick,
+    sample,
+    state_parts,
+)
 
 __all__ = [
     "as_text",
     "titled_table",
     "byte_size",
+    "drawn",
     "render_checkpoints",
     "render_detail",
     "render_state",
+    "render_channels",
     "render_diff",
     "render_verify",
     "render_gc",
@@ -53,7 +66,7 @@ def titled_table(
 ):
     """A table with a plain header rule; its title (as wide as the screen, not
     the table) above it."""
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    table = RichTable(box=box.SIMPLE_HEAD, show_edge=False)
     for name in columns:
         table.add_column(name, justify="right" if name in right else "left", overflow="fold")
     for row in rows:
@@ -61,252 +74,41 @@ def titled_table(
     return Group(Text(title), table) if title else Group(table)
 
 
-def _s(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+def drawn(t: Table) -> Group:
+    """A ``tables.Table`` drawn as ``titled_table`` draws it."""
+    return titled_table(t.title, t.columns, t.rows, t.right)
 
 
-def byte_size(n: float) -> str:
-    """``n`` bytes in B, kB, MB or GB (powers of 1000), for a person to read."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
+def _drawn(parts: list[Part]) -> str:
+    return as_text(*(part if isinstance(part, str) else drawn(part) for part in parts))
 
 
 def render_checkpoints(job: str, rows: list[CheckpointRow], generation: int | None) -> str:
     if not rows:
         return f"job {job}: no checkpoints in the store" + ("" if generation is None else f" (generation {generation})")
-    pick = max((r.checkpoint_id for r in rows if r.usable), default=None)
-    body, below = [], []
-    for r in rows:
-        problems = "; ".join(r.problems)
-        if r.usable:
-            verdict = "yes"
-        elif len(problems) <= 50:
-            verdict = f"NO: {problems}"
-        else:
-            verdict = f"NO: {len(r.problems)} problem(s), below"
-            below += [f"checkpoint {r.checkpoint_id}: {p}" for p in r.problems]
-        if r.checkpoint_id == pick:
-            verdict += "   <- a restore picks this one"
-        body.append(
-            (
-                r.checkpoint_id,
-                r.generation,
-                r.created_at[:19] or None,
-                None if r.trigger_to_complete_s is None else f"{r.trigger_to_complete_s:.2f}",
-                r.state_bytes,
-                r.in_flight_offsets,
-                ", ".join(r.kinds) or None,
-                verdict,
-            )
-        )
-    title = f"job {job}" + ("" if generation is None else f", generation {generation}")
-    columns = ("checkpoint", "gen", "created (UTC)", "seconds", "state bytes", "in flight", "kinds", "verifies")
-    text = as_text(
-        titled_table(title, columns, body, right=("checkpoint", "gen", "seconds", "state bytes", "in flight"))
-    )
+    listing, below = checkpoint_table(job, rows, generation)
+    text = as_text(drawn(listing))
     if below:
         text += "\n\n" + "\n".join(below)
-    if pick is None:
+    if restore_pick(rows) is None:
         text += "\n\nno checkpoint verifies: a restore would start from the beginning"
     return text
 
 
 def render_detail(detail: CheckpointDetail) -> str:
-    """A checkpoint's detail as text: what it is and whether it verifies, its
-    tasks, the tasks that turned unaligned, its state tables, its channels
-    and the restores its generation descends from."""
-    switches = _switches(detail)
-    lineage = _lineage(detail)
-    parts: list[object] = ["\n".join(_detail_head(detail)), _task_table(detail)]
-    if any(t.path for t in detail.tasks):  # older checkpoints did not record it
-        parts.append(_path_table(detail))
-    if switches:
-        parts.append("\n".join(switches))
-    parts += [_state_table(detail), _channel_table(detail)]
-    if lineage:
-        parts.append("lineage (the restores this generation descends from):\n  " + "\n  ".join(lineage))
-    return as_text(*parts)
-
-
-def _detail_head(detail: CheckpointDetail) -> list[str]:
-    verdict = "verifies" if not detail.problems else "DOES NOT VERIFY: " + "; ".join(detail.problems)
-    head = [
-        f"checkpoint {detail.checkpoint_id} of job {detail.job}: generation {detail.generation}, "
-        f"completed {detail.created_at}, {verdict}",
-        f"mode {detail.alignment} ({detail.guarantee}), in-flight data kept as {detail.in_flight_format}; "
-        f"trigger to complete {_s(detail.trigger_to_complete_s)} s",
-    ]
-    if detail.ingress_barrier_offsets:
-        offsets = ", ".join(f"{c}@{o}" for c, o in sorted(detail.ingress_barrier_offsets.items()))
-        head.append(f"barriers injected at {offsets}")
-    return head
-
-
-def _task_table(detail: CheckpointDetail) -> Group:
-    return titled_table(
-        "tasks (seconds: trigger to first barrier, alignment, synchronous and asynchronous snapshot)",
-        ("task", "checkpoint taken", "first barrier", "alignment", "sync", "async", "held max", "state", "in flight"),
-        (
-            (
-                t.task,
-                t.kind or None,
-                _s(t.first_barrier_s),
-                _s(t.alignment_s),
-                _s(t.sync_snapshot_s),
-                _s(t.async_snapshot_s),
-                None if t.held_bytes_max is None else byte_size(t.held_bytes_max),
-                byte_size(t.state_bytes),
-                sum(b - a for a, b in t.in_flight.values()),
-            )
-            for t in detail.tasks
-        ),
-        right=("first barrier", "alignment", "sync", "async", "held max", "state", "in flight"),
-    )
-
-
-def _path_table(detail: CheckpointDetail) -> Group:
-    """Where each task's first barrier was when, in seconds since the trigger."""
-    columns = tuple(_PATH_COLUMNS.values())
-    return titled_table(
-        "barrier path (seconds since the trigger: the first barrier appended to its channel, the Spark "
-        "micro-batch carrying it began, handed to the task, seen by the task, forwarded downstream, acked)",
-        ("task", *columns),
-        (
-            (
-                t.task,
-                *(_s(t.first_barrier_s if step == "first_barrier" else t.path.get(step)) for step in _PATH_COLUMNS),
-            )
-            for t in detail.tasks
-        ),
-        right=columns,
-    )
-
-
-# the barrier path's steps, in order (the task's ``path``, and ``first_barrier_s``), as its table names them
-_PATH_COLUMNS = {
-    "appended": "appended",
-    "batch_began": "Spark batch",
-    "handed": "handed",
-    "first_barrier": "seen",
-    "forwarded": "forwarded",
-    "acked": "acked",
-}
-
-
-def _switches(detail: CheckpointDetail) -> list[str]:
-    return [
-        f"{t.task} turned unaligned"
-        + (f" {t.switched_after_ms:.0f} ms after the trigger" if t.switched_after_ms is not None else "")
-        + f": {t.switch_reason}"
-        for t in detail.tasks
-        if t.switch_reason
-    ]
-
-
-def _state_table(detail: CheckpointDetail) -> Group:
-    if not any(t.chains for t in detail.tasks):
-        return titled_table(
-            "state tables",
-            ("task", "table", "rows", "bytes"),
-            ((t.task, name, rows, size) for t in detail.tasks for name, (rows, size) in sorted(t.state_tables.items())),
-            right=("rows", "bytes"),
-        )
-    return titled_table(
-        "state tables (incremental: rows and bytes this checkpoint stored; a restore reads its chain)",
-        ("task", "table", "stored", "rows", "bytes"),
-        (
-            (t.task, name, t.chains.get(name, "whole"), rows, size)
-            for t in detail.tasks
-            for name, (rows, size) in sorted(t.state_tables.items())
-        ),
-        right=("rows", "bytes"),
-    )
-
-
-def _channel_table(detail: CheckpointDetail) -> Group:
-    return titled_table(
-        "channels (position: where the task resumes; in flight: unaligned channel state, as an offset range "
-        "and the records copied of it)",
-        ("task", "channel", "position", "in flight", "copied", "watermark"),
-        (
-            (
-                t.task,
-                channel,
-                position,
-                f"[{t.in_flight[channel][0]}, {t.in_flight[channel][1]})" if channel in t.in_flight else None,
-                t.copied_rows.get(channel),
-                t.watermarks.get(channel),
-            )
-            for t in detail.tasks
-            for channel, position in sorted(t.positions.items())
-        ),
-        right=("position", "copied", "watermark"),
-    )
-
-
-def _lineage(detail: CheckpointDetail) -> list[str]:
-    return [
-        f"{t.task}: restored as " + ", ".join(f"generation {g} at {len(p)} channel position(s)" for g, p in t.restores)
-        for t in detail.tasks
-        if t.restores
-    ]
-
-
-def _sample(title: str, table: pa.Table, rows: int, drop: Sequence[str] = ()) -> Group:
-    shown = table.drop_columns([c for c in drop if c in table.column_names]).slice(0, rows)
-    body = [tuple(_cell(v) for v in row.values()) for row in shown.to_pylist()]
-    return titled_table(title, shown.column_names, body)
-
-
-def _cell(value: object) -> object:
-    if isinstance(value, bytes):
-        text = value[:40].decode("utf-8", "replace")
-        return text + ("..." if len(value) > 40 else "")
-    if isinstance(value, list | dict):
-        return json.dumps(value, default=str)[:60]
-    return value
+    """A checkpoint's detail as text (``tables.detail_parts``)."""
+    return _drawn(detail_parts(detail))
 
 
 def render_state(tables: dict[str, pa.Table], rows: int) -> str:
     """Each state table: its row count and a sample of ``rows`` rows."""
-    if not tables:
-        return "no state tables"
-    parts: list[object] = []
-    for name, table in tables.items():
-        parts.append(_sample(f"table {name}: {table.num_rows} rows (first {min(rows, table.num_rows)})", table, rows))
-    return as_text(*parts)
+    return _drawn(state_parts(tables, rows))
 
 
 def render_channels(records: pa.Table, decoded: pa.Table, problems: list[str], rows: int) -> str:
     """Channel state: records per task and channel (how they are held, how
     many are stale), a sample of the records and of the rows they carry."""
-    summary: dict[tuple[str, str, str], list[int]] = {}
-    for task, channel, held, stale, kind in zip(
-        *(records[c].to_pylist() for c in ("task", "channel", "held", "stale", "kind"))
-    ):
-        counts = summary.setdefault((task, channel, held), [0, 0, 0])
-        counts[0] += 1
-        counts[1] += bool(stale)
-        counts[2] += kind == "data" and not stale
-    parts: list[object] = [
-        titled_table(
-            f"channel state: {records.num_rows} records, {decoded.num_rows} rows "
-            "(held: copied into the checkpoint, or read back from Kafka by offset range)",
-            ("task", "channel", "held", "records", "stale", "data records"),
-            ((*key, *counts) for key, counts in sorted(summary.items())),
-            right=("records", "stale", "data records"),
-        )
-    ]
-    if records.num_rows:
-        title = f"records (first {min(rows, records.num_rows)})"
-        parts.append(_sample(title, records, rows, drop=("key", "headers", "timestamp")))
-    if decoded.num_rows:
-        parts.append(_sample(f"rows they carry (first {min(rows, decoded.num_rows)})", decoded, rows))
-    parts += [f"problem: {p}" for p in problems]
-    return as_text(*parts)
+    return _drawn(channel_parts(records, decoded, problems, rows))
 
 
 def render_diff(a: int, b: int, diffs: list[TableDiff], rows: int) -> str:
@@ -322,7 +124,9 @@ def render_diff(a: int, b: int, diffs: list[TableDiff], rows: int) -> str:
     ]
     for d in diffs:
         if d.sample.num_rows:
-            parts.append(_sample(f"{d.task} {d.table} (first {min(rows, d.sample.num_rows)} changes)", d.sample, rows))
+            parts.append(
+                drawn(sample(f"{d.task} {d.table} (first {min(rows, d.sample.num_rows)} changes)", d.sample, rows))
+            )
     return as_text(*parts)
 
 
