@@ -364,6 +364,50 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     _export_home(args)
     return compare.main(args.rest)
 
+def _cmd_ui(args: argparse.Namespace) -> int:
+    import ipaddress
+
+    from streaming.errors import ConfigError, RuntimeNotRunningError
+    from streaming.tools import ui
+    from streaming.tools.ui_live import ControlWatch
+
+    if not args.verbose:  # the pages say what they could not read; requests are not logged
+        logging.getLogger("streaming.adapters.snapshots").setLevel(logging.ERROR)
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    connection = None
+    if not (args.store_only and args.store.startswith("file://")):
+        try:
+            connection = Connection.from_env(os.environ) or Connection.load(_runtime_settings(args))
+        except RuntimeNotRunningError as exc:
+            if not args.store.startswith("file://"):
+                raise
+            log.info(f"{exc}; the page shows the store alone")
+    watch = ControlWatch(connection.kafka_bootstrap, args.job) if connection and not args.store_only else None
+    home = Path(args.home).expanduser().resolve() if args.home else default_home()
+    app = ui.create_app(ui.JobSource(args.store, args.job, connection, home), refresh_s=args.refresh, watch=watch)
+    try:
+        loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
+    except ValueError:  # a host name
+        loopback = False
+    if not loopback:
+        log.warning(
+            f"serving on {args.host}, not loopback: the page has no authentication, anyone who reaches "
+            f"{args.host}:{args.port} reads the job's checkpoints and state"
+        )
+    try:
+        server = ui.serve(app, args.host, args.port)
+    except OSError as exc:
+        raise ConfigError(f"ui: cannot serve on {args.host}:{args.port}: {exc}") from exc
+    print(f"job {args.job} of {args.store}: http://{args.host}:{server.server_port}/ (read-only; Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+        if watch is not None:
+            watch.close()
+    return 0
+
+
 
 def _cmd_drill(args: argparse.Namespace) -> int:
     from streaming.tools import drill
@@ -660,6 +704,37 @@ Operator and channel state as tables: `spark-abs state N`.""",
         _cmd_drill,
         "a restore drill: failures of every kind from a seed, restores, the output checked with great-expectations",
     )
+    web = sub.add_parser(
+        "ui",
+        help="a read-only web page for a job: checkpoints, their detail, state, generations, reports",
+        description="Serves a web page for job JOB: its checkpoint history (status, duration, size, "
+        "kinds, the one a restore picks) with a chart of durations and sizes, one checkpoint's per-task "
+        "detail (the barrier's path through each task, alignment, why a task turned unaligned, state "
+        "tables, channels), its operator and channel state as tables (as `spark-abs state` shows them), "
+        "the job's generations and the restores that started them, and the latest `spark-abs drill` "
+        "report of the job and `spark-abs compare` charts under the home. Every page reads the store "
+        "afresh; the history reloads itself. Live, while the job runs, it also reads the job's control "
+        "topic (Kafka of SPARK_ABS_* or the local runtime) for checkpoints in progress and aborted; "
+        "after the fact the store alone suffices. Read-only, and bound to loopback by default: the page "
+        "has no authentication.",
+    )
+    _add_store_options(web)
+    web.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, loopback only)")
+    web.add_argument("--port", type=int, default=8050, help="port to listen on (default 8050; 0: a free one)")
+    web.add_argument(
+        "--refresh",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="the history reloads itself this often (default 5; 0: never)",
+    )
+    web.add_argument(
+        "--store-only",
+        action="store_true",
+        help="read the store alone, not the control topic (a job that no longer runs, or no Kafka at hand)",
+    )
+    web.set_defaults(func=_cmd_ui)
+
     _add_passthrough(sub, "simulate", _cmd_simulate, "narrate a simulated snapshot run")
     return parser
 

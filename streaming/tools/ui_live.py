@@ -1,0 +1,179 @@
+"""What the job's control topic says of checkpoints the store does not show:
+for ``spark-abs ui``, the checkpoints of the current generation triggered
+and not yet complete (which tasks acknowledged them so far) and the ones
+given up, with why (the coordinator's abort, a task's decline).
+
+``ControlWatch`` reads the tail of the topic once (its last ``tail``
+events), then, at each look, what came since: a page that refreshes every
+few seconds costs one short poll.  It never writes: a job whose control
+topic does not exist is reported, not created."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from kafka.errors import KafkaError
+
+from streaming.adapters.control import (
+    Abort,
+    Ack,
+    Complete,
+    ControlEvent,
+    ControlTopic,
+    Decline,
+    Ready,
+    Trigger,
+    control_topic_name,
+)
+from streaming.adapters.kafka_admin import admin_client, end_offsets
+from streaming.errors import SparkAbsError
+from streaming.tools.tables import Table
+
+__all__ = ["ControlWatch", "ControlView", "LiveCheckpoint", "live_table"]
+
+# the checkpoints a watch remembers (the newest), and the polls of one look at most
+KEPT = 200
+POLLS = 20
+
+
+@dataclass
+class LiveCheckpoint:
+    """One checkpoint as the control topic tells it: ``status`` is
+    ``in progress``, ``complete`` or ``aborted`` (``why``)."""
+
+    checkpoint_id: int
+    generation: int
+    status: str = "in progress"
+    acked: set[str] = field(default_factory=set)
+    why: str | None = None
+
+
+@dataclass(frozen=True)
+class ControlView:
+    """A look at the control topic: the current generation's checkpoints in
+    progress, the newest given up, how many tasks the generation runs (when
+    the tail read shows it), or the ``problem`` that kept it from being read."""
+
+    topic: str
+    generation: int | None = None
+    in_progress: tuple[LiveCheckpoint, ...] = ()
+    aborted: tuple[LiveCheckpoint, ...] = ()
+    tasks: int | None = None
+    problem: str | None = None
+
+
+class ControlWatch:
+    """The control topic of ``job`` on ``bootstrap``, followed from its last
+    ``tail`` events on; ``look`` may be called from any thread."""
+
+    def __init__(self, bootstrap: str, job: str, *, tail: int = 5000, timeout_s: float = 3.0):
+        self.bootstrap = bootstrap
+        self.job = job
+        self.topic_name = control_topic_name(job)
+        self.tail = tail
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._topic: ControlTopic | None = None
+        self._checkpoints: dict[int, LiveCheckpoint] = {}
+        self._tasks: dict[int, set[str]] = {}
+        self._generation: int | None = None
+
+    def look(self) -> ControlView:
+        """What the topic said up to now (the events since the last look read first)."""
+        with self._lock:
+            try:
+                if self._topic is None:
+                    self._topic = self._open()
+                    if self._topic is None:
+                        return ControlView(self.topic_name, problem=f"Kafka has no topic {self.topic_name}")
+                for _ in range(POLLS):
+                    events = self._topic.poll(0.05)
+                    if not events:
+                        break
+                    for event in events:
+                        self._fold(event)
+            except (SparkAbsError, KafkaError, OSError) as exc:
+                self._drop_topic()
+                return ControlView(self.topic_name, problem=f"control topic {self.topic_name} unreadable: {exc}")
+            return self._view()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_topic()
+
+    def _open(self) -> ControlTopic | None:
+        """The topic, positioned ``tail`` events before its end; None when it does not exist."""
+        admin = admin_client(self.bootstrap, self.timeout_s)
+        try:
+            if self.topic_name not in admin.list_topics():
+                return None
+        finally:
+            admin.close()
+        end = end_offsets(self.bootstrap, self.topic_name, 1)[0]
+        return ControlTopic(self.bootstrap, self.job, start_at=max(0, end - self.tail))
+
+    def _drop_topic(self) -> None:
+        if self._topic is not None:
+            try:
+                self._topic.close()
+            finally:
+                self._topic = None
+
+    def _fold(self, event: ControlEvent) -> None:
+        generation = getattr(event, "generation", None)
+        if generation is not None and (self._generation is None or generation > self._generation):
+            self._generation = generation
+        if isinstance(event, Ready):
+            self._tasks.setdefault(event.generation, set()).add(event.task)
+            return
+        if not isinstance(event, Trigger | Ack | Decline | Complete | Abort):
+            return
+        entry = self._checkpoints.get(event.checkpoint_id)
+        if entry is None:
+            entry = self._checkpoints[event.checkpoint_id] = LiveCheckpoint(event.checkpoint_id, event.generation)
+            for old in sorted(self._checkpoints)[:-KEPT]:
+                del self._checkpoints[old]
+        if isinstance(event, Ack):
+            entry.acked.add(event.task)
+        elif isinstance(event, Decline):
+            entry.why = f"{event.task} declined: {event.reason.value}" + (f" ({event.detail})" if event.detail else "")
+        elif isinstance(event, Complete):
+            entry.status = "complete"
+        elif isinstance(event, Abort):
+            entry.status = "aborted"
+            detail = f" ({event.detail})" if event.detail and event.detail != event.reason.value else ""
+            entry.why = f"{event.reason.value}{detail}" + (f", by {event.task}" if event.task else "")
+
+    def _view(self) -> ControlView:
+        current = self._generation
+        entries = sorted(self._checkpoints.values(), key=lambda c: c.checkpoint_id)
+        tasks = self._tasks.get(current) if current is not None else None
+        return ControlView(
+            self.topic_name,
+            current,
+            tuple(c for c in entries if c.status == "in progress" and c.generation == current),
+            tuple(c for c in entries if c.status == "aborted")[-10:],
+            len(tasks) if tasks else None,
+        )
+
+
+def live_table(view: ControlView) -> Table:
+    """The checkpoints in progress and the newest aborted, newest last."""
+    rows = [
+        (
+            c.checkpoint_id,
+            c.generation,
+            c.status,
+            (f"{len(c.acked)} of {view.tasks}" if view.tasks else str(len(c.acked)))
+            + (f": {', '.join(sorted(c.acked))}" if c.acked else ""),
+            c.why,
+        )
+        for c in sorted((*view.in_progress, *view.aborted), key=lambda c: c.checkpoint_id)
+    ]
+    return Table.of(
+        f"from the control topic {view.topic}: checkpoints in progress and aborted",
+        ("checkpoint", "gen", "status", "acked by", "why"),
+        rows,
+        right=("checkpoint", "gen"),
+    )
