@@ -9,6 +9,7 @@ encoded and decoded here and nowhere else:
 - ``announce``: a task forwarded barrier n; the offsets on its outputs;
 - ``ready``: a task's query runs (the coordinator triggers once all are);
   ``replaying``: records of restored channel state it has still to read;
+  ``endpoint``: where its worker process serves its metrics;
 - ``replayed``: a restored task has processed its channel state again;
 - ``progress``: a task's position on each input channel, twice a second (lag);
 - ``ack`` / ``decline``: a task's snapshot is uploaded, or it cannot take one;
@@ -212,12 +213,15 @@ class _Announcement:
 @dataclass(frozen=True, slots=True)
 class Ready(ControlEvent):
     """A task's query runs (the coordinator triggers once all do);
-    ``replaying``: records of restored channel state it has still to read."""
+    ``replaying``: records of restored channel state it has still to read;
+    ``endpoint``: where its worker process serves its metrics (host:port, ""
+    when it serves none)."""
 
     kind = ControlKind.READY
     task: str
     generation: int
     replaying: int = 0
+    endpoint: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,6 +393,7 @@ _READERS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "checkpoint_id": (int, 0),
     "generation": (int, _REQUIRED),
     "replaying": (int, 0),
+    "endpoint": (str, ""),
     "records": (int, 0),
     "seconds": (float, 0.0),
     "positions": (_str_to_int, {}),

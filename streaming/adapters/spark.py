@@ -265,6 +265,21 @@ class ChannelQuery:
         error = self._query.exception()
         return None if error is None else str(error)
 
+    def latest_offsets(self) -> dict[ChannelId, int]:
+        """Kafka's latest offset on each channel as the query last saw it
+        (its last progress report; empty before the first)."""
+        progress = self._query.lastProgress if self._query is not None else None
+        latest: dict[ChannelId, int] = {}
+        for source in progress.sources if progress is not None else ():
+            try:
+                offsets = json.loads(source.latestOffset or "null") or {}
+            except (TypeError, ValueError):  # not a Kafka source's offsets
+                continue
+            for topic, partitions in offsets.items():
+                for partition, offset in partitions.items():
+                    latest[ChannelId(topic, int(partition))] = int(offset)
+        return latest
+
     def stop(self) -> None:
         """Stop reading; the batch in hand is finished (a failure of it is logged:
         the query is going away either way)."""

@@ -24,6 +24,7 @@ __all__ = [
     "ENV",
     "Connection",
     "LocalRuntimeSettings",
+    "MetricsSettings",
     "SparkSettings",
     "default_home",
 ]
@@ -242,3 +243,33 @@ class SparkSettings:
         for key, _ in self.extra_conf:
             if not key.startswith("spark."):
                 raise ConfigError(f"extra_conf key {key!r} is not a spark.* option")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """Where a process serves its Prometheus metrics (``streaming.engine.metrics``;
+    docs/operations/metrics.md): the job runner, and each worker process."""
+
+    # the address the endpoint binds: loopback, or 0.0.0.0 for a Prometheus on another host
+    host: str = "127.0.0.1"
+    # the port: 0 picks a free one (the runner logs it and lists it in its targets file);
+    # None serves no metrics.  A runner's own workers take the next ports (port + 1 + the
+    # worker's index) when it is given, free ones when it is 0
+    port: int | None = 0
+
+    def __post_init__(self) -> None:
+        if self.port is not None:
+            _check_port("metrics port", self.port)
+        if not self.host:
+            raise ConfigError("metrics host: give an address to bind, e.g. 127.0.0.1 or 0.0.0.0")
+
+    @classmethod
+    def off(cls) -> MetricsSettings:
+        """No metrics endpoint."""
+        return cls(port=None)
+
+    def for_worker(self, index: int) -> MetricsSettings:
+        """The settings of a runner's worker process number ``index`` (from 0)."""
+        if self.port is None or self.port == 0:
+            return self
+        return MetricsSettings(self.host, self.port + 1 + index)

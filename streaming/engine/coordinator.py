@@ -54,6 +54,7 @@ from streaming.adapters.snapshots import SnapshotStore, TaskSnapshot
 from streaming.adapters.snapshots.format import options_to_json, parse_stored, stored_name
 from streaming.api.pipeline import Pipeline
 from streaming.api.settings import JobSettings
+from streaming.engine import metrics
 from streaming.errors import ManifestNotWritten, ProgressNotLogged, RetentionFailed, StoreError
 
 __all__ = [
@@ -144,6 +145,8 @@ class TaskReadiness:
         self.replaying: dict[str, int] = {}
         # each task's latest position per input channel (its progress events)
         self.positions: dict[str, dict[str, int]] = {}
+        # where each task's worker process serves its metrics (host:port), as its ready event says
+        self.endpoints: dict[str, str] = {}
 
     @property
     def all_ready(self) -> bool:
@@ -160,6 +163,7 @@ class TaskReadiness:
             self.ready.add(event.task)
             self.ready_at[event.task] = self.clock()
             self.replaying[event.task] = event.replaying
+            self.endpoints[event.task] = event.endpoint
             if not event.replaying:
                 self.replayed_at[event.task] = self.ready_at[event.task]
         elif isinstance(event, Progress):
@@ -224,7 +228,8 @@ class CheckpointCompletion:
            (``_abort_subsumed``).
         4. Publish ``complete``: the sinks commit their epochs.
         5. Record it (``_record``): status, time, channel state, kinds and each
-           task's metrics, for progress output.
+           task's metrics, for progress output and for Prometheus
+           (``metrics.checkpoint_completed``).
         6. Say it (``_say_complete``).
         7. Append its progress line (``_log_progress``); a ``ProgressNotLogged``
            is logged and nothing more.
@@ -248,6 +253,13 @@ class CheckpointCompletion:
         self.publish(Complete(checkpoint_id=checkpoint_id, generation=self.generation))
         if record:
             self._record(record, acked)
+        metrics.checkpoint_completed(
+            self.coordinator.job,
+            checkpoint_id,
+            pending.barrier.options,
+            record.duration_s if record else None,
+            acked.metrics,
+        )
         self._say_complete(checkpoint_id, record)
         try:
             self._log_progress(checkpoint_id, pending.barrier, record, acked.metrics)
@@ -454,6 +466,7 @@ class CoordinatorService:
             return None
         triggered_at = time.monotonic()  # the injection counts towards the checkpoint's time
         barrier = self.coordinator.trigger(options or self.options, timestamp_ms=int(time.time() * 1000))
+        metrics.checkpoint_triggered(self.pipeline.job, barrier.options)
         headers = encode(barrier, key=self.job_key)
         offsets = self.io.inject(self.pipeline.ingress_channels(), headers)
         by_channel = {str(c): o for c, o in offsets.items()}
@@ -477,6 +490,7 @@ class CoordinatorService:
             self.handle(event)
         for expired in self.coordinator.expire():
             self._aborted(expired.checkpoint_id, expired.failure, expired.failure_detail)
+        metrics.pending(self.pipeline.job, len(self.coordinator.pending))
 
     def handle(self, event: ControlEvent) -> None:
         if not event.belongs_to(self.generation):
@@ -501,6 +515,7 @@ class CoordinatorService:
         record = self.records.get(checkpoint_id)
         if record is not None:
             record.status, record.reason = CheckpointStatus.ABORTED, f"{failure.value if failure else ''}: {detail}"
+        metrics.checkpoint_aborted(self.pipeline.job, failure)
         self.io.publish(
             Abort(
                 checkpoint_id=checkpoint_id,

@@ -16,6 +16,7 @@ from typing import Any
 
 from streaming.adapters.control import ControlEvent, ControlTopic, Heartbeat, Lease, control_topic_name, send_event
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, producer
+from streaming.engine import metrics
 from streaming.engine.membership import HEARTBEAT_INTERVAL_S, LEASE_INTERVAL_S, HeartbeatOutcome, RemoteGroups
 from streaming.errors import SparkAbsError
 
@@ -164,6 +165,7 @@ class RemoteMembers:
             if isinstance(event, Lease) and event.runner == self.runner:
                 self.groups.own()
             elif isinstance(event, Heartbeat):
+                metrics.heartbeat(self.job, event.group)
                 outcome = self.groups.on_heartbeat(event, self.generation)
                 if outcome is HeartbeatOutcome.JOINED:
                     self.renew()  # tell it at once

@@ -13,6 +13,7 @@ import pyarrow as pa
 from barriers.messages import GENERATION_HEADER
 from streaming.adapters import codec
 from streaming.api.pipeline import Pipeline, TaskSpec, route
+from streaming.engine.metrics import TaskMetrics
 from streaming.engine.watermarks import WATERMARK_HEADER, watermark_headers
 
 __all__ = ["TaskOutput"]
@@ -20,15 +21,25 @@ __all__ = ["TaskOutput"]
 
 class TaskOutput:
     """The output of task ``spec`` of ``pipeline`` in ``generation``, sent
-    with ``io.send(channel, key, value, headers)`` (a ``TaskIO``)."""
+    with ``io.send(channel, key, value, headers)`` (a ``TaskIO``), counted
+    per channel in ``metrics``."""
 
-    def __init__(self, pipeline: Pipeline, spec: TaskSpec, io, generation: int, counters: collections.Counter):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        spec: TaskSpec,
+        io,
+        generation: int,
+        counters: collections.Counter,
+        metrics: TaskMetrics,
+    ):
         self.spec = spec
         self.stage = pipeline.stage(spec.stage)
         self.to_sink = pipeline.downstream(spec.stage) is None
         self._io = io
         self.generation = generation
         self.counters = counters
+        self.metrics = metrics
         # output of the sink epoch in progress
         self.epoch_rows: list[pa.Table] = []
 
@@ -39,6 +50,8 @@ class TaskOutput:
         self.counters["output_rows"] += output.num_rows
         if self.to_sink:
             self.epoch_rows.append(output)
+            if self.metrics.records_to_sink is not None:
+                self.metrics.records_to_sink.inc(output.num_rows)
             return
         targets = route(output, self.stage.key, len(self.spec.outputs)).to_numpy()
         headers = [(GENERATION_HEADER, str(self.generation).encode()), (codec.FORMAT_HEADER, codec.ARROW_FORMAT)]
@@ -47,6 +60,7 @@ class TaskOutput:
         # one Arrow record (or a few, below the message size) per output partition
         for target in np.unique(targets):
             part = output.take(pa.array(np.flatnonzero(targets == target)))
+            self.metrics.records_out[int(target)].inc(part.num_rows)
             for value in codec.encode_batches(part):
                 self._io.send(self.spec.outputs[int(target)], None, value, headers)
 

@@ -30,7 +30,12 @@ The runner keeps the job's lifecycle (``start``, ``step``, ``close``) and
 hands the rest to classes of their own: ``recovery.RestoreService`` picks,
 rescales and records what a restore starts from; ``leases.RemoteMembers``
 holds the remote groups' lease, heartbeats and pauses;
-``operations`` drives a job from outside (drain, kill a worker)."""
+``operations`` drives a job from outside (drain, kill a worker).
+
+The runner serves its Prometheus metrics (``metrics=``, ``run
+--metrics-port``: a free port by default) and each worker its own; the
+runner lists every endpoint in ``prometheus-targets.json`` in its log
+directory, for Prometheus's ``file_sd_configs`` (``streaming.engine.metrics``)."""
 
 from __future__ import annotations
 
@@ -47,9 +52,10 @@ from streaming.adapters.kafka_io import dead_letter_topic_name
 from streaming.adapters.objects import open_store, patiently
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api import layout
-from streaming.api.config import Connection, default_home
+from streaming.api.config import Connection, MetricsSettings, default_home
 from streaming.api.pipeline import Pipeline, Scale, SinkKind, load_pipeline
 from streaming.api.settings import WORKER_LAYOUTS, JobSettings
+from streaming.engine import metrics
 from streaming.engine.coordinator import CheckpointRecord, CoordinatorService, kafka_io
 from streaming.engine.leases import LeaseRenewal, RemoteMembers
 from streaming.engine.membership import incarnation
@@ -97,6 +103,7 @@ class JobRunner:
         on_complete: Callable[[int], None] | None = None,
         parallelism: Mapping[str, int] | None = None,
         remote: bool | Collection[str] = False,
+        metrics: MetricsSettings | None = None,
     ):
         self.pipeline_ref = pipeline_ref
         # the pipeline as its code declares it; ``pipeline`` is it at the scale of the current generation
@@ -138,6 +145,9 @@ class JobRunner:
         self.supervisor = self._supervisor(self.pipeline)
         self.coordinator: CoordinatorService | None = None
         self._last_trigger = 0.0
+        self.metrics_settings = metrics or MetricsSettings()
+        self.metrics_server: metrics.MetricsServer | None = None
+        self.metrics_targets: metrics.Targets | None = None
 
     def _groups(self, pipeline: Pipeline) -> dict[str, list[str]]:
         groups = worker_groups(pipeline, self._workers_layout)
@@ -151,7 +161,15 @@ class JobRunner:
 
     def _supervisor(self, pipeline: Pipeline) -> WorkerSupervisor:
         local = {name: tasks for name, tasks in self.groups.items() if name not in self.remote_names}
-        return WorkerSupervisor(self.pipeline_ref, self.job, local, self.settings, self.log_dir, scale=self._scale())
+        return WorkerSupervisor(
+            self.pipeline_ref,
+            self.job,
+            local,
+            self.settings,
+            self.log_dir,
+            scale=self._scale(),
+            metrics=self.metrics_settings,
+        )
 
     def _scale(self) -> Scale | None:
         """The job's scale when other than its code declares (None: as declared)."""
@@ -166,6 +184,7 @@ class JobRunner:
         if pipeline.scale == self.pipeline.scale:
             return
         self.supervisor.stop_all()
+        metrics.forget_tasks(self.job, [t.name for t in self.pipeline.tasks()])
         self.pipeline = pipeline
         self.groups = self._groups(pipeline)
         self.supervisor = self._supervisor(pipeline)
@@ -201,7 +220,11 @@ class JobRunner:
             patiently(lambda: self.store.first_generation(scale=scale), "recording the fresh start")
             self._launch(generation=0, checkpoint_id=None)
         else:
-            self.restore(f"restore requested from checkpoint {restore}" if restore else "restart", restore)
+            self.restore(
+                f"restore requested from checkpoint {restore}" if restore else "restart",
+                restore,
+                cause="requested" if restore else "restart",
+            )
 
     def _refuse_an_unknown_earlier_run(self) -> None:
         """A fresh start where an earlier run of this job name left its
@@ -226,6 +249,8 @@ class JobRunner:
 
     def _launch(self, generation: int, checkpoint_id: int | None) -> None:
         """Generation ``generation``: a coordinator of its own, then the workers from ``checkpoint_id``."""
+        self._serve_metrics()
+        metrics.generation(self.job, generation)
         if self.coordinator is not None:
             self.history.extend(self.coordinator.records.values())
             self.coordinator.close()
@@ -255,6 +280,33 @@ class JobRunner:
             )
         self._last_trigger = time.monotonic()
 
+    def _serve_metrics(self) -> None:
+        """The runner's metrics endpoint and its targets file, the first time (none with ``MetricsSettings.off``)."""
+        if self.metrics_server is not None:
+            return
+        # a runner's workers are told the port of theirs when it was given (``MetricsSettings.for_worker``)
+        self.metrics_server = metrics.serve(self.metrics_settings, "run --metrics-port")
+        if self.metrics_server is None:
+            return
+        self.metrics_targets = metrics.Targets(
+            self.log_dir / metrics.TARGETS_FILE, self.job, self.metrics_server.address
+        )
+        self.log.info(
+            "job %s: metrics on %s; Prometheus targets (file_sd) in %s",
+            self.job,
+            self.metrics_server.url,
+            self.metrics_targets.path,
+        )
+
+    def _note_endpoints(self, coordinator: CoordinatorService) -> None:
+        """The workers' metrics endpoints their ready events named, into the targets file."""
+        if self.metrics_targets is None or not coordinator.readiness.endpoints:
+            return
+        group_of = {task: group for group, tasks in self.groups.items() for task in tasks}
+        self.metrics_targets.update(
+            {group_of[task]: address for task, address in coordinator.readiness.endpoints.items() if task in group_of}
+        )
+
     # ---- running
 
     @property
@@ -283,28 +335,31 @@ class JobRunner:
                     f"in the pipeline, which no restore can fix; fix it and run the job again "
                     f"(its log: {worker.log_path}):\n{worker.tail(4)}"
                 )
-            self.restore(f"worker {worker.name} died")
+            self.restore(f"worker {worker.name} died", cause="worker_died")
             return
         if self.remote_names:
             reason = self.remote.restore_reason()
             if reason is not None:
-                self.restore(reason)
+                self.restore(reason, cause="worker_lost")
                 return
         due = time.monotonic() - self._last_trigger >= self.settings.interval_s
         if trigger and coordinator.all_ready and due and coordinator.trigger(options) is not None:
             self._last_trigger = time.monotonic()
         coordinator.poll(0.2)
+        self._note_endpoints(coordinator)
 
-    def restore(self, reason: str, checkpoint_id: int | None = None) -> RestoreRecord:
+    def restore(self, reason: str, checkpoint_id: int | None = None, *, cause: str = "requested") -> RestoreRecord:
         """Stop every worker and start the next generation from a checkpoint:
         ``checkpoint_id`` or the latest that verifies, rescaled first when it
         was taken with other task counts than the job runs with now (the
-        steps: ``streaming.engine.recovery``)."""
+        steps: ``streaming.engine.recovery``).  ``cause`` names why in a
+        word, for the restores metric (``reason`` says it to a person)."""
         if len(self.restores) >= self.max_restores:
             raise JobFailed(f"job {self.job}: {len(self.restores)} restores already; giving up ({reason})")
         plan = self.recovery.prepare(checkpoint_id, self.parallelism, self.pipeline.scale, self._next_checkpoint_id)
         record = plan.record(reason)
         self.restores.append(record)
+        metrics.restored(self.job, cause)
         self._use_scale(plan.scale)
         self.prepare()
         if plan.rescale is not None:
@@ -332,7 +387,7 @@ class JobRunner:
         wanted = {**self.parallelism, **parallelism}
         self._groups(self.declared.rescaled(Scale(wanted)))  # an unknown stage, too many tasks: refused here
         self.parallelism = wanted
-        return self.restore(f"rescale to {Scale(wanted).describe()} requested", checkpoint_id)
+        return self.restore(f"rescale to {Scale(wanted).describe()} requested", checkpoint_id, cause="rescale")
 
     def _next_checkpoint_id(self) -> int:
         """Above every checkpoint the store holds (complete or not) and every one this runner triggered."""
@@ -355,6 +410,9 @@ class JobRunner:
             self.coordinator.close()
             self.coordinator = None
         self.store.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
 
     def require_started(self) -> CoordinatorService:
         """The current generation's coordinator; a ``SparkAbsError`` before ``start``."""

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from streaming.api.config import MetricsSettings
 from streaming.api.pipeline import Scale
 from streaming.api.settings import JobSettings
 from streaming.errors import SparkAbsError
@@ -61,7 +62,8 @@ class WorkerProcess:
 
 class WorkerSupervisor:
     """The worker processes of one job: ``groups`` maps a worker's name to
-    the tasks it runs; logs go to ``log_dir/worker-<name>-g<generation>.log``."""
+    the tasks it runs; logs go to ``log_dir/worker-<name>-g<generation>.log``.
+    Each serves its metrics as ``metrics.for_worker`` (its index) says."""
 
     def __init__(
         self,
@@ -72,6 +74,7 @@ class WorkerSupervisor:
         log_dir: Path,
         *,
         scale: Scale | None = None,
+        metrics: MetricsSettings | None = None,
     ):
         self.pipeline_ref = pipeline_ref
         self.job = job
@@ -80,6 +83,7 @@ class WorkerSupervisor:
         self.log_dir = log_dir
         # task counts and topics other than the pipeline declares (a rescaled job)
         self.scale = scale
+        self.metrics = metrics or MetricsSettings.off()
         self.workers: dict[str, WorkerProcess] = {}
 
     def launch(self, generation: int, checkpoint_id: int | None, env: Mapping[str, str]) -> None:
@@ -87,7 +91,7 @@ class WorkerSupervisor:
         still runs restores in place (its Spark stays up); the others start."""
         live = {name: w for name, w in self.workers.items() if w.alive}
         self.workers = {}
-        for name, tasks in self.groups.items():
+        for index, (name, tasks) in enumerate(self.groups.items()):
             if name in live and _tell(live[name].process, f"restore {generation} {checkpoint_id or 'none'}"):
                 self.workers[name] = live[name]
                 continue
@@ -112,6 +116,7 @@ class WorkerSupervisor:
                 command += ["--restore", str(checkpoint_id)]
             if self.scale is not None:
                 command += ["--scale", json.dumps(self.scale.to_json())]
+            command += _metrics_options(self.metrics.for_worker(index))
             with open(log_path, "wb") as log_file:
                 process = subprocess.Popen(
                     command,
@@ -154,6 +159,13 @@ class WorkerSupervisor:
                 pass
             _kill_group(worker.process)
         self.workers.clear()
+
+
+def _metrics_options(settings: MetricsSettings) -> list[str]:
+    """A worker's command-line options for its metrics endpoint."""
+    if settings.port is None:
+        return ["--no-metrics"]
+    return ["--metrics-host", settings.host, "--metrics-port", str(settings.port)]
 
 
 def _tell(process: subprocess.Popen, command: str) -> bool:

@@ -66,6 +66,7 @@ from streaming.api.pipeline import Pipeline, TaskSpec
 from streaming.engine.controller import TaskController
 from streaming.engine.gate import InputGate
 from streaming.engine.inbox import ControlInbox
+from streaming.engine.metrics import TaskMetrics
 from streaming.engine.output import TaskOutput
 from streaming.engine.quarantine import Quarantine
 from streaming.engine.segments import Segment, Segmenter, SegmentKind, SegmentPace
@@ -153,10 +154,12 @@ class StageTask:
         self._schemas = {i.topic: i.value_schema for i in pipeline.ingress}
         self.lineage = self.start.lineage
         self.counters: collections.Counter = collections.Counter()
+        # what Prometheus sees of the task's data path (streaming.engine.metrics)
+        self.metrics = TaskMetrics(pipeline.job, spec.name, spec.inputs, spec.outputs)
         self.gate = self._input_gate(max_segment_records, segment_ms, held_memory_bytes, clock)
         self.watermarks = WatermarkTracker(event_time_inputs(pipeline, spec), self.start.watermarks, clock=clock)
-        self.quarantine = Quarantine(spec.name, io, self.counters)
-        self.output = TaskOutput(pipeline, spec, io, self.generation, self.counters)
+        self.quarantine = Quarantine(spec.name, io, self.counters, self.metrics)
+        self.output = TaskOutput(pipeline, spec, io, self.generation, self.counters, self.metrics)
         self.controller = self._controller(copy_in_flight, upload, incremental)
         self.handler = BarrierHandler(
             self.controller,
@@ -247,11 +250,13 @@ class StageTask:
 
     def process_batch(self, table: pa.Table, batch_id: int = -1) -> None:
         """One micro-batch, ordered by channel and offset (``ChannelQuery`` order)."""
+        began = time.perf_counter()
         table = stamped(table, HANDED, time.time())  # for the barrier path of a checkpoint it carries
         with self._lock:
             self.watermarks.batch(self.gate.add(table))
             self.gate.drain(self.handler.is_blocked, self._handle, self._between_segments)
             self._follow_event_time()
+            self.metrics.batch(time.perf_counter() - began, self.held_bytes)
 
     def _between_segments(self) -> None:
         """Control events that came in, and the handler's clock (timeouts, budget)."""
@@ -365,13 +370,14 @@ class StageTask:
             except InputSchemaError as exc:
                 # records the operator cannot take at all: quarantined, with the reason
                 for index in sorted(set(decoded.index)):
-                    self.quarantine.record(channel, rows.slice(index, 1), str(exc))
+                    self.quarantine.record(channel, rows.slice(index, 1), str(exc), counted_as="refused")
                 output = None
             self.quarantine.from_operator(channel, self.operator)
             self.output.emit(output, watermark)
         self.watermarks.observe(channel, rows, decoded.table)
         self._watermark_moved(channel)
         self.counters["records"] += rows.num_rows
+        self.metrics.records_in[channel].inc(rows.num_rows)
 
     def _process_prepared(self, channel: ChannelId, rows: pa.Table) -> None:
         """A run of a micro-batch the stage's Spark code prepared: its rows go
@@ -392,7 +398,10 @@ class StageTask:
                 output = None
                 for value in codec.encode(batch):
                     self.quarantine.row(
-                        channel, value, f"the stage's operator cannot take the rows its Spark code gives: {exc}"
+                        channel,
+                        value,
+                        f"the stage's operator cannot take the rows its Spark code gives: {exc}",
+                        counted_as="refused",
                     )
             self.quarantine.from_operator(channel, self.operator)
             self.output.emit(output, watermark)
@@ -402,7 +411,9 @@ class StageTask:
         markers = part_of(rows, Part.MARKER)
         self.watermarks.observe_event_time(channel, pc.max(markers[EVENT_TIME]).as_py())
         self._watermark_moved(channel)
-        self.counters["records"] += pc.sum(markers[RECORDS]).as_py() or 0
+        records = pc.sum(markers[RECORDS]).as_py() or 0
+        self.counters["records"] += records
+        self.metrics.records_in[channel].inc(records)
 
     @property
     def _inputs(self):

@@ -50,7 +50,7 @@ from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, SparkSettings
 from streaming.api.pipeline import Pipeline, Scale, load_pipeline
 from streaming.api.settings import JobSettings
-from streaming.engine import faults
+from streaming.engine import faults, metrics
 from streaming.engine.supervisor import EXIT_PIPELINE_ERROR
 from streaming.engine.task import StageTask
 from streaming.engine.task_factory import RunningTask, TaskFactory
@@ -200,7 +200,12 @@ class Worker:
             # "replaying": records of restored channel state (offset ranges) still to read; a
             # "replayed" event follows when they are processed
             self.control.publish(
-                Ready(task=running.task.spec.name, generation=self.generation, replaying=running.task.replay_records)
+                Ready(
+                    task=running.task.spec.name,
+                    generation=self.generation,
+                    replaying=running.task.replay_records,
+                    endpoint=metrics.endpoint(),
+                )
             )
 
     def restart(
@@ -259,6 +264,8 @@ class Worker:
                 next_progress = time.monotonic() + PROGRESS_INTERVAL_S
                 for running in self.running:
                     self.control.publish(running.task.progress())
+                if metrics.endpoint():
+                    self._record_lag()
             for query in self.queries:
                 if query.pipeline_error is not None:
                     print(f"worker: {query.name}: {query.pipeline_error}", file=sys.stderr, flush=True)
@@ -268,6 +275,18 @@ class Worker:
                     log.info(f"{query.name}: stage query failed: {error}")
                     return 1
         return 0
+
+    def _record_lag(self) -> None:
+        """Each task's lag on each input channel: Kafka's latest offset as its
+        stage query last saw it, minus where the task is."""
+        latest: dict[ChannelId, int] = {}
+        for query in self.queries:
+            latest.update(query.latest_offsets())
+        for running in self.running:
+            task = running.task
+            for channel in task.spec.inputs:
+                if channel in latest:
+                    task.metrics.lag(channel, latest[channel] - task.handler.position(channel))
 
     def _on_control(self, event: ControlEvent) -> None:
         if not event.belongs_to(self.generation) or isinstance(event, _MEMBERSHIP):
@@ -308,6 +327,7 @@ class Worker:
             running.task.close()
             if isinstance(running.sink, KafkaSink):
                 running.sink.close()
+        metrics.forget_tasks(self.pipeline.job, [r.task.spec.name for r in self.running])
         self.running = []
 
     def close(self) -> None:
@@ -355,9 +375,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="stdin is the job runner's pipe: stop when it closes (the runner ended or died)",
     )
+    metrics.add_options(parser, "this worker's")
     args = parser.parse_args(argv)
     console.install("[worker] ")
     try:
+        option = "run --metrics-port (its workers take the ports after it)" if args.runner_pipe else "--metrics-port"
+        served = metrics.serve(metrics.settings_from(args), option)
+        if served is not None:
+            log.info(f"worker: metrics on {served.url}")
         pipeline = load_pipeline(args.pipeline, args.job)
         if args.scale:
             pipeline = pipeline.rescaled(Scale.from_json(json.loads(args.scale)))

@@ -117,6 +117,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from streaming.api.pipeline import parse_parallelism
+    from streaming.engine import metrics
     from streaming.engine.runner import JobRunner
     from streaming.errors import ConfigError
     from streaming.local import LocalRuntime
@@ -157,6 +158,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         max_restores=args.max_restores,
         parallelism=parse_parallelism(",".join(args.parallelism)),
         remote=args.remote_workers,
+        metrics=metrics.settings_from(args),
     )
     run_job(runner, restore=args.restore, seconds=args.seconds, checkpoints=args.checkpoints, drain=args.drain)
     return 0
@@ -167,6 +169,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     import threading
 
     from streaming.adapters.control import ControlTopic
+    from streaming.engine import metrics
     from streaming.engine.remote import RemoteWorker, wait_for_lease
     from streaming.local import LocalRuntime
 
@@ -174,6 +177,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if os.getcwd() not in sys.path:  # the pipeline's module, as `run` finds it
         sys.path.insert(0, os.getcwd())
     connection = Connection.from_env(os.environ) or LocalRuntime(_runtime_settings(args), progress=log.info).up()
+    served = metrics.serve(metrics.settings_from(args), "--metrics-port")
+    if served is not None:
+        log.info(f"worker: metrics on {served.url}")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     control = ControlTopic(connection.kafka_bootstrap, args.job)
@@ -425,6 +431,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _add_job_options(parser: argparse.ArgumentParser) -> None:
     """The options of a job run, shared by ``run`` and ``restore``; their
     defaults are ``JobSettings``'s."""
+    from streaming.engine import metrics
     from streaming.tools.commands import add_state_snapshot_options
 
     mode, in_flight = JobSettings.default("mode"), JobSettings.default("in_flight").value
@@ -518,6 +525,7 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
         help="stop once everything the input topics hold when the job starts is processed and committed "
         "(a final aligned checkpoint covers it); a bounded input's last run",
     )
+    metrics.add_options(parser, "the runner's", workers=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -607,6 +615,9 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="the worker group: `all` with the runner's --workers one, a stage's name with per-stage",
     )
+    from streaming.engine import metrics
+
+    metrics.add_options(worker, "this worker's")
     worker.set_defaults(func=_cmd_worker)
 
     checkpoints = sub.add_parser(

@@ -1,0 +1,406 @@
+"""Prometheus metrics of the job runner and of each worker process
+(docs/operations/metrics.md lists them, with their ports and PromQL).
+
+Every metric is defined here once, on one registry per process
+(``REGISTRY``), named ``spark_abs_*`` with a ``job`` label and, where it
+applies, ``task``, ``channel``, ``mode``, ``reason``, ``cause``, ``phase``
+or ``group``; no label holds a checkpoint id or anything else unbounded.
+The engine records a value where it already knows it: the runner per
+checkpoint (triggered, completed from the tasks' acknowledgements, aborted),
+per restore and per heartbeat; a worker's tasks per micro-batch and per
+segment, never per record.
+
+``serve`` starts the process's HTTP endpoint (``MetricsSettings``: the
+address, a free port when 0); ``Targets`` writes the runner's file of
+Prometheus targets (``file_sd``), its own endpoint and every worker's."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import start_http_server
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from barriers.failures import CheckpointFailure
+from barriers.messages import Alignment, ChannelId, CheckpointOptions
+from streaming.api.config import MetricsSettings
+from streaming.errors import ConfigError
+
+__all__ = [
+    "REGISTRY",
+    "MetricsServer",
+    "Targets",
+    "TARGETS_FILE",
+    "serve",
+    "endpoint",
+    "add_options",
+    "settings_from",
+    "mode_of",
+    "checkpoint_triggered",
+    "checkpoint_completed",
+    "checkpoint_aborted",
+    "pending",
+    "restored",
+    "generation",
+    "heartbeat",
+    "TaskMetrics",
+    "forget_tasks",
+]
+
+log = logging.getLogger(__name__)
+
+# the runner's file of Prometheus targets, in the job's log directory
+TARGETS_FILE = "prometheus-targets.json"
+
+# one registry per process: the runner's, or a worker's (with the process's CPU, memory and GC)
+REGISTRY = CollectorRegistry()
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+
+# seconds: from a few milliseconds (a small task's snapshot) to minutes (a checkpoint near its timeout)
+SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _counter(name: str, documentation: str, labels: tuple[str, ...]) -> Counter:
+    return Counter(name, documentation, labels, registry=REGISTRY)
+
+
+def _gauge(name: str, documentation: str, labels: tuple[str, ...]) -> Gauge:
+    return Gauge(name, documentation, labels, registry=REGISTRY)
+
+
+def _histogram(name: str, documentation: str, labels: tuple[str, ...]) -> Histogram:
+    return Histogram(name, documentation, labels, registry=REGISTRY, buckets=SECONDS)
+
+
+# ---- the job runner: checkpoints, restores, remote workers
+
+CHECKPOINTS_TRIGGERED = _counter(
+    "spark_abs_checkpoints_triggered", "Checkpoints the coordinator triggered (barriers injected).", ("job", "mode")
+)
+CHECKPOINTS_COMPLETED = _counter(
+    "spark_abs_checkpoints_completed", "Checkpoints completed (manifest written).", ("job", "mode")
+)
+CHECKPOINTS_ABORTED = _counter(
+    "spark_abs_checkpoints_aborted", "Checkpoints aborted, by the reason (a CheckpointFailure).", ("job", "reason")
+)
+CHECKPOINTS_PENDING = _gauge("spark_abs_checkpoints_pending", "Checkpoints triggered and not yet done.", ("job",))
+CHECKPOINT_DURATION = _histogram(
+    "spark_abs_checkpoint_duration_seconds", "Trigger to complete of each completed checkpoint.", ("job", "mode")
+)
+LAST_COMPLETED = _gauge(
+    "spark_abs_last_checkpoint_completed_timestamp_seconds",
+    "When the latest checkpoint completed (Unix time).",
+    ("job",),
+)
+LAST_CHECKPOINT = _gauge("spark_abs_last_checkpoint_id", "The id of the latest completed checkpoint.", ("job",))
+TASK_PHASE = _histogram(
+    "spark_abs_task_checkpoint_seconds",
+    "Each task's part of a completed checkpoint: phase first_barrier (trigger to the task seeing it), "
+    "alignment, sync (taking the snapshot on the task's thread), async (the upload).",
+    ("job", "task", "phase"),
+)
+STATE_BYTES = _gauge(
+    "spark_abs_checkpoint_state_bytes",
+    "Operator state bytes each task stored in the latest checkpoint.",
+    ("job", "task"),
+)
+CHANNEL_STATE_RECORDS = _gauge(
+    "spark_abs_checkpoint_channel_state_records",
+    "Records in flight each task recorded as channel state in the latest checkpoint (unaligned).",
+    ("job", "task"),
+)
+CHANNEL_STATE_BYTES = _gauge(
+    "spark_abs_checkpoint_channel_state_bytes",
+    "Bytes of the in-flight records each task copied into the latest checkpoint (in-flight records).",
+    ("job", "task"),
+)
+HELD_BYTES_MAX = _gauge(
+    "spark_abs_checkpoint_held_bytes_max",
+    "The most bytes each task held while aligning before its snapshot of the latest checkpoint.",
+    ("job", "task"),
+)
+RESTORES = _counter(
+    "spark_abs_restores",
+    "Restores of the job (a new generation), by cause: worker_died, worker_lost, restart, requested, rescale.",
+    ("job", "cause"),
+)
+GENERATION = _gauge("spark_abs_generation", "The job's current generation (one more per restore).", ("job",))
+HEARTBEATS = _counter(
+    "spark_abs_remote_heartbeats", "Heartbeats the runner read from remote worker groups.", ("job", "group")
+)
+LAST_HEARTBEAT = _gauge(
+    "spark_abs_remote_last_heartbeat_timestamp_seconds",
+    "When the runner last read a heartbeat of each remote worker group (Unix time).",
+    ("job", "group"),
+)
+
+# ---- a worker's tasks: the data path, per micro-batch and per segment
+
+RECORDS_IN = _counter(
+    "spark_abs_records_in", "Records each task processed from each input channel.", ("job", "task", "channel")
+)
+RECORDS_OUT = _counter(
+    "spark_abs_records_out",
+    "Rows each task sent to each output channel (channel sink: into the sink's epoch).",
+    ("job", "task", "channel"),
+)
+CHANNEL_LAG = _gauge(
+    "spark_abs_channel_lag_records",
+    "Records on each input channel the task has not processed yet (Kafka's latest offset as the stage "
+    "query last saw it, minus the task's position).",
+    ("job", "task", "channel"),
+)
+HELD_BYTES = _gauge(
+    "spark_abs_task_held_bytes", "Bytes of the records alignment holds, after each micro-batch.", ("job", "task")
+)
+BATCH_SECONDS = _histogram(
+    "spark_abs_task_batch_seconds", "The time a task took over each micro-batch it was handed.", ("job", "task")
+)
+DEAD_LETTERS = _counter(
+    "spark_abs_dead_letters",
+    "Records and rows sent to the dead-letter topic, by reason: malformed, refused (by the operator), "
+    "given_up (rows an operator gave up on), rejected_control (barriers failing their checks).",
+    ("job", "task", "reason"),
+)
+
+# the task's metrics whose value is a level, not a count: dropped with the task
+_TASK_LEVELS = (STATE_BYTES, CHANNEL_STATE_RECORDS, CHANNEL_STATE_BYTES, HELD_BYTES_MAX, CHANNEL_LAG, HELD_BYTES)
+
+
+def mode_of(options: CheckpointOptions) -> str:
+    """The job mode a barrier's options are (``streaming.api.settings.Mode``'s names)."""
+    if options.alignment is Alignment.ALIGNED and options.may_switch_to_unaligned:
+        return "aligned-timeout"
+    return options.alignment.value
+
+
+# ---- recorded by the runner
+
+
+def checkpoint_triggered(job: str, options: CheckpointOptions) -> None:
+    CHECKPOINTS_TRIGGERED.labels(job, mode_of(options)).inc()
+
+
+def pending(job: str, count: int) -> None:
+    CHECKPOINTS_PENDING.labels(job).set(count)
+
+
+def checkpoint_completed(
+    job: str,
+    checkpoint_id: int,
+    options: CheckpointOptions,
+    duration_s: float | None,
+    tasks: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """Checkpoint ``checkpoint_id`` completed in ``duration_s``; ``tasks``:
+    what each task measured of it (the manifest's per-task metrics)."""
+    mode = mode_of(options)
+    CHECKPOINTS_COMPLETED.labels(job, mode).inc()
+    if duration_s is not None:
+        CHECKPOINT_DURATION.labels(job, mode).observe(duration_s)
+    LAST_COMPLETED.labels(job).set(time.time())
+    LAST_CHECKPOINT.labels(job).set(checkpoint_id)
+    for task, measured in tasks.items():
+        for phase, key in (
+            ("first_barrier", "first_barrier_s"),
+            ("alignment", "alignment_s"),
+            ("sync", "sync_snapshot_s"),
+            ("async", "async_snapshot_s"),
+        ):
+            if isinstance(value := measured.get(key), (int, float)):
+                TASK_PHASE.labels(job, task, phase).observe(value)
+        for gauge, key in (
+            (STATE_BYTES, "state_bytes"),
+            (CHANNEL_STATE_RECORDS, "in_flight_records_referenced"),
+            (CHANNEL_STATE_BYTES, "in_flight_bytes_copied"),
+            (HELD_BYTES_MAX, "held_bytes_max"),
+        ):
+            if isinstance(value := measured.get(key), (int, float)):
+                gauge.labels(job, task).set(value)
+
+
+def checkpoint_aborted(job: str, failure: CheckpointFailure | None) -> None:
+    CHECKPOINTS_ABORTED.labels(job, (failure or CheckpointFailure.USER).name.lower()).inc()
+
+
+def restored(job: str, cause: str) -> None:
+    """The job restored; ``cause`` is a short name, never the prose reason."""
+    RESTORES.labels(job, cause).inc()
+
+
+def generation(job: str, generation: int) -> None:
+    GENERATION.labels(job).set(generation)
+
+
+def heartbeat(job: str, group: str) -> None:
+    HEARTBEATS.labels(job, group).inc()
+    LAST_HEARTBEAT.labels(job, group).set(time.time())
+
+
+def forget_tasks(job: str, tasks: Iterable[str]) -> None:
+    """Drop the levels (gauges) of ``tasks`` of ``job``: tasks that no longer
+    run here (a rescale, a worker's tasks stopped).  Counts stay."""
+    for task in tasks:
+        for metric in _TASK_LEVELS:
+            metric.remove_by_labels({"job": job, "task": task})
+
+
+# ---- recorded by a task
+
+
+class TaskMetrics:
+    """The data-path metrics of task ``task`` of ``job``, their series made
+    once (a label lookup per record would cost): records in per input
+    channel, out per output channel, held bytes and the time per batch."""
+
+    def __init__(self, job: str, task: str, inputs: Iterable[ChannelId], outputs: Iterable[ChannelId]):
+        self.job, self.task = job, task
+        self.records_in = {c: RECORDS_IN.labels(job, task, str(c)) for c in inputs}
+        outputs = list(outputs)
+        self.records_out = [RECORDS_OUT.labels(job, task, str(c)) for c in outputs]
+        self.records_to_sink = None if outputs else RECORDS_OUT.labels(job, task, "sink")
+        self.held_bytes = HELD_BYTES.labels(job, task)
+        self.batch_seconds = BATCH_SECONDS.labels(job, task)
+
+    def batch(self, seconds: float, held_bytes: int) -> None:
+        """A micro-batch took ``seconds``; alignment holds ``held_bytes`` after it."""
+        self.batch_seconds.observe(seconds)
+        self.held_bytes.set(held_bytes)
+
+    def dead_letter(self, reason: str) -> None:
+        DEAD_LETTERS.labels(self.job, self.task, reason).inc()
+
+    def lag(self, channel: ChannelId, records: int) -> None:
+        CHANNEL_LAG.labels(self.job, self.task, str(channel)).set(max(0, records))
+
+
+# ---- the endpoint
+
+
+def add_options(parser: argparse.ArgumentParser, whose: str, *, workers: bool = False) -> None:
+    """``--metrics-port``, ``--metrics-host`` and ``--no-metrics`` (``whose``
+    endpoint they set, and whether its ``workers`` follow it, for the help);
+    ``settings_from`` reads them."""
+    default = MetricsSettings()
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=default.port,
+        metavar="PORT",
+        help=f"serve {whose} Prometheus metrics on this port; 0 picks a free one, said in the log"
+        + ("; its worker processes serve theirs on the ports after it (free ones with 0)" if workers else "")
+        + f" (default {default.port})",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default=default.host,
+        metavar="ADDRESS",
+        help=f"the address the metrics endpoint binds; 0.0.0.0 for a Prometheus on another host "
+        f"(default {default.host})",
+    )
+    parser.add_argument("--no-metrics", action="store_true", help="serve no metrics")
+
+
+def settings_from(args: argparse.Namespace) -> MetricsSettings:
+    """The ``MetricsSettings`` the options of ``add_options`` give."""
+    if args.no_metrics:
+        return MetricsSettings.off()
+    return MetricsSettings(host=args.metrics_host, port=args.metrics_port)
+
+
+class MetricsServer:
+    """This process's HTTP endpoint (``/metrics``), at ``address`` (host:port
+    as others reach it)."""
+
+    def __init__(self, server: Any, address: str):
+        self._server = server
+        self.address = address
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}/metrics"
+
+    def close(self) -> None:
+        if self in _SERVING:
+            _SERVING.remove(self)
+        self._server.shutdown()
+        self._server.server_close()
+
+
+_SERVING: list[MetricsServer] = []
+
+
+def serve(settings: MetricsSettings, option: str) -> MetricsServer | None:
+    """Serve this process's metrics as ``settings`` say (None when they say
+    not to); ``option`` names the setting for a port already in use."""
+    if settings.port is None:
+        return None
+    try:
+        server, _ = start_http_server(settings.port, addr=settings.host, registry=REGISTRY)
+    except OSError as exc:
+        raise ConfigError(
+            f"{option} {settings.port}: cannot serve metrics on {settings.host}:{settings.port} ({exc.strerror or exc}); "
+            f"give another port, 0 for a free one, or --no-metrics"
+        ) from exc
+    host = settings.host
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()  # bound to every interface: others reach it by the host's name
+    port = server.server_address[1]
+    served = MetricsServer(server, f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    _SERVING.append(served)
+    return served
+
+
+def endpoint() -> str:
+    """Where this process serves its metrics (host:port), "" when it does not."""
+    return _SERVING[0].address if _SERVING else ""
+
+
+class Targets:
+    """The runner's Prometheus targets (``file_sd_configs``): its own endpoint
+    and each worker's, as the workers' ready events name them, written to
+    ``path`` (atomically) whenever one changes."""
+
+    def __init__(self, path: Path, job: str, runner: str):
+        self.path = path
+        self.job = job
+        self.runner = runner
+        self.workers: dict[str, str] = {}
+        self._write()
+
+    def update(self, workers: Mapping[str, str]) -> None:
+        """Worker name -> endpoint, as the workers said (an empty one: none)."""
+        changed = {name: address for name, address in workers.items() if address and self.workers.get(name) != address}
+        if changed:
+            self.workers.update(changed)
+            self._write()
+            for name, address in sorted(changed.items()):
+                log.info("worker %s serves metrics on http://%s/metrics", name, address)
+
+    def entries(self) -> list[dict[str, Any]]:
+        runner = {"targets": [self.runner], "labels": {"spark_abs_role": "runner", "spark_abs_job": self.job}}
+        return [runner] + [
+            {
+                "targets": [address],
+                "labels": {"spark_abs_role": "worker", "spark_abs_job": self.job, "spark_abs_worker": name},
+            }
+            for name, address in sorted(self.workers.items())
+        ]
+
+    def _write(self) -> None:
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text(json.dumps(self.entries(), indent=2) + "\n")
+        os.replace(partial, self.path)

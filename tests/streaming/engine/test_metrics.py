@@ -1,0 +1,220 @@
+"""The Prometheus metrics without services: the endpoint (served, scraped,
+a port in use refused by name), the targets file, the ready event's
+endpoint, and the values the coordinator service and a stage task record.
+Each test uses a job name of its own, so the process's one registry is
+read per job."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from task_cases import batch, make_task
+
+from barriers.failures import CheckpointFailure
+from barriers.messages import ChannelId, CheckpointOptions
+from operators import KeyedAggregate, count
+from streaming.adapters.control import Ack, ControlEvent, Decline, Ready
+from streaming.adapters.objects import open_store
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import MetricsSettings
+from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
+from streaming.api.settings import JobSettings
+from streaming.engine import metrics
+from streaming.engine.coordinator import CoordinatorIO, CoordinatorService
+from streaming.errors import ConfigError
+
+
+@pytest.fixture
+def job() -> str:
+    return f"m-{uuid.uuid4().hex[:8]}"
+
+
+def _value(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample an endpoint serves: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+# ---- settings, endpoint, targets
+
+
+def test_settings_give_workers_the_ports_after_the_runners():
+    assert MetricsSettings(port=9400).for_worker(0) == MetricsSettings(port=9401)
+    assert MetricsSettings(port=9400).for_worker(2).port == 9403
+    assert MetricsSettings().for_worker(3).port == 0  # free ports all
+    assert MetricsSettings.off().for_worker(1).port is None
+    with pytest.raises(ConfigError, match="metrics port"):
+        MetricsSettings(port=70000)
+
+
+def test_the_endpoint_serves_the_registry_and_closes(job):
+    metrics.restored(job, "worker_died")
+    server = metrics.serve(MetricsSettings(port=0), "--metrics-port")
+    try:
+        host, port = server.address.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0 and metrics.endpoint() == server.address
+        samples = scrape(server.url)
+        assert samples[("spark_abs_restores_total", (("cause", "worker_died"), ("job", job)))] == 1
+        assert any(name == "process_resident_memory_bytes" for name, _ in samples)
+    finally:
+        server.close()
+    assert metrics.endpoint() == ""
+    assert metrics.serve(MetricsSettings.off(), "--metrics-port") is None
+
+
+def test_a_port_in_use_is_refused_naming_the_option():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"run --metrics-port {port}: cannot serve metrics on 127.0.0.1:{port}"):
+            metrics.serve(MetricsSettings(port=port), "run --metrics-port")
+
+
+def test_the_targets_file_lists_the_runner_and_each_worker(tmp_path: Path):
+    path = tmp_path / metrics.TARGETS_FILE
+    targets = metrics.Targets(path, "j", "127.0.0.1:9400")
+    assert json.loads(path.read_text()) == [
+        {"targets": ["127.0.0.1:9400"], "labels": {"spark_abs_role": "runner", "spark_abs_job": "j"}}
+    ]
+    targets.update({"all": "127.0.0.1:41000", "other": ""})  # a worker serving none is left out
+    targets.update({"all": "127.0.0.1:41001"})  # a restarted worker's new port replaces its old one
+    entries = json.loads(path.read_text())
+    assert [e["targets"] for e in entries] == [["127.0.0.1:9400"], ["127.0.0.1:41001"]]
+    assert entries[1]["labels"] == {"spark_abs_role": "worker", "spark_abs_job": "j", "spark_abs_worker": "all"}
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_the_ready_event_carries_the_endpoint_and_older_ones_read_without():
+    ready = Ready(task="a-0", generation=1, endpoint="host:9401")
+    assert ControlEvent.decode(ready.encode()) == ready
+    older = json.dumps({"kind": "ready", "checkpoint_id": 0, "task": "a-0", "payload": {"generation": 1}})
+    assert ControlEvent.decode(older.encode()).endpoint == ""
+
+
+def test_modes_are_named_as_the_job_settings_name_them():
+    assert metrics.mode_of(CheckpointOptions.aligned()) == "aligned"
+    assert metrics.mode_of(CheckpointOptions.aligned_with_timeout(10)) == "aligned-timeout"
+    assert metrics.mode_of(CheckpointOptions.unaligned()) == "unaligned"
+    assert metrics.mode_of(CheckpointOptions.at_least_once()) == "at-least-once"
+
+
+# ---- what the coordinator service records
+
+
+class _Control:
+    def __init__(self):
+        self.inbox: list[ControlEvent] = []
+
+    def io(self) -> CoordinatorIO:
+        return CoordinatorIO(
+            inject=lambda channels, headers: {c: 10 for c in channels},
+            publish=lambda event: None,
+            poll=self._poll,
+        )
+
+    def _poll(self, timeout_s):
+        events, self.inbox = self.inbox, []
+        return events
+
+
+def _ack(store: SnapshotStore, task: str, checkpoint_id: int) -> Ack:
+    snapshot = store.write_task(
+        checkpoint_id,
+        0,
+        task,
+        {"state": pa.table({"k": ["a"], "n": [1]})},
+        positions={f"in:{task[-1]}": 7},
+        metadata={"kind": "aligned", "alignment_s": 0.02, "sync_snapshot_s": 0.003, "held_bytes_max": 64},
+    )
+    return Ack(
+        checkpoint_id=checkpoint_id,
+        task=task,
+        generation=0,
+        snapshot=json.loads(snapshot.to_json()),
+        metrics={"state_bytes": 900, "async_snapshot_s": 0.4},
+    )
+
+
+def test_the_coordinator_counts_triggers_completions_aborts_and_times_them(job, tmp_path):
+    pipeline = Pipeline(job, (Ingress("in", 2),), (Stage("count", ("in",), count_by_k, parallelism=2, sink=Sink()),))
+    control = _Control()
+    with SnapshotStore(open_store(str(tmp_path / "store")), job) as store:
+        service = CoordinatorService(pipeline, control.io(), store, JobSettings(store=f"file://{tmp_path}/store"))
+        service.trigger()
+        service.poll()
+        assert _value("spark_abs_checkpoints_triggered_total", job=job, mode="aligned") == 1
+        assert _value("spark_abs_checkpoints_pending", job=job) == 1
+        control.inbox = [_ack(store, "count-0", 1), _ack(store, "count-1", 1)]
+        service.poll()
+        assert _value("spark_abs_checkpoints_completed_total", job=job, mode="aligned") == 1
+        assert _value("spark_abs_checkpoints_pending", job=job) == 0
+        assert _value("spark_abs_checkpoint_duration_seconds_count", job=job, mode="aligned") == 1
+        assert _value("spark_abs_last_checkpoint_id", job=job) == 1
+        for phase, seconds in (("alignment", 0.02), ("sync", 0.003), ("async", 0.4)):
+            labels = {"job": job, "task": "count-1", "phase": phase}
+            assert _value("spark_abs_task_checkpoint_seconds_count", **labels) == 1
+            assert _value("spark_abs_task_checkpoint_seconds_sum", **labels) == pytest.approx(seconds)
+        assert _value("spark_abs_checkpoint_state_bytes", job=job, task="count-0") == 900
+        assert _value("spark_abs_checkpoint_held_bytes_max", job=job, task="count-0") == 64
+
+        service.trigger()
+        control.inbox = [
+            Decline(checkpoint_id=2, task="count-0", generation=0, reason=CheckpointFailure.STORE_FAILURE, detail="x")
+        ]
+        service.poll()
+        assert _value("spark_abs_checkpoints_aborted_total", job=job, reason="store_failure") == 1
+        assert _value("spark_abs_checkpoints_completed_total", job=job, mode="aligned") == 1
+
+    metrics.forget_tasks(job, ["count-0"])
+    assert (
+        metrics.REGISTRY.get_sample_value("spark_abs_checkpoint_state_bytes", {"job": job, "task": "count-0"}) is None
+    )
+    assert _value("spark_abs_checkpoint_state_bytes", job=job, task="count-1") == 900
+
+
+def count_by_k():
+    return KeyedAggregate("k", {"n": count()})
+
+
+# ---- what a task records
+
+
+def test_a_task_counts_records_per_channel_dead_letters_by_reason_and_batches(job):
+    pipeline = Pipeline(
+        job,
+        (Ingress("in", 2),),
+        (
+            Stage("count", ("in",), count_by_k),
+            Stage("sums", ("count",), count_by_k, sink=Sink()),
+        ),
+    )
+    task, recorded = make_task(pipeline)
+    task.process_batch(batch(("in", 0, 0, {"k": "a"}), ("in", 0, 1, b"not json"), ("in", 1, 0, {"k": "b"})))
+    labels = {"job": job, "task": "count-0"}
+    assert _value("spark_abs_records_in_total", channel="in:0", **labels) == 2
+    assert _value("spark_abs_records_in_total", channel="in:1", **labels) == 1
+    assert _value("spark_abs_dead_letters_total", reason="malformed", **labels) == 1 == len(recorded.dead)
+    out = str(pipeline.task("count-0").outputs[0])
+    assert out == str(ChannelId(pipeline.topic_of("count"), 0))
+    assert _value("spark_abs_records_out_total", channel=out, **labels) == len(recorded.sent) > 0
+    assert _value("spark_abs_task_batch_seconds_count", **labels) == 1
+    assert _value("spark_abs_task_held_bytes", **labels) == 0
+    task.metrics.lag(ChannelId("in", 0), 5)
+    assert _value("spark_abs_channel_lag_records", channel="in:0", **labels) == 5
