@@ -391,7 +391,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     watch = ControlWatch(connection.kafka_bootstrap, args.job) if connection and not args.store_only else None
     home = Path(args.home).expanduser().resolve() if args.home else default_home()
     app = ui.create_app(ui.JobSource(args.store, args.job, connection, home), refresh_s=args.refresh, watch=watch)
-    try:
+    try:  # a port in use: werkzeug says so and exits (status 1)
         loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
     except ValueError:  # a host name
         loopback = False
