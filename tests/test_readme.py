@@ -1,10 +1,13 @@
-"""The README's commands and its pipeline example stay true."""
+"""The README's commands and its pipeline example (there and on the page
+"Writing a pipeline") stay true."""
 
 from __future__ import annotations
 
 import importlib.util
 import pathlib
 import re
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -18,11 +21,13 @@ def test_the_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():
     assert [l for l in ci.splitlines() if l.strip() and not l.startswith("#")][-1].strip() == "make test"
 
 
-def test_the_pipeline_example_is_the_orders_example_and_passes_the_check(tmp_path):
+@pytest.mark.parametrize("page", ["README.md", "docs/pipelines/writing.md"])
+def test_the_pipeline_example_is_the_orders_example_and_passes_the_check(page, tmp_path):
     from examples import orders
     from streaming.api.layout import check
 
-    code = re.search(r"## Writing a pipeline.*?```python\n(.*?)```", README, re.S).group(1)
+    # the first Python block under the heading "Writing a pipeline"
+    code = re.search(r"^#+ Writing a pipeline\n.*?```python\n(.*?)```", (ROOT / page).read_text(), re.S | re.M).group(1)
     path = tmp_path / "readme_orders.py"
     path.write_text(code)
     spec = importlib.util.spec_from_file_location("readme_orders", path)
