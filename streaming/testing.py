@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ __all__ = [
     "money_job",
     "MoneyJob",
     "RemoteWorkerProcess",
+    "Scrape",
+    "scrape",
     "EVENTS",
     "SLOW_SECONDS_PER_RECORD",
 ]
@@ -252,3 +255,26 @@ class RemoteWorkerProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             return None
+
+
+class Scrape(dict):
+    """The samples of one scrape of a metrics endpoint: (name, labels as
+    sorted pairs) -> value."""
+
+    def total(self, name: str, **labels: str) -> float:
+        """The sum of the samples called ``name`` whose labels include ``labels``."""
+        wanted = set(labels.items())
+        return sum(value for (sample, pairs), value in self.items() if sample == name and wanted <= set(pairs))
+
+
+def scrape(url: str, timeout: float = 5.0) -> Scrape:
+    """What a Prometheus endpoint (``http://host:port/metrics``) serves now."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        text = response.read().decode()
+    return Scrape(
+        ((sample.name, tuple(sorted(sample.labels.items()))), sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    )

@@ -41,6 +41,9 @@ ENV = {
     "s3_region": "SPARK_ABS_S3_REGION",
     "spark_master": "SPARK_ABS_SPARK_MASTER",
     "maven_repo": "SPARK_ABS_MAVEN_REPO",
+    # where a process serves its Prometheus metrics (MetricsSettings.from_env)
+    "metrics_host": "SPARK_ABS_METRICS_HOST",
+    "metrics_port": "SPARK_ABS_METRICS_PORT",
 }
 
 CONNECTION_ENV_FIELDS = (
@@ -267,6 +270,22 @@ class MetricsSettings:
     def off(cls) -> MetricsSettings:
         """No metrics endpoint."""
         return cls(port=None)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> MetricsSettings:
+        """The defaults, or what ``SPARK_ABS_METRICS_HOST`` and
+        ``SPARK_ABS_METRICS_PORT`` (a port, 0, or ``off``) say."""
+        environ = os.environ if environ is None else environ
+        host = environ.get(ENV["metrics_host"]) or cls().host
+        port = (environ.get(ENV["metrics_port"]) or "").strip()
+        if port.lower() == "off":
+            return cls(host, None)
+        if not port:
+            return cls(host)
+        try:
+            return cls(host, int(port))
+        except ValueError:
+            raise ConfigError(f"{ENV['metrics_port']}: a port, 0 or off, got {port!r}") from None
 
     def for_worker(self, index: int) -> MetricsSettings:
         """The settings of a runner's worker process number ``index`` (from 0)."""

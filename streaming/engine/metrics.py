@@ -294,7 +294,7 @@ def add_options(parser: argparse.ArgumentParser, whose: str, *, workers: bool = 
     """``--metrics-port``, ``--metrics-host`` and ``--no-metrics`` (``whose``
     endpoint they set, and whether its ``workers`` follow it, for the help);
     ``settings_from`` reads them."""
-    default = MetricsSettings()
+    default = MetricsSettings.from_env()
     parser.add_argument(
         "--metrics-port",
         type=int,
@@ -302,14 +302,14 @@ def add_options(parser: argparse.ArgumentParser, whose: str, *, workers: bool = 
         metavar="PORT",
         help=f"serve {whose} Prometheus metrics on this port; 0 picks a free one, said in the log"
         + ("; its worker processes serve theirs on the ports after it (free ones with 0)" if workers else "")
-        + f" (default {default.port})",
+        + f" (default {default.port}; $SPARK_ABS_METRICS_PORT sets it)",
     )
     parser.add_argument(
         "--metrics-host",
         default=default.host,
         metavar="ADDRESS",
         help=f"the address the metrics endpoint binds; 0.0.0.0 for a Prometheus on another host "
-        f"(default {default.host})",
+        f"(default {default.host}; $SPARK_ABS_METRICS_HOST sets it)",
     )
     parser.add_argument("--no-metrics", action="store_true", help="serve no metrics")
 

@@ -33,7 +33,8 @@ holds the remote groups' lease, heartbeats and pauses;
 ``operations`` drives a job from outside (drain, kill a worker).
 
 The runner serves its Prometheus metrics (``metrics=``, ``run
---metrics-port``: a free port by default) and each worker its own; the
+--metrics-port``, ``SPARK_ABS_METRICS_PORT``: a free port by default) and
+each worker its own; the
 runner lists every endpoint in ``prometheus-targets.json`` in its log
 directory, for Prometheus's ``file_sd_configs`` (``streaming.engine.metrics``)."""
 
@@ -142,10 +143,10 @@ class JobRunner:
         self.max_restores = max_restores
         self.restores: list[RestoreRecord] = []
         self.history: list[CheckpointRecord] = []
+        self.metrics_settings = metrics or MetricsSettings.from_env()
         self.supervisor = self._supervisor(self.pipeline)
         self.coordinator: CoordinatorService | None = None
         self._last_trigger = 0.0
-        self.metrics_settings = metrics or MetricsSettings()
         self.metrics_server: metrics.MetricsServer | None = None
         self.metrics_targets: metrics.Targets | None = None
 

@@ -2,10 +2,14 @@
 services.  No Docker engine runs here, so this checks what can be checked:
 the file parses, names every service, its ``${NAME:-default}`` settings are
 the ones .env.example documents, and the pipeline gets every setting the code
-reads, with values that point at the services it defines."""
+reads, with values that point at the services it defines; Prometheus
+scrapes the ports the pipeline serves its metrics on, and Grafana's
+datasource and dashboard are provisioned, the dashboard's queries naming
+metrics the code defines."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from urllib.parse import urlparse
@@ -13,7 +17,8 @@ from urllib.parse import urlparse
 import yaml
 
 from streaming.adapters.kafka_admin import replication
-from streaming.api.config import CONNECTION_ENV_FIELDS, ENV, Connection
+from streaming.api.config import CONNECTION_ENV_FIELDS, ENV, Connection, MetricsSettings
+from streaming.engine import metrics
 from streaming.local.kafka_broker import Voter, broker_properties
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
@@ -41,6 +46,8 @@ def test_compose_names_every_service():
         "spark-worker-1",
         "spark-worker-2",
         "pipeline",
+        "prometheus",
+        "grafana",
     }
 
 
@@ -119,3 +126,64 @@ def test_the_image_installs_the_package_and_its_connector():
     assert "spark-abs local fetch --only spark-connector" in dockerfile
     image = _compose()["services"]["pipeline"]["build"]
     assert (DOCKER / image["context"] / image["dockerfile"]).resolve().exists()
+
+
+def _mounted(service: dict) -> dict[str, Path]:
+    """Where each file or directory a service mounts from docker/ goes: target -> source."""
+    mounts = {}
+    for volume in service["volumes"]:
+        source, target = volume.split(":")[:2]
+        mounts[target] = (DOCKER / source).resolve()
+    return mounts
+
+
+def test_prometheus_scrapes_the_ports_the_pipeline_serves_metrics_on():
+    services = _compose()["services"]
+    pipeline = services["pipeline"]
+    served = MetricsSettings.from_env(pipeline["environment"])
+    assert served.host == "0.0.0.0"  # reachable from the prometheus container
+    config_file = _mounted(services["prometheus"])["/etc/prometheus/prometheus.yml"]
+    assert config_file.is_file()
+    (scrape,) = yaml.safe_load(config_file.read_text())["scrape_configs"]
+    assert scrape["honor_labels"] is True  # the metrics' own `job` label is the spark-abs job's
+    targets = [t for group in scrape["static_configs"] for t in group["targets"]]
+    host = pipeline["hostname"]
+    assert targets[0] == f"{host}:{served.port}"
+    assert targets[1:] == [f"{host}:{served.for_worker(i).port}" for i in range(3)]  # up to a worker per stage
+
+
+def test_grafana_provisions_the_datasource_and_the_dashboard():
+    services = _compose()["services"]
+    mounts = _mounted(services["grafana"])
+    provisioning, dashboards = mounts["/etc/grafana/provisioning"], mounts["/var/lib/grafana/dashboards"]
+    (datasource,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    assert urlparse(datasource["url"]).hostname == "prometheus" and "prometheus" in services
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "spark-abs.yml").read_text())["providers"]
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
+    home = services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (dashboards / Path(home).name).is_file()
+
+
+def test_the_dashboard_queries_metrics_the_code_defines():
+    dashboard = json.loads((DOCKER / "grafana" / "dashboards" / "spark-abs.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    assert len(exprs) > 10
+    defined = {
+        sample_name for family in metrics.REGISTRY.collect() for sample_name in _sample_names(family.name, family.type)
+    }
+    named = {name for expr in exprs for name in re.findall(r"spark_abs_\w+", expr)}
+    assert named and sorted(named - defined) == []
+    # every spark-abs metric has a place on it
+    families = {f.name for f in metrics.REGISTRY.collect() if f.name.startswith("spark_abs_")}
+    assert sorted(f for f in families if not any(n.startswith(f) for n in named)) == []
+    uids = {t["datasource"]["uid"] for panel in dashboard["panels"] for t in panel.get("targets", [])}
+    assert uids == {"prometheus"}
+
+
+def _sample_names(name: str, kind: str) -> list[str]:
+    """The names a metric family's samples go by in a query."""
+    if kind == "counter":
+        return [f"{name}_total"]
+    if kind == "histogram":
+        return [f"{name}_bucket", f"{name}_count", f"{name}_sum"]
+    return [name]
