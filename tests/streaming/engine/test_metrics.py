@@ -7,6 +7,7 @@ read per job."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import uuid
 from pathlib import Path
@@ -207,3 +208,15 @@ def test_a_task_counts_records_per_channel_dead_letters_by_reason_and_batches(jo
     assert _value("spark_abs_task_held_bytes", **labels) == 0
     task.metrics.lag(ChannelId("in", 0), 5)
     assert _value("spark_abs_channel_lag_records", channel="in:0", **labels) == 5
+
+
+def test_the_metrics_page_lists_every_metric_and_no_other():
+    page = (Path(__file__).resolve().parents[3] / "docs" / "operations" / "metrics.md").read_text()
+    listed = set(re.findall(r"^\| `(spark_abs_\w+)` \|", page, re.M))
+    kinds = {"counter": "{}_total", "histogram": "{}", "gauge": "{}"}
+    defined = {
+        kinds[family.type].format(family.name)
+        for family in metrics.REGISTRY.collect()
+        if family.name.startswith("spark_abs_")
+    }
+    assert listed == defined
