@@ -145,11 +145,12 @@ def history_chart(rows: list[CheckpointRow]) -> str | None:
         vertical_spacing=0.12,
         subplot_titles=("trigger to complete (seconds)", "state size (bytes)"),
     )
-    fig.add_trace(
-        go.Scatter(x=ids, y=[r.trigger_to_complete_s for r in done], mode="lines+markers", name="seconds"), 1, 1
-    )
-    fig.add_trace(go.Bar(x=ids, y=[r.state_bytes for r in done], name="state bytes"), 2, 1)
+    seconds = [r.trigger_to_complete_s for r in done]
+    fig.add_trace(go.Scatter(x=ids, y=seconds, mode="lines+markers", name="seconds", line_color="#2f5fb3"), 1, 1)
+    fig.add_trace(go.Bar(x=ids, y=[r.state_bytes for r in done], name="state bytes", marker_color="#8fb0e6"), 2, 1)
     fig.update_layout(height=380, margin=dict(l=50, r=20, t=30, b=30), showlegend=False, template="plotly_white")
+    fig.update_annotations(font_size=13)
+    fig.update_xaxes(type="category")  # checkpoint ids, not a continuous scale
     fig.update_xaxes(title_text="checkpoint", row=2, col=1)
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id="history-chart", config={"displaylogo": False})
 

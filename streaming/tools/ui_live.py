@@ -11,6 +11,7 @@ topic does not exist is reported, not created."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 from kafka.errors import KafkaError
@@ -34,7 +35,7 @@ __all__ = ["ControlWatch", "ControlView", "LiveCheckpoint", "live_table"]
 
 # the checkpoints a watch remembers (the newest), and the polls of one look at most
 KEPT = 200
-POLLS = 20
+POLLS = 50
 
 
 @dataclass
@@ -75,6 +76,7 @@ class ControlWatch:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._topic: ControlTopic | None = None
+        self._catch_up_to: int | None = None
         self._checkpoints: dict[int, LiveCheckpoint] = {}
         self._tasks: dict[int, set[str]] = {}
         self._generation: int | None = None
@@ -84,15 +86,11 @@ class ControlWatch:
         with self._lock:
             try:
                 if self._topic is None:
-                    self._topic = self._open()
-                    if self._topic is None:
+                    opened = self._open()
+                    if opened is None:
                         return ControlView(self.topic_name, problem=f"Kafka has no topic {self.topic_name}")
-                for _ in range(POLLS):
-                    events = self._topic.poll(0.05)
-                    if not events:
-                        break
-                    for event in events:
-                        self._fold(event)
+                    self._topic, self._catch_up_to = opened
+                self._read()
             except (SparkAbsError, KafkaError, OSError) as exc:
                 self._drop_topic()
                 return ControlView(self.topic_name, problem=f"control topic {self.topic_name} unreadable: {exc}")
@@ -102,8 +100,9 @@ class ControlWatch:
         with self._lock:
             self._drop_topic()
 
-    def _open(self) -> ControlTopic | None:
-        """The topic, positioned ``tail`` events before its end; None when it does not exist."""
+    def _open(self) -> tuple[ControlTopic, int] | None:
+        """The topic, positioned ``tail`` events before its end, and that end
+        (the first look reads up to it); None when it does not exist."""
         admin = admin_client(self.bootstrap, self.timeout_s)
         try:
             if self.topic_name not in admin.list_topics():
@@ -111,7 +110,23 @@ class ControlWatch:
         finally:
             admin.close()
         end = end_offsets(self.bootstrap, self.topic_name, 1)[0]
-        return ControlTopic(self.bootstrap, self.job, start_at=max(0, end - self.tail))
+        return ControlTopic(self.bootstrap, self.job, start_at=max(0, end - self.tail)), end
+
+    def _read(self) -> None:
+        """The events at hand; on the first look, every event up to the end
+        the topic had when opened (for at most ``timeout_s``: a consumer's
+        first fetch takes a while)."""
+        deadline = time.monotonic() + self.timeout_s
+        for _ in range(POLLS):
+            catching_up = self._catch_up_to is not None and time.monotonic() < deadline
+            events = self._topic.poll(0.2 if catching_up else 0.05)
+            for event in events:
+                self._fold(event)
+                if self._catch_up_to is not None and event.offset >= self._catch_up_to - 1:
+                    self._catch_up_to = None
+            if not events and not catching_up:
+                break
+        self._catch_up_to = None
 
     def _drop_topic(self) -> None:
         if self._topic is not None:

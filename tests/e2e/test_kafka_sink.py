@@ -3,16 +3,24 @@
 0 wrote is stale), windows committed in Kafka transactions, a worker killed
 after the first checkpoint, and read_committed readers see every window
 exactly once.  A fresh start under the same job name with another store is
-refused: Kafka holds the job's earlier run."""
+refused: Kafka holds the job's earlier run.  And `spark-abs ui` of the
+running job, in headless Chromium, shows its completed checkpoints, new ones
+as they complete, one checkpoint's per-task detail as `checkpoints show`
+computes it, and the generations its restores started."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
+from selenium.webdriver.common.by import By
+from ui_browser import chromium, rows, screenshot, section, served, wait, xpath_rows
 
 from streaming.adapters.kafka_admin import end_offsets
 from streaming.api.settings import JobSettings
@@ -20,6 +28,10 @@ from streaming.engine.operations import kill_worker, run_until_caught_up
 from streaming.engine.runner import JobRunner
 from streaming.errors import ConfigError
 from streaming.tools import demo
+from streaming.tools.checkpoints import Checkpoints
+from streaming.tools.tables import path_table
+from streaming.tools.ui import JobSource, create_app
+from streaming.tools.ui_live import ControlWatch
 
 pytestmark = pytest.mark.integration
 
@@ -82,8 +94,81 @@ def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tm
         kill_worker(runner, "all")
         demo.produce_transfers(bootstrap, topic, data[500:], partitions, end=True)
         run_until_caught_up(runner, 240)
+        _the_ui_shows_the_running_job(runner, settings.store, connection)
     finally:
         runner.close()
     assert [r.generation for r in runner.restores] == [1, 2]
     rows = _committed(connection.kafka_bootstrap, f"{job}.windows")
     assert demo.normalise_rows(rows) == demo.expected_output(data)
+
+
+@contextmanager
+def _stepping(runner: JobRunner) -> Iterator[None]:
+    """The runner stepped on a thread of its own while inside: the job goes on checkpointing."""
+    stop, failed = threading.Event(), []
+
+    def step() -> None:
+        try:
+            while not stop.is_set():
+                runner.step()
+        except Exception as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=step, name="runner", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not failed, failed
+
+
+def _complete(history: list[list[str]]) -> set[int]:
+    """The checkpoints the history shows complete and verifying."""
+    return {int(row[0]) for row in history if row[7].startswith("yes")}
+
+
+def _the_ui_shows_the_running_job(runner: JobRunner, store: str, connection) -> None:
+    """`spark-abs ui` of the job (live: its store and control topic) in headless Chromium."""
+    job = runner.job
+    newest = max(r.checkpoint_id for r in runner.coordinator.completed())
+    app = create_app(
+        JobSource(store, job, connection), refresh_s=2, watch=ControlWatch(connection.kafka_bootstrap, job)
+    )
+    with served(app) as url, chromium() as browser:
+        # the history: every checkpoint the store holds complete, the runner's newest among them, charted
+        browser.get(url + "/")
+        history = rows(browser, "#history tbody tr")
+        with Checkpoints.open(store, job) as checkpoints:
+            complete = _complete(history)
+            assert complete == set(checkpoints.store.completed()) and newest in complete, history
+        assert browser.find_elements(By.CSS_SELECTOR, "#history-chart .main-svg"), "plotly drew no chart"
+        # live: the page reloads itself and shows the checkpoints completed since
+        with _stepping(runner):
+            wait(browser, lambda d: max(_complete(rows(d, "#history tbody tr"))) > newest, 90)
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#history-chart .main-svg"))
+        screenshot(browser, "ui-checkpoints.png")
+        # one checkpoint's per-task detail, opened from the history: its tasks, and the barrier's
+        # path through each as `checkpoints show` computes it
+        shown = max(_complete(rows(browser, "#history tbody tr")))
+        wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, f"#history a[href='/checkpoints/{shown}']")).click()
+        wait(browser, lambda d: d.find_elements(By.ID, "detail"))
+        assert f"checkpoint {shown} of job {job}: generation 2" in browser.find_element(By.ID, "detail").text
+        tasks = xpath_rows(browser, section("tasks"))
+        assert [t[0] for t in tasks] == sorted(t.name for t in runner.pipeline.tasks())
+        path = xpath_rows(browser, section("barrier path"))
+        with Checkpoints.open(store, job) as checkpoints:
+            computed = path_table(checkpoints.detail(shown))
+        assert computed is not None and path == [[str(v) for v in row] for row in computed.rows]
+        seen, acked = (computed.columns.index(c) for c in ("seen", "acked"))
+        assert all(0 <= float(row[seen]) <= float(row[acked]) for row in path), path
+        screenshot(browser, "ui-checkpoint-detail.png")
+        # the generations: the fresh start, the restart before any checkpoint, the restore after the kill
+        browser.get(url + "/generations")
+        generations = rows(browser, "#generations tbody tr")
+        assert [(g[0], g[2].split(" (")[0]) for g in generations] == [
+            ("0", "fresh start"),
+            ("1", "restored from the beginning"),
+            ("2", f"restored from checkpoint {runner.restores[-1].checkpoint_id}"),
+        ], generations

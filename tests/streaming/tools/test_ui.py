@@ -285,7 +285,7 @@ def test_the_control_topic_shows_checkpoints_in_progress_and_aborted(store_dir, 
         [Trigger(5, 1), Ack(5, "accounts-0", 1)],
     )
     watch = ControlWatch("127.0.0.1:1", JOB)
-    monkeypatch.setattr(watch, "_open", lambda: topic)
+    monkeypatch.setattr(watch, "_open", lambda: (topic, 0))
     app = create_app(JobSource(f"file://{store_dir}", JOB, home=home), watch=watch)
     html = app.test_client().get("/").get_data(as_text=True)
     assert _rows(html, "live") == [
