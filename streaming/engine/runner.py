@@ -34,9 +34,9 @@ holds the remote groups' lease, heartbeats and pauses;
 
 The runner serves its Prometheus metrics (``metrics=``, ``run
 --metrics-port``, ``SPARK_ABS_METRICS_PORT``: a free port by default) and
-each worker its own; the
-runner lists every endpoint in ``prometheus-targets.json`` in its log
-directory, for Prometheus's ``file_sd_configs`` (``streaming.engine.metrics``)."""
+each worker its own; the runner lists every endpoint in
+``prometheus-targets.json`` in its log directory, for Prometheus's
+``file_sd_configs`` (``streaming.engine.metrics``)."""
 
 from __future__ import annotations
 
@@ -208,6 +208,7 @@ class JobRunner:
 
     def start(self, restore: int | None = None) -> None:
         """Start fresh, or from checkpoint ``restore`` (a new generation)."""
+        self._serve_metrics()  # a port in use stops the start before anything is recorded
         # the store knows the job from its fresh start on (_JOB.json records generation 0): a job
         # whose runner stopped or died goes on from its checkpoints, or from the beginning as a new
         # generation (what the one before wrote is stale), never as a second generation 0
@@ -285,7 +286,6 @@ class JobRunner:
         """The runner's metrics endpoint and its targets file, the first time (none with ``MetricsSettings.off``)."""
         if self.metrics_server is not None:
             return
-        # a runner's workers are told the port of theirs when it was given (``MetricsSettings.for_worker``)
         self.metrics_server = metrics.serve(self.metrics_settings, "run --metrics-port")
         if self.metrics_server is None:
             return

@@ -2,11 +2,15 @@
 pipeline (keyed balances, event-time windows) is killed with SIGKILL at
 chosen points, one per generation, restored each time, and must commit
 exactly the output of a run without failures while every completed
-checkpoint conserves money."""
+checkpoint conserves money.  The runner's and the worker's Prometheus
+endpoints are scraped on the way: the checkpoint counters and durations
+move, and every restore is counted."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
 
 import pyarrow.compute as pc
 import pytest
@@ -18,13 +22,30 @@ from streaming.adapters.objects import ensure_bucket, open_store
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
+from streaming.engine import metrics
 from streaming.engine.faults import ENV as faults_env
 from streaming.engine.operations import run_until_caught_up
 from streaming.engine.runner import JobRunner
+from streaming.testing import Scrape, scrape
 from streaming.tools import demo
 from streaming.tools.checkpoints import Checkpoints
 
 pytestmark = pytest.mark.integration
+
+
+def _scrape(runner: JobRunner) -> tuple[Scrape, dict[str, Scrape]]:
+    """The runner's metrics, and those of each worker its targets file lists
+    that answers (one may be dying just now)."""
+    targets = json.loads((runner.log_dir / metrics.TARGETS_FILE).read_text())
+    assert targets[0]["targets"] == [runner.metrics_server.address]
+    workers = {}
+    for entry in targets[1:]:
+        try:
+            workers[entry["labels"]["spark_abs_worker"]] = scrape(f"http://{entry['targets'][0]}/metrics")
+        except (urllib.error.URLError, OSError):
+            pass
+    return scrape(runner.metrics_server.url), workers
+
 
 # one fault per generation: each restore arms the next
 FAULTS = [
@@ -56,8 +77,11 @@ def _run(
         return read_range(connection.kafka_bootstrap, channel, start, end)
 
     inspector = Checkpoints(reader, bootstrap=connection.kafka_bootstrap)
+    scrapes = []  # at the first completed checkpoint, and at the end
 
     def on_complete(cid: int) -> None:
+        if not scrapes:
+            scrapes.append(_scrape(runner))
         money.append(demo.money_in_checkpoint(reader, cid, in_flight))
         if money[-1].in_flight:  # what `spark-abs state --channels` shows of it, while Kafka holds the ranges
             channels = inspector.channel_state(cid)
@@ -90,11 +114,12 @@ def _run(
                 runner.step()
         demo.produce_transfers(connection.kafka_bootstrap, topic, [], partitions, end=True)
         run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
+        scrapes.append(_scrape(runner))
     finally:
         runner.close()
     output = demo.normalise(read_committed_output(sink_location(settings, job, connection)))
     reader.close()
-    return runner, data[:sent], money, output, inspected
+    return runner, data[:sent], money, output, inspected, scrapes
 
 
 MODES = {
@@ -126,7 +151,7 @@ def test_kills_at_chosen_points_then_output_equals_a_failure_free_run(connection
     settings, faults = MODES[mode]
     job = f"e2e-{unique_name[-8:]}"
     store = f"s3://{connection.s3_bucket}/{unique_name}"
-    runner, sent, money, output, inspected = _run(
+    runner, sent, money, output, inspected, scrapes = _run(
         connection, job, store, faults, transfers=6000, chunk=300, timeout_s=420, lines=lines, **settings
     )
     log = "\n".join(lines)
@@ -155,3 +180,33 @@ def test_kills_at_chosen_points_then_output_equals_a_failure_free_run(connection
             assert (pc.sum(legs["amount"]).as_py() or 0) == checked.in_flight, checked
     if mode == "aligned-timeout":
         assert CheckpointKind.TIMED_OUT_TO_UNALIGNED in kinds, kinds
+    _check_metrics(job, scrapes, runner, len(faults), settings.get("mode", "aligned"))
+
+
+def _check_metrics(job: str, scrapes, runner: JobRunner, restores: int, mode: str) -> None:
+    """Between the first completed checkpoint and the end, the runner's
+    checkpoint counters and duration histograms moved and every restore was
+    counted; the last generation's worker counted its records and is listed."""
+    (first, _), (last, workers) = scrapes
+    for name in (
+        "spark_abs_checkpoints_triggered_total",
+        "spark_abs_checkpoints_completed_total",
+        "spark_abs_checkpoint_duration_seconds_count",
+        "spark_abs_checkpoint_duration_seconds_sum",
+    ):
+        assert last.total(name, job=job) > first.total(name, job=job) > 0, name
+    completed = sum(r.status == "completed" for r in runner.checkpoints())
+    assert last.total("spark_abs_checkpoints_completed_total", job=job) == completed
+    # the job's mode; the drain's last checkpoint is aligned whatever the mode
+    assert last.total("spark_abs_checkpoints_completed_total", job=job, mode=mode) > 0
+    for phase in ("alignment", "sync", "async"):
+        moved = last.total("spark_abs_task_checkpoint_seconds_count", job=job, task="accounts-0", phase=phase)
+        assert moved > first.total("spark_abs_task_checkpoint_seconds_count", job=job, task="accounts-0", phase=phase)
+    assert last.total("spark_abs_restores_total", job=job, cause="worker_died") == restores
+    assert last.total("spark_abs_restores_total", job=job) == restores
+    assert last.total("spark_abs_generation", job=job) == runner.restores[-1].generation == restores
+    assert last.total("spark_abs_checkpoint_state_bytes", job=job, task="accounts-0") > 0
+    (worker,) = workers.values()
+    assert worker.total("spark_abs_records_in_total", job=job, task="legs-0") > 0
+    assert worker.total("spark_abs_records_out_total", job=job, task="accounts-0") > 0
+    assert worker.total("spark_abs_task_batch_seconds_count", job=job) > 0
