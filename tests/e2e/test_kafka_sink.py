@@ -146,7 +146,12 @@ def _the_ui_shows_the_running_job(runner: JobRunner, store: str, connection) -> 
         assert browser.find_elements(By.CSS_SELECTOR, "#history-chart .main-svg"), "plotly drew no chart"
         # live: the page reloads itself and shows the checkpoints completed since
         with _stepping(runner):
-            wait(browser, lambda d: max(_complete(rows(d, "#history tbody tr"))) > newest, 90)
+            wait(
+                browser,
+                lambda d: max(_complete(rows(d, "#history tbody tr"))) > newest,
+                90,
+                what=f"a checkpoint completed after {newest}",
+            )
         wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#history-chart .main-svg"))
         screenshot(browser, "ui-checkpoints.png")
         # one checkpoint's per-task detail, opened from the history: its tasks, and the barrier's

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -73,12 +73,19 @@ def rows(driver: WebDriver, css: str) -> list[list[str]]:
     """The cells' text of the rows ``css`` selects, read in one go (a page
     that reloads itself meanwhile is read again)."""
     script = "return [...document.querySelectorAll(arguments[0])].map(r => [...r.cells].map(c => c.innerText.trim()))"
-    return wait(driver, lambda d: d.execute_script(script, css) or None)
+    return wait(driver, lambda d: d.execute_script(script, css) or None, what=f"rows {css}")
 
 
-def wait(driver: WebDriver, until, timeout_s: float = 20.0):
-    """``until(driver)`` once it is truthy (a bounded wait that tolerates a page reloading)."""
-    return WebDriverWait(driver, timeout_s, 0.2, ignored_exceptions=(StaleElementReferenceException,)).until(until)
+def wait(driver: WebDriver, until, timeout_s: float = 20.0, *, what: str = "the page"):
+    """``until(driver)`` once it is truthy (a bounded wait that tolerates a
+    page reloading); failing, the message names ``what`` and the page's text."""
+    try:
+        return WebDriverWait(driver, timeout_s, 0.2, ignored_exceptions=(StaleElementReferenceException,)).until(until)
+    except TimeoutException:
+        text = driver.execute_script("return document.body ? document.body.innerText : ''")[:600]
+        raise AssertionError(
+            f"{what} not seen in {timeout_s:g} s at {driver.current_url}; the page says:\n{text}"
+        ) from None
 
 
 def section(title: str) -> str:
