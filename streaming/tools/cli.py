@@ -364,12 +364,6 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     return _cmd_run(args)
 
 
-def _cmd_compare(args: argparse.Namespace) -> int:
-    from streaming.tools import compare
-
-    _export_home(args)
-    return compare.main(args.rest)
-
 def _cmd_ui(args: argparse.Namespace) -> int:
     import ipaddress
 
@@ -391,7 +385,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     watch = ControlWatch(connection.kafka_bootstrap, args.job) if connection and not args.store_only else None
     home = Path(args.home).expanduser().resolve() if args.home else default_home()
     app = ui.create_app(ui.JobSource(args.store, args.job, connection, home), refresh_s=args.refresh, watch=watch)
-    try:  # a port in use: werkzeug says so and exits (status 1)
+    try:
         loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
     except ValueError:  # a host name
         loopback = False
@@ -400,7 +394,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
             f"serving on {args.host}, not loopback: the page has no authentication, anyone who reaches "
             f"{args.host}:{args.port} reads the job's checkpoints and state"
         )
-    try:
+    try:  # a port in use: werkzeug says so and exits (status 1)
         server = ui.serve(app, args.host, args.port)
     except OSError as exc:
         raise ConfigError(f"ui: cannot serve on {args.host}:{args.port}: {exc}") from exc
@@ -413,6 +407,12 @@ def _cmd_ui(args: argparse.Namespace) -> int:
             watch.close()
     return 0
 
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from streaming.tools import compare
+
+    _export_home(args)
+    return compare.main(args.rest)
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
@@ -703,18 +703,6 @@ Operator and channel state as tables: `spark-abs state N`.""",
     _add_job_options(restore)
     restore.set_defaults(func=_cmd_restore)
 
-    _add_passthrough(
-        sub,
-        "compare",
-        _cmd_compare,
-        "aligned vs unaligned checkpoints side by side under a backlog: a table of their costs",
-    )
-    _add_passthrough(
-        sub,
-        "drill",
-        _cmd_drill,
-        "a restore drill: failures of every kind from a seed, restores, the output checked with great-expectations",
-    )
     web = sub.add_parser(
         "ui",
         help="a read-only web page for a job: checkpoints, their detail, state, generations, reports",
@@ -746,6 +734,18 @@ Operator and channel state as tables: `spark-abs state N`.""",
     )
     web.set_defaults(func=_cmd_ui)
 
+    _add_passthrough(
+        sub,
+        "compare",
+        _cmd_compare,
+        "aligned vs unaligned checkpoints side by side under a backlog: a table of their costs",
+    )
+    _add_passthrough(
+        sub,
+        "drill",
+        _cmd_drill,
+        "a restore drill: failures of every kind from a seed, restores, the output checked with great-expectations",
+    )
     _add_passthrough(sub, "simulate", _cmd_simulate, "narrate a simulated snapshot run")
     return parser
 
