@@ -2,7 +2,8 @@
 (docs/operations/metrics.md lists them, with their ports and PromQL).
 
 Every metric is defined here once, on one registry per process
-(``REGISTRY``), named ``spark_abs_*`` with a ``job`` label and, where it
+(``REGISTRY``), named ``spark_abs_*`` with a ``job_name`` label (the spark-abs job's name;
+Prometheus keeps ``job`` for its scrape job) and, where it
 applies, ``task``, ``channel``, ``mode``, ``reason``, ``cause``, ``phase``
 or ``group``; no label holds a checkpoint id or anything else unbounded.
 The engine records a value where it already knows it: the runner per
@@ -88,92 +89,94 @@ def _histogram(name: str, documentation: str, labels: tuple[str, ...]) -> Histog
 # ---- the job runner: checkpoints, restores, remote workers
 
 CHECKPOINTS_TRIGGERED = _counter(
-    "spark_abs_checkpoints_triggered", "Checkpoints the coordinator triggered (barriers injected).", ("job", "mode")
+    "spark_abs_checkpoints_triggered",
+    "Checkpoints the coordinator triggered (barriers injected).",
+    ("job_name", "mode"),
 )
 CHECKPOINTS_COMPLETED = _counter(
-    "spark_abs_checkpoints_completed", "Checkpoints completed (manifest written).", ("job", "mode")
+    "spark_abs_checkpoints_completed", "Checkpoints completed (manifest written).", ("job_name", "mode")
 )
 CHECKPOINTS_ABORTED = _counter(
-    "spark_abs_checkpoints_aborted", "Checkpoints aborted, by the reason (a CheckpointFailure).", ("job", "reason")
+    "spark_abs_checkpoints_aborted", "Checkpoints aborted, by the reason (a CheckpointFailure).", ("job_name", "reason")
 )
-CHECKPOINTS_PENDING = _gauge("spark_abs_checkpoints_pending", "Checkpoints triggered and not yet done.", ("job",))
+CHECKPOINTS_PENDING = _gauge("spark_abs_checkpoints_pending", "Checkpoints triggered and not yet done.", ("job_name",))
 CHECKPOINT_DURATION = _histogram(
-    "spark_abs_checkpoint_duration_seconds", "Trigger to complete of each completed checkpoint.", ("job", "mode")
+    "spark_abs_checkpoint_duration_seconds", "Trigger to complete of each completed checkpoint.", ("job_name", "mode")
 )
 LAST_COMPLETED = _gauge(
     "spark_abs_last_checkpoint_completed_timestamp_seconds",
     "When the latest checkpoint completed (Unix time).",
-    ("job",),
+    ("job_name",),
 )
-LAST_CHECKPOINT = _gauge("spark_abs_last_checkpoint_id", "The id of the latest completed checkpoint.", ("job",))
+LAST_CHECKPOINT = _gauge("spark_abs_last_checkpoint_id", "The id of the latest completed checkpoint.", ("job_name",))
 TASK_PHASE = _histogram(
     "spark_abs_task_checkpoint_seconds",
     "Each task's part of a completed checkpoint: phase first_barrier (trigger to the task seeing it), "
     "alignment, sync (taking the snapshot on the task's thread), async (the upload).",
-    ("job", "task", "phase"),
+    ("job_name", "task", "phase"),
 )
 STATE_BYTES = _gauge(
     "spark_abs_checkpoint_state_bytes",
     "Operator state bytes each task stored in the latest checkpoint.",
-    ("job", "task"),
+    ("job_name", "task"),
 )
 CHANNEL_STATE_RECORDS = _gauge(
     "spark_abs_checkpoint_channel_state_records",
     "Records in flight each task recorded as channel state in the latest checkpoint (unaligned).",
-    ("job", "task"),
+    ("job_name", "task"),
 )
 CHANNEL_STATE_BYTES = _gauge(
     "spark_abs_checkpoint_channel_state_bytes",
     "Bytes of the in-flight records each task copied into the latest checkpoint (in-flight records).",
-    ("job", "task"),
+    ("job_name", "task"),
 )
 HELD_BYTES_MAX = _gauge(
     "spark_abs_checkpoint_held_bytes_max",
     "The most bytes each task held while aligning before its snapshot of the latest checkpoint.",
-    ("job", "task"),
+    ("job_name", "task"),
 )
 RESTORES = _counter(
     "spark_abs_restores",
     "Restores of the job (a new generation), by cause: worker_died, worker_lost, restart, requested, rescale.",
-    ("job", "cause"),
+    ("job_name", "cause"),
 )
-GENERATION = _gauge("spark_abs_generation", "The job's current generation (one more per restore).", ("job",))
+GENERATION = _gauge("spark_abs_generation", "The job's current generation (one more per restore).", ("job_name",))
 HEARTBEATS = _counter(
-    "spark_abs_remote_heartbeats", "Heartbeats the runner read from remote worker groups.", ("job", "group")
+    "spark_abs_remote_heartbeats", "Heartbeats the runner read from remote worker groups.", ("job_name", "group")
 )
 LAST_HEARTBEAT = _gauge(
     "spark_abs_remote_last_heartbeat_timestamp_seconds",
     "When the runner last read a heartbeat of each remote worker group (Unix time).",
-    ("job", "group"),
+    ("job_name", "group"),
 )
 
 # ---- a worker's tasks: the data path, per micro-batch and per segment
 
 RECORDS_IN = _counter(
-    "spark_abs_records_in", "Records each task processed from each input channel.", ("job", "task", "channel")
+    "spark_abs_records_in", "Records each task processed from each input channel.", ("job_name", "task", "channel")
 )
 RECORDS_OUT = _counter(
     "spark_abs_records_out",
     "Rows each task sent to each output channel (channel sink: into the sink's epoch).",
-    ("job", "task", "channel"),
+    ("job_name", "task", "channel"),
 )
 CHANNEL_LAG = _gauge(
     "spark_abs_channel_lag_records",
     "Records on each input channel the task has not processed yet (Kafka's latest offset as the stage "
     "query last saw it, minus the task's position).",
-    ("job", "task", "channel"),
+    ("job_name", "task", "channel"),
 )
 HELD_BYTES = _gauge(
-    "spark_abs_task_held_bytes", "Bytes of the records alignment holds, after each micro-batch.", ("job", "task")
+    "spark_abs_task_held_bytes", "Bytes of the records alignment holds, after each micro-batch.", ("job_name", "task")
 )
 BATCH_SECONDS = _histogram(
-    "spark_abs_task_batch_seconds", "The time a task took over each micro-batch it was handed.", ("job", "task")
+    "spark_abs_task_batch_seconds", "The time a task took over each micro-batch it was handed.", ("job_name", "task")
 )
 DEAD_LETTERS = _counter(
     "spark_abs_dead_letters",
     "Records and rows sent to the dead-letter topic, by reason: malformed, refused (by the operator), "
     "given_up (rows an operator gave up on), rejected_control (barriers failing their checks).",
-    ("job", "task", "reason"),
+    ("job_name", "task", "reason"),
 )
 
 # the task's metrics whose value is a level, not a count: dropped with the task
@@ -255,7 +258,7 @@ def forget_tasks(job: str, tasks: Iterable[str]) -> None:
     run here (a rescale, a worker's tasks stopped).  Counts stay."""
     for task in tasks:
         for metric in _TASK_LEVELS:
-            metric.remove_by_labels({"job": job, "task": task})
+            metric.remove_by_labels({"job_name": job, "task": task})
 
 
 # ---- recorded by a task

@@ -44,9 +44,14 @@ from streaming.api.settings import JobSettings
 from streaming.engine.rescale import RescalePlan, plan_rescale, rerouted_headers, scale_of, target_scale
 from streaming.errors import JobFailed
 
-__all__ = ["RestoreRecord", "RestorePlan", "RestoreService", "recorded_scale"]
+__all__ = ["RESTORE_CAUSES", "RestoreRecord", "RestorePlan", "RestoreService", "recorded_scale"]
 
 log = logging.getLogger(__name__)
+
+# why a job restores, in a stable word (the store's ``_JOB.json`` and the restores metric keep it):
+# a worker process died, a remote worker group went silent or stopped, a runner started on a job
+# the store knows, a restore was asked for (``--restore N``), a rescale was asked for
+RESTORE_CAUSES = ("worker_died", "worker_lost", "restart", "requested", "rescale")
 
 
 @dataclass(frozen=True)
@@ -123,11 +128,15 @@ class RestoreService:
         parallelism: Mapping[str, int],
         running: Scale,
         next_checkpoint_id: Callable[[], int],
+        cause: str = "requested",
     ) -> RestorePlan:
         """Steps 1 to 3: the next generation's checkpoint and scale, recorded
         in the store.  ``parallelism`` holds the task counts asked for,
         ``running`` the scale the runner runs now (used when the store
-        recorded none), ``next_checkpoint_id`` names a rescaled checkpoint."""
+        recorded none), ``next_checkpoint_id`` names a rescaled checkpoint,
+        ``cause`` why the job restores (one of ``RESTORE_CAUSES``, recorded too)."""
+        if cause not in RESTORE_CAUSES:
+            raise ValueError(f"restore cause {cause!r} is none of {', '.join(RESTORE_CAUSES)}")
         manifest, skipped = self.pick(checkpoint_id)
         meta = patiently(self.store.read_job, "reading the job")
         generation = (meta.generation if meta else 0) + 1
@@ -143,7 +152,7 @@ class RestoreService:
                 rescale = self._plan_rescale(manifest, scale, new, generation)
                 scale = rescale.new
         picked = manifest.checkpoint_id if manifest else None
-        details: dict[str, object] = {"scale": scale.to_json()}
+        details: dict[str, object] = {"scale": scale.to_json(), "cause": cause}
         if rescale is not None:
             picked = next_checkpoint_id()
             details["rescaled_from"] = rescale.source

@@ -354,10 +354,13 @@ class JobRunner:
         ``checkpoint_id`` or the latest that verifies, rescaled first when it
         was taken with other task counts than the job runs with now (the
         steps: ``streaming.engine.recovery``).  ``cause`` names why in a
-        word, for the restores metric (``reason`` says it to a person)."""
+        word (``RESTORE_CAUSES``), for the store and the restores metric
+        (``reason`` says it to a person)."""
         if len(self.restores) >= self.max_restores:
             raise JobFailed(f"job {self.job}: {len(self.restores)} restores already; giving up ({reason})")
-        plan = self.recovery.prepare(checkpoint_id, self.parallelism, self.pipeline.scale, self._next_checkpoint_id)
+        plan = self.recovery.prepare(
+            checkpoint_id, self.parallelism, self.pipeline.scale, self._next_checkpoint_id, cause
+        )
         record = plan.record(reason)
         self.restores.append(record)
         metrics.restored(self.job, cause)

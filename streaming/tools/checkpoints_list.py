@@ -46,7 +46,7 @@ class CheckpointList:
         complete = set(self.store.completed())
         for checkpoint_id in self.store.checkpoints():
             if checkpoint_id not in complete:
-                rows.append(CheckpointRow(checkpoint_id, False, ("no manifest: never completed",)))
+                rows.append(CheckpointRow(checkpoint_id, False, ("no manifest: in progress, or never completed",)))
                 continue
             try:
                 manifest = self.store.read_manifest(checkpoint_id)

@@ -330,8 +330,8 @@ def channel_parts(records: pa.Table, decoded: pa.Table, problems: list[str], row
 
 def generation_table(meta: JobMeta | None) -> Table:
     """Every generation of the job, as the store records its start: when,
-    from which checkpoint (a rescale: which checkpoint it rescaled), and at
-    which scale."""
+    from which checkpoint (a rescale: which checkpoint it rescaled), at
+    which scale, and why the job restored."""
     body = []
     for entry in meta.restores if meta else ():
         source = entry.get("from_checkpoint")
@@ -343,9 +343,22 @@ def generation_table(meta: JobMeta | None) -> Table:
             start = f"restored from checkpoint {source}, checkpoint {entry['rescaled_from']} rescaled"
         else:
             start = f"restored from checkpoint {source}"
-        body.append((entry.get("generation"), str(entry.get("at", ""))[:19] or None, start, _scale(entry)))
+        cause = _CAUSES.get(entry.get("cause"), entry.get("cause"))
+        body.append((entry.get("generation"), str(entry.get("at", ""))[:19] or None, start, _scale(entry), cause))
     title = "generations" if meta is None else f"generations (the job runs generation {meta.generation})"
-    return Table.of(title, ("generation", "started (UTC)", "start", "tasks per stage"), body, right=("generation",))
+    columns = ("generation", "started (UTC)", "start", "tasks per stage", "why")
+    return Table.of(title, columns, body, right=("generation",))
+
+
+# the restore causes the runner records (streaming.engine.recovery.RESTORE_CAUSES), said to a person;
+# a generation recorded before causes were has none
+_CAUSES = {
+    "worker_died": "a worker process died",
+    "worker_lost": "a remote worker group was lost",
+    "restart": "a runner started on the job",
+    "requested": "a restore was asked for",
+    "rescale": "a rescale was asked for",
+}
 
 
 def _scale(entry: dict[str, Any]) -> str | None:

@@ -145,7 +145,7 @@ def test_prometheus_scrapes_the_ports_the_pipeline_serves_metrics_on():
     config_file = _mounted(services["prometheus"])["/etc/prometheus/prometheus.yml"]
     assert config_file.is_file()
     (scrape,) = yaml.safe_load(config_file.read_text())["scrape_configs"]
-    assert scrape["honor_labels"] is True  # the metrics' own `job` label is the spark-abs job's
+    assert not scrape.get("honor_labels")  # the metrics name the spark-abs job `job_name`, not `job`
     targets = [t for group in scrape["static_configs"] for t in group["targets"]]
     host = pipeline["hostname"]
     assert targets[0] == f"{host}:{served.port}"

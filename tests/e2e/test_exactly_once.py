@@ -194,19 +194,21 @@ def _check_metrics(job: str, scrapes, runner: JobRunner, restores: int, mode: st
         "spark_abs_checkpoint_duration_seconds_count",
         "spark_abs_checkpoint_duration_seconds_sum",
     ):
-        assert last.total(name, job=job) > first.total(name, job=job) > 0, name
+        assert last.total(name, job_name=job) > first.total(name, job_name=job) > 0, name
     completed = sum(r.status == "completed" for r in runner.checkpoints())
-    assert last.total("spark_abs_checkpoints_completed_total", job=job) == completed
+    assert last.total("spark_abs_checkpoints_completed_total", job_name=job) == completed
     # the job's mode; the drain's last checkpoint is aligned whatever the mode
-    assert last.total("spark_abs_checkpoints_completed_total", job=job, mode=mode) > 0
+    assert last.total("spark_abs_checkpoints_completed_total", job_name=job, mode=mode) > 0
     for phase in ("alignment", "sync", "async"):
-        moved = last.total("spark_abs_task_checkpoint_seconds_count", job=job, task="accounts-0", phase=phase)
-        assert moved > first.total("spark_abs_task_checkpoint_seconds_count", job=job, task="accounts-0", phase=phase)
-    assert last.total("spark_abs_restores_total", job=job, cause="worker_died") == restores
-    assert last.total("spark_abs_restores_total", job=job) == restores
-    assert last.total("spark_abs_generation", job=job) == runner.restores[-1].generation == restores
-    assert last.total("spark_abs_checkpoint_state_bytes", job=job, task="accounts-0") > 0
+        moved = last.total("spark_abs_task_checkpoint_seconds_count", job_name=job, task="accounts-0", phase=phase)
+        assert moved > first.total(
+            "spark_abs_task_checkpoint_seconds_count", job_name=job, task="accounts-0", phase=phase
+        )
+    assert last.total("spark_abs_restores_total", job_name=job, cause="worker_died") == restores
+    assert last.total("spark_abs_restores_total", job_name=job) == restores
+    assert last.total("spark_abs_generation", job_name=job) == runner.restores[-1].generation == restores
+    assert last.total("spark_abs_checkpoint_state_bytes", job_name=job, task="accounts-0") > 0
     (worker,) = workers.values()
-    assert worker.total("spark_abs_records_in_total", job=job, task="legs-0") > 0
-    assert worker.total("spark_abs_records_out_total", job=job, task="accounts-0") > 0
-    assert worker.total("spark_abs_task_batch_seconds_count", job=job) > 0
+    assert worker.total("spark_abs_records_in_total", job_name=job, task="legs-0") > 0
+    assert worker.total("spark_abs_records_out_total", job_name=job, task="accounts-0") > 0
+    assert worker.total("spark_abs_task_batch_seconds_count", job_name=job) > 0

@@ -172,8 +172,8 @@ def _the_ui_shows_the_running_job(runner: JobRunner, store: str, connection) -> 
         # the generations: the fresh start, the restart before any checkpoint, the restore after the kill
         browser.get(url + "/generations")
         generations = rows(browser, "#generations tbody tr")
-        assert [(g[0], g[2].split(" (")[0]) for g in generations] == [
-            ("0", "fresh start"),
-            ("1", "restored from the beginning"),
-            ("2", f"restored from checkpoint {runner.restores[-1].checkpoint_id}"),
+        assert [(g[0], g[2].split(" (")[0], g[4]) for g in generations] == [
+            ("0", "fresh start", "-"),
+            ("1", "restored from the beginning", "a runner started on the job"),
+            ("2", f"restored from checkpoint {runner.restores[-1].checkpoint_id}", "a worker process died"),
         ], generations

@@ -59,8 +59,8 @@ def test_the_endpoint_serves_the_registry_and_closes(job):
         host, port = server.address.rsplit(":", 1)
         assert host == "127.0.0.1" and int(port) > 0 and metrics.endpoint() == server.address
         samples = scrape(server.url)
-        assert samples[("spark_abs_restores_total", (("cause", "worker_died"), ("job", job)))] == 1
-        assert samples.total("spark_abs_restores_total", job=job) == 1
+        assert samples[("spark_abs_restores_total", (("cause", "worker_died"), ("job_name", job)))] == 1
+        assert samples.total("spark_abs_restores_total", job_name=job) == 1
         assert samples.total("process_resident_memory_bytes") > 0
     finally:
         server.close()
@@ -149,34 +149,35 @@ def test_the_coordinator_counts_triggers_completions_aborts_and_times_them(job, 
         service = CoordinatorService(pipeline, control.io(), store, JobSettings(store=f"file://{tmp_path}/store"))
         service.trigger()
         service.poll()
-        assert _value("spark_abs_checkpoints_triggered_total", job=job, mode="aligned") == 1
-        assert _value("spark_abs_checkpoints_pending", job=job) == 1
+        assert _value("spark_abs_checkpoints_triggered_total", job_name=job, mode="aligned") == 1
+        assert _value("spark_abs_checkpoints_pending", job_name=job) == 1
         control.inbox = [_ack(store, "count-0", 1), _ack(store, "count-1", 1)]
         service.poll()
-        assert _value("spark_abs_checkpoints_completed_total", job=job, mode="aligned") == 1
-        assert _value("spark_abs_checkpoints_pending", job=job) == 0
-        assert _value("spark_abs_checkpoint_duration_seconds_count", job=job, mode="aligned") == 1
-        assert _value("spark_abs_last_checkpoint_id", job=job) == 1
+        assert _value("spark_abs_checkpoints_completed_total", job_name=job, mode="aligned") == 1
+        assert _value("spark_abs_checkpoints_pending", job_name=job) == 0
+        assert _value("spark_abs_checkpoint_duration_seconds_count", job_name=job, mode="aligned") == 1
+        assert _value("spark_abs_last_checkpoint_id", job_name=job) == 1
         for phase, seconds in (("alignment", 0.02), ("sync", 0.003), ("async", 0.4)):
-            labels = {"job": job, "task": "count-1", "phase": phase}
+            labels = {"job_name": job, "task": "count-1", "phase": phase}
             assert _value("spark_abs_task_checkpoint_seconds_count", **labels) == 1
             assert _value("spark_abs_task_checkpoint_seconds_sum", **labels) == pytest.approx(seconds)
-        assert _value("spark_abs_checkpoint_state_bytes", job=job, task="count-0") == 900
-        assert _value("spark_abs_checkpoint_held_bytes_max", job=job, task="count-0") == 64
+        assert _value("spark_abs_checkpoint_state_bytes", job_name=job, task="count-0") == 900
+        assert _value("spark_abs_checkpoint_held_bytes_max", job_name=job, task="count-0") == 64
 
         service.trigger()
         control.inbox = [
             Decline(checkpoint_id=2, task="count-0", generation=0, reason=CheckpointFailure.STORE_FAILURE, detail="x")
         ]
         service.poll()
-        assert _value("spark_abs_checkpoints_aborted_total", job=job, reason="store_failure") == 1
-        assert _value("spark_abs_checkpoints_completed_total", job=job, mode="aligned") == 1
+        assert _value("spark_abs_checkpoints_aborted_total", job_name=job, reason="store_failure") == 1
+        assert _value("spark_abs_checkpoints_completed_total", job_name=job, mode="aligned") == 1
 
     metrics.forget_tasks(job, ["count-0"])
     assert (
-        metrics.REGISTRY.get_sample_value("spark_abs_checkpoint_state_bytes", {"job": job, "task": "count-0"}) is None
+        metrics.REGISTRY.get_sample_value("spark_abs_checkpoint_state_bytes", {"job_name": job, "task": "count-0"})
+        is None
     )
-    assert _value("spark_abs_checkpoint_state_bytes", job=job, task="count-1") == 900
+    assert _value("spark_abs_checkpoint_state_bytes", job_name=job, task="count-1") == 900
 
 
 def count_by_k():
@@ -197,7 +198,7 @@ def test_a_task_counts_records_per_channel_dead_letters_by_reason_and_batches(jo
     )
     task, recorded = make_task(pipeline)
     task.process_batch(batch(("in", 0, 0, {"k": "a"}), ("in", 0, 1, b"not json"), ("in", 1, 0, {"k": "b"})))
-    labels = {"job": job, "task": "count-0"}
+    labels = {"job_name": job, "task": "count-0"}
     assert _value("spark_abs_records_in_total", channel="in:0", **labels) == 2
     assert _value("spark_abs_records_in_total", channel="in:1", **labels) == 1
     assert _value("spark_abs_dead_letters_total", reason="malformed", **labels) == 1 == len(recorded.dead)

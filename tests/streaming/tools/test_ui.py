@@ -103,7 +103,7 @@ def store_dir(tmp_path) -> Path:
     store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB)
     store.first_generation(scale=SCALE)
     _checkpoint(store, 1, 0, {"a": 10, "b": -10}, 0.8)
-    store.next_generation(1, scale=SCALE)
+    store.next_generation(1, scale=SCALE, cause="worker_died")
     _checkpoint(store, 2, 1, {"a": 12, "b": -10, "d": 3}, 1.3)
     store.write_task(3, 1, "accounts-0", {}, positions={CHANNEL: 120})
     store.close()
@@ -159,7 +159,10 @@ def test_the_history_lists_every_checkpoint_links_each_and_charts_them(client):
     assert [r[1] for r in rows] == ["0", "1", "-"]  # generations
     assert [r[3] for r in rows] == ["0.80", "1.30", "-"]  # seconds, trigger to complete
     assert rows[0][6] == "aligned, aligned, unaligned after the alignment timeout"
-    assert rows[1][7] == "yes <- a restore picks this one" and rows[2][7] == "NO: no manifest: never completed"
+    assert (
+        rows[1][7] == "yes <- a restore picks this one"
+        and rows[2][7] == "NO: no manifest: in progress, or never completed"
+    )
     assert '<a href="/checkpoints/2">2</a>' in html
     assert '<script src="/assets/plotly.min.js">' in html and 'id="history-chart"' in html
     assert '<meta http-equiv="refresh" content="3">' in html
@@ -210,10 +213,17 @@ def test_generations_say_where_each_started(client):
     page = client.get("/generations")
     assert page.status_code == 200
     rows = _rows(page.get_data(as_text=True), "generations")
-    assert [(r[0], r[2], r[3]) for r in rows] == [
-        ("0", "fresh start", "accounts=2"),
-        ("1", "restored from checkpoint 1", "accounts=2"),
+    assert [(r[0], r[2], r[3], r[4]) for r in rows] == [
+        ("0", "fresh start", "accounts=2", "-"),
+        ("1", "restored from checkpoint 1", "accounts=2", "a worker process died"),
     ]
+
+
+def test_every_restore_cause_the_runner_records_is_said():
+    from streaming.engine.recovery import RESTORE_CAUSES
+    from streaming.tools.tables import _CAUSES
+
+    assert sorted(_CAUSES) == sorted(RESTORE_CAUSES)
 
 
 def test_reports_show_the_jobs_latest_drill_and_the_latest_compare_charts(client):
