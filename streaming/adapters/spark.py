@@ -273,11 +273,11 @@ class ChannelQuery:
         for source in progress.sources if progress is not None else ():
             try:
                 offsets = json.loads(source.latestOffset or "null") or {}
-            except (TypeError, ValueError):  # not a Kafka source's offsets
+                for topic, partitions in offsets.items():
+                    for partition, offset in partitions.items():
+                        latest[ChannelId(topic, int(partition))] = int(offset)
+            except (AttributeError, TypeError, ValueError):  # not a Kafka source's offsets
                 continue
-            for topic, partitions in offsets.items():
-                for partition, offset in partitions.items():
-                    latest[ChannelId(topic, int(partition))] = int(offset)
         return latest
 
     def stop(self) -> None:

@@ -534,6 +534,16 @@ class CoordinatorService:
     def latest_completed(self) -> CompletedCheckpoint | None:
         return self.coordinator.completed.latest()
 
+    def abandon(self, failure: CheckpointFailure, detail: str) -> None:
+        """The checkpoints still pending will never complete (the job restores):
+        each is recorded and counted as aborted with ``failure``."""
+        for checkpoint_id in sorted(self.coordinator.pending):
+            record = self.records.get(checkpoint_id)
+            if record is not None and record.status is not CheckpointStatus.COMPLETED:
+                record.status, record.reason = CheckpointStatus.ABORTED, f"{failure.value}: {detail}"
+            metrics.checkpoint_aborted(self.pipeline.job, failure)
+        metrics.pending(self.pipeline.job, 0)
+
     def close(self) -> None:
         self.io.close()
 

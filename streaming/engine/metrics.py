@@ -35,7 +35,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from barriers.failures import CheckpointFailure
 from barriers.messages import Alignment, ChannelId, CheckpointOptions
-from streaming.api.config import MetricsSettings
+from streaming.api.config import ENV, MetricsSettings
 from streaming.errors import ConfigError
 
 __all__ = [
@@ -296,32 +296,35 @@ class TaskMetrics:
 def add_options(parser: argparse.ArgumentParser, whose: str, *, workers: bool = False) -> None:
     """``--metrics-port``, ``--metrics-host`` and ``--no-metrics`` (``whose``
     endpoint they set, and whether its ``workers`` follow it, for the help);
-    ``settings_from`` reads them."""
-    default = MetricsSettings.from_env()
+    ``settings_from`` reads them, with the environment's defaults (read then,
+    so a bad variable fails the command that serves metrics, not every one)."""
+    default = MetricsSettings()
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=default.port,
         metavar="PORT",
         help=f"serve {whose} Prometheus metrics on this port; 0 picks a free one, said in the log"
         + ("; its worker processes serve theirs on the ports after it (free ones with 0)" if workers else "")
-        + f" (default {default.port}; $SPARK_ABS_METRICS_PORT sets it)",
+        + f" (default {default.port}, or ${ENV['metrics_port']}: a port, 0 or off)",
     )
     parser.add_argument(
         "--metrics-host",
-        default=default.host,
         metavar="ADDRESS",
         help=f"the address the metrics endpoint binds; 0.0.0.0 for a Prometheus on another host "
-        f"(default {default.host}; $SPARK_ABS_METRICS_HOST sets it)",
+        f"(default {default.host}, or ${ENV['metrics_host']})",
     )
     parser.add_argument("--no-metrics", action="store_true", help="serve no metrics")
 
 
 def settings_from(args: argparse.Namespace) -> MetricsSettings:
-    """The ``MetricsSettings`` the options of ``add_options`` give."""
+    """The ``MetricsSettings`` the options of ``add_options`` give, over the
+    environment's (``MetricsSettings.from_env``)."""
     if args.no_metrics:
         return MetricsSettings.off()
-    return MetricsSettings(host=args.metrics_host, port=args.metrics_port)
+    settings = MetricsSettings.from_env()
+    host = args.metrics_host or settings.host
+    port = settings.port if args.metrics_port is None else args.metrics_port
+    return MetricsSettings(host=host, port=port)
 
 
 class MetricsServer:
@@ -404,6 +407,10 @@ class Targets:
         ]
 
     def _write(self) -> None:
+        """The file, written atomically; a file that cannot be written is said, never fatal to the job."""
         partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_text(json.dumps(self.entries(), indent=2) + "\n")
-        os.replace(partial, self.path)
+        try:
+            partial.write_text(json.dumps(self.entries(), indent=2) + "\n")
+            os.replace(partial, self.path)
+        except OSError as exc:
+            log.warning("cannot write the Prometheus targets file %s: %s", self.path, exc)

@@ -48,10 +48,15 @@ __all__ = ["RESTORE_CAUSES", "RestoreRecord", "RestorePlan", "RestoreService", "
 
 log = logging.getLogger(__name__)
 
-# why a job restores, in a stable word (the store's ``_JOB.json`` and the restores metric keep it):
-# a worker process died, a remote worker group went silent or stopped, a runner started on a job
-# the store knows, a restore was asked for (``--restore N``), a rescale was asked for
-RESTORE_CAUSES = ("worker_died", "worker_lost", "restart", "requested", "rescale")
+# why a job restores: the stable word the store's ``_JOB.json`` and the restores metric keep, and
+# what it says to a person
+RESTORE_CAUSES = {
+    "worker_died": "a worker process died",
+    "worker_lost": "a remote worker group was lost",  # went silent, or stopped
+    "restart": "a runner started on the job",  # the store knew the job
+    "requested": "a restore was asked for",  # --restore N
+    "rescale": "a rescale was asked for",
+}
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
+from barriers.failures import CheckpointFailure
 from barriers.messages import CheckpointOptions
 from streaming.adapters.control import control_topic_name
 from streaming.adapters.kafka_admin import create_topic, end_offsets
@@ -254,6 +255,7 @@ class JobRunner:
         self._serve_metrics()
         metrics.generation(self.job, generation)
         if self.coordinator is not None:
+            self.coordinator.abandon(CheckpointFailure.RESTORED, f"generation {generation} starts")
             self.history.extend(self.coordinator.records.values())
             self.coordinator.close()
             self.coordinator = None

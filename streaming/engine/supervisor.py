@@ -18,7 +18,7 @@ from pathlib import Path
 from streaming.api.config import MetricsSettings
 from streaming.api.pipeline import Scale
 from streaming.api.settings import JobSettings
-from streaming.errors import SparkAbsError
+from streaming.errors import ConfigError, SparkAbsError
 
 __all__ = ["WorkerProcess", "WorkerSupervisor", "EXIT_PIPELINE_ERROR"]
 
@@ -84,6 +84,11 @@ class WorkerSupervisor:
         # task counts and topics other than the pipeline declares (a rescaled job)
         self.scale = scale
         self.metrics = metrics or MetricsSettings.off()
+        if self.groups and self.metrics.port and self.metrics.port + len(self.groups) > 65535:
+            raise ConfigError(
+                f"run --metrics-port {self.metrics.port}: its {len(self.groups)} worker(s) take the ports after it, "
+                f"past 65535; give a lower port, or 0 for free ones"
+            )
         self.workers: dict[str, WorkerProcess] = {}
 
     def launch(self, generation: int, checkpoint_id: int | None, env: Mapping[str, str]) -> None:

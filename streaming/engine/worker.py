@@ -26,6 +26,7 @@ kills this process with SIGKILL at that point for checkpoint n (see
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import logging
@@ -47,7 +48,7 @@ from streaming.adapters.kafka_io import DeadLetters, producer
 from streaming.adapters.objects import open_store, patiently
 from streaming.adapters.sinks import KafkaSink
 from streaming.adapters.snapshots import SnapshotStore
-from streaming.api.config import Connection, SparkSettings
+from streaming.api.config import Connection, MetricsSettings, SparkSettings
 from streaming.api.pipeline import Pipeline, Scale, load_pipeline
 from streaming.api.settings import JobSettings
 from streaming.engine import faults, metrics
@@ -355,6 +356,21 @@ def _read_commands(worker: Worker, runner_pipe: bool) -> None:
         worker.stop()
 
 
+def _serve_metrics(settings: MetricsSettings, runner_started: bool) -> metrics.MetricsServer | None:
+    """This worker's metrics endpoint.  A worker its runner started takes a
+    free port when its own is in use (a worker of an earlier runner still
+    stopping, another program): its ready event names the endpoint, so the
+    runner's targets file follows; losing the job over a metrics port would
+    be worse."""
+    try:
+        return metrics.serve(settings, "--metrics-port")
+    except ConfigError as exc:
+        if not runner_started:
+            raise
+        log.warning("worker: %s; serving them on a free port instead", exc)
+        return metrics.serve(dataclasses.replace(settings, port=0), "--metrics-port")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m streaming.engine.worker",
@@ -379,8 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console.install("[worker] ")
     try:
-        option = "run --metrics-port (its workers take the ports after it)" if args.runner_pipe else "--metrics-port"
-        served = metrics.serve(metrics.settings_from(args), option)
+        served = _serve_metrics(metrics.settings_from(args), args.runner_pipe)
         if served is not None:
             log.info(f"worker: metrics on {served.url}")
         pipeline = load_pipeline(args.pipeline, args.job)

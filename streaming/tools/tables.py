@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from streaming.adapters.snapshots import JobMeta
 from streaming.api.pipeline import Scale
+from streaming.engine.recovery import RESTORE_CAUSES
 from streaming.errors import ConfigError
 from streaming.tools.checkpoints import CheckpointDetail, CheckpointRow
 
@@ -343,22 +344,11 @@ def generation_table(meta: JobMeta | None) -> Table:
             start = f"restored from checkpoint {source}, checkpoint {entry['rescaled_from']} rescaled"
         else:
             start = f"restored from checkpoint {source}"
-        cause = _CAUSES.get(entry.get("cause"), entry.get("cause"))
+        cause = RESTORE_CAUSES.get(entry.get("cause"), entry.get("cause"))  # none: recorded by an older version
         body.append((entry.get("generation"), str(entry.get("at", ""))[:19] or None, start, _scale(entry), cause))
     title = "generations" if meta is None else f"generations (the job runs generation {meta.generation})"
     columns = ("generation", "started (UTC)", "start", "tasks per stage", "why")
     return Table.of(title, columns, body, right=("generation",))
-
-
-# the restore causes the runner records (streaming.engine.recovery.RESTORE_CAUSES), said to a person;
-# a generation recorded before causes were has none
-_CAUSES = {
-    "worker_died": "a worker process died",
-    "worker_lost": "a remote worker group was lost",
-    "restart": "a runner started on the job",
-    "requested": "a restore was asked for",
-    "rescale": "a rescale was asked for",
-}
 
 
 def _scale(entry: dict[str, Any]) -> str | None:

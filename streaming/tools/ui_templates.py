@@ -155,8 +155,9 @@ _GENERATIONS = """\
 <h1>Generations and restores of job {{ job }}</h1>
 {{ table(generations, id="generations") }}
 <p class="note">Each restore starts a generation; the store records when, from which checkpoint (or from the
-beginning, when none verified), whether that checkpoint was rescaled, and the tasks per stage.  What caused a
-restore (a worker that died, a restart, a restore or rescale asked for) is in the job runner's log.</p>
+beginning, when none verified), whether that checkpoint was rescaled, the tasks per stage, and why the job
+restored (a generation recorded by an older version has no cause).  The job runner's log says more: which
+worker died, and its last lines.</p>
 {% if drill %}<p class="note">The latest drill of this job says which failure each of its restores followed:
 <a href="{{ url_for('reports') }}">reports</a>.</p>{% endif %}
 {% endblock %}

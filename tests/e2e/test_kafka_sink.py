@@ -15,7 +15,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
@@ -133,10 +133,9 @@ def _the_ui_shows_the_running_job(runner: JobRunner, store: str, connection) -> 
     """`spark-abs ui` of the job (live: its store and control topic) in headless Chromium."""
     job = runner.job
     newest = max(r.checkpoint_id for r in runner.coordinator.completed())
-    app = create_app(
-        JobSource(store, job, connection), refresh_s=2, watch=ControlWatch(connection.kafka_bootstrap, job)
-    )
-    with served(app) as url, chromium() as browser:
+    watch = ControlWatch(connection.kafka_bootstrap, job)
+    app = create_app(JobSource(store, job, connection), refresh_s=2, watch=watch)
+    with closing(watch), served(app) as url, chromium() as browser:
         # the history: every checkpoint the store holds complete, the runner's newest among them, charted
         browser.get(url + "/")
         history = rows(browser, "#history tbody tr")

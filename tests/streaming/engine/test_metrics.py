@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 from task_cases import batch, make_task
 
+from barriers.coordinator import CheckpointStatus
 from barriers.failures import CheckpointFailure
 from barriers.messages import ChannelId, CheckpointOptions
 from operators import KeyedAggregate, count
@@ -37,7 +38,10 @@ def job() -> str:
 
 
 def _value(name: str, **labels: str) -> float:
-    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+    """The sample's value; a series never recorded fails (it is not a 0)."""
+    value = metrics.REGISTRY.get_sample_value(name, labels)
+    assert value is not None, f"no sample {name}{labels}"
+    return value
 
 
 # ---- settings, endpoint, targets
@@ -75,6 +79,34 @@ def test_a_port_in_use_is_refused_naming_the_option():
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError, match=f"run --metrics-port {port}: cannot serve metrics on 127.0.0.1:{port}"):
             metrics.serve(MetricsSettings(port=port), "run --metrics-port")
+
+
+def test_a_worker_its_runner_started_takes_a_free_port_when_its_own_is_in_use():
+    from streaming.engine.worker import _serve_metrics
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match="--metrics-port"):  # a worker started by hand: the user's port
+            _serve_metrics(MetricsSettings(port=port), runner_started=False)
+        served = _serve_metrics(MetricsSettings(port=port), runner_started=True)
+        try:
+            assert served is not None and not served.address.endswith(f":{port}")
+            assert any(name.startswith("process_") for name, _ in scrape(served.url))
+        finally:
+            served.close()
+
+
+def test_workers_ports_past_65535_are_refused_before_anything_starts(tmp_path: Path):
+    from streaming.engine.supervisor import WorkerSupervisor
+
+    groups = {"a": ["s-0"], "b": ["s-1"]}
+    with pytest.raises(ConfigError, match="run --metrics-port 65534: its 2 worker"):
+        WorkerSupervisor(
+            "x:p", "j", groups, JobSettings(store="file:///x"), tmp_path, metrics=MetricsSettings(port=65534)
+        )
+    WorkerSupervisor("x:p", "j", groups, JobSettings(store="file:///x"), tmp_path, metrics=MetricsSettings(port=65533))
 
 
 def test_the_targets_file_lists_the_runner_and_each_worker(tmp_path: Path):
@@ -171,6 +203,15 @@ def test_the_coordinator_counts_triggers_completions_aborts_and_times_them(job, 
         service.poll()
         assert _value("spark_abs_checkpoints_aborted_total", job_name=job, reason="store_failure") == 1
         assert _value("spark_abs_checkpoints_completed_total", job_name=job, mode="aligned") == 1
+
+        # a restore abandons what is pending: counted aborted, so triggered = completed + aborted again
+        service.trigger()
+        service.poll()
+        assert _value("spark_abs_checkpoints_pending", job_name=job) == 1
+        service.abandon(CheckpointFailure.RESTORED, "generation 1 starts")
+        assert _value("spark_abs_checkpoints_aborted_total", job_name=job, reason="restored") == 1
+        assert _value("spark_abs_checkpoints_pending", job_name=job) == 0
+        assert service.records[3].status is CheckpointStatus.ABORTED
 
     metrics.forget_tasks(job, ["count-0"])
     assert (
