@@ -31,6 +31,7 @@ __all__ = [
     "RetentionFailed",
     "RescaleError",
     "JobFailed",
+    "OffsetsGoneError",
     "SmokeFailure",
     "parse_choice",
 ]
@@ -157,6 +158,14 @@ class RescaleError(ConfigError):
 
 class JobFailed(SparkAbsError):
     """The job cannot go on (a worker fails again and again, or never starts)."""
+
+
+class OffsetsGoneError(JobFailed):
+    """A checkpoint needs Kafka records that retention or ``DeleteRecords``
+    removed (each channel named, with the offset needed and the partition's
+    earliest): it cannot be restored exactly.  A restore skips it for an
+    older one; when none can be restored, the job stops with this error
+    rather than start from the beginning, which Kafka no longer holds either."""
 
 
 class SmokeFailure(SparkAbsError):

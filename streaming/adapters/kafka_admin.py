@@ -1,10 +1,13 @@
 """Kafka topics for stages and tests: create (idempotently, with the partition
-count checked), delete, and read end offsets, with broker errors turned into
-clear messages."""
+count checked), delete, read end offsets, each partition's earliest offset
+and the first offset at or after a time, and delete a partition's records
+before an offset (``DeleteRecords``), with broker errors turned into clear
+messages."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable
 
@@ -12,6 +15,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
+from barriers.messages import ChannelId
 from streaming.errors import ConfigError, KafkaUnavailableError
 
 __all__ = [
@@ -21,6 +25,9 @@ __all__ = [
     "create_topic",
     "delete_topics",
     "end_offsets",
+    "earliest_offsets",
+    "OffsetsAtTime",
+    "delete_records",
 ]
 
 log = logging.getLogger(__name__)
@@ -107,3 +114,67 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
         return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()}
     finally:
         consumer.close()
+
+
+def earliest_offsets(bootstrap: str, channels: Iterable[ChannelId]) -> dict[ChannelId, int]:
+    """Each channel's earliest offset (its log start: what retention and
+    ``DeleteRecords`` left), in one request."""
+    channels = list(channels)
+    if not channels:
+        return {}
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="spark-abs-offsets", enable_auto_commit=False)
+    try:
+        found = consumer.beginning_offsets([TopicPartition(c.topic, c.partition) for c in channels])
+    except KafkaError as exc:
+        raise KafkaUnavailableError(f"reading the earliest offsets of {len(channels)} channels failed: {exc}") from exc
+    finally:
+        consumer.close()
+    return {ChannelId(tp.topic, tp.partition): offset for tp, offset in found.items()}
+
+
+class OffsetsAtTime:
+    """Each channel's first offset whose record's timestamp is at or after a
+    time (``offsets_for_times``, one request), on one consumer kept open
+    between calls and shared by the threads of a process (``shared``: every
+    task's upload asks once per checkpoint)."""
+
+    _shared: dict[str, OffsetsAtTime] = {}
+    _sharing = threading.Lock()
+
+    def __init__(self, bootstrap: str):
+        self.bootstrap = bootstrap
+        self._consumer: KafkaConsumer | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, bootstrap: str) -> OffsetsAtTime:
+        """The process's one for ``bootstrap``."""
+        with cls._sharing:
+            return cls._shared.setdefault(bootstrap, cls(bootstrap))
+
+    def __call__(self, channels: list[ChannelId], timestamp_ms: int) -> dict[ChannelId, int | None]:
+        wanted = {TopicPartition(c.topic, c.partition): max(0, timestamp_ms) for c in channels}
+        with self._lock:
+            try:
+                if self._consumer is None:
+                    self._consumer = KafkaConsumer(
+                        bootstrap_servers=self.bootstrap, client_id="spark-abs-retention", enable_auto_commit=False
+                    )
+                found = self._consumer.offsets_for_times(wanted)
+            except KafkaError as exc:
+                raise KafkaUnavailableError(f"finding offsets at {timestamp_ms} ms failed: {exc}") from exc
+        return {ChannelId(tp.topic, tp.partition): None if at is None else at.offset for tp, at in found.items()}
+
+
+def delete_records(bootstrap: str, before: dict[ChannelId, int]) -> None:
+    """Delete each channel's records before its offset (Kafka's
+    ``DeleteRecords``: its earliest offset moves there), as retention would."""
+    if not before:
+        return
+    admin = admin_client(bootstrap)
+    try:
+        admin.delete_records({TopicPartition(c.topic, c.partition): offset for c, offset in before.items()})
+    except KafkaError as exc:
+        raise KafkaUnavailableError(f"deleting records of {len(before)} channels failed: {exc}") from exc
+    finally:
+        admin.close()

@@ -6,7 +6,10 @@ checkpoint of the new scale.
 A restore, in order (``RestoreService.prepare``, then the job runner):
 
 1. **Pick** the checkpoint: the one asked for, which must verify, or the
-   latest that verifies (newer ones that do not are skipped, with why).
+   latest that verifies (newer ones that do not are skipped, with why),
+   either one only while Kafka still holds every offset it reads again
+   (``kafka_retention``: one that needs records retention removed is
+   skipped too, and ``OffsetsGoneError`` stops the restore when none is left).
 2. **Scale**: the task counts the job runs with (its latest generation's,
    as ``_JOB.json`` records them, with the ones asked for on top); when the
    checkpoint was taken with others, plan the rescale (``plan_rescale``: a
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 
 from barriers.handler import CheckpointKind
 from streaming.adapters import codec
+from streaming.adapters.kafka_admin import earliest_offsets
 from streaming.adapters.kafka_io import DeadLetters, producer, read_range, write_records
 from streaming.adapters.objects import patiently
 from streaming.adapters.sinks import open_sink, sink_location
@@ -41,6 +45,7 @@ from streaming.adapters.snapshots.format import options_as_stored, stored_name
 from streaming.api.config import Connection
 from streaming.api.pipeline import Pipeline, Scale
 from streaming.api.settings import JobSettings
+from streaming.engine.kafka_retention import KafkaKept, pick_restorable
 from streaming.engine.rescale import RescalePlan, plan_rescale, rerouted_headers, scale_of, target_scale
 from streaming.errors import JobFailed
 
@@ -116,8 +121,12 @@ class RestoreService:
         """Step 1: the manifest of ``checkpoint_id`` (it must verify), or of
         the latest checkpoint that verifies (None: there is none), and the
         newer checkpoints skipped with their problems."""
+        # Kafka must still hold what the checkpoint reads again (kafka_retention): one query per restore
+        kept = KafkaKept(lambda channels: earliest_offsets(self.connection.kafka_bootstrap, channels))
         if checkpoint_id is None:
-            manifest, skipped = patiently(self.store.latest_verified, "picking a checkpoint")
+            manifest, skipped = patiently(
+                lambda: pick_restorable(self.store.latest_verified, kept), "picking a checkpoint"
+            )
             for skipped_id, problems in skipped:
                 self.log.warning("checkpoint %d skipped: %s", skipped_id, "; ".join(problems))
             return manifest, skipped
@@ -125,6 +134,7 @@ class RestoreService:
         if problems:
             raise JobFailed(f"checkpoint {checkpoint_id} cannot be restored: {'; '.join(problems)}")
         manifest = patiently(lambda: self.store.read_manifest(checkpoint_id), f"reading checkpoint {checkpoint_id}")
+        kept.check(manifest)
         return manifest, []
 
     def prepare(

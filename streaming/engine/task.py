@@ -118,6 +118,9 @@ class TaskIO:
     # a stage with Spark code: Kafka records read in Python, prepared by it as its query prepares
     # each micro-batch (``streaming.adapters.spark_stage``)
     prepare: Callable[[pa.Table], pa.Table] | None = None
+    # channel -> the offset a restore would read it from -> those time retention may delete
+    # before the checkpoint is superseded (``kafka_retention.RetentionWatch.at_risk``)
+    retention_risk: Callable[[Mapping[ChannelId, int]], Mapping[ChannelId, Any]] | None = None
 
 
 class StageTask:

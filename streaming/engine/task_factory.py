@@ -18,6 +18,7 @@ import pyarrow as pa
 from barriers.messages import ChannelId, InFlightFormat
 from operators.state import StateMemory, use_memory
 from streaming.adapters.control import ControlTopic
+from streaming.adapters.kafka_admin import OffsetsAtTime
 from streaming.adapters.kafka_io import DeadLetters, append_markers, read_range, retention_ms
 from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, kafka_records, open_sink, sink_location
 from streaming.adapters.snapshots import SnapshotStore
@@ -25,6 +26,7 @@ from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import Pipeline, Stage, TaskSpec
 from streaming.api.settings import JobSettings, Mode, StateSnapshots
 from streaming.engine import faults
+from streaming.engine.kafka_retention import RetentionWatch, relied_on_ms
 from streaming.engine.restore import plan_start
 from streaming.engine.task import StageTask, TaskIO
 from streaming.engine.uploads import Incremental
@@ -105,13 +107,18 @@ class TaskFactory:
             faults.point(name, "during_restore", self.restore)
         plan = plan_start(self.generation, self.restore, loaded)
         sink = None if stage.sink is None else self._open_sink(name, stage)
+        # each input topic's retention.ms, read once for the task
+        kept = {
+            topic: retention_ms(self.connection.kafka_bootstrap, topic)
+            for topic in sorted({c.topic for c in spec.inputs})
+        }
         task = StageTask(
             self.pipeline,
             spec,
-            self._task_io(name, stage, sink),
+            self._task_io(name, stage, sink, kept),
             start=plan.start,
             max_concurrent=self.settings.max_concurrent,
-            copy_in_flight=self._must_copy(spec),
+            copy_in_flight=self._must_copy(spec, kept),
             max_segment_records=self.settings.max_segment_records,
             segment_ms=segment_budget_ms(self.settings),
             incremental=Incremental(self.settings.base_every)
@@ -139,8 +146,18 @@ class TaskFactory:
             )
         return sink
 
-    def _task_io(self, name: str, stage: Stage, sink: ObjectStoreSink | KafkaSink | None) -> TaskIO:
-        """The task's I/O on the worker's Kafka clients, store and sink."""
+    def _task_io(
+        self, name: str, stage: Stage, sink: ObjectStoreSink | KafkaSink | None, kept: Mapping[str, int | None]
+    ) -> TaskIO:
+        """The task's I/O on the worker's Kafka clients, store and sink; what
+        its checkpoints need that time retention may delete soon (``kept``:
+        its input topics' retention.ms) is asked of Kafka once per topic and
+        checkpoint."""
+        watch = RetentionWatch(
+            kept,
+            OffsetsAtTime.shared(self.connection.kafka_bootstrap),
+            relied_on_ms(self.settings.interval_s, self.settings.timeout_s),
+        )
         if sink is None:
             stage_epoch = None
         elif isinstance(sink, KafkaSink):
@@ -159,9 +176,10 @@ class TaskFactory:
             stage_epoch=stage_epoch,
             flush=self.producer.flush,
             prepare=self.prepare.get(stage.name),
+            retention_risk=watch.at_risk if watch.retention_ms else None,
         )
 
-    def _must_copy(self, spec: TaskSpec) -> bool:
+    def _must_copy(self, spec: TaskSpec, kept: Mapping[str, int | None]) -> bool:
         """Whether unaligned channel state must be copied: a range is only good
         while Kafka keeps its records, at least until the checkpoint is superseded."""
         if self.settings.in_flight is InFlightFormat.RECORDS:
@@ -170,10 +188,9 @@ class TaskFactory:
             return False
         needed_ms = 10 * (self.settings.retain * self.settings.interval_s + self.settings.timeout_s) * 1000
         for topic in sorted({c.topic for c in spec.inputs}):
-            kept = retention_ms(self.connection.kafka_bootstrap, topic)
-            if kept is not None and kept < needed_ms:
+            if kept[topic] is not None and kept[topic] < needed_ms:
                 log.info(
-                    f"{spec.name}: topic {topic} keeps records {kept} ms, less than the {needed_ms:.0f} ms a "
+                    f"{spec.name}: topic {topic} keeps records {kept[topic]} ms, less than the {needed_ms:.0f} ms a "
                     f"checkpoint may need them: copying in-flight records instead of keeping ranges"
                 )
                 return True

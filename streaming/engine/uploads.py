@@ -1,7 +1,9 @@
 """The asynchronous phase of a task's snapshot: off the processing thread,
-copy the in-flight records (unaligned checkpoints that keep a copy), stage
-the sink epoch, write the snapshot to the store, then acknowledge on the
-control topic with the snapshot's metadata and the task's metrics.  When any
+copy the in-flight records (unaligned checkpoints that keep a copy, and
+ranges that time retention may delete before the checkpoint is superseded,
+``kafka_retention``), stage the sink epoch, write the snapshot to the
+store, then acknowledge on the control topic with the snapshot's metadata
+and the task's metrics.  When any
 step fails the task declines the checkpoint and goes on processing.
 
 A sink epoch that could not be staged (the store was down) is not lost: its
@@ -25,7 +27,7 @@ import concurrent.futures
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,21 +142,70 @@ class SnapshotUploader:
         if self._own_executor:
             self._executor.shutdown(wait=True)
 
-    def _copy_in_flight(self, checkpoint: TaskCheckpoint) -> dict[str, pa.Table]:
+    def _copy_in_flight(self, checkpoint: TaskCheckpoint, at_risk: Mapping[ChannelId, Any]) -> dict[str, pa.Table]:
         """The in-flight records of the checkpoint, read straight from Kafka in
-        bulk (not by waiting for processing to reach them)."""
-        wanted = checkpoint.barrier.options.in_flight is InFlightFormat.RECORDS or self.copy_in_flight
+        bulk (not by waiting for processing to reach them): every channel's
+        when the checkpoint keeps copies, otherwise those ``at_risk`` of
+        retention (``_at_risk``)."""
         read_range: Callable[[ChannelId, int, int], pa.Table] | None = self.io.read_range
-        if not (checkpoint.in_flight and wanted and read_range is not None):
+        copied = {c: r for c, r in checkpoint.in_flight.items() if self._copies_all(checkpoint) or c in at_risk}
+        if not (copied and read_range is not None):
             return {}
         faults.point(self.task, "during_copy", checkpoint.checkpoint_id)
-        return {str(c): read_range(c, start, end) for c, (start, end) in checkpoint.in_flight.items()}
+        return {str(c): read_range(c, start, end) for c, (start, end) in copied.items()}
+
+    def _copies_all(self, checkpoint: TaskCheckpoint) -> bool:
+        return checkpoint.barrier.options.in_flight is InFlightFormat.RECORDS or self.copy_in_flight
+
+    def _at_risk(self, checkpoint: TaskCheckpoint) -> dict[ChannelId, Any]:
+        """The offsets a restore from this checkpoint reads Kafka from (a
+        range's start, or the position) that time retention may delete
+        before the checkpoint is superseded (``io.retention_risk``: one
+        query per topic), each said in a warning: a range is copied into
+        the checkpoint instead; a position is where the task is behind."""
+        watch = self.io.retention_risk
+        if watch is None:
+            return {}
+        ranges = {} if self._copies_all(checkpoint) else checkpoint.in_flight
+        wanted = {c: ranges[c][0] if c in ranges else p for c, p in checkpoint.positions.items()}
+        try:
+            risky = dict(watch(wanted))
+        except Exception as exc:  # Kafka did not answer: the checkpoint goes on as it would have
+            log.warning("%s: checkpoint %d: retention not checked: %s", self.task, checkpoint.checkpoint_id, exc)
+            return {}
+        for channel, risk in sorted(risky.items()):
+            if channel in ranges:
+                start, end = ranges[channel]
+                log.warning(
+                    "%s: checkpoint %d: %s: retention (retention.ms %d) may delete offset %d before a later "
+                    "checkpoint supersedes this one; copying its channel state [%d, %d) into the checkpoint",
+                    self.task,
+                    checkpoint.checkpoint_id,
+                    channel,
+                    risk.retention_ms,
+                    start,
+                    start,
+                    end,
+                )
+            else:
+                log.warning(
+                    "%s: checkpoint %d: %s: retention (retention.ms %d) may delete offset %d, where a restore "
+                    "from this checkpoint resumes, before a later checkpoint supersedes it: the task is that far "
+                    "behind, and such a restore would fail (offsets gone)",
+                    self.task,
+                    checkpoint.checkpoint_id,
+                    channel,
+                    risk.retention_ms,
+                    risk.offset,
+                )
+        return risky
 
     def _upload_and_ack(self, checkpoint: TaskCheckpoint, taken: TakenSnapshot) -> None:
         checkpoint_id = checkpoint.checkpoint_id
         began = time.perf_counter()
         try:
-            copied = self._copy_in_flight(checkpoint)
+            at_risk = self._at_risk(checkpoint)
+            copied = self._copy_in_flight(checkpoint, at_risk)
             if self.io.stage_epoch is not None:
                 epoch = self._unstaged + taken.epoch
                 table = pa.concat_tables(epoch, promote_options="default") if epoch else pa.table({})
@@ -173,7 +224,7 @@ class SnapshotUploader:
                 positions={str(c): p for c, p in checkpoint.positions.items()},
                 in_flight={str(c): r for c, r in checkpoint.in_flight.items()},
                 channel_records=copied or None,
-                metadata=self._metrics(checkpoint, taken.watermarks, taken, copied),
+                metadata=self._metrics(checkpoint, taken.watermarks, taken, copied, at_risk),
                 **({"chains": chains} if chains is not None else {}),
             )
             self._wrote(snapshot, taken)
@@ -255,6 +306,7 @@ class SnapshotUploader:
         watermarks: dict[ChannelId, int],
         taken: TakenSnapshot,
         copied: dict[str, pa.Table],
+        at_risk: Mapping[ChannelId, Any],
     ) -> dict[str, Any]:
         """What the task measured of this checkpoint, kept with its snapshot (and in the manifest)."""
         wall = taken.snapshot_wall
@@ -281,6 +333,9 @@ class SnapshotUploader:
             "lineage": self.lineage.to_json(),
             "in_flight_records_copied": sum(t.num_rows for t in copied.values()),
             "in_flight_bytes_copied": sum(t.nbytes for t in copied.values()),
+            # channel -> offset a restore reads from that time retention may delete before this checkpoint
+            # is superseded (a range there was copied; a position is where the task is behind)
+            "retention_at_risk": {str(c): risk.offset for c, risk in sorted(at_risk.items())},
             # bytes of keyed-state rows the worker process spilled so far (a memory budget only)
             "state_spilled_bytes": memory.spilled_bytes if (memory := current_memory()) else None,
         }
