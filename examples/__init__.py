@@ -16,9 +16,12 @@ reference computed independently in batch by Spark SQL (``examples.check``):
 - ``examples.carts``: abandoned shopping carts, keyed state with event-time
   timers written by hand (``KeyedProcess``).
 
-Each module has ``pipeline(job)``, ``records(job)`` (its input, in the
-order it is produced), ``REFERENCE`` (the Spark SQL) and ``KEYS`` (the
-output columns that name a row).  ``combined(job)`` is every example in one
+Each module has ``pipeline(job)``, ``records(job, round=0)`` (its input,
+in the order it is produced; later rounds follow on in event time),
+``REFERENCE`` (the Spark SQL), ``KEYS`` (the output columns that name a
+row) and ``drill_workload()``, which makes it drillable (``spark-abs drill
+--pipeline orders``: endless rounds of its input, checked against its
+reference).  ``combined(job)`` is every example in one
 job (one Spark application runs them all), which is how the test suite runs
 them, in aligned and unaligned mode with a worker killed."""
 

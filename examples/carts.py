@@ -28,7 +28,7 @@ import pyarrow as pa
 from operators import KeyContext, KeyedProcess, KeyedProcessFunction
 from streaming import Ingress, Pipeline, Sink, Stage
 
-__all__ = ["CART_EVENTS", "ABANDONED", "AbandonedCarts", "pipeline", "records", "REFERENCE", "KEYS"]
+__all__ = ["CART_EVENTS", "ABANDONED", "AbandonedCarts", "pipeline", "records", "REFERENCE", "KEYS", "drill_workload"]
 
 CART_EVENTS = pa.schema([("user", pa.string()), ("action", pa.string()), ("price", pa.int64()), ("ts", pa.int64())])
 ABANDONED = pa.schema(
@@ -103,15 +103,22 @@ def partition_of(user: str, partitions: int = 2) -> int:
     return zlib.crc32(user.encode()) % partitions
 
 
-def records(job: str = "carts", *, users: int = 60, seed: int = 13) -> list[tuple[str, int, bytes]]:
+ROUND_MS = 3_600_000  # event time of one round of input (records(round=n))
+
+
+def records(job: str = "carts", *, users: int = 60, seed: int = 13, round: int = 0) -> list[tuple[str, int, bytes]]:
     """Cart events of ``users`` users over about an hour of event time, in
     event-time order: items 10 s to 8 min apart, now and then a checkout,
-    now and then a pause of 11 to 30 min (never exactly the timeout)."""
-    rng = random.Random(seed)
+    now and then a pause of 11 to 30 min (never exactly the timeout).
+    Round ``n`` is the hour ``n * ROUND_MS`` later (a cart open at the end of
+    a round goes on into the next, or is abandoned, as it would be in one
+    longer stretch)."""
+    rng = random.Random(seed if round == 0 else f"{seed}-{round}")
     events = []
     for u in range(users):
-        user, ts = f"shopper{u:03d}", rng.randint(0, 120_000)
-        while ts < 3_600_000:
+        start = round * ROUND_MS
+        user, ts = f"shopper{u:03d}", start + rng.randint(0, 120_000)
+        while ts < start + ROUND_MS:
             action = "checkout" if rng.random() < 0.15 else "add"
             events.append((ts, user, action, rng.randint(3, 120) if action == "add" else 0))
             ts += rng.randint(10_000, 480_000) if rng.random() < 0.8 else rng.randint(660_000, 1_800_000)
@@ -120,6 +127,13 @@ def records(job: str = "carts", *, users: int = 60, seed: int = 13) -> list[tupl
         (topic, partition_of(user), json.dumps({"user": user, "action": action, "price": price, "ts": ts}).encode())
         for ts, user, action, price in sorted(events)
     ]
+
+
+def drill_workload():
+    """This pipeline's workload for ``spark-abs drill`` (``examples.check.drill_workload``)."""
+    from examples import check
+
+    return check.drill_workload(records, REFERENCE, KEYS)
 
 
 # the output, computed in batch from the same topic: a user's events cut into carts where one

@@ -9,8 +9,9 @@ and registered as a view named after the topic's last part (``orders`` for
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -18,7 +19,7 @@ import pyarrow as pa
 from streaming.api.pipeline import Ingress, Pipeline
 from streaming.api.producing import end_input
 
-__all__ = ["produce", "reference", "committed", "differences", "spark_ddl"]
+__all__ = ["produce", "reference", "committed", "differences", "drill_workload", "spark_ddl"]
 
 _SPARK_TYPES = {
     pa.int64(): "BIGINT",
@@ -84,6 +85,28 @@ def _decoded(ingress: Ingress):
     # Confluent's serializers put five bytes first: a zero and the schema id
     value = F.expr("substring(value, 6)") if ingress.avro.confluent_wire else F.col("value")
     return from_avro(value, ingress.avro.json)
+
+
+def drill_workload(records: Callable[..., list[tuple[str, int, bytes]]], sql: str, keys: Sequence[str]):
+    """An example's workload for ``spark-abs drill`` (the protocol of
+    ``streaming.tools.drill_workload``: each example's ``drill_workload()``
+    returns this): its input without end, ``records(job, seed=..., round=n)``
+    for n = 0, 1, 2, ... (each round's event time and ids after the round
+    before), with a seed the drill draws; the input closed on every ingress
+    partition; its reference ``sql`` over the ingress topics (``reference``),
+    keyed by ``keys``, every other column compared."""
+    from streaming.tools.drill_workload import DrillWorkload, InputRecord
+
+    def endless(pipeline: Pipeline, rng):
+        seed = rng.randrange(1 << 30)
+        for round_ in itertools.count():
+            for topic, partition, value in records(pipeline.job, seed=seed, round=round_):
+                yield InputRecord(topic, partition, value)
+
+    def expected(spark, pipeline: Pipeline, bootstrap: str) -> pd.DataFrame:
+        return reference(spark, pipeline, sql, bootstrap)
+
+    return DrillWorkload(endless, expected, tuple(keys), sums=())
 
 
 def committed(bootstrap: str, topic: str) -> pd.DataFrame:

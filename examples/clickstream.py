@@ -31,7 +31,7 @@ import pyarrow as pa
 from operators import SessionWindowAggregate, count, max_, sum_
 from streaming import Ingress, Pipeline, Sink, Stage
 
-__all__ = ["CLICKS", "GAP_MS", "pipeline", "session_columns", "records", "REFERENCE", "KEYS"]
+__all__ = ["CLICKS", "GAP_MS", "pipeline", "session_columns", "records", "REFERENCE", "KEYS", "drill_workload"]
 
 CLICKS = pa.schema([("user", pa.string()), ("page", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
 GAP_MS = 30_000
@@ -70,15 +70,23 @@ def partition_of(user: str, partitions: int = 2) -> int:
     return zlib.crc32(user.encode()) % partitions
 
 
-def records(job: str = "clickstream", *, users: int = 40, seed: int = 3) -> list[tuple[str, int, bytes]]:
+ROUND_MS = 660_000  # event time of one round of input (records(round=n)): 10 minutes of clicks and a pause
+
+
+def records(
+    job: str = "clickstream", *, users: int = 40, seed: int = 3, round: int = 0
+) -> list[tuple[str, int, bytes]]:
     """Clicks of ``users`` users over about ten minutes of event time, in
     event-time order: within a session clicks come 0.5 to 25 s apart,
-    between two sessions 45 s to 3 min (never exactly the gap)."""
-    rng = random.Random(seed)
+    between two sessions 45 s to 3 min (never exactly the gap).  Round ``n``
+    is the ten minutes ``n * ROUND_MS`` later (every session of a round ends
+    before the next round)."""
+    rng = random.Random(seed if round == 0 else f"{seed}-{round}")
     streams = []
     for u in range(users):
-        user, ts, clicks = f"u{u:03d}", rng.randint(0, 60_000), []
-        while ts < 600_000:
+        start = round * ROUND_MS
+        user, ts, clicks = f"u{u:03d}", start + rng.randint(0, 60_000), []
+        while ts < start + 600_000:
             page = rng.choice(PAGES)
             amount = rng.randint(5, 300) if page == "checkout" else 0
             clicks.append((ts, user, page, amount))
@@ -89,6 +97,13 @@ def records(job: str = "clickstream", *, users: int = 40, seed: int = 3) -> list
         (topic, partition_of(user), json.dumps({"user": user, "page": page, "amount": amount, "ts": ts}).encode())
         for ts, user, page, amount in heapq.merge(*streams)
     ]
+
+
+def drill_workload():
+    """This pipeline's workload for ``spark-abs drill`` (``examples.check.drill_workload``)."""
+    from examples import check
+
+    return check.drill_workload(records, REFERENCE, KEYS)
 
 
 # the output, computed in batch from the same topic with Spark's session windows

@@ -30,7 +30,7 @@ from operators import Deduplicate, SlidingWindowAggregate, count, sum_
 from streaming import Ingress, Pipeline, Sink, Stage
 from streaming.adapters import avro
 
-__all__ = ["EVENTS", "pipeline", "readings", "records", "REFERENCE", "KEYS"]
+__all__ = ["EVENTS", "pipeline", "readings", "records", "REFERENCE", "KEYS", "drill_workload"]
 
 # the devices' Avro schema (event time ts in milliseconds)
 EVENTS = {
@@ -81,13 +81,18 @@ def readings(events):
     return events.select("_position", "event_id", "device", "value", "ts")
 
 
-def records(job: str = "device-events", *, events: int = 2_500, seed: int = 9) -> list[tuple[str, int, bytes]]:
+def records(
+    job: str = "device-events", *, events: int = 2_500, seed: int = 9, round: int = 0
+) -> list[tuple[str, int, bytes]]:
     """Events of 25 devices, 50 ms of event time apart, spread over two
     partitions; one in eight is sent again 1 to 4 s later on its partition
-    (the same record: its event time is the original's)."""
-    rng = random.Random(seed)
+    (the same record: its event time is the original's).  Round ``n`` is
+    the ``n``-th ``events`` events, their ids and event time after the
+    rounds before (a resend of one round may come after the next round's
+    first events, within the ingress's bound)."""
+    rng = random.Random(seed if round == 0 else f"{seed}-{round}")
     partitions: list[list[tuple[int, dict]]] = [[], []]
-    for i in range(events):
+    for i in range(round * events, (round + 1) * events):
         ts = i * 50
         event = {
             "event_id": f"e{i:06d}",
@@ -112,6 +117,13 @@ def records(job: str = "device-events", *, events: int = 2_500, seed: int = 9) -
     )
     values = avro.encode((row for _, _, _, row in sent), schema, schema_id=7)
     return [(topic, p, value) for (_, p, _, _), value in zip(sent, values)]
+
+
+def drill_workload():
+    """This pipeline's workload for ``spark-abs drill`` (``examples.check.drill_workload``)."""
+    from examples import check
+
+    return check.drill_workload(records, REFERENCE, KEYS)
 
 
 # the output, computed in batch from the same topic: every event once, per device and sliding minute

@@ -36,7 +36,7 @@ from operators import LatestValueJoin, TumblingWindowAggregate, count, select, s
 from streaming import Ingress, Pipeline, Sink, Stage
 from streaming.adapters import avro
 
-__all__ = ["ORDERS", "CUSTOMERS", "pipeline", "records", "REFERENCE", "KEYS"]
+__all__ = ["ORDERS", "CUSTOMERS", "pipeline", "records", "REFERENCE", "KEYS", "drill_workload"]
 
 ORDERS = pa.schema([("order_id", pa.int64()), ("customer", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
 # the customer table comes as Avro records (no Spark code reads it: Python decodes them)
@@ -93,20 +93,36 @@ def pipeline(job: str = "orders-by-country") -> Pipeline:
     )
 
 
-def records(job: str = "orders-by-country", *, orders: int = 2_500, seed: int = 1) -> list[tuple[str, int, bytes]]:
+def records(
+    job: str = "orders-by-country", *, orders: int = 2_500, seed: int = 1, round: int = 0
+) -> list[tuple[str, int, bytes]]:
     """The input, in the order it is produced: (topic, partition, JSON value).
     The customer table comes first; orders follow, 25 ms of event time apart,
     order i on partition i mod 2 (event-time order within a partition;
     partition 2 gets nothing),
-    a few with amounts that are not positive (filtered out)."""
+    a few with amounts that are not positive (filtered out).  Round ``n``
+    (``round=n``) is the ``n``-th such stretch of input, after the
+    ``n - 1`` before it: its orders only (the customers came in round 0),
+    their ids and event time following on."""
     rng = random.Random(seed)
     customers = [{"id": f"c{i:03d}", "name": f"customer {i}", "country": rng.choice(COUNTRIES)} for i in range(120)]
-    schema = avro.avro_schema(CUSTOMERS, what=f"{job}.customers")
-    out = [(f"{job}.customers", 0, value) for value in avro.encode(customers, schema)]
-    for i in range(orders):
+    out = []
+    if round == 0:
+        schema = avro.avro_schema(CUSTOMERS, what=f"{job}.customers")
+        out = [(f"{job}.customers", 0, value) for value in avro.encode(customers, schema)]
+    else:
+        rng.seed(f"{seed}-{round}")
+    for i in range(round * orders, (round + 1) * orders):
         order = {"order_id": i, "customer": rng.choice(customers)["id"], "amount": rng.randint(-20, 500), "ts": i * 25}
         out.append((f"{job}.orders", i % 2, json.dumps(order).encode()))
     return out
+
+
+def drill_workload():
+    """This pipeline's workload for ``spark-abs drill`` (``examples.check.drill_workload``)."""
+    from examples import check
+
+    return check.drill_workload(records, REFERENCE, KEYS)
 
 
 # the output, computed in batch from the same topics (views named after the ingress topics' last part)

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from operators import Chain, IntervalJoin, with_column
 from streaming import Ingress, Pipeline, Sink, Stage
 
-__all__ = ["PAYMENTS", "AUTHORISATIONS", "pipeline", "records", "REFERENCE", "KEYS"]
+__all__ = ["PAYMENTS", "AUTHORISATIONS", "pipeline", "records", "REFERENCE", "KEYS", "drill_workload"]
 
 PAYMENTS = pa.schema([("payment_id", pa.int64()), ("auth_id", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
 AUTHORISATIONS = pa.schema(
@@ -89,14 +89,19 @@ def partition_of(auth_id: str, partitions: int = 2) -> int:
     return zlib.crc32(auth_id.encode()) % partitions
 
 
-def records(job: str = "payments", *, authorisations: int = 800, seed: int = 5) -> list[tuple[str, int, bytes]]:
+def records(
+    job: str = "payments", *, authorisations: int = 800, seed: int = 5, round: int = 0
+) -> list[tuple[str, int, bytes]]:
     """Authorisations a second apart on average, each followed by none to two
     payments 1 s to 6 min later (some too late for it, some above the
     authorised amount), and a few payments naming no authorisation; every
-    record in event-time order within its partition."""
-    rng = random.Random(seed)
-    events, payment_id, ts = [], 0, 0
-    for a in range(authorisations):
+    record in event-time order within its partition.  Round ``n`` follows
+    the ``n`` before it: its event time ``n * 3 * authorisations`` seconds
+    later (after every payment of the round before), its ids after theirs."""
+    rng = random.Random(seed if round == 0 else f"{seed}-{round}")
+    ts = round * authorisations * 3_000
+    events, payment_id = [], round * authorisations * 3
+    for a in range(round * authorisations, (round + 1) * authorisations):
         ts += rng.randint(200, 1_800)
         auth = {"auth_id": f"a{a:05d}", "merchant": rng.choice(MERCHANTS), "authorised": rng.randint(10, 500), "ts": ts}
         events.append((ts, "authorisations", auth))
@@ -116,6 +121,13 @@ def records(job: str = "payments", *, authorisations: int = 800, seed: int = 5) 
             payment_id += 1
     ordered = sorted(events, key=lambda e: (e[0], e[1], json.dumps(e[2])))
     return [(f"{job}.{topic}", partition_of(row["auth_id"]), json.dumps(row).encode()) for _, topic, row in ordered]
+
+
+def drill_workload():
+    """This pipeline's workload for ``spark-abs drill`` (``examples.check.drill_workload``)."""
+    from examples import check
+
+    return check.drill_workload(records, REFERENCE, KEYS)
 
 
 # the output, computed in batch from the same topics

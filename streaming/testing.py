@@ -21,6 +21,7 @@ __all__ = [
     "LineCollector",
     "assert_eventually",
     "broken_money_pipeline",
+    "drill_workload",
     "slow_pipeline",
     "money_job",
     "MoneyJob",
@@ -142,6 +143,14 @@ def broken_money_pipeline(job: str = "broken-money", broken: str = "lose", every
         good.stages[0], operator=lambda: Chain(map_batches(bug, name=f"{broken}-bug"), transfer_legs())
     )
     return Pipeline(good.job, good.ingress, (legs, *good.stages[1:]))
+
+
+def drill_workload():
+    """The broken money pipelines' drill workload: the money pipeline's
+    (``streaming.tools.demo.drill_workload``), whose reference they miss."""
+    from streaming.tools import demo
+
+    return demo.drill_workload()
 
 
 class LineCollector(logging.Handler):

@@ -52,6 +52,7 @@ __all__ = [
     "produce_transfers",
     "expected_output",
     "money_in_checkpoint",
+    "drill_workload",
     "main",
 ]
 
@@ -214,6 +215,76 @@ def money_in_checkpoint(
         for channel, table in records.items():
             in_flight += _amounts(table, ChannelId.parse(channel), loaded.snapshot.generation, lineage)
     return Money(checkpoint_id, balances, in_flight, accounts)
+
+
+def drill_workload(*, accounts: int = 10, malformed_every: int = 997):
+    """The money pipeline's ``streaming.tools.drill_workload.DrillWorkload``
+    (``spark-abs drill``'s protocol): transfers between ``accounts``
+    accounts, ``STEP_MS`` of event time apart, one record in
+    ``malformed_every`` not JSON; the reference computed by Spark from the
+    transfers topic (``money_reference``); every checkpoint must conserve
+    money (``money_in_checkpoint``)."""
+    from streaming.tools.drill_workload import DrillWorkload, InputRecord
+
+    def records(pipeline: Pipeline, rng: random.Random):
+        ingress = pipeline.ingress[0]
+        names = [f"acct-{i:02d}" for i in range(accounts)]
+        i = 0
+        while True:
+            partition = i % ingress.partitions
+            if rng.randrange(malformed_every) == 0:
+                yield InputRecord(ingress.topic, partition, b"{not json: %d" % i, malformed=True)
+            source, target = rng.sample(names, 2)
+            transfer = {"id": i, "source": source, "target": target, "amount": rng.randint(1, 500), "ts": i * STEP_MS}
+            yield InputRecord(ingress.topic, partition, json.dumps(transfer).encode(), key=source.encode())
+            i += 1
+
+    def conserved(store, checkpoint_id: int, read_range: Callable) -> int:
+        return money_in_checkpoint(store, checkpoint_id, read_range).total
+
+    def output(table: pa.Table):
+        import pandas as pd
+
+        return pd.DataFrame(normalise(table), columns=list(_COLUMNS))
+
+    return DrillWorkload(
+        records, money_reference, ("account", "window_start"), ("net", "legs"), conserved=conserved, output=output
+    )
+
+
+def money_reference(spark, pipeline: Pipeline, bootstrap: str):
+    """The money pipeline's windows, computed in batch by Spark from the
+    transfers topic: every JSON transfer's two legs, summed per account and
+    one-second window (records that are not transfers are left out, as the
+    pipeline sends them to the dead letters)."""
+    from pyspark.sql import functions as F
+
+    topic = pipeline.ingress[0].topic
+    raw = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .load()
+    )
+    schema = "id BIGINT, source STRING, target STRING, amount BIGINT, ts BIGINT"
+    transfers = (
+        raw.select(F.from_json(F.col("value").cast("string"), schema).alias("t"))
+        .select("t.*")
+        .where("id IS NOT NULL AND source IS NOT NULL AND target IS NOT NULL AND amount IS NOT NULL AND ts IS NOT NULL")
+    )
+    legs = transfers.select(F.col("source").alias("account"), (-F.col("amount")).alias("amount"), "ts").unionByName(
+        transfers.select(F.col("target").alias("account"), "amount", "ts")
+    )
+    start = (F.floor(F.col("ts") / WINDOW_MS) * WINDOW_MS).cast("long")
+    windows = (
+        legs.groupBy("account", start.alias("window_start"))
+        .agg(F.sum("amount").alias("net"), F.count("*").alias("legs"))
+        .withColumn("window_end", F.col("window_start") + WINDOW_MS)
+        .select("account", "window_start", "window_end", "net", "legs")
+    )
+    return windows.toPandas()
 
 
 def _amounts(records: pa.Table, channel: ChannelId, generation: int, lineage: Lineage) -> int:

@@ -35,8 +35,23 @@ give every chosen kind ``k / kinds`` times (rounded):
 
 Each failure waits for recovery (a checkpoint completes after it), which the
 report times; ``--seed`` makes the plan (kinds, order, moments, fault points,
-damage) the same again.  A user's pipeline is drilled with a workload they
-name, ``module:function`` returning a ``DrillWorkload``."""
+damage) the same again.
+
+At scale: ``--failures N`` and/or ``--duration 45m`` (``DrillBudget``: no
+failure starts that would not end, at the 90th percentile of the recoveries
+so far, before the duration less the time kept to drain and check); a
+failure not recovered within ``--recovery-limit`` seconds stops the drill,
+which fails saying so; ``--mode aligned,unaligned`` drills each mode in
+turn, a job of its own, sharing the failures and the duration.  The report
+gives each recovery's time, its percentiles (p50, p90, p99, max) per kind
+and mode, the input records each restore read again, and the output checked
+against the reference at the end (drift).
+
+Any pipeline whose module provides a workload by the protocol of
+``streaming.tools.drill_workload`` (``drill_workload()``) can be drilled:
+``--pipeline money`` (the default), ``orders``, ``clickstream``,
+``payments``, ``devices``, ``carts`` (``examples/``), or ``module:attribute``
+(``--workload module:function`` names a workload of another module)."""
 
 from __future__ import annotations
 
@@ -65,32 +80,49 @@ from streaming.tools.drill_plan import (
     DAMAGES,
     KINDS,
     ORPHAN_BOUND_S,
+    DrillBudget,
     Failure,
     FailureKind,
     FailureOutcome,
     fault_pools,
+    parse_duration,
     plan_failures,
 )
 from streaming.tools.drill_verify import DrillVerification
-from streaming.tools.drill_workload import DrillWorkload, InputRecord, load_workload, money_workload
+from streaming.tools.drill_workload import (
+    PIPELINES,
+    DrillWorkload,
+    InputRecord,
+    load_workload,
+    pipeline_reference,
+    workload_for,
+)
 
 __all__ = [
     "DAMAGES",
     "KINDS",
     "ORPHAN_BOUND_S",
+    "PIPELINES",
+    "DrillBudget",
     "DrillReport",
+    "DrillRun",
     "DrillWorkload",
     "Failure",
     "FailureKind",
     "FailureOutcome",
     "InputRecord",
-    "money_workload",
     "fault_pools",
     "job_processes",
     "job_worker_pids",
+    "load_workload",
     "plan_failures",
     "run_drill",
+    "split_failures",
+    "workload_for",
 ]
+
+# failures planned for a phase bounded by its duration alone (the duration stops it long before)
+_UNBOUNDED = 100_000
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +143,31 @@ class DrillReport:
     seconds: float
     problems: list[str]  # what went wrong outside the expectations (a failure not recovered, an orphan)
     report_dir: Path | None = None
+    stopped: str = ""  # why failures stopped before the plan's end (the duration), or the drill itself did
 
     @property
     def passed(self) -> bool:
         return not self.problems and bool(self.checks) and all(c.success for c in self.checks)
+
+
+@dataclass
+class DrillRun:
+    """A whole ``spark-abs drill``: one ``DrillReport`` per mode drilled, in turn."""
+
+    pipeline: str
+    seed: int
+    phases: list[DrillReport]
+    seconds: float
+    budget: DrillBudget
+    requested: int | None  # the failures asked for (None: as many as the duration allows)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.phases) and all(p.passed for p in self.phases)
+
+    @property
+    def outcomes(self) -> list[FailureOutcome]:
+        return [o for p in self.phases for o in p.outcomes]
 
 
 class Drill:
@@ -140,7 +193,9 @@ class Drill:
         report_dir: Path,
         runtime=None,
         spark=None,
-        recover_timeout_s: float = 180.0,
+        budget: DrillBudget | None = None,
+        failures_end: float | None = None,  # monotonic time after which no failure may end (None: no bound)
+        on_failure: Callable[[FailureOutcome], None] | None = None,
         state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
     ):
         self.connection = connection
@@ -153,7 +208,11 @@ class Drill:
         self.store_uri = store_uri
         self.report_dir = report_dir
         self.spark = spark
-        self.recover_timeout_s = recover_timeout_s
+        self.budget = budget = budget or DrillBudget()
+        self.failures_end = failures_end
+        self.on_failure = on_failure
+        self.recover_timeout_s = budget.recovery_limit_s
+        self.stopped = ""
         self.job = f"drill-{seed}-{uuid.uuid4().hex[:6]}"
         self.pipeline = load_pipeline(pipeline, self.job)
         _check_kinds(kinds, runtime, store_uri)
@@ -167,7 +226,8 @@ class Drill:
             store_uri=store_uri,
             report_dir=report_dir,
             state_snapshots=parse_choice(StateSnapshots, state_snapshots, "state snapshots"),
-            max_restores=2 * len(self.plan) + 10,  # a fault during a restore makes two restores of one failure
+            # a fault during a restore makes two restores of one failure (a duration-bound plan: at most one a second)
+            max_restores=2 * (len(self.plan) if len(self.plan) < _UNBOUNDED else int(budget.duration_s or 0)) + 10,
         )
         self.started = time.monotonic()
         self.problems: list[str] = []  # what went wrong outside the expectations
@@ -185,7 +245,7 @@ class Drill:
             log=self._log,
             problems=self.problems,
             started=self.started,
-            recover_timeout_s=recover_timeout_s,
+            recover_timeout_s=self.recover_timeout_s,
         )
 
     def _log(self, line: str) -> None:
@@ -207,26 +267,52 @@ class Drill:
     # ---- the steps
 
     def run(self) -> DrillReport:
-        """Prepare the job, feed it, start it, inject every failure, close
-        the input, drain the job, check; whatever of the job still runs is
-        stopped."""
+        """Prepare the job, feed it, start it, inject every failure that fits
+        the budget, close the input, drain the job, check; whatever of the
+        job still runs is stopped.  A failure not recovered within the limit
+        ends the drill there: no drain, no checks, a failed report."""
         self._prepare()
         self.feed.thread.start()
         self.watch.thread.start()
         rng = random.Random(self.seed + 1)
+        frames: dict[str, pd.DataFrame] = {}
+        checks: list = []
         try:
             self._start()
-            for failure in self.plan:
-                self._inject(failure, rng)
-            self._close_input()
-            self._drain()
-            frames, checks = self._check()
+            if self._inject_all(rng):
+                self._close_input()
+                self._drain()
+                frames, checks = self._check()
         finally:
             self._stop.set()
             self.drilled.stop()
         report = self._report(checks, frames)
         self.drilled.store.close()
         return report
+
+    def _inject_all(self, rng: random.Random) -> bool:
+        """Inject the plan's failures while they fit the budget; False when
+        one was not recovered within the limit (the drill stops)."""
+        recoveries: list[float] = []
+        for failure in self.plan:
+            if not self.budget.fits(time.monotonic() + failure.delay_s, self.failures_end, recoveries):
+                self.stopped = f"the duration allowed {len(self.outcomes)} of the {len(self.plan)} failures planned"
+                if len(self.plan) >= _UNBOUNDED:
+                    self.stopped = f"the duration allowed {len(self.outcomes)} failures"
+                self._log(self.stopped)
+                return True
+            outcome = self._inject(failure, rng)
+            if self.on_failure is not None:
+                self.on_failure(outcome)
+            if not outcome.recovered:
+                self.stopped = (
+                    f"failure {failure.index + 1} ({failure.describe()}) not recovered within the limit of "
+                    f"{self.recover_timeout_s:.0f} s (--recovery-limit): the drill stopped there"
+                )
+                self._log(self.stopped)
+                return False
+            recoveries.append(outcome.recovered_s)
+        return True
 
     def _prepare(self) -> None:
         """The job's topics, as ``spark-abs run`` would make them, before any record is sent."""
@@ -235,8 +321,9 @@ class Drill:
         prepare = JobRunner(self.pipeline_ref, JobSettings(store=self.store_uri), self.connection, job=self.job)
         prepare.prepare()
         prepare.store.close()
+        count = "failures until the duration" if len(self.plan) >= _UNBOUNDED else f"{len(self.plan)} failures"
         self._log(
-            f"drill {self.job}: {len(self.plan)} failures from seed {self.seed} on {self.pipeline_ref} "
+            f"drill {self.job}: {count} from seed {self.seed} on {self.pipeline_ref} "
             f"({self.mode} checkpoints every {self.interval_s:g} s, {self.rate:g} records/s); report in {self.report_dir}"
         )
 
@@ -248,12 +335,14 @@ class Drill:
             )
         self._log(f"job up: checkpoint {self.drilled.completed()[-1]} complete")
 
-    def _inject(self, failure: Failure, rng: random.Random) -> None:
+    def _inject(self, failure: Failure, rng: random.Random) -> FailureOutcome:
         time.sleep(failure.delay_s)
-        self._log(f"failure {failure.index + 1}/{len(self.plan)}: {failure.describe()}")
+        of = "" if len(self.plan) >= _UNBOUNDED else f"/{len(self.plan)}"
+        self._log(f"failure {failure.index + 1}{of}: {failure.describe()}")
         outcome = self.failures.inject(failure, rng)
         self.outcomes.append(outcome)
         self._log("  " + _outcome_line(outcome))
+        return outcome
 
     def _close_input(self) -> None:
         self._stop.set()
@@ -290,10 +379,11 @@ class Drill:
             frames,
             self.feed.produced,
             len(self.feed.malformed),
-            len(frames["checkpoints"]),
+            len(frames["checkpoints"]) if "checkpoints" in frames else len(self.drilled.completed()),
             round(time.monotonic() - self.started, 1),
             self.problems,
             self.report_dir,
+            self.stopped,
         )
 
 
@@ -327,55 +417,138 @@ def _outcome_line(outcome: FailureOutcome) -> str:
     return "; ".join(parts)
 
 
+def split_failures(failures: int | None, modes: int) -> list[int]:
+    """``failures`` shared between ``modes`` phases, the first ones taking
+    what does not divide; None (bounded by a duration alone): as many as fit
+    in each."""
+    if failures is None:
+        return [_UNBOUNDED] * modes
+    return [failures // modes + (1 if i < failures % modes else 0) for i in range(modes)]
+
+
+def _modes(mode: Mode | str | Sequence[Mode | str]) -> list[Mode]:
+    names = mode.split(",") if isinstance(mode, str) else list(mode)
+    modes = [parse_choice(Mode, m.strip() if isinstance(m, str) else m, "mode") for m in names]
+    if not modes:
+        raise ConfigError("a drill needs at least one mode")
+    return modes
+
+
 def run_drill(
     connection: Connection | None = None,
     *,
-    pipeline: str = "streaming.tools.demo:pipeline",
+    pipeline: str = "money",
     workload: DrillWorkload | str | None = None,
-    failures: int = 10,
+    failures: int | None = 10,
+    duration_s: float | None = None,
     seed: int = 1,
     kinds: Sequence[FailureKind | str] = KINDS,
-    mode: Mode | str = Mode.ALIGNED,
+    mode: Mode | str | Sequence[Mode | str] = Mode.ALIGNED,
     interval_s: float = 1.0,
     rate: float = 200.0,
     store_uri: str | None = None,
     report_dir: Path | None = None,
     runtime=None,
     spark=None,
+    recovery_limit_s: float = 180.0,
+    on_failure: Callable[[FailureOutcome], None] | None = None,
     state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
-) -> DrillReport:
+) -> DrillRun:
     """Run a drill (see the module docstring) and write its report; the
-    local runtime is started when no ``connection`` is given.  Its progress
-    is logged (INFO)."""
+    local runtime is started when no ``connection`` is given.  ``pipeline``
+    is a short name (``PIPELINES``) or ``module:attribute``; its workload
+    comes from its module (``workload_for``) unless ``workload`` names or
+    is one.  ``mode`` may name several (``"aligned,unaligned"``): each is a
+    phase of its own, in turn, the failures and the duration shared between
+    them.  ``on_failure`` hears of each failure's outcome as it comes.  Its
+    progress is logged (INFO)."""
     from streaming.tools import drill_report
 
+    if failures is None and duration_s is None:
+        raise ConfigError("a drill needs a number of failures, a duration, or both")
+    if failures is not None and failures < 0:
+        raise ConfigError(f"failures must be 0 or more, got {failures}")
+    budget = DrillBudget(duration_s, recovery_limit_s=recovery_limit_s)
+    modes = _modes(mode)
+    chosen = tuple(parse_choice(FailureKind, k, "failure kind") for k in kinds)
+    pipeline = pipeline_reference(pipeline)
+    if not isinstance(workload, DrillWorkload):
+        workload = load_workload(workload) if workload else workload_for(pipeline)
+    started = time.monotonic()
+    run_end = None if duration_s is None else started + duration_s
     if connection is None:
         from streaming.local import LocalRuntime
 
         runtime = runtime or LocalRuntime(progress=log.info)
         connection = runtime.up()
-    chosen = tuple(parse_choice(FailureKind, k, "failure kind") for k in kinds)
     store_uri = store_uri or f"s3://{connection.s3_bucket}/drills"
-    report_dir = report_dir or default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S")
-    drill = Drill(
-        connection,
-        pipeline=pipeline,
-        workload=workload if isinstance(workload, DrillWorkload) else load_workload(workload),
-        failures=failures,
-        seed=seed,
-        kinds=chosen,
-        mode=mode,
-        interval_s=interval_s,
-        rate=rate,
-        store_uri=store_uri,
-        report_dir=Path(report_dir),
-        runtime=runtime,
-        spark=spark,
-        state_snapshots=state_snapshots,
-    )
-    report = drill.run()
-    drill_report.write(report, Path(report_dir))
-    return report
+    report_dir = Path(report_dir or default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S"))
+    phases: list[DrillReport] = []
+    for index, (phase_mode, count) in enumerate(zip(modes, split_failures(failures, len(modes)))):
+        drill = Drill(
+            connection,
+            pipeline=pipeline,
+            workload=workload,
+            failures=count,
+            seed=seed + 7919 * index,  # the first mode's plan is the plan of a drill of that mode alone
+            kinds=chosen,
+            mode=phase_mode,
+            interval_s=interval_s,
+            rate=rate,
+            store_uri=store_uri,
+            report_dir=report_dir if len(modes) == 1 else report_dir / str(phase_mode),
+            runtime=runtime,
+            spark=spark,
+            budget=budget,
+            failures_end=budget.phase_end(time.monotonic(), run_end, len(modes) - index),
+            on_failure=on_failure,
+            state_snapshots=state_snapshots,
+        )
+        phases.append(drill.run())
+        if not phases[-1].passed and not phases[-1].checks:  # stopped: a failure not recovered
+            break
+    run = DrillRun(pipeline, seed, phases, round(time.monotonic() - started, 1), budget, failures)
+    drill_report.write(run, report_dir)
+    return run
+
+
+class _ProgressBar:
+    """The drill's progress on a terminal (rich): failures done (of how many,
+    or of the duration), the last recovery and the percentiles so far."""
+
+    def __init__(self, failures: int | None, duration_s: float | None):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.total = failures
+        self.duration_s = duration_s
+        self.recoveries: list[float] = []
+        self.progress = Progress(
+            TextColumn("[bold]drill[/bold]"),
+            BarColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            transient=False,
+        )
+        self.task = self.progress.add_task(self._text(0), total=failures)
+        self.done = 0
+
+    def _text(self, done: int) -> str:
+        from streaming.tools.drill_plan import percentile
+
+        of = f"{done}/{self.total}" if self.total is not None else f"{done}"
+        text = f"{of} failures"
+        if self.recoveries:
+            p50, p90 = percentile(self.recoveries, 50), percentile(self.recoveries, 90)
+            text += f", recovered in p50 {p50:.1f} s, p90 {p90:.1f} s, max {max(self.recoveries):.1f} s"
+        if self.duration_s is not None:
+            text += f" (duration {self.duration_s / 60:.0f} min)"
+        return text
+
+    def __call__(self, outcome: FailureOutcome) -> None:
+        self.done += 1
+        if outcome.recovered_s is not None:
+            self.recoveries.append(outcome.recovered_s)
+        self.progress.update(self.task, advance=1, description=self._text(self.done))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,7 +560,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="spark-abs drill", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--failures", type=int, default=10, help="failures to inject (default 10)")
+    parser.add_argument("--failures", type=int, help="failures to inject (default 10, or as many as --duration allows)")
+    parser.add_argument(
+        "--duration",
+        help="bound the whole drill: 45m, 1h30m, 90s (failures stop in time to drain and check within it)",
+    )
+    parser.add_argument(
+        "--recovery-limit",
+        type=float,
+        default=180.0,
+        help="seconds a failure may take to recover before the drill stops and fails (default 180)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="draws the failures, moments and workload (default 1)")
     parser.add_argument(
         "--kinds",
@@ -395,15 +578,22 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated failure kinds, taken in turn (default all: {','.join(KINDS)})",
     )
     mode = JobSettings.default("mode")
-    parser.add_argument("--mode", default=mode, choices=MODES, help=f"checkpoint mode (default {mode})")
+    parser.add_argument(
+        "--mode",
+        default=mode,
+        help=f"checkpoint mode, or several comma-separated, drilled in turn ({', '.join(MODES)}; default {mode})",
+    )
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints (default 1)")
     add_state_snapshot_options(parser, base_every=False)
     parser.add_argument("--rate", type=float, default=200.0, help="input records per second (default 200)")
     parser.add_argument(
-        "--pipeline", default="streaming.tools.demo:pipeline", help="module:attribute (default the money pipeline)"
+        "--pipeline",
+        default="money",
+        help=f"a short name ({', '.join(PIPELINES)}) or module:attribute whose module provides "
+        "drill_workload() (default money)",
     )
     parser.add_argument(
-        "--workload", help="module:function returning a DrillWorkload for --pipeline (default the money workload)"
+        "--workload", help="module:function returning a DrillWorkload for --pipeline (default its module's)"
     )
     parser.add_argument("--store", help="snapshot store URI (default s3://<local bucket>/drills)")
     parser.add_argument("--out", help="report directory (default <home>/drills/<time>)")
@@ -414,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
     console.install("[drill] ")
     if os.getcwd() not in sys.path:  # the user's pipeline and workload modules
         sys.path.insert(0, os.getcwd())
+    duration_s = parse_duration(args.duration) if args.duration else None
+    failures = args.failures if args.failures is not None or duration_s is not None else 10
     connection = Connection.from_env(os.environ)
     runtime = None
     if connection is None:
@@ -421,11 +613,12 @@ def main(argv: list[str] | None = None) -> int:
         connection = runtime.up()
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     out = Path(args.out) if args.out else default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S")
-    report = run_drill(
-        connection,
+    bar = _ProgressBar(failures, duration_s) if sys.stdout.isatty() else None
+    options = dict(
         pipeline=args.pipeline,
         workload=args.workload,
-        failures=args.failures,
+        failures=failures,
+        duration_s=duration_s,
         seed=args.seed,
         kinds=kinds,
         mode=args.mode,
@@ -435,8 +628,15 @@ def main(argv: list[str] | None = None) -> int:
         store_uri=args.store,
         report_dir=out,
         runtime=runtime,
+        recovery_limit_s=args.recovery_limit,
+        on_failure=bar,
     )
+    if bar is None:
+        run = run_drill(connection, **options)
+    else:
+        with bar.progress:
+            run = run_drill(connection, **options)
     print()
-    print(drill_report.render(report))
-    print(f"\nreport: {out / 'report.md'} (and report.json, gx-*.json, *.csv)")
-    return 0 if report.passed else 1
+    print(drill_report.render(run))
+    print(f"\nreport: {out / 'report.md'} (and report.json, recoveries.png, gx-*.json, *.csv)")
+    return 0 if run.passed else 1

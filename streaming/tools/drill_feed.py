@@ -78,7 +78,7 @@ class WorkloadFeed:
                 pause = sent - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)
-            for record in self.workload.end(self.pipeline):
+            for record in self.workload.closing(self.pipeline):
                 producer.send(
                     record.topic, value=record.value, headers=list(record.headers), partition=record.partition
                 )

@@ -53,7 +53,9 @@ class DrillVerification:
 
         self.log("checking: the reference in batch with Spark, the output, every checkpoint, the dead letters")
         reference = self.workload.reference(self._spark(), self.pipeline, self.connection.kafka_bootstrap)
-        joined = drill_checks.output_frame(self._output(reference), reference, self.workload.keys)
+        keys = self.workload.keys
+        sums = self.workload.sums or tuple(c for c in reference.columns if c not in keys)
+        joined = drill_checks.output_frame(self._output(reference), reference, keys)
         checkpoints = self._checkpoint_frame()
         letters = self._dead_letter_frame()
         frames = {"output": joined, "checkpoints": checkpoints, "dead_letters": letters}
@@ -62,8 +64,8 @@ class DrillVerification:
                 functools.partial(
                     drill_checks.output_suite,
                     expected_rows=len(reference),
-                    keys=self.workload.keys,
-                    sums=self.workload.sums,
+                    keys=keys,
+                    sums=sums,
                 ),
                 joined,
             ),
@@ -73,7 +75,7 @@ class DrillVerification:
             ),
             "dead_letters": (drill_checks.dead_letter_suite, letters),
         }
-        index = {"output": self.workload.keys, "checkpoints": ["checkpoint"], "dead_letters": ["source", "offset"]}
+        index = {"output": keys, "checkpoints": ["checkpoint"], "dead_letters": ["source", "offset"]}
         return frames, drill_checks.validate(suites, index)
 
     def _spark(self):
@@ -85,13 +87,20 @@ class DrillVerification:
         return spark_session(SparkSettings(master=self.connection.spark_master, app_name=f"{self.job.job}-reference"))
 
     def _output(self, reference: pd.DataFrame) -> pd.DataFrame:
-        """The committed output as a frame (empty, with the reference's columns, when there is none)."""
+        """The committed output as a frame (empty, with the reference's
+        columns, when there is none): an object-store sink's epochs, or the
+        JSON values a Kafka sink committed to its topic."""
         from streaming.adapters.sinks import read_committed_output, sink_location
+        from streaming.api.pipeline import SinkKind
         from streaming.api.settings import JobSettings
 
-        table = read_committed_output(
-            sink_location(JobSettings(store=self.job.store_uri), self.job.job, self.connection)
-        )
+        sink = next(s.sink for s in self.pipeline.stages if s.sink is not None)
+        if sink.kind is SinkKind.KAFKA:
+            table = _committed_json(self.connection.kafka_bootstrap, sink.topic)
+        else:
+            table = read_committed_output(
+                sink_location(JobSettings(store=self.job.store_uri), self.job.job, self.connection)
+            )
         to_frame = self.workload.output or (lambda t: t.to_pandas())
         return to_frame(table) if table is not None else reference.iloc[0:0]
 
@@ -162,3 +171,26 @@ class DrillVerification:
                 }
             )
         return pd.DataFrame(rows, columns=["source", "offset", "letters", "reason"])
+
+
+def _committed_json(bootstrap: str, topic: str):
+    """The JSON values committed to ``topic`` (read_committed) as a pyarrow
+    table, or None when there is none."""
+    import pyarrow as pa
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        consumer_timeout_ms=3000,
+    )
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(partitions)
+        for tp in partitions:
+            consumer.seek_to_beginning(tp)
+        rows = [json.loads(r.value) for r in consumer if r.value]
+    finally:
+        consumer.close()
+    return pa.Table.from_pylist(rows) if rows else None

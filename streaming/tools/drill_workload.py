@@ -1,11 +1,23 @@
-"""What a restore drill feeds a pipeline and how it checks the output
-(``streaming.tools.drill``): ``DrillWorkload``, the money pipeline's
-(``money_workload``) and a user's, named ``module:function``
-(``load_workload``)."""
+"""What a restore drill feeds a pipeline and what it checks the output
+against (``streaming.tools.drill``): ``DrillWorkload``, and the protocol a
+pipeline provides it by (``workload_for``).
+
+The protocol: the module that defines a pipeline also defines
+
+    def drill_workload() -> DrillWorkload
+
+which says how to make the pipeline's input without end, how to close it,
+and how to compute its expected output independently (in batch, from the
+ingress topics).  ``spark-abs drill --pipeline module:attribute`` takes the
+workload from there (``--workload module:function`` names another).  The
+money pipeline (``streaming.tools.demo``) provides its own this way, as
+does every pipeline of ``examples/`` (``examples.check.drill_workload``
+builds theirs from their ``records``, ``REFERENCE`` and ``KEYS``).  Short
+names stand for these (``PIPELINES``: ``money``, ``orders``, ...)."""
 
 from __future__ import annotations
 
-import json
+import importlib
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -15,9 +27,27 @@ import pandas as pd
 
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.pipeline import Pipeline
+from streaming.api.producing import MAX_WATERMARK, watermark_record_headers
 from streaming.errors import ConfigError
 
-__all__ = ["DrillWorkload", "InputRecord", "demo_output", "load_workload", "money_reference", "money_workload"]
+__all__ = [
+    "PIPELINES",
+    "PROTOCOL",
+    "DrillWorkload",
+    "InputRecord",
+    "end_of_input",
+    "load_workload",
+    "pipeline_reference",
+    "workload_for",
+]
+
+# the attribute of a pipeline's module that gives its drill workload
+PROTOCOL = "drill_workload"
+# short names of the pipelines that provide one
+PIPELINES = {
+    "money": "streaming.tools.demo:pipeline",
+    **{name: f"examples.{name}:pipeline" for name in ("orders", "clickstream", "payments", "devices", "carts")},
+}
 
 
 @dataclass(frozen=True)
@@ -35,110 +65,77 @@ class DrillWorkload:
     """What a drill feeds a pipeline and how it checks the output.
 
     ``records(pipeline, rng)`` yields input records without end (the drill
-    sends them at its rate while failures go on); ``end(pipeline)`` the
-    records that close the input; ``reference(spark, pipeline, bootstrap)``
-    the expected output, computed in batch by Spark from the ingress topics,
-    as a pandas frame with the ``keys`` and ``sums`` columns; and, when the
-    pipeline conserves something, ``conserved(store, checkpoint_id,
-    read_range)`` its total in a checkpoint (zero when conserved)."""
+    sends them at its rate while failures go on), in the order a producer
+    sends them; ``end(pipeline)`` the records that close the input (by
+    default ``end_of_input``: every ingress partition's watermark to the
+    end); ``reference(spark, pipeline, bootstrap)`` the expected output,
+    computed in batch by Spark from the ingress topics, never by the
+    pipeline's operators, as a pandas frame with the ``keys`` columns (they
+    name a row) and the ``sums`` columns (each compared with the output's
+    for every key); when the pipeline conserves something, ``conserved(store,
+    checkpoint_id, read_range)`` its total in a checkpoint (zero when
+    conserved); ``output(table)`` the committed output (a pyarrow table: an
+    object-store sink's rows, or a Kafka sink's JSON values) as a frame
+    (default: as it is)."""
 
     records: Callable[[Pipeline, random.Random], Iterator[InputRecord]]
-    end: Callable[[Pipeline], list[InputRecord]]
     reference: Callable[[Any, Pipeline, str], pd.DataFrame]
     keys: tuple[str, ...]
     sums: tuple[str, ...]
+    end: Callable[[Pipeline], list[InputRecord]] | None = None
     conserved: Callable[[SnapshotStore, int, Callable], int] | None = None
-    output: Callable[[Any], pd.DataFrame] | None = None  # committed output table -> frame (default: to_pandas)
+    output: Callable[[Any], pd.DataFrame] | None = None
+
+    def closing(self, pipeline: Pipeline) -> list[InputRecord]:
+        """The records that close the input."""
+        return (self.end or end_of_input)(pipeline)
 
 
-def money_workload(*, accounts: int = 10, malformed_every: int = 997) -> DrillWorkload:
-    """The money pipeline's workload: transfers between ``accounts`` accounts
-    (event time 10 ms apart), one record in ``malformed_every`` not JSON."""
-    from streaming.api.producing import MAX_WATERMARK, watermark_record_headers
-    from streaming.tools import demo
-
-    def records(pipeline: Pipeline, rng: random.Random) -> Iterator[InputRecord]:
-        ingress = pipeline.ingress[0]
-        names = [f"acct-{i:02d}" for i in range(accounts)]
-        i = 0
-        while True:
-            partition = i % ingress.partitions
-            if rng.randrange(malformed_every) == 0:
-                yield InputRecord(ingress.topic, partition, b"{not json: %d" % i, malformed=True)
-            source, target = rng.sample(names, 2)
-            transfer = {"id": i, "source": source, "target": target, "amount": rng.randint(1, 500), "ts": i * 10}
-            yield InputRecord(ingress.topic, partition, json.dumps(transfer).encode(), key=source.encode())
-            i += 1
-
-    def end(pipeline: Pipeline) -> list[InputRecord]:
-        ingress = pipeline.ingress[0]
-        headers = tuple(watermark_record_headers(MAX_WATERMARK))  # the end of the input (streaming.end_input)
-        return [InputRecord(ingress.topic, p, b"", headers) for p in range(ingress.partitions)]
-
-    def conserved(store: SnapshotStore, checkpoint_id: int, read_range: Callable) -> int:
-        return demo.money_in_checkpoint(store, checkpoint_id, read_range).total
-
-    return DrillWorkload(
-        records, end, money_reference, ("account", "window_start"), ("net", "legs"), conserved, demo_output
-    )
+def end_of_input(pipeline: Pipeline) -> list[InputRecord]:
+    """A watermark at the end of time on every partition of every ingress
+    topic (as ``streaming.end_input`` sends it)."""
+    headers = tuple(watermark_record_headers(MAX_WATERMARK))
+    return [InputRecord(i.topic, p, b"", headers) for i in pipeline.ingress for p in range(i.partitions)]
 
 
-def demo_output(table) -> pd.DataFrame:
-    from streaming.tools import demo
-
-    return pd.DataFrame(demo.normalise(table), columns=["account", "window_start", "window_end", "net", "legs"])
-
-
-def money_reference(spark, pipeline: Pipeline, bootstrap: str) -> pd.DataFrame:
-    """The money pipeline's windows, computed in batch by Spark from the
-    transfers topic: every JSON transfer's two legs, summed per account and
-    one-second window (records that are not transfers are left out, as the
-    pipeline sends them to the dead letters)."""
-    from pyspark.sql import functions as F
-
-    from streaming.tools import demo
-
-    topic = pipeline.ingress[0].topic
-    raw = (
-        spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("endingOffsets", "latest")
-        .load()
-    )
-    schema = "id BIGINT, source STRING, target STRING, amount BIGINT, ts BIGINT"
-    transfers = (
-        raw.select(F.from_json(F.col("value").cast("string"), schema).alias("t"))
-        .select("t.*")
-        .where("id IS NOT NULL AND source IS NOT NULL AND target IS NOT NULL AND amount IS NOT NULL AND ts IS NOT NULL")
-    )
-    legs = transfers.select(F.col("source").alias("account"), (-F.col("amount")).alias("amount"), "ts").unionByName(
-        transfers.select(F.col("target").alias("account"), "amount", "ts")
-    )
-    start = (F.floor(F.col("ts") / demo.WINDOW_MS) * demo.WINDOW_MS).cast("long")
-    windows = (
-        legs.groupBy("account", start.alias("window_start"))
-        .agg(F.sum("amount").alias("net"), F.count("*").alias("legs"))
-        .withColumn("window_end", F.col("window_start") + demo.WINDOW_MS)
-        .select("account", "window_start", "window_end", "net", "legs")
-    )
-    return windows.toPandas()
+def pipeline_reference(name: str) -> str:
+    """A short name (``PIPELINES``) as its ``module:attribute``; anything else as it is."""
+    return PIPELINES.get(name, name)
 
 
-def load_workload(ref: str | None) -> DrillWorkload:
-    """``module:function`` returning a ``DrillWorkload``; None: the money workload."""
-    if not ref:
-        return money_workload()
-    import importlib
-
+def _call(ref: str, what: str) -> Any:
     module_name, _, attribute = ref.partition(":")
     if not module_name or not attribute:
-        raise ConfigError(f"workload {ref!r}: expected module:function")
+        raise ConfigError(f"{what} {ref!r}: expected module:function")
     try:
-        made = getattr(importlib.import_module(module_name), attribute)()
+        return getattr(importlib.import_module(module_name), attribute)()
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"workload {ref!r} cannot be loaded: {exc}") from exc
+        raise ConfigError(f"{what} {ref!r} cannot be loaded: {exc}") from exc
+
+
+def _checked(made: Any, ref: str) -> DrillWorkload:
     if not isinstance(made, DrillWorkload):
         raise ConfigError(f"workload {ref!r} returned {type(made).__name__}, not a DrillWorkload")
     return made
+
+
+def load_workload(ref: str) -> DrillWorkload:
+    """``module:function`` returning a ``DrillWorkload``."""
+    return _checked(_call(ref, "workload"), ref)
+
+
+def workload_for(pipeline_ref: str) -> DrillWorkload:
+    """The workload the module of ``pipeline_ref`` (``module:attribute``,
+    arguments after ``?`` left out) provides by the protocol: its
+    ``drill_workload()``."""
+    module_name = pipeline_ref.partition("?")[0].partition(":")[0]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"pipeline {pipeline_ref!r} cannot be loaded: {exc}") from exc
+    if not callable(getattr(module, PROTOCOL, None)):
+        raise ConfigError(
+            f"module {module_name} defines no {PROTOCOL}() returning a DrillWorkload, so a drill cannot feed "
+            f"{pipeline_ref} or check its output: define one, or name one with --workload module:function"
+        )
+    return _checked(getattr(module, PROTOCOL)(), f"{module_name}:{PROTOCOL}")

@@ -115,7 +115,7 @@ def latest_drill(home: Path, job: str) -> DrillReport | None:
             text = (directory / "report.md").read_text()
         except (OSError, ValueError):
             continue
-        if summary.get("job") == job:
+        if summary.get("job") == job or job in summary.get("jobs", ()):  # a drill of several modes: a job each
             return DrillReport(directory, bool(summary.get("passed")), str(summary.get("verdict", "")), text)
     return None
 

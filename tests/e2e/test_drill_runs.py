@@ -1,9 +1,11 @@
 """Restore drills on the real runtime (``spark-abs drill``'s API): one
-failure of every kind against a real ``spark-abs run`` process, each
-recovered, the killed runner's workers and JVMs gone within the bound, the
-damaged checkpoint skipped, and every great-expectations suite met; then the
-same drill on pipelines broken to lose and to duplicate a record fails,
-naming the expectation that caught it."""
+failure of every kind against a real ``spark-abs run`` process of an example
+pipeline (orders, its workload and reference from its module's
+``drill_workload()``), each recovered, the killed runner's workers and JVMs
+gone within the bound, the damaged checkpoint skipped, and every
+great-expectations suite met against the example's Spark SQL reference;
+then a drill of the money pipeline broken to lose and to duplicate a record
+fails, naming the expectation that caught it."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 def _run(connection, runtime_settings, spark, tmp_path, lines, **options):
-    report = drill.run_drill(
+    run = drill.run_drill(
         connection,
         runtime=LocalRuntime(runtime_settings, progress=lines.append),
         spark=spark,
@@ -27,17 +29,20 @@ def _run(connection, runtime_settings, spark, tmp_path, lines, **options):
         store_uri=f"s3://{connection.s3_bucket}/drills-{tmp_path.name}",
         **options,
     )
-    return report, lines
+    return run, lines
 
 
-def test_a_drill_with_a_failure_of_every_kind_passes_and_writes_its_report(
+def test_a_drill_of_an_example_with_a_failure_of_every_kind_passes_and_writes_its_report(
     connection, runtime_settings, spark, tmp_path, lines
 ):
-    report, lines = _run(connection, runtime_settings, spark, tmp_path, lines, failures=5, seed=11)
+    run, lines = _run(
+        connection, runtime_settings, spark, tmp_path, lines, pipeline="orders", failures=len(FailureKind), seed=11
+    )
+    (report,) = run.phases
     outcomes = {o.failure.kind: o for o in report.outcomes}
     assert set(outcomes) == set(FailureKind), report.plan
-    assert report.passed, "\n".join(lines[-40:])
-    assert all(o.recovered for o in report.outcomes)
+    assert run.passed, "\n".join(lines[-40:])
+    assert report.pipeline == "examples.orders:pipeline" and all(o.recovered for o in report.outcomes)
     # the runner's death left no worker or JVM behind, and the runner that came back restored
     for kind in (FailureKind.RUNNER, FailureKind.DAMAGE):
         assert outcomes[kind].orphans_gone_s is not None and outcomes[kind].orphans_gone_s < drill.ORPHAN_BOUND_S
@@ -47,21 +52,28 @@ def test_a_drill_with_a_failure_of_every_kind_passes_and_writes_its_report(
     # a broker or store outage needs no restore: the job waits and goes on
     assert outcomes[FailureKind.BROKER].restored_from == [] and outcomes[FailureKind.STORE].restored_from == []
     assert outcomes[FailureKind.WORKER].restored_from
+    assert any(o.replayed for o in report.outcomes)
     states = set(report.frames["checkpoints"]["state"])
     assert states == {"verifies", "damaged by the drill"}, states
-    assert report.malformed > 0 and len(report.frames["dead_letters"]) == report.malformed
+    # the output was checked against the example's reference, every column of it, on more than a few windows
+    observed = {o.expectation: o.observed for suite in report.checks for o in suite.outcomes}
+    assert {"orders equal to the reference for every key", "revenue equal to the reference for every key"} <= set(
+        observed
+    )
+    assert int(observed["as many output rows as the reference"]) > 20, observed
     written = {p.name for p in (tmp_path / "report").iterdir()}
-    assert {"report.md", "report.json", "gx-output.json", "gx-checkpoints.json", "gx-dead_letters.json"} <= written
+    assert {"report.md", "report.json", "recoveries.png", "gx-output.json", "gx-checkpoints.json"} <= written
     summary = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert summary["passed"] is True and len(summary["failures"]) == 5
-    assert all(e["success"] for e in summary["expectations"])
+    assert summary["passed"] is True and len(summary["phases"][0]["failures"]) == len(FailureKind)
+    assert summary["recoveries"][0]["failures"] == "all" and summary["recoveries"][0]["not recovered"] == 0
+    assert all(e["success"] for e in summary["phases"][0]["expectations"])
 
 
 @pytest.mark.parametrize("broken", ["lose", "duplicate"])
 def test_a_drill_fails_on_a_pipeline_that_loses_or_duplicates_a_record(
     connection, runtime_settings, spark, tmp_path, lines, broken
 ):
-    report, lines = _run(
+    run, lines = _run(
         connection,
         runtime_settings,
         spark,
@@ -72,6 +84,7 @@ def test_a_drill_fails_on_a_pipeline_that_loses_or_duplicates_a_record(
         kinds=[FailureKind.WORKER],
         seed=5,
     )
+    (report,) = run.phases
     assert all(o.recovered for o in report.outcomes), "\n".join(lines[-30:])
     assert not report.passed
     failed = {o.expectation: o.observed for suite in report.checks for o in suite.outcomes if not o.success}

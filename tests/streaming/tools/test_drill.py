@@ -1,6 +1,7 @@
-"""The drill's plan and report, without services: the failures a seed
-draws, where fault points may strike, the Markdown and JSON a report
-writes, and a workload named by the user."""
+"""The drill's plan, budget and report, without services: the failures a
+seed draws, where fault points may strike, how long a drill may take (a
+duration, a recovery limit, percentiles of the recoveries so far), the
+Markdown, JSON and chart a report writes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 from streaming.api.settings import Mode
 from streaming.errors import ConfigError
 from streaming.tools import demo, drill, drill_checks, drill_report
-from streaming.tools.drill import FailureKind, FailureOutcome
+from streaming.tools.drill import DrillBudget, DrillRun, FailureKind, FailureOutcome
+from streaming.tools.drill_plan import parse_duration, percentile
 
 
 def _pools(mode: Mode = Mode.ALIGNED):
@@ -60,29 +62,6 @@ def test_a_plan_needs_kinds_and_a_count_of_zero_or_more():
     assert drill.plan_failures(0, 1, drill.KINDS, _pools(), 1.0) == []
 
 
-def test_a_workload_is_named_module_colon_function_and_must_be_a_drill_workload():
-    assert drill.load_workload(None).keys == ("account", "window_start")
-    assert drill.load_workload("streaming.tools.drill:money_workload").sums == ("net", "legs")
-    with pytest.raises(ConfigError, match="expected module:function"):
-        drill.load_workload("nocolon")
-    with pytest.raises(ConfigError, match="cannot be loaded"):
-        drill.load_workload("streaming.tools.drill:no_such_workload")
-    with pytest.raises(ConfigError, match="not a DrillWorkload"):
-        drill.load_workload("streaming.tools.demo:pipeline")
-
-
-def test_the_money_workload_makes_transfers_and_a_few_malformed_records():
-    import random
-
-    records = drill.money_workload(malformed_every=50).records(demo.pipeline("w"), random.Random(1))
-    first = [next(records) for _ in range(2000)]
-    malformed = [r for r in first if r.malformed]
-    assert 20 <= len(malformed) <= 70 and all(not r.value.startswith(b'{"') for r in malformed)
-    transfers = [json.loads(r.value) for r in first if not r.malformed]
-    assert [t["id"] for t in transfers] == list(range(len(transfers)))
-    assert all(r.partition == json.loads(r.value)["id"] % 2 for r in first if not r.malformed)
-
-
 def _report(tmp_path, *, lost: bool):
     plan = drill.plan_failures(2, 1, [FailureKind.RUNNER, FailureKind.BROKER], _pools(), 1.0)
     outcomes = [
@@ -105,10 +84,21 @@ def _report(tmp_path, *, lost: bool):
         }
     )
     problems = [] if outcomes[1].recovered else ["failure 2 (Kafka broker down): no checkpoint completed within 180 s"]
+    return DrillRun(
+        "streaming.tools.demo:pipeline",
+        1,
+        [_phase(plan, outcomes, checks, frame, problems, tmp_path)],
+        80.0,
+        DrillBudget(),
+        2,
+    )
+
+
+def _phase(plan, outcomes, checks, frame, problems, tmp_path, mode=Mode.ALIGNED):
     return drill.DrillReport(
         "drill-1-x",
         1,
-        Mode.ALIGNED,
+        mode,
         "streaming.tools.demo:pipeline",
         plan,
         outcomes,
@@ -123,8 +113,8 @@ def _report(tmp_path, *, lost: bool):
     )
 
 
-def plan_kind(report) -> str:
-    return report.plan[0].kind.value
+def plan_kind(run) -> str:
+    return run.phases[0].plan[0].kind.value
 
 
 def test_a_report_names_the_failed_expectation_and_the_failure_not_recovered(tmp_path):
@@ -134,10 +124,22 @@ def test_a_report_names_the_failed_expectation_and_the_failure_not_recovered(tmp
     assert "FAILED: output: legs equal to the reference for every key" in text
     assert "NOT RECOVERED" in text and "processes gone 1.4 s after the runner" in text
     written = {p.name for p in drill_report.write(report, tmp_path)}
-    assert written == {"gx-output.json", "output.csv", "report.json", "report.md"}
+    assert written == {"gx-output.json", "output.csv", "report.json", "report.md", "recoveries.png"}
     summary = json.loads((tmp_path / "report.json").read_text())
-    assert summary["passed"] is False and summary["failures"][0]["restored_from"] == [4]
-    assert summary["failures"][0]["failure"]["kind"] == plan_kind(report)
+    (phase,) = summary["phases"]
+    assert summary["passed"] is False and phase["failures"][0]["restored_from"] == [4]
+    assert phase["failures"][0]["failure"]["kind"] == plan_kind(report)
+    assert summary["recoveries"][0] == {
+        "failures": "all",
+        "n": 2,
+        "p50 s": "18.2",
+        "p90 s": "18.2",
+        "p99 s": "18.2",
+        "max s": "18.2",
+        "restores": 1,
+        "replayed": 830,
+        "not recovered": 1,
+    }
     assert json.loads((tmp_path / "gx-output.json").read_text())["success"] is False
     markdown = (tmp_path / "report.md").read_text()
     assert (
@@ -151,6 +153,124 @@ def test_a_report_passes_only_when_every_expectation_holds_and_every_failure_rec
     report = _report(tmp_path, lost=False)
     assert not report.passed  # the broker failure did not recover
     report.outcomes[1].recovered_s = 9.0
-    report.problems.clear()
+    report.phases[0].problems.clear()
     assert report.passed
-    assert drill_report.verdict(report).startswith("PASSED: 2 failures (broker, runner)")
+    assert drill_report.verdict(report).startswith("PASSED: 2 failures (broker, runner; aligned)")
+
+
+def test_recovery_percentiles_per_kind_and_mode_and_a_run_of_two_modes_written_apart(tmp_path):
+    run = _report(tmp_path, lost=False)
+    aligned = run.phases[0]
+    aligned.outcomes[1].recovered_s = 40.0
+    aligned.problems.clear()
+    plan = drill.plan_failures(3, 2, [FailureKind.WORKER], _pools(Mode.UNALIGNED), 1.0)
+    outcomes = [FailureOutcome(f, 10.0 * i, [i], recovered_s=float(10 + i), replayed=5) for i, f in enumerate(plan)]
+    run.phases.append(_phase(plan, outcomes, aligned.checks, aligned.frames["output"], [], tmp_path, Mode.UNALIGNED))
+    rows = {row[0]: row for row in drill_report.recovery_rows([(str(p.mode), p.outcomes) for p in run.phases])}
+    assert set(rows) == {"all", "mode aligned", "mode unaligned", "runner", "broker", "worker"}
+    # all: 10, 11, 12, 18.2, 40 -> p50 12, p90 and p99 between the two highest (31.3, 39.1), max 40
+    assert rows["all"][1:6] == (5, "12.0", "31.3", "39.1", "40.0")
+    assert rows["worker"] == ("worker", 3, "11.0", "11.8", "12.0", "12.0", 3, 15, 0)
+    assert rows["mode aligned"][1] == 2 and rows["mode unaligned"][1] == 3
+    assert run.passed and drill_report.verdict(run).startswith(
+        "PASSED: 5 failures (broker, runner, worker; aligned, unaligned)"
+    )
+    drill_report.write(run, tmp_path / "out")
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {
+        "aligned",
+        "unaligned",
+        "report.json",
+        "report.md",
+        "recoveries.png",
+    }
+    assert {p.name for p in (tmp_path / "out" / "unaligned").iterdir()} == {"gx-output.json", "output.csv"}
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "## aligned: job drill-1-x" in markdown and "## unaligned: job drill-1-x" in markdown
+    assert "| mode unaligned | 3 | 11.0 | 11.8 | 12.0 | 12.0 | 3 | 15 | 0 |" in markdown
+    text = drill_report.render(run)
+    assert "recoveries (failure to the next completed checkpoint)" in text and text.rstrip().endswith("min)")
+
+
+def test_percentiles_interpolate_between_ranks_as_numpy_does():
+    import numpy as np
+
+    values = [7.2, 18.0, 25.1, 9.9, 55.0, 12.4, 30.3]
+    for q in (0, 50, 90, 99, 100):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    assert percentile([], 50) is None and percentile([3.0], 99) == 3.0
+    with pytest.raises(ValueError):
+        percentile(values, 101)
+
+
+def test_a_duration_reads_as_hours_minutes_and_seconds():
+    assert parse_duration("45m") == 2700 and parse_duration("1h30m") == 5400
+    assert parse_duration("90s") == 90 and parse_duration("90") == 90 and parse_duration("1.5h") == 5400
+    for bad in ("", "soon", "5q", "0"):
+        with pytest.raises(ConfigError, match="duration"):
+            parse_duration(bad)
+
+
+def test_a_budget_shares_the_duration_between_modes_and_keeps_time_to_drain_and_check():
+    budget = DrillBudget(3600.0, reserve_s=150.0)
+    # two modes from t=0: the first stops failures at 1800 - 150, the second gets what is left
+    assert budget.phase_end(0.0, 3600.0, 2) == 1650.0
+    assert budget.phase_end(2000.0, 3600.0, 1) == 3450.0
+    assert DrillBudget().phase_end(0.0, None, 2) is None
+    # the next failure fits when the 90th percentile of those so far ends before the phase does
+    assert budget.estimate([]) == budget.first_estimate_s
+    recoveries = [10.0] * 9 + [60.0]
+    assert budget.estimate(recoveries) == pytest.approx(15.0)
+    assert budget.fits(1000.0, 1015.0, recoveries) and not budget.fits(1000.1, 1015.0, recoveries)
+    assert DrillBudget().fits(1e9, None, recoveries)
+    with pytest.raises(ConfigError, match="leaves no time for failures"):
+        DrillBudget(120.0)
+    with pytest.raises(ConfigError, match="recovery limit"):
+        DrillBudget(recovery_limit_s=0)
+
+
+def test_failures_are_shared_between_modes_and_every_first_round_holds_every_kind():
+    assert drill.split_failures(100, 2) == [50, 50] and drill.split_failures(7, 2) == [4, 3]
+    assert drill.split_failures(None, 2)[0] > 10_000  # bounded by the duration alone
+    plan = drill.plan_failures(100, 5, drill.KINDS, _pools(), 1.0)
+    rounds = len(drill.KINDS)
+    for start in range(0, 100, rounds):
+        assert {f.kind for f in plan[start : start + rounds]} == set(drill.KINDS)
+
+
+def _stub_drill(plan, recovered, phase_end=None):
+    """A Drill of which only the failure loop runs: each injection recovers in ``recovered[i]`` s (None: never)."""
+    stub = drill.Drill.__new__(drill.Drill)
+    stub.plan, stub.outcomes, stub.stopped = plan, [], ""
+    stub.budget = DrillBudget(recovery_limit_s=60.0)
+    stub.failures_end, stub.recover_timeout_s = phase_end, 60.0
+    heard = []
+    stub.on_failure = heard.append
+    stub._log = lambda line: None
+
+    def inject(failure, rng):
+        outcome = FailureOutcome(failure, 0.0, recovered_s=recovered[failure.index])
+        stub.outcomes.append(outcome)
+        return outcome
+
+    stub._inject = inject
+    return stub, heard
+
+
+def test_the_failure_loop_stops_at_a_recovery_over_the_limit_and_at_the_duration():
+    import random
+    import time
+
+    plan = drill.plan_failures(4, 1, [FailureKind.WORKER], _pools(), 1.0)
+    stub, heard = _stub_drill(plan, [5.0, None, 5.0, 5.0])
+    assert stub._inject_all(random.Random(1)) is False
+    assert len(stub.outcomes) == 2 and len(heard) == 2
+    assert (
+        stub.stopped.startswith("failure 2 (worker SIGKILLed")
+        and "not recovered within the limit of 60 s" in stub.stopped
+    )
+    stub, heard = _stub_drill(plan, [5.0] * 4)
+    assert stub._inject_all(random.Random(1)) is True and len(stub.outcomes) == 4 and stub.stopped == ""
+    # the phase ends before the first failure's estimate: none starts, and the report says why
+    stub, heard = _stub_drill(plan, [5.0] * 4, phase_end=time.monotonic() + 10.0)
+    assert stub._inject_all(random.Random(1)) is True and stub.outcomes == []
+    assert stub.stopped == "the duration allowed 0 of the 4 failures planned"
