@@ -86,6 +86,8 @@ class CheckpointKind(enum.Enum):
     AT_LEAST_ONCE = "at-least-once"
     # written by a rescale (the engine re-divides a checkpoint's state), never by a handler
     RESCALED = "rescaled"
+    # written by a restore into a changed pipeline (stages added or removed), never by a handler
+    CHANGED = "restored into a changed pipeline"
 
 
 class Switch(enum.Enum):

@@ -30,6 +30,7 @@ __all__ = [
     "ProgressNotLogged",
     "RetentionFailed",
     "RescaleError",
+    "PipelineChangeError",
     "JobFailed",
     "OffsetsGoneError",
     "SmokeFailure",
@@ -154,6 +155,12 @@ class RetentionFailed(CompletionError):
 class RescaleError(ConfigError):
     """A checkpoint cannot be restored into the task counts asked for (a
     stage's state says nothing of how it divides, or follows partitions)."""
+
+
+class PipelineChangeError(ConfigError):
+    """A checkpoint cannot be restored into the pipeline as its code now
+    declares it (a stage removed, a state schema changed, an edge whose
+    channel state cannot be handed over); the message names every problem."""
 
 
 class JobFailed(SparkAbsError):

@@ -21,6 +21,7 @@ __all__ = [
     "LineCollector",
     "assert_eventually",
     "broken_money_pipeline",
+    "changing_pipeline",
     "drill_workload",
     "slow_pipeline",
     "money_job",
@@ -151,6 +152,53 @@ def drill_workload():
     from streaming.tools import demo
 
     return demo.drill_workload()
+
+
+class _Seen:
+    """Passes its rows on unchanged and counts them per ``key`` (its state,
+    table ``state``: key, seen)."""
+
+    def __init__(self) -> None:
+        from operators import KeyedAggregate, count
+
+        self._counts = KeyedAggregate("key", {"seen": count()})
+
+    def process(self, batch: pa.Table) -> pa.Table:
+        self._counts.process(batch)
+        return batch
+
+    def snapshot(self) -> dict[str, pa.Table]:
+        return self._counts.snapshot()
+
+    def restore(self, state) -> None:
+        self._counts.restore(state)
+
+
+CHANGING_SHAPES = ("base", "added", "schema")
+
+
+def changing_pipeline(job: str = "changing", shape: str = "base"):
+    """One job's pipeline as its code changes (docs/operations/changing-a-pipeline.md),
+    over a one-partition topic ``<job>.events`` (``EVENTS``): ``base`` is
+    ``clean`` (rows as they are) then ``counts`` (events per key, into an
+    object-store sink); ``added`` puts ``seen`` between them (rows as they
+    are, counted per key in its state); ``schema`` gives ``counts`` another
+    state schema (a maximum too).  ``streaming.testing:changing_pipeline?shape=added``."""
+    from operators import KeyedAggregate, count, max_
+    from operators.stateless import Passthrough
+    from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
+
+    if shape not in CHANGING_SHAPES:
+        raise ValueError(f"shape must be one of {', '.join(CHANGING_SHAPES)}, got {shape!r}")
+    events = f"{job}.events"
+    aggregations = {"n": count(), "top": max_("id")} if shape == "schema" else {"n": count()}
+    clean = Stage("clean", (events,), Passthrough, key="key")
+    seen = Stage("seen", ("clean",), _Seen, key="key")
+    counts = Stage(
+        "counts", ("seen" if shape == "added" else "clean",), lambda: KeyedAggregate("key", aggregations), sink=Sink()
+    )
+    stages = (clean, seen, counts) if shape == "added" else (clean, counts)
+    return Pipeline(job, (Ingress(events, 1, EVENTS),), stages)
 
 
 class LineCollector(logging.Handler):

@@ -14,14 +14,18 @@ A restore, in order (``RestoreService.prepare``, then the job runner):
    as ``_JOB.json`` records them, with the ones asked for on top); when the
    checkpoint was taken with others, plan the rescale (``plan_rescale``: a
    ``RescaleError`` here, before anything changed, when it cannot be done)
-   and name the rescaled checkpoint the next checkpoint id.
+   and name the rescaled checkpoint the next checkpoint id.  When the
+   pipeline's stages changed since the checkpoint (``topology.plan_change``:
+   stages added, removed, a state schema or an input changed), plan that
+   instead (a ``PipelineChangeError`` naming every refusal, before anything
+   changed) and name the changed checkpoint the next id; both at once are refused.
 3. **Record** the new generation in the store (another runner that recorded
    one meanwhile fails this restore).
-4. The runner stops its workers (and pauses remote ones), and a rescale is
-   **written** (``write_rescaled``): old sink tasks recover to the source
-   checkpoint, re-routed channel state goes to the new internal topics,
-   records that cannot be decoded to the dead letters, then every task's
-   snapshot and the manifest, last.
+4. The runner stops its workers (and pauses remote ones), and a rescale or
+   a change is **written** (``write``): old sink tasks recover to the source
+   checkpoint, a rescale's re-routed channel state goes to the new internal
+   topics, records that cannot be decoded to the dead letters, then every
+   task's snapshot and the manifest, last.
 5. The runner starts the workers of the new generation from the checkpoint.
 
 The store is unreachable at times (an outage): every read and write here
@@ -46,7 +50,8 @@ from streaming.api.config import Connection
 from streaming.api.pipeline import Pipeline, Scale
 from streaming.api.settings import JobSettings
 from streaming.engine.kafka_retention import KafkaKept, pick_restorable
-from streaming.engine.rescale import RescalePlan, plan_rescale, rerouted_headers, scale_of, target_scale
+from streaming.engine.rescale import NewTask, RescalePlan, plan_rescale, rerouted_headers, scale_of, target_scale
+from streaming.engine.topology import AllowDropped, PipelineChange, plan_change
 from streaming.errors import JobFailed
 
 __all__ = ["RESTORE_CAUSES", "RestoreRecord", "RestorePlan", "RestoreService", "recorded_scale"]
@@ -74,6 +79,8 @@ class RestoreRecord:
     skipped: tuple[tuple[int, tuple[str, ...]], ...] = ()
     # a rescaling restore: the checkpoint that was rescaled into ``checkpoint_id``
     rescaled_from: int | None = None
+    # a restore into a changed pipeline: the checkpoint that was changed into ``checkpoint_id``
+    changed_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -88,13 +95,26 @@ class RestorePlan:
     # a rescaling restore: the plan, and the checkpoint it rescales
     rescale: RescalePlan | None = None
     source: Manifest | None = None
+    # a restore into a changed pipeline: the plan (stages added, removed, ...)
+    change: PipelineChange | None = None
 
     @property
     def rescaled_from(self) -> int | None:
         return self.rescale.source if self.rescale is not None else None
 
+    @property
+    def changed_from(self) -> int | None:
+        return self.change.source if self.change is not None else None
+
+    @property
+    def rewritten(self) -> bool:
+        """Whether the checkpoint restored must be written first (``RestoreService.write``)."""
+        return self.rescale is not None or self.change is not None
+
     def record(self, reason: str) -> RestoreRecord:
-        return RestoreRecord(self.generation, self.checkpoint_id, reason, self.skipped, self.rescaled_from)
+        return RestoreRecord(
+            self.generation, self.checkpoint_id, reason, self.skipped, self.rescaled_from, self.changed_from
+        )
 
 
 def recorded_scale(meta: JobMeta | None) -> Scale | None:
@@ -107,10 +127,19 @@ def recorded_scale(meta: JobMeta | None) -> Scale | None:
 
 class RestoreService:
     """Plans and writes the restores of the job ``declared`` (the pipeline as
-    its code declares it) kept in ``store`` (see the module docstring)."""
+    its code declares it) kept in ``store`` (see the module docstring);
+    ``allow_dropped`` names the stages whose state a changed pipeline may drop."""
 
-    def __init__(self, declared: Pipeline, store: SnapshotStore, settings: JobSettings, connection: Connection):
+    def __init__(
+        self,
+        declared: Pipeline,
+        store: SnapshotStore,
+        settings: JobSettings,
+        connection: Connection,
+        allow_dropped: AllowDropped | None = None,
+    ):
         self.declared = declared
+        self.allow_dropped = allow_dropped or AllowDropped.none()
         self.job = declared.job
         self.store = store
         self.settings = settings
@@ -157,9 +186,11 @@ class RestoreService:
         generation = (meta.generation if meta else 0) + 1
         current = recorded_scale(meta) or running
         wanted = {**current.parallelism, **parallelism}
-        rescale = None
+        rescale = change = None
         if manifest is None:
             scale = target_scale(self.declared, current, wanted, generation)
+        elif (change := self._plan_change(manifest, wanted, generation, cause)) is not None:
+            scale = change.scale
         else:
             scale = scale_of(manifest, self.declared)
             if scale.parallelism != wanted:
@@ -171,6 +202,9 @@ class RestoreService:
         if rescale is not None:
             picked = next_checkpoint_id()
             details["rescaled_from"] = rescale.source
+        elif change is not None:
+            picked = next_checkpoint_id()
+            details["changed_from"] = change.source
         recorded = patiently(lambda: self.store.next_generation(picked, **details), "recording the generation")
         if recorded != generation:
             raise JobFailed(f"job {self.job}: generation {recorded} was recorded meanwhile; is another runner running?")
@@ -180,8 +214,33 @@ class RestoreService:
             scale,
             tuple((cid, tuple(p)) for cid, p in skipped),
             rescale,
-            manifest if rescale is not None else None,
+            manifest if rescale is not None or change is not None else None,
+            change,
         )
+
+    def _plan_change(
+        self, manifest: Manifest, wanted: Mapping[str, int], generation: int, cause: str
+    ) -> PipelineChange | None:
+        """What restoring ``manifest``'s checkpoint into the pipeline as now
+        declared takes (None: its stages did not change); a
+        ``PipelineChangeError`` before anything changes when it is refused.
+        State schemas are checked when a runner starts (``restart``,
+        ``requested``): its code cannot change while it runs."""
+        source = manifest.checkpoint_id
+        change = plan_change(
+            self.declared,
+            manifest,
+            lambda name: patiently(lambda: self.store.load_task(source, name), f"reading task {name}"),
+            generation,
+            counts=wanted,
+            allow=self.allow_dropped,
+            check_state=cause in ("restart", "requested"),
+        )
+        change.check()
+        if not change.changed:
+            return None
+        self.log.info("checkpoint %d restored into a changed pipeline: %s", source, change.describe())
+        return change
 
     def _plan_rescale(self, manifest: Manifest, old: Scale, new: Scale, generation: int) -> RescalePlan:
         """What rescaling ``manifest``'s checkpoint to ``new`` takes; a
@@ -203,7 +262,31 @@ class RestoreService:
             lambda channel, start, end: read_range(bootstrap, channel, start, end),
         )
 
-    # ---- step 4: writing a rescaled checkpoint (every worker stopped)
+    # ---- step 4: writing a rescaled or changed checkpoint (every worker stopped)
+
+    def write(self, plan: RestorePlan) -> None:
+        """The checkpoint ``plan`` restores, written first (``plan.rewritten``)."""
+        if plan.rescale is not None:
+            self.write_rescaled(plan)
+        else:
+            self.write_changed(plan)
+
+    def write_changed(self, plan: RestorePlan) -> None:
+        """The change of ``plan`` written out as checkpoint ``plan.checkpoint_id``:
+        every sink task of the changed pipeline recovers to the source
+        checkpoint first, then every task's snapshot and the manifest."""
+        change, source = plan.change, plan.source
+        if change is None or source is None or plan.checkpoint_id is None:
+            raise ValueError("write_changed needs a restore plan into a changed pipeline")
+        self._recover_sinks(change.pipeline, change.source)
+        provenance = {"changed_from": change.source}
+        metrics = {**provenance, "scale": change.scale.to_json(), "changes": [_change_json(c) for c in change.changes]}
+        self._write_checkpoint(
+            plan.checkpoint_id, change.generation, change.tasks, source, CheckpointKind.CHANGED, provenance, metrics
+        )
+        self.log.info(
+            "checkpoint %d (%s): written as checkpoint %d", change.source, change.describe(), plan.checkpoint_id
+        )
 
     def write_rescaled(self, plan: RestorePlan) -> None:
         """The rescale of ``plan`` written out as checkpoint ``plan.checkpoint_id``:
@@ -214,22 +297,31 @@ class RestoreService:
         rescale, source = plan.rescale, plan.source
         if rescale is None or source is None or plan.checkpoint_id is None:
             raise ValueError("write_rescaled needs a rescaling restore plan")
-        self._recover_old_sinks(rescale)
+        self._recover_sinks(self.declared.rescaled(rescale.old), rescale.source)
         self._write_rerouted(rescale)
         self._dead_letter_undecodable(rescale)
-        self._write_checkpoint(rescale, plan.checkpoint_id, source)
+        provenance = {"rescaled_from": rescale.source}
+        metrics = {
+            **provenance,
+            "scale": rescale.new.to_json(),
+            "previous_scale": rescale.old.to_json(),
+            "rerouted_rows": rescale.rerouted_rows,
+        }
+        self._write_checkpoint(
+            plan.checkpoint_id, rescale.generation, rescale.tasks, source, CheckpointKind.RESCALED, provenance, metrics
+        )
         self.log.info("%s: written as checkpoint %d", rescale.describe(), plan.checkpoint_id)
 
-    def _recover_old_sinks(self, rescale: RescalePlan) -> None:
-        old_pipeline = self.declared.rescaled(rescale.old)
+    def _recover_sinks(self, pipeline: Pipeline, source: int) -> None:
+        """Every sink task of ``pipeline`` recovers to checkpoint ``source``."""
         location = sink_location(self.settings, self.job, self.connection)
-        for spec in old_pipeline.tasks():
-            stage = old_pipeline.stage(spec.stage)
+        for spec in pipeline.tasks():
+            stage = pipeline.stage(spec.stage)
             if stage.sink is None:
                 continue
             sink = open_sink(stage.sink, location, spec.name, job=self.job, bootstrap=self.connection.kafka_bootstrap)
             try:
-                sink.recover(rescale.source)
+                sink.recover(source)
             finally:
                 getattr(sink, "close", lambda: None)()
 
@@ -253,35 +345,44 @@ class RestoreService:
         finally:
             letters.close()
 
-    def _write_checkpoint(self, rescale: RescalePlan, checkpoint_id: int, source: Manifest) -> None:
+    def _write_checkpoint(
+        self,
+        checkpoint_id: int,
+        generation: int,
+        tasks: Mapping[str, NewTask],
+        source: Manifest,
+        kind: CheckpointKind,
+        provenance: Mapping[str, object],
+        metrics: Mapping[str, object],
+    ) -> None:
+        """``tasks`` written as checkpoint ``checkpoint_id`` of ``kind``, made
+        from ``source`` (``provenance`` names it in every snapshot)."""
         snapshots = {}
-        for name, task in rescale.tasks.items():
+        for name, task in tasks.items():
             snapshots[name] = self.store.write_task(
                 checkpoint_id,
-                rescale.generation,
+                generation,
                 name,
                 task.state,
                 positions={str(c): p for c, p in task.positions.items()},
                 in_flight={str(c): r for c, r in task.in_flight.items()},
                 channel_records={str(c): t for c, t in task.channel_records.items()} or None,
                 metadata={
-                    "kind": stored_name(CheckpointKind.RESCALED),
-                    "rescaled_from": rescale.source,
+                    "kind": stored_name(kind),
+                    **provenance,
                     "watermarks": {str(c): w for c, w in task.watermarks.items()},
                     "lineage": task.lineage.to_json(),
                 },
             )
         self.store.write_manifest(
             checkpoint_id,
-            rescale.generation,
+            generation,
             snapshots,
             options=options_as_stored(source.options),
-            metrics={
-                "rescaled_from": rescale.source,
-                "scale": rescale.new.to_json(),
-                "previous_scale": rescale.old.to_json(),
-                "rerouted_rows": rescale.rerouted_rows,
-                "kinds": [stored_name(CheckpointKind.RESCALED)],
-                "tasks": {},
-            },
+            metrics={**metrics, "kinds": [stored_name(kind)], "tasks": {}},
         )
+
+
+def _change_json(change) -> dict[str, str]:
+    """A stage's change as the manifest keeps it: stable names, and the action in words."""
+    return {"stage": change.stage, "change": change.change.name.lower(), "action": change.action}

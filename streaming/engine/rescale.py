@@ -52,7 +52,16 @@ from streaming.api.pipeline import Pipeline, Scale, route
 from streaming.engine.segments import Segmenter, SegmentKind
 from streaming.errors import ConfigError, RescaleError
 
-__all__ = ["RescalePlan", "NewTask", "scale_of", "target_scale", "plan_rescale", "rerouted_headers"]
+__all__ = [
+    "RescalePlan",
+    "NewTask",
+    "scale_of",
+    "target_scale",
+    "plan_rescale",
+    "rerouted_headers",
+    "writer_of",
+    "merge_lineages",
+]
 
 # (channel, start, end) -> the records at [start, end), read from Kafka
 ReadRange = Callable[[ChannelId, int, int], pa.Table]
@@ -141,14 +150,15 @@ def scale_of(manifest: Manifest, pipeline: Pipeline) -> Scale:
                 continue
             found = {ChannelId.parse(c).topic for c in snapshot.positions} - ingress
             for topic in sorted(found):
-                if _writer_of(topic, pipeline) == stage.name:
+                if writer_of(topic, pipeline.job) == stage.name:
                     topics[stage.name] = topic
     return Scale({s.name: counts.get(s.name, s.parallelism) for s in pipeline.stages}, topics)
 
 
-def _writer_of(topic: str, pipeline: Pipeline) -> str | None:
-    """The stage whose output ``topic`` is (``spark-abs.<job>.<stage>`` with an optional ``.g<n>``)."""
-    prefix = f"spark-abs.{pipeline.job}."
+def writer_of(topic: str, job: str) -> str | None:
+    """The stage whose output ``topic`` is (``spark-abs.<job>.<stage>`` with
+    an optional ``.g<n>``); None for a topic of no stage (an ingress topic)."""
+    prefix = f"spark-abs.{job}."
     if not topic.startswith(prefix):
         return None
     name = topic[len(prefix) :]
@@ -185,7 +195,7 @@ def rerouted_headers(generation: int) -> list[tuple[str, bytes]]:
     return [(GENERATION_HEADER, str(generation).encode()), (codec.FORMAT_HEADER, codec.ARROW_FORMAT)]
 
 
-def _merge_lineages(lineages: list[Lineage]) -> Lineage:
+def merge_lineages(lineages: list[Lineage]) -> Lineage:
     """Every restore of every old task (all tasks of a job restore together,
     so they share generations; each names its own channels)."""
     by_generation: dict[int, dict[ChannelId, int]] = {}
@@ -306,7 +316,7 @@ def _divide_state(
             divided = split_state(states, count, [k for k in route_keys if k], route)
         except StateDivisionError as exc:
             raise RescaleError(f"stage {stage.name} cannot go from {was} to {count} tasks: {exc}") from None
-        lineage = _merge_lineages([before.lineage(name) for name in old_names])
+        lineage = merge_lineages([before.lineage(name) for name in old_names])
         for name, state in zip(new_names, divided):
             tasks[name].state = state
             tasks[name].lineage = lineage
@@ -331,7 +341,7 @@ def _assign_channels(before: _Old, after: Pipeline, tasks: Mapping[str, NewTask]
                 if channel in before.watermarks(owner):
                     task.watermarks[channel] = before.watermarks(owner)[channel]
                 if owner != spec.name:
-                    task.lineage = _merge_lineages([task.lineage, before.lineage(owner)])
+                    task.lineage = merge_lineages([task.lineage, before.lineage(owner)])
             else:  # a channel of a new internal topic: starts empty, or with re-routed channel state
                 task.positions[channel] = 0
                 floor = _lowest_watermark(before, input_name)

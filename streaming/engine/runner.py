@@ -63,6 +63,7 @@ from streaming.engine.leases import LeaseRenewal, RemoteMembers
 from streaming.engine.membership import incarnation
 from streaming.engine.recovery import RestoreRecord, RestoreService
 from streaming.engine.supervisor import WorkerProcess, WorkerSupervisor
+from streaming.engine.topology import AllowDropped
 from streaming.errors import ConfigError, JobFailed, SparkAbsError
 
 __all__ = ["JobRunner", "RestoreRecord", "worker_groups"]
@@ -106,6 +107,7 @@ class JobRunner:
         parallelism: Mapping[str, int] | None = None,
         remote: bool | Collection[str] = False,
         metrics: MetricsSettings | None = None,
+        allow_dropped: AllowDropped | None = None,
     ):
         self.pipeline_ref = pipeline_ref
         # the pipeline as its code declares it; ``pipeline`` is it at the scale of the current generation
@@ -140,7 +142,8 @@ class JobRunner:
         self.log_dir = log_dir or default_home() / "runs" / self.job
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.store = SnapshotStore(open_store(settings.store, connection), self.job)
-        self.recovery = RestoreService(self.declared, self.store, settings, connection)
+        # a restore into a changed pipeline may drop these stages' state (streaming.engine.topology)
+        self.recovery = RestoreService(self.declared, self.store, settings, connection, allow_dropped)
         self.max_restores = max_restores
         self.restores: list[RestoreRecord] = []
         self.history: list[CheckpointRecord] = []
@@ -368,18 +371,27 @@ class JobRunner:
         metrics.restored(self.job, cause)
         self._use_scale(plan.scale)
         self.prepare()
+        written = ""
         if plan.rescale is not None:
+            written = f" (checkpoint {plan.rescaled_from} rescaled to {plan.scale.describe()})"
+        elif plan.change is not None:
+            written = f" (checkpoint {plan.changed_from} changed: {plan.change.describe()})"
+        if plan.rewritten:
             if self.remote_names:
                 poll = self.coordinator.poll if self.coordinator is not None else None
-                why = f"checkpoint {plan.rescaled_from} is being rescaled to {plan.scale.describe()}"
+                why = (
+                    f"checkpoint {plan.rescaled_from} is being rescaled to {plan.scale.describe()}"
+                    if plan.rescale is not None
+                    else f"checkpoint {plan.changed_from} is being restored into a changed pipeline"
+                )
                 self.remote.pause(plan.generation, why, poll, self.connection.kafka_bootstrap)
             self.stop_workers()
-            self.recovery.write_rescaled(plan)
+            self.recovery.write(plan)
         self.log.info(
             "restoring generation %d from %s%s (%s)",
             plan.generation,
             f"checkpoint {plan.checkpoint_id}" if plan.checkpoint_id else "the beginning (no complete checkpoint)",
-            f" (checkpoint {plan.rescaled_from} rescaled to {plan.scale.describe()})" if plan.rescale else "",
+            written,
             reason,
         )
         # workers that still run restore in place (their Spark stays up); dead ones start again

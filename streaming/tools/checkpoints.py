@@ -18,7 +18,8 @@ files, every part checked against its checksum:
 - ``diff(a, b)``: which keys' state changed between two checkpoints (a
   table that names no key columns: which rows were added and removed);
 - ``restore_plan(n)``: which checkpoint a restore picks, which generation it
-  starts and what each task loads and replays.
+  starts and what each task loads and replays; ``rescale_plan`` and
+  ``change_plan``: a restore at other task counts, or into a changed pipeline.
 
 ``to_spark`` turns any of these tables into a Spark DataFrame, to be queried
 with SQL.
@@ -41,6 +42,7 @@ from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection
 from streaming.api.pipeline import Pipeline
 from streaming.engine.rescale import RescalePlan
+from streaming.engine.topology import AllowDropped, PipelineChange
 from streaming.errors import SnapshotCorruptError
 from streaming.tools.checkpoints_channels import (
     ChannelState,
@@ -172,6 +174,19 @@ class Checkpoints:
         and re-routed channel state of every task at the new task counts.
         Reads ranges from Kafka, writes nothing."""
         return self.planner.rescale_plan(pipeline, parallelism, checkpoint_id, progress=progress)
+
+    def change_plan(
+        self,
+        pipeline: Pipeline,
+        checkpoint_id: int | None = None,
+        *,
+        allow: AllowDropped | None = None,
+        progress: Callable[[str], None] = lambda _: None,
+    ) -> PipelineChange:
+        """What ``run --restore`` of ``pipeline`` as its code now declares it
+        would do with checkpoint ``checkpoint_id`` (or the newest that
+        verifies): each stage kept, added, removed, ..., and what is refused."""
+        return self.planner.change_plan(pipeline, checkpoint_id, allow=allow, progress=progress)
 
 
 def to_spark(spark, table: pa.Table, *, view: str | None = None):

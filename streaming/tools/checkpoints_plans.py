@@ -1,7 +1,8 @@
 """What a restore would do, without doing it (``spark-abs restore
 --dry-run``): which checkpoint it picks, which generation it starts and what
-each task loads and replays; and a rescaling restore's plan at new task
-counts."""
+each task loads and replays; a rescaling restore's plan at new task counts;
+and, given the pipeline as its code now declares it, what happens to each
+stage (kept, added, removed, ...: ``streaming.engine.topology``)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from barriers.messages import ChannelId
 from streaming.adapters.kafka_io import read_range
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.pipeline import Pipeline
+from streaming.engine.recovery import recorded_scale
 from streaming.engine.rescale import RescalePlan, plan_rescale, scale_of, target_scale
 from streaming.engine.restore import plan_start
+from streaming.engine.topology import AllowDropped, PipelineChange, plan_change
 from streaming.errors import KafkaUnavailableError, SnapshotMissingError
 
 __all__ = ["RestorePlan", "RestorePlanner", "TaskPlan"]
@@ -102,14 +105,7 @@ class RestorePlanner:
         ``checkpoint_id`` (or the newest that verifies): the state, channels
         and re-routed channel state of every task at the new task counts.
         Reads ranges from Kafka, writes nothing."""
-        if checkpoint_id is not None:
-            manifest, problems = self.store.verifier.verify(checkpoint_id)
-            if problems:
-                raise SnapshotMissingError(f"checkpoint {checkpoint_id} cannot be restored: {'; '.join(problems)}")
-        else:
-            manifest, _ = self.store.latest_verified()
-        if manifest is None:
-            raise SnapshotMissingError(f"job {self.job}: no checkpoint verifies, nothing to rescale")
+        manifest = self._picked(checkpoint_id, "nothing to rescale")
         meta = self.store.read_job()
         generation = (meta.generation if meta else 0) + 1
         old = scale_of(manifest, pipeline)
@@ -125,3 +121,39 @@ class RestorePlanner:
             return read_range(self.bootstrap, channel, start, end)
 
         return plan_rescale(pipeline, manifest.checkpoint_id, loaded, old, new, generation, ranges)
+
+    def change_plan(
+        self,
+        pipeline: Pipeline,
+        checkpoint_id: int | None = None,
+        *,
+        allow: AllowDropped | None = None,
+        progress: Callable[[str], None] = lambda _: None,
+    ) -> PipelineChange:
+        """What ``run --restore`` of ``pipeline`` (as its code now declares
+        it) would do with checkpoint ``checkpoint_id`` (or the newest that
+        verifies): each stage kept, added, removed, its state schema or its
+        inputs changed, and what is refused.  Reads, writes nothing."""
+        manifest = self._picked(checkpoint_id, "nothing to restore")
+        meta = self.store.read_job()
+        generation = (meta.generation if meta else 0) + 1
+        recorded = recorded_scale(meta)
+
+        def load(name: str):
+            progress(f"loading task {name} of checkpoint {manifest.checkpoint_id}")
+            return self.store.load_task(manifest.checkpoint_id, name)
+
+        counts = recorded.parallelism if recorded else {}
+        return plan_change(pipeline, manifest, load, generation, counts=counts, allow=allow or AllowDropped.none())
+
+    def _picked(self, checkpoint_id: int | None, otherwise: str):
+        """The manifest of ``checkpoint_id`` (it must verify) or of the newest checkpoint that verifies."""
+        if checkpoint_id is not None:
+            manifest, problems = self.store.verifier.verify(checkpoint_id)
+            if problems:
+                raise SnapshotMissingError(f"checkpoint {checkpoint_id} cannot be restored: {'; '.join(problems)}")
+        else:
+            manifest, _ = self.store.latest_verified()
+        if manifest is None:
+            raise SnapshotMissingError(f"job {self.job}: no checkpoint verifies, {otherwise}")
+        return manifest

@@ -159,6 +159,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         parallelism=parse_parallelism(",".join(args.parallelism)),
         remote=args.remote_workers,
         metrics=metrics.settings_from(args),
+        allow_dropped=_allow_dropped(args),
     )
     run_job(runner, restore=args.restore, seconds=args.seconds, checkpoints=args.checkpoints, drain=args.drain)
     return 0
@@ -325,6 +326,15 @@ def _export(tables: dict, output: Path) -> list[Path]:
     return written
 
 
+def _allow_dropped(args: argparse.Namespace):
+    """The stages whose state a restore into a changed pipeline may drop."""
+    from streaming.engine.topology import AllowDropped
+
+    if args.allow_all_dropped_state:
+        return AllowDropped.everything()
+    return AllowDropped.of([s.strip() for given in args.allow_dropped_state for s in given.split(",") if s.strip()])
+
+
 def _cmd_restore(args: argparse.Namespace) -> int:
     from streaming.errors import ConfigError
     from streaming.tools import views
@@ -347,6 +357,19 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     if args.dry_run:
         checkpoints, _ = _checkpoints(args)
         with checkpoints:
+            if args.pipeline:  # the pipeline as its code now declares it: which stages changed
+                from streaming.api.pipeline import load_pipeline
+
+                if os.getcwd() not in sys.path:
+                    sys.path.insert(0, os.getcwd())
+                pipeline = load_pipeline(args.pipeline, args.job)
+                change = checkpoints.change_plan(
+                    pipeline, args.checkpoint, allow=_allow_dropped(args), progress=log.info
+                )
+                print(views.render_pipeline_change(change))
+                change.check()  # refused: the reasons, exit status 2
+                if change.changed:
+                    return 0
             print(views.render_restore_plan(checkpoints.restore_plan(args.checkpoint, progress=log.info)))
         return 0
     if not args.pipeline:
@@ -496,6 +519,20 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
         help="run STAGE with N tasks (repeat, or give several as a=2,b=3). A job restored from a checkpoint "
         "taken with other task counts is rescaled: keyed state divided by key, channel state routed "
         "again, internal topics of the new counts. Default: the counts of the job's latest run",
+    )
+    parser.add_argument(
+        "--allow-dropped-state",
+        action="append",
+        default=[],
+        metavar="STAGE",
+        help="a restore into a changed pipeline may drop STAGE's state (repeat, or give several as a,b): a "
+        "stage removed from the pipeline, or one whose operator no longer takes its stored state (it starts "
+        "empty). Without it such a restore is refused (Flink: --allowNonRestoredState)",
+    )
+    parser.add_argument(
+        "--allow-all-dropped-state",
+        action="store_true",
+        help="a restore into a changed pipeline may drop the state of any stage (--allow-dropped-state for every one)",
     )
     parser.add_argument(
         "--remote-workers",
@@ -690,7 +727,9 @@ Operator and channel state as tables: `spark-abs state N`.""",
         description="With --dry-run: which checkpoint a restore would pick (N if it "
         "verifies, else the newest that does, and why newer ones are skipped), which "
         "generation it would start and what each task would load and replay; with "
-        "--parallelism too (and --pipeline), how it would be rescaled: each new task's "
+        "--pipeline, what happens to each stage of the pipeline as its code now declares it "
+        "(kept, added, removed, state schema or inputs changed, refused); with "
+        "--parallelism too, how it would be rescaled: each new task's "
         "state, channels and re-routed channel state, and the new topics. "
         "Without: the restore itself, as `run PIPELINE --restore N` (give --pipeline).",
     )

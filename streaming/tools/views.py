@@ -19,6 +19,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from streaming.engine.rescale import RescalePlan
+from streaming.engine.topology import PipelineChange
 from streaming.tools.checkpoints import CheckpointDetail, CheckpointRow, RestorePlan, TableDiff
 from streaming.tools.gc import GcPlan
 from streaming.tools.tables import (
@@ -47,6 +48,7 @@ __all__ = [
     "render_gc",
     "render_restore_plan",
     "render_rescale_plan",
+    "render_pipeline_change",
 ]
 
 
@@ -231,3 +233,42 @@ def render_rescale_plan(plan: RescalePlan) -> str:
         right=("channels", "re-routed rows", "watermark from"),
     )
     return "\n".join(lines) + "\n" + as_text(table)
+
+
+def render_pipeline_change(change: PipelineChange) -> str:
+    """A restore into the pipeline as its code now declares it, as
+    ``restore --dry-run --pipeline`` shows it: each stage's fate and what
+    the restore does about it (or why it is refused), and the new topics."""
+    job = change.pipeline.job
+    if not change.changed:
+        head = f"checkpoint {change.source}: pipeline {job} has the checkpoint's stages, inputs and state schemas"
+    else:
+        head = (
+            f"checkpoint {change.source} into the changed pipeline {job}: written as a new checkpoint, "
+            f"restored in generation {change.generation}"
+        )
+    lines = [head]
+    # the topics this restore names after its generation, which it reads from their beginning
+    new_topics = {t for t in change.scale.topics.values() if t.endswith(f".g{change.generation}")}
+    lines += [
+        f"  new topic {topic} ({change.pipeline.internal_topics()[topic]} partition(s)) for the output of {stage}"
+        for stage, topic in sorted(change.scale.topics.items())
+        if topic in new_topics
+    ]
+    table = titled_table(
+        "each stage, matched by name (tasks: as the restore runs them)",
+        ("stage", "change", "tasks", "what the restore does"),
+        (
+            (
+                s.stage,
+                s.change,
+                change.scale.parallelism.get(s.stage),
+                f"REFUSED: {s.refusal}" if s.refusal else s.action,
+            )
+            for s in change.stages
+        ),
+        right=("tasks",),
+    )
+    refused = len(change.refusals)
+    tail = f"the restore would be refused ({refused} stage(s))" if refused else "nothing is refused"
+    return "\n".join(lines) + "\n" + as_text(table) + "\n" + tail
