@@ -34,7 +34,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 REFERENCE_SUFFIX = "_reference"
 # the checkpoint states a completed checkpoint may be in at the end of a drill
-CHECKPOINT_OK = ("verifies", "damaged by the drill")
+CHECKPOINT_OK = ("verifies", "damaged by the drill", "records deleted by the drill")
 
 
 @dataclass(frozen=True)

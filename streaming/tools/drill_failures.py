@@ -1,7 +1,7 @@
 """A restore drill's failures, injected (``streaming.tools.drill``): one
 method per failure kind (a worker killed at random or at a fault point, the
-runner killed, a checkpoint damaged, a service down), then the wait for the
-job to recover from it: a checkpoint completes after it, which is timed, with
+runner killed, a checkpoint damaged, a service down, records deleted under
+the job), then the wait for the job to recover from it: a checkpoint completes after it, which is timed, with
 the checkpoint each restore it caused started from and the input records it
 read again."""
 
@@ -13,12 +13,16 @@ import signal
 import time
 from collections.abc import Callable
 
+from barriers.messages import ChannelId
+from streaming.adapters.kafka_admin import delete_records, earliest_offsets
+from streaming.adapters.snapshots import Manifest
 from streaming.engine import faults
+from streaming.engine.kafka_retention import needs
 from streaming.tools.drill_feed import ProgressWatch
 from streaming.tools.drill_job import DrilledJob, job_processes, job_worker_pids, kill_group
 from streaming.tools.drill_plan import ORPHAN_BOUND_S, Failure, FailureKind, FailureOutcome
 
-__all__ = ["FailureInjector"]
+__all__ = ["FailureInjector", "retention_cut"]
 
 
 class FailureInjector:
@@ -59,6 +63,9 @@ class FailureInjector:
                 self._kill_a_worker(rng)
             else:
                 t0, newest_before = self._fault_point(outcome, rng, generation)
+        elif kind is FailureKind.RETENTION:
+            self._retention(outcome)
+            self._kill_a_worker(rng)
         elif kind in (FailureKind.RUNNER, FailureKind.DAMAGE):
             self._kill_runner(outcome)
             if kind is FailureKind.DAMAGE:
@@ -68,6 +75,7 @@ class FailureInjector:
             self._outage(failure)
         self._recover(outcome, t0, newest_before, generation)
         self._damaged_not_restored(outcome)
+        self._deleted_not_restored(outcome)
         return outcome
 
     # ---- the failure kinds
@@ -151,6 +159,27 @@ class FailureInjector:
             f"{outcome.failure.moment} of checkpoint {newest}: {path.rsplit('/', 3)[-3]}/…/{path.rsplit('/', 1)[-1]}"
         )
 
+    def _retention(self, outcome: FailureOutcome) -> None:
+        """Delete, as retention would, every record of the job's internal
+        topics before where the newest complete checkpoint reads each
+        partition again (``retention_cut``): older checkpoints lose what
+        they need, that one and later ones lose nothing.  Ingress topics are
+        left whole (the reference is computed from them)."""
+        done = self.job.completed()
+        if not done:
+            outcome.note = "no complete checkpoint: nothing deleted"
+            return
+        newest = done[-1]
+        cut = retention_cut(self.job.store.read_manifest(newest), set(self.watch.ingress))
+        bootstrap = self.job.connection.kafka_bootstrap
+        earliest = earliest_offsets(bootstrap, cut)
+        delete_records(bootstrap, cut)
+        deleted = sum(max(0, offset - earliest.get(channel, 0)) for channel, offset in cut.items())
+        outcome.kept_from = newest
+        outcome.note = (
+            f"{deleted} records of {len(cut)} internal partitions deleted, up to what checkpoint {newest} needs"
+        )
+
     def _outage(self, failure: Failure) -> None:
         """The local runtime's Kafka broker or S3 server down for ``outage_s``, then up again."""
         service = "kafka" if failure.kind is FailureKind.BROKER else "s3"
@@ -202,3 +231,27 @@ class FailureInjector:
                 self.problems.append(
                     f"failure {outcome.failure.index + 1}: the restore used checkpoint {picked}, which the drill damaged"
                 )
+
+    def _deleted_not_restored(self, outcome: FailureOutcome) -> None:
+        """A restore after records were deleted must have used a checkpoint Kafka still holds."""
+        if outcome.kept_from is not None and outcome.restored_from:
+            picked = outcome.restored_from[-1]
+            if picked is None or picked < outcome.kept_from:
+                self.problems.append(
+                    f"failure {outcome.failure.index + 1}: the restore used "
+                    f"{'the beginning' if picked is None else f'checkpoint {picked}'}, whose records the drill "
+                    f"deleted (checkpoint {outcome.kept_from} and later ones kept theirs)"
+                )
+
+
+def retention_cut(manifest: Manifest, ingress: set[str]) -> dict[ChannelId, int]:
+    """Per partition of an internal topic, the offset a restore from
+    ``manifest``'s checkpoint reads it again from (its position, or where
+    its channel state kept as a range starts): what retention may delete
+    before it leaves that checkpoint restorable."""
+    return {
+        need.channel: need.offset
+        for snapshot in manifest.tasks.values()
+        for need in needs(snapshot)
+        if str(need.channel) not in ingress
+    }

@@ -40,9 +40,11 @@ class FailureKind(enum.StrEnum):
     BROKER = "broker"
     STORE = "store"
     DAMAGE = "damage"
+    RETENTION = "retention"
 
 
-KINDS = tuple(FailureKind)
+# every kind but retention, which deletes records of the job's internal topics: drilled when named (--kinds)
+KINDS = tuple(k for k in FailureKind if k is not FailureKind.RETENTION)
 # where a worker failure strikes: at a random moment, or at a fault point armed in the running worker
 WORKER_MOMENTS = ("random", "mid_batch", "during_alignment", "during_upload", "before_sink_commit", "during_restore")
 DAMAGES = ("delete a part", "flip a byte")
@@ -69,6 +71,8 @@ class Failure:
             return "job runner SIGKILLed, started again"
         if self.kind is FailureKind.DAMAGE:
             return f"runner SIGKILLed, newest checkpoint damaged ({self.moment}), runner started again"
+        if self.kind is FailureKind.RETENTION:
+            return "records only older checkpoints need deleted (DeleteRecords), a worker SIGKILLed"
         service = "Kafka broker" if self.kind is FailureKind.BROKER else "S3 server"
         return f"{service} down for {self.outage_s:.0f} s"
 
@@ -143,6 +147,7 @@ class FailureOutcome:
     at_s: float  # seconds into the drill when it was injected
     restored_from: list[int | None] = field(default_factory=list)  # per restore it caused (None: the beginning)
     damaged: int | None = None  # the checkpoint the drill damaged
+    kept_from: int | None = None  # retention: the checkpoint whose records the drill kept (older ones' deleted)
     recovered_s: float | None = None  # injection -> the next checkpoint completed
     replayed: int | None = None  # ingress records processed again
     orphans_gone_s: float | None = None  # runner kills: until no worker of the job was left
@@ -166,7 +171,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
         return None
     rank = (len(ordered) - 1) * q / 100
     low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    return ordered[round(rank)]
 
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
