@@ -171,7 +171,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
         return None
     rank = (len(ordered) - 1) * q / 100
     low, high = math.floor(rank), math.ceil(rank)
-    return ordered[round(rank)]
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
