@@ -36,11 +36,11 @@ def test_a_drill_of_an_example_with_a_failure_of_every_kind_passes_and_writes_it
     connection, runtime_settings, spark, tmp_path, lines
 ):
     run, lines = _run(
-        connection, runtime_settings, spark, tmp_path, lines, pipeline="orders", failures=len(FailureKind), seed=11
+        connection, runtime_settings, spark, tmp_path, lines, pipeline="orders", failures=len(drill.KINDS), seed=11
     )
     (report,) = run.phases
     outcomes = {o.failure.kind: o for o in report.outcomes}
-    assert set(outcomes) == set(FailureKind), report.plan
+    assert set(outcomes) == set(drill.KINDS), report.plan
     assert run.passed, "\n".join(lines[-40:])
     assert report.pipeline == "examples.orders:pipeline" and all(o.recovered for o in report.outcomes)
     # the runner's death left no worker or JVM behind, and the runner that came back restored
@@ -63,7 +63,7 @@ def test_a_drill_of_an_example_with_a_failure_of_every_kind_passes_and_writes_it
     written = {p.name for p in (tmp_path / "report").iterdir()}
     assert {"report.md", "report.json", "recoveries.png", "gx-output.json", "gx-checkpoints.json"} <= written
     summary = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert summary["passed"] is True and len(summary["phases"][0]["failures"]) == len(FailureKind)
+    assert summary["passed"] is True and len(summary["phases"][0]["failures"]) == len(drill.KINDS)
     assert summary["recoveries"][0]["failures"] == "all" and summary["recoveries"][0]["not recovered"] == 0
     assert all(e["success"] for e in summary["phases"][0]["expectations"])
 
