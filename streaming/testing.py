@@ -22,6 +22,7 @@ __all__ = [
     "assert_eventually",
     "broken_money_pipeline",
     "changing_pipeline",
+    "write_checkpoint",
     "drill_workload",
     "slow_pipeline",
     "money_job",
@@ -199,6 +200,29 @@ def changing_pipeline(job: str = "changing", shape: str = "base"):
     )
     stages = (clean, seen, counts) if shape == "added" else (clean, counts)
     return Pipeline(job, (Ingress(events, 1, EVENTS),), stages)
+
+
+def write_checkpoint(store, pipeline, checkpoint_id: int, generation: int, state=None, *, position: int = 0):
+    """Checkpoint ``checkpoint_id`` of ``pipeline`` written into ``store`` (a
+    ``SnapshotStore``) by hand, as its tasks would have taken it in
+    ``generation``: ``state`` per task name (none by default), every input
+    channel at ``position``, aligned.  Returns the manifest."""
+    from barriers.messages import CheckpointOptions
+    from streaming.adapters.snapshots.format import options_to_json
+
+    snapshots = {
+        spec.name: store.write_task(
+            checkpoint_id,
+            generation,
+            spec.name,
+            (state or {}).get(spec.name, {}),
+            positions={str(c): position for c in spec.inputs},
+            metadata={"kind": "aligned", "watermarks": {}, "lineage": []},
+        )
+        for spec in pipeline.tasks()
+    }
+    options = options_to_json(CheckpointOptions.aligned())
+    return store.write_manifest(checkpoint_id, generation, snapshots, options=options, metrics={"kinds": ["aligned"]})
 
 
 class LineCollector(logging.Handler):

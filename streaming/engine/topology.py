@@ -484,7 +484,7 @@ def _removed(
             tables.add(table)
     held = []
     if rows:
-        held.append(f"{rows} row(s) of state ({', '.join(sorted(tables))})")
+        held.append(f"{rows} row(s) of state (table {', '.join(sorted(tables))})")
     if records:
         held.append(f"{records} record(s) of channel state")
     if not held:
@@ -496,7 +496,7 @@ def _removed(
         name,
         Change.REMOVED,
         "refused",
-        f"checkpoint {old.id} holds {what} of it, which the restore would drop: allow it with "
+        f"checkpoint {old.id} holds {what} of it, which the restore would drop: allow that with "
         f"--allow-dropped-state {name} (or --allow-all-dropped-state), or put the stage back",
     )
 
