@@ -12,8 +12,9 @@ dead letters (``streaming.tools.drill_checks``).  The report (Markdown, JSON
 and GX's own results) goes to a directory; ``streaming.tools.drill_report``
 writes it.
 
-Failure kinds (``FailureKind``), each drawn in turn so that ``k`` failures
-give every chosen kind ``k / kinds`` times (rounded):
+Failure kinds (``FailureKind``), drawn in rounds that hold every chosen
+kind once, so that ``k`` failures give each ``k / kinds`` times (rounded)
+and any first ones are balanced:
 
 - ``worker``: a worker process and its Spark JVM SIGKILLed, at a random
   moment or at a named fault point (``streaming.engine.faults``: mid-batch,
