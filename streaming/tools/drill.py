@@ -32,7 +32,12 @@ and any first ones are balanced:
   it is back;
 - ``damage``: the runner SIGKILLed, the newest complete checkpoint damaged (a
   part deleted or a byte flipped), the runner started again: the restore
-  must skip it for an older one that verifies.
+  must skip it for an older one that verifies;
+- ``retention`` (drilled when named in ``--kinds``): every record of the
+  job's internal topics before where the newest complete checkpoint reads
+  them again deleted (``DeleteRecords``, as retention would), then a worker
+  SIGKILLed: the restore must use a checkpoint Kafka still holds, that one
+  or a later one (docs/operations/retention.md).
 
 Each failure waits for recovery (a checkpoint completes after it), which the
 report times; ``--seed`` makes the plan (kinds, order, moments, fault points,
