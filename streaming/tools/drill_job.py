@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, default_home
@@ -56,6 +58,7 @@ class DrilledJob:
         faults.arm(str(self.fault_file), [])
         self.runner: subprocess.Popen | None = None
         self.runner_log = report_dir / "runner.log"
+        self._completed: list[int] = []  # checkpoints seen complete, ascending (completed)
 
     # ---- the runner process
 
@@ -141,7 +144,23 @@ class DrilledJob:
         return list(meta.restores) if meta else []
 
     def completed(self) -> list[int]:
-        return self.quietly(self.store.completed) or []
+        """Checkpoints that have a manifest, ascending: those seen before, and
+        of the checkpoints after the newest of them those whose manifest is
+        there now.  One listing and a look at a few manifests, however many
+        checkpoints the drill has made (``SnapshotStore.completed`` looks at
+        every manifest, which a long drill polling twice a second cannot
+        afford); the drill deletes no manifest.  While the store is down:
+        those seen before."""
+        newest = self._completed[-1] if self._completed else 0
+        try:
+            later = [c for c in self.quietly(self.store.checkpoints) or [] if c > newest]
+            if later:
+                fs = self.store.location.filesystem
+                infos = fs.get_file_info([self.store.layout.manifest(c) for c in later])
+                self._completed += [c for c, info in zip(later, infos) if info.type == pafs.FileType.File]
+        except OSError:  # the S3 server down (a store outage)
+            pass
+        return list(self._completed)
 
     def quietly(self, read: Callable[[], Any]) -> Any:
         """A read of the store that may fail while it is down (a store outage)."""

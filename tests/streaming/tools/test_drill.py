@@ -275,3 +275,36 @@ def test_the_failure_loop_stops_at_a_recovery_over_the_limit_and_at_the_duration
     stub, heard = _stub_drill(plan, [5.0] * 4, phase_end=time.monotonic() + 10.0)
     assert stub._inject_all(random.Random(1)) is True and stub.outcomes == []
     assert stub.stopped == "the duration allowed 0 of the 4 failures planned"
+
+
+def test_the_drilled_job_finds_new_complete_checkpoints_looking_only_past_the_newest_it_knows(tmp_path):
+    from streaming.tools.drill_job import DrilledJob
+
+    job = DrilledJob(
+        None,
+        pipeline_ref="streaming.tools.demo:pipeline",
+        job="drill-c",
+        mode=Mode.ALIGNED,
+        interval_s=1.0,
+        store_uri=f"file://{tmp_path / 'store'}",
+        report_dir=tmp_path / "report",
+        max_restores=10,
+    )
+    fs, layout = job.store.location.filesystem, job.store.layout
+
+    def checkpoint(c: int, complete: bool) -> None:
+        fs.create_dir(layout.manifest(c).rsplit("/", 1)[0])
+        if complete:
+            with fs.open_output_stream(layout.manifest(c)) as f:
+                f.write(b"{}")
+
+    assert job.completed() == []
+    for c, complete in ((1, True), (2, True), (3, False)):
+        checkpoint(c, complete)
+    assert job.completed() == [1, 2] == job.store.completed()
+    checkpoint(3, True)
+    checkpoint(4, False)
+    assert job.completed() == [1, 2, 3]
+    # what it saw complete it does not look at again: a manifest gone later is not noticed (the drill deletes none)
+    fs.delete_file(layout.manifest(1))
+    assert job.completed() == [1, 2, 3] and job.store.completed() == [2, 3]
