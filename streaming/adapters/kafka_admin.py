@@ -141,8 +141,9 @@ class OffsetsAtTime:
     _shared: dict[str, OffsetsAtTime] = {}
     _sharing = threading.Lock()
 
-    def __init__(self, bootstrap: str):
+    def __init__(self, bootstrap: str, timeout_ms: int = 10_000):
         self.bootstrap = bootstrap
+        self.timeout_ms = timeout_ms  # a broker that does not answer: the upload goes on without the check
         self._consumer: KafkaConsumer | None = None
         self._lock = threading.Lock()
 
@@ -160,7 +161,7 @@ class OffsetsAtTime:
                     self._consumer = KafkaConsumer(
                         bootstrap_servers=self.bootstrap, client_id="spark-abs-retention", enable_auto_commit=False
                     )
-                found = self._consumer.offsets_for_times(wanted)
+                found = self._consumer.offsets_for_times(wanted, timeout_ms=self.timeout_ms)
             except KafkaError as exc:
                 raise KafkaUnavailableError(f"finding offsets at {timestamp_ms} ms failed: {exc}") from exc
         return {ChannelId(tp.topic, tp.partition): None if at is None else at.offset for tp, at in found.items()}
