@@ -25,6 +25,10 @@ each generation's ``Scale``); ``parallelism=`` (``run --parallelism``) asks
 for others.  A restore whose checkpoint was taken with other task counts
 rescales it first (``streaming.engine.rescale``): the checkpoint becomes one
 of the new scale, written as the next checkpoint id, and that is restored.
+A restore whose checkpoint was taken with other stages (one added or removed,
+an operator whose state schema changed) writes it as a checkpoint of the
+pipeline as declared the same way (``streaming.engine.topology``), and
+refuses what would drop state unless ``allow_dropped=`` allows it.
 
 The runner keeps the job's lifecycle (``start``, ``step``, ``close``) and
 hands the rest to classes of their own: ``recovery.RestoreService`` picks,

@@ -221,6 +221,7 @@ def plan_change(
     3. each kept stage's state against its new operator (``_state_refusal``);
     4. when anything changed, each new task's snapshot (``_build``) and what
        nobody takes over, which is dropped (``_dropped``)."""
+    # 1. the stages
     old = _Checkpoint(manifest, pipeline.job)
     counts = dict(counts or {})
     declared = [s.name for s in pipeline.stages]
@@ -387,7 +388,7 @@ def _state_refusal(stage: Stage, stored: LoadedTask, checkpoint_id: int) -> str 
         operator.restore(sample)
     except Exception as exc:  # the new code's own error, whatever its kind, is the reason
         return (
-            f"its state schema changed: checkpoint {checkpoint_id} stored {_describe_schema(stored.state, types=True)}; "
+            f"checkpoint {checkpoint_id} stored {_describe_schema(stored.state, types=True)}; "
             f"the new operator ({type(operator).__name__}) snapshots {_describe_schema(expected, types=False)} "
             f"and does not take the stored state ({exc})"
         )

@@ -331,7 +331,8 @@ def channel_parts(records: pa.Table, decoded: pa.Table, problems: list[str], row
 
 def generation_table(meta: JobMeta | None) -> Table:
     """Every generation of the job, as the store records its start: when,
-    from which checkpoint (a rescale: which checkpoint it rescaled), at
+    from which checkpoint (a rescale or a changed pipeline: which checkpoint
+    it wrote again), at
     which scale, and why the job restored."""
     body = []
     for entry in meta.restores if meta else ():
@@ -342,6 +343,8 @@ def generation_table(meta: JobMeta | None) -> Table:
             start = "restored from the beginning (no checkpoint verified)"
         elif entry.get("rescaled_from") is not None:
             start = f"restored from checkpoint {source}, checkpoint {entry['rescaled_from']} rescaled"
+        elif entry.get("changed_from") is not None:
+            start = f"restored from checkpoint {source}, checkpoint {entry['changed_from']} into a changed pipeline"
         else:
             start = f"restored from checkpoint {source}"
         cause = RESTORE_CAUSES.get(entry.get("cause"), entry.get("cause"))  # none: recorded by an older version
