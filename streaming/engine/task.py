@@ -66,6 +66,7 @@ from streaming.api.pipeline import Pipeline, TaskSpec
 from streaming.engine.controller import TaskController
 from streaming.engine.gate import InputGate
 from streaming.engine.inbox import ControlInbox
+from streaming.engine.kafka_retention import AtRisk
 from streaming.engine.metrics import TaskMetrics
 from streaming.engine.output import TaskOutput
 from streaming.engine.quarantine import Quarantine
@@ -120,7 +121,7 @@ class TaskIO:
     prepare: Callable[[pa.Table], pa.Table] | None = None
     # channel -> the offset a restore would read it from -> those time retention may delete
     # before the checkpoint is superseded (``kafka_retention.RetentionWatch.at_risk``)
-    retention_risk: Callable[[Mapping[ChannelId, int]], Mapping[ChannelId, Any]] | None = None
+    retention_risk: Callable[[Mapping[ChannelId, int]], Mapping[ChannelId, AtRisk]] | None = None
 
 
 class StageTask:

@@ -3,8 +3,8 @@ copy the in-flight records (unaligned checkpoints that keep a copy, and
 ranges that time retention may delete before the checkpoint is superseded,
 ``kafka_retention``), stage the sink epoch, write the snapshot to the
 store, then acknowledge on the control topic with the snapshot's metadata
-and the task's metrics.  When any
-step fails the task declines the checkpoint and goes on processing.
+and the task's metrics.  When any step fails the task declines the
+checkpoint and goes on processing.
 
 A sink epoch that could not be staged (the store was down) is not lost: its
 rows are staged with the next epoch, by the next upload (uploads of a task
@@ -42,6 +42,7 @@ from operators.state import StateChanges, current_memory
 from streaming.adapters.control import Ack, Decline
 from streaming.adapters.snapshots.format import TaskSnapshot, stored_name
 from streaming.engine import faults
+from streaming.engine.kafka_retention import AtRisk
 
 __all__ = ["SnapshotUploader", "TakenSnapshot", "Incremental"]
 
@@ -142,7 +143,7 @@ class SnapshotUploader:
         if self._own_executor:
             self._executor.shutdown(wait=True)
 
-    def _copy_in_flight(self, checkpoint: TaskCheckpoint, at_risk: Mapping[ChannelId, Any]) -> dict[str, pa.Table]:
+    def _copy_in_flight(self, checkpoint: TaskCheckpoint, at_risk: Mapping[ChannelId, AtRisk]) -> dict[str, pa.Table]:
         """The in-flight records of the checkpoint, read straight from Kafka in
         bulk (not by waiting for processing to reach them): every channel's
         when the checkpoint keeps copies, otherwise those ``at_risk`` of
@@ -157,7 +158,7 @@ class SnapshotUploader:
     def _copies_all(self, checkpoint: TaskCheckpoint) -> bool:
         return checkpoint.barrier.options.in_flight is InFlightFormat.RECORDS or self.copy_in_flight
 
-    def _at_risk(self, checkpoint: TaskCheckpoint) -> dict[ChannelId, Any]:
+    def _at_risk(self, checkpoint: TaskCheckpoint) -> dict[ChannelId, AtRisk]:
         """The offsets a restore from this checkpoint reads Kafka from (a
         range's start, or the position) that time retention may delete
         before the checkpoint is superseded (``io.retention_risk``: one
@@ -306,7 +307,7 @@ class SnapshotUploader:
         watermarks: dict[ChannelId, int],
         taken: TakenSnapshot,
         copied: dict[str, pa.Table],
-        at_risk: Mapping[ChannelId, Any],
+        at_risk: Mapping[ChannelId, AtRisk],
     ) -> dict[str, Any]:
         """What the task measured of this checkpoint, kept with its snapshot (and in the manifest)."""
         wall = taken.snapshot_wall

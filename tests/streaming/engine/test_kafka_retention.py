@@ -18,7 +18,15 @@ from operators import KeyedAggregate, count, sum_
 from streaming.adapters.control import Trigger, announced_barrier
 from streaming.adapters.snapshots import Manifest, PartInfo, TaskSnapshot
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
-from streaming.engine.kafka_retention import KafkaKept, Need, RetentionWatch, needs, pick_restorable, relied_on_ms
+from streaming.engine.kafka_retention import (
+    AtRisk,
+    KafkaKept,
+    Need,
+    RetentionWatch,
+    needs,
+    pick_restorable,
+    relied_on_ms,
+)
 from streaming.errors import JobFailed, OffsetsGoneError
 
 A, B, L = ChannelId("in", 0), ChannelId("in", 1), ChannelId("job.legs", 0)
@@ -178,7 +186,7 @@ def _unaligned_checkpoint(risky, caplog, copy_everything=False):
 
     def retention_risk(wanted):
         asked.append(dict(wanted))
-        return {c: type("Risk", (), {"offset": wanted[c], "retention_ms": 600_000})() for c in risky}
+        return {c: AtRisk(c, wanted[c], wanted[c] + 1, 600_000, 124_000.0) for c in risky}
 
     task.io.read_range, task.io.retention_risk = read_range, retention_risk
     task.process_batch(batch(*[("in", 0, i, {"account": "x", "amount": 1}) for i in range(3)]))
