@@ -12,6 +12,7 @@ import random
 import signal
 import time
 from collections.abc import Callable
+from datetime import datetime
 
 from barriers.messages import ChannelId
 from streaming.adapters.kafka_admin import delete_records, earliest_offsets
@@ -205,6 +206,7 @@ class FailureInjector:
         outcome.restored_from = [r.get("from_checkpoint") for r in restores]
         if restores:
             outcome.replayed = self._replayed(restores[-1]["generation"], restores[-1].get("from_checkpoint"))
+            outcome.restore_s = _since(restores[0].get("at"), time.time() - (time.monotonic() - t0))
 
     def _replayed(self, generation: int, checkpoint_id: int | None) -> int | None:
         """Ingress records read again by ``generation``: how far the generations
@@ -255,3 +257,12 @@ def retention_cut(manifest: Manifest, ingress: set[str]) -> dict[ChannelId, int]
         for need in needs(snapshot)
         if str(need.channel) not in ingress
     }
+
+
+def _since(at: str | None, struck: float) -> float | None:
+    """Seconds from ``struck`` (epoch seconds) to ``at`` (an ISO time the
+    runner wrote), or None when there is no readable time."""
+    try:
+        return max(0.0, round(datetime.fromisoformat(at).timestamp() - struck, 2)) if at else None
+    except ValueError:
+        return None

@@ -149,6 +149,7 @@ class FailureOutcome:
     damaged: int | None = None  # the checkpoint the drill damaged
     kept_from: int | None = None  # retention: the checkpoint whose records the drill kept (older ones' deleted)
     recovered_s: float | None = None  # injection -> the next checkpoint completed
+    restore_s: float | None = None  # injection -> the runner started the first restore it caused (its generation)
     replayed: int | None = None  # ingress records processed again
     orphans_gone_s: float | None = None  # runner kills: until no worker of the job was left
     note: str = ""

@@ -33,9 +33,20 @@ __all__ = [
     "write",
 ]
 
-FAILURE_COLUMNS = ("#", "kind", "what", "at s", "restored from", "recovered s", "replayed", "note")
+FAILURE_COLUMNS = ("#", "kind", "what", "at s", "restored from", "restore s", "recovered s", "replayed", "note")
 EXPECTATION_COLUMNS = ("suite", "expectation", "column", "result", "observed")
-RECOVERY_COLUMNS = ("failures", "n", "p50 s", "p90 s", "p99 s", "max s", "restores", "replayed", "not recovered")
+RECOVERY_COLUMNS = (
+    "failures",
+    "n",
+    "p50 s",
+    "p90 s",
+    "p99 s",
+    "max s",
+    "restore p50 s",
+    "restores",
+    "replayed",
+    "not recovered",
+)
 
 
 def _restored(outcome) -> str:
@@ -57,6 +68,7 @@ def failure_rows(report) -> list[tuple]:
                 o.failure.describe(),
                 f"{o.at_s:.1f}",
                 _restored(o),
+                _seconds(o.restore_s),
                 "NOT RECOVERED" if o.recovered_s is None else f"{o.recovered_s:.1f}",
                 "-" if o.replayed is None else o.replayed,
                 note or "-",
@@ -84,6 +96,7 @@ def _recovery_row(name: str, outcomes: Sequence[FailureOutcome]) -> tuple:
         len(outcomes),
         *(_seconds(percentile(times, q)) for q in (50, 90, 99)),
         _seconds(max(times) if times else None),
+        _seconds(percentile([o.restore_s for o in outcomes if o.restore_s is not None], 50)),
         sum(len(o.restored_from) for o in outcomes),
         sum(o.replayed or 0 for o in outcomes),
         len(outcomes) - len(times),
@@ -199,7 +212,9 @@ def markdown(run) -> str:
         "",
         "## Recoveries",
         "",
-        "From each failure to the next completed checkpoint; *restores*: restores the failures caused; "
+        "From each failure to the next completed checkpoint; *restore p50 s*: from the failure to the start "
+        "of the restore it caused (the runner noticed and chose a checkpoint; the rest of a recovery is the "
+        "restore itself and the next checkpoint); *restores*: restores the failures caused; "
         "*replayed*: input records processed again (how far the job had read, less where each restore's "
         "checkpoint resumes). `recoveries.png` shows each one through the run.",
         "",
@@ -219,7 +234,8 @@ def markdown(run) -> str:
             "### Failures",
             "",
             "*at s*: seconds into the phase; *restored from*: the checkpoint each restore it caused picked "
-            "(start: the beginning); *recovered s*: from the failure to the next completed checkpoint; "
+            "(start: the beginning); *restore s*: from the failure to the first of those restores starting; "
+            "*recovered s*: from the failure to the next completed checkpoint; "
             "*replayed*: input records processed again.",
             "",
             _md_table(FAILURE_COLUMNS, failure_rows(p)),

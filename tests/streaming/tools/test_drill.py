@@ -66,7 +66,7 @@ def test_a_plan_needs_kinds_and_a_count_of_zero_or_more():
 def _report(tmp_path, *, lost: bool):
     plan = drill.plan_failures(2, 1, [FailureKind.RUNNER, FailureKind.BROKER], _pools(), 1.0)
     outcomes = [
-        FailureOutcome(plan[0], 12.5, [4], recovered_s=18.2, replayed=830, orphans_gone_s=1.4),
+        FailureOutcome(plan[0], 12.5, [4], recovered_s=18.2, restore_s=6.1, replayed=830, orphans_gone_s=1.4),
         FailureOutcome(plan[1], 40.0, [], recovered_s=None),
     ]
     reference = pd.DataFrame({"account": ["a"], "window_start": [0], "net": [3], "legs": [2]})
@@ -137,6 +137,7 @@ def test_a_report_names_the_failed_expectation_and_the_failure_not_recovered(tmp
         "p90 s": "18.2",
         "p99 s": "18.2",
         "max s": "18.2",
+        "restore p50 s": "6.1",
         "restores": 1,
         "replayed": 830,
         "not recovered": 1,
@@ -165,13 +166,16 @@ def test_recovery_percentiles_per_kind_and_mode_and_a_run_of_two_modes_written_a
     aligned.outcomes[1].recovered_s = 40.0
     aligned.problems.clear()
     plan = drill.plan_failures(3, 2, [FailureKind.WORKER], _pools(Mode.UNALIGNED), 1.0)
-    outcomes = [FailureOutcome(f, 10.0 * i, [i], recovered_s=float(10 + i), replayed=5) for i, f in enumerate(plan)]
+    outcomes = [
+        FailureOutcome(f, 10.0 * i, [i], recovered_s=float(10 + i), restore_s=float(i), replayed=5)
+        for i, f in enumerate(plan)
+    ]
     run.phases.append(_phase(plan, outcomes, aligned.checks, aligned.frames["output"], [], tmp_path, Mode.UNALIGNED))
     rows = {row[0]: row for row in drill_report.recovery_rows([(str(p.mode), p.outcomes) for p in run.phases])}
     assert set(rows) == {"all", "mode aligned", "mode unaligned", "runner", "broker", "worker"}
     # all: 10, 11, 12, 18.2, 40 -> p50 12, p90 and p99 between the two highest (31.3, 39.1), max 40
     assert rows["all"][1:6] == (5, "12.0", "31.3", "39.1", "40.0")
-    assert rows["worker"] == ("worker", 3, "11.0", "11.8", "12.0", "12.0", 3, 15, 0)
+    assert rows["worker"] == ("worker", 3, "11.0", "11.8", "12.0", "12.0", "1.0", 3, 15, 0)
     assert rows["mode aligned"][1] == 2 and rows["mode unaligned"][1] == 3
     assert run.passed and drill_report.verdict(run).startswith(
         "PASSED: 5 failures (broker, runner, worker; aligned, unaligned)"
@@ -187,7 +191,7 @@ def test_recovery_percentiles_per_kind_and_mode_and_a_run_of_two_modes_written_a
     assert {p.name for p in (tmp_path / "out" / "unaligned").iterdir()} == {"gx-output.json", "output.csv"}
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "## aligned: job drill-1-x" in markdown and "## unaligned: job drill-1-x" in markdown
-    assert "| mode unaligned | 3 | 11.0 | 11.8 | 12.0 | 12.0 | 3 | 15 | 0 |" in markdown
+    assert "| mode unaligned | 3 | 11.0 | 11.8 | 12.0 | 12.0 | 1.0 | 3 | 15 | 0 |" in markdown
     text = drill_report.render(run)
     assert "recoveries (failure to the next completed checkpoint)" in text and text.rstrip().endswith("min)")
 
