@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import pyarrow as pa
 
 from barriers.messages import ChannelId
+from streaming.adapters.kafka_admin import earliest_offsets
 from streaming.adapters.kafka_io import read_range
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.pipeline import Pipeline
+from streaming.engine.kafka_retention import KafkaKept, pick_restorable
 from streaming.engine.recovery import recorded_scale
 from streaming.engine.rescale import RescalePlan, plan_rescale, scale_of, target_scale
 from streaming.engine.restore import plan_start
@@ -64,12 +67,20 @@ class RestorePlanner:
     ) -> RestorePlan:
         """What ``run --restore`` would do now: the checkpoint it picks
         (``checkpoint_id`` if it verifies, else the newest that does), the
-        generation it starts and what every task loads and replays."""
+        generation it starts and what every task loads and replays.  With a
+        ``bootstrap``, as the restore does, only while Kafka still holds
+        what the checkpoint reads again (``kafka_retention``: an
+        ``OffsetsGoneError`` when the restore would stop on it)."""
+        kept = None if self.bootstrap is None else KafkaKept(partial(earliest_offsets, self.bootstrap))
         if checkpoint_id is not None:
             manifest, problems = self.store.verifier.verify(checkpoint_id)
             if problems:
                 raise SnapshotMissingError(f"checkpoint {checkpoint_id} cannot be restored: {'; '.join(problems)}")
+            if kept is not None and manifest is not None:
+                kept.check(manifest)
             skipped = []
+        elif kept is not None:
+            manifest, skipped = pick_restorable(self.store.latest_verified, kept)
         else:
             manifest, skipped = self.store.latest_verified()
         meta = self.store.read_job()
