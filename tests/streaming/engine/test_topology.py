@@ -137,7 +137,9 @@ def test_a_removed_stage_with_state_is_refused_until_its_state_may_be_dropped():
     manifest, loaded = checkpoint(ADDED, state={"seen-0": counted(["a", "b"]), "counts-0": counted(["a"])})
     change = plan(BASE, manifest, loaded)
     assert fates(change)["seen"] == (Change.REMOVED, True)
-    with pytest.raises(PipelineChangeError, match=r"stage seen \(removed\): .*2 row\(s\) of state \(table state\)") as err:
+    with pytest.raises(
+        PipelineChangeError, match=r"stage seen \(removed\): .*2 row\(s\) of state \(table state\)"
+    ) as err:
         change.check()
     assert "--allow-dropped-state seen" in str(err.value)
 
