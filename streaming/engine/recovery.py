@@ -88,11 +88,11 @@ class RestorePlan:
     """What the next generation starts from (steps 1 to 3 of the module docstring)."""
 
     generation: int
-    # the checkpoint it restores (the rescaled one when rescaling), None for the beginning
+    # the checkpoint it restores (the one written when rescaling or changing), None for the beginning
     checkpoint_id: int | None
     scale: Scale
     skipped: tuple[tuple[int, tuple[str, ...]], ...] = ()
-    # a rescaling restore: the plan, and the checkpoint it rescales
+    # a rescaling restore: the plan; ``source``: the checkpoint a rescale or a change writes again
     rescale: RescalePlan | None = None
     source: Manifest | None = None
     # a restore into a changed pipeline: the plan (stages added, removed, ...)
