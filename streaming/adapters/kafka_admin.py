@@ -134,18 +134,24 @@ def earliest_offsets(bootstrap: str, channels: Iterable[ChannelId]) -> dict[Chan
 
 class OffsetsAtTime:
     """Each channel's first offset whose record's timestamp is at or after a
-    time (``offsets_for_times``, one request), on one consumer kept open
-    between calls and shared by the threads of a process (``shared``: every
-    task's upload asks once per checkpoint)."""
+    time (``offsets_for_times``), on one consumer kept open between calls
+    and shared by the threads of a process (``shared``).  An answer is kept
+    ``fresh_s``: a request asks for every partition of the topic the process
+    has asked about, so the tasks of a worker uploading one checkpoint cost
+    one request per topic (an answer at most ``fresh_s`` old was found for a
+    time that much earlier, which the callers' horizons dwarf)."""
 
     _shared: dict[str, OffsetsAtTime] = {}
     _sharing = threading.Lock()
 
-    def __init__(self, bootstrap: str, timeout_ms: int = 10_000):
+    def __init__(self, bootstrap: str, timeout_ms: int = 10_000, fresh_s: float = 1.0):
         self.bootstrap = bootstrap
         self.timeout_ms = timeout_ms  # a broker that does not answer: the upload goes on without the check
+        self.fresh_s = fresh_s
         self._consumer: KafkaConsumer | None = None
         self._lock = threading.Lock()
+        self._known: set[ChannelId] = set()
+        self._answers: dict[ChannelId, tuple[float, int | None]] = {}  # channel -> (when, offset)
 
     @classmethod
     def shared(cls, bootstrap: str) -> OffsetsAtTime:
@@ -154,16 +160,28 @@ class OffsetsAtTime:
             return cls._shared.setdefault(bootstrap, cls(bootstrap))
 
     def __call__(self, channels: list[ChannelId], timestamp_ms: int) -> dict[ChannelId, int | None]:
-        wanted = {TopicPartition(c.topic, c.partition): max(0, timestamp_ms) for c in channels}
         with self._lock:
-            try:
-                if self._consumer is None:
-                    self._consumer = KafkaConsumer(
-                        bootstrap_servers=self.bootstrap, client_id="spark-abs-retention", enable_auto_commit=False
-                    )
-                found = self._consumer.offsets_for_times(wanted, timeout_ms=self.timeout_ms)
-            except KafkaError as exc:
-                raise KafkaUnavailableError(f"finding offsets at {timestamp_ms} ms failed: {exc}") from exc
+            now = time.monotonic()
+            stale = [c for c in channels if c not in self._answers or now - self._answers[c][0] > self.fresh_s]
+            if stale:
+                self._known.update(stale)
+                topics = {c.topic for c in stale}
+                asked = sorted((c for c in self._known if c.topic in topics), key=str)
+                found = self._query(asked, timestamp_ms)
+                self._answers.update({c: (now, found.get(c)) for c in asked})
+            return {c: self._answers[c][1] for c in channels}
+
+    def _query(self, channels: list[ChannelId], timestamp_ms: int) -> dict[ChannelId, int | None]:
+        """One request: each channel's first offset at or after ``timestamp_ms`` (None: no such record)."""
+        wanted = {TopicPartition(c.topic, c.partition): max(0, timestamp_ms) for c in channels}
+        try:
+            if self._consumer is None:
+                self._consumer = KafkaConsumer(
+                    bootstrap_servers=self.bootstrap, client_id="spark-abs-retention", enable_auto_commit=False
+                )
+            found = self._consumer.offsets_for_times(wanted, timeout_ms=self.timeout_ms)
+        except KafkaError as exc:
+            raise KafkaUnavailableError(f"finding offsets at {timestamp_ms} ms failed: {exc}") from exc
         return {ChannelId(tp.topic, tp.partition): None if at is None else at.offset for tp, at in found.items()}
 
 
