@@ -26,7 +26,6 @@ it cannot be restored exactly.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -45,8 +44,6 @@ __all__ = [
     "RetentionWatch",
     "relied_on_ms",
 ]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +141,11 @@ def pick_restorable(
         skipped.extend(more)
     if gone_ids:
         first = next(p for c, p in skipped if c == gone_ids[0])
+        damaged = ", ".join(str(c) for c, _ in skipped if c not in gone_ids)
         raise OffsetsGoneError(
             f"no checkpoint can be restored: checkpoints {', '.join(map(str, gone_ids))} need Kafka records "
-            f"that retention or DeleteRecords removed ({first[0]}), and the others do not verify; starting "
+            f"that retention or DeleteRecords removed ({first[0]})"
+            f"{f', and checkpoints {damaged} do not verify' if damaged else ''}; starting "
             f"from the beginning would lose them too.  Kafka no longer holds this job's input: run it under "
             f"another --job name to start from what Kafka still holds (those records are lost), and keep the "
             f"topics' records longer (retention.ms) than the job may lag"

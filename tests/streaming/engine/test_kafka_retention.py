@@ -129,8 +129,12 @@ def test_when_every_checkpoint_needs_what_is_gone_the_restore_stops_and_says_wha
     text = str(raised.value)
     assert "no checkpoint can be restored: checkpoints 2, 1 need Kafka records" in text
     assert "in:0 from offset 20" in text and "earliest offset is 30" in text
-    assert "another --job name" in text and "retention.ms" in text
+    assert "another --job name" in text and "retention.ms" in text and "do not verify" not in text
     assert isinstance(raised.value, JobFailed)  # the runner stops: no silent start from the beginning
+    store.manifests[3] = _manifest(3, _snapshot(3, positions={"in:0": 50, "in:1": 9}))
+    store.damaged.add(3)
+    with pytest.raises(OffsetsGoneError, match=r"checkpoints 2, 1 need .*, and checkpoints 3 do not verify; "):
+        pick_restorable(store.latest_verified, kept)
 
 
 def test_a_checkpoint_asked_for_by_name_whose_offsets_are_gone_is_refused_by_name():
