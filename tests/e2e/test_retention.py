@@ -6,7 +6,9 @@ partition's stays a range.  At the restore: ``DeleteRecords`` removes the
 start of a range the newest checkpoint kept; the restore names what is gone
 (topic-partition, offset needed, earliest offset), refuses that checkpoint by
 name, falls back to the older checkpoint that copied its channel state, and
-the committed output is exactly that of a run without failures."""
+the committed output is exactly that of a run without failures.  Then
+retention past what every checkpoint needs: the restore stops, naming it,
+rather than start from the beginning."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import pytest
 from kafka import KafkaProducer
 
 from barriers.messages import ChannelId, CheckpointOptions, InFlightFormat
-from streaming.adapters.kafka_admin import create_topic, delete_records, earliest_offsets
+from streaming.adapters.kafka_admin import create_topic, delete_records, earliest_offsets, end_offsets
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.adapters.snapshots import SnapshotStore
@@ -119,6 +121,16 @@ def test_a_range_retention_deleted_is_named_and_the_restore_falls_back(connectio
         assert record.checkpoint_id == first
         assert [(c, len(p)) for c, p in record.skipped] == [(second, 1)] and gone in record.skipped[0][1][0]
         run_until_caught_up(runner, max(10.0, deadline - time.monotonic()))
+
+        # retention past what every checkpoint needs (one more record, then partition 1 up to its end):
+        # the restore stops, naming it, and records no generation (no silent start from the beginning)
+        _produce(bootstrap, topic, 1, range(100_900, 100_901))
+        end = end_offsets(bootstrap, topic, 2)[1]
+        delete_records(bootstrap, {ChannelId(topic, 1): end})
+        generation = store.read_job().generation
+        with pytest.raises(OffsetsGoneError, match=r"no checkpoint can be restored: checkpoints \d+(, \d+)* need"):
+            runner.recovery.pick(None)
+        assert store.read_job().generation == generation == 1
     finally:
         runner.close()
         store.close()
