@@ -44,7 +44,6 @@ __all__ = [
     "Targets",
     "TARGETS_FILE",
     "serve",
-    "endpoint",
     "add_options",
     "settings_from",
     "mode_of",
@@ -340,13 +339,8 @@ class MetricsServer:
         return f"http://{self.address}/metrics"
 
     def close(self) -> None:
-        if self in _SERVING:
-            _SERVING.remove(self)
         self._server.shutdown()
         self._server.server_close()
-
-
-_SERVING: list[MetricsServer] = []
 
 
 def serve(settings: MetricsSettings, option: str) -> MetricsServer | None:
@@ -365,14 +359,7 @@ def serve(settings: MetricsSettings, option: str) -> MetricsServer | None:
     if host in ("", "0.0.0.0", "::"):
         host = socket.gethostname()  # bound to every interface: others reach it by the host's name
     port = server.server_address[1]
-    served = MetricsServer(server, f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-    _SERVING.append(served)
-    return served
-
-
-def endpoint() -> str:
-    """Where this process serves its metrics (host:port), "" when it does not."""
-    return _SERVING[0].address if _SERVING else ""
+    return MetricsServer(server, f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
 
 
 class Targets:

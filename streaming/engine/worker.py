@@ -119,8 +119,11 @@ class Worker:
         generation: int | None,
         restore: int | None,
         spark=None,
+        metrics_endpoint: str = "",
     ):
         self.pipeline = pipeline
+        # where this process serves its metrics (host:port, "" for nowhere): its ready events say it
+        self.metrics_endpoint = metrics_endpoint
         self.settings = settings
         self.connection = connection
         self.generation = generation
@@ -205,7 +208,7 @@ class Worker:
                     task=running.task.spec.name,
                     generation=self.generation,
                     replaying=running.task.replay_records,
-                    endpoint=metrics.endpoint(),
+                    endpoint=self.metrics_endpoint,
                 )
             )
 
@@ -265,7 +268,7 @@ class Worker:
                 next_progress = time.monotonic() + PROGRESS_INTERVAL_S
                 for running in self.running:
                     self.control.publish(running.task.progress())
-                if metrics.endpoint():
+                if self.metrics_endpoint:
                     self._record_lag()
             for query in self.queries:
                 if query.pipeline_error is not None:
@@ -408,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             Connection.load(),
             generation=args.generation,
             restore=args.restore,
+            metrics_endpoint=served.address if served is not None else "",
         )
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
         threading.Thread(target=_read_commands, args=(worker, args.runner_pipe), daemon=True).start()
