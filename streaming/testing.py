@@ -175,7 +175,7 @@ class _Seen:
         self._counts.restore(state)
 
 
-CHANGING_SHAPES = ("base", "added", "schema")
+CHANGING_SHAPES = ("base", "added", "replaced", "schema")
 
 
 def changing_pipeline(job: str = "changing", shape: str = "base"):
@@ -183,8 +183,9 @@ def changing_pipeline(job: str = "changing", shape: str = "base"):
     over a one-partition topic ``<job>.events`` (``EVENTS``): ``base`` is
     ``clean`` (rows as they are) then ``counts`` (events per key, into an
     object-store sink); ``added`` puts ``seen`` between them (rows as they
-    are, counted per key in its state); ``schema`` gives ``counts`` another
-    state schema (a maximum too).  ``streaming.testing:changing_pipeline?shape=added``."""
+    are, counted per key in its state); ``replaced`` puts ``audit`` (the same
+    operator) there instead; ``schema`` gives ``counts`` another state
+    schema (a maximum too).  ``streaming.testing:changing_pipeline?shape=added``."""
     from operators import KeyedAggregate, count, max_
     from operators.stateless import Passthrough
     from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
@@ -194,11 +195,9 @@ def changing_pipeline(job: str = "changing", shape: str = "base"):
     events = f"{job}.events"
     aggregations = {"n": count(), "top": max_("id")} if shape == "schema" else {"n": count()}
     clean = Stage("clean", (events,), Passthrough, key="key")
-    seen = Stage("seen", ("clean",), _Seen, key="key")
-    counts = Stage(
-        "counts", ("seen" if shape == "added" else "clean",), lambda: KeyedAggregate("key", aggregations), sink=Sink()
-    )
-    stages = (clean, seen, counts) if shape == "added" else (clean, counts)
+    middle = {"added": "seen", "replaced": "audit"}.get(shape)
+    counts = Stage("counts", (middle or "clean",), lambda: KeyedAggregate("key", aggregations), sink=Sink())
+    stages = (clean, Stage(middle, ("clean",), _Seen, key="key"), counts) if middle else (clean, counts)
     return Pipeline(job, (Ingress(events, 1, EVENTS),), stages)
 
 

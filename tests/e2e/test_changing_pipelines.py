@@ -1,15 +1,15 @@
 """End to end on real Kafka, the S3 server and Spark: one job, checkpointed
 once, restored into changed pipelines (docs/operations/changing-a-pipeline.md),
-``streaming.testing.changing_pipeline``:
+``streaming.testing.changing_pipeline``, in two runs:
 
-1. ``base`` (clean -> counts) runs and commits the counts of its events;
-2. ``restore --dry-run`` says what each changed pipeline would do and
-   changes nothing; a ``counts`` whose state schema changed is refused by
-   the runner too, naming both schemas, and nothing is recorded;
-3. ``added`` (clean -> seen -> counts) restores: ``seen`` starts empty (its
-   state counts only the events after the checkpoint) and the counts go on;
-4. ``base`` again: ``seen`` is removed, refused while its state may not be
-   dropped, then allowed; ``counts`` takes its place on clean's topic.
+1. ``added`` (clean -> seen -> counts) runs and commits the counts of its events;
+2. ``restore --dry-run`` says what restoring ``replaced`` (clean -> audit ->
+   counts: seen removed, audit added) would do, and refuses it; the runner
+   refuses a ``counts`` whose state schema changed, naming both schemas,
+   and ``replaced`` while seen's state may not be dropped; nothing is recorded;
+3. ``replaced`` restores with seen's state allowed to go: audit starts
+   empty (its state counts only the events after the checkpoint), takes
+   seen's place on clean's topic, and the counts go on.
 
 After each run the counts committed are every event's, once: an edge taken
 over at the wrong offset, or a kept stage's state lost, shows there."""
@@ -62,7 +62,7 @@ def _dry_run(store: str, job: str, shape: str) -> subprocess.CompletedProcess:
     return subprocess.run([*command, "--pipeline", _reference(shape)], capture_output=True, text=True, timeout=120)
 
 
-def test_one_checkpoint_restored_into_a_stage_added_removed_and_a_changed_state_schema(connection, unique_name):
+def test_one_checkpoint_restored_into_a_stage_replaced_and_a_changed_state_schema(connection, unique_name):
     ensure_bucket(connection)
     job = f"change-{unique_name[-8:]}"
     store = f"s3://{connection.s3_bucket}/{unique_name}"
@@ -97,43 +97,35 @@ def test_one_checkpoint_restored_into_a_stage_added_removed_and_a_changed_state_
             job_runner.close()
         return str(err.value)
 
-    # 1. the base pipeline, checkpointed
-    base = run(runner("base"), range(0, 200))
+    # 1. a pipeline with a stage between clean and counts, checkpointed
+    base = run(runner("added"), range(0, 200))
     assert committed() == _expected(range(200))
     generations, checkpoints = reader.read_job().generation, reader.checkpoints()
 
-    # 2. what restores into changed pipelines would do; the changed schema refused, nothing recorded
-    added = _dry_run(store, job, "added")
-    assert added.returncode == 0, added.stderr
-    said = " ".join(added.stdout.split())
-    assert "seen added 1 starts with empty state; reads clean where counts stood, with its channel state" in said, said
-    assert f"counts inputs changed 1 reads seen from the beginning of spark-abs.{job}.seen.g" in said, said
-    schema = _dry_run(store, job, "schema")
-    assert schema.returncode == 2, schema.stdout + schema.stderr
-    assert "counts state schema changed 1 REFUSED" in " ".join(schema.stdout.split()), schema.stdout
+    # 2. what restoring into changed pipelines would do, and the refusals; nothing recorded
+    dry = _dry_run(store, job, "replaced")
+    assert dry.returncode == 2, dry.stdout + dry.stderr
+    said = " ".join(dry.stdout.split())
+    assert "audit added 1 starts with empty state; reads clean where seen stood, with its channel state" in said, said
+    assert f"counts inputs changed 1 reads audit from the beginning of spark-abs.{job}.audit.g" in said, said
+    assert "seen removed - REFUSED: checkpoint" in said and "--allow-dropped-state seen" in dry.stderr, said
     message = refused("schema")
     assert f"checkpoint {base.checkpoint_id} stored state(key: string, n: int64)" in message, message
     assert "the new operator (KeyedAggregate) snapshots state(key, n, top)" in message, message
-    assert "--allow-dropped-state counts" in schema.stderr and "--allow-dropped-state counts" in message
+    assert "--allow-dropped-state counts" in message, message
+    message = refused("replaced")
+    assert "stage seen (removed)" in message and "row(s) of state (table state)" in message, message
+    assert "--allow-dropped-state seen" in message and "counts" not in message, message
     assert (reader.read_job().generation, reader.checkpoints()) == (generations, checkpoints)
 
-    # 3. a stage added between the two: it starts empty, the counts go on
-    job_runner = runner("added")
+    # 3. seen's state allowed to go: audit, added in its place, starts empty; the counts go on
+    job_runner = runner("replaced", allow_dropped=AllowDropped.of(["seen"]))
     last = run(job_runner, range(200, 300))
     (restore,) = job_runner.restores
     assert restore.changed_from == base.checkpoint_id and restore.checkpoint_id > base.checkpoint_id
     changed = reader.read_manifest(restore.checkpoint_id)
-    assert changed.metrics["kinds"] == ["changed"] and sorted(changed.tasks) == ["clean-0", "counts-0", "seen-0"]
-    seen = reader.load_task(last.checkpoint_id, "seen-0").state["state"]
-    assert pc.sum(seen["seen"]).as_py() == 100, seen.to_pylist()  # the events after the checkpoint, no earlier one
+    assert changed.metrics["kinds"] == ["changed"] and sorted(changed.tasks) == ["audit-0", "clean-0", "counts-0"]
+    audit = reader.load_task(last.checkpoint_id, "audit-0").state["state"]
+    assert pc.sum(audit["seen"]).as_py() == 100, audit.to_pylist()  # the events after the checkpoint, no earlier one
     assert committed() == _expected(range(300))
-
-    # 4. the stage removed: refused while its state may not be dropped, then allowed
-    message = refused("base")
-    assert "stage seen (removed)" in message and "row(s) of state (table state)" in message, message
-    assert "--allow-dropped-state seen" in message, message
-    job_runner = runner("base", allow_dropped=AllowDropped.of(["seen"]))
-    run(job_runner, range(300, 400))
-    assert [r.changed_from for r in job_runner.restores] == [last.checkpoint_id]
-    assert committed() == _expected(range(400))
     reader.close()
