@@ -342,6 +342,19 @@ class JobMeta:
 
         return _parsed("job metadata", parse)
 
+    def abandoned(self, checkpoint_id: int, generation: int) -> str | None:
+        """Why checkpoint ``checkpoint_id``, taken by ``generation``, is off
+        the job's line (None: it is on it): a later generation started from
+        an older checkpoint, or from the beginning, so what this one holds
+        was replaced (its sink epochs discarded, its input read again).
+        A restore that took it would bring back a history the job left."""
+        for entry in self.restores:
+            later, source = int(entry.get("generation", 0)), entry.get("from_checkpoint")
+            if later > generation and (source is None or int(source) < checkpoint_id):
+                start = "the beginning" if source is None else f"checkpoint {source}"
+                return f"abandoned: generation {later} started from {start}, before it"
+        return None
+
 
 # ---- names, as the documents store them
 

@@ -164,9 +164,11 @@ class SnapshotStore:
     def latest_verified(
         self, exclude: Iterable[int] = (), *, checksums: bool = True
     ) -> tuple[Manifest | None, list[tuple[int, list[str]]]]:
-        """The newest complete checkpoint that verifies (None if none does) and
-        the newer ones skipped on the way, each with its problems."""
-        return self.verifier.latest_verified(exclude, checksums=checksums)
+        """The newest complete checkpoint that verifies and is on the job's
+        line (None if none is) and the newer ones skipped on the way, each
+        with its problems: a checkpoint a later generation left behind when
+        it started from an older one (``JobMeta.abandoned``) is skipped."""
+        return self.verifier.latest_verified(exclude, checksums=checksums, job=self.read_job())
 
     # -- deleting ------------------------------------------------------------
 

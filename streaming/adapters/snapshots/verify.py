@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import pyarrow.fs as pafs
 
-from streaming.adapters.snapshots.format import Manifest, PartInfo
+from streaming.adapters.snapshots.format import JobMeta, Manifest, PartInfo
 from streaming.adapters.snapshots.layout import TASK, checkpoint_dir_name
 from streaming.adapters.snapshots.reading import SnapshotReader
 from streaming.errors import SnapshotCorruptError, SnapshotMissingError
@@ -54,11 +54,13 @@ class Verifier:
         return manifest, problems
 
     def latest_verified(
-        self, exclude: Iterable[int] = (), *, checksums: bool = True
+        self, exclude: Iterable[int] = (), *, checksums: bool = True, job: JobMeta | None = None
     ) -> tuple[Manifest | None, list[tuple[int, list[str]]]]:
         """The newest complete checkpoint that verifies (None if none does) and
         the newer ones skipped on the way, each with its problems.  Ids in
-        ``exclude`` are passed over without being checked or reported."""
+        ``exclude`` are passed over without being checked or reported; with
+        the ``job``'s generations, a checkpoint a later generation left
+        behind (``JobMeta.abandoned``) is skipped too."""
         excluded = set(exclude)
         skipped: list[tuple[int, list[str]]] = []
         for checkpoint_id in reversed(self.reader.completed()):
@@ -68,6 +70,9 @@ class Verifier:
                 manifest, problems = self.verify(checkpoint_id, checksums=checksums)
             except SnapshotMissingError as exc:  # deleted since the listing
                 manifest, problems = None, [str(exc)]
+            if manifest is not None and not problems and job is not None:
+                why = job.abandoned(checkpoint_id, manifest.generation)
+                problems = [why] if why else []
             if manifest is not None and not problems:
                 if skipped:
                     log.warning(

@@ -236,6 +236,24 @@ def test_latest_verified_falls_back_and_says_why(store):
     assert store.latest_verified(exclude=[1, 3]) == (None, [(2, skipped[1][1])])
 
 
+def test_a_checkpoint_a_later_generation_left_behind_is_never_picked(store):
+    """Generation 1 rolled back to checkpoint 2: checkpoint 3 of generation 0
+    holds a history the job left (its output discarded, its input read again),
+    so a restore before generation 1's first checkpoint takes 2 again, not 3."""
+    store.first_generation()
+    for cid in (1, 2, 3):
+        _complete(store, cid, generation=0)
+    assert store.latest_verified()[0].checkpoint_id == 3
+    assert store.next_generation(2) == 1
+    manifest, skipped = store.latest_verified()
+    assert manifest.checkpoint_id == 2
+    assert skipped == [(3, ["abandoned: generation 1 started from checkpoint 2, before it"])]
+    _complete(store, 4, generation=1)  # generation 1's own: on the line
+    assert store.latest_verified() == (store.read_manifest(4), [])
+    assert store.next_generation(None) == 2  # from the beginning: every older checkpoint is left
+    assert store.latest_verified()[0] is None
+
+
 def test_retention_keeps_the_newest_and_pinned_and_removes_orphans(store):
     for cid in (1, 2, 4, 5, 6):
         _complete(store, cid)

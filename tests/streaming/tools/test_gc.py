@@ -30,9 +30,12 @@ def uri(request, tmp_path, unique_name):
 
 
 def _write(store: SnapshotStore, cid: int, *, complete: bool = True) -> None:
-    snap = store.write_task(cid, 1, "accounts-0", {"balances": pa.table({"k": [cid]})}, positions={"legs:0": cid})
+    generation = 1 if cid == 1 else 2  # generation 2 started from checkpoint 1 and took the later ones
+    snap = store.write_task(
+        cid, generation, "accounts-0", {"balances": pa.table({"k": [cid]})}, positions={"legs:0": cid}
+    )
     if complete:
-        store.write_manifest(cid, 1, {"accounts-0": snap})
+        store.write_manifest(cid, generation, {"accounts-0": snap})
 
 
 def _files(fs: pafs.FileSystem, root: str) -> set[str]:
