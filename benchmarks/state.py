@@ -55,7 +55,8 @@ def _parquet(table: pa.Table) -> bytes:
 
 
 def _read(data: bytes) -> pa.Table:
-    return pq.read_table(pa.BufferReader(data))
+    with pq.ParquetFile(pa.BufferReader(data)) as parquet:
+        return parquet.read()
 
 
 def _rss_anon_mb() -> float | None:

@@ -109,7 +109,11 @@ class SnapshotReader:
         if digest != part.sha256:
             raise SnapshotCorruptError(f"{where} checksum mismatch: sha256 {digest}, {part.sha256} was written")
         try:
-            table = pq.read_table(pa.BufferReader(data))
+            # ParquetFile reads synchronously: pq.read_table's dataset scan can release its
+            # reader of these bytes on an Arrow thread after returning, which aborts the
+            # process ("terminate called without an active exception") if it is exiting
+            with pq.ParquetFile(pa.BufferReader(data)) as parquet:
+                table = parquet.read()
         except (pa.ArrowException, OSError) as exc:
             raise SnapshotCorruptError(f"{where} is not readable Parquet: {exc}") from exc
         if table.num_rows != part.rows:
