@@ -204,17 +204,17 @@ class SnapshotUploader:
     def _upload_and_ack(self, checkpoint: TaskCheckpoint, taken: TakenSnapshot) -> None:
         checkpoint_id = checkpoint.checkpoint_id
         began = time.perf_counter()
+        # the epoch's sink output waits here until it is staged: whatever fails first (the
+        # channel-state copy from Kafka, the staging, the store) declines the checkpoint and
+        # the rows go with the next epoch, whose checkpoint cannot complete without them
+        self._unstaged += taken.epoch
         try:
             at_risk = self._at_risk(checkpoint)
             copied = self._copy_in_flight(checkpoint, at_risk)
             if self.io.stage_epoch is not None:
-                epoch = self._unstaged + taken.epoch
+                epoch = self._unstaged
                 table = pa.concat_tables(epoch, promote_options="default") if epoch else pa.table({})
-                try:
-                    self.io.stage_epoch(checkpoint_id, table)
-                except Exception:
-                    self._unstaged = epoch  # not lost: the next epoch stages it
-                    raise
+                self.io.stage_epoch(checkpoint_id, table)
                 self._unstaged = []
             state, chains = self._state_to_write(checkpoint_id, taken)
             snapshot = self.io.write_snapshot(

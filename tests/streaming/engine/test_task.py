@@ -11,6 +11,7 @@ import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from task_cases import HEADER_TYPE, RecordedIO, batch, make_task
 
 from barriers.lineage import Lineage
@@ -371,15 +372,27 @@ def test_held_records_past_the_memory_budget_are_read_back_from_kafka_when_relea
     assert totals[-1] == 399  # every held record counted once, in order
 
 
-def test_a_sink_epoch_that_could_not_be_staged_is_staged_with_the_next_one():
+@pytest.mark.parametrize("failing", ["staging", "channel state copy"])
+def test_a_sink_epoch_whose_upload_failed_is_staged_with_the_next_one(failing, monkeypatch):
+    """Whatever fails in checkpoint 1's upload, before its epoch is staged (the
+    staging itself; the copy of its channel state from Kafka, which comes
+    first), its output goes with epoch 2 instead of being lost."""
     task, io = make_task(counting_pipeline(sink_stage=True), sink=True)
     failures = iter([OSError("the store is down")])
 
     def stage(epoch, table):
-        if epoch == 1:
+        if epoch == 1 and failing == "staging":
             raise next(failures)
         io.staged[epoch] = table
 
+    copy = task.controller.uploader._copy_in_flight
+
+    def copy_in_flight(checkpoint, at_risk):
+        if checkpoint.checkpoint_id == 1 and failing == "channel state copy":
+            raise next(failures)
+        return copy(checkpoint, at_risk)
+
+    monkeypatch.setattr(task.controller.uploader, "_copy_in_flight", copy_in_flight)
     io_stage = task.io.stage_epoch
     task.io.stage_epoch = stage
     try:
