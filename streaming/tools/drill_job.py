@@ -23,7 +23,10 @@ from streaming.api.settings import Mode
 from streaming.engine import faults
 from streaming.errors import SparkAbsError
 
-__all__ = ["DrilledJob", "job_processes", "job_worker_pids", "kill_group", "tail"]
+__all__ = ["DRILL_RETAIN", "DrilledJob", "job_processes", "job_worker_pids", "kill_group", "tail"]
+
+# checkpoints a drilled job keeps (``--retain``): see ``DrilledJob.start_runner``
+DRILL_RETAIN = 10_000
 
 
 class DrilledJob:
@@ -81,9 +84,12 @@ class DrilledJob:
             self.state_snapshots,
             "--interval",
             str(self.interval_s),
-            # every checkpoint stays, so the drill can check that none was lost
+            # every checkpoint of a drill of up to ~2.7 h (at 1 s) stays, so the drill can check that
+            # none was lost; no more, or an unaligned job would copy its channel state instead of
+            # keeping offset ranges (the default users get): Kafka's 7-day retention could not
+            # promise to keep ranges for 100,000 checkpoints (TaskFactory._must_copy)
             "--retain",
-            "100000",
+            str(DRILL_RETAIN),
             # a fault during a restore makes two restores of one failure
             "--max-restores",
             str(self.max_restores),
