@@ -27,6 +27,7 @@ from streaming.adapters.control import Announce, Decline, announced_barrier
 from streaming.engine import faults
 from streaming.engine.gate import InputGate
 from streaming.engine.output import TaskOutput
+from streaming.engine.replay import CopiedReplay
 from streaming.engine.uploads import SnapshotUploader, TakenSnapshot
 from streaming.engine.watermarks import WatermarkTracker
 
@@ -75,6 +76,8 @@ class TaskController:
         self._paths: dict[int, dict[str, float]] = {}
         # incremental snapshots: the checkpoint whose snapshot the operator's changes are counted from
         self._changes_since: int | None = None
+        # channel state a restore copied and the task has not all processed yet (``StageTask.recover``)
+        self.copied: CopiedReplay | None = None
 
     def barrier_path(self, checkpoint_id: int, **walls: float | None) -> None:
         """When checkpoint ``checkpoint_id``'s barrier got where (wall clock:
@@ -102,6 +105,8 @@ class TaskController:
                 changes = None
         # a large table is gathered on the upload thread (snapshot_later_of), not here
         state = snapshot_later_of(self.operator) if changes is None else {}
+        # copied channel state not processed yet: this checkpoint's channel state begins with it
+        rest = self.copied.rest({c: self.handler.position(c) for c in self.copied.ends}) if self.copied else {}
         self._taken[barrier.checkpoint_id] = TakenSnapshot(
             state,
             self.output.take_epoch(),
@@ -111,6 +116,7 @@ class TaskController:
             self.watermarks.snapshot(),
             changes=changes,
             since=since,
+            replay_rest=rest,
         )
 
     def forward_barrier(self, barrier: Barrier) -> None:

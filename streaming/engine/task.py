@@ -11,8 +11,9 @@ current epoch).  Control segments (barriers, cancellations) go to the
 handler, which calls back the task's ``controller`` at barrier n (snapshot,
 forward, acknowledge through the ``uploads`` in the background).
 
-A task is built, then ``recover``-ed (its operator state restored and copied
-channel state replayed), then fed.  Beside it: ``segments`` (cutting
+A task is built, then ``recover``-ed (its operator state restored; copied
+channel state handed over in runs once it runs, ``replay``, so checkpoints
+go on meanwhile), then fed.  Beside it: ``segments`` (cutting
 batches, skipping what an older generation wrote after a restore) and
 ``watermarks`` (event-time progress)."""
 
@@ -70,6 +71,8 @@ from streaming.engine.kafka_retention import AtRisk
 from streaming.engine.metrics import TaskMetrics
 from streaming.engine.output import TaskOutput
 from streaming.engine.quarantine import Quarantine
+from streaming.engine.replay import RUN_RECORDS as REPLAY_RUN_RECORDS
+from streaming.engine.replay import CopiedReplay
 from streaming.engine.segments import Segment, Segmenter, SegmentKind, SegmentPace
 from streaming.engine.uploads import Incremental, SnapshotUploader
 from streaming.engine.watermarks import WatermarkTracker, event_time_inputs
@@ -145,6 +148,7 @@ class StageTask:
         segment_ms: float | None = None,
         held_memory_bytes: int = 256 << 20,
         incremental: Incremental | None = None,
+        replay_run_records: int = REPLAY_RUN_RECORDS,
     ):
         self.pipeline = pipeline
         self.spec = spec
@@ -178,8 +182,11 @@ class StageTask:
         self._lock = threading.RLock()
         self.inbox = ControlInbox(spec.name, pipeline.job, spec.inputs, self.handler, self._lock, job_key)
         self._started = time.monotonic()
-        # channel state kept as ranges, replayed once the query read past these offsets (``recover``)
+        # channel state still to process again: each channel up to this offset (``recover``)
         self._replaying: dict[ChannelId, int] = {}
+        # the copied part of it, handed over in runs (``replay_step``, and ahead of every batch)
+        self.copied: CopiedReplay | None = None
+        self._replay_run_records = replay_run_records
         self.replay_records = 0
         self._recovered = False
 
@@ -235,25 +242,51 @@ class StageTask:
 
     def recover(self) -> None:
         """Where the task starts (``TaskStart``): its operator's state
-        restored, the channel state copied into its snapshot processed first,
-        and the channel state kept as offset ranges noted (replayed once the
-        query reads past them; ``replay_records`` counts it)."""
+        restored, and its channel state noted: records copied into its
+        snapshot are processed before anything the query reads on their
+        channels, in runs once the task runs (``replay_step``); offset ranges
+        are read again by the query.  ``replay_records`` counts both."""
         if self._recovered:
             raise TaskError(f"{self.spec.name}: recovered twice")
         self._recovered = True
         if self.start.state:
             self.operator.restore(dict(self.start.state))
-        for _channel, table in sorted(self.start.replay.items()):
-            if table.num_rows:
-                self.counters["replayed_in_flight"] += table.num_rows
-                self.process_batch(table if self.io.prepare is None else self.io.prepare(table))
-        self._replaying = {c: end for c, end in self.start.replay_until.items() if self.handler.position(c) < end}
+        copied = CopiedReplay(self.start.replay, self._replay_run_records)
+        if copied.records:
+            self.copied = self.controller.copied = copied
+        ends = {**self.start.replay_until, **copied.ends}
+        self._replaying = {c: end for c, end in ends.items() if self.handler.position(c) < end}
         self.replay_records = sum(end - self.handler.position(c) for c, end in self._replaying.items())
+
+    def replay_step(self, budget_s: float = 0.5) -> None:
+        """Runs of the copied channel state for up to ``budget_s``, unless a
+        batch is in hand (which hands over the rest first)."""
+        if self.copied is None or not self.copied.handing or not self._lock.acquire(blocking=False):
+            return
+        try:
+            deadline = time.monotonic() + budget_s
+            self._replay_run()  # at least one
+            while self.copied.handing and time.monotonic() < deadline:
+                self._replay_run()
+        finally:
+            self._lock.release()
+
+    def _replay_run(self) -> None:
+        run = self.copied.next_run()
+        self.counters["replayed_in_flight"] += run.num_rows
+        self._feed(run if self.io.prepare is None else self.io.prepare(run))
 
     # ------------------------------------------------------------------ input
 
     def process_batch(self, table: pa.Table, batch_id: int = -1) -> None:
-        """One micro-batch, ordered by channel and offset (``ChannelQuery`` order)."""
+        """One micro-batch, ordered by channel and offset (``ChannelQuery``
+        order), after whatever copied channel state is still to hand over."""
+        with self._lock:
+            while self.copied is not None and self.copied.handing:
+                self._replay_run()
+            self._feed(table)
+
+    def _feed(self, table: pa.Table) -> None:
         began = time.perf_counter()
         table = stamped(table, HANDED, time.time())  # for the barrier path of a checkpoint it carries
         with self._lock:
@@ -314,6 +347,8 @@ class StageTask:
         if end is None or self.handler.position(channel) < end:
             return
         del self._replaying[channel]
+        if self.copied is not None:
+            self.copied.forget({channel: self.handler.position(channel)})
         if self._replaying:
             return
         self.io.publish(
@@ -475,13 +510,15 @@ class StageTask:
 
     def tick(self) -> None:
         """Timeouts and control events, when no batch is in hand (a batch in
-        hand does both between its segments)."""
+        hand does both between its segments), then runs of copied channel
+        state still to replay."""
         if self._lock.acquire(blocking=False):
             try:
                 self.inbox.apply()
                 self.handler.tick(self.held_bytes)
             finally:
                 self._lock.release()
+        self.replay_step()
 
     def wait_for_uploads(self, timeout_s: float = 60.0) -> None:
         self.controller.uploader.wait(timeout_s)

@@ -84,6 +84,9 @@ class TakenSnapshot:
     barrier_path: dict[str, float] = field(default_factory=dict)
     changes: dict[str, StateChanges] | None = None
     since: int | None = None
+    # copied channel state a restore gave the task that it had not processed at the snapshot,
+    # by channel (``streaming.engine.replay``): copied into this checkpoint's channel state too
+    replay_rest: dict[ChannelId, pa.Table] = field(default_factory=dict)
 
 
 class SnapshotUploader:
@@ -143,17 +146,37 @@ class SnapshotUploader:
         if self._own_executor:
             self._executor.shutdown(wait=True)
 
-    def _copy_in_flight(self, checkpoint: TaskCheckpoint, at_risk: Mapping[ChannelId, AtRisk]) -> dict[str, pa.Table]:
+    def _copy_in_flight(
+        self,
+        checkpoint: TaskCheckpoint,
+        at_risk: Mapping[ChannelId, AtRisk],
+        replay_rest: Mapping[ChannelId, pa.Table] | None = None,
+    ) -> dict[str, pa.Table]:
         """The in-flight records of the checkpoint, read straight from Kafka in
         bulk (not by waiting for processing to reach them): every channel's
         when the checkpoint keeps copies, otherwise those ``at_risk`` of
-        retention (``_at_risk``)."""
+        retention (``_at_risk``).  A channel whose restored copied channel
+        state the task had not all processed (``replay_rest``) is copied
+        too: those records, then Kafka's from where they end."""
         read_range: Callable[[ChannelId, int, int], pa.Table] | None = self.io.read_range
-        copied = {c: r for c, r in checkpoint.in_flight.items() if self._copies_all(checkpoint) or c in at_risk}
-        if not (copied and read_range is not None):
+        rest = replay_rest or {}
+        copied = {
+            c: r for c, r in checkpoint.in_flight.items() if self._copies_all(checkpoint) or c in at_risk or c in rest
+        }
+        if not copied or (read_range is None and not rest):
             return {}
         faults.point(self.task, "during_copy", checkpoint.checkpoint_id)
-        return {str(c): read_range(c, start, end) for c, (start, end) in copied.items()}
+        records = {}
+        for channel, (start, end) in copied.items():
+            parts = []
+            if channel in rest:
+                offsets = rest[channel]["offset"]
+                parts.append(rest[channel])
+                start = max(start, int(offsets[len(offsets) - 1].as_py()) + 1)
+            if start < end and read_range is not None:
+                parts.append(read_range(channel, start, end))
+            records[str(channel)] = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default")
+        return records
 
     def _copies_all(self, checkpoint: TaskCheckpoint) -> bool:
         return checkpoint.barrier.options.in_flight is InFlightFormat.RECORDS or self.copy_in_flight
@@ -210,7 +233,7 @@ class SnapshotUploader:
         self._unstaged += taken.epoch
         try:
             at_risk = self._at_risk(checkpoint)
-            copied = self._copy_in_flight(checkpoint, at_risk)
+            copied = self._copy_in_flight(checkpoint, at_risk, taken.replay_rest)
             if self.io.stage_epoch is not None:
                 epoch = self._unstaged
                 table = pa.concat_tables(epoch, promote_options="default") if epoch else pa.table({})

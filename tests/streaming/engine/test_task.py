@@ -228,16 +228,84 @@ def test_watermarks_travel_downstream_in_headers_and_watermark_records():
     assert closed == [(0, 3), (100, 4)]
 
 
-def test_copied_channel_state_is_replayed_before_anything_else():
+def test_copied_channel_state_is_replayed_before_anything_the_query_reads():
     pipeline = counting_pipeline(sink_stage=True)
     copied = batch(("in", 0, 3, {"account": "x", "amount": 5}), ("in", 0, 4, {"account": "x", "amount": 6}))
     task, io = make_task(
         pipeline, sink=True, start=TaskStart(generation=1, checkpoint_id=2, positions={A: 3, B: 0}, replay={A: copied})
     )
-    assert task.counters["replayed_in_flight"] == 2 and task.handler.position(A) == 5
+    # handed over once the task runs, so that it can be ready (and checkpoint) first
+    assert task.replay_records == 2 and task.handler.position(A) == 3
     task.process_batch(batch(("in", 0, 6, {"account": "x", "amount": 7})))  # the query resumes after the barrier
+    assert task.counters["replayed_in_flight"] == 2 and task.handler.position(A) == 7
     rows = [r for t in task.output.epoch_rows for r in t.to_pylist()]
     assert rows[-1] == {"account": "x", "n": 3, "total": 18}
+    assert [e.records for e in io.events if e.kind is ControlKind.REPLAYED] == [2]
+
+
+def test_copied_channel_state_is_replayed_between_the_workers_rounds_without_a_batch():
+    pipeline = counting_pipeline(sink_stage=True)
+    copied = batch(*[("in", 0, o, {"account": "x", "amount": 1}) for o in range(3, 9)])
+    start = TaskStart(generation=1, checkpoint_id=2, positions={A: 3, B: 0}, replay={A: copied})
+    task, io = make_task(pipeline, sink=True, start=start, replay_run_records=4)
+    task.replay_step(budget_s=0)  # one run of 4
+    assert task.handler.position(A) == 7 and not [e for e in io.events if e.kind is ControlKind.REPLAYED]
+    task.tick()
+    assert task.handler.position(A) == 9 and [e.records for e in io.events if e.kind is ControlKind.REPLAYED] == [6]
+
+
+def test_a_checkpoint_completes_during_the_replay_of_copied_channel_state_and_restores_exactly():
+    """Restored from checkpoint 2 with channel state [3, 10) of in:0 copied
+    (its barrier at 10), the task has replayed two records when unaligned
+    checkpoint 3 is announced (its barrier at 20): the snapshot is taken and
+    acknowledged at once, its channel state the five copied records not yet
+    processed and then Kafka's [10, 20).  A restore from it gives what the
+    run without that restore gives."""
+    pipeline = counting_pipeline()
+    copied = batch(*[("in", 0, o, {"account": "x", "amount": o}) for o in range(3, 10)])
+    kafka = {o: ("in", 0, o, {"account": "x", "amount": o}) for o in range(11, 20)}
+    kafka[10] = ("in", 0, 10, Barrier(2, job="job", options=CheckpointOptions.unaligned()))
+    reads = []
+
+    def read_range(channel, start, end):
+        reads.append((str(channel), start, end))
+        return batch(*[kafka[o] for o in range(start, end)])
+
+    start = TaskStart(generation=1, checkpoint_id=2, positions={A: 3, B: 0}, replay={A: copied})
+    task, io = make_task(pipeline, start=start, replay_run_records=2)
+    task.io.read_range = read_range
+    task.replay_step(budget_s=0)  # offsets 3 and 4
+    barrier = Barrier(3, generation=1, job="job", options=CheckpointOptions.unaligned())
+    announced = {"in:0": 20, "in:1": 0}
+    task.on_control(
+        Trigger(checkpoint_id=3, generation=1, barrier=announced_barrier(encode(barrier)), offsets=announced)
+    )
+    task.tick()  # the announcement first (the snapshot), then the rest of the replay
+    task.wait_for_uploads()
+    assert [e.checkpoint_id for e in io.events if e.kind is ControlKind.ACK] == [3]
+    assert [e.records for e in io.events if e.kind is ControlKind.REPLAYED] == [7]
+    state, positions, in_flight, _ = io.snapshots[3]
+    assert state["state"]["total"].to_pylist() == [3 + 4]
+    assert in_flight == {"in:0": (5, 20)} and positions == {"in:0": 21, "in:1": 1}
+    assert reads == [("in:0", 10, 20)]  # the copied records came from memory: Kafka may have lost them
+    assert io.copied["in:0"]["offset"].to_pylist() == list(range(5, 20))
+
+    # the run goes on: the query's records and barrier 3
+    task.process_batch(batch(*[kafka[o] for o in range(11, 20)], ("in", 0, 20, barrier)))
+    unbroken = [r for _, r, _ in io.sent][-1]
+    assert unbroken == {"account": "x", "n": 16, "total": sum(range(3, 10)) + sum(range(11, 20))}
+
+    # a restore from checkpoint 3 replays what it copied, with the same result
+    restored = TaskStart(
+        generation=2,
+        checkpoint_id=3,
+        positions={A: 5, B: 0},
+        state=state,
+        replay={A: io.copied["in:0"]},
+    )
+    again, again_io = make_task(pipeline, start=restored)
+    again.tick()
+    assert again.handler.position(A) == 20 and [r for _, r, _ in again_io.sent][-1] == unbroken
 
 
 def test_a_restored_task_says_when_its_channel_state_ranges_are_replayed():
@@ -387,10 +455,10 @@ def test_a_sink_epoch_whose_upload_failed_is_staged_with_the_next_one(failing, m
 
     copy = task.controller.uploader._copy_in_flight
 
-    def copy_in_flight(checkpoint, at_risk):
+    def copy_in_flight(checkpoint, at_risk, *more):
         if checkpoint.checkpoint_id == 1 and failing == "channel state copy":
             raise next(failures)
-        return copy(checkpoint, at_risk)
+        return copy(checkpoint, at_risk, *more)
 
     monkeypatch.setattr(task.controller.uploader, "_copy_in_flight", copy_in_flight)
     io_stage = task.io.stage_epoch
