@@ -110,23 +110,11 @@ def drill_workload(records: Callable[..., list[tuple[str, int, bytes]]], sql: st
 
 
 def committed(bootstrap: str, topic: str) -> pd.DataFrame:
-    """The rows a Kafka sink committed to ``topic`` (read_committed)."""
-    from kafka import KafkaConsumer, TopicPartition
+    """The rows a Kafka sink committed to ``topic`` (read_committed), without
+    the epochs it marked superseded after a restore to an older checkpoint."""
+    from streaming.adapters.sinks import read_kafka_output
 
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        consumer_timeout_ms=1500,
-    )
-    try:
-        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-        consumer.assign(partitions)
-        for tp in partitions:
-            consumer.seek_to_beginning(tp)
-        return pd.DataFrame([json.loads(r.value) for r in consumer])
-    finally:
-        consumer.close()
+    return pd.DataFrame([json.loads(v) for v in read_kafka_output(bootstrap, topic, timeout_ms=1500).values])
 
 
 def differences(output: pd.DataFrame, expected: pd.DataFrame, keys: Sequence[str], *, limit: int = 10) -> list[str]:

@@ -24,7 +24,11 @@ that failed and the new generation writes them again.  Output committed
 after the restored checkpoint (a restore to an older, named checkpoint, or
 past a newer one that failed to verify) is taken back by the object-store
 sink (moved to ``<root>/retracted/``); a Kafka transaction cannot be taken
-back, so the Kafka sink reports those epochs as irrevocable.
+back, so the Kafka sink reports those epochs as irrevocable and marks them
+superseded in its commit topic (``<task>:<n>:superseded``).  Every record
+it publishes names its epoch in the header ``abs.epoch``, so a reader that
+skips the superseded epochs (``read_kafka_output``) reads each result once
+even after such a restore.
 """
 
 from __future__ import annotations
@@ -57,11 +61,19 @@ __all__ = [
     "KafkaSink",
     "Recovery",
     "read_committed_output",
+    "read_kafka_output",
+    "KafkaOutput",
+    "EPOCH_HEADER",
 ]
 
 log = logging.getLogger(__name__)
 
 _EPOCH_DIR = re.compile(r"epoch-(\d+)$")
+
+# the header of every record a Kafka sink publishes: ``<task>:<epoch>``
+EPOCH_HEADER = "abs.epoch"
+# a commit-topic key: the epoch it follows was committed after the checkpoint a restore went back to
+_SUPERSEDED = b":superseded"
 
 
 def _epoch_dir(epoch: int) -> str:
@@ -345,26 +357,50 @@ class KafkaSink(_TwoPhaseSink):
         )
         later = [e for e in epochs if e > checkpoint]
         if later:
+            self._supersede(later, checkpoint)
             log.warning(
                 "sink task %s: epochs %s were committed to %s after checkpoint %d, the restored one; "
-                "read_committed readers have them and the replay writes their records again",
+                "read_committed readers have them and the replay writes their records again; they are "
+                "marked superseded in %s (a reader that skips them, by their %s header, reads each result once)",
                 self.task_id,
                 later,
                 self.topic,
                 checkpoint,
+                self.commit_topic,
+                EPOCH_HEADER,
             )
         return [], later
+
+    def _supersede(self, epochs: list[int], checkpoint: int) -> None:
+        """Mark ``epochs`` superseded in the commit topic, in one transaction
+        (idempotent: the topic is compacted by key)."""
+        try:
+            self._producer.begin_transaction()
+            for epoch in epochs:
+                value = f"restored to checkpoint {checkpoint}".encode()
+                self._producer.send(self.commit_topic, key=self._marker(epoch) + _SUPERSEDED, value=value)
+            self._producer.commit_transaction()
+        except KafkaError as exc:
+            try:
+                self._producer.abort_transaction()
+            except KafkaError:
+                pass
+            raise SinkError(
+                f"sink task {self.task_id}: marking epochs {epochs} of {self.topic} superseded failed: {exc}"
+            ) from exc
 
     def _publish(self, epoch: int) -> None:
         rows = self._staging.read(epoch).to_pylist()
         try:
             self._producer.begin_transaction()
+            headers = [(EPOCH_HEADER, self._marker(epoch))]
             for row in rows:
                 self._producer.send(
                     self.topic,
                     key=_bytes(row.get("key")),
                     value=_bytes(row.get("value")),
                     partition=row.get("partition"),
+                    headers=headers,
                 )
             self._producer.send(self.commit_topic, key=self._marker(epoch), value=str(len(rows)).encode())
             self._producer.commit_transaction()
@@ -384,6 +420,69 @@ class KafkaSink(_TwoPhaseSink):
 
     def close(self) -> None:
         self._producer.close()
+
+
+@dataclass(frozen=True)
+class KafkaOutput:
+    """What a Kafka sink committed to its topic: the values of every record
+    of an epoch not superseded, in partition and offset order, and the
+    records skipped per superseded epoch (``<task>:<epoch>``)."""
+
+    values: list[bytes]
+    superseded: dict[str, int] = field(default_factory=dict)
+
+
+def read_kafka_output(bootstrap: str, topic: str, *, timeout_ms: int = 3000) -> KafkaOutput:
+    """The records a Kafka sink committed to ``topic`` (read_committed),
+    without those of epochs its commit topic marks superseded: committed
+    after the checkpoint a restore went back to, and written again by the
+    restored job.  Records without an ``abs.epoch`` header are kept."""
+    superseded = {
+        key[: -len(_SUPERSEDED)]
+        for key in _read_keys(bootstrap, f"{topic}.commits", timeout_ms)
+        if key and key.endswith(_SUPERSEDED)
+    }
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        consumer_timeout_ms=timeout_ms,
+    )
+    values: list[bytes] = []
+    skipped: dict[str, int] = {}
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(partitions)
+        for tp in partitions:
+            consumer.seek_to_beginning(tp)
+        for record in consumer:
+            epoch = dict(record.headers or []).get(EPOCH_HEADER)
+            if epoch is not None and epoch in superseded:
+                skipped[epoch.decode()] = skipped.get(epoch.decode(), 0) + 1
+            elif record.value:
+                values.append(record.value)
+    finally:
+        consumer.close()
+    return KafkaOutput(values, dict(sorted(skipped.items())))
+
+
+def _read_keys(bootstrap: str, topic: str, timeout_ms: int) -> list[bytes]:
+    """The keys of every committed record of partition 0 of ``topic`` (none when it does not exist)."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        consumer_timeout_ms=timeout_ms,
+    )
+    try:
+        if not consumer.partitions_for_topic(topic):
+            return []
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        return [r.key for r in consumer]
+    finally:
+        consumer.close()
 
 
 def sink_location(settings: JobSettings, job: str, connection: Connection | None) -> StoreLocation:

@@ -96,7 +96,7 @@ class DrillVerification:
 
         sink = next(s.sink for s in self.pipeline.stages if s.sink is not None)
         if sink.kind is SinkKind.KAFKA:
-            table = _committed_json(self.connection.kafka_bootstrap, sink.topic)
+            table = self._kafka_output(sink.topic)
         else:
             table = read_committed_output(
                 sink_location(JobSettings(store=self.job.store_uri), self.job.job, self.connection)
@@ -179,25 +179,21 @@ class DrillVerification:
             )
         return pd.DataFrame(rows, columns=["source", "offset", "letters", "reason"])
 
+    def _kafka_output(self, topic: str):
+        """The JSON values a Kafka sink committed to ``topic`` as a pyarrow
+        table (None when there is none), without the epochs it marked
+        superseded: committed after the checkpoint a fallback restored, and
+        written again by the restored job (said in the drill's log)."""
+        import pyarrow as pa
 
-def _committed_json(bootstrap: str, topic: str):
-    """The JSON values committed to ``topic`` (read_committed) as a pyarrow
-    table, or None when there is none."""
-    import pyarrow as pa
-    from kafka import KafkaConsumer, TopicPartition
+        from streaming.adapters.sinks import read_kafka_output
 
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        consumer_timeout_ms=3000,
-    )
-    try:
-        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-        consumer.assign(partitions)
-        for tp in partitions:
-            consumer.seek_to_beginning(tp)
-        rows = [json.loads(r.value) for r in consumer if r.value]
-    finally:
-        consumer.close()
-    return pa.Table.from_pylist(rows) if rows else None
+        output = read_kafka_output(self.connection.kafka_bootstrap, topic)
+        if output.superseded:
+            self.log(
+                f"output: {sum(output.superseded.values())} records of {len(output.superseded)} epochs the Kafka "
+                f"sink committed after the checkpoint a restore went back to, marked superseded, left out "
+                f"({', '.join(list(output.superseded)[:5])}{', ...' if len(output.superseded) > 5 else ''})"
+            )
+        rows = [json.loads(v) for v in output.values]
+        return pa.Table.from_pylist(rows) if rows else None

@@ -12,7 +12,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.objects import open_store
-from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, Recovery, read_committed_output
+from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, Recovery, read_committed_output, read_kafka_output
 from streaming.errors import SinkError, SinkFencedError
 
 
@@ -146,4 +146,12 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name):
     third = KafkaSink(staging, "task-0", bootstrap=connection.kafka_bootstrap, topic=topic, transactional_id=txid)
     # (committed epochs leave nothing staged; the old instance's epoch 4 is discarded)
     assert third.recover(completed_checkpoint=1) == Recovery(discarded=[4], irrevocable=[2])
+    # ... but marks it superseded: a reader that skips superseded epochs reads each result once
+    output = read_kafka_output(connection.kafka_bootstrap, topic)
+    assert [v.decode() for v in output.values] == ["1:0", "1:1"] and output.superseded == {"task-0:2": 2}
+    third.stage(5, _rows(5, 2))  # the restored job writes epoch 2's results again
+    assert third.commit(5) is True
+    output = read_kafka_output(connection.kafka_bootstrap, topic)
+    assert [v.decode() for v in output.values] == ["1:0", "1:1", "5:0", "5:1"]
+    assert _read_committed(connection.kafka_bootstrap, topic) == ["1:0", "1:1", "2:0", "2:1", "5:0", "5:1"]
     third.close()
