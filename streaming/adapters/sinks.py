@@ -320,26 +320,7 @@ class KafkaSink(_TwoPhaseSink):
         return f"{self.task_id}:{epoch}".encode()
 
     def _read_markers(self) -> set[bytes]:
-        consumer = KafkaConsumer(
-            bootstrap_servers=self._bootstrap,
-            isolation_level="read_committed",
-            enable_auto_commit=False,
-            consumer_timeout_ms=2000,
-        )
-        try:
-            tp = TopicPartition(self.commit_topic, 0)
-            consumer.assign([tp])
-            consumer.seek_to_beginning(tp)
-            end = consumer.end_offsets([tp])[tp]
-            markers = set()
-            while consumer.position(tp) < end:
-                batch = consumer.poll(timeout_ms=1000)
-                if not batch:
-                    break
-                markers.update(r.key for records in batch.values() for r in records)
-            return markers
-        finally:
-            consumer.close()
+        return _commit_keys(self._bootstrap, self.commit_topic)
 
     def _committed(self, epoch: int) -> bool:
         return self._marker(epoch) in self._done
@@ -356,14 +337,27 @@ class KafkaSink(_TwoPhaseSink):
             int(m[len(prefix) :]) for m in self._done if m and m.startswith(prefix) and m[len(prefix) :].isdigit()
         )
         later = [e for e in epochs if e > checkpoint]
-        if later:
-            self._supersede(later, checkpoint)
+        # marked superseded by an earlier restore, and the restored checkpoint holds them after all
+        # (a named restore of a later one): visible again
+        again = [e for e in epochs if e <= checkpoint and self._marker(e) + _SUPERSEDED in self._done]
+        fresh = [e for e in later if self._marker(e) + _SUPERSEDED not in self._done]
+        if fresh or again:
+            self._supersede(fresh, checkpoint, again)
+        if again:
+            log.warning(
+                "sink task %s: epochs %s, marked superseded by an earlier restore, are part of checkpoint %d, "
+                "the restored one: no longer superseded",
+                self.task_id,
+                again,
+                checkpoint,
+            )
+        if fresh:
             log.warning(
                 "sink task %s: epochs %s were committed to %s after checkpoint %d, the restored one; "
                 "read_committed readers have them and the replay writes their records again; they are "
                 "marked superseded in %s (a reader that skips them, by their %s header, reads each result once)",
                 self.task_id,
-                later,
+                fresh,
                 self.topic,
                 checkpoint,
                 self.commit_topic,
@@ -371,14 +365,17 @@ class KafkaSink(_TwoPhaseSink):
             )
         return [], later
 
-    def _supersede(self, epochs: list[int], checkpoint: int) -> None:
-        """Mark ``epochs`` superseded in the commit topic, in one transaction
-        (idempotent: the topic is compacted by key)."""
+    def _supersede(self, epochs: list[int], checkpoint: int, again: list[int] = ()) -> None:
+        """Mark ``epochs`` superseded in the commit topic and take the mark
+        back from ``again`` (a tombstone), in one transaction (idempotent:
+        the topic is compacted by key)."""
         try:
             self._producer.begin_transaction()
             for epoch in epochs:
                 value = f"restored to checkpoint {checkpoint}".encode()
                 self._producer.send(self.commit_topic, key=self._marker(epoch) + _SUPERSEDED, value=value)
+            for epoch in again:
+                self._producer.send(self.commit_topic, key=self._marker(epoch) + _SUPERSEDED, value=None)
             self._producer.commit_transaction()
         except KafkaError as exc:
             try:
@@ -388,6 +385,8 @@ class KafkaSink(_TwoPhaseSink):
             raise SinkError(
                 f"sink task {self.task_id}: marking epochs {epochs} of {self.topic} superseded failed: {exc}"
             ) from exc
+        self._done.update(self._marker(e) + _SUPERSEDED for e in epochs)
+        self._done.difference_update(self._marker(e) + _SUPERSEDED for e in again)
 
     def _publish(self, epoch: int) -> None:
         rows = self._staging.read(epoch).to_pylist()
@@ -439,48 +438,54 @@ def read_kafka_output(bootstrap: str, topic: str, *, timeout_ms: int = 3000) -> 
     restored job.  Records without an ``abs.epoch`` header are kept."""
     superseded = {
         key[: -len(_SUPERSEDED)]
-        for key in _read_keys(bootstrap, f"{topic}.commits", timeout_ms)
-        if key and key.endswith(_SUPERSEDED)
+        for key in _commit_keys(bootstrap, f"{topic}.commits", timeout_ms)
+        if key.endswith(_SUPERSEDED)
     }
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        consumer_timeout_ms=timeout_ms,
-    )
     values: list[bytes] = []
     skipped: dict[str, int] = {}
-    try:
-        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-        consumer.assign(partitions)
-        for tp in partitions:
-            consumer.seek_to_beginning(tp)
-        for record in consumer:
-            epoch = dict(record.headers or []).get(EPOCH_HEADER)
-            if epoch is not None and epoch in superseded:
-                skipped[epoch.decode()] = skipped.get(epoch.decode(), 0) + 1
-            elif record.value:
-                values.append(record.value)
-    finally:
-        consumer.close()
+    for record in _read_to_end(bootstrap, topic, timeout_ms):
+        epoch = dict(record.headers or []).get(EPOCH_HEADER)
+        if epoch is not None and epoch in superseded:
+            skipped[epoch.decode()] = skipped.get(epoch.decode(), 0) + 1
+        elif record.value:
+            values.append(record.value)
     return KafkaOutput(values, dict(sorted(skipped.items())))
 
 
-def _read_keys(bootstrap: str, topic: str, timeout_ms: int) -> list[bytes]:
-    """The keys of every committed record of partition 0 of ``topic`` (none when it does not exist)."""
+def _commit_keys(bootstrap: str, topic: str, timeout_ms: int = 2000) -> set[bytes]:
+    """The keys a sink's commit topic holds (a tombstone, a null value, takes its key away)."""
+    latest: dict[bytes, bytes | None] = {}
+    for record in _read_to_end(bootstrap, topic, timeout_ms):
+        if record.key:
+            latest[record.key] = record.value
+    return {key for key, value in latest.items() if value is not None}
+
+
+def _read_to_end(bootstrap: str, topic: str, timeout_ms: int) -> list:
+    """Every committed record of ``topic`` (read_committed), partition by
+    partition in offset order, up to the end offsets when the read began;
+    none when the topic does not exist."""
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
         isolation_level="read_committed",
         enable_auto_commit=False,
-        consumer_timeout_ms=timeout_ms,
     )
     try:
-        if not consumer.partitions_for_topic(topic):
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        if not partitions:
             return []
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
-        return [r.key for r in consumer]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        ends = consumer.end_offsets(partitions)
+        records: dict[TopicPartition, list] = {tp: [] for tp in partitions}
+        # an open transaction keeps a read_committed reader below the end: stop when nothing comes
+        while any(consumer.position(tp) < ends[tp] for tp in partitions):
+            batch = consumer.poll(timeout_ms=timeout_ms)
+            if not batch:
+                break
+            for tp, got in batch.items():
+                records[tp].extend(got)
+        return [r for tp in partitions for r in records[tp]]
     finally:
         consumer.close()
 

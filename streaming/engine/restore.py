@@ -55,5 +55,6 @@ def plan_start(generation: int, checkpoint_id: int | None, loaded: LoadedTask | 
         lineage=Lineage.from_json(snapshot.metadata.get("lineage")).after_restore(generation, positions),
         replay=replay,
         replay_until={c: end for c, (_, end) in ranges.items() if c not in replay},
+        resume={c: positions[c] for c in replay if c in positions},
     )
     return TaskRestore(start, query_start)

@@ -100,6 +100,8 @@ class TaskStart:
     replay: Mapping[ChannelId, pa.Table] = field(default_factory=dict)
     # channel state kept as offset ranges: the query reads each channel again up to here
     replay_until: Mapping[ChannelId, int] = field(default_factory=dict)
+    # where the query resumes each channel whose channel state was copied (after the barrier)
+    resume: Mapping[ChannelId, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -184,9 +186,13 @@ class StageTask:
         self._started = time.monotonic()
         # channel state still to process again: each channel up to this offset (``recover``)
         self._replaying: dict[ChannelId, int] = {}
-        # the copied part of it, handed over in runs (``replay_step``, and ahead of every batch)
+        # the copied part of it, handed over in runs (``start_replay``, and ahead of every batch)
         self.copied: CopiedReplay | None = None
         self._replay_run_records = replay_run_records
+        self._replayer: threading.Thread | None = None
+        self._closing = threading.Event()
+        # what stopped the replay of copied channel state (the worker stops on it)
+        self.replay_error: BaseException | None = None
         self.replay_records = 0
         self._recovered = False
 
@@ -244,37 +250,53 @@ class StageTask:
         """Where the task starts (``TaskStart``): its operator's state
         restored, and its channel state noted: records copied into its
         snapshot are processed before anything the query reads on their
-        channels, in runs once the task runs (``replay_step``); offset ranges
+        channels, in runs once the task runs (``start_replay``); offset ranges
         are read again by the query.  ``replay_records`` counts both."""
         if self._recovered:
             raise TaskError(f"{self.spec.name}: recovered twice")
         self._recovered = True
         if self.start.state:
             self.operator.restore(dict(self.start.state))
-        copied = CopiedReplay(self.start.replay, self._replay_run_records)
+        copied = CopiedReplay(self.start.replay, self._replay_run_records, resume=self.start.resume)
         if copied.records:
             self.copied = self.controller.copied = copied
         ends = {**self.start.replay_until, **copied.ends}
         self._replaying = {c: end for c, end in ends.items() if self.handler.position(c) < end}
         self.replay_records = sum(end - self.handler.position(c) for c, end in self._replaying.items())
 
-    def replay_step(self, budget_s: float = 0.5) -> None:
-        """Runs of the copied channel state for up to ``budget_s``, unless a
-        batch is in hand (which hands over the rest first)."""
-        if self.copied is None or not self.copied.handing or not self._lock.acquire(blocking=False):
+    def start_replay(self) -> None:
+        """Replay the copied channel state on a thread of the task's own, once
+        the worker said the task is ready (the worker's own thread keeps
+        reading the control topic, so announcements reach the task between
+        the segments of each run); a batch that comes first hands over what
+        is left itself, before its own records."""
+        if self.copied is None or not self.copied.handing or self._replayer is not None:
             return
-        try:
-            deadline = time.monotonic() + budget_s
-            self._replay_run()  # at least one
-            while self.copied.handing and time.monotonic() < deadline:
-                self._replay_run()
-        finally:
-            self._lock.release()
+        self._replayer = threading.Thread(target=self._replay, name=f"replay-{self.spec.name}", daemon=True)
+        self._replayer.start()
 
-    def _replay_run(self) -> None:
-        run = self.copied.next_run()
-        self.counters["replayed_in_flight"] += run.num_rows
-        self._feed(run if self.io.prepare is None else self.io.prepare(run))
+    def wait_for_replay(self, timeout_s: float = 60.0) -> None:
+        """Until the replay started by ``start_replay`` ended (done, failed or closed)."""
+        if self._replayer is not None:
+            self._replayer.join(timeout_s)
+
+    def _replay(self) -> None:
+        try:
+            while not self._closing.is_set() and self.replay_run():
+                pass
+        except Exception as exc:  # the worker stops on it (``replay_error``)
+            log.error("%s: replaying the restored channel state failed: %s", self.spec.name, exc)
+            self.replay_error = exc
+
+    def replay_run(self) -> bool:
+        """One run of the copied channel state, unless none is left; whether one was."""
+        with self._lock:
+            run = self.copied.next_run() if self.copied is not None else None
+            if run is None:
+                return False
+            self.counters["replayed_in_flight"] += run.num_rows
+            self._feed(run if self.io.prepare is None else self.io.prepare(run))
+            return True
 
     # ------------------------------------------------------------------ input
 
@@ -282,8 +304,10 @@ class StageTask:
         """One micro-batch, ordered by channel and offset (``ChannelQuery``
         order), after whatever copied channel state is still to hand over."""
         with self._lock:
-            while self.copied is not None and self.copied.handing:
-                self._replay_run()
+            if self.replay_error is not None:
+                raise TaskError(f"{self.spec.name}: the replay of its channel state failed") from self.replay_error
+            while self.replay_run():
+                pass
             self._feed(table)
 
     def _feed(self, table: pa.Table) -> None:
@@ -510,18 +534,19 @@ class StageTask:
 
     def tick(self) -> None:
         """Timeouts and control events, when no batch is in hand (a batch in
-        hand does both between its segments), then runs of copied channel
-        state still to replay."""
+        hand does both between its segments)."""
         if self._lock.acquire(blocking=False):
             try:
                 self.inbox.apply()
                 self.handler.tick(self.held_bytes)
             finally:
                 self._lock.release()
-        self.replay_step()
 
     def wait_for_uploads(self, timeout_s: float = 60.0) -> None:
         self.controller.uploader.wait(timeout_s)
 
     def close(self) -> None:
+        self._closing.set()
+        if self._replayer is not None:
+            self._replayer.join(timeout=30)
         self.controller.uploader.close()

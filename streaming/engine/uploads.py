@@ -43,6 +43,8 @@ from streaming.adapters.control import Ack, Decline
 from streaming.adapters.snapshots.format import TaskSnapshot, stored_name
 from streaming.engine import faults
 from streaming.engine.kafka_retention import AtRisk
+from streaming.engine.replay import ReplayRest
+from streaming.errors import TaskError
 
 __all__ = ["SnapshotUploader", "TakenSnapshot", "Incremental"]
 
@@ -86,7 +88,7 @@ class TakenSnapshot:
     since: int | None = None
     # copied channel state a restore gave the task that it had not processed at the snapshot,
     # by channel (``streaming.engine.replay``): copied into this checkpoint's channel state too
-    replay_rest: dict[ChannelId, pa.Table] = field(default_factory=dict)
+    replay_rest: dict[ChannelId, ReplayRest] = field(default_factory=dict)
 
 
 class SnapshotUploader:
@@ -150,14 +152,14 @@ class SnapshotUploader:
         self,
         checkpoint: TaskCheckpoint,
         at_risk: Mapping[ChannelId, AtRisk],
-        replay_rest: Mapping[ChannelId, pa.Table] | None = None,
+        replay_rest: Mapping[ChannelId, ReplayRest] | None = None,
     ) -> dict[str, pa.Table]:
         """The in-flight records of the checkpoint, read straight from Kafka in
         bulk (not by waiting for processing to reach them): every channel's
         when the checkpoint keeps copies, otherwise those ``at_risk`` of
         retention (``_at_risk``).  A channel whose restored copied channel
         state the task had not all processed (``replay_rest``) is copied
-        too: those records, then Kafka's from where they end."""
+        too: those records, then Kafka's from where the query resumed it."""
         read_range: Callable[[ChannelId, int, int], pa.Table] | None = self.io.read_range
         rest = replay_rest or {}
         copied = {
@@ -170,12 +172,13 @@ class SnapshotUploader:
         for channel, (start, end) in copied.items():
             parts = []
             if channel in rest:
-                offsets = rest[channel]["offset"]
-                parts.append(rest[channel])
-                start = max(start, int(offsets[len(offsets) - 1].as_py()) + 1)
-            if start < end and read_range is not None:
+                parts.append(rest[channel].records)
+                start = max(start, rest[channel].kafka_from)
+            if start < end or not parts:
+                if read_range is None:
+                    raise TaskError(f"{self.task}: cannot read {channel} [{start}, {end}) for its channel state")
                 parts.append(read_range(channel, start, end))
-            records[str(channel)] = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default")
+            records[str(channel)] = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
         return records
 
     def _copies_all(self, checkpoint: TaskCheckpoint) -> bool:

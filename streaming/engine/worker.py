@@ -201,7 +201,7 @@ class Worker:
             query.start(interval=self.settings.trigger_interval)
             self.queries.append(query)
         for running in self.running:
-            # "replaying": records of restored channel state (offset ranges) still to read; a
+            # "replaying": records of restored channel state (ranges and copies) still to process; a
             # "replayed" event follows when they are processed
             self.control.publish(
                 Ready(
@@ -211,6 +211,7 @@ class Worker:
                     endpoint=self.metrics_endpoint,
                 )
             )
+            running.task.start_replay()  # copied channel state, while checkpoints go on
 
     def restart(
         self,
@@ -270,6 +271,14 @@ class Worker:
                     self.control.publish(running.task.progress())
                 if self.metrics_endpoint:
                     self._record_lag()
+            for running in self.running:
+                error = running.task.replay_error
+                if isinstance(error, ConfigError):
+                    print(f"worker: {running.task.spec.name}: {error}", file=sys.stderr, flush=True)
+                    return EXIT_PIPELINE_ERROR
+                if error is not None:
+                    log.info(f"{running.task.spec.name}: replaying its channel state failed: {error}")
+                    return 1
             for query in self.queries:
                 if query.pipeline_error is not None:
                     print(f"worker: {query.name}: {query.pipeline_error}", file=sys.stderr, flush=True)

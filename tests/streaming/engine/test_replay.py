@@ -30,8 +30,14 @@ def test_runs_go_channel_by_channel_in_offset_order():
 def test_the_rest_is_what_a_channel_has_not_processed():
     replay = CopiedReplay({A: _copied(A, [5, 6, 8, 9]), B: _copied(B, range(0, 3))})
     rest = replay.rest({A: 7, B: 3})  # B is done; A processed up to 6 (7 is not in the copy)
-    assert list(rest) == [A] and rest[A]["offset"].to_pylist() == [8, 9]
-    assert replay.rest({A: 0, B: 0})[A]["offset"].to_pylist() == [5, 6, 8, 9]
+    assert list(rest) == [A] and rest[A].records["offset"].to_pylist() == [8, 9]
+    assert rest[A].kafka_from == 10  # no resume offset given: right after the copy
+    assert replay.rest({A: 0, B: 0})[A].records["offset"].to_pylist() == [5, 6, 8, 9]
+
+
+def test_kafka_goes_on_from_where_the_query_resumes_the_channel():
+    replay = CopiedReplay({A: _copied(A, range(5, 10))}, resume={A: 11})  # the barrier at 10
+    assert replay.ends == {A: 10} and replay.rest({A: 7})[A].kafka_from == 11
 
 
 def test_a_channel_processed_past_its_copy_is_let_go_once_handed_over():

@@ -23,6 +23,7 @@ from streaming.adapters.records import BATCH_BEGAN, stamped
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.engine.task import StageTask, TaskStart
 from streaming.engine.watermarks import watermark_headers
+from streaming.errors import ConfigError, TaskError
 
 SCHEMA = pa.schema([("account", pa.string()), ("amount", pa.int64())])
 
@@ -243,15 +244,30 @@ def test_copied_channel_state_is_replayed_before_anything_the_query_reads():
     assert [e.records for e in io.events if e.kind is ControlKind.REPLAYED] == [2]
 
 
-def test_copied_channel_state_is_replayed_between_the_workers_rounds_without_a_batch():
+def test_copied_channel_state_is_replayed_on_the_tasks_thread_without_a_batch():
     pipeline = counting_pipeline(sink_stage=True)
     copied = batch(*[("in", 0, o, {"account": "x", "amount": 1}) for o in range(3, 9)])
     start = TaskStart(generation=1, checkpoint_id=2, positions={A: 3, B: 0}, replay={A: copied})
     task, io = make_task(pipeline, sink=True, start=start, replay_run_records=4)
-    task.replay_step(budget_s=0)  # one run of 4
+    assert task.replay_run()  # one run of 4
     assert task.handler.position(A) == 7 and not [e for e in io.events if e.kind is ControlKind.REPLAYED]
-    task.tick()
+    task.start_replay()  # the rest, on a thread of the task's own (the worker starts it once the task is ready)
+    task.wait_for_replay()
     assert task.handler.position(A) == 9 and [e.records for e in io.events if e.kind is ControlKind.REPLAYED] == [6]
+    assert not task.replay_run() and task.replay_error is None
+
+
+def test_a_replay_that_failed_stops_the_task():
+    pipeline = counting_pipeline(sink_stage=True)
+    copied = batch(*[("in", 0, o, {"account": "x", "amount": 1}) for o in range(3, 9)])
+    start = TaskStart(generation=1, checkpoint_id=2, positions={A: 3, B: 0}, replay={A: copied})
+    task, io = make_task(pipeline, sink=True, start=start)
+    task.io.prepare = lambda table: (_ for _ in ()).throw(ConfigError("the stage's Spark code failed"))
+    task.start_replay()
+    task.wait_for_replay()
+    assert isinstance(task.replay_error, ConfigError)  # the worker stops on it (a pipeline error)
+    with pytest.raises(TaskError, match="the replay of its channel state failed"):
+        task.process_batch(batch(("in", 0, 10, {"account": "x", "amount": 1})))
 
 
 def test_a_checkpoint_completes_during_the_replay_of_copied_channel_state_and_restores_exactly():
@@ -259,7 +275,7 @@ def test_a_checkpoint_completes_during_the_replay_of_copied_channel_state_and_re
     (its barrier at 10), the task has replayed two records when unaligned
     checkpoint 3 is announced (its barrier at 20): the snapshot is taken and
     acknowledged at once, its channel state the five copied records not yet
-    processed and then Kafka's [10, 20).  A restore from it gives what the
+    processed and then Kafka's [11, 20), from where the query resumes.  A restore from it gives what the
     run without that restore gives."""
     pipeline = counting_pipeline()
     copied = batch(*[("in", 0, o, {"account": "x", "amount": o}) for o in range(3, 10)])
@@ -271,24 +287,26 @@ def test_a_checkpoint_completes_during_the_replay_of_copied_channel_state_and_re
         reads.append((str(channel), start, end))
         return batch(*[kafka[o] for o in range(start, end)])
 
-    start = TaskStart(generation=1, checkpoint_id=2, positions={A: 3, B: 0}, replay={A: copied})
+    start = TaskStart(generation=1, checkpoint_id=2, positions={A: 3, B: 0}, replay={A: copied}, resume={A: 11})
     task, io = make_task(pipeline, start=start, replay_run_records=2)
     task.io.read_range = read_range
-    task.replay_step(budget_s=0)  # offsets 3 and 4
+    assert task.replay_run()  # offsets 3 and 4
     barrier = Barrier(3, generation=1, job="job", options=CheckpointOptions.unaligned())
     announced = {"in:0": 20, "in:1": 0}
     task.on_control(
         Trigger(checkpoint_id=3, generation=1, barrier=announced_barrier(encode(barrier)), offsets=announced)
     )
-    task.tick()  # the announcement first (the snapshot), then the rest of the replay
+    task.tick()  # the announcement: the snapshot
+    task.start_replay()  # the rest of the replay
     task.wait_for_uploads()
+    task.wait_for_replay()
     assert [e.checkpoint_id for e in io.events if e.kind is ControlKind.ACK] == [3]
     assert [e.records for e in io.events if e.kind is ControlKind.REPLAYED] == [7]
     state, positions, in_flight, _ = io.snapshots[3]
     assert state["state"]["total"].to_pylist() == [3 + 4]
     assert in_flight == {"in:0": (5, 20)} and positions == {"in:0": 21, "in:1": 1}
-    assert reads == [("in:0", 10, 20)]  # the copied records came from memory: Kafka may have lost them
-    assert io.copied["in:0"]["offset"].to_pylist() == list(range(5, 20))
+    assert reads == [("in:0", 11, 20)]  # the copied records came from memory: Kafka may have lost them
+    assert io.copied["in:0"]["offset"].to_pylist() == [*range(5, 10), *range(11, 20)]
 
     # the run goes on: the query's records and barrier 3
     task.process_batch(batch(*[kafka[o] for o in range(11, 20)], ("in", 0, 20, barrier)))
@@ -302,9 +320,11 @@ def test_a_checkpoint_completes_during_the_replay_of_copied_channel_state_and_re
         positions={A: 5, B: 0},
         state=state,
         replay={A: io.copied["in:0"]},
+        resume={A: 21},
     )
     again, again_io = make_task(pipeline, start=restored)
-    again.tick()
+    again.start_replay()
+    again.wait_for_replay()
     assert again.handler.position(A) == 20 and [r for _, r, _ in again_io.sent][-1] == unbroken
 
 
