@@ -120,7 +120,20 @@ def test_a_range_retention_deleted_is_named_and_the_restore_falls_back(connectio
         record = runner.restore("records deleted under the job")
         assert record.checkpoint_id == first
         assert [(c, len(p)) for c, p in record.skipped] == [(second, 1)] and gone in record.skipped[0][1][0]
+
+        # checkpoints go on while the restored (copied) channel state is replayed, 5 ms a record:
+        # the task is ready before it replays, and the rest of what it copied is the new checkpoint's
+        _until(runner, lambda: runner.coordinator.all_ready, "the restored task's start", deadline)
+        replaying = runner.coordinator.replaying["slow-0"]
+        assert 0 < replaying <= sum(e - s for s, e in older.in_flight.values()), older.in_flight
+        during = _checkpoint(runner, CheckpointOptions.unaligned(), deadline)
+        assert not runner.coordinator.all_replayed, f"the replay of {replaying} records ended first"
+        taken = store.read_manifest(during).tasks["slow-0"]
+        # its channel state begins inside what the task was replaying, copied into it
+        inside = [c for c, (start, _) in taken.in_flight.items() if start < older.in_flight[c][1]]
+        assert inside and set(inside) <= {p.name for p in taken.channel_parts}, (taken.in_flight, older.in_flight)
         run_until_caught_up(runner, max(10.0, deadline - time.monotonic()))
+        assert runner.coordinator.all_replayed
 
         # retention past what every checkpoint needs (one more record, then partition 1 up to its end):
         # the restore stops, naming it, and records no generation (no silent start from the beginning)
