@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import re
 import shutil
 import sys
 import tempfile
@@ -42,6 +43,21 @@ log = logging.getLogger(__name__)
 
 # how long the broker may hold a fetch of a stage query's consumer for data to come
 FETCH_MAX_WAIT_MS = 20
+# attempts of a Spark task in local mode, as spark.task.maxFailures gives a cluster's
+LOCAL_TASK_ATTEMPTS = 4
+_LOCAL_MASTER = re.compile(r"local(\[(\d+|\*)\])?")
+
+
+def master_url(master: str) -> str:
+    """``master`` as the session is started on: a local master without a
+    failure count gets Spark's cluster default of 4 attempts per task
+    (``local[2]`` becomes ``local[2,4]``). Local mode tries a task once, so a
+    Kafka consumer that timed out while a broker restarted failed the stage
+    query, and the worker with it, where a cluster retries the task."""
+    match = _LOCAL_MASTER.fullmatch(master)
+    if match is None:
+        return master
+    return f"local[{match.group(2) or 1},{LOCAL_TASK_ATTEMPTS}]"
 
 
 def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
@@ -92,7 +108,7 @@ def spark_session(
         )
     require_tool("java")
     jars = connector_jars(runtime.spark_version, runtime.cache_dir, Path(pyspark.__file__).parent / "jars", progress)
-    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
+    builder = SparkSession.builder.master(master_url(settings.master)).appName(settings.app_name)
     for key, value in spark_conf(settings, jars).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

@@ -13,7 +13,7 @@ from kafka import KafkaProducer
 from barriers.messages import ChannelId
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.records import header_values
-from streaming.adapters.spark import ChannelQuery
+from streaming.adapters.spark import ChannelQuery, master_url
 from streaming.errors import ConfigError
 
 
@@ -105,3 +105,10 @@ def test_batches_are_handled_in_order_one_at_a_time_and_a_failing_one_fails_the_
         assert "operator bug" in (query.failure() or ""), query.failure()
     finally:
         query.stop()
+
+
+def test_a_local_master_retries_a_task_as_a_cluster_does():
+    assert master_url("local[2]") == "local[2,4]" and master_url("local[*]") == "local[*,4]"
+    assert master_url("local") == "local[1,4]"
+    # a failure count given, or a cluster, is left as it is
+    assert master_url("local[2,1]") == "local[2,1]" and master_url("spark://h:7077") == "spark://h:7077"
