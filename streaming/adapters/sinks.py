@@ -337,21 +337,11 @@ class KafkaSink(_TwoPhaseSink):
             int(m[len(prefix) :]) for m in self._done if m and m.startswith(prefix) and m[len(prefix) :].isdigit()
         )
         later = [e for e in epochs if e > checkpoint]
-        # marked superseded by an earlier restore, and the restored checkpoint holds them after all
-        # (a named restore of a later one): visible again
-        again = [e for e in epochs if e <= checkpoint and self._marker(e) + _SUPERSEDED in self._done]
+        # a mark stays: an epoch numbered below the restored checkpoint is not of its history when a
+        # fallback abandoned that history (the generations after it go on with higher numbers)
         fresh = [e for e in later if self._marker(e) + _SUPERSEDED not in self._done]
-        if fresh or again:
-            self._supersede(fresh, checkpoint, again)
-        if again:
-            log.warning(
-                "sink task %s: epochs %s, marked superseded by an earlier restore, are part of checkpoint %d, "
-                "the restored one: no longer superseded",
-                self.task_id,
-                again,
-                checkpoint,
-            )
         if fresh:
+            self._supersede(fresh, checkpoint)
             log.warning(
                 "sink task %s: epochs %s were committed to %s after checkpoint %d, the restored one; "
                 "read_committed readers have them and the replay writes their records again; they are "
@@ -365,17 +355,14 @@ class KafkaSink(_TwoPhaseSink):
             )
         return [], later
 
-    def _supersede(self, epochs: list[int], checkpoint: int, again: list[int] = ()) -> None:
-        """Mark ``epochs`` superseded in the commit topic and take the mark
-        back from ``again`` (a tombstone), in one transaction (idempotent:
-        the topic is compacted by key)."""
+    def _supersede(self, epochs: list[int], checkpoint: int) -> None:
+        """Mark ``epochs`` superseded in the commit topic, in one transaction
+        (idempotent: the topic is compacted by key)."""
         try:
             self._producer.begin_transaction()
             for epoch in epochs:
                 value = f"restored to checkpoint {checkpoint}".encode()
                 self._producer.send(self.commit_topic, key=self._marker(epoch) + _SUPERSEDED, value=value)
-            for epoch in again:
-                self._producer.send(self.commit_topic, key=self._marker(epoch) + _SUPERSEDED, value=None)
             self._producer.commit_transaction()
         except KafkaError as exc:
             try:
@@ -386,7 +373,6 @@ class KafkaSink(_TwoPhaseSink):
                 f"sink task {self.task_id}: marking epochs {epochs} of {self.topic} superseded failed: {exc}"
             ) from exc
         self._done.update(self._marker(e) + _SUPERSEDED for e in epochs)
-        self._done.difference_update(self._marker(e) + _SUPERSEDED for e in again)
 
     def _publish(self, epoch: int) -> None:
         rows = self._staging.read(epoch).to_pylist()
