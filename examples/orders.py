@@ -18,7 +18,9 @@ the customers of its orders; the join holding the watermark at
 its earliest buffered order (``time_column``), so an order that waits for
 its customer is never late for the window after it; and an idle partition
 (no producer writes to partition 2 of the orders) that stops holding the
-windows back after ``idle_timeout``.
+windows back once the partition read beside it moved on 3 s of event time
+(``idle_after_event_time``: no clock, so a pause of every producer, as in a
+broker outage, makes nothing late).
 
 Run it on the local runtime (``spark-abs local up``)::
 
@@ -58,8 +60,9 @@ def pipeline(job: str = "orders-by-country") -> Pipeline:
     return Pipeline(
         job,
         (
-            # partition 2 has no producer: 3 s after the job starts it stops holding event time back
-            Ingress(orders, 3, ORDERS, event_time="ts", max_out_of_orderness=1_000, idle_timeout=3_000),
+            # partition 2 has no producer: once partition 0 moved on 3 s of event time it holds nothing back
+            # (no clock: a pause of every producer, a broker outage, makes nothing idle)
+            Ingress(orders, 3, ORDERS, event_time="ts", max_out_of_orderness=1_000, idle_after_event_time=3_000),
             Ingress(customers, 1, avro=CUSTOMERS),
         ),
         (

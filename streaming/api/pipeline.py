@@ -99,6 +99,16 @@ class Ingress:
       partition a task reads pauses longer than this, the records after the
       pause may find event time moved on by other tasks and be late, so
       choose it above the pauses your producers make.
+    - ``idle_after_event_time``: a partition that brought no record while
+      the other event-time inputs of its task moved on by this much event
+      time (ms or a ``timedelta``) stops holding the watermark back, and
+      takes part again when records come.  Unlike ``idle_timeout`` it reads
+      no clock: a pause of every producer (a broker outage, a restore) makes
+      nothing idle, as nothing else moved on, so the records after it are
+      never late for it and the output is what a run without the pause
+      gives.  A partition further behind the others than this, silent, is
+      left out; a task with no other event-time input never goes idle by it
+      (use ``idle_timeout`` too where a whole topic can go quiet).
     - ``key``: the column producers partition the topic by (records of one
       key always in one partition).  Only then may a stateful stage with
       several tasks read the topic directly (each task reads whole
@@ -111,6 +121,7 @@ class Ingress:
     event_time: str | None = None
     max_out_of_orderness: int | dt.timedelta = 0
     idle_timeout: int | dt.timedelta | None = None
+    idle_after_event_time: int | dt.timedelta | None = None
     key: str | None = None
     avro: str | Mapping[str, Any] | AvroSchema | None = None
     confluent_wire: bool = False
@@ -119,15 +130,19 @@ class Ingress:
         self._avro_schema()
         delay = duration_ms(self.max_out_of_orderness, f"ingress {self.topic}: max_out_of_orderness")
         idle = duration_ms(self.idle_timeout, f"ingress {self.topic}: idle_timeout")
-        if self.event_time is None and (delay or idle is not None):
+        behind = duration_ms(self.idle_after_event_time, f"ingress {self.topic}: idle_after_event_time")
+        if self.event_time is None and (delay or idle is not None or behind is not None):
             raise ConfigError(
-                f"ingress {self.topic}: max_out_of_orderness and idle_timeout describe event time; "
-                "name the event-time column too (event_time=...)"
+                f"ingress {self.topic}: max_out_of_orderness, idle_timeout and idle_after_event_time describe "
+                "event time; name the event-time column too (event_time=...)"
             )
         if idle == 0:
             raise ConfigError(f"ingress {self.topic}: idle_timeout must be > 0 (or None: never idle)")
+        if behind == 0:
+            raise ConfigError(f"ingress {self.topic}: idle_after_event_time must be > 0 (or None: never idle)")
         object.__setattr__(self, "max_out_of_orderness", delay)
         object.__setattr__(self, "idle_timeout", idle)
+        object.__setattr__(self, "idle_after_event_time", behind)
 
     @property
     def value_schema(self) -> AvroSchema | pa.Schema | None:

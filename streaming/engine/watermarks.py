@@ -17,7 +17,10 @@ Each channel's watermark:
 Idleness: an ingress channel is idle once a micro-batch of the task comes
 without its records after it brought none for its topic's ``idle_timeout``
 (the batch shows that Kafka had none to give: a slow batch is not
-silence), until its next record; an internal channel is idle from a
+silence), or once a batch comes without its records after the task's other
+event-time inputs moved on by its ``idle_after_event_time`` since it last
+brought one (no clock: a pause of every input makes nothing idle), until
+its next record; an internal channel is idle from a
 watermark record of its writer that says so (``abs.idle``) to its next
 record.  Idle channels are left out of the minimum.
 
@@ -73,12 +76,14 @@ def watermark_headers(watermark: int | None, generation: int | None = None, *, i
 @dataclass(frozen=True, slots=True)
 class EventTimeInput:
     """How one input channel of a task carries event time: an ingress
-    channel's ``column`` (with its delay and idle timeout), or, with no
+    channel's ``column`` (with its delay and idleness: a wall-clock
+    timeout, an amount of event time the others move on), or, with no
     column, the ``abs.wm`` headers its upstream task writes."""
 
     column: str | None = None
     delay_ms: int = 0
     idle_timeout_s: float | None = None
+    idle_after_ms: int | None = None
 
 
 def event_time_inputs(pipeline: Pipeline, spec: TaskSpec) -> dict[ChannelId, EventTimeInput]:
@@ -89,7 +94,9 @@ def event_time_inputs(pipeline: Pipeline, spec: TaskSpec) -> dict[ChannelId, Eve
         if ingress is not None:
             if ingress.event_time is not None:
                 idle = None if ingress.idle_timeout is None else ingress.idle_timeout / 1000
-                inputs[channel] = EventTimeInput(ingress.event_time, ingress.max_out_of_orderness, idle)
+                inputs[channel] = EventTimeInput(
+                    ingress.event_time, ingress.max_out_of_orderness, idle, ingress.idle_after_event_time
+                )
         elif pipeline.carries_event_time(name):
             inputs[channel] = EventTimeInput()
     return inputs
@@ -121,6 +128,10 @@ class WatermarkTracker:
         self._last_seen = {c: now for c in self._inputs}
         self._said_idle: set[ChannelId] = set()
         self._timed_out: set[ChannelId] = set()
+        # idle_after_event_time: how far the other inputs had got when a channel last brought records
+        self._anchor: dict[ChannelId, int] = {}
+        self._left_behind: set[ChannelId] = set()
+        self._brought: set[ChannelId] = set()
         self._watermark: int | None = None
         self._sent = _NEVER_SENT
         self._sent_idle = False
@@ -139,17 +150,36 @@ class WatermarkTracker:
         """A micro-batch came, with records (not barriers) on ``brought``: an
         idle ingress channel among them holds event time back again, and an
         ingress channel not among them that brought none for its
-        ``idle_timeout`` is idle from now on."""
+        ``idle_timeout``, or while the others moved on by its
+        ``idle_after_event_time``, is idle from now on."""
         now = self._clock()
         brought = set(brought)
+        self._brought = brought
         for channel, source in self._inputs.items():
             if source.column is None:
                 continue
             if channel in brought:
                 self._last_seen[channel] = now
                 self._timed_out.discard(channel)
+                self._left_behind.discard(channel)
             elif source.idle_timeout_s is not None and now - self._last_seen[channel] >= source.idle_timeout_s:
                 self._timed_out.add(channel)
+
+    def _leave_behind(self) -> None:
+        """``idle_after_event_time``, as the batch in hand moved watermarks:
+        a channel that brought records in it is anchored where the other
+        inputs got to; one that did not is idle once they moved on past its
+        anchor by that much."""
+        for channel, source in self._inputs.items():
+            if source.idle_after_ms is None:
+                continue
+            others = max((w for c, w in self._by_channel.items() if c != channel), default=None)
+            if others is None:
+                continue
+            if channel in self._brought:
+                self._anchor[channel] = others
+            elif others - self._anchor.setdefault(channel, others) >= source.idle_after_ms:
+                self._left_behind.add(channel)
 
     def observe(self, channel: ChannelId, rows: pa.Table, decoded: pa.Table | None) -> None:
         """Take what the processed ``rows`` of ``channel`` say about event
@@ -187,7 +217,7 @@ class WatermarkTracker:
             self._by_channel[channel] = latest
 
     def idle(self, channel: ChannelId) -> bool:
-        return channel in self._said_idle or channel in self._timed_out
+        return channel in self._said_idle or channel in self._timed_out or channel in self._left_behind
 
     def _active(self, inputs: Iterable[ChannelId]) -> tuple[list[ChannelId], bool]:
         """The active event-time channels among ``inputs``, and whether every
@@ -199,6 +229,7 @@ class WatermarkTracker:
     def update(self, inputs: Iterable[ChannelId]) -> int | None:
         """The task's watermark over the open ``inputs`` if it moved on since
         the last call, else None."""
+        self._leave_behind()
         active, _ = self._active(inputs)
         if not active or any(c not in self._by_channel for c in active):
             return None

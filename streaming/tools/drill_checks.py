@@ -136,7 +136,10 @@ def checkpoint_suite(gx, *, conserved: bool):
 
 def dead_letter_suite(gx):
     """The ``dead_letters`` suite: one row per record made malformed, with the
-    ``reason`` of its dead letter (missing when none came)."""
+    ``reason`` of its dead letter (missing when none came), and one per dead
+    letter of a record the drill did not make malformed (``made_malformed``
+    false: a record the pipeline quarantined, late for its window say, which
+    the output then lacks)."""
     e = gx.expectations
     suite = gx.ExpectationSuite(name="dead_letters")
     suite.add_expectation(
@@ -147,6 +150,13 @@ def dead_letter_suite(gx):
     suite.add_expectation(
         e.ExpectColumnValuesToBeBetween(
             column="letters", min_value=1, meta={"means": "no malformed record without a dead letter"}
+        )
+    )
+    suite.add_expectation(
+        e.ExpectColumnValuesToBeInSet(
+            column="made_malformed",
+            value_set=[True],
+            meta={"means": "no record quarantined but those the drill made malformed"},
         )
     )
     return suite

@@ -1,14 +1,15 @@
 """What a restore drill checks at its end, gathered and checked
 (``streaming.tools.drill``): the committed output beside the reference Spark
 computes in batch, every checkpoint a coordinator reported complete (does it
-verify, what does it conserve) and the dead letters of the records made
-malformed, as tables the great-expectations suites of
+verify, what does it conserve) and the dead letters (of the records made
+malformed, and any other, which the drill did not cause), as tables the great-expectations suites of
 ``streaming.tools.drill_checks`` run on."""
 
 from __future__ import annotations
 
 import functools
 import json
+from collections import Counter
 from collections.abc import Callable
 
 import pandas as pd
@@ -75,7 +76,7 @@ class DrillVerification:
             ),
             "dead_letters": (drill_checks.dead_letter_suite, letters),
         }
-        index = {"output": keys, "checkpoints": ["checkpoint"], "dead_letters": ["source", "offset"]}
+        index = {"output": keys, "checkpoints": ["checkpoint"], "dead_letters": ["source", "offset", "reason"]}
         return frames, drill_checks.validate(suites, index)
 
     def _spark(self):
@@ -175,9 +176,31 @@ class DrillVerification:
                     "offset": offset,
                     "letters": len(reasons),
                     "reason": reasons[0] if reasons else None,
+                    "made_malformed": True,
                 }
             )
-        return pd.DataFrame(rows, columns=["source", "offset", "letters", "reason"])
+        made = set(self.malformed)
+        others = Counter()
+        for (channel, offset), reasons in seen.items():
+            if (channel, offset) in made:
+                continue
+            for reason in reasons:
+                rows.append(
+                    {"source": channel, "offset": offset, "letters": 1, "reason": reason, "made_malformed": False}
+                )
+                others[(reason, channel)] += 1
+        if others:
+            self.log(
+                f"dead letters: {sum(others.values())} records quarantined that the drill did not make malformed: "
+                + "; ".join(f"{n} from {channel}: {reason}" for (reason, channel), n in others.most_common(5))
+            )
+            if any(reason.endswith(": late") for reason, _ in others):
+                self.log(
+                    "dead letters: records late for their window are missing from the output; an ingress "
+                    "idle_timeout shorter than a pause of every producer (a broker outage) lets event time move "
+                    "on without them (docs/concepts/event-time.md, 'Idle partitions')"
+                )
+        return pd.DataFrame(rows, columns=["source", "offset", "letters", "reason", "made_malformed"])
 
     def _kafka_output(self, topic: str):
         """The JSON values a Kafka sink committed to ``topic`` as a pyarrow

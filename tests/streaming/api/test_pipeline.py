@@ -3,6 +3,8 @@ task reads and writes (one writer per internal partition)."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pyarrow as pa
 import pytest
 
@@ -124,3 +126,18 @@ def test_a_stage_of_spark_code_alone_passes_its_rows_on():
     pipeline = Pipeline("job", (Ingress("a", 1, SCHEMA),), (Stage("s", ("a",), spark=SQL, sink=Sink()),))
     rows = pa.table({"user": ["x"]})
     assert pipeline.stage("s").make_operator().process(rows) is rows
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"idle_after_event_time": 1_000}, "name the event-time column too"),
+        ({"event_time": "ts", "idle_after_event_time": 0}, "idle_after_event_time must be > 0"),
+        ({"event_time": "ts", "idle_after_event_time": -5}, "idle_after_event_time must be milliseconds"),
+    ],
+)
+def test_idleness_by_event_time_is_declared_with_the_event_time_column(options, message):
+    with pytest.raises(ConfigError, match=message):
+        Ingress("orders", 2, pa.schema([("ts", pa.int64())]), **options)
+    ingress = Ingress("orders", 2, event_time="ts", idle_after_event_time=dt.timedelta(seconds=3))
+    assert ingress.idle_after_event_time == 3_000

@@ -141,6 +141,50 @@ def test_an_idle_partition_stops_holding_event_time_back_and_takes_part_again():
     assert task.watermark == 550  # this batch came without partition 1's records: idle again
 
 
+def test_a_partition_left_behind_by_event_time_is_idle_and_a_pause_of_every_partition_makes_none_idle():
+    clock = Clock()  # never moves: idle_after_event_time reads no clock
+    pipeline = Pipeline(
+        "job",
+        (Ingress("in", 2, ORDERS, event_time="ts", idle_after_event_time=100),),
+        (Stage("w", ("in",), windows, sink=Sink()),),
+    )
+    task, _ = make_task(pipeline, "w-0", sink=True, clock=clock)
+    row = lambda p, o, ts: ("in", p, o, {"account": "a", "amount": 1, "ts": ts})  # noqa: E731
+    task.process_batch(batch(row(0, 0, 0), row(1, 0, 10)))
+    task.process_batch(batch(row(0, 1, 60)))
+    task.process_batch(batch(row(0, 2, 90)))
+    assert task.watermark == 10  # partition 1 is 80 behind: it may still speak
+    # every partition pauses (its producers cannot write): batches of barriers only make nothing idle
+    for n in range(3):
+        task.process_batch(
+            batch(("in", 0, 3 + n, Barrier(n + 1, job="job")), ("in", 1, 1 + n, Barrier(n + 1, job="job")))
+        )
+    assert task.watermark == 10 and closed(task) == []
+    # partition 0 moves on 100 past where it was when partition 1 last spoke: partition 1 is idle
+    task.process_batch(batch(row(0, 6, 120)))
+    assert task.watermark == 120 and closed(task) == [("a", 0, 4)]
+    task.process_batch(batch(row(1, 4, 130)))  # it speaks again and holds event time back
+    task.process_batch(batch(row(0, 7, 200)))  # 80 past where it was when partition 1 spoke
+    assert task.watermark == 130
+
+
+def test_records_after_a_pause_of_every_producer_are_not_late_with_idleness_by_event_time():
+    clock = Clock()
+    by_clock, _ = make_task(two_stage(upstream_tasks=1, idle_timeout=1_000), "pass-0", clock=clock)
+    by_event_time, _ = make_task(two_stage(upstream_tasks=1, idle_after_event_time=1_000), "pass-0", clock=clock)
+    before = batch(
+        ("in", 0, 0, {"account": "a", "amount": 1, "ts": 0}), ("in", 1, 0, {"account": "b", "amount": 1, "ts": 0})
+    )
+    pause = batch(("in", 0, 1, Barrier(1, job="job")), ("in", 1, 1, Barrier(1, job="job")))
+    for task in (by_clock, by_event_time):
+        task.process_batch(before)
+    clock.now = 5.0  # the producers paused for 5 s; a batch of barriers comes
+    for task in (by_clock, by_event_time):
+        task.process_batch(pause)
+    assert by_clock.watermarks.idle(ChannelId("in", 0))  # the trade idle_timeout makes
+    assert not any(by_event_time.watermarks.idle(ChannelId("in", p)) for p in (0, 1))
+
+
 def test_a_task_whose_inputs_are_all_idle_says_so_and_holds_nothing_back_downstream():
     clock = Clock()
     pipeline = two_stage(idle_timeout=500)

@@ -84,8 +84,16 @@ def test_the_checkpoint_suite_accepts_deliberate_damage_and_rejects_loss_and_mon
     assert len(_checkpoints(good.drop(columns=["total"]), conserved=False).outcomes) == 2
 
 
-def test_the_dead_letter_suite_wants_a_letter_with_a_reason_for_every_malformed_record():
-    good = pd.DataFrame({"source": ["t:0", "t:1"], "offset": [4, 9], "letters": [1, 2], "reason": ["not JSON", "x"]})
+def test_the_dead_letter_suite_wants_a_letter_with_a_reason_for_every_malformed_record_and_no_other():
+    good = pd.DataFrame(
+        {
+            "source": ["t:0", "t:1"],
+            "offset": [4, 9],
+            "letters": [1, 2],
+            "reason": ["not JSON", "x"],
+            "made_malformed": [True, True],
+        }
+    )
     (result,) = drill_checks.validate({"dead_letters": (drill_checks.dead_letter_suite, good)})
     assert result.success
     dropped = good.assign(letters=[1, 0], reason=["not JSON", None])
@@ -94,3 +102,25 @@ def test_the_dead_letter_suite_wants_a_letter_with_a_reason_for_every_malformed_
         "every malformed record became a dead letter with its reason",
         "no malformed record without a dead letter",
     }
+    # a record the pipeline quarantined on its own (late for its window): the output lacks it
+    late = pd.concat(
+        [
+            good,
+            pd.DataFrame(
+                {
+                    "source": ["s.enriched:1"],
+                    "offset": [-1],
+                    "letters": [1],
+                    "reason": ["TumblingWindowAggregate: late"],
+                    "made_malformed": [False],
+                }
+            ),
+        ],
+        ignore_index=True,
+    )
+    (result,) = drill_checks.validate(
+        {"dead_letters": (drill_checks.dead_letter_suite, late)}, {"dead_letters": ["source", "offset", "reason"]}
+    )
+    assert _failed(result) == {"no record quarantined but those the drill made malformed"}
+    (outcome,) = [o for o in result.outcomes if not o.success]
+    assert "1 of 3 unexpected" in outcome.observed and "reason=TumblingWindowAggregate: late" in outcome.observed
