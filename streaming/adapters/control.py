@@ -37,7 +37,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 
 from barriers.failures import CheckpointFailure
-from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.kafka_admin import RECONNECT, create_topic
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, patiently, producer
 from streaming.adapters.records import Headers
 from streaming.errors import ConfigError, KafkaUnavailableError, parse_choice
@@ -458,7 +458,7 @@ class ControlTopic:
         create_topic(bootstrap, self.topic, 1)
         self._producer = producer(bootstrap)
         self._consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap, enable_auto_commit=False, client_id=f"spark-abs-control-{job}"
+            bootstrap_servers=bootstrap, enable_auto_commit=False, client_id=f"spark-abs-control-{job}", **RECONNECT
         )
         self._tp = TopicPartition(self.topic, 0)
         self._consumer.assign([self._tp])

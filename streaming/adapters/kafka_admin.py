@@ -28,9 +28,15 @@ __all__ = [
     "earliest_offsets",
     "OffsetsAtTime",
     "delete_records",
+    "RECONNECT",
 ]
 
 log = logging.getLogger(__name__)
+
+# every Kafka client of the engine: after a broker came back, try it again within a second (as Java
+# clients do); kafka-python's own default lets the wait grow to 30 s, so a 6-second broker outage kept
+# producers and tasks away for up to half a minute more
+RECONNECT = {"reconnect_backoff_max_ms": 1_000}
 
 
 def admin_client(bootstrap: str, timeout_s: float = 15.0) -> KafkaAdminClient:
@@ -39,6 +45,7 @@ def admin_client(bootstrap: str, timeout_s: float = 15.0) -> KafkaAdminClient:
             bootstrap_servers=bootstrap,
             client_id="spark-abs-admin",
             request_timeout_ms=int(timeout_s * 1000),
+            **RECONNECT,
             bootstrap_timeout_ms=int(timeout_s * 1000),
         )
     except KafkaTimeoutError as exc:
@@ -108,7 +115,9 @@ def delete_topics(bootstrap: str, names: Iterable[str]) -> None:
 
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
     """The next offset to be written on each partition of ``topic``."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="spark-abs-offsets", enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, client_id="spark-abs-offsets", enable_auto_commit=False, **RECONNECT
+    )
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()}
@@ -122,7 +131,9 @@ def earliest_offsets(bootstrap: str, channels: Iterable[ChannelId]) -> dict[Chan
     channels = list(channels)
     if not channels:
         return {}
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="spark-abs-offsets", enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, client_id="spark-abs-offsets", enable_auto_commit=False, **RECONNECT
+    )
     try:
         found = consumer.beginning_offsets([TopicPartition(c.topic, c.partition) for c in channels])
     except KafkaError as exc:
@@ -177,7 +188,10 @@ class OffsetsAtTime:
         try:
             if self._consumer is None:
                 self._consumer = KafkaConsumer(
-                    bootstrap_servers=self.bootstrap, client_id="spark-abs-retention", enable_auto_commit=False
+                    bootstrap_servers=self.bootstrap,
+                    client_id="spark-abs-retention",
+                    enable_auto_commit=False,
+                    **RECONNECT,
                 )
             found = self._consumer.offsets_for_times(wanted, timeout_ms=self.timeout_ms)
         except KafkaError as exc:

@@ -20,7 +20,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError
 
 from barriers.messages import ChannelId
-from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.kafka_admin import RECONNECT, create_topic
 from streaming.adapters.records import RECORD_SCHEMA, Headers
 from streaming.errors import KafkaUnavailableError
 
@@ -47,7 +47,11 @@ def read_range(bootstrap: str, channel: ChannelId, start: int, end: int, *, time
     if end <= start:
         return RECORD_SCHEMA.empty_table()
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=5000, client_id="spark-abs-range"
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        max_poll_records=5000,
+        client_id="spark-abs-range",
+        **RECONNECT,
     )
     tp = TopicPartition(channel.topic, channel.partition)
     rows: list[dict] = []
@@ -115,7 +119,7 @@ def producer(bootstrap: str, **options: Any) -> KafkaProducer:
     unless ``options`` (KafkaProducer's) say otherwise; a clear error when
     Kafka cannot be reached."""
     try:
-        return KafkaProducer(bootstrap_servers=bootstrap, **{"acks": "all", "linger_ms": 0, **options})
+        return KafkaProducer(bootstrap_servers=bootstrap, **{"acks": "all", "linger_ms": 0, **RECONNECT, **options})
     except KafkaError as exc:
         raise KafkaUnavailableError(f"cannot open a Kafka producer on {bootstrap}: {exc}") from exc
 

@@ -46,7 +46,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 
 from streaming.adapters import codec
-from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.kafka_admin import RECONNECT, create_topic
 from streaming.adapters.objects import ObjectFiles, StoreLocation, list_files, open_store
 from streaming.api.config import Connection
 from streaming.api.pipeline import Sink, SinkKind
@@ -307,7 +307,11 @@ class KafkaSink(_TwoPhaseSink):
             # init_transactions fences any older instance with the same id and
             # aborts what it left open.
             self._producer = KafkaProducer(
-                bootstrap_servers=bootstrap, transactional_id=transactional_id, acks="all", enable_idempotence=True
+                bootstrap_servers=bootstrap,
+                transactional_id=transactional_id,
+                acks="all",
+                enable_idempotence=True,
+                **RECONNECT,
             )
             self._producer.init_transactions()
         except KafkaError as exc:

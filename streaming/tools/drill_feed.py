@@ -53,6 +53,7 @@ class WorkloadFeed:
             linger_ms=20,
             retries=1_000_000,  # a broker outage is one of the failures: keep trying until it is back
             request_timeout_ms=5_000,
+            reconnect_backoff_max_ms=1_000,  # as a Java producer would: back within a second of the broker
             delivery_timeout_ms=600_000,
             max_block_ms=600_000,
         )
