@@ -84,6 +84,22 @@ def test_the_checkpoint_suite_accepts_deliberate_damage_and_rejects_loss_and_mon
     assert len(_checkpoints(good.drop(columns=["total"]), conserved=False).outcomes) == 2
 
 
+def test_the_output_suite_takes_a_key_of_one_column():
+    reference = pd.DataFrame({"payment_id": ["p1", "p2", "p3"], "amount": [5, 7, 9]})
+
+    def check(output):
+        frame = drill_checks.output_frame(output, reference, ["payment_id"])
+        suite = functools.partial(drill_checks.output_suite, expected_rows=3, keys=["payment_id"], sums=["amount"])
+        (result,) = drill_checks.validate({"output": (suite, frame)}, {"output": ["payment_id"]})
+        return result
+
+    assert check(reference).success
+    assert _failed(check(pd.concat([reference, reference.iloc[[1]]]))) == {
+        "no output key twice",
+        "as many output rows as the reference",
+    }
+
+
 def test_the_dead_letter_suite_wants_a_letter_with_a_reason_for_every_malformed_record_and_no_other():
     good = pd.DataFrame(
         {
