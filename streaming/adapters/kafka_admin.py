@@ -1,8 +1,8 @@
 """Kafka topics for stages and tests: create (idempotently, with the partition
 count checked), delete, read end offsets, each partition's earliest offset
-and the first offset at or after a time, and delete a partition's records
-before an offset (``DeleteRecords``), with broker errors turned into clear
-messages."""
+and the first offset at or after a time, delete a partition's records
+before an offset (``DeleteRecords``), and find partitions whose replicas
+are not all in sync, with broker errors turned into clear messages."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ __all__ = [
     "OffsetsAtTime",
     "delete_records",
     "RECONNECT",
+    "lagging_replicas",
+    "out_of_sync",
 ]
 
 log = logging.getLogger(__name__)
@@ -211,3 +213,28 @@ def delete_records(bootstrap: str, before: dict[ChannelId, int]) -> None:
         raise KafkaUnavailableError(f"deleting records of {len(before)} channels failed: {exc}") from exc
     finally:
         admin.close()
+
+
+def out_of_sync(bootstrap: str, name_contains: str) -> list[str]:
+    """``topic:partition`` of every partition of the topics whose name holds
+    ``name_contains`` with a replica not in sync (a broker that was down and
+    is catching up), sorted."""
+    admin = admin_client(bootstrap)
+    try:
+        topics = [t for t in admin.list_topics() if name_contains in t]
+        return lagging_replicas(admin.describe_topics(topics) if topics else [])
+    except KafkaError as exc:
+        raise KafkaUnavailableError(f"describing the topics of {name_contains} failed: {exc}") from exc
+    finally:
+        admin.close()
+
+
+def lagging_replicas(described: Iterable[dict]) -> list[str]:
+    """``topic:partition`` of every partition of ``described`` (the admin
+    client's ``describe_topics``) whose in-sync replicas are fewer than its replicas."""
+    return sorted(
+        f"{topic.get('name') or topic.get('topic')}:{part['partition_index']}"
+        for topic in described
+        for part in topic.get("partitions", [])
+        if len(part.get("isr_nodes", [])) < len(part.get("replica_nodes", []))
+    )

@@ -39,6 +39,27 @@ and any first ones are balanced:
   SIGKILLed: the restore must use a checkpoint Kafka still holds, that one
   or a later one (docs/operations/retention.md).
 
+With ``--cluster`` the drill runs on the local cluster (``spark-abs local up
+--cluster``: three Kafka nodes, a Spark standalone master with two
+workers), the job's worker groups remote (a ``spark-abs worker`` per stage,
+which the drill starts, and starts again when one dies, as a host's process
+manager would), and draws from the cluster's kinds as well
+(``streaming.tools.drill_cluster``):
+
+- ``broker-node``: one Kafka node of three SIGKILLed until the job went on
+  without it; no restore;
+- ``spark-worker``: one Spark worker of two SIGKILLed the same way; no restore;
+- ``group``: a worker group's member SIGKILLed, no standby waiting: a restore,
+  the group run by the worker started for it;
+- ``group-standby``: the same with a standby waiting, which runs the group;
+- ``runner-remote``: the runner SIGKILLed and started again, at once or once
+  its lease lapsed: a restore, every group run by the same member.
+
+``worker``, ``damage``, ``store`` and ``retention`` mean there what they mean
+on the local runtime (a worker is a remote group's member; the runner a
+``damage`` kills leaves its members up, their tasks stopped); ``runner`` and
+``broker`` are the local runtime's own.
+
 Each failure waits for recovery (a checkpoint completes after it), which the
 report times; ``--seed`` makes the plan (kinds, order, moments, fault points,
 damage) the same again.
@@ -74,7 +95,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from streaming.api.config import Connection, default_home
+from streaming.api.config import Connection, LocalRuntimeSettings, default_home
 from streaming.api.pipeline import load_pipeline
 from streaming.api.settings import MODES, JobSettings, Mode, StateSnapshots
 from streaming.errors import ConfigError, SparkAbsError, parse_choice
@@ -83,6 +104,8 @@ from streaming.tools.drill_failures import FailureInjector
 from streaming.tools.drill_feed import ProgressWatch, WorkloadFeed
 from streaming.tools.drill_job import DrilledJob, job_processes, job_worker_pids
 from streaming.tools.drill_plan import (
+    CLUSTER_KINDS,
+    CLUSTER_ONLY,
     DAMAGES,
     KINDS,
     ORPHAN_BOUND_S,
@@ -90,6 +113,8 @@ from streaming.tools.drill_plan import (
     Failure,
     FailureKind,
     FailureOutcome,
+    check_kinds,
+    cluster_targets,
     fault_pools,
     parse_duration,
     plan_failures,
@@ -105,6 +130,8 @@ from streaming.tools.drill_workload import (
 )
 
 __all__ = [
+    "CLUSTER_KINDS",
+    "CLUSTER_ONLY",
     "DAMAGES",
     "KINDS",
     "ORPHAN_BOUND_S",
@@ -203,6 +230,7 @@ class Drill:
         failures_end: float | None = None,  # monotonic time after which no failure may end (None: no bound)
         on_failure: Callable[[FailureOutcome], None] | None = None,
         state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
+        cluster: bool = False,
     ):
         self.connection = connection
         self.pipeline_ref = pipeline
@@ -221,8 +249,13 @@ class Drill:
         self.stopped = ""
         self.job = f"drill-{seed}-{uuid.uuid4().hex[:6]}"
         self.pipeline = load_pipeline(pipeline, self.job)
-        _check_kinds(kinds, runtime, store_uri)
-        self.plan = plan_failures(failures, seed, kinds, fault_pools(self.pipeline, self.mode), interval_s)
+        _check_kinds(kinds, runtime, store_uri, cluster)
+        pools = fault_pools(self.pipeline, self.mode)
+        if cluster:
+            services = runtime.services
+            workers = [spec.name for spec in services.spark_specs()[1:]]  # the master first
+            pools |= cluster_targets(self.pipeline, services.kafka_names(), workers)
+        self.plan = plan_failures(failures, seed, kinds, pools, interval_s)
         self.drilled = DrilledJob(
             connection,
             pipeline_ref=pipeline,
@@ -234,6 +267,8 @@ class Drill:
             state_snapshots=parse_choice(StateSnapshots, state_snapshots, "state snapshots"),
             # a fault during a restore makes two restores of one failure (a duration-bound plan: at most one a second)
             max_restores=2 * (len(self.plan) if len(self.plan) < _UNBOUNDED else int(budget.duration_s or 0)) + 10,
+            # on the cluster a group per stage, each a `spark-abs worker` the drill runs
+            remote_groups=[stage.name for stage in self.pipeline.stages] if cluster else (),
         )
         self.started = time.monotonic()
         self.problems: list[str] = []  # what went wrong outside the expectations
@@ -262,7 +297,7 @@ class Drill:
         (False); a runner that exited or a workload that failed ends the drill."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            self.drilled.check_runner()
+            self.drilled.tend()
             if self.feed.error is not None:
                 raise SparkAbsError(f"producing the workload failed: {self.feed.error}")
             if condition():
@@ -335,6 +370,7 @@ class Drill:
 
     def _start(self) -> None:
         self.drilled.start_runner()
+        self.drilled.start_workers()
         if not self._wait(lambda: bool(self.drilled.completed()), self.recover_timeout_s):
             raise SparkAbsError(
                 f"the job completed no checkpoint within {self.recover_timeout_s:.0f} s; see {self.drilled.runner_log}"
@@ -393,8 +429,12 @@ class Drill:
         )
 
 
-def _check_kinds(kinds: Sequence[FailureKind], runtime, store_uri: str) -> None:
-    """Refuse failure kinds the deployment cannot have: outages need the local runtime, a store outage an s3:// store."""
+def _check_kinds(kinds: Sequence[FailureKind], runtime, store_uri: str, cluster: bool = False) -> None:
+    """Refuse failure kinds the deployment cannot have: outages need the local runtime, a store outage an s3:// store,
+    the cluster's kinds the local cluster (``check_kinds``)."""
+    check_kinds(kinds, cluster)
+    if cluster and (runtime is None or not runtime.settings.is_cluster):
+        raise ConfigError("a drill with --cluster runs on the local cluster (spark-abs local up --cluster)")
     needs_runtime = {FailureKind.BROKER, FailureKind.STORE} & set(kinds)
     if needs_runtime and runtime is None:
         raise ConfigError(
@@ -448,7 +488,7 @@ def run_drill(
     failures: int | None = 10,
     duration_s: float | None = None,
     seed: int = 1,
-    kinds: Sequence[FailureKind | str] = KINDS,
+    kinds: Sequence[FailureKind | str] | None = None,
     mode: Mode | str | Sequence[Mode | str] = Mode.ALIGNED,
     interval_s: float = 1.0,
     rate: float = 200.0,
@@ -459,6 +499,7 @@ def run_drill(
     recovery_limit_s: float = 180.0,
     on_failure: Callable[[FailureOutcome], None] | None = None,
     state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
+    cluster: bool = False,
 ) -> DrillRun:
     """Run a drill (see the module docstring) and write its report; the
     local runtime is started when no ``connection`` is given.  ``pipeline``
@@ -466,8 +507,10 @@ def run_drill(
     comes from its module (``workload_for``) unless ``workload`` names or
     is one.  ``mode`` may name several (``"aligned,unaligned"``): each is a
     phase of its own, in turn, the failures and the duration shared between
-    them.  ``on_failure`` hears of each failure's outcome as it comes.  Its
-    progress is logged (INFO)."""
+    them.  ``on_failure`` hears of each failure's outcome as it comes.
+    ``cluster``: on the local cluster (started when no ``connection`` is
+    given), the job's worker groups remote, ``kinds`` by default
+    ``CLUSTER_KINDS`` (else ``KINDS``).  Its progress is logged (INFO)."""
     from streaming.tools import drill_report
 
     if failures is None and duration_s is None:
@@ -476,7 +519,10 @@ def run_drill(
         raise ConfigError(f"failures must be 0 or more, got {failures}")
     budget = DrillBudget(duration_s, recovery_limit_s=recovery_limit_s)
     modes = _modes(mode)
+    if kinds is None:
+        kinds = CLUSTER_KINDS if cluster else KINDS
     chosen = tuple(parse_choice(FailureKind, k, "failure kind") for k in kinds)
+    check_kinds(chosen, cluster)
     pipeline = pipeline_reference(pipeline)
     if not isinstance(workload, DrillWorkload):
         workload = load_workload(workload) if workload else workload_for(pipeline)
@@ -485,7 +531,8 @@ def run_drill(
     if connection is None:
         from streaming.local import LocalRuntime
 
-        runtime = runtime or LocalRuntime(progress=log.info)
+        settings = LocalRuntimeSettings.cluster(default_home()) if cluster else None
+        runtime = runtime or LocalRuntime(settings, progress=log.info)
         connection = runtime.up()
     store_uri = store_uri or f"s3://{connection.s3_bucket}/drills"
     report_dir = Path(report_dir or default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S"))
@@ -509,6 +556,7 @@ def run_drill(
             failures_end=budget.phase_end(time.monotonic(), run_end, len(modes) - index),
             on_failure=on_failure,
             state_snapshots=state_snapshots,
+            cluster=cluster,
         )
         phases.append(drill.run())
         if not phases[-1].passed and not phases[-1].checks:  # stopped: a failure not recovered
@@ -580,8 +628,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="draws the failures, moments and workload (default 1)")
     parser.add_argument(
         "--kinds",
-        default=",".join(KINDS),
-        help=f"comma-separated failure kinds, taken in turn (default all: {','.join(KINDS)})",
+        help=f"comma-separated failure kinds, taken in turn (default all: {','.join(KINDS)}; with --cluster "
+        f"{','.join(CLUSTER_KINDS)})",
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="drill on the local cluster (spark-abs local up --cluster, started if need be; SPARK_ABS_* ignored): "
+        "the job's worker groups remote, a `spark-abs worker` per stage, and the cluster's failure kinds "
+        f"({','.join(CLUSTER_ONLY)})",
     )
     mode = JobSettings.default("mode")
     parser.add_argument(
@@ -612,12 +667,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     duration_s = parse_duration(args.duration) if args.duration else None
     failures = args.failures if args.failures is not None or duration_s is not None else 10
-    connection = Connection.from_env(os.environ)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
+    if kinds:  # before the runtime starts
+        check_kinds([parse_choice(FailureKind, k, "failure kind") for k in kinds], args.cluster)
+    connection = None if args.cluster else Connection.from_env(os.environ)
     runtime = None
     if connection is None:
-        runtime = LocalRuntime(progress=log.info)
+        runtime = LocalRuntime(
+            LocalRuntimeSettings.cluster(default_home()) if args.cluster else None, progress=log.info
+        )
         connection = runtime.up()
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     out = Path(args.out) if args.out else default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S")
     bar = _ProgressBar(failures, duration_s) if sys.stdout.isatty() else None
     options = dict(
@@ -636,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
         runtime=runtime,
         recovery_limit_s=args.recovery_limit,
         on_failure=bar,
+        cluster=args.cluster,
     )
     if bar is None:
         run = run_drill(connection, **options)

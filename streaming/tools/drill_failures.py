@@ -1,9 +1,11 @@
 """A restore drill's failures, injected (``streaming.tools.drill``): one
 method per failure kind (a worker killed at random or at a fault point, the
 runner killed, a checkpoint damaged, a service down, records deleted under
-the job), then the wait for the job to recover from it: a checkpoint completes after it, which is timed, with
-the checkpoint each restore it caused started from and the input records it
-read again."""
+the job; the local cluster's kinds in ``streaming.tools.drill_cluster``),
+then the wait for the job to recover from it: a checkpoint completes after
+it, which is timed, with the checkpoint each restore it caused started from
+and the input records it read again, and for the kinds that must restore or
+must not, whether it did (``restore_problem``)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,17 @@ from streaming.adapters.kafka_admin import delete_records, earliest_offsets
 from streaming.adapters.snapshots import Manifest
 from streaming.engine import faults
 from streaming.engine.kafka_retention import needs
+from streaming.tools.drill_cluster import ClusterFailures
 from streaming.tools.drill_feed import ProgressWatch
 from streaming.tools.drill_job import DrilledJob, job_processes, job_worker_pids, kill_group
-from streaming.tools.drill_plan import ORPHAN_BOUND_S, Failure, FailureKind, FailureOutcome
+from streaming.tools.drill_plan import (
+    CLUSTER_ONLY,
+    ORPHAN_BOUND_S,
+    Failure,
+    FailureKind,
+    FailureOutcome,
+    restore_problem,
+)
 
 __all__ = ["FailureInjector", "retention_cut"]
 
@@ -51,6 +61,7 @@ class FailureInjector:
         self.problems = problems
         self.started = started
         self.recover_timeout_s = recover_timeout_s
+        self.cluster = ClusterFailures(self)
 
     def inject(self, failure: Failure, rng: random.Random) -> FailureOutcome:
         """Inject ``failure``, wait for the recovery and say what happened."""
@@ -59,7 +70,11 @@ class FailureInjector:
         generation = self.job.generation()
         t0 = time.monotonic()
         kind = failure.kind
-        if kind is FailureKind.WORKER:
+        recovered: Callable[[], None] | None = None  # a cluster kind's check once the job recovered
+        if kind in CLUSTER_ONLY:
+            t0, newest_before, recovered = self.cluster.strike(outcome)
+            outcome.at_s = round(t0 - self.started, 1)
+        elif kind is FailureKind.WORKER:
             if failure.moment == "random":
                 self._kill_a_worker(rng)
             else:
@@ -75,6 +90,11 @@ class FailureInjector:
         else:
             self._outage(failure)
         self._recover(outcome, t0, newest_before, generation)
+        if recovered is not None:
+            recovered()
+        problem = restore_problem(outcome)
+        if problem is not None:
+            self.problems.append(problem)
         self._damaged_not_restored(outcome)
         self._deleted_not_restored(outcome)
         return outcome
@@ -82,7 +102,7 @@ class FailureInjector:
     # ---- the failure kinds
 
     def _kill_a_worker(self, rng: random.Random) -> None:
-        pids = job_worker_pids(self.job.job)
+        pids = self.job.worker_pids()
         if pids:
             kill_group(rng.choice(pids))
 
@@ -107,7 +127,11 @@ class FailureInjector:
         return t0, newest_before
 
     def _kill_runner(self, outcome: FailureOutcome) -> None:
-        """SIGKILL the runner; its workers and their JVMs must stop by themselves within ORPHAN_BOUND_S."""
+        """SIGKILL the runner; its workers and their JVMs must stop by themselves within ORPHAN_BOUND_S
+        (remote members stay up: they must stop their tasks once its lease lapsed)."""
+        if self.job.hosts is not None:
+            self.cluster.kill_runner(outcome, lapse=True)
+            return
         runner = self.job.runner
         assert runner is not None
         groups = job_worker_pids(self.job.job)  # each worker leads its process group, its JVM in it

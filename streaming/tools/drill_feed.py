@@ -1,16 +1,19 @@
 """A restore drill's traffic on Kafka (``streaming.tools.drill``): the
 workload it sends while failures go on (``WorkloadFeed``) and the progress
 events of the job's tasks it watches on the control topic
-(``ProgressWatch``: how far each generation read the ingress channels), each
-on a thread of its own until the drill sets their ``stop`` event."""
+(``ProgressWatch``: how far each generation read the ingress channels; with
+remote worker groups also the runner's latest lease and each worker's
+latest heartbeat), each on a thread of its own until the drill sets their
+``stop`` event."""
 
 from __future__ import annotations
 
 import random
 import threading
 import time
+from collections.abc import Callable
 
-from streaming.adapters.control import ControlTopic, Progress
+from streaming.adapters.control import ControlTopic, Heartbeat, Lease, Progress
 from streaming.api.pipeline import Pipeline
 from streaming.tools.drill_workload import DrillWorkload
 
@@ -95,14 +98,22 @@ class WorkloadFeed:
 
 class ProgressWatch:
     """How far the tasks of each generation read the ingress channels (their
-    progress events on the control topic), watched until ``stop`` is set."""
+    progress events on the control topic), watched until ``stop`` is set;
+    with remote worker groups, who the runner's lease names (``lease``) and
+    what each worker said last (``beats``: incarnation -> its heartbeat and
+    when it was read, on ``clock``)."""
 
-    def __init__(self, bootstrap: str, pipeline: Pipeline, stop: threading.Event):
+    def __init__(
+        self, bootstrap: str, pipeline: Pipeline, stop: threading.Event, clock: Callable[[], float] = time.monotonic
+    ):
         self.bootstrap = bootstrap
         self.job = pipeline.job
         self.ingress = frozenset(f"{i.topic}:{p}" for i in pipeline.ingress for p in range(i.partitions))
         self.stop = stop
         self.furthest: dict[int, dict[str, int]] = {}
+        self.clock = clock
+        self.lease: Lease | None = None
+        self.beats: dict[str, tuple[Heartbeat, float]] = {}
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._listen, name="drill-control", daemon=True)
 
@@ -123,12 +134,26 @@ class ProgressWatch:
     def take(self, events) -> None:
         with self.lock:
             for event in events:
+                if isinstance(event, Lease):
+                    self.lease = event
+                elif isinstance(event, Heartbeat):
+                    self.beats[event.incarnation] = (event, self.clock())
                 if not isinstance(event, Progress):
                     continue
                 reached = self.furthest.setdefault(event.generation, {})
                 for channel, position in event.positions.items():
                     if channel in self.ingress:
                         reached[channel] = max(reached.get(channel, 0), position)
+
+    def members(self) -> dict[str, str]:
+        """Group -> the incarnation the runner's latest lease names its member (empty before any lease)."""
+        with self.lock:
+            return dict(self.lease.members) if self.lease is not None else {}
+
+    def heartbeats(self, since: float) -> dict[str, Heartbeat]:
+        """Incarnation -> its latest heartbeat, of those read after ``since`` (on ``clock``)."""
+        with self.lock:
+            return {incarnation: beat for incarnation, (beat, at) in self.beats.items() if at > since}
 
     def before(self, generation: int) -> dict[str, int]:
         """The furthest position on each ingress channel of the generations before ``generation``."""

@@ -1,7 +1,9 @@
 """The job a restore drill runs (``streaming.tools.drill``): its ``spark-abs
 run`` process (``DrilledJob``: started, checked, drained, stopped), what its
 snapshot store says (generation, restores, checkpoints completed), and the
-processes of its workers on this machine (from /proc)."""
+processes of its workers on this machine (from /proc); on the local
+cluster its remote worker groups, ``spark-abs worker`` processes the drill
+runs as a host's process manager would (``WorkerHosts``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +25,23 @@ from streaming.api.settings import Mode
 from streaming.engine import faults
 from streaming.errors import SparkAbsError
 
-__all__ = ["DRILL_RETAIN", "DrilledJob", "job_processes", "job_worker_pids", "kill_group", "tail"]
+__all__ = [
+    "DRILL_RETAIN",
+    "REMOTE_HEARTBEAT_TIMEOUT_S",
+    "DrilledJob",
+    "WorkerHosts",
+    "job_processes",
+    "job_worker_pids",
+    "kill_group",
+    "pid_of",
+    "tail",
+]
 
 # checkpoints a drilled job keeps (``--retain``): see ``DrilledJob.start_runner``
 DRILL_RETAIN = 10_000
+# a drilled job's remote groups: silent this long is dead (tests/cluster's, against 15 s by default: a group
+# killed costs its restore 7 s less)
+REMOTE_HEARTBEAT_TIMEOUT_S = 8.0
 
 
 class DrilledJob:
@@ -45,6 +60,8 @@ class DrilledJob:
         report_dir: Path,
         max_restores: int,
         state_snapshots: str = "full",
+        remote_groups: Sequence[str] = (),
+        heartbeat_timeout_s: float = REMOTE_HEARTBEAT_TIMEOUT_S,
     ):
         self.connection = connection
         self.pipeline_ref = pipeline_ref
@@ -62,13 +79,45 @@ class DrilledJob:
         self.runner: subprocess.Popen | None = None
         self.runner_log = report_dir / "runner.log"
         self._completed: list[int] = []  # checkpoints seen complete, ascending (completed)
+        # remote groups (the local cluster): the runner starts no worker, the drill runs one per group
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.hosts: WorkerHosts | None = None
+        if remote_groups:
+            env = {**connection.as_env(), faults.FILE_ENV: str(self.fault_file)}
+            self.hosts = WorkerHosts(job, remote_groups, env, report_dir / "workers")
 
     # ---- the runner process
 
     def start_runner(self, *extra: str) -> None:
         """Start ``spark-abs run`` for the job (``runner``); it restores when
         the store holds a checkpoint of the job."""
-        command = [
+        command = self.runner_command(*extra)
+        env = {
+            **os.environ,
+            **self.connection.as_env(),
+            faults.FILE_ENV: str(self.fault_file),
+            "PYTHONUNBUFFERED": "1",
+        }
+        with open(self.runner_log, "ab") as log:
+            log.write(f"\n--- {time.strftime('%H:%M:%S')} {' '.join(command[2:])}\n".encode())
+            log.flush()
+            self.runner = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+    def runner_command(self, *extra: str) -> list[str]:
+        """The ``spark-abs run`` command line of the job; with remote groups it
+        starts no worker (``--remote-workers``, a group per stage)."""
+        remote = []
+        if self.hosts is not None:
+            remote = [
+                "--workers",
+                "per-stage",
+                "--remote-workers",
+                "--heartbeat-timeout",
+                f"{self.heartbeat_timeout_s:g}",
+            ]
+        return [
             sys.executable,
             "-m",
             "streaming.tools.cli",
@@ -93,20 +142,27 @@ class DrilledJob:
             # a fault during a restore makes two restores of one failure
             "--max-restores",
             str(self.max_restores),
+            *remote,
             *extra,
         ]
-        env = {
-            **os.environ,
-            **self.connection.as_env(),
-            faults.FILE_ENV: str(self.fault_file),
-            "PYTHONUNBUFFERED": "1",
-        }
-        with open(self.runner_log, "ab") as log:
-            log.write(f"\n--- {time.strftime('%H:%M:%S')} {' '.join(command[2:])}\n".encode())
-            log.flush()
-            self.runner = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
+
+    def start_workers(self) -> None:
+        """With remote groups: a ``spark-abs worker`` for each (they wait for the runner's lease)."""
+        if self.hosts is not None:
+            for group in self.hosts.groups:
+                self.hosts.start(group)
+
+    def tend(self) -> None:
+        """What the drill does at every poll: fail when the runner exited; with
+        remote groups, start a worker for a group left with none, as a host's
+        process manager would (``WorkerHosts.supervise``)."""
+        self.check_runner()
+        if self.hosts is not None:
+            self.hosts.supervise()
+
+    def worker_pids(self) -> list[int]:
+        """The job's worker processes here: the runner's, or the remote groups' (each leads its process group)."""
+        return self.hosts.pids() if self.hosts is not None else job_worker_pids(self.job)
 
     def check_runner(self) -> None:
         """Raise when the runner exited (it must run through the whole drill)."""
@@ -129,13 +185,16 @@ class DrilledJob:
 
     def stop(self) -> None:
         """Stop whatever of the job still runs: the runner (SIGINT, SIGKILL
-        after 60 s) and every worker's process group."""
+        after 60 s), the remote workers (SIGTERM: each stops its Spark
+        application) and every worker's process group."""
         if self.runner is not None and self.runner.poll() is None:
             self.runner.send_signal(signal.SIGINT)
             try:
                 self.runner.wait(60)
             except subprocess.TimeoutExpired:
                 self.runner.kill()
+        if self.hosts is not None:
+            self.hosts.stop()
         for pid in job_worker_pids(self.job):
             kill_group(pid)
 
@@ -174,6 +233,96 @@ class DrilledJob:
             return read()
         except SparkAbsError:
             return None
+
+
+# ---- the remote worker groups (the local cluster)
+
+
+class WorkerHosts:
+    """The job's remote worker groups as hosts would run them: ``spark-abs
+    worker --job JOB --group GROUP`` processes, each in a session of its own
+    (its Spark driver JVM in it), its output in ``log_dir/<group>-<n>.log``.
+    A second process of a group waits as its standby.  ``supervise`` starts
+    a process for a group left with none, at once, as a host's process
+    manager (systemd, Kubernetes) would; ``spawn`` starts one (a test's
+    stand-in: command, log path, environment -> a ``Popen``)."""
+
+    def __init__(
+        self,
+        job: str,
+        groups: Sequence[str],
+        env: Mapping[str, str],
+        log_dir: Path,
+        spawn: Callable[[list[str], Path, dict[str, str]], subprocess.Popen] | None = None,
+    ):
+        self.job = job
+        self.groups = list(groups)
+        self.env = {**env, "PYTHONUNBUFFERED": "1"}
+        self.log_dir = log_dir
+        self.spawn = spawn or _spawn
+        self.processes: dict[str, list[subprocess.Popen]] = {g: [] for g in self.groups}
+        self.logs: dict[int, Path] = {}  # pid -> its output
+
+    def start(self, group: str) -> subprocess.Popen:
+        """A worker for ``group``: its member when the group has none, else its standby."""
+        started = self.processes[group]
+        log_path = self.log_dir / f"{group}-{len(started) + 1}.log"
+        command = [sys.executable, "-m", "streaming.tools.cli", "worker", "--job", self.job, "--group", group]
+        process = self.spawn(command, log_path, {**os.environ, **self.env})
+        started.append(process)
+        self.logs[process.pid] = log_path
+        return process
+
+    def alive(self, group: str | None = None) -> list[subprocess.Popen]:
+        """The processes still running, of ``group`` or of every group."""
+        groups = self.groups if group is None else [group]
+        return [p for g in groups for p in self.processes[g] if p.poll() is None]
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.alive()]
+
+    def process(self, incarnation: str) -> subprocess.Popen | None:
+        """The running process whose incarnation (``host:pid:…``) that is, when it runs here."""
+        pid = pid_of(incarnation)
+        return next((p for p in self.alive() if p.pid == pid), None)
+
+    def supervise(self) -> list[str]:
+        """Start a worker for every group left with none; the groups started again."""
+        empty = [g for g in self.groups if not self.alive(g)]
+        for group in empty:
+            self.start(group)
+        return empty
+
+    def kill(self, process: subprocess.Popen) -> None:
+        """SIGKILL a worker and its Spark driver JVM (a lost host)."""
+        kill_group(process.pid)
+        process.wait()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM every worker (each stops its tasks and its Spark application), SIGKILL after ``timeout_s``."""
+        running = self.alive()
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for process in running:
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill(process)
+
+
+def _spawn(command: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def pid_of(incarnation: str) -> int | None:
+    """The pid in a worker's incarnation (``host:pid:random``, ``membership.incarnation``)."""
+    try:
+        return int(incarnation.rsplit(":", 2)[-2])
+    except (IndexError, ValueError):
+        return None
 
 
 # ---- the processes of a job

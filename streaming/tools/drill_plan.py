@@ -1,9 +1,11 @@
 """What a restore drill injects (``streaming.tools.drill``): the failure
-kinds, the plan a seed draws (``plan_failures``: kinds, order, moments,
-fault points, damage), what happened after each failure
-(``FailureOutcome``), and how long a drill may take (``DrillBudget``: a
-duration, a limit on each recovery; ``percentile`` of the recoveries so far
-says whether the next failure still fits)."""
+kinds, those of the local runtime and those of the local cluster
+(``check_kinds``), the plan a seed draws (``plan_failures``: kinds, order,
+moments, fault points, damage, the node or group struck), whether a kind
+must restore or must not (``restore_problem``), what happened after each
+failure (``FailureOutcome``), and how long a drill may take
+(``DrillBudget``: a duration, a limit on each recovery; ``percentile`` of
+the recoveries so far says whether the next failure still fits)."""
 
 from __future__ import annotations
 
@@ -19,18 +21,25 @@ from streaming.api.settings import Mode
 from streaming.errors import ConfigError
 
 __all__ = [
+    "CLUSTER_KINDS",
+    "CLUSTER_ONLY",
     "DAMAGES",
     "KINDS",
+    "LOCAL_ONLY",
+    "RUNNER_RESTARTS",
     "DrillBudget",
     "ORPHAN_BOUND_S",
     "WORKER_MOMENTS",
     "Failure",
     "FailureKind",
     "FailureOutcome",
+    "check_kinds",
+    "cluster_targets",
     "fault_pools",
     "parse_duration",
     "percentile",
     "plan_failures",
+    "restore_problem",
 ]
 
 
@@ -41,13 +50,46 @@ class FailureKind(enum.StrEnum):
     STORE = "store"
     DAMAGE = "damage"
     RETENTION = "retention"
+    # the local cluster's (``spark-abs drill --cluster``): its job runs as remote worker groups
+    BROKER_NODE = "broker-node"
+    SPARK_WORKER = "spark-worker"
+    GROUP = "group"
+    GROUP_STANDBY = "group-standby"
+    RUNNER_REMOTE = "runner-remote"
 
 
-# every kind but retention, which deletes records of the job's internal topics: drilled when named (--kinds)
-KINDS = tuple(k for k in FailureKind if k is not FailureKind.RETENTION)
+# drilled only on the local cluster: one Kafka node of three, a Spark worker, a remote group's member, the runner
+# of remote members
+CLUSTER_ONLY = (
+    FailureKind.BROKER_NODE,
+    FailureKind.SPARK_WORKER,
+    FailureKind.GROUP,
+    FailureKind.GROUP_STANDBY,
+    FailureKind.RUNNER_REMOTE,
+)
+# not on the cluster: its workers are remote and outlive the runner (runner-remote), its Kafka is three nodes
+# (broker-node)
+LOCAL_ONLY = (FailureKind.RUNNER, FailureKind.BROKER)
+# the local runtime's default: every kind but retention, which deletes records of the job's internal topics
+# (drilled when named, --kinds), and the cluster's
+KINDS = tuple(k for k in FailureKind if k is not FailureKind.RETENTION and k not in CLUSTER_ONLY)
+# the cluster's default (--cluster): its own kinds, then those of the local runtime that mean the same there
+CLUSTER_KINDS = (*CLUSTER_ONLY, *(k for k in KINDS if k not in LOCAL_ONLY))
+# whether a kind must restore (True) or must not (False); the others may or may not (a store outage that
+# outlasts an upload can end in one)
+_RESTORES = {
+    FailureKind.BROKER_NODE: False,  # two in-sync replicas go on
+    FailureKind.SPARK_WORKER: False,  # the master starts executors on the other worker, Spark retries the tasks
+    FailureKind.GROUP: True,
+    FailureKind.GROUP_STANDBY: True,
+    FailureKind.RUNNER_REMOTE: True,
+}
 # where a worker failure strikes: at a random moment, or at a fault point armed in the running worker
 WORKER_MOMENTS = ("random", "mid_batch", "during_alignment", "during_upload", "before_sink_commit", "during_restore")
 DAMAGES = ("delete a part", "flip a byte")
+# when the runner of remote members starts again: once its lease lapsed (the members stopped their tasks), or
+# at once (they still run the old generation)
+RUNNER_RESTARTS = ("after its lease lapsed", "at once")
 # how long the workers of a runner that was SIGKILLed may run on (they notice its pipe closed)
 ORPHAN_BOUND_S = 60.0
 
@@ -59,9 +101,10 @@ class Failure:
     index: int
     kind: FailureKind
     delay_s: float  # after the job recovered from the previous failure
-    moment: str = ""  # worker: a WORKER_MOMENTS entry; damage: a DAMAGES entry
+    moment: str = ""  # worker: a WORKER_MOMENTS entry; damage: a DAMAGES entry; runner-remote: RUNNER_RESTARTS
     task: str = ""  # worker at a fault point: the task armed
-    outage_s: float = 0.0  # broker, store: how long the service is down
+    outage_s: float = 0.0  # broker, store: how long the service is down; broker-node, spark-worker: at least
+    target: str = ""  # broker-node, spark-worker: the service killed; group, group-standby: the group
 
     def describe(self) -> str:
         if self.kind is FailureKind.WORKER:
@@ -73,6 +116,16 @@ class Failure:
             return f"runner SIGKILLed, newest checkpoint damaged ({self.moment}), runner started again"
         if self.kind is FailureKind.RETENTION:
             return "records only older checkpoints need deleted (DeleteRecords), a worker SIGKILLed"
+        if self.kind is FailureKind.BROKER_NODE:
+            return f"Kafka node {self.target} SIGKILLed, down for {self.outage_s:.0f} s or more"
+        if self.kind is FailureKind.SPARK_WORKER:
+            return f"Spark worker {self.target} SIGKILLed, down for {self.outage_s:.0f} s or more"
+        if self.kind is FailureKind.GROUP:
+            return f"worker group {self.target}'s member SIGKILLed, no standby (a new worker started)"
+        if self.kind is FailureKind.GROUP_STANDBY:
+            return f"worker group {self.target}'s member SIGKILLed, a standby waiting"
+        if self.kind is FailureKind.RUNNER_REMOTE:
+            return f"job runner of remote members SIGKILLed, started again {self.moment}"
         service = "Kafka broker" if self.kind is FailureKind.BROKER else "S3 server"
         return f"{service} down for {self.outage_s:.0f} s"
 
@@ -95,6 +148,41 @@ def fault_pools(pipeline: Pipeline, mode: Mode) -> dict[str, list[str]]:
     }
 
 
+def cluster_targets(
+    pipeline: Pipeline, kafka_nodes: Sequence[str], spark_workers: Sequence[str]
+) -> dict[str, list[str]]:
+    """What the cluster kinds strike, by kind: a Kafka node, a Spark worker,
+    a worker group (one per stage: the drill runs the job ``--workers
+    per-stage``), the pools ``plan_failures`` draws from beside ``fault_pools``."""
+    groups = [stage.name for stage in pipeline.stages]
+    return {
+        FailureKind.BROKER_NODE.value: list(kafka_nodes),
+        FailureKind.SPARK_WORKER.value: list(spark_workers),
+        FailureKind.GROUP.value: groups,
+        FailureKind.GROUP_STANDBY.value: groups,
+    }
+
+
+def check_kinds(kinds: Sequence[FailureKind], cluster: bool) -> None:
+    """Refuse kinds the deployment cannot have: the cluster's without
+    ``--cluster``, and on the cluster those it has in its own form."""
+    if cluster:
+        local = [k for k in kinds if k in LOCAL_ONLY]
+        if local:
+            instead = {FailureKind.RUNNER: "runner-remote", FailureKind.BROKER: "broker-node"}
+            raise ConfigError(
+                f"failure kind(s) {', '.join(local)} are the local runtime's; on the cluster use "
+                + ", ".join(instead[k] for k in local)
+            )
+    else:
+        remote = [k for k in kinds if k in CLUSTER_ONLY]
+        if remote:
+            raise ConfigError(
+                f"failure kind(s) {', '.join(remote)} strike the local cluster: drill with --cluster "
+                "(spark-abs local up --cluster)"
+            )
+
+
 def plan_failures(
     count: int,
     seed: int,
@@ -107,11 +195,16 @@ def plan_failures(
     has struck every kind about as often);
     worker failures a random kill first, then the fault points with a task
     in ``pools`` (``fault_pools``) in turn (shuffled), each at a task drawn
-    from its pool; delays of 0.2 to 2 checkpoint intervals."""
+    from its pool; the cluster kinds a target each from theirs
+    (``cluster_targets``), a Kafka node or Spark worker down for 5 to 15 s
+    at least; delays of 0.2 to 2 checkpoint intervals."""
     if count < 0:
         raise ConfigError(f"failures must be 0 or more, got {count}")
     if not kinds:
         raise ConfigError("a drill needs at least one failure kind")
+    for kind in kinds:
+        if kind in _TARGETED and not pools.get(kind.value):
+            raise ConfigError(f"failure kind {kind} has nothing to strike here: {_TARGETED[kind]}")
     rng = random.Random(seed)
     drawn: list[FailureKind] = []
     while len(drawn) < count:  # every kind once per round, so any first k failures are balanced
@@ -134,9 +227,25 @@ def plan_failures(
             plan.append(Failure(index, kind, delay, rng.choice(DAMAGES)))
         elif kind in (FailureKind.BROKER, FailureKind.STORE):
             plan.append(Failure(index, kind, delay, outage_s=round(rng.uniform(3.0, 8.0), 1)))
+        elif kind in (FailureKind.BROKER_NODE, FailureKind.SPARK_WORKER):
+            target = rng.choice(list(pools[kind.value]))
+            plan.append(Failure(index, kind, delay, outage_s=round(rng.uniform(5.0, 15.0), 1), target=target))
+        elif kind in (FailureKind.GROUP, FailureKind.GROUP_STANDBY):
+            plan.append(Failure(index, kind, delay, target=rng.choice(list(pools[kind.value]))))
+        elif kind is FailureKind.RUNNER_REMOTE:
+            plan.append(Failure(index, kind, delay, rng.choice(RUNNER_RESTARTS)))
         else:
             plan.append(Failure(index, kind, delay))
     return plan
+
+
+# the cluster kinds' pools (``cluster_targets``), and what an empty one lacks
+_TARGETED = {
+    FailureKind.BROKER_NODE: "one Kafka node of several (the local cluster has three)",
+    FailureKind.SPARK_WORKER: "a Spark worker of a standalone master (the local cluster has two)",
+    FailureKind.GROUP: "a worker group",
+    FailureKind.GROUP_STANDBY: "a worker group",
+}
 
 
 @dataclass
@@ -157,6 +266,25 @@ class FailureOutcome:
     @property
     def recovered(self) -> bool:
         return self.recovered_s is not None
+
+
+def restore_problem(outcome: FailureOutcome) -> str | None:
+    """What is wrong with the restores ``outcome``'s failure caused, for a
+    kind that must restore or must not (None: nothing; a kind not recovered
+    is a problem of its own)."""
+    must = _RESTORES.get(outcome.failure.kind)
+    if must is None or not outcome.recovered:
+        return None
+    what = f"failure {outcome.failure.index + 1} ({outcome.failure.describe()})"
+    if must and not outcome.restored_from:
+        return f"{what}: the job went on without a restore, and it must restore (a new generation)"
+    if not must and outcome.restored_from:
+        picked = outcome.restored_from[0]
+        return (
+            f"{what}: the job restored (from {'the beginning' if picked is None else f'checkpoint {picked}'}), "
+            "and it must go on without one"
+        )
+    return None
 
 
 # ---- how long a drill may take

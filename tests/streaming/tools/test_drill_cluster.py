@@ -1,0 +1,341 @@
+"""The drill's cluster kinds (``spark-abs drill --cluster``), without
+services: which kinds each deployment draws, the plan's targets, whether a
+kind must restore or must not, the lease and heartbeats the drill watches,
+the remote workers it runs as a process manager would (``sleep`` processes
+stand in for them), and each cluster kind struck and checked with the
+runner, the runtime and the control topic stood in for."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import threading
+import time
+import types
+
+import pytest
+
+from streaming.adapters.control import Heartbeat, Lease
+from streaming.adapters.kafka_admin import lagging_replicas
+from streaming.api.config import Connection
+from streaming.api.settings import Mode
+from streaming.engine import faults
+from streaming.errors import ConfigError
+from streaming.tools import demo, drill, drill_cluster
+from streaming.tools.drill import CLUSTER_KINDS, CLUSTER_ONLY, KINDS, FailureKind, FailureOutcome
+from streaming.tools.drill_failures import FailureInjector
+from streaming.tools.drill_feed import ProgressWatch
+from streaming.tools.drill_job import DrilledJob, WorkerHosts, pid_of
+from streaming.tools.drill_plan import RUNNER_RESTARTS, Failure, check_kinds, cluster_targets, restore_problem
+
+NODES = ["kafka-1", "kafka-2", "kafka-3"]
+SPARK_WORKERS = ["spark-worker-1", "spark-worker-2"]
+
+
+def _pools():
+    pipeline = demo.pipeline("plan")
+    return drill.fault_pools(pipeline, Mode.ALIGNED) | cluster_targets(pipeline, NODES, SPARK_WORKERS)
+
+
+def test_the_cluster_draws_its_own_kinds_and_the_local_runtime_keeps_its_own():
+    assert tuple(FailureKind(k) for k in ("worker", "runner", "broker", "store", "damage")) == KINDS
+    assert set(CLUSTER_KINDS) == {*CLUSTER_ONLY, FailureKind.WORKER, FailureKind.STORE, FailureKind.DAMAGE}
+    check_kinds(KINDS, cluster=False)
+    check_kinds(CLUSTER_KINDS, cluster=True)
+    check_kinds([FailureKind.RETENTION], cluster=True)
+    with pytest.raises(ConfigError, match="group, runner-remote strike the local cluster: drill with --cluster"):
+        check_kinds([FailureKind.WORKER, FailureKind.GROUP, FailureKind.RUNNER_REMOTE], cluster=False)
+    with pytest.raises(ConfigError, match="runner, broker are the local runtime's; on the cluster use runner-remote, "):
+        check_kinds([FailureKind.RUNNER, FailureKind.BROKER], cluster=True)
+    # refused before any runtime starts
+    with pytest.raises(ConfigError, match="drill with --cluster"):
+        drill.run_drill(kinds=["spark-worker"])
+    with pytest.raises(ConfigError, match="on the cluster use broker-node"):
+        drill.run_drill(kinds=["broker"], cluster=True)
+
+
+def test_a_cluster_plan_strikes_every_kind_in_rounds_each_at_a_target_of_its_pool():
+    plan = drill.plan_failures(16, 3, CLUSTER_KINDS, _pools(), 1.0)
+    assert collections.Counter(f.kind for f in plan) == {kind: 2 for kind in CLUSTER_KINDS}
+    assert plan == drill.plan_failures(16, 3, CLUSTER_KINDS, _pools(), 1.0)
+    stages = {"legs", "accounts", "windows"}
+    for failure in plan:
+        if failure.kind is FailureKind.BROKER_NODE:
+            assert failure.target in NODES and 5.0 <= failure.outage_s <= 15.0
+        elif failure.kind is FailureKind.SPARK_WORKER:
+            assert failure.target in SPARK_WORKERS and 5.0 <= failure.outage_s <= 15.0
+        elif failure.kind in (FailureKind.GROUP, FailureKind.GROUP_STANDBY):
+            assert failure.target in stages
+        elif failure.kind is FailureKind.RUNNER_REMOTE:
+            assert failure.moment in RUNNER_RESTARTS
+        else:
+            assert failure.target == ""
+    described = {
+        Failure(0, FailureKind.BROKER_NODE, 1.0, outage_s=7.0, target="kafka-2").describe(),
+        Failure(0, FailureKind.GROUP_STANDBY, 1.0, target="windows").describe(),
+        Failure(0, FailureKind.RUNNER_REMOTE, 1.0, RUNNER_RESTARTS[0]).describe(),
+    }
+    assert described == {
+        "Kafka node kafka-2 SIGKILLed, down for 7 s or more",
+        "worker group windows's member SIGKILLed, a standby waiting",
+        "job runner of remote members SIGKILLed, started again after its lease lapsed",
+    }
+    with pytest.raises(ConfigError, match="spark-worker has nothing to strike here: a Spark worker"):
+        drill.plan_failures(1, 1, [FailureKind.SPARK_WORKER], drill.fault_pools(demo.pipeline("p"), Mode.ALIGNED), 1)
+
+
+def test_a_broker_node_or_spark_worker_must_not_restore_and_a_group_or_the_runner_must():
+    def problem(kind, restored, recovered=5.0):
+        return restore_problem(FailureOutcome(Failure(2, kind, 1.0, target="x"), 0.0, restored, recovered_s=recovered))
+
+    for kind in (FailureKind.BROKER_NODE, FailureKind.SPARK_WORKER):
+        assert problem(kind, []) is None
+        assert "the job restored (from checkpoint 4), and it must go on without one" in problem(kind, [4])
+    for kind in (FailureKind.GROUP, FailureKind.GROUP_STANDBY, FailureKind.RUNNER_REMOTE):
+        assert problem(kind, [4]) is None and problem(kind, [None]) is None
+        assert problem(kind, []).startswith("failure 3 (") and "without a restore" in problem(kind, [])
+    # the local kinds may or may not restore; a failure not recovered is a problem of its own
+    assert problem(FailureKind.STORE, [4]) is None and problem(FailureKind.WORKER, []) is None
+    assert problem(FailureKind.GROUP, [], recovered=None) is None
+
+
+def _lease(members: dict[str, str], generation: int = 1) -> Lease:
+    return Lease(
+        runner="host:1:abc",
+        generation=generation,
+        checkpoint=4,
+        pipeline="streaming.tools.demo:pipeline",
+        job="drill-x",
+        settings="{}",
+        scale=None,
+        groups={"legs": ["legs-0"], "windows": ["windows-0"]},
+        members=members,
+        timeout_s=8.0,
+    )
+
+
+def test_the_watch_keeps_the_latest_lease_and_each_workers_latest_heartbeat():
+    now = [10.0]
+    watch = ProgressWatch("b:9092", demo.pipeline("w"), threading.Event(), clock=lambda: now[0])
+    assert watch.members() == {}
+    watch.take([_lease({"legs": "h:11:a"}), Heartbeat("legs", "h:11:a", "h", 1)])
+    now[0] = 12.0
+    watch.take([_lease({"legs": "h:11:a", "windows": "h:12:b"}, 2), Heartbeat("windows", "h:12:b", "h", None)])
+    assert watch.members() == {"legs": "h:11:a", "windows": "h:12:b"}
+    assert watch.heartbeats(since=0.0) == {
+        "h:11:a": Heartbeat("legs", "h:11:a", "h", 1),
+        "h:12:b": Heartbeat("windows", "h:12:b", "h", None),
+    }
+    assert set(watch.heartbeats(since=11.0)) == {"h:12:b"}
+    assert pid_of("host-a:4242:9f3c1e") == 4242 and pid_of("nonsense") is None
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    """Remote workers stood in for by ``sleep`` processes in sessions of their own (killed as the real ones are)."""
+    commands = []
+
+    def spawn(command, log_path, env):
+        commands.append((command, log_path, env))
+        return subprocess.Popen(["sleep", "120"], start_new_session=True)
+
+    hosts = WorkerHosts("drill-x", ["legs", "windows"], {"SPARK_ABS_X": "1"}, tmp_path / "workers", spawn)
+    hosts.commands = commands
+    hosts.runners = []  # the stand-ins for the runner
+    yield hosts
+    hosts.stop(timeout_s=5.0)
+    for runner in hosts.runners:
+        runner.kill()
+        runner.wait()
+
+
+def test_the_drill_starts_a_worker_for_a_group_left_with_none_as_a_process_manager_would(hosts, tmp_path):
+    for group in hosts.groups:
+        hosts.start(group)
+    command, log_path, env = hosts.commands[0]
+    assert command[-6:] == ["streaming.tools.cli", "worker", "--job", "drill-x", "--group", "legs"]
+    assert log_path == tmp_path / "workers" / "legs-1.log" and env["SPARK_ABS_X"] == "1"
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert hosts.supervise() == []
+    legs = hosts.alive("legs")[0]
+    assert hosts.process(f"host:{legs.pid}:ab12cd") is legs and hosts.process("host:1:ab12cd") is None
+    standby = hosts.start("legs")  # a second worker of a group waits as its standby
+    hosts.kill(legs)
+    assert hosts.supervise() == [] and hosts.alive("legs") == [standby]  # the standby is left: nothing started
+    hosts.kill(standby)
+    assert hosts.supervise() == ["legs"] and len(hosts.alive("legs")) == 1
+    assert hosts.commands[-1][1] == tmp_path / "workers" / "legs-3.log"
+    assert sorted(hosts.pids()) == sorted(p.pid for p in hosts.alive())
+
+
+def test_with_remote_groups_the_runner_starts_no_worker_and_the_workers_see_the_fault_file(tmp_path):
+    connection = Connection("b:9092", "http://127.0.0.1:9000", "k", "s", "bucket")
+    options = dict(
+        pipeline_ref="streaming.tools.demo:pipeline",
+        job="drill-r",
+        mode=Mode.ALIGNED,
+        interval_s=1.0,
+        store_uri=f"file://{tmp_path / 'store'}",
+        report_dir=tmp_path / "report",
+        max_restores=10,
+    )
+    local = DrilledJob(connection, **options)
+    assert local.hosts is None and "--remote-workers" not in local.runner_command()
+    remote = DrilledJob(connection, **options, remote_groups=["legs", "accounts", "windows"])
+    command = remote.runner_command()
+    assert command[command.index("--workers") :] == [
+        "--workers",
+        "per-stage",
+        "--remote-workers",
+        "--heartbeat-timeout",
+        "8",
+    ]
+    assert remote.hosts.groups == ["legs", "accounts", "windows"]
+    assert remote.hosts.env[faults.FILE_ENV] == str(tmp_path / "report" / "faults")
+    assert remote.hosts.env["SPARK_ABS_KAFKA_BOOTSTRAP"] == "b:9092"
+
+
+def test_a_partition_is_out_of_sync_while_one_of_its_replicas_is_not_in_sync():
+    described = [
+        {
+            "name": "drill-x.legs",
+            "partitions": [
+                {"partition_index": 0, "replica_nodes": [1, 2, 3], "isr_nodes": [1, 2, 3]},
+                {"partition_index": 1, "replica_nodes": [1, 2, 3], "isr_nodes": [1, 3]},
+            ],
+        },
+        {
+            "name": "spark-abs.drill-x.control",
+            "partitions": [{"partition_index": 0, "replica_nodes": [2], "isr_nodes": []}],
+        },
+    ]
+    assert lagging_replicas(described) == ["drill-x.legs:1", "spark-abs.drill-x.control:0"]
+    assert lagging_replicas([]) == []
+
+
+# ---- the cluster kinds struck, with stand-ins
+
+
+def _runner(hosts) -> subprocess.Popen:
+    hosts.runners.append(subprocess.Popen(["sleep", "120"], start_new_session=True))
+    return hosts.runners[-1]
+
+
+def _cluster(hosts, *, runtime=None, heartbeat_timeout_s=8.0):
+    watch = ProgressWatch("b:9092", demo.pipeline("w"), threading.Event())
+    job = types.SimpleNamespace(
+        job="drill-x",
+        hosts=hosts,
+        completed=lambda: [3],
+        runner=_runner(hosts),
+        heartbeat_timeout_s=heartbeat_timeout_s,
+        connection=types.SimpleNamespace(kafka_bootstrap="b:9092"),
+        started=[],
+    )
+    job.start_runner = lambda: job.started.append(time.monotonic())
+
+    def wait(condition, timeout_s):  # the drill's poll: it tends the workers, and here the heartbeats come
+        hosts.supervise()
+        beats = [Heartbeat(g, f"h:{p.pid}:x", "h", None) for g in hosts.groups for p in hosts.alive(g)]
+        watch.take(beats)
+        return condition()
+
+    problems: list[str] = []
+    injector = FailureInjector(
+        job, watch, runtime=runtime, wait=wait, log=print, problems=problems, started=0.0, recover_timeout_s=1
+    )
+    return injector.cluster, watch, job, problems
+
+
+def _incarnation(process) -> str:
+    return f"h:{process.pid}:x"
+
+
+@pytest.mark.parametrize("standby", [False, True])
+def test_a_groups_member_is_killed_and_a_new_worker_or_its_standby_runs_the_group(hosts, monkeypatch, standby):
+    monkeypatch.setattr(drill_cluster, "HEARTBEAT_INTERVAL_S", 0.0)
+    for group in hosts.groups:
+        hosts.start(group)
+    cluster, watch, job, problems = _cluster(hosts)
+    member = hosts.alive("windows")[0]
+    watch.take([_lease({"legs": _incarnation(hosts.alive("legs")[0]), "windows": _incarnation(member)})])
+    kind = FailureKind.GROUP_STANDBY if standby else FailureKind.GROUP
+    outcome = FailureOutcome(Failure(0, kind, 1.0, target="windows"), 0.0)
+    _, newest, recovered = cluster.strike(outcome)
+    assert newest == 3 and member.poll() is not None  # the member SIGKILLed
+    if not standby:  # none left: the drill's next poll starts a worker for the group
+        assert hosts.alive("windows") == [] and hosts.supervise() == ["windows"]
+    (left,) = hosts.alive("windows")  # the standby, or the worker started
+    watch.take([_lease({"windows": _incarnation(left)}, 2)])
+    recovered()
+    assert problems == []
+    assert outcome.note == f"{_incarnation(member)} killed, {'the standby' if standby else 'a new worker'} " + (
+        f"{_incarnation(left)} runs windows"
+    )
+    watch.take([_lease({"windows": _incarnation(member)}, 3)])  # the lease still names the dead member
+    recovered()
+    assert problems and "windows" in problems[-1]
+
+
+def test_a_group_without_a_member_running_here_is_a_problem_not_a_kill(hosts):
+    hosts.start("windows")
+    cluster, watch, _, problems = _cluster(hosts)
+    outcome = FailureOutcome(Failure(1, FailureKind.GROUP, 1.0, target="windows"), 0.0)
+    cluster.strike(outcome)
+    assert problems == [
+        "failure 2 (worker group windows's member SIGKILLed, no standby (a new worker started)): no lease named a "
+        "member of group windows running here within 30 s"
+    ]
+    assert len(hosts.alive("windows")) == 1
+
+
+def test_the_runner_of_remote_members_is_killed_and_the_same_members_run_every_group_after(hosts, monkeypatch):
+    monkeypatch.setattr(drill_cluster, "LAPSE_MARGIN_S", 0.5)
+    for group in hosts.groups:
+        hosts.start(group)
+    cluster, watch, job, problems = _cluster(hosts, heartbeat_timeout_s=0.5)
+    members = {g: _incarnation(hosts.alive(g)[0]) for g in hosts.groups}
+    watch.take([_lease(members)])
+    runner = job.runner
+    # the members stop their tasks once the lease lapsed: their heartbeats say so, after the runner died
+    idle = threading.Timer(0.3, lambda: watch.take([Heartbeat(g, i, "h", None) for g, i in members.items()]))
+    idle.start()
+    outcome = FailureOutcome(Failure(0, FailureKind.RUNNER_REMOTE, 1.0, RUNNER_RESTARTS[0]), 0.0)
+    _, _, recovered = cluster.strike(outcome)
+    idle.join()
+    assert runner.poll() is not None and len(job.started) == 1 and problems == []
+    assert outcome.note.startswith("every member stopped its tasks ")
+    watch.take([_lease(members, 2)])
+    recovered()
+    assert problems == [] and outcome.note.endswith("; the 2 members kept, their Spark applications up")
+    # a member that still runs its tasks after the lease lapsed, and a group that moved, are problems
+    job.runner = _runner(hosts)
+    watch.take([Heartbeat("legs", members["legs"], "h", 2)])
+    outcome = FailureOutcome(Failure(1, FailureKind.RUNNER_REMOTE, 1.0, RUNNER_RESTARTS[0]), 0.0)
+    _, _, recovered = cluster.strike(outcome)
+    assert "the members of legs, windows still ran their tasks 1 s after the runner died" in problems[-1]
+    hosts.kill(hosts.alive("windows")[0])
+    hosts.supervise()
+    watch.take([_lease({**members, "windows": _incarnation(hosts.alive("windows")[0])}, 3)])
+    recovered()
+    assert "group(s) windows did not run on the members the killed runner had" in problems[-1]
+
+
+def test_a_kafka_node_stays_down_until_the_job_went_on_then_its_replicas_catch_up(hosts, monkeypatch):
+    calls = []
+    runtime = types.SimpleNamespace(
+        stop_service=lambda name, kill: calls.append(("stop", name, kill)) or 4242,
+        up=lambda: calls.append(("up",)),
+    )
+    lagging = [["drill-x.legs:1"], []]
+    monkeypatch.setattr(drill_cluster, "out_of_sync", lambda bootstrap, job: lagging.pop(0))
+    cluster, _, _, problems = _cluster(hosts, runtime=runtime)
+    outcome = FailureOutcome(Failure(0, FailureKind.BROKER_NODE, 1.0, outage_s=0.2, target="kafka-2"), 0.0)
+    t0, _, recovered = cluster.strike(outcome)
+    assert calls == [("stop", "kafka-2", True)]
+    recovered()
+    assert calls[-1] == ("up",) and time.monotonic() - t0 >= 0.2 and problems == []
+    assert outcome.note.startswith("kafka-2 down 0 s, its replicas in sync ")
+    spark = FailureOutcome(Failure(1, FailureKind.SPARK_WORKER, 1.0, outage_s=0.0, target="spark-worker-1"), 0.0)
+    cluster.strike(spark)[2]()
+    assert calls[-2:] == [("stop", "spark-worker-1", True), ("up",)] and "ALIVE again" in spark.note
