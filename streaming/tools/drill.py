@@ -395,6 +395,8 @@ class Drill:
 
     def _drain(self) -> None:
         self.drilled.drain()
+        if self.drilled.hosts is not None:  # the remote workers too: their Spark applications free the cluster
+            self.drilled.hosts.stop()
         self._log("drained: every input record is processed and committed")
 
     def _check(self) -> tuple[dict[str, pd.DataFrame], list]:

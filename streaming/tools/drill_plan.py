@@ -121,9 +121,9 @@ class Failure:
         if self.kind is FailureKind.SPARK_WORKER:
             return f"Spark worker {self.target} SIGKILLed, down for {self.outage_s:.0f} s or more"
         if self.kind is FailureKind.GROUP:
-            return f"worker group {self.target}'s member SIGKILLed, no standby (a new worker started)"
+            return f"the member of worker group {self.target} SIGKILLed, no standby (a new worker started)"
         if self.kind is FailureKind.GROUP_STANDBY:
-            return f"worker group {self.target}'s member SIGKILLed, a standby waiting"
+            return f"the member of worker group {self.target} SIGKILLed, a standby waiting"
         if self.kind is FailureKind.RUNNER_REMOTE:
             return f"job runner of remote members SIGKILLed, started again {self.moment}"
         service = "Kafka broker" if self.kind is FailureKind.BROKER else "S3 server"

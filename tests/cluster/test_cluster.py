@@ -14,7 +14,6 @@ import json
 import signal
 import time
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 from kafka.admin import ConfigResource, ConfigResourceType
@@ -24,27 +23,11 @@ from streaming.adapters.kafka_admin import admin_client, create_topic, end_offse
 from streaming.adapters.kafka_io import dead_letter_topic_name
 from streaming.adapters.objects import ensure_bucket
 from streaming.adapters.sinks import read_committed_output, sink_location
-from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.api.settings import JobSettings
 from streaming.engine.operations import run_until_caught_up
 from streaming.tools import demo
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def cluster(runtime_settings: LocalRuntimeSettings) -> Iterator[tuple[object, Connection]]:
-    """The local cluster, brought up once; stopped at the end only if this module started it."""
-    from streaming.local import LocalRuntime
-
-    runtime = LocalRuntime(
-        LocalRuntimeSettings.cluster(runtime_settings.home), progress=lambda m: print(f"[cluster] {m}", flush=True)
-    )
-    was_running = runtime.status().all_running
-    connection = runtime.up()
-    yield runtime, connection
-    if not was_running:
-        runtime.down()
 
 
 def _applications(runtime) -> list[dict]:

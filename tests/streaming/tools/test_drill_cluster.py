@@ -77,7 +77,7 @@ def test_a_cluster_plan_strikes_every_kind_in_rounds_each_at_a_target_of_its_poo
     }
     assert described == {
         "Kafka node kafka-2 SIGKILLed, down for 7 s or more",
-        "worker group windows's member SIGKILLed, a standby waiting",
+        "the member of worker group windows SIGKILLed, a standby waiting",
         "job runner of remote members SIGKILLed, started again after its lease lapsed",
     }
     with pytest.raises(ConfigError, match="spark-worker has nothing to strike here: a Spark worker"):
@@ -283,8 +283,8 @@ def test_a_group_without_a_member_running_here_is_a_problem_not_a_kill(hosts):
     outcome = FailureOutcome(Failure(1, FailureKind.GROUP, 1.0, target="windows"), 0.0)
     cluster.strike(outcome)
     assert problems == [
-        "failure 2 (worker group windows's member SIGKILLed, no standby (a new worker started)): no lease named a "
-        "member of group windows running here within 30 s"
+        "failure 2 (the member of worker group windows SIGKILLed, no standby (a new worker started)): no lease "
+        "named a member of group windows running here within 30 s"
     ]
     assert len(hosts.alive("windows")) == 1
 
