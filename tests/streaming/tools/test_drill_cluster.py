@@ -17,7 +17,7 @@ import pytest
 
 from streaming.adapters.control import Heartbeat, Lease
 from streaming.adapters.kafka_admin import lagging_replicas
-from streaming.api.config import Connection
+from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.api.settings import Mode
 from streaming.engine import faults
 from streaming.errors import ConfigError
@@ -52,6 +52,9 @@ def test_the_cluster_draws_its_own_kinds_and_the_local_runtime_keeps_its_own():
         drill.run_drill(kinds=["spark-worker"])
     with pytest.raises(ConfigError, match="on the cluster use broker-node"):
         drill.run_drill(kinds=["broker"], cluster=True)
+    embedded = types.SimpleNamespace(settings=LocalRuntimeSettings())
+    with pytest.raises(ConfigError, match=r"runs on the local cluster \(spark-abs local up --cluster\)"):
+        drill._check_kinds([FailureKind.GROUP], embedded, "s3://b/drills", cluster=True)
 
 
 def test_a_cluster_plan_strikes_every_kind_in_rounds_each_at_a_target_of_its_pool():
