@@ -108,16 +108,18 @@ class ClusterFailures:
 
         def back() -> None:
             time.sleep(max(0.0, failure.outage_s - (time.monotonic() - t0)))
-            down_s = time.monotonic() - t0
-            runtime.up()  # the node starts again where it was (up waits for Kafka's brokers, Spark's ALIVE)
             started = time.monotonic()
-            note = f"{failure.target} down {down_s:.0f} s"
+            note = f"{failure.target} down {started - t0:.0f} s"
+            runtime.up()  # the node starts again where it was (up waits for Kafka's brokers, Spark's ALIVE)
             if failure.kind is FailureKind.BROKER_NODE:
                 bootstrap = self.job.connection.kafka_bootstrap
                 lagging: list[str] = []
 
                 def in_sync() -> bool:
-                    lagging[:] = out_of_sync(bootstrap, self.job.job)
+                    try:
+                        lagging[:] = out_of_sync(bootstrap, self.job.job)
+                    except SparkAbsError as exc:  # the cluster settling: ask again
+                        lagging[:] = [str(exc)]
                     return not lagging
 
                 if until(in_sync, IN_SYNC_S, poll_s=1.0):
@@ -129,7 +131,7 @@ class ClusterFailures:
                         f"{failure.target} started again, e.g. {', '.join(lagging[:3])}",
                     )
             else:
-                note += f", ALIVE again {time.monotonic() - started:.1f} s after it started"
+                note += f", ALIVE again {time.monotonic() - started:.1f} s after it started again"
             outcome.note = "; ".join(filter(None, [outcome.note, note]))
 
         return t0, newest, back

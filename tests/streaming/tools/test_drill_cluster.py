@@ -20,7 +20,7 @@ from streaming.adapters.kafka_admin import lagging_replicas
 from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.api.settings import Mode
 from streaming.engine import faults
-from streaming.errors import ConfigError
+from streaming.errors import ConfigError, KafkaUnavailableError
 from streaming.tools import demo, drill, drill_cluster
 from streaming.tools.drill import CLUSTER_KINDS, CLUSTER_ONLY, KINDS, FailureKind, FailureOutcome
 from streaming.tools.drill_failures import FailureInjector
@@ -330,15 +330,22 @@ def test_a_kafka_node_stays_down_until_the_job_went_on_then_its_replicas_catch_u
         stop_service=lambda name, kill: calls.append(("stop", name, kill)) or 4242,
         up=lambda: calls.append(("up",)),
     )
-    lagging = [["drill-x.legs:1"], []]
-    monkeypatch.setattr(drill_cluster, "out_of_sync", lambda bootstrap, job: lagging.pop(0))
+    lagging = [KafkaUnavailableError("no broker answers"), ["drill-x.legs:1"], []]  # settling, catching up, in sync
+
+    def out_of_sync(bootstrap, job):
+        answer = lagging.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(drill_cluster, "out_of_sync", out_of_sync)
     cluster, _, _, problems = _cluster(hosts, runtime=runtime)
     outcome = FailureOutcome(Failure(0, FailureKind.BROKER_NODE, 1.0, outage_s=0.2, target="kafka-2"), 0.0)
     t0, _, recovered = cluster.strike(outcome)
     assert calls == [("stop", "kafka-2", True)]
     recovered()
     assert calls[-1] == ("up",) and time.monotonic() - t0 >= 0.2 and problems == []
-    assert outcome.note.startswith("kafka-2 down 0 s, its replicas in sync ")
+    assert outcome.note.startswith("kafka-2 down 0 s, its replicas in sync ") and lagging == []
     spark = FailureOutcome(Failure(1, FailureKind.SPARK_WORKER, 1.0, outage_s=0.0, target="spark-worker-1"), 0.0)
     cluster.strike(spark)[2]()
     assert calls[-2:] == [("stop", "spark-worker-1", True), ("up",)] and "ALIVE again" in spark.note
