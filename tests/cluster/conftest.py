@@ -1,6 +1,7 @@
 """The local cluster (``spark-abs local up --cluster``) for the tests of this
-directory: brought up once per module, stopped at its end only if that
-module started it."""
+directory: brought up once per session (test_cluster.py and
+test_cluster_drill.py share it), stopped at its end only if this session
+started it."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import pytest
 from streaming.api.config import Connection, LocalRuntimeSettings
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(runtime_settings: LocalRuntimeSettings) -> Iterator[tuple[object, Connection]]:
-    """The local cluster, brought up once; stopped at the end only if this module started it."""
+    """The local cluster, brought up once; stopped at the end only if this session started it."""
     from streaming.local import LocalRuntime
 
     runtime = LocalRuntime(
