@@ -2,7 +2,7 @@
 count checked), delete, read end offsets, each partition's earliest offset
 and the first offset at or after a time, delete a partition's records
 before an offset (``DeleteRecords``), and find partitions whose replicas
-are not all in sync, with broker errors turned into clear messages."""
+are not all in sync (a job's topics and Kafka's own), with broker errors turned into clear messages."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ __all__ = [
     "RECONNECT",
     "lagging_replicas",
     "out_of_sync",
+    "watched",
+    "KAFKA_INTERNAL",
 ]
 
 log = logging.getLogger(__name__)
@@ -215,18 +217,29 @@ def delete_records(bootstrap: str, before: dict[ChannelId, int]) -> None:
         admin.close()
 
 
+# Kafka's own topics a transactional sink writes to (and consumer groups commit to): a write waits for
+# min.insync.replicas of theirs as well
+KAFKA_INTERNAL = ("__transaction_state", "__consumer_offsets")
+
+
 def out_of_sync(bootstrap: str, name_contains: str) -> list[str]:
-    """``topic:partition`` of every partition of the topics whose name holds
-    ``name_contains`` with a replica not in sync (a broker that was down and
-    is catching up), sorted."""
+    """``topic:partition`` of every partition with a replica not in sync (a
+    broker that was down and is catching up), sorted, of the topics
+    ``watched`` picks: those whose name holds ``name_contains`` and Kafka's
+    own (``KAFKA_INTERNAL``)."""
     admin = admin_client(bootstrap)
     try:
-        topics = [t for t in admin.list_topics() if name_contains in t]
+        topics = watched(admin.list_topics(), name_contains)
         return lagging_replicas(admin.describe_topics(topics) if topics else [])
     except KafkaError as exc:
         raise KafkaUnavailableError(f"describing the topics of {name_contains} failed: {exc}") from exc
     finally:
         admin.close()
+
+
+def watched(topics: Iterable[str], name_contains: str) -> list[str]:
+    """Of ``topics``, those whose name holds ``name_contains`` and those of ``KAFKA_INTERNAL`` there, sorted."""
+    return sorted(t for t in topics if name_contains in t or t in KAFKA_INTERNAL)
 
 
 def lagging_replicas(described: Iterable[dict]) -> list[str]:

@@ -16,7 +16,7 @@ import types
 import pytest
 
 from streaming.adapters.control import Heartbeat, Lease
-from streaming.adapters.kafka_admin import lagging_replicas
+from streaming.adapters.kafka_admin import lagging_replicas, watched
 from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.api.settings import Mode
 from streaming.engine import faults
@@ -214,6 +214,12 @@ def test_a_partition_is_out_of_sync_while_one_of_its_replicas_is_not_in_sync():
     ]
     assert lagging_replicas(described) == ["drill-x.legs:1", "spark-abs.drill-x.control:0"]
     assert lagging_replicas([]) == []
+
+
+def test_the_in_sync_wait_asks_for_kafkas_own_topics_too():
+    topics = ["drill-x.legs", "other.legs", "__consumer_offsets", "__transaction_state", "__other"]
+    assert watched(topics, "drill-x") == ["__consumer_offsets", "__transaction_state", "drill-x.legs"]
+    assert watched(["drill-x.legs"], "drill-x") == ["drill-x.legs"]  # Kafka's own only when they exist
 
 
 # ---- the cluster kinds struck, with stand-ins
