@@ -256,6 +256,7 @@ class Drill:
             workers = [spec.name for spec in services.spark_specs()[1:]]  # the master first
             pools |= cluster_targets(self.pipeline, services.kafka_names(), workers)
         self.plan = plan_failures(failures, seed, kinds, pools, interval_s)
+        self.problems: list[str] = []  # what went wrong outside the expectations
         self.drilled = DrilledJob(
             connection,
             pipeline_ref=pipeline,
@@ -269,9 +270,9 @@ class Drill:
             max_restores=2 * (len(self.plan) if len(self.plan) < _UNBOUNDED else int(budget.duration_s or 0)) + 10,
             # on the cluster a group per stage, each a `spark-abs worker` the drill runs
             remote_groups=[stage.name for stage in self.pipeline.stages] if cluster else (),
+            problems=self.problems,  # a remote worker that exited unbidden
         )
         self.started = time.monotonic()
-        self.problems: list[str] = []  # what went wrong outside the expectations
         self.outcomes: list[FailureOutcome] = []
         self._stop = threading.Event()  # the workload's end, and the progress watch's
         self.watch = ProgressWatch(connection.kafka_bootstrap, self.pipeline, self._stop)

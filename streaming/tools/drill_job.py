@@ -3,7 +3,8 @@ run`` process (``DrilledJob``: started, checked, drained, stopped), what its
 snapshot store says (generation, restores, checkpoints completed), and the
 processes of its workers on this machine (from /proc); on the local
 cluster its remote worker groups, ``spark-abs worker`` processes the drill
-runs as a host's process manager would (``WorkerHosts``)."""
+runs, starting one again for a group it left with none, as a host's
+process manager would (``WorkerHosts``)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from streaming.errors import SparkAbsError
 
 __all__ = [
     "DRILL_RETAIN",
+    "MAX_RESTARTS",
+    "RESTART_WINDOW_S",
     "REMOTE_HEARTBEAT_TIMEOUT_S",
     "DrilledJob",
     "WorkerHosts",
@@ -42,6 +45,10 @@ DRILL_RETAIN = 10_000
 # a drilled job's remote groups: silent this long is dead (tests/cluster's, against 15 s by default: a group
 # killed costs its restore 7 s less)
 REMOTE_HEARTBEAT_TIMEOUT_S = 8.0
+# how often the drill starts a worker again for a remote group it left with none, at most, within RESTART_WINDOW_S
+# (once per failure that struck the group; more is a worker that dies as it starts)
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 120.0
 
 
 class DrilledJob:
@@ -62,6 +69,7 @@ class DrilledJob:
         state_snapshots: str = "full",
         remote_groups: Sequence[str] = (),
         heartbeat_timeout_s: float = REMOTE_HEARTBEAT_TIMEOUT_S,
+        problems: list[str] | None = None,
     ):
         self.connection = connection
         self.pipeline_ref = pipeline_ref
@@ -84,7 +92,7 @@ class DrilledJob:
         self.hosts: WorkerHosts | None = None
         if remote_groups:
             env = {**connection.as_env(), faults.FILE_ENV: str(self.fault_file)}
-            self.hosts = WorkerHosts(job, remote_groups, env, report_dir / "workers")
+            self.hosts = WorkerHosts(job, remote_groups, env, report_dir / "workers", problems=problems)
 
     # ---- the runner process
 
@@ -154,8 +162,8 @@ class DrilledJob:
 
     def tend(self) -> None:
         """What the drill does at every poll: fail when the runner exited; with
-        remote groups, start a worker for a group left with none, as a host's
-        process manager would (``WorkerHosts.supervise``)."""
+        remote groups, start a worker for a group the drill left with none, as
+        a host's process manager would (``WorkerHosts.supervise``)."""
         self.check_runner()
         if self.hosts is not None:
             self.hosts.supervise()
@@ -243,9 +251,13 @@ class WorkerHosts:
     worker --job JOB --group GROUP`` processes, each in a session of its own
     (its Spark driver JVM in it), its output in ``log_dir/<group>-<n>.log``.
     A second process of a group waits as its standby.  ``supervise`` starts
-    a process for a group left with none, at once, as a host's process
-    manager (systemd, Kubernetes) would; ``spawn`` starts one (a test's
-    stand-in: command, log path, environment -> a ``Popen``)."""
+    a process for a group the drill left with none (it killed the last, or
+    a fault it armed did), as a host's process manager (systemd,
+    Kubernetes) would, up to ``MAX_RESTARTS`` times a group within
+    ``RESTART_WINDOW_S``; any other exit
+    is a problem (in ``problems``, with the end of its log), and the group
+    is not started again.  ``spawn`` starts one (a test's stand-in: command,
+    log path, environment -> a ``Popen``)."""
 
     def __init__(
         self,
@@ -254,14 +266,20 @@ class WorkerHosts:
         env: Mapping[str, str],
         log_dir: Path,
         spawn: Callable[[list[str], Path, dict[str, str]], subprocess.Popen] | None = None,
+        problems: list[str] | None = None,
     ):
         self.job = job
         self.groups = list(groups)
         self.env = {**env, "PYTHONUNBUFFERED": "1"}
         self.log_dir = log_dir
         self.spawn = spawn or _spawn
+        self.problems = [] if problems is None else problems
         self.processes: dict[str, list[subprocess.Popen]] = {g: [] for g in self.groups}
         self.logs: dict[int, Path] = {}  # pid -> its output
+        self.killed: set[subprocess.Popen] = set()  # the workers the drill SIGKILLed
+        self.seen: set[subprocess.Popen] = set()  # the workers whose exit supervise took in
+        self.restarts: dict[str, list[float]] = {g: [] for g in self.groups}  # when each group was started again
+        self.stopping = False
 
     def start(self, group: str) -> subprocess.Popen:
         """A worker for ``group``: its member when the group has none, else its standby."""
@@ -287,19 +305,53 @@ class WorkerHosts:
         return next((p for p in self.alive() if p.pid == pid), None)
 
     def supervise(self) -> list[str]:
-        """Start a worker for every group left with none; the groups started again."""
-        empty = [g for g in self.groups if not self.alive(g)]
-        for group in empty:
+        """Take in the workers that exited since the last call: start one for
+        each group the drill left with none (``_drills``), up to
+        ``MAX_RESTARTS`` times a group within ``RESTART_WINDOW_S``; any
+        other exit is a problem, with the end of its log.  The groups
+        started again."""
+        if self.stopping:
+            return []
+        started = []
+        for group in self.groups:
+            exited = [p for p in self.processes[group] if p not in self.seen and p.poll() is not None]
+            self.seen.update(exited)
+            for process in exited:
+                if not self._drills(process):
+                    self.problems.append(
+                        f"worker {process.pid} of group {group} exited (status {process.returncode}) and the drill "
+                        f"did not kill it; the end of {self.logs[process.pid]}:\n{tail(self.logs[process.pid])}"
+                    )
+            if not any(self._drills(p) for p in exited) or self.alive(group):
+                continue
+            now = time.monotonic()
+            recent = self.restarts[group] = [t for t in self.restarts[group] if now - t < RESTART_WINDOW_S]
+            if len(recent) >= MAX_RESTARTS:
+                self.problems.append(
+                    f"group {group} left with no worker: started again {MAX_RESTARTS} times within "
+                    f"{RESTART_WINDOW_S:.0f} s already"
+                )
+                continue
+            recent.append(now)
             self.start(group)
-        return empty
+            started.append(group)
+        return started
+
+    def _drills(self, process: subprocess.Popen) -> bool:
+        """Whether the drill ended ``process``: it killed it, or a fault it armed did."""
+        if process in self.killed:
+            return True
+        return process.returncode == -signal.SIGKILL and "[fault] " in tail(self.logs[process.pid], 5)
 
     def kill(self, process: subprocess.Popen) -> None:
         """SIGKILL a worker and its Spark driver JVM (a lost host)."""
+        self.killed.add(process)
         kill_group(process.pid)
         process.wait()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM every worker (each stops its tasks and its Spark application), SIGKILL after ``timeout_s``."""
+        self.stopping = True
         running = self.alive()
         for process in running:
             process.send_signal(signal.SIGTERM)

@@ -25,7 +25,7 @@ from streaming.tools import demo, drill, drill_cluster
 from streaming.tools.drill import CLUSTER_KINDS, CLUSTER_ONLY, KINDS, FailureKind, FailureOutcome
 from streaming.tools.drill_failures import FailureInjector
 from streaming.tools.drill_feed import ProgressWatch
-from streaming.tools.drill_job import DrilledJob, WorkerHosts, pid_of
+from streaming.tools.drill_job import MAX_RESTARTS, DrilledJob, WorkerHosts, pid_of
 from streaming.tools.drill_plan import RUNNER_RESTARTS, Failure, check_kinds, cluster_targets, restore_problem
 
 NODES = ["kafka-1", "kafka-2", "kafka-3"]
@@ -355,3 +355,27 @@ def test_a_kafka_node_stays_down_until_the_job_went_on_then_its_replicas_catch_u
     spark = FailureOutcome(Failure(1, FailureKind.SPARK_WORKER, 1.0, outage_s=0.0, target="spark-worker-1"), 0.0)
     cluster.strike(spark)[2]()
     assert calls[-2:] == [("stop", "spark-worker-1", True), ("up",)] and "ALIVE again" in spark.note
+
+
+def test_only_a_group_the_drill_left_empty_is_started_again_and_other_exits_are_reported(tmp_path):
+    scripts = iter(["exit 3", "echo '[fault] legs: killed at mid_batch' >&2; kill -9 $$", "sleep 120"])
+
+    def spawn(command, log_path, env):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(["sh", "-c", next(scripts)], stdout=log, stderr=log, start_new_session=True)
+
+    problems: list[str] = []
+    hosts = WorkerHosts("drill-x", ["legs"], {}, tmp_path / "workers", spawn, problems=problems)
+    try:
+        hosts.start("legs").wait()  # exits by itself: reported with its log, not started again
+        assert hosts.supervise() == [] and len(problems) == 1
+        assert "exited (status 3) and the drill did not kill it; the end of " in problems[0]
+        hosts.start("legs").wait()  # killed by the fault the drill armed: started again
+        assert hosts.supervise() == ["legs"] and len(problems) == 1
+        assert hosts.supervise() == []  # an exit is taken in once
+        hosts.kill(hosts.alive("legs")[0])
+        hosts.restarts["legs"] = [time.monotonic()] * MAX_RESTARTS  # as often as it may within the window
+        assert hosts.supervise() == [] and "started again 3 times within 120 s already" in problems[-1]
+    finally:
+        hosts.stop(timeout_s=5.0)
