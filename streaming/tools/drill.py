@@ -118,6 +118,7 @@ from streaming.tools.drill_plan import (
     fault_pools,
     parse_duration,
     plan_failures,
+    side_wait_s,
 )
 from streaming.tools.drill_verify import DrillVerification
 from streaming.tools.drill_workload import (
@@ -337,7 +338,8 @@ class Drill:
         one was not recovered within the limit (the drill stops)."""
         recoveries: list[float] = []
         for failure in self.plan:
-            if not self.budget.fits(time.monotonic() + failure.delay_s, self.failures_end, recoveries):
+            start = time.monotonic() + failure.delay_s + side_wait_s(failure)  # a cluster kind's own waits
+            if not self.budget.fits(start, self.failures_end, recoveries):
                 self.stopped = f"the duration allowed {len(self.outcomes)} of the {len(self.plan)} failures planned"
                 if len(self.plan) >= _UNBOUNDED:
                     self.stopped = f"the duration allowed {len(self.outcomes)} failures"

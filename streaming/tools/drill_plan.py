@@ -5,7 +5,8 @@ moments, fault points, damage, the node or group struck), whether a kind
 must restore or must not (``restore_problem``), what happened after each
 failure (``FailureOutcome``), and how long a drill may take
 (``DrillBudget``: a duration, a limit on each recovery; ``percentile`` of
-the recoveries so far says whether the next failure still fits)."""
+the recoveries so far and a cluster kind's own waits, ``side_wait_s``, say
+whether the next failure still fits)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ __all__ = [
     "KINDS",
     "LOCAL_ONLY",
     "RUNNER_RESTARTS",
+    "SIDE_WAITS_S",
     "DrillBudget",
     "ORPHAN_BOUND_S",
     "WORKER_MOMENTS",
@@ -40,6 +42,7 @@ __all__ = [
     "percentile",
     "plan_failures",
     "restore_problem",
+    "side_wait_s",
 ]
 
 
@@ -84,6 +87,17 @@ _RESTORES = {
     FailureKind.GROUP_STANDBY: True,
     FailureKind.RUNNER_REMOTE: True,
 }
+# what a cluster kind waits for outside its recovery, on a 2-core machine, in seconds (the budget counts it): a
+# standby's Spark application and first heartbeat; a node started again (Kafka's brokers or Spark's ALIVE, then
+# a Kafka node's replicas in sync), past its outage; the runner's lease lapsing (the heartbeat timeout, then the
+# members' next heartbeats)
+SIDE_WAITS_S = {
+    FailureKind.GROUP_STANDBY: 60.0,
+    FailureKind.BROKER_NODE: 40.0,
+    FailureKind.SPARK_WORKER: 25.0,
+    FailureKind.RUNNER_REMOTE: 15.0,
+}
+_NODES = (FailureKind.BROKER_NODE, FailureKind.SPARK_WORKER)
 # where a worker failure strikes: at a random moment, or at a fault point armed in the running worker
 WORKER_MOMENTS = ("random", "mid_batch", "during_alignment", "during_upload", "before_sink_commit", "during_restore")
 DAMAGES = ("delete a part", "flip a byte")
@@ -266,6 +280,14 @@ class FailureOutcome:
     @property
     def recovered(self) -> bool:
         return self.recovered_s is not None
+
+
+def side_wait_s(failure: Failure) -> float:
+    """How long ``failure`` waits outside its recovery (``SIDE_WAITS_S``):
+    none for a runner started again at once, a node's outage counted."""
+    if failure.kind is FailureKind.RUNNER_REMOTE and failure.moment != RUNNER_RESTARTS[0]:
+        return 0.0
+    return SIDE_WAITS_S.get(failure.kind, 0.0) + (failure.outage_s if failure.kind in _NODES else 0.0)
 
 
 def restore_problem(outcome: FailureOutcome) -> str | None:

@@ -26,7 +26,14 @@ from streaming.tools.drill import CLUSTER_KINDS, CLUSTER_ONLY, KINDS, FailureKin
 from streaming.tools.drill_failures import FailureInjector
 from streaming.tools.drill_feed import ProgressWatch
 from streaming.tools.drill_job import MAX_RESTARTS, DrilledJob, WorkerHosts, pid_of
-from streaming.tools.drill_plan import RUNNER_RESTARTS, Failure, check_kinds, cluster_targets, restore_problem
+from streaming.tools.drill_plan import (
+    RUNNER_RESTARTS,
+    Failure,
+    check_kinds,
+    cluster_targets,
+    restore_problem,
+    side_wait_s,
+)
 
 NODES = ["kafka-1", "kafka-2", "kafka-3"]
 SPARK_WORKERS = ["spark-worker-1", "spark-worker-2"]
@@ -379,3 +386,11 @@ def test_only_a_group_the_drill_left_empty_is_started_again_and_other_exits_are_
         assert hosts.supervise() == [] and "started again 3 times within 120 s already" in problems[-1]
     finally:
         hosts.stop(timeout_s=5.0)
+
+
+def test_the_budget_counts_a_cluster_kinds_own_waits():
+    assert side_wait_s(Failure(0, FailureKind.BROKER_NODE, 1.0, outage_s=10.0, target="kafka-1")) == 50.0
+    assert side_wait_s(Failure(0, FailureKind.GROUP_STANDBY, 1.0, target="legs")) == 60.0
+    assert side_wait_s(Failure(0, FailureKind.RUNNER_REMOTE, 1.0, RUNNER_RESTARTS[0])) == 15.0
+    assert side_wait_s(Failure(0, FailureKind.RUNNER_REMOTE, 1.0, RUNNER_RESTARTS[1])) == 0.0
+    assert side_wait_s(Failure(0, FailureKind.WORKER, 1.0, "random")) == 0.0
