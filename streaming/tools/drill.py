@@ -328,7 +328,10 @@ class Drill:
                 frames, checks = self._check()
         finally:
             self._stop.set()
-            self.drilled.stop()
+            try:
+                self.drilled.stop()
+            finally:
+                self.failures.cluster.bring_back()  # a node a failure left down
         report = self._report(checks, frames)
         self.drilled.store.close()
         return report

@@ -3,9 +3,10 @@ method per failure kind (a worker killed at random or at a fault point, the
 runner killed, a checkpoint damaged, a service down, records deleted under
 the job; the local cluster's kinds in ``streaming.tools.drill_cluster``),
 then the wait for the job to recover from it: a checkpoint completes after
-it, which is timed, with the checkpoint each restore it caused started from
-and the input records it read again, and for the kinds that must restore or
-must not, whether it did (``restore_problem``)."""
+it (for a kind that must restore, in a later generation), which is timed,
+with the checkpoint each restore it caused started from and the input
+records it read again, and for the kinds that must restore or must not,
+whether it did (``restore_problem``)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from streaming.tools.drill_plan import (
     Failure,
     FailureKind,
     FailureOutcome,
+    must_restore,
     restore_problem,
 )
 
@@ -70,9 +72,11 @@ class FailureInjector:
         generation = self.job.generation()
         t0 = time.monotonic()
         kind = failure.kind
-        recovered: Callable[[], None] | None = None  # a cluster kind's check once the job recovered
+        check: Callable[[], None] | None = None  # a cluster kind's check once the job recovered
+        struck = True
         if kind in CLUSTER_ONLY:
-            t0, newest_before, recovered = self.cluster.strike(outcome)
+            hit = self.cluster.strike(outcome)
+            t0, newest_before, check, struck = hit.at, hit.newest, hit.check, hit.struck
             outcome.at_s = round(t0 - self.started, 1)
         elif kind is FailureKind.WORKER:
             if failure.moment == "random":
@@ -89,10 +93,13 @@ class FailureInjector:
             self.job.start_runner()
         else:
             self._outage(failure)
-        self._recover(outcome, t0, newest_before, generation)
-        if recovered is not None:
-            recovered()
-        problem = restore_problem(outcome)
+        try:
+            self._recover(outcome, t0, newest_before, generation, restores=struck and must_restore(kind) is True)
+            if check is not None:
+                check()
+        finally:
+            self.cluster.bring_back()  # a node the failure killed, whatever went wrong
+        problem = restore_problem(outcome) if struck else None
         if problem is not None:
             self.problems.append(problem)
         self._damaged_not_restored(outcome)
@@ -102,6 +109,10 @@ class FailureInjector:
     # ---- the failure kinds
 
     def _kill_a_worker(self, rng: random.Random) -> None:
+        """SIGKILL one of the job's workers (on the cluster: a member the lease names)."""
+        if self.job.hosts is not None:
+            self.cluster.kill_a_member(rng)
+            return
         pids = self.job.worker_pids()
         if pids:
             kill_group(rng.choice(pids))
@@ -161,13 +172,13 @@ class FailureInjector:
         store = self.job.store
         done = self.job.completed()
         if not done:
-            outcome.note = "no complete checkpoint to damage"
+            outcome.add_note("no complete checkpoint to damage")
             return
         newest = done[-1]
         manifest = store.read_manifest(newest)
         parts = sorted(p.path for snap in manifest.tasks.values() for p in snap.parts)
         if not parts:
-            outcome.note = f"checkpoint {newest} has no parts to damage"
+            outcome.add_note(f"checkpoint {newest} has no parts to damage")
             return
         path = store.layout.part(newest, rng.choice(parts))
         fs = store.location.filesystem
@@ -180,7 +191,7 @@ class FailureInjector:
             with fs.open_output_stream(path) as f:
                 f.write(bytes(raw))
         outcome.damaged = newest
-        outcome.note = (
+        outcome.add_note(
             f"{outcome.failure.moment} of checkpoint {newest}: {path.rsplit('/', 3)[-3]}/…/{path.rsplit('/', 1)[-1]}"
         )
 
@@ -214,10 +225,24 @@ class FailureInjector:
 
     # ---- the recovery
 
-    def _recover(self, outcome: FailureOutcome, t0: float, newest_before: int, generation_before: int) -> None:
+    def _recover(
+        self, outcome: FailureOutcome, t0: float, newest_before: int, generation_before: int, *, restores: bool = False
+    ) -> None:
+        """Wait for a checkpoint completed after ``newest_before``; with
+        ``restores`` (a kind that must restore) one a generation after
+        ``generation_before`` completed: a checkpoint the killed member had
+        acked may still complete before the runner notices it silent."""
+        generations: dict[int, int | None] = {}  # checkpoint -> the generation that completed it
+
         def recovered() -> bool:
             done = self.job.completed()
-            return bool(done) and done[-1] > newest_before
+            if not done or done[-1] <= newest_before:
+                return False
+            if not restores:
+                return True
+            if generations.get(done[-1]) is None:
+                generations[done[-1]] = self.job.generation_of(done[-1])
+            return (generations[done[-1]] or 0) > generation_before
 
         if self.wait(recovered, self.recover_timeout_s):
             outcome.recovered_s = round(time.monotonic() - t0, 2)

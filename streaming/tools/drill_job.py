@@ -212,6 +212,11 @@ class DrilledJob:
         meta = self.quietly(self.store.read_job)
         return meta.generation if meta else 0
 
+    def generation_of(self, checkpoint_id: int) -> int | None:
+        """The generation that completed ``checkpoint_id`` (its manifest's; None while the store is down)."""
+        manifest = self.quietly(lambda: self.store.read_manifest(checkpoint_id))
+        return manifest.generation if manifest else None
+
     def restores(self) -> list[dict]:
         meta = self.quietly(self.store.read_job)
         return list(meta.restores) if meta else []

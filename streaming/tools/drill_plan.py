@@ -2,11 +2,11 @@
 kinds, those of the local runtime and those of the local cluster
 (``check_kinds``), the plan a seed draws (``plan_failures``: kinds, order,
 moments, fault points, damage, the node or group struck), whether a kind
-must restore or must not (``restore_problem``), what happened after each
-failure (``FailureOutcome``), and how long a drill may take
-(``DrillBudget``: a duration, a limit on each recovery; ``percentile`` of
-the recoveries so far and a cluster kind's own waits, ``side_wait_s``, say
-whether the next failure still fits)."""
+must restore or must not (``must_restore``, ``restore_problem``), what
+happened after each failure (``FailureOutcome``), and how long a drill may
+take (``DrillBudget``: a duration, a limit on each recovery; ``percentile``
+of the recoveries so far and a cluster kind's own waits, ``side_wait_s``,
+say whether the next failure still fits)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ __all__ = [
     "check_kinds",
     "cluster_targets",
     "fault_pools",
+    "must_restore",
     "parse_duration",
     "percentile",
     "plan_failures",
@@ -281,6 +282,15 @@ class FailureOutcome:
     def recovered(self) -> bool:
         return self.recovered_s is not None
 
+    def add_note(self, text: str) -> None:
+        """Add ``text`` to what the note says already."""
+        self.note = "; ".join(filter(None, [self.note, text]))
+
+
+def must_restore(kind: FailureKind) -> bool | None:
+    """Whether a failure of ``kind`` must restore (True), must not (False), or may (None)."""
+    return _RESTORES.get(kind)
+
 
 def side_wait_s(failure: Failure) -> float:
     """How long ``failure`` waits outside its recovery (``SIDE_WAITS_S``):
@@ -294,7 +304,7 @@ def restore_problem(outcome: FailureOutcome) -> str | None:
     """What is wrong with the restores ``outcome``'s failure caused, for a
     kind that must restore or must not (None: nothing; a kind not recovered
     is a problem of its own)."""
-    must = _RESTORES.get(outcome.failure.kind)
+    must = must_restore(outcome.failure.kind)
     if must is None or not outcome.recovered:
         return None
     what = f"failure {outcome.failure.index + 1} ({outcome.failure.describe()})"

@@ -8,6 +8,7 @@ runner, the runtime and the control topic stood in for."""
 from __future__ import annotations
 
 import collections
+import random
 import subprocess
 import threading
 import time
@@ -20,7 +21,7 @@ from streaming.adapters.kafka_admin import lagging_replicas, watched
 from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.api.settings import Mode
 from streaming.engine import faults
-from streaming.errors import ConfigError, KafkaUnavailableError
+from streaming.errors import ConfigError, KafkaUnavailableError, SparkAbsError
 from streaming.tools import demo, drill, drill_cluster
 from streaming.tools.drill import CLUSTER_KINDS, CLUSTER_ONLY, KINDS, FailureKind, FailureOutcome
 from streaming.tools.drill_failures import FailureInjector
@@ -237,7 +238,7 @@ def _runner(hosts) -> subprocess.Popen:
     return hosts.runners[-1]
 
 
-def _cluster(hosts, *, runtime=None, heartbeat_timeout_s=8.0):
+def _cluster(hosts, *, runtime=None, heartbeat_timeout_s=8.0, wait=None):
     watch = ProgressWatch("b:9092", demo.pipeline("w"), threading.Event())
     job = types.SimpleNamespace(
         job="drill-x",
@@ -247,10 +248,12 @@ def _cluster(hosts, *, runtime=None, heartbeat_timeout_s=8.0):
         heartbeat_timeout_s=heartbeat_timeout_s,
         connection=types.SimpleNamespace(kafka_bootstrap="b:9092"),
         started=[],
+        generation=lambda: 1,
+        restores=lambda: [],
     )
     job.start_runner = lambda: job.started.append(time.monotonic())
 
-    def wait(condition, timeout_s):  # the drill's poll: it tends the workers, and here the heartbeats come
+    def poll(condition, timeout_s):  # the drill's poll: it tends the workers, and here the heartbeats come
         hosts.supervise()
         beats = [Heartbeat(g, f"h:{p.pid}:x", "h", None) for g in hosts.groups for p in hosts.alive(g)]
         watch.take(beats)
@@ -258,7 +261,7 @@ def _cluster(hosts, *, runtime=None, heartbeat_timeout_s=8.0):
 
     problems: list[str] = []
     injector = FailureInjector(
-        job, watch, runtime=runtime, wait=wait, log=print, problems=problems, started=0.0, recover_timeout_s=1
+        job, watch, runtime=runtime, wait=wait or poll, log=print, problems=problems, started=0.0, recover_timeout_s=1
     )
     return injector.cluster, watch, job, problems
 
@@ -277,8 +280,9 @@ def test_a_groups_member_is_killed_and_a_new_worker_or_its_standby_runs_the_grou
     watch.take([_lease({"legs": _incarnation(hosts.alive("legs")[0]), "windows": _incarnation(member)})])
     kind = FailureKind.GROUP_STANDBY if standby else FailureKind.GROUP
     outcome = FailureOutcome(Failure(0, kind, 1.0, target="windows"), 0.0)
-    _, newest, recovered = cluster.strike(outcome)
-    assert newest == 3 and member.poll() is not None  # the member SIGKILLed
+    hit = cluster.strike(outcome)
+    recovered = hit.check
+    assert hit.newest == 3 and hit.struck and member.poll() is not None  # the member SIGKILLed
     if not standby:  # none left: the drill's next poll starts a worker for the group
         assert hosts.alive("windows") == [] and hosts.supervise() == ["windows"]
     (left,) = hosts.alive("windows")  # the standby, or the worker started
@@ -300,7 +304,7 @@ def test_a_group_without_a_member_running_here_is_a_problem_not_a_kill(hosts):
     cluster.strike(outcome)
     assert problems == [
         "failure 2 (the member of worker group windows SIGKILLed, no standby (a new worker started)): no lease "
-        "named a member of group windows running here within 30 s"
+        "named a member of group windows running here within 30 s (the lease names None): nothing killed"
     ]
     assert len(hosts.alive("windows")) == 1
 
@@ -317,18 +321,18 @@ def test_the_runner_of_remote_members_is_killed_and_the_same_members_run_every_g
     idle = threading.Timer(0.3, lambda: watch.take([Heartbeat(g, i, "h", None) for g, i in members.items()]))
     idle.start()
     outcome = FailureOutcome(Failure(0, FailureKind.RUNNER_REMOTE, 1.0, RUNNER_RESTARTS[0]), 0.0)
-    _, _, recovered = cluster.strike(outcome)
+    recovered = cluster.strike(outcome).check
     idle.join()
     assert runner.poll() is not None and len(job.started) == 1 and problems == []
     assert outcome.note.startswith("every member stopped its tasks ")
     watch.take([_lease(members, 2)])
     recovered()
-    assert problems == [] and outcome.note.endswith("; the 2 members kept, their Spark applications up")
+    assert problems == [] and outcome.note.endswith("; the 2 members kept")
     # a member that still runs its tasks after the lease lapsed, and a group that moved, are problems
     job.runner = _runner(hosts)
     watch.take([Heartbeat("legs", members["legs"], "h", 2)])
     outcome = FailureOutcome(Failure(1, FailureKind.RUNNER_REMOTE, 1.0, RUNNER_RESTARTS[0]), 0.0)
-    _, _, recovered = cluster.strike(outcome)
+    recovered = cluster.strike(outcome).check
     assert "the members of legs, windows still ran their tasks 1 s after the runner died" in problems[-1]
     hosts.kill(hosts.alive("windows")[0])
     hosts.supervise()
@@ -354,14 +358,136 @@ def test_a_kafka_node_stays_down_until_the_job_went_on_then_its_replicas_catch_u
     monkeypatch.setattr(drill_cluster, "out_of_sync", out_of_sync)
     cluster, _, _, problems = _cluster(hosts, runtime=runtime)
     outcome = FailureOutcome(Failure(0, FailureKind.BROKER_NODE, 1.0, outage_s=0.2, target="kafka-2"), 0.0)
-    t0, _, recovered = cluster.strike(outcome)
-    assert calls == [("stop", "kafka-2", True)]
-    recovered()
-    assert calls[-1] == ("up",) and time.monotonic() - t0 >= 0.2 and problems == []
+    hit = cluster.strike(outcome)
+    assert calls == [("stop", "kafka-2", True)] and cluster.down == "kafka-2"
+    hit.check()
+    assert calls[-1] == ("up",) and time.monotonic() - hit.at >= 0.2 and problems == [] and cluster.down is None
     assert outcome.note.startswith("kafka-2 down 0 s, its replicas in sync ") and lagging == []
     spark = FailureOutcome(Failure(1, FailureKind.SPARK_WORKER, 1.0, outage_s=0.0, target="spark-worker-1"), 0.0)
-    cluster.strike(spark)[2]()
+    cluster.strike(spark).check()
     assert calls[-2:] == [("stop", "spark-worker-1", True), ("up",)] and "ALIVE again" in spark.note
+
+
+def test_a_kind_that_must_restore_recovers_only_with_a_checkpoint_of_a_later_generation(hosts):
+    generations = {3: 1, 4: 1, 5: 2}  # 4: acked by the killed member, completed before the runner noticed
+
+    def run(restores: bool) -> list[int]:
+        done: list[int] = []
+
+        def wait(condition, timeout_s):
+            for state in ([3], [3, 4], [3, 4, 5]):
+                done[:] = state
+                if condition():
+                    return True
+            return False
+
+        cluster, _, job, problems = _cluster(hosts, wait=wait)
+        job.completed = lambda: list(done)
+        job.generation_of = generations.get
+        outcome = FailureOutcome(Failure(0, FailureKind.GROUP, 1.0, target="legs"), 0.0)
+        cluster.injector._recover(outcome, time.monotonic(), 3, 1, restores=restores)
+        assert outcome.recovered and problems == []
+        return done
+
+    assert run(restores=True) == [3, 4, 5] and run(restores=False) == [3, 4]
+
+
+def test_a_node_killed_starts_again_when_the_drill_fails_before_it_recovered(hosts):
+    calls = []
+    runtime = types.SimpleNamespace(
+        stop_service=lambda name, kill: calls.append(("stop", name)) or 4242, up=lambda: calls.append(("up",))
+    )
+
+    def wait(condition, timeout_s):
+        raise SparkAbsError("the job runner exited")
+
+    cluster, _, _, _ = _cluster(hosts, runtime=runtime, wait=wait)
+    failure = Failure(0, FailureKind.SPARK_WORKER, 1.0, outage_s=30.0, target="spark-worker-1")
+    with pytest.raises(SparkAbsError, match="runner exited"):
+        cluster.injector.inject(failure, random.Random(1))
+    assert calls == [("stop", "spark-worker-1"), ("up",)] and cluster.down is None
+    cluster.bring_back()  # the drill's own end: nothing left down
+    assert calls[-1] == ("up",) and len(calls) == 2
+
+
+def test_a_node_not_running_is_a_problem_and_no_replicas_are_said_in_sync(hosts, monkeypatch):
+    calls = []
+    runtime = types.SimpleNamespace(stop_service=lambda name, kill: None, up=lambda: calls.append("up"))
+    monkeypatch.setattr(drill_cluster, "out_of_sync", lambda bootstrap, job: [])
+    cluster, _, _, problems = _cluster(hosts, runtime=runtime)
+    outcome = FailureOutcome(Failure(0, FailureKind.BROKER_NODE, 1.0, outage_s=0.0, target="kafka-3"), 0.0)
+    hit = cluster.strike(outcome)
+    assert not hit.struck and problems[-1].endswith("kafka-3 was not running: nothing killed")
+    hit.check()
+    assert calls == ["up"] and "in sync" not in outcome.note
+
+
+def test_a_standby_that_never_joins_is_killed_and_the_member_is_not(hosts, monkeypatch):
+    monkeypatch.setattr(drill_cluster, "pid_of", lambda incarnation: None)  # no heartbeat is the standby's
+    for group in hosts.groups:
+        hosts.start(group)
+    cluster, watch, _, problems = _cluster(hosts)
+    member = hosts.alive("windows")[0]
+    watch.take([_lease({"windows": _incarnation(member)})])
+    outcome = FailureOutcome(Failure(0, FailureKind.GROUP_STANDBY, 1.0, target="windows"), 0.0)
+    hit = cluster.strike(outcome)
+    assert not hit.struck and hosts.alive("windows") == [member] and len(hosts.processes["windows"]) == 2
+    assert problems[-1].endswith(
+        "the standby of group windows sent no heartbeat within 180 s: it was killed, the member was not"
+    )
+    assert hosts.supervise() == [] and len(problems) == 1  # the standby killed is the drill's: no report, no restart
+
+
+def test_the_member_is_looked_up_again_once_the_standby_joined_and_never_the_standby(hosts, monkeypatch):
+    for group in hosts.groups:
+        hosts.start(group)
+    cluster, watch, _, problems = _cluster(hosts)
+    member = hosts.alive("windows")[0]
+    watch.take([_lease({"windows": _incarnation(member)})])
+
+    def standby(outcome, group):  # it joins, and the lease names it already
+        incarnation = _incarnation(hosts.start(group))
+        watch.take([_lease({"windows": incarnation}, 2)])
+        return incarnation
+
+    monkeypatch.setattr(cluster, "_standby", standby)
+    outcome = FailureOutcome(Failure(0, FailureKind.GROUP_STANDBY, 1.0, target="windows"), 0.0)
+    hit = cluster.strike(outcome)
+    assert not hit.struck and len(hosts.alive("windows")) == 2  # nothing killed
+    assert "other than its standby h:" in problems[-1] and problems[-1].endswith("nothing killed")
+
+
+def test_the_runner_of_remote_members_must_have_a_member_for_every_group(hosts):
+    for group in hosts.groups:
+        hosts.start(group)
+    cluster, watch, _, problems = _cluster(hosts)
+    watch.take([_lease({"legs": _incarnation(hosts.alive("legs")[0])})])  # windows: no member named
+    outcome = FailureOutcome(Failure(0, FailureKind.RUNNER_REMOTE, 1.0, RUNNER_RESTARTS[1]), 0.0)
+    cluster.strike(outcome).check()
+    assert problems == [
+        "failure 1 (job runner of remote members SIGKILLed, started again at once): before the runner was killed "
+        "no lease named a member running here of group(s) windows"
+    ]
+    assert "kept" not in outcome.note
+
+
+def test_a_worker_killed_on_the_cluster_is_a_member_the_lease_names_never_a_standby(hosts):
+    for group in hosts.groups:
+        hosts.start(group)
+    standby = hosts.start("legs")
+    cluster, watch, _, _ = _cluster(hosts)
+    member = hosts.alive("legs")[0]
+    watch.take([_lease({"legs": _incarnation(member)})])
+    cluster.injector._kill_a_worker(random.Random(3))
+    assert member.poll() is not None and standby.poll() is None and len(hosts.alive("windows")) == 1
+
+
+def test_damage_keeps_the_note_the_runners_kill_wrote(hosts):
+    cluster, _, job, _ = _cluster(hosts)
+    job.store, job.completed = None, lambda: []
+    outcome = FailureOutcome(Failure(0, FailureKind.DAMAGE, 1.0, "flip a byte"), 0.0, note="every member stopped")
+    cluster.injector._damage(outcome, random.Random(1))
+    assert outcome.note == "every member stopped; no complete checkpoint to damage"
 
 
 def test_only_a_group_the_drill_left_empty_is_started_again_and_other_exits_are_reported(tmp_path):
