@@ -7,7 +7,7 @@ a node, a restore for a group or the runner, the standby or a new worker
 running the group, the same members after the runner), and the output
 equal to the reference for every window, each once.
 
-It runs only when asked (``SPARK_ABS_CLUSTER_DRILL=1``): about 8 minutes on
+It runs only when asked (``RUN_CLUSTER_DRILL=1``): about 8 minutes on
 a 2-core machine, more than the suite's time budget has left."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from streaming.tools.drill import CLUSTER_ONLY, FailureKind
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(
-        not os.environ.get("SPARK_ABS_CLUSTER_DRILL"),
-        reason="about 8 minutes: run with SPARK_ABS_CLUSTER_DRILL=1",
+        not os.environ.get("RUN_CLUSTER_DRILL"),
+        reason="about 8 minutes: run with RUN_CLUSTER_DRILL=1",
     ),
 ]
 
