@@ -128,7 +128,8 @@ class WatermarkTracker:
         self._last_seen = {c: now for c in self._inputs}
         self._said_idle: set[ChannelId] = set()
         self._timed_out: set[ChannelId] = set()
-        # idle_after_event_time: how far the other inputs had got when a channel last brought records
+        # idle_after_event_time: its channels, and how far the other inputs had got when one last brought records
+        self._behind_after = {c: s.idle_after_ms for c, s in self._inputs.items() if s.idle_after_ms is not None}
         self._anchor: dict[ChannelId, int] = {}
         self._left_behind: set[ChannelId] = set()
         self._brought: set[ChannelId] = set()
@@ -170,15 +171,13 @@ class WatermarkTracker:
         a channel that brought records in it is anchored where the other
         inputs got to; one that did not is idle once they moved on past its
         anchor by that much."""
-        for channel, source in self._inputs.items():
-            if source.idle_after_ms is None:
-                continue
+        for channel, after_ms in self._behind_after.items():
             others = max((w for c, w in self._by_channel.items() if c != channel), default=None)
             if others is None:
                 continue
             if channel in self._brought:
                 self._anchor[channel] = others
-            elif others - self._anchor.setdefault(channel, others) >= source.idle_after_ms:
+            elif others - self._anchor.setdefault(channel, others) >= after_ms:
                 self._left_behind.add(channel)
 
     def observe(self, channel: ChannelId, rows: pa.Table, decoded: pa.Table | None) -> None:
