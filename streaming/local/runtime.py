@@ -138,6 +138,7 @@ class LocalRuntime:
         java = jars.require_tool("java")
         binary = self.fetch()["s3-server"][0]
         with self._locked():
+            self.services.stop_unrecorded(self._progress)
             ports = self.services.load_ports()
             kafka_ports = KafkaStarter(self.services, self._progress).up(java, ports)
             s3_port = S3Starter(self.services, self._progress).up(binary, ports, set(kafka_ports.values()))
@@ -225,8 +226,7 @@ class LocalRuntime:
             connection = None
         services = []
         for spec in self.services.specs():
-            port_name = {"spark-master": "spark"}.get(spec.name, spec.name)
-            port = ports.get(port_name) or ports.get(f"{port_name}_web")
+            port = ports.get(self.services.port_names(spec.name)[0])
             services.append(
                 ServiceStatus(
                     name=spec.name,

@@ -68,6 +68,33 @@ class RuntimeServices:
         except (OSError, ValueError, AttributeError):
             return {}
 
+    def port_names(self, service: str) -> list[str]:
+        """The ``ports.json`` entries a service listens on (a Kafka node its
+        broker and controller ports, the master its own and its web UI's)."""
+        if service.startswith("kafka"):
+            return [service, f"{service}_controller"]
+        if service == "spark-master":
+            return ["spark", "spark_web"]
+        if service.startswith("spark-worker-"):
+            return [f"{service}_web"]
+        return [service]
+
+    def stop_unrecorded(self, progress) -> list[str]:
+        """Stop each service that runs on a port ``ports.json`` does not hold
+        (a start interrupted before it wrote them): nothing could reach it,
+        and ``up`` starts it again on ports it records."""
+        remembered = self.load_ports()
+        stopped = []
+        for spec in self.specs():
+            if processes.running_pid(spec.pid_path, spec.marker) is None:
+                continue
+            if all(name in remembered for name in self.port_names(spec.name)):
+                continue
+            progress(f"{spec.name} runs on ports not on record (a start interrupted): stopping it to start it again")
+            processes.stop(spec.pid_path, spec.marker)
+            stopped.append(spec.name)
+        return stopped
+
     def choose_port(self, name: str, configured: int, remembered: dict[str, int], taken: set[int], what: str) -> int:
         if configured:
             processes.ensure_port_free(configured, what)

@@ -98,7 +98,12 @@ def worker_spec(runtime_dir: Path, index: int, master_port: int = 0, web_port: i
 
 
 def alive_workers(web_port: int) -> int:
-    """How many workers the master's web UI lists as ALIVE."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/json/", timeout=3) as response:
-        state = json.loads(response.read())
+    """How many workers the master's web UI lists as ALIVE; none while the UI
+    cannot say yet (its port opens before its ``/json/`` page answers: a 404
+    or a refused connection for a moment after the master starts)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/json/", timeout=3) as response:
+            state = json.loads(response.read())
+    except (OSError, ValueError):  # urllib's HTTPError and URLError are OSErrors; a page half written
+        return 0
     return sum(1 for worker in state.get("workers", []) if worker.get("state") == "ALIVE")

@@ -41,8 +41,9 @@ and any first ones are balanced:
 
 With ``--cluster`` the drill runs on the local cluster (``spark-abs local up
 --cluster``: three Kafka nodes, a Spark standalone master with two
-workers), the job's worker groups remote (a ``spark-abs worker`` per stage,
-which the drill starts, and starts again when one dies, as a host's process
+workers), the job's worker groups remote (a ``spark-abs worker`` per group,
+a group per stage or, with ``--workers one``, one for the whole job, which
+the drill starts, and starts again when one dies, as a host's process
 manager would), and draws from the cluster's kinds as well
 (``streaming.tools.drill_cluster``):
 
@@ -97,7 +98,8 @@ import pandas as pd
 
 from streaming.api.config import Connection, LocalRuntimeSettings, default_home
 from streaming.api.pipeline import load_pipeline
-from streaming.api.settings import MODES, JobSettings, Mode, StateSnapshots
+from streaming.api.settings import MODES, WORKER_LAYOUTS, JobSettings, Mode, StateSnapshots
+from streaming.engine.runner import worker_groups
 from streaming.errors import ConfigError, SparkAbsError, parse_choice
 from streaming.tools.commands import add_state_snapshot_options
 from streaming.tools.drill_failures import FailureInjector
@@ -232,6 +234,7 @@ class Drill:
         on_failure: Callable[[FailureOutcome], None] | None = None,
         state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
         cluster: bool = False,
+        workers: str = "per-stage",
     ):
         self.connection = connection
         self.pipeline_ref = pipeline
@@ -254,8 +257,8 @@ class Drill:
         pools = fault_pools(self.pipeline, self.mode)
         if cluster:
             services = runtime.services
-            workers = [spec.name for spec in services.spark_specs()[1:]]  # the master first
-            pools |= cluster_targets(self.pipeline, services.kafka_names(), workers)
+            spark_workers = [spec.name for spec in services.spark_specs()[1:]]  # the master first
+            pools |= cluster_targets(self.pipeline, services.kafka_names(), spark_workers, workers)
         self.plan = plan_failures(failures, seed, kinds, pools, interval_s)
         self.problems: list[str] = []  # what went wrong outside the expectations
         self.drilled = DrilledJob(
@@ -269,8 +272,10 @@ class Drill:
             state_snapshots=parse_choice(StateSnapshots, state_snapshots, "state snapshots"),
             # a fault during a restore makes two restores of one failure (a duration-bound plan: at most one a second)
             max_restores=2 * (len(self.plan) if len(self.plan) < _UNBOUNDED else int(budget.duration_s or 0)) + 10,
-            # on the cluster a group per stage, each a `spark-abs worker` the drill runs
-            remote_groups=[stage.name for stage in self.pipeline.stages] if cluster else (),
+            # on the cluster the groups of the layout (a group per stage, or one), each a `spark-abs worker`
+            # the drill runs
+            remote_groups=list(worker_groups(self.pipeline, workers)) if cluster else (),
+            workers=workers,
             problems=self.problems,  # a remote worker that exited unbidden
         )
         self.started = time.monotonic()
@@ -437,6 +442,15 @@ class Drill:
         )
 
 
+def _check_workers(workers: str, cluster: bool) -> None:
+    """The remote groups' layout: one of ``spark-abs run``'s, and only with
+    ``--cluster`` (on the local runtime the runner starts its workers)."""
+    if workers not in WORKER_LAYOUTS:
+        raise ConfigError(f"--workers: {workers!r} is not one of {', '.join(WORKER_LAYOUTS)}")
+    if workers != "per-stage" and not cluster:
+        raise ConfigError("--workers lays out the remote worker groups of a drill with --cluster; add --cluster")
+
+
 def _check_kinds(kinds: Sequence[FailureKind], runtime, store_uri: str, cluster: bool = False) -> None:
     """Refuse failure kinds the deployment cannot have: outages need the local runtime, a store outage an s3:// store,
     the cluster's kinds the local cluster (``check_kinds``)."""
@@ -508,6 +522,7 @@ def run_drill(
     on_failure: Callable[[FailureOutcome], None] | None = None,
     state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
     cluster: bool = False,
+    workers: str = "per-stage",
 ) -> DrillRun:
     """Run a drill (see the module docstring) and write its report; the
     local runtime is started when no ``connection`` is given.  ``pipeline``
@@ -517,7 +532,8 @@ def run_drill(
     phase of its own, in turn, the failures and the duration shared between
     them.  ``on_failure`` hears of each failure's outcome as it comes.
     ``cluster``: on the local cluster (started when no ``connection`` is
-    given), the job's worker groups remote, ``kinds`` by default
+    given), the job's worker groups remote, laid out as ``workers`` says (a
+    group per stage, or ``one`` for the whole job), ``kinds`` by default
     ``CLUSTER_KINDS`` (else ``KINDS``).  Its progress is logged (INFO)."""
     from streaming.tools import drill_report
 
@@ -531,6 +547,7 @@ def run_drill(
         kinds = CLUSTER_KINDS if cluster else KINDS
     chosen = tuple(parse_choice(FailureKind, k, "failure kind") for k in kinds)
     check_kinds(chosen, cluster)
+    _check_workers(workers, cluster)
     pipeline = pipeline_reference(pipeline)
     if not isinstance(workload, DrillWorkload):
         workload = load_workload(workload) if workload else workload_for(pipeline)
@@ -565,6 +582,7 @@ def run_drill(
             on_failure=on_failure,
             state_snapshots=state_snapshots,
             cluster=cluster,
+            workers=workers,
         )
         phases.append(drill.run())
         if not phases[-1].passed and not phases[-1].checks:  # stopped: a failure not recovered
@@ -643,8 +661,15 @@ def main(argv: list[str] | None = None) -> int:
         "--cluster",
         action="store_true",
         help="drill on the local cluster (spark-abs local up --cluster, started if need be; SPARK_ABS_* ignored): "
-        "the job's worker groups remote, a `spark-abs worker` per stage, and the cluster's failure kinds "
+        "the job's worker groups remote, a `spark-abs worker` per group, and the cluster's failure kinds "
         f"({','.join(CLUSTER_ONLY)})",
+    )
+    parser.add_argument(
+        "--workers",
+        default="per-stage",
+        choices=WORKER_LAYOUTS,
+        help="with --cluster: the remote worker groups, as `spark-abs run --workers` lays them out: a group per "
+        "stage (default), or one group for the whole job (one Spark application: fewer JVMs on a small machine)",
     )
     mode = JobSettings.default("mode")
     parser.add_argument(
@@ -678,6 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
     if kinds:  # before the runtime starts
         check_kinds([parse_choice(FailureKind, k, "failure kind") for k in kinds], args.cluster)
+    _check_workers(args.workers, args.cluster)
     connection = None if args.cluster else Connection.from_env(os.environ)
     runtime = None
     if connection is None:
@@ -704,6 +730,7 @@ def main(argv: list[str] | None = None) -> int:
         recovery_limit_s=args.recovery_limit,
         on_failure=bar,
         cluster=args.cluster,
+        workers=args.workers,
     )
     if bar is None:
         run = run_drill(connection, **options)

@@ -302,6 +302,6 @@ class ClusterFailures:
                     f"(the lease names {', '.join(f'{g}={now.get(g)}' for g in moved)})",
                 )
             if not unnamed and not moved:
-                outcome.add_note(f"the {len(members)} members kept")
+                outcome.add_note("the member kept" if len(members) == 1 else f"the {len(members)} members kept")
 
         return Struck(t0, newest, kept)

@@ -68,6 +68,7 @@ class DrilledJob:
         max_restores: int,
         state_snapshots: str = "full",
         remote_groups: Sequence[str] = (),
+        workers: str = "per-stage",
         heartbeat_timeout_s: float = REMOTE_HEARTBEAT_TIMEOUT_S,
         problems: list[str] | None = None,
     ):
@@ -89,6 +90,7 @@ class DrilledJob:
         self._completed: list[int] = []  # checkpoints seen complete, ascending (completed)
         # remote groups (the local cluster): the runner starts no worker, the drill runs one per group
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.workers = workers  # the groups' layout (`spark-abs run --workers`): per-stage or one
         self.hosts: WorkerHosts | None = None
         if remote_groups:
             env = {**connection.as_env(), faults.FILE_ENV: str(self.fault_file)}
@@ -115,12 +117,12 @@ class DrilledJob:
 
     def runner_command(self, *extra: str) -> list[str]:
         """The ``spark-abs run`` command line of the job; with remote groups it
-        starts no worker (``--remote-workers``, a group per stage)."""
+        starts no worker (``--remote-workers``, the groups of ``workers``)."""
         remote = []
         if self.hosts is not None:
             remote = [
                 "--workers",
-                "per-stage",
+                self.workers,
                 "--remote-workers",
                 "--heartbeat-timeout",
                 f"{self.heartbeat_timeout_s:g}",

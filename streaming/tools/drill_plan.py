@@ -164,12 +164,15 @@ def fault_pools(pipeline: Pipeline, mode: Mode) -> dict[str, list[str]]:
 
 
 def cluster_targets(
-    pipeline: Pipeline, kafka_nodes: Sequence[str], spark_workers: Sequence[str]
+    pipeline: Pipeline, kafka_nodes: Sequence[str], spark_workers: Sequence[str], workers: str = "per-stage"
 ) -> dict[str, list[str]]:
     """What the cluster kinds strike, by kind: a Kafka node, a Spark worker,
-    a worker group (one per stage: the drill runs the job ``--workers
-    per-stage``), the pools ``plan_failures`` draws from beside ``fault_pools``."""
-    groups = [stage.name for stage in pipeline.stages]
+    a worker group of the job's layout (``workers``: ``per-stage``, a group
+    per stage, or ``one``, the group ``all``), the pools ``plan_failures``
+    draws from beside ``fault_pools``."""
+    from streaming.engine.runner import worker_groups
+
+    groups = list(worker_groups(pipeline, workers))
     return {
         FailureKind.BROKER_NODE.value: list(kafka_nodes),
         FailureKind.SPARK_WORKER.value: list(spark_workers),

@@ -79,3 +79,39 @@ def test_a_worker_group_on_a_standalone_master_leaves_cores_to_the_others():
     assert on_cluster["spark.jars"] == "/jars/a.jar"  # the connector reaches the executors
     local = spark_conf(SparkSettings(master="local[2]"), [])
     assert "spark.cores.max" not in local and "spark.executor.memory" not in local
+
+
+def test_live_workers_are_none_while_the_masters_page_is_not_served_yet():
+    """The master's web port opens before its /json/ page answers: a 404 (or
+    a refused connection) means none yet, so the start-up waits on."""
+    import http.server
+    import json
+    import threading
+
+    pages = {"/json/": None}
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = pages.get(self.path)
+            if body is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        assert spark_cluster.alive_workers(port) == 0
+        workers = [{"state": "ALIVE"}, {"state": "DEAD"}, {"state": "ALIVE"}]
+        pages["/json/"] = json.dumps({"workers": workers}).encode()
+        assert spark_cluster.alive_workers(port) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert spark_cluster.alive_workers(port) == 0  # nothing listens any more

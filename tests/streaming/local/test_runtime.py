@@ -64,3 +64,32 @@ def test_down_without_up_stops_nothing(tmp_path, runtime_settings):
     runtime = _second_runtime(tmp_path, runtime_settings)
     assert runtime.down() == ["kafka: was not running", "s3: was not running"]
     assert not runtime.status().all_running
+
+
+def test_a_service_on_ports_not_on_record_is_stopped_before_up_starts_it_again(tmp_path, runtime_settings):
+    """A start interrupted before it wrote ports.json leaves a service up
+    on ports nobody knows: ``up`` stops it (and says so) to start it again
+    on ports it records; one whose ports are on record is kept."""
+    import subprocess
+    import sys
+
+    from streaming.local.services import RuntimeServices
+
+    services = RuntimeServices(_second_runtime(tmp_path, runtime_settings).settings)
+    s3 = services.s3_spec()
+    s3.pid_path.parent.mkdir(parents=True, exist_ok=True)
+    # a process that passes for the S3 server: its command line holds the marker
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", s3.marker])
+    try:
+        s3.pid_path.write_text(f"{stand_in.pid}\n")
+        services.ports_file.write_text('{"s3": 1234}')
+        assert services.stop_unrecorded(print) == []
+        assert stand_in.poll() is None
+        services.ports_file.unlink()
+        said: list[str] = []
+        assert services.stop_unrecorded(said.append) == ["s3"]
+        assert stand_in.wait(20) is not None
+        assert said and "s3 runs on ports not on record" in said[0]
+        assert not s3.pid_path.exists()
+    finally:
+        stand_in.kill()

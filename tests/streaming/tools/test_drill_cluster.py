@@ -204,6 +204,31 @@ def test_with_remote_groups_the_runner_starts_no_worker_and_the_workers_see_the_
     assert remote.hosts.groups == ["legs", "accounts", "windows"]
     assert remote.hosts.env[faults.FILE_ENV] == str(tmp_path / "report" / "faults")
     assert remote.hosts.env["SPARK_ABS_KAFKA_BOOTSTRAP"] == "b:9092"
+    one = DrilledJob(connection, **options, remote_groups=["all"], workers="one")
+    assert one.runner_command()[one.runner_command().index("--workers") + 1] == "one"
+    assert one.hosts.groups == ["all"]
+
+
+def test_with_one_group_for_the_job_the_group_kinds_strike_it_and_workers_needs_the_cluster():
+    pipeline = demo.pipeline("plan")
+    per_stage = cluster_targets(pipeline, NODES, SPARK_WORKERS)
+    assert (
+        per_stage[FailureKind.GROUP.value]
+        == per_stage[FailureKind.GROUP_STANDBY.value]
+        == [
+            "legs",
+            "accounts",
+            "windows",
+        ]
+    )
+    one = cluster_targets(pipeline, NODES, SPARK_WORKERS, "one")
+    assert one[FailureKind.GROUP.value] == one[FailureKind.GROUP_STANDBY.value] == ["all"]
+    assert one[FailureKind.SPARK_WORKER.value] == SPARK_WORKERS
+    # refused before any runtime starts
+    with pytest.raises(ConfigError, match="--workers lays out the remote worker groups of a drill with --cluster"):
+        drill.run_drill(workers="one")
+    with pytest.raises(ConfigError, match="'pairs' is not one of one, per-stage"):
+        drill.run_drill(cluster=True, workers="pairs")
 
 
 def test_a_partition_is_out_of_sync_while_one_of_its_replicas_is_not_in_sync():
