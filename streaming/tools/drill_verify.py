@@ -177,21 +177,37 @@ class DrillVerification:
                     "letters": len(reasons),
                     "reason": reasons[0] if reasons else None,
                     "made_malformed": True,
+                    "expected": True,
                 }
             )
         made = set(self.malformed)
         others = Counter()
+        designed = Counter()
         for (channel, offset), reasons in seen.items():
             if (channel, offset) in made:
                 continue
             for reason in reasons:
+                by_design = self.workload.by_design(reason)
                 rows.append(
-                    {"source": channel, "offset": offset, "letters": 1, "reason": reason, "made_malformed": False}
+                    {
+                        "source": channel,
+                        "offset": offset,
+                        "letters": 1,
+                        "reason": reason,
+                        "made_malformed": False,
+                        "expected": by_design,
+                    }
                 )
-                others[(reason, channel)] += 1
+                (designed if by_design else others)[(reason, channel)] += 1
+        if designed:
+            self.log(
+                f"dead letters: {sum(designed.values())} records quarantined by design (the workload's quarantined): "
+                + "; ".join(f"{n} from {channel}: {reason}" for (reason, channel), n in designed.most_common(5))
+            )
         if others:
             self.log(
-                f"dead letters: {sum(others.values())} records quarantined that the drill did not make malformed: "
+                f"dead letters: {sum(others.values())} records quarantined that the drill did not make malformed "
+                "and the workload does not quarantine by design: "
                 + "; ".join(f"{n} from {channel}: {reason}" for (reason, channel), n in others.most_common(5))
             )
             if any(reason.endswith(": late") for reason, _ in others):
@@ -200,7 +216,7 @@ class DrillVerification:
                     "idle_timeout shorter than a pause of every producer (a broker outage) lets event time move "
                     "on without them (docs/concepts/event-time.md, 'Idle partitions')"
                 )
-        return pd.DataFrame(rows, columns=["source", "offset", "letters", "reason", "made_malformed"])
+        return pd.DataFrame(rows, columns=["source", "offset", "letters", "reason", "made_malformed", "expected"])
 
     def _kafka_output(self, topic: str):
         """The JSON values a Kafka sink committed to ``topic`` as a pyarrow

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -76,7 +77,11 @@ class DrillWorkload:
     checkpoint_id, read_range)`` its total in a checkpoint (zero when
     conserved); ``output(table)`` the committed output (a pyarrow table: an
     object-store sink's rows, or a Kafka sink's JSON values) as a frame
-    (default: as it is)."""
+    (default: as it is); ``quarantined`` the reasons (regular expressions,
+    searched in a dead letter's reason) of records the pipeline
+    quarantines by design from well-formed input (a validation stage that
+    refuses some), whose dead letters the drill then expects: the
+    reference must leave those records out as well."""
 
     records: Callable[[Pipeline, random.Random], Iterator[InputRecord]]
     reference: Callable[[Any, Pipeline, str], pd.DataFrame]
@@ -85,6 +90,18 @@ class DrillWorkload:
     end: Callable[[Pipeline], list[InputRecord]] | None = None
     conserved: Callable[[SnapshotStore, int, Callable], int] | None = None
     output: Callable[[Any], pd.DataFrame] | None = None
+    quarantined: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for pattern in self.quarantined:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"DrillWorkload quarantined: {pattern!r} is not a regular expression: {exc}") from exc
+
+    def by_design(self, reason: str) -> bool:
+        """Whether a dead letter's ``reason`` is one the pipeline quarantines by design."""
+        return any(re.search(pattern, reason) for pattern in self.quarantined)
 
     def closing(self, pipeline: Pipeline) -> list[InputRecord]:
         """The records that close the input."""

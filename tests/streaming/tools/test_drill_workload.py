@@ -127,3 +127,21 @@ def test_the_money_workload_makes_transfers_and_a_few_malformed_records():
     transfers = [json.loads(r.value) for r in first if not r.malformed]
     assert [t["id"] for t in transfers] == list(range(len(transfers)))
     assert all(r.partition == json.loads(r.value)["id"] % 2 for r in first if not r.malformed)
+
+
+def test_a_workload_names_the_reasons_its_pipeline_quarantines_by_design():
+    from streaming.tools.drill_workload import DrillWorkload
+
+    def records(pipeline, rng):
+        yield from ()
+
+    def reference(spark, pipeline, bootstrap):
+        return None
+
+    plain = DrillWorkload(records, reference, keys=("k",), sums=("n",))
+    assert not plain.by_design("Validate: amount below zero")
+    validating = DrillWorkload(records, reference, keys=("k",), sums=("n",), quarantined=(r"^Validate: amount",))
+    assert validating.by_design("Validate: amount below zero")
+    assert not validating.by_design("value is not JSON") and not validating.by_design("TumblingWindowAggregate: late")
+    with pytest.raises(ConfigError, match=r"quarantined: '\(' is not a regular expression"):
+        DrillWorkload(records, reference, keys=("k",), sums=("n",), quarantined=("(",))
