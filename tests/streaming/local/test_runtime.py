@@ -72,7 +72,9 @@ def test_a_service_on_ports_not_on_record_is_stopped_before_up_starts_it_again(t
     on ports it records; one whose ports are on record is kept."""
     import subprocess
     import sys
+    import time
 
+    from streaming.local import processes
     from streaming.local.services import RuntimeServices
 
     services = RuntimeServices(_second_runtime(tmp_path, runtime_settings).settings)
@@ -82,6 +84,11 @@ def test_a_service_on_ports_not_on_record_is_stopped_before_up_starts_it_again(t
     stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", s3.marker])
     try:
         s3.pid_path.write_text(f"{stand_in.pid}\n")
+        # until it has exec'd, the child's command line is still pytest's
+        deadline = time.monotonic() + 30
+        while processes.running_pid(s3.pid_path, s3.marker) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes.running_pid(s3.pid_path, s3.marker) == stand_in.pid
         services.ports_file.write_text('{"s3": 1234}')
         assert services.stop_unrecorded(print) == []
         assert stand_in.poll() is None
