@@ -11,6 +11,7 @@ groups of a job run at once instead of queueing for slots."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import sys
 import urllib.request
@@ -104,6 +105,6 @@ def alive_workers(web_port: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/json/", timeout=3) as response:
             state = json.loads(response.read())
-    except (OSError, ValueError):  # urllib's HTTPError and URLError are OSErrors; a page half written
+    except (OSError, ValueError, http.client.HTTPException):  # urllib's errors are OSErrors; a page cut short
         return 0
     return sum(1 for worker in state.get("workers", []) if worker.get("state") == "ALIVE")

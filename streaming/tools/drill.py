@@ -234,7 +234,7 @@ class Drill:
         on_failure: Callable[[FailureOutcome], None] | None = None,
         state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
         cluster: bool = False,
-        workers: str = "per-stage",
+        workers: str | None = None,
     ):
         self.connection = connection
         self.pipeline_ref = pipeline
@@ -254,6 +254,7 @@ class Drill:
         self.job = f"drill-{seed}-{uuid.uuid4().hex[:6]}"
         self.pipeline = load_pipeline(pipeline, self.job)
         _check_kinds(kinds, runtime, store_uri, cluster)
+        workers = _check_workers(workers, cluster)
         pools = fault_pools(self.pipeline, self.mode)
         if cluster:
             services = runtime.services
@@ -442,13 +443,17 @@ class Drill:
         )
 
 
-def _check_workers(workers: str, cluster: bool) -> None:
-    """The remote groups' layout: one of ``spark-abs run``'s, and only with
-    ``--cluster`` (on the local runtime the runner starts its workers)."""
+def _check_workers(workers: str | None, cluster: bool) -> str:
+    """The remote groups' layout (None: a group per stage): one of ``spark-abs
+    run``'s, and given only with ``--cluster`` (on the local runtime the
+    drill runs the job as ``spark-abs run`` does by default, one worker)."""
+    if workers is None:
+        return "per-stage"
+    if not cluster:
+        raise ConfigError("--workers lays out the remote worker groups of a drill with --cluster; add --cluster")
     if workers not in WORKER_LAYOUTS:
         raise ConfigError(f"--workers: {workers!r} is not one of {', '.join(WORKER_LAYOUTS)}")
-    if workers != "per-stage" and not cluster:
-        raise ConfigError("--workers lays out the remote worker groups of a drill with --cluster; add --cluster")
+    return workers
 
 
 def _check_kinds(kinds: Sequence[FailureKind], runtime, store_uri: str, cluster: bool = False) -> None:
@@ -522,7 +527,7 @@ def run_drill(
     on_failure: Callable[[FailureOutcome], None] | None = None,
     state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
     cluster: bool = False,
-    workers: str = "per-stage",
+    workers: str | None = None,
 ) -> DrillRun:
     """Run a drill (see the module docstring) and write its report; the
     local runtime is started when no ``connection`` is given.  ``pipeline``
@@ -547,7 +552,7 @@ def run_drill(
         kinds = CLUSTER_KINDS if cluster else KINDS
     chosen = tuple(parse_choice(FailureKind, k, "failure kind") for k in kinds)
     check_kinds(chosen, cluster)
-    _check_workers(workers, cluster)
+    workers = _check_workers(workers, cluster)
     pipeline = pipeline_reference(pipeline)
     if not isinstance(workload, DrillWorkload):
         workload = load_workload(workload) if workload else workload_for(pipeline)
@@ -666,7 +671,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--workers",
-        default="per-stage",
         choices=WORKER_LAYOUTS,
         help="with --cluster: the remote worker groups, as `spark-abs run --workers` lays them out: a group per "
         "stage (default), or one group for the whole job (one Spark application: fewer JVMs on a small machine)",

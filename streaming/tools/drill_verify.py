@@ -21,7 +21,7 @@ from streaming.tools.drill_job import DrilledJob
 from streaming.tools.drill_plan import FailureOutcome
 from streaming.tools.drill_workload import DrillWorkload
 
-__all__ = ["DrillVerification"]
+__all__ = ["DrillVerification", "dead_letter_frame"]
 
 
 class DrillVerification:
@@ -167,38 +167,10 @@ class DrillVerification:
             source = (headers.get("spark-abs-source", ""), int(headers.get("spark-abs-source-offset", -1)))
             seen.setdefault(source, []).append(headers.get("spark-abs-reason", ""))
         consumer.close()
-        rows = []
-        for channel, offset in self.malformed:
-            reasons = seen.get((channel, offset), [])
-            rows.append(
-                {
-                    "source": channel,
-                    "offset": offset,
-                    "letters": len(reasons),
-                    "reason": reasons[0] if reasons else None,
-                    "made_malformed": True,
-                    "expected": True,
-                }
-            )
-        made = set(self.malformed)
-        others = Counter()
-        designed = Counter()
-        for (channel, offset), reasons in seen.items():
-            if (channel, offset) in made:
-                continue
-            for reason in reasons:
-                by_design = self.workload.by_design(reason)
-                rows.append(
-                    {
-                        "source": channel,
-                        "offset": offset,
-                        "letters": 1,
-                        "reason": reason,
-                        "made_malformed": False,
-                        "expected": by_design,
-                    }
-                )
-                (designed if by_design else others)[(reason, channel)] += 1
+        frame = dead_letter_frame(self.malformed, seen, self.workload.by_design)
+        unmade = frame[~frame["made_malformed"]]
+        designed = Counter(zip(unmade[unmade["expected"]]["reason"], unmade[unmade["expected"]]["source"]))
+        others = Counter(zip(unmade[~unmade["expected"]]["reason"], unmade[~unmade["expected"]]["source"]))
         if designed:
             self.log(
                 f"dead letters: {sum(designed.values())} records quarantined by design (the workload's quarantined): "
@@ -216,7 +188,7 @@ class DrillVerification:
                     "idle_timeout shorter than a pause of every producer (a broker outage) lets event time move "
                     "on without them (docs/concepts/event-time.md, 'Idle partitions')"
                 )
-        return pd.DataFrame(rows, columns=["source", "offset", "letters", "reason", "made_malformed", "expected"])
+        return frame
 
     def _kafka_output(self, topic: str):
         """The JSON values a Kafka sink committed to ``topic`` as a pyarrow
@@ -236,3 +208,44 @@ class DrillVerification:
             )
         rows = [json.loads(v) for v in output.values]
         return pa.Table.from_pylist(rows) if rows else None
+
+
+def dead_letter_frame(
+    malformed: list[tuple[str, int]], seen: dict[tuple[str, int], list[str]], by_design: Callable[[str], bool]
+) -> pd.DataFrame:
+    """The ``dead_letters`` suite's table: a row per record the drill made
+    malformed (``malformed``: source channel and offset) with the reason of
+    its first dead letter and how many it got (``seen``: the reasons of the
+    job's dead letters by source), then a row per dead letter of any other
+    record, ``expected`` only when ``by_design`` says the pipeline
+    quarantines for its reason on purpose."""
+    rows = []
+    for channel, offset in malformed:
+        reasons = seen.get((channel, offset), [])
+        rows.append(
+            {
+                "source": channel,
+                "offset": offset,
+                "letters": len(reasons),
+                "reason": reasons[0] if reasons else None,
+                "made_malformed": True,
+                "expected": True,
+            }
+        )
+    made = set(malformed)
+    for (channel, offset), reasons in seen.items():
+        if (channel, offset) in made:
+            continue
+        for reason in reasons:
+            rows.append(
+                {
+                    "source": channel,
+                    "offset": offset,
+                    "letters": 1,
+                    "reason": reason,
+                    "made_malformed": False,
+                    "expected": by_design(reason),
+                }
+            )
+    columns = ["source", "offset", "letters", "reason", "made_malformed", "expected"]
+    return pd.DataFrame(rows, columns=columns).astype({"made_malformed": bool, "expected": bool})

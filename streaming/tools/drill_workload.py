@@ -93,11 +93,21 @@ class DrillWorkload:
     quarantined: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.quarantined, str):
+            raise ConfigError(
+                f"DrillWorkload quarantined: a tuple of patterns, e.g. ({self.quarantined!r},), not a string "
+                "(its characters would each be a pattern)"
+            )
         for pattern in self.quarantined:
             try:
-                re.compile(pattern)
+                matches_all = re.search(pattern, "") is not None
             except re.error as exc:
                 raise ConfigError(f"DrillWorkload quarantined: {pattern!r} is not a regular expression: {exc}") from exc
+            if matches_all:
+                raise ConfigError(
+                    f"DrillWorkload quarantined: {pattern!r} matches an empty reason, so it would accept every dead "
+                    "letter; name the reasons the pipeline quarantines by design, e.g. r'^Validate: '"
+                )
 
     def by_design(self, reason: str) -> bool:
         """Whether a dead letter's ``reason`` is one the pipeline quarantines by design."""

@@ -66,10 +66,11 @@ def test_down_without_up_stops_nothing(tmp_path, runtime_settings):
     assert not runtime.status().all_running
 
 
-def test_a_service_on_ports_not_on_record_is_stopped_before_up_starts_it_again(tmp_path, runtime_settings):
+def test_a_service_on_ports_not_on_record_is_stopped_one_on_record_kept(tmp_path, runtime_settings):
     """A start interrupted before it wrote ports.json leaves a service up
-    on ports nobody knows: ``up`` stops it (and says so) to start it again
-    on ports it records; one whose ports are on record is kept."""
+    on ports nobody knows: ``stop_unrecorded``, the first thing ``up`` does
+    under its lock, stops it (and says so) so that ``up`` starts it again on
+    ports it records; one whose ports are on record is kept."""
     import subprocess
     import sys
     import time

@@ -147,3 +147,41 @@ def test_the_dead_letter_suite_wants_a_letter_with_a_reason_for_every_malformed_
     # one the workload quarantines by design (DrillWorkload.quarantined) is expected
     (result,) = drill_checks.validate({"dead_letters": (drill_checks.dead_letter_suite, late.assign(expected=True))})
     assert result.success
+
+
+def test_the_dead_letter_table_expects_the_letters_of_records_made_malformed_and_those_quarantined_by_design():
+    from streaming.tools.drill_verify import dead_letter_frame
+
+    seen = {
+        ("t:0", 4): ["value is not JSON"],  # made malformed by the drill
+        ("v:1", 7): ["Validate: amount below zero"],  # refused on purpose by the pipeline
+        ("e:1", 9): ["TumblingWindowAggregate: late", "TumblingWindowAggregate: late"],  # lost by the pipeline
+    }
+    frame = dead_letter_frame([("t:0", 4), ("t:1", 5)], seen, lambda reason: reason.startswith("Validate: "))
+    rows = frame.to_dict("records")
+    assert rows[0] == {
+        "source": "t:0",
+        "offset": 4,
+        "letters": 1,
+        "reason": "value is not JSON",
+        "made_malformed": True,
+        "expected": True,
+    }
+    assert (rows[1]["source"], rows[1]["letters"], rows[1]["made_malformed"], rows[1]["expected"]) == (
+        "t:1",
+        0,
+        True,
+        True,
+    )
+    assert pd.isna(rows[1]["reason"])  # no dead letter came for it
+    others = {(r["source"], r["reason"], r["expected"]) for r in rows[2:]}
+    assert others == {("v:1", "Validate: amount below zero", True), ("e:1", "TumblingWindowAggregate: late", False)}
+    assert len(rows) == 5  # each late letter a row of its own
+    (result,) = drill_checks.validate({"dead_letters": (drill_checks.dead_letter_suite, frame)})
+    assert _failed(result) == {
+        "every malformed record became a dead letter with its reason",
+        "no malformed record without a dead letter",
+        "no record quarantined but those the drill made malformed or the workload quarantines by design",
+    }
+    nothing_by_design = dead_letter_frame([("t:0", 4)], seen, lambda reason: False)
+    assert nothing_by_design["expected"].tolist() == [True, False, False, False]

@@ -224,9 +224,11 @@ def test_with_one_group_for_the_job_the_group_kinds_strike_it_and_workers_needs_
     one = cluster_targets(pipeline, NODES, SPARK_WORKERS, "one")
     assert one[FailureKind.GROUP.value] == one[FailureKind.GROUP_STANDBY.value] == ["all"]
     assert one[FailureKind.SPARK_WORKER.value] == SPARK_WORKERS
-    # refused before any runtime starts
-    with pytest.raises(ConfigError, match="--workers lays out the remote worker groups of a drill with --cluster"):
-        drill.run_drill(workers="one")
+    # refused before any runtime starts: any layout named without --cluster (the local drill's runner
+    # starts one worker, as `spark-abs run` does), an unknown one with it
+    for layout in ("one", "per-stage"):
+        with pytest.raises(ConfigError, match="--workers lays out the remote worker groups of a drill with --cluster"):
+            drill.run_drill(workers=layout)
     with pytest.raises(ConfigError, match="'pairs' is not one of one, per-stage"):
         drill.run_drill(cluster=True, workers="pairs")
 

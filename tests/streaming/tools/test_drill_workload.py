@@ -145,3 +145,8 @@ def test_a_workload_names_the_reasons_its_pipeline_quarantines_by_design():
     assert not validating.by_design("value is not JSON") and not validating.by_design("TumblingWindowAggregate: late")
     with pytest.raises(ConfigError, match=r"quarantined: '\(' is not a regular expression"):
         DrillWorkload(records, reference, keys=("k",), sums=("n",), quarantined=("(",))
+    with pytest.raises(ConfigError, match=r"a tuple of patterns, e.g. \('\^Validate',\), not a string"):
+        DrillWorkload(records, reference, keys=("k",), sums=("n",), quarantined="^Validate")
+    for everything in ("", ".*", "^"):  # each would accept every dead letter
+        with pytest.raises(ConfigError, match="matches an empty reason, so it would accept every dead letter"):
+            DrillWorkload(records, reference, keys=("k",), sums=("n",), quarantined=(everything,))
