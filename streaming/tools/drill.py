@@ -234,7 +234,7 @@ class Drill:
         on_failure: Callable[[FailureOutcome], None] | None = None,
         state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
         cluster: bool = False,
-        workers: str | None = None,
+        workers: str = "per-stage",  # the remote groups' layout on the cluster (run_drill checked it)
     ):
         self.connection = connection
         self.pipeline_ref = pipeline
@@ -254,7 +254,6 @@ class Drill:
         self.job = f"drill-{seed}-{uuid.uuid4().hex[:6]}"
         self.pipeline = load_pipeline(pipeline, self.job)
         _check_kinds(kinds, runtime, store_uri, cluster)
-        workers = _check_workers(workers, cluster)
         pools = fault_pools(self.pipeline, self.mode)
         if cluster:
             services = runtime.services
@@ -552,7 +551,7 @@ def run_drill(
         kinds = CLUSTER_KINDS if cluster else KINDS
     chosen = tuple(parse_choice(FailureKind, k, "failure kind") for k in kinds)
     check_kinds(chosen, cluster)
-    workers = _check_workers(workers, cluster)
+    workers = _check_workers(workers, cluster)  # before the runtime starts
     pipeline = pipeline_reference(pipeline)
     if not isinstance(workload, DrillWorkload):
         workload = load_workload(workload) if workload else workload_for(pipeline)

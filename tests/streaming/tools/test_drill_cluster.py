@@ -547,3 +547,26 @@ def test_the_budget_counts_a_cluster_kinds_own_waits():
     assert side_wait_s(Failure(0, FailureKind.RUNNER_REMOTE, 1.0, RUNNER_RESTARTS[0])) == 15.0
     assert side_wait_s(Failure(0, FailureKind.RUNNER_REMOTE, 1.0, RUNNER_RESTARTS[1])) == 0.0
     assert side_wait_s(Failure(0, FailureKind.WORKER, 1.0, "random")) == 0.0
+
+
+def test_a_drill_off_the_cluster_runs_the_job_as_spark_abs_run_does_and_on_it_as_its_layout_says(tmp_path):
+    """run_drill resolves the layout (none given: a group per stage) and
+    hands it to each phase's Drill, which lays out remote groups only on
+    the cluster: off it, the runner starts its one worker as `spark-abs
+    run` does."""
+    connection = Connection("127.0.0.1:9", "http://127.0.0.1:9", "a", "b", "bucket")
+    options = dict(
+        pipeline="streaming.tools.demo:pipeline",
+        workload=drill.workload_for("streaming.tools.demo:pipeline"),
+        failures=1,
+        seed=1,
+        kinds=[FailureKind.WORKER],
+        mode="aligned",
+        interval_s=1.0,
+        rate=10.0,
+        store_uri=f"file://{tmp_path / 'store'}",
+        report_dir=tmp_path / "report",
+    )
+    for workers in ("per-stage", "one"):
+        local = drill.Drill(connection, **options, workers=workers)
+        assert local.drilled.hosts is None and "--workers" not in local.drilled.runner_command()
