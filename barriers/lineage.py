@@ -1,5 +1,5 @@
 """Which records of older generations are still valid after restores
-(docs/architecture.md, "Restore", step 4).
+(docs/architecture/restore.md, "Restore", step 4).
 
 Every restore starts generation g from a checkpoint whose barrier on channel
 c is at ``position(c) - 1``.  Records that an older generation wrote on c at

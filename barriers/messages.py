@@ -65,7 +65,7 @@ class ChannelId:
 
 
 class Alignment(enum.Enum):
-    """How a task lines up barrier n across its inputs (docs/architecture.md, "Modes")."""
+    """How a task lines up barrier n across its inputs (docs/architecture/index.md, "Modes")."""
 
     ALIGNED = "aligned"  # block each channel at its barrier until all came
     UNALIGNED = "unaligned"  # snapshot at the first barrier, in-flight records become channel state

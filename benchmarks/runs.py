@@ -31,9 +31,9 @@ from benchmarks.workloads import TOPIC_ENV
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.api.config import Connection
 from streaming.api.settings import JobSettings
-from streaming.engine.operations import committed_through, ingress_end_offsets, kill_worker
-from streaming.engine.runner import JobRunner
-from streaming.engine.worker import HANDED_PER_RECORD
+from streaming.engine.job.operations import committed_through, ingress_end_offsets, kill_worker
+from streaming.engine.job.runner import JobRunner
+from streaming.engine.worker.worker import HANDED_PER_RECORD
 from streaming.errors import SparkAbsError
 
 __all__ = ["Run", "abs_run", "native_run", "demo_run", "percentile"]
@@ -304,11 +304,11 @@ def demo_run(
     ``accounts`` killed (by default the job's only one) and the time until
     every task is ready again (a new JVM for that worker, a restore in place
     for any other)."""
-    from streaming.tools import demo
+    from spark_abs_examples import money
 
     job = f"bench-demo-{uuid.uuid4().hex[:6]}"
     job_settings = JobSettings(store=store, interval_s=1.0, retain=5, **dict(settings or {}))
-    runner = JobRunner("streaming.tools.demo:pipeline", job_settings, connection, job=job, log_dir=log_dir / job)
+    runner = JobRunner("spark_abs_examples.money:pipeline", job_settings, connection, job=job, log_dir=log_dir / job)
     topic = runner.pipeline.ingress[0].topic
     partitions = runner.pipeline.ingress[0].partitions
     stop = threading.Event()
@@ -318,7 +318,7 @@ def demo_run(
         # one producer, the transfers made up front: the feeder should cost the machine little
         from kafka import KafkaProducer
 
-        transfers = demo.make_transfers(int(rate * (seconds + 600)), seed=7)
+        transfers = money.make_transfers(int(rate * (seconds + 600)), seed=7)
         producer = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap, acks="all", linger_ms=20)
         produced = 0
         began = time.monotonic()

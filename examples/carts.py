@@ -14,7 +14,7 @@ output does not depend on how fast the watermark moves.
 
 Run it on the local runtime (``spark-abs local up``)::
 
-    spark-abs run examples.carts:pipeline --store file:///tmp/carts-store
+    spark-abs run carts --store file:///tmp/carts-store
 """
 
 from __future__ import annotations
@@ -130,8 +130,8 @@ def records(job: str = "carts", *, users: int = 60, seed: int = 13, round: int =
 
 
 def drill_workload():
-    """This pipeline's workload for ``spark-abs drill`` (``examples.check.drill_workload``)."""
-    from examples import check
+    """This pipeline's workload for ``spark-abs drill`` (``spark_abs_examples.check.drill_workload``)."""
+    from spark_abs_examples import check
 
     return check.drill_workload(records, REFERENCE, KEYS)
 

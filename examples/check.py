@@ -89,13 +89,13 @@ def _decoded(ingress: Ingress):
 
 def drill_workload(records: Callable[..., list[tuple[str, int, bytes]]], sql: str, keys: Sequence[str]):
     """An example's workload for ``spark-abs drill`` (the protocol of
-    ``streaming.tools.drill_workload``: each example's ``drill_workload()``
+    ``streaming.tools.drill.workload``: each example's ``drill_workload()``
     returns this): its input without end, ``records(job, seed=..., round=n)``
     for n = 0, 1, 2, ... (each round's event time and ids after the round
     before), with a seed the drill draws; the input closed on every ingress
     partition; its reference ``sql`` over the ingress topics (``reference``),
     keyed by ``keys``, every other column compared."""
-    from streaming.tools.drill_workload import DrillWorkload, InputRecord
+    from streaming.tools.drill.workload import DrillWorkload, InputRecord
 
     def endless(pipeline: Pipeline, rng):
         seed = rng.randrange(1 << 30)

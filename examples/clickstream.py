@@ -16,7 +16,7 @@ sessions need), the sessions following event time the Spark side reports.
 
 Run it on the local runtime (``spark-abs local up``)::
 
-    spark-abs run examples.clickstream:pipeline --store file:///tmp/clicks-store
+    spark-abs run clickstream --store file:///tmp/clicks-store
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ def records(
 
 
 def drill_workload():
-    """This pipeline's workload for ``spark-abs drill`` (``examples.check.drill_workload``)."""
-    from examples import check
+    """This pipeline's workload for ``spark-abs drill`` (``spark_abs_examples.check.drill_workload``)."""
+    from spark_abs_examples import check
 
     return check.drill_workload(records, REFERENCE, KEYS)
 

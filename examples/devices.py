@@ -19,7 +19,7 @@ ingress's declared bound (a resent event is up to 4 s behind), never late.
 
 Run it on the local runtime (``spark-abs local up``)::
 
-    spark-abs run examples.devices:pipeline --store file:///tmp/devices-store
+    spark-abs run devices --store file:///tmp/devices-store
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def records(
 
 
 def drill_workload():
-    """This pipeline's workload for ``spark-abs drill`` (``examples.check.drill_workload``)."""
-    from examples import check
+    """This pipeline's workload for ``spark-abs drill`` (``spark_abs_examples.check.drill_workload``)."""
+    from spark_abs_examples import check
 
     return check.drill_workload(records, REFERENCE, KEYS)
 

@@ -24,7 +24,7 @@ broker outage, makes nothing late).
 
 Run it on the local runtime (``spark-abs local up``)::
 
-    spark-abs run examples.orders:pipeline --store file:///tmp/orders-store
+    spark-abs run orders --store file:///tmp/orders-store
 """
 
 from __future__ import annotations
@@ -122,8 +122,8 @@ def records(
 
 
 def drill_workload():
-    """This pipeline's workload for ``spark-abs drill`` (``examples.check.drill_workload``)."""
-    from examples import check
+    """This pipeline's workload for ``spark-abs drill`` (``spark_abs_examples.check.drill_workload``)."""
+    from spark_abs_examples import check
 
     return check.drill_workload(records, REFERENCE, KEYS)
 

@@ -19,7 +19,7 @@ otherwise).
 
 Run it on the local runtime (``spark-abs local up``)::
 
-    spark-abs run examples.payments:pipeline --store file:///tmp/payments-store
+    spark-abs run payments --store file:///tmp/payments-store
 """
 
 from __future__ import annotations
@@ -124,8 +124,8 @@ def records(
 
 
 def drill_workload():
-    """This pipeline's workload for ``spark-abs drill`` (``examples.check.drill_workload``)."""
-    from examples import check
+    """This pipeline's workload for ``spark-abs drill`` (``spark_abs_examples.check.drill_workload``)."""
+    from spark_abs_examples import check
 
     return check.drill_workload(records, REFERENCE, KEYS)
 

@@ -1,12 +1,26 @@
 """Operators users write stages with: stateless transforms over Arrow
-batches, keyed state, and the built-in stateful operators (keyed
-aggregates; tumbling, sliding and session windows; a stream-table join, an
-interval join, deduplication; keyed state with event-time timers of one's
-own), each handing all its state to
-``snapshot()`` and taking it back in ``restore()``.  The contract is in
-``operators.base``; test helpers users can import are in
-``operators.testing``; ``require_columns`` and ``row_index`` help write
-operators of one's own (the demo's, ``streaming.tools.money``, use them)."""
+batches, keyed state, and the built-in stateful operators, each handing all
+its state to ``snapshot()`` and taking it back in ``restore()``.
+
+- ``base``: the contract every operator keeps, and ``Chain``;
+- ``stateless``: batch-at-a-time transforms (map, filter, flat map, passthrough);
+- ``state``: keyed state, one row per key, indexed;
+- ``aggregations``: the aggregation specs (``count``, ``sum_``, ...);
+- ``keyed``: the keyed aggregate;
+- ``windows``: tumbling and sliding event-time windows;
+- ``session_windows``: session windows;
+- ``joins``: ``Union`` and the stream-table ``LatestValueJoin``;
+- ``interval_join``: the event-time interval join;
+- ``dedup``: deduplication within an event-time bound;
+- ``process``: ``KeyedProcess``, keyed state with event-time timers of one's own;
+- ``dead_letters``: rows an operator will not process, with their reason;
+- ``rescale``: how state tables divide among a new number of tasks;
+- ``errors``: the operators' errors, under ``OperatorError``;
+- ``testing``: helpers for testing operators, users' and our own;
+- ``_arrow`` and ``_time``: private Arrow and event-time helpers.
+
+``require_columns`` and ``row_index`` help write operators of one's own
+(the demo's, ``spark_abs_examples.money``, use them)."""
 
 from operators._arrow import require_columns, row_index
 from operators.aggregations import AggregateFunction, Aggregation, count, max_, min_, sum_

@@ -29,7 +29,7 @@ Two optional parts, which the built-in operators have:
 
 - ``on_watermark(watermark)`` (``WatermarkAware``): the operator follows
   event time.  The stage task calls it whenever the minimum over its
-  event-time inputs moves on (docs/architecture.md, "Event time"); an
+  event-time inputs moves on (docs/architecture/protocol.md, "Event time"); an
   operator never moves event time from the rows it sees.
 - ``watermark_hold()``: the earliest event time of rows the operator may
   still emit (rows it buffers), or None.  The task tells downstream no more
@@ -50,7 +50,7 @@ Two optional parts, which the built-in operators have:
   one.
 - ``state_keys``: the column that divides the state, per input name
   (``{None: "account"}`` for one input).  The pipeline check
-  (``streaming.api.layout``) uses it to refuse layouts in which rows of one
+  (``streaming.api.partitioning``) uses it to refuse partitionings in which rows of one
   key could reach different tasks; a stateful operator without it may not
   read an ingress topic by partition with several tasks."""
 

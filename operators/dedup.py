@@ -9,7 +9,7 @@ a row that old would no longer be recognised as a duplicate, so it is late.
 Event time and durations are read as in ``operators.windows`` (integer
 milliseconds or a timestamp column; an ``int`` of milliseconds or a
 ``timedelta``).  The watermark is the engine's: only ``on_watermark`` moves
-it (docs/architecture.md, "Event time")."""
+it (docs/architecture/protocol.md, "Event time")."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ class Deduplicate:
 
     @property
     def state_keys(self) -> dict[str | None, str]:
-        """The column that divides the state (``streaming.api.layout``): the
+        """The column that divides the state (``streaming.api.partitioning``): the
         first key column."""
         return {None: self.columns[0]}
 

@@ -13,7 +13,7 @@ Event time comes from an integer column (milliseconds) or a timestamp column
 (any unit, any time zone, compared in whole milliseconds, rounded down), as
 in ``operators.windows``; ``lower`` and ``upper`` are whole milliseconds (an
 ``int``) or a ``timedelta``, either may be negative.  The watermark is the
-engine's: only ``on_watermark`` moves it, never the rows (docs/architecture.md,
+engine's: only ``on_watermark`` moves it, never the rows (docs/architecture/protocol.md,
 "Event time")."""
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ class IntervalJoin:
 
     @property
     def state_keys(self) -> dict[str | None, str]:
-        """The column of each input that divides the state (``streaming.api.layout``)."""
+        """The column of each input that divides the state (``streaming.api.partitioning``)."""
         return {self.left: self.left_key, self.right: self.right_key}
 
     @property

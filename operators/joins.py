@@ -140,7 +140,7 @@ class LatestValueJoin:
 
     @property
     def state_keys(self) -> dict[str | None, str]:
-        """The column of each input that divides the state (``streaming.api.layout``)."""
+        """The column of each input that divides the state (``streaming.api.partitioning``)."""
         return {self.left: self.left_key, self.right: self.right_key}
 
     @property

@@ -70,7 +70,7 @@ class KeyedAggregate:
 
     @property
     def state_keys(self) -> dict[str | None, str]:
-        """The column that divides the state (``streaming.api.layout``)."""
+        """The column that divides the state (``streaming.api.partitioning``)."""
         return {None: self.key}
 
     def process(self, batch: pa.Table) -> pa.Table:

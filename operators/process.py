@@ -56,7 +56,7 @@ never depends on the clock.  Rows returned by ``on_timer`` go downstream
 with the watermark that fired them: give them an event time no earlier
 than the timer's if a later stage follows event time.  Having
 ``on_watermark``, the operator follows event time: a stage running it
-needs an input that carries event time (``streaming.api.layout``)."""
+needs an input that carries event time (``streaming.api.partitioning``)."""
 
 from __future__ import annotations
 
@@ -289,7 +289,7 @@ class KeyedProcess:
 
     @property
     def state_keys(self) -> dict[str | None, str]:
-        """The column that divides the state (``streaming.api.layout``)."""
+        """The column that divides the state (``streaming.api.partitioning``)."""
         return {None: self.key}
 
     def state_of(self, key: Any) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Dividing a stage's state among a different number of tasks (a restore
-that rescales, docs/architecture.md "Rescaling").
+that rescales, docs/architecture/restore.md "Rescaling").
 
 Rows reach task ``s`` of a stage by the hash of the upstream stage's key
 column, modulo the number of tasks (``streaming.api.pipeline.route``).  After

@@ -140,7 +140,7 @@ class SessionWindowAggregate:
 
     @property
     def state_keys(self) -> dict[str | None, str]:
-        """The column that divides the state (``streaming.api.layout``)."""
+        """The column that divides the state (``streaming.api.partitioning``)."""
         return {None: self.key}
 
     @property

@@ -13,7 +13,7 @@ comes from the clock: the output depends only on the sequence of batches
 (and ``on_watermark`` calls), not on how rows are cut into batches.
 
 The watermark is the engine's: the stage task calls ``on_watermark`` each
-time the minimum over its event-time inputs moves on (docs/architecture.md,
+time the minimum over its event-time inputs moves on (docs/architecture/protocol.md,
 "Event time"; out-of-orderness is declared on the ``Ingress``).  Rows never
 move it.  Used on its own, call ``on_watermark`` where event time moved.
 
@@ -129,7 +129,7 @@ class SlidingWindowAggregate:
 
     @property
     def state_keys(self) -> dict[str | None, str]:
-        """The column that divides the state (``streaming.api.layout``)."""
+        """The column that divides the state (``streaming.api.partitioning``)."""
         return {None: self.key}
 
     @property

@@ -4,11 +4,13 @@ one of ``operators``)::
 
     from streaming import Connection, Ingress, JobRunner, JobSettings, Pipeline, Sink, Stage
 
-The sub-packages, from the top down (docs/architecture.md has the picture):
+The sub-packages, from the top down (docs/architecture/layers.md has the layers):
 
-- ``streaming.tools``: the command line, the demo, ``compare``, the smoke pipeline;
-- ``streaming.engine``: stage tasks, worker processes, the coordinator
-  service, the job runner and restore;
+- ``streaming.testing``: helpers for users' tests;
+- ``streaming.tools``: the command line, the demo, the checkpoint tools,
+  drills, ``compare``, the UI, the smoke pipeline;
+- ``streaming.engine``: stage tasks, restore, worker processes, remote
+  worker groups, the job runner;
 - ``streaming.adapters``: Kafka, Spark, object storage, snapshots, sinks;
   ``streaming.local``: the local runtime (Kafka, an S3 server, connector jars);
 - ``streaming.api``: pipelines, job settings, connection settings;
@@ -49,7 +51,7 @@ _WHERE = {
     "end_input": "streaming.api.producing",
     "JobSettings": "streaming.api.settings",
     "Mode": "streaming.api.settings",
-    "JobRunner": "streaming.engine.runner",
+    "JobRunner": "streaming.engine.job.runner",
     "SparkAbsError": "streaming.errors",
 }
 

@@ -2,7 +2,7 @@
 subclass for each thing that can go wrong, each with a message a person can
 act on.  The CLI prints them as one line (no traceback).  The protocol
 (``barriers.errors``) and the operators (``operators.errors``) have their own
-bases; see docs/architecture.md, "Errors and names"."""
+bases; see docs/architecture/invariants.md, "Errors and names"."""
 
 from __future__ import annotations
 

@@ -8,7 +8,11 @@ the property tests themselves (``@settings(settings.get_profile("operators"))``)
 so that registering it does not change other packages' Hypothesis tests.
 Examples are capped to keep the operator tests well under 30 s; with ``CI``
 set the profile is derandomized (the same examples every run, no example
-database)."""
+database).
+
+``tests/`` is on ``sys.path`` (``pythonpath`` in pyproject.toml) and on the
+``PYTHONPATH`` of every process the tests start, so worker processes load
+the suite's own pipelines (``support.pipelines``) as the tests do."""
 
 from __future__ import annotations
 
@@ -21,6 +25,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from streaming.api.config import Connection, LocalRuntimeSettings
+
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_TESTS, os.environ.get("PYTHONPATH")) if p)
 
 _common = dict(
     max_examples=40,

@@ -2,7 +2,7 @@
 README, every module, package, file and ``Class.member`` named exists, every
 ``spark-abs`` (or ``python -m benchmarks``) option written is one its parser
 takes, and every ``SPARK_ABS_*`` variable is one the code reads; the README's
-links lead to files; docs/architecture.md's module tree lists every module of
+links lead to files; docs/architecture/layers.md's module tree lists every module of
 the protocol, the api, the adapters and the engine."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ PAGES = {
     path.relative_to(ROOT).as_posix(): path.read_text()
     for path in (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))
 }
-ARCHITECTURE = PAGES["docs/architecture.md"]
+ARCHITECTURE = PAGES["docs/architecture/layers.md"]
 PACKAGES = ("barriers", "operators", "streaming")
 # classes of other libraries the pages name members of
 FOREIGN = {"ParquetWriter": "pyarrow.parquet.ParquetWriter"}
@@ -146,7 +146,9 @@ def _command_options() -> dict[str, set[str]]:
     from barriers.simulation import narrate
     from benchmarks import __main__ as bench
     from benchmarks import state as bench_state
-    from streaming.tools import cli, compare, demo, drill
+    from streaming.tools import cli, demo
+    from streaming.tools.compare import run as compare
+    from streaming.tools.drill import run as drill
 
     top = cli.build_parser()
     shared = _options(top)  # --home, -v: before the command

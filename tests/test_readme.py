@@ -23,8 +23,8 @@ def test_the_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():
 
 @pytest.mark.parametrize("page", ["README.md", "docs/pipelines/writing.md"])
 def test_the_pipeline_example_is_the_orders_example_and_passes_the_check(page, tmp_path):
-    from examples import orders
-    from streaming.api.layout import check
+    from spark_abs_examples import orders
+    from streaming.api.partitioning import check
 
     # the first Python block under the heading "Writing a pipeline"
     code = re.search(r"^#+ Writing a pipeline\n.*?```python\n(.*?)```", (ROOT / page).read_text(), re.S | re.M).group(1)

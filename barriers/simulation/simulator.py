@@ -22,7 +22,7 @@ channels, each process driving its own ``BarrierHandler``.
 - **History**: every event (send, receive, internal, marker send/receive,
   snapshot, ...) with its process, sequence numbers and message ids, and the
   atomic actions the checker replays.
-- **Failures** (docs/architecture.md, "Restore"): a crash restores every process from
+- **Failures** (docs/architecture/restore.md, "Restore"): a crash restores every process from
   the latest completed checkpoint in a new generation: states reset, each
   channel re-read from its checkpoint position (from the start of its
   in-flight range when the checkpoint recorded one, which replays that range
@@ -194,7 +194,7 @@ class Behaviour(Protocol):
 class Money:
     """Accounts: each process holds a balance and now and then sends a random
     amount of at most its balance to a neighbour; receiving adds it.  The sum
-    of balances and money in transit is constant (the money demo, docs/architecture.md, "Invariants")."""
+    of balances and money in transit is constant (the money demo, docs/architecture/invariants.md, "Invariants")."""
 
     balance: int = 100  # initial balance of every process
     transfers: int = 3  # spontaneous transfers each process makes

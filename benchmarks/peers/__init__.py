@@ -7,4 +7,4 @@ Each peer runs the keyed count exactly once with checkpoints (commits) every
 second and writes its updates to a Kafka topic of its own, in transactions;
 ``benchmarks.runs.peer_run`` reads that topic (read_committed) and checks the
 totals.  The scripts here run in the peers' environments and import nothing
-of spark-abs."""
+of spark-abs: ``flink_count`` (Flink SQL) and ``quix_count`` (Quix Streams)."""

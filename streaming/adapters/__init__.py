@@ -1,7 +1,13 @@
-"""The adapters: Kafka (``kafka_admin`` topics, ``kafka_io`` markers, ranges
-and dead letters, ``control`` the job's control topic), Spark (``spark``,
-the only module that imports pyspark, and ``jars``, the connector jars it
-loads, resolved from Maven), record shapes and values (``records``,
-``codec``), object storage (``objects``), the snapshot store (``snapshots``)
-and the exactly-once sinks (``sinks``).  They never import the engine or the
-local runtime."""
+"""The adapters to Kafka, Spark and storage:
+
+- Kafka: ``kafka_admin`` (topics), ``kafka_io`` (markers, ranges and dead
+  letters), ``control`` (the job's control topic);
+- Spark: ``spark`` (the session factory and a stage's query) and
+  ``spark_stage`` (a stage's Spark code), the two modules that import
+  pyspark, and ``jars`` (the connector jars, resolved from Maven);
+- records: ``records`` (their shapes as Arrow), ``codec`` (JSON and Arrow
+  values), ``avro`` (Avro values);
+- storage: ``objects`` (object storage), ``snapshots`` (the snapshot store);
+- ``sinks``: the exactly-once sinks.
+
+They never import the engine or the local runtime."""

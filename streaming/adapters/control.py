@@ -16,7 +16,7 @@ encoded and decoded here and nowhere else:
 - ``complete`` / ``abort``: the coordinator's verdict on checkpoint n;
 - ``committed``: a sink task made epoch n visible;
 - ``lease``: the runner is alive, and which worker runs each remote group in
-  which generation (``streaming.engine.membership``);
+  which generation (``streaming.engine.remote.membership``);
 - ``heartbeat``: a remote worker (``spark-abs worker``) is alive.
 
 Every event but the heartbeat carries the generation it belongs to
@@ -331,7 +331,7 @@ class Committed(ControlEvent):
 
 @dataclass(frozen=True, slots=True)
 class Lease(ControlEvent):
-    """What the runner tells remote workers (``streaming.engine.membership``):
+    """What the runner tells remote workers (``streaming.engine.remote.membership``):
     the generation and the checkpoint it starts from, the pipeline, the job's
     settings and scale, each remote group's tasks and the incarnation that is
     its member."""

@@ -1,4 +1,10 @@
-"""What a user writes and configures: a pipeline (``pipeline``), its job's
-checkpointing settings (``settings``) and how to reach Kafka, the S3 server
-and Spark (``config``).  Depends on nothing of spark-abs but the protocol's
-messages and the errors."""
+"""What a user writes and configures:
+
+- ``pipeline``: a pipeline (ingress topics, stages, sinks), loaded by reference or by name;
+- ``avro``: an ingress's Avro record schema;
+- ``partitioning``: the checks a pipeline passes before it runs (rows of a key meet in one task);
+- ``producing``: end of input and watermarks, for producers of ingress topics;
+- ``settings``: its job's checkpointing settings;
+- ``config``: how to reach Kafka, the S3 server and Spark.
+
+Depends on nothing of spark-abs but the protocol's messages and the errors."""

@@ -16,6 +16,7 @@ import dataclasses
 import datetime as dt
 import enum
 import importlib
+import importlib.metadata
 import json
 import re
 import urllib.parse
@@ -43,8 +44,15 @@ __all__ = [
     "route",
     "duration_ms",
     "load_pipeline",
+    "named_pipelines",
+    "pipeline_reference",
     "parse_parallelism",
+    "PIPELINE_ENTRY_POINTS",
 ]
+
+# the entry-point group of pipelines known by name (``spark-abs run orders``):
+# spark-abs registers its examples there, and any installed package may add its own
+PIPELINE_ENTRY_POINTS = "spark_abs.pipelines"
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
 
@@ -213,7 +221,7 @@ class Stage:
     parallelism: int = 1
     key: str | None = None
     sink: Sink | None = None
-    # the explicit opt-in for a layout ``Pipeline.check`` cannot see is right:
+    # the explicit opt-in for a partitioning ``Pipeline.check`` cannot see is right:
     # records of one key reach one task however the inputs are partitioned
     trust_partitioning: bool = False
     spark: SparkCode | None = None
@@ -243,7 +251,7 @@ class TaskSpec:
 
 @dataclass(frozen=True)
 class Scale:
-    """What a restore may change about a pipeline (docs/architecture.md,
+    """What a restore may change about a pipeline (docs/architecture/restore.md,
     "Rescaling"): how many tasks each stage runs, and which topic carries each
     stage's output to the next (a new one whenever the task counts at either
     end change, since the topic has ``p_U * p_S`` partitions)."""
@@ -525,12 +533,36 @@ def route(table: pa.Table, key: str | None, targets: int) -> pa.Array:
     return pa.array([zlib.crc32((t or "").encode()) % targets for t in texts], pa.int64())
 
 
+def named_pipelines() -> dict[str, str]:
+    """The pipelines known by name: ``PIPELINE_ENTRY_POINTS`` of every
+    installed package, name -> ``module:attribute``."""
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=PIPELINE_ENTRY_POINTS)}
+
+
+def pipeline_reference(reference: str) -> str:
+    """``reference`` as ``module:attribute`` (arguments after ``?`` kept): a
+    name (``orders``, ``changing?shape=added``) is looked up among
+    ``named_pipelines()``; anything with a ``:`` is returned as it is."""
+    name, sep, query = reference.partition("?")
+    if ":" in name:
+        return reference
+    known = named_pipelines()
+    if name not in known:
+        raise ConfigError(
+            f"pipeline {reference!r}: no pipeline of that name (known: {', '.join(sorted(known))}); "
+            "name one as 'module:attribute'"
+        )
+    return known[name] + sep + query
+
+
 def load_pipeline(reference: str, job: str | None = None) -> Pipeline:
     """``module:attribute``: a Pipeline, or a function ``(job=..., **kwargs)``
-    returning one.  A function's keyword arguments may follow as a query
-    string, ``module:function?ms_per_record=10&keys=100`` (values read as
-    JSON numbers, booleans or null where they parse, else as text), so the
-    same reference reaches every worker process."""
+    returning one; or the name of one (``pipeline_reference``).  A
+    function's keyword arguments may follow as a query string,
+    ``module:function?ms_per_record=10&keys=100`` (values read as JSON
+    numbers, booleans or null where they parse, else as text), so the same
+    reference reaches every worker process."""
+    reference = pipeline_reference(reference)
     target_ref, _, query = reference.partition("?")
     module_name, sep, attribute = target_ref.partition(":")
     if not sep or not module_name or not attribute:

@@ -15,11 +15,11 @@ from typing import Any
 from barriers.messages import CheckpointOptions, InFlightFormat
 from streaming.errors import ConfigError, parse_choice
 
-__all__ = ["JobSettings", "Mode", "MODES", "StateSnapshots", "STATE_SNAPSHOTS", "IN_FLIGHT_FORMATS", "WORKER_LAYOUTS"]
+__all__ = ["JobSettings", "Mode", "MODES", "StateSnapshots", "STATE_SNAPSHOTS", "IN_FLIGHT_FORMATS", "WORKER_GROUPINGS"]
 
 
 class Mode(enum.StrEnum):
-    """A job's checkpoint mode (docs/architecture.md, "Modes")."""
+    """A job's checkpoint mode (docs/architecture/index.md, "Modes")."""
 
     ALIGNED = "aligned"
     UNALIGNED = "unaligned"
@@ -28,7 +28,7 @@ class Mode(enum.StrEnum):
 
 
 class StateSnapshots(enum.StrEnum):
-    """What a checkpoint stores of the operator state (docs/architecture.md, "Keyed state and incremental checkpoints")."""
+    """What a checkpoint stores of the operator state (docs/architecture/checkpoints.md, "Keyed state and incremental checkpoints")."""
 
     FULL = "full"
     INCREMENTAL = "incremental"
@@ -37,8 +37,8 @@ class StateSnapshots(enum.StrEnum):
 MODES = tuple(m.value for m in Mode)
 STATE_SNAPSHOTS = tuple(s.value for s in StateSnapshots)
 IN_FLIGHT_FORMATS = tuple(f.value for f in InFlightFormat)
-# how a job's tasks are spread over worker processes (streaming.engine.runner.worker_groups)
-WORKER_LAYOUTS = ("one", "per-stage")
+# how a job's tasks are spread over worker processes (streaming.engine.job.runner.worker_groups)
+WORKER_GROUPINGS = ("one", "per-stage")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ class JobSettings:
     # two looks at control events (an unaligned snapshot, an alignment timeout):
     # about how long a barrier's announcement waits behind a micro-batch.  A task
     # learns what its operator takes per record and processes runs of as many
-    # records as fit (see streaming.engine.segments.SegmentPace) ...
+    # records as fit (see streaming.engine.task.segments.SegmentPace) ...
     segment_ms: float = 40.0
     # ... and never more than this many records per run
     max_segment_records: int = 50_000

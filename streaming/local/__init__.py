@@ -1,6 +1,15 @@
 """The embedded runtime on loopback: a KRaft Kafka broker and an S3 API server
 (versitygw), started from artifacts the project resolves and caches itself, and
-the Spark Kafka connector jars for the session factory."""
+the Spark Kafka connector jars for the session factory.
+
+- ``runtime``: ``LocalRuntime``, ``spark-abs local up | down | status``;
+- ``services``: where each service lives (pid file, log, ports);
+- ``starters``: a class per service, started and waited for;
+- ``processes``: background processes, started detached and found again;
+- ``artifacts``: what is fetched once into the cache;
+- ``kafka_broker``: the Kafka nodes (KRaft);
+- ``s3_server``: the S3 API server;
+- ``spark_cluster``: a Spark standalone master and workers (``--cluster``)."""
 
 from streaming.local.runtime import LocalRuntime, RuntimeStatus, ServiceStatus
 

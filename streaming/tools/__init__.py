@@ -1,4 +1,11 @@
-"""What people run: the ``spark-abs`` command line (``cli``, with ``run``
-and ``checkpoints`` in ``commands``), the money-in-transit demo (``demo``,
-its operators in ``money``), aligned-vs-unaligned comparisons (``compare``)
-and the smoke pipeline (``smoke``)."""
+"""What people run:
+
+- ``cli``: the ``spark-abs`` command line;
+- ``commands``: ``run`` and ``restore``;
+- ``demo``: the money-in-transit demo (its pipeline is ``spark_abs_examples.money``);
+- ``checkpoints``: looking inside a job's checkpoints, and ``gc``;
+- ``drill``: restore drills;
+- ``compare``: aligned-vs-unaligned comparisons;
+- ``ui``: a read-only web page for a job;
+- ``tables`` and ``views``: the checkpoint tools' results as tables, and drawn with rich;
+- ``smoke``: the smoke pipeline."""

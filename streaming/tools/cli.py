@@ -16,7 +16,7 @@ from pathlib import Path
 
 from streaming import console
 from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings, default_home
-from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, WORKER_LAYOUTS, JobSettings
+from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, WORKER_GROUPINGS, JobSettings
 from streaming.errors import SparkAbsError
 from streaming.local.artifacts import FETCHABLE
 
@@ -118,7 +118,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from streaming.api.pipeline import parse_parallelism
     from streaming.engine import metrics
-    from streaming.engine.runner import JobRunner
+    from streaming.engine.job.runner import JobRunner
     from streaming.errors import ConfigError
     from streaming.local import LocalRuntime
     from streaming.tools.commands import run_job
@@ -171,7 +171,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     from streaming.adapters.control import ControlTopic
     from streaming.engine import metrics
-    from streaming.engine.remote import RemoteWorker, wait_for_lease
+    from streaming.engine.remote.member import RemoteWorker, wait_for_lease
     from streaming.local import LocalRuntime
 
     _export_home(args)
@@ -215,7 +215,7 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
 def _checkpoints(args: argparse.Namespace, *, kafka: bool = False):
     """The job's checkpoints; the runtime's connection when the store is S3
     or (``kafka``) channel-state ranges are read back."""
-    from streaming.tools.checkpoints import Checkpoints
+    from streaming.tools.checkpoints.inspection import Checkpoints
 
     if not args.verbose:  # these commands report every problem they meet themselves
         logging.getLogger("streaming.adapters.snapshots").setLevel(logging.ERROR)
@@ -237,8 +237,9 @@ def _ids(args: argparse.Namespace, allowed: tuple[int, ...]) -> list[int]:
 def _cmd_checkpoints(args: argparse.Namespace) -> int:
     import json
 
-    from streaming.tools import gc, views
-    from streaming.tools.checkpoints import CheckpointDetail
+    from streaming.tools import views
+    from streaming.tools.checkpoints import gc
+    from streaming.tools.checkpoints.inspection import CheckpointDetail
 
     checkpoints, connection = _checkpoints(args)
     with checkpoints:
@@ -328,7 +329,7 @@ def _export(tables: dict, output: Path) -> list[Path]:
 
 def _allow_dropped(args: argparse.Namespace):
     """The stages whose state a restore into a changed pipeline may drop."""
-    from streaming.engine.topology import AllowDropped
+    from streaming.engine.restore.changes import AllowDropped
 
     if args.allow_all_dropped_state:
         return AllowDropped.everything()
@@ -373,7 +374,9 @@ def _cmd_restore(args: argparse.Namespace) -> int:
             print(views.render_restore_plan(checkpoints.restore_plan(args.checkpoint, progress=log.info)))
         return 0
     if not args.pipeline:
-        raise ConfigError("restore: give --pipeline (module:attribute) to restore the job, or --dry-run")
+        raise ConfigError(
+            "restore: give --pipeline (module:attribute or a pipeline's name) to restore the job, or --dry-run"
+        )
     if args.checkpoint is None:  # named explicitly: a job that only ran generation 0 would start afresh
         checkpoints, _ = _checkpoints(args)
         with checkpoints:
@@ -391,8 +394,8 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     import ipaddress
 
     from streaming.errors import ConfigError, RuntimeNotRunningError
-    from streaming.tools import ui
-    from streaming.tools.ui_live import ControlWatch
+    from streaming.tools.ui import app as ui
+    from streaming.tools.ui.live import ControlWatch
 
     if not args.verbose:  # the pages say what they could not read; requests are not logged
         logging.getLogger("streaming.adapters.snapshots").setLevel(logging.ERROR)
@@ -432,14 +435,14 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from streaming.tools import compare
+    from streaming.tools.compare import run as compare
 
     _export_home(args)
     return compare.main(args.rest)
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
-    from streaming.tools import drill
+    from streaming.tools.drill import run as drill
 
     _export_home(args)
     return drill.main(args.rest)
@@ -495,7 +498,7 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers",
         default="one",
-        choices=WORKER_LAYOUTS,
+        choices=WORKER_GROUPINGS,
         help="one worker process (one Spark application) for the whole job, or one per stage (default one)",
     )
     parser.add_argument(
@@ -628,7 +631,11 @@ def build_parser() -> argparse.ArgumentParser:
         "worker that dies is restored. Runs until Ctrl-C, --for seconds after all "
         "its tasks are up, or --checkpoints N completed.",
     )
-    run.add_argument("pipeline", help="module:attribute, e.g. orders:orders")
+    run.add_argument(
+        "pipeline",
+        help="module:attribute (its module importable from here), e.g. shop:pipeline, or a pipeline's name "
+        "(spark-abs's examples: money, orders, clickstream, payments, devices, carts)",
+    )
     run.add_argument("--store", required=True, help="snapshot store URI: file:///dir or s3://bucket/prefix")
     run.add_argument("--job", help="job name (default: the pipeline's own)")
     _add_job_options(run)
@@ -709,7 +716,7 @@ Operator and channel state as tables: `spark-abs state N`.""",
         "unaligned channel state: copied records and ranges read back from Kafka while "
         "it holds them, stale older-generation records marked) and prints a sample of "
         "each, or writes them to --output (.parquet or .csv; with several tables, one "
-        "file each, named after the table). From Python: streaming.tools.checkpoints."
+        "file each, named after the table). From Python: streaming.tools.checkpoints.inspection."
         "Checkpoints (Arrow tables; to_spark for Spark DataFrames and SQL).",
     )
     state.add_argument("checkpoint", type=int, metavar="N", help="checkpoint id")

@@ -6,7 +6,7 @@ verifies, when the store already knows the job, or from a named one with
 ``--restore N``: a restore drill), takes checkpoints on its interval and
 restores by itself when a worker dies, until ``--for`` seconds passed or
 Ctrl-C; ``--drain`` (or SIGUSR1 to a running one) stops it once everything
-in its input topics is processed and committed.  Looking at checkpoints is ``streaming.tools.checkpoints``."""
+in its input topics is processed and committed.  Looking at checkpoints is ``streaming.tools.checkpoints.inspection``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 
 from barriers.coordinator import CheckpointStatus
 from streaming.api.settings import STATE_SNAPSHOTS, JobSettings
-from streaming.engine.operations import run_until_caught_up
+from streaming.engine.job.operations import run_until_caught_up
 
 __all__ = ["run_job", "add_state_snapshot_options"]
 

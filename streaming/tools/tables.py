@@ -1,7 +1,7 @@
 """The checkpoint tools' results as tables of plain values, one function
 per table: ``spark-abs checkpoints`` and ``spark-abs state`` print them
 (``streaming.tools.views`` draws them with rich) and ``spark-abs ui`` shows
-them (``streaming.tools.ui``, as HTML), so a terminal and a browser show the
+them (``streaming.tools.ui.app``, as HTML), so a terminal and a browser show the
 same rows.
 
 A ``Table`` holds what a cell shows (numbers and text; None for nothing to
@@ -18,9 +18,9 @@ import pyarrow as pa
 
 from streaming.adapters.snapshots import JobMeta
 from streaming.api.pipeline import Scale
-from streaming.engine.recovery import RESTORE_CAUSES
+from streaming.engine.restore.service import RESTORE_CAUSES
 from streaming.errors import ConfigError
-from streaming.tools.checkpoints import CheckpointDetail, CheckpointRow
+from streaming.tools.checkpoints.inspection import CheckpointDetail, CheckpointRow
 
 __all__ = [
     "Table",

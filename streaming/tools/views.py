@@ -1,5 +1,5 @@
 """What the checkpoint commands print: rich tables of the
-``streaming.tools.checkpoints`` and ``streaming.tools.gc`` results, one
+``streaming.tools.checkpoints.inspection`` and ``streaming.tools.checkpoints.gc`` results, one
 function per view, each returning the lines as text (so a test reads what a
 person sees); the rows of those ``spark-abs ui`` shows too come from
 ``streaming.tools.tables``.  ``titled_table``, ``as_text`` and ``byte_size`` are what the
@@ -18,10 +18,10 @@ from rich.console import Console, Group
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from streaming.engine.rescale import RescalePlan
-from streaming.engine.topology import PipelineChange
-from streaming.tools.checkpoints import CheckpointDetail, CheckpointRow, RestorePlan, TableDiff
-from streaming.tools.gc import GcPlan
+from streaming.engine.restore.changes import PipelineChange
+from streaming.engine.restore.rescale import RescalePlan
+from streaming.tools.checkpoints.gc import GcPlan
+from streaming.tools.checkpoints.inspection import CheckpointDetail, CheckpointRow, RestorePlan, TableDiff
 from streaming.tools.tables import (
     Part,
     Table,

@@ -74,14 +74,14 @@ def test_profiles_list_their_variants():
 def test_a_stack_summary_counts_own_and_inclusive_samples(tmp_path):
     stacks = tmp_path / "w.stacks"
     stacks.write_text(
-        "main (streaming/engine/worker.py:1);process (streaming/engine/task.py:9);loads (json/__init__.py:3) 30\n"
-        "main (streaming/engine/worker.py:1);process (streaming/engine/task.py:9) 10\n"
-        "main (streaming/engine/worker.py:1);sleep (time:0) 60\n"
+        "main (streaming/engine/worker/worker.py:1);process (streaming/engine/task/stage_task.py:9);loads (json/__init__.py:3) 30\n"
+        "main (streaming/engine/worker/worker.py:1);process (streaming/engine/task/stage_task.py:9) 10\n"
+        "main (streaming/engine/worker/worker.py:1);sleep (time:0) 60\n"
     )
     text = summarise(stacks)
     assert text.startswith("w.stacks: 100 samples")
     assert " 60.0   sleep (time:0)" in text and " 30.0   loads (json/__init__.py:3)" in text
-    assert " 40.0   process (streaming/engine/task.py:9)" in text.split("incl %")[1]
+    assert " 40.0   process (streaming/engine/task/stage_task.py:9)" in text.split("incl %")[1]
 
 
 def test_every_key_has_one_partition():
@@ -118,7 +118,7 @@ def test_a_run_is_done_when_a_committed_checkpoint_shows_its_input_read(tmp_path
 
 def test_the_bytes_handed_to_python_per_record_come_from_the_workers_logs(tmp_path):
     from benchmarks.runs import handed_per_record
-    from streaming.engine.worker import HANDED_PER_RECORD
+    from streaming.engine.worker.worker import HANDED_PER_RECORD
 
     assert handed_per_record(tmp_path) is None
     (tmp_path / "worker-all-g0.log").write_text(

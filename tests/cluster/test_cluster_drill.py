@@ -9,7 +9,7 @@ group, the same member after the runner, in the same process), the output
 equal to the reference for every window, each once, and the runner's last
 lease stopping the member's tasks when the job ends.
 
-The layout with a group per stage (the drill's default: three Spark
+The grouping with a group per stage (the drill's default: three Spark
 applications) takes about twice as long on a 2-core machine, more than the
 suite's time budget has left: it runs only when asked
 (``RUN_CLUSTER_DRILL=1``; docs/operations/drills.md has runs of it)."""
@@ -22,8 +22,8 @@ import urllib.request
 
 import pytest
 
-from streaming.tools import drill
-from streaming.tools.drill import CLUSTER_ONLY, FailureKind
+from streaming.tools.drill import run as drill
+from streaming.tools.drill.run import CLUSTER_ONLY, FailureKind
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from kafka import KafkaProducer
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
-from streaming.engine.runner import JobRunner
+from streaming.engine.job.runner import JobRunner
 from streaming.testing import LineCollector
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ def _checkpoint(connection, tmp_path, job: str, mode: str, before: dict[int, int
     offsets, the task's snapshot and how many records its state covers."""
     settings = JobSettings(store=f"file://{tmp_path}/store", mode=mode, interval_s=3600, max_records_per_batch=200)
     lines = LineCollector().attach().lines
-    runner = JobRunner("streaming.testing:slow_pipeline", settings, connection, job=job)
+    runner = JobRunner("streaming.tools.compare.slow:slow_pipeline", settings, connection, job=job)
     topic = runner.pipeline.ingress[0].topic
     try:
         runner.prepare()

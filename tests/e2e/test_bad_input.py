@@ -14,15 +14,15 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from barriers.messages import Barrier, encode
+from spark_abs_examples import money
 from streaming.adapters.kafka_io import dead_letter_topic_name
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
-from streaming.engine.operations import kill_worker, run_until_caught_up
-from streaming.engine.runner import JobRunner
+from streaming.engine.job.operations import kill_worker, run_until_caught_up
+from streaming.engine.job.runner import JobRunner
 from streaming.errors import JobFailed
-from streaming.tools import demo
 
 pytestmark = pytest.mark.integration
 
@@ -48,13 +48,13 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
     job = f"bad-{unique_name[-8:]}"
     store_dir = tmp_path / "store"
     settings = JobSettings(store=f"file://{store_dir}", interval_s=0.7, timeout_s=60, max_records_per_batch=200)
-    runner = JobRunner("streaming.tools.demo:pipeline", settings, connection, job=job)
+    runner = JobRunner("spark_abs_examples.money:pipeline", settings, connection, job=job)
     topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
-    data = demo.make_transfers(1200)
+    data = money.make_transfers(1200)
     bootstrap = connection.kafka_bootstrap
     try:
         runner.prepare()
-        demo.produce_transfers(bootstrap, topic, data[:400], partitions, end=False)
+        money.produce_transfers(bootstrap, topic, data[:400], partitions, end=False)
         producer = KafkaProducer(bootstrap_servers=bootstrap)
         producer.send(topic, value=b"{not json", partition=0)
         producer.send(
@@ -81,7 +81,7 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
 
         _step_until(runner, declined, 60, "a checkpoint declined for the store")
         assert declined()[0].status == "aborted" and "not a directory" in declined()[0].reason.lower()
-        demo.produce_transfers(bootstrap, topic, data[400:800], partitions, end=False)
+        money.produce_transfers(bootstrap, topic, data[400:800], partitions, end=False)
         checkpoints.unlink()
         moved.rename(checkpoints)
         _step_until(runner, lambda: len(runner.coordinator.completed()) >= before + 2, 120, "checkpoints again")
@@ -100,12 +100,12 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         assert restore.skipped and restore.skipped[0][0] == newest
         assert any(f"checkpoint {newest} skipped" in line and "checksum" in line for line in lines), lines
 
-        demo.produce_transfers(bootstrap, topic, data[800:], partitions, end=True)
+        money.produce_transfers(bootstrap, topic, data[800:], partitions, end=True)
         run_until_caught_up(runner, 240)
     finally:
         runner.close()
-    output = demo.normalise(read_committed_output(sink_location(settings, job, connection)))
-    assert output == demo.expected_output(data)
+    output = money.normalise(read_committed_output(sink_location(settings, job, connection)))
+    assert output == money.expected_output(data)
     letters = _dead_letters(bootstrap, job)
     reasons = {value: reason for reason, value in letters}
     assert len(letters) == 3, letters
@@ -122,7 +122,7 @@ def test_an_error_in_the_pipeline_stops_the_job_at_once_with_the_reason(connecti
     again and again into the same error."""
     settings = JobSettings(store=f"file://{tmp_path / 'store'}", interval_s=1.0, timeout_s=60)
     runner = JobRunner(
-        "streaming.testing:bad_spark_pipeline", settings, connection, job=f"bad-spark-{unique_name[-8:]}"
+        "support.pipelines:bad_spark_pipeline", settings, connection, job=f"bad-spark-{unique_name[-8:]}"
     )
     try:
         runner.prepare()

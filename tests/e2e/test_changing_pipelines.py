@@ -1,6 +1,6 @@
 """End to end on real Kafka, the S3 server and Spark: one job, checkpointed
 once, restored into changed pipelines (docs/operations/changing-a-pipeline.md),
-``streaming.testing.changing_pipeline``, in two runs:
+``spark_abs_examples.changing.pipeline``, in two runs:
 
 1. ``added`` (clean -> seen -> counts) runs and commits the counts of its events;
 2. ``restore --dry-run`` says what restoring ``replaced`` (clean -> audit ->
@@ -29,9 +29,9 @@ from streaming.adapters.objects import ensure_bucket, open_store
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
-from streaming.engine.operations import run_until_caught_up
-from streaming.engine.runner import JobRunner
-from streaming.engine.topology import AllowDropped
+from streaming.engine.job.operations import run_until_caught_up
+from streaming.engine.job.runner import JobRunner
+from streaming.engine.restore.changes import AllowDropped
 from streaming.errors import PipelineChangeError
 
 pytestmark = pytest.mark.integration
@@ -40,7 +40,7 @@ KEYS = 5
 
 
 def _reference(shape: str) -> str:
-    return f"streaming.testing:changing_pipeline?shape={shape}"
+    return f"spark_abs_examples.changing:pipeline?shape={shape}"
 
 
 def _produce(bootstrap: str, topic: str, ids: range) -> None:

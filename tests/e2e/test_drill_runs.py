@@ -16,8 +16,8 @@ import json
 import pytest
 
 from streaming.local import LocalRuntime
-from streaming.tools import drill
-from streaming.tools.drill import FailureKind
+from streaming.tools.drill import run as drill
+from streaming.tools.drill.run import FailureKind
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def test_a_drill_of_an_example_with_a_failure_of_every_kind_recovers_and_writes_
     outcomes = {o.failure.kind: o for o in report.outcomes}
     assert set(outcomes) == set(drill.KINDS), report.plan
     assert report.problems == [] and report.checks, "\n".join(lines[-40:])
-    assert report.pipeline == "examples.orders:pipeline" and all(o.recovered for o in report.outcomes)
+    assert report.pipeline == "spark_abs_examples.orders:pipeline" and all(o.recovered for o in report.outcomes)
     # every window the reference has, none it lacks, each equal to it and once: the epochs the damage
     # fallback went back past are marked superseded by the Kafka sink, and left out (docs/operations/drills.md)
     failed = {o.expectation for suite in report.checks for o in suite.outcomes if not o.success}
@@ -83,7 +83,7 @@ def test_a_drill_fails_on_a_pipeline_that_loses_or_duplicates_a_record(
         spark,
         tmp_path,
         lines,
-        pipeline=f"streaming.testing:broken_money_pipeline?broken={broken}&every=300",
+        pipeline=f"spark_abs_examples.broken_money:pipeline?broken={broken}&every=300",
         failures=0,  # the stage breaks records whatever happens: the checks alone must catch it
         seed=5,
     )

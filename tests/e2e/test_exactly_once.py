@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pytest
 
 from barriers.handler import CheckpointKind
+from spark_abs_examples import money as money_example
 from streaming.adapters.kafka_admin import end_offsets
 from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
 from streaming.adapters.objects import ensure_bucket, open_store
@@ -24,11 +25,10 @@ from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
 from streaming.engine import metrics
 from streaming.engine.faults import ENV as faults_env
-from streaming.engine.operations import run_until_caught_up
-from streaming.engine.runner import JobRunner
+from streaming.engine.job.operations import run_until_caught_up
+from streaming.engine.job.runner import JobRunner
 from streaming.testing import Scrape, scrape
-from streaming.tools import demo
-from streaming.tools.checkpoints import Checkpoints
+from streaming.tools.checkpoints.inspection import Checkpoints
 
 pytestmark = pytest.mark.integration
 
@@ -82,21 +82,21 @@ def _run(
     def on_complete(cid: int) -> None:
         if not scrapes:
             scrapes.append(_scrape(runner))
-        money.append(demo.money_in_checkpoint(reader, cid, in_flight))
+        money.append(money_example.money_in_checkpoint(reader, cid, in_flight))
         if money[-1].in_flight:  # what `spark-abs state --channels` shows of it, while Kafka holds the ranges
             channels = inspector.channel_state(cid)
             inspected.append((money[-1], channels))
 
     inspected: list = []
     runner = JobRunner(
-        "streaming.tools.demo:pipeline",
+        "spark_abs_examples.money:pipeline",
         settings,
         connection,
         job=job,
         worker_env={faults_env: ",".join(f"{task}:{point}:*:{g}" for g, (task, point) in enumerate(faults))},
         on_complete=on_complete,
     )
-    data = demo.make_transfers(transfers)
+    data = money_example.make_transfers(transfers)
     topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
     deadline = time.monotonic() + timeout_s
     sent = after = 0
@@ -105,19 +105,21 @@ def _run(
         # feed chunks until every fault fired, then two more
         while sent < len(data) and after < 2 and time.monotonic() < deadline:
             after += len(runner.restores) >= len(faults)
-            demo.produce_transfers(connection.kafka_bootstrap, topic, data[sent : sent + chunk], partitions, end=False)
+            money_example.produce_transfers(
+                connection.kafka_bootstrap, topic, data[sent : sent + chunk], partitions, end=False
+            )
             sent += chunk
             if runner.coordinator is None:
                 runner.start()
             seen, restores = len(money), len(runner.restores)
             while len(money) == seen and len(runner.restores) == restores and time.monotonic() < deadline:
                 runner.step()
-        demo.produce_transfers(connection.kafka_bootstrap, topic, [], partitions, end=True)
+        money_example.produce_transfers(connection.kafka_bootstrap, topic, [], partitions, end=True)
         run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
         scrapes.append(_scrape(runner))
     finally:
         runner.close()
-    output = demo.normalise(read_committed_output(sink_location(settings, job, connection)))
+    output = money_example.normalise(read_committed_output(sink_location(settings, job, connection)))
     reader.close()
     return runner, data[:sent], money, output, inspected, scrapes
 
@@ -160,7 +162,7 @@ def test_kills_at_chosen_points_then_output_equals_a_failure_free_run(connection
     assert [r.generation for r in runner.restores] == list(range(1, len(faults) + 1))
     assert money and all(m.total == 0 for m in money), money
     assert any(m.accounts > 0 for m in money)  # an unaligned snapshot may come before any leg arrived
-    expected = demo.expected_output(sent)
+    expected = money_example.expected_output(sent)
     assert len(output) == len(expected)
     assert output == expected
     dead = sum(end_offsets(connection.kafka_bootstrap, dead_letter_topic_name(job), 1).values())

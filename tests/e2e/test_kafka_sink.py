@@ -22,16 +22,16 @@ from kafka import KafkaConsumer, TopicPartition
 from selenium.webdriver.common.by import By
 from ui_browser import chromium, rows, screenshot, section, served, wait, xpath_rows
 
+from spark_abs_examples import money
 from streaming.adapters.kafka_admin import end_offsets
 from streaming.api.settings import JobSettings
-from streaming.engine.operations import kill_worker, run_until_caught_up
-from streaming.engine.runner import JobRunner
+from streaming.engine.job.operations import kill_worker, run_until_caught_up
+from streaming.engine.job.runner import JobRunner
 from streaming.errors import ConfigError
-from streaming.tools import demo
-from streaming.tools.checkpoints import Checkpoints
+from streaming.tools.checkpoints.inspection import Checkpoints
 from streaming.tools.tables import path_table
-from streaming.tools.ui import JobSource, create_app
-from streaming.tools.ui_live import ControlWatch
+from streaming.tools.ui.app import JobSource, create_app
+from streaming.tools.ui.live import ControlWatch
 
 pytestmark = pytest.mark.integration
 
@@ -57,20 +57,20 @@ def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tm
 
     def job_runner(settings: JobSettings) -> JobRunner:
         return JobRunner(
-            "streaming.tools.demo:kafka_pipeline",
+            "spark_abs_examples.money:kafka_pipeline",
             settings,
             connection,
             job=job,
-            workers={"all": [t.name for t in demo.kafka_pipeline(job).tasks()]},
+            workers={"all": [t.name for t in money.kafka_pipeline(job).tasks()]},
         )
 
     bootstrap = connection.kafka_bootstrap
     runner = job_runner(dataclasses.replace(settings, interval_s=3600))
     topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
-    data = demo.make_transfers(1000)
+    data = money.make_transfers(1000)
     try:
         runner.prepare()
-        demo.produce_transfers(bootstrap, topic, data[:500], partitions, end=False)
+        money.produce_transfers(bootstrap, topic, data[:500], partitions, end=False)
         runner.start()
         # generation 0 writes records to every internal topic, then its runner stops before any checkpoint
         deadline = time.monotonic() + 180
@@ -92,14 +92,14 @@ def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tm
             assert time.monotonic() < deadline, "\n".join(lines)
             runner.step()
         kill_worker(runner, "all")
-        demo.produce_transfers(bootstrap, topic, data[500:], partitions, end=True)
+        money.produce_transfers(bootstrap, topic, data[500:], partitions, end=True)
         run_until_caught_up(runner, 240)
         _the_ui_shows_the_running_job(runner, settings.store, connection)
     finally:
         runner.close()
     assert [r.generation for r in runner.restores] == [1, 2]
     rows = _committed(connection.kafka_bootstrap, f"{job}.windows")
-    assert demo.normalise_rows(rows) == demo.expected_output(data)
+    assert money.normalise_rows(rows) == money.expected_output(data)
 
 
 @contextmanager

@@ -16,15 +16,15 @@ import pyarrow.compute as pc
 import pytest
 
 from barriers.messages import ChannelId
-from streaming import testing
+from spark_abs_examples import money as money_example
 from streaming.adapters import codec
 from streaming.adapters.kafka_admin import end_offsets
 from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
 from streaming.adapters.objects import ensure_bucket
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.api.settings import JobSettings
-from streaming.engine.operations import run_until_caught_up
-from streaming.tools import demo
+from streaming.engine.job.operations import run_until_caught_up
+from support import jobs
 
 pytestmark = pytest.mark.integration
 
@@ -66,20 +66,20 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
     job = f"rescale-{unique_name[-8:]}"
     store = f"s3://{connection.s3_bucket}/{unique_name}"
     settings = JobSettings(store=store, mode=mode, interval_s=0.7, timeout_s=60, max_records_per_batch=200)
-    money_job = testing.money_job(
-        "streaming.tools.demo:pipeline?partitions=3",
+    money_job = jobs.money_job(
+        "spark_abs_examples.money:pipeline?partitions=3",
         settings,
         connection,
         job,
         parallelism={"windows": 2},  # two tasks in every stage
         remote=remote,
     )
-    worker = testing.RemoteWorkerProcess(job, "all", connection, tmp_path / "worker.log") if remote else None
+    worker = jobs.RemoteWorkerProcess(job, "all", connection, tmp_path / "worker.log") if remote else None
     runner, money, lines, reader = money_job.runner, money_job.money, money_job.lines, money_job.store
     manifests, in_flight = [], []
     # a prefix is sent: `wanted` transfers, more while a rescale waits for a checkpoint with channel state
     wanted = 6000 if mode == "unaligned" else 2400
-    transfers = demo.make_transfers(wanted + 2 * SEEK_CHECKPOINTS * SEEK_BURST)
+    transfers = money_example.make_transfers(wanted + 2 * SEEK_CHECKPOINTS * SEEK_BURST)
     topic, partitions = runner.pipeline.ingress[0].topic, 3
     bootstrap = connection.kafka_bootstrap
     # rescale after this many checkpoints (unaligned: from the first one then that holds channel state)
@@ -95,7 +95,7 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
             seeking = mode == "unaligned" and bool(steps) and len(money) >= steps[0][1]
             written = _legs_written(bootstrap, runner.pipeline) if seeking else 0
             burst = transfers[sent : sent + (SEEK_BURST if seeking else BURST)]
-            demo.produce_transfers(bootstrap, topic, burst, partitions, end=False)
+            money_example.produce_transfers(bootstrap, topic, burst, partitions, end=False)
             sent += len(burst)
             # seeking: no barrier before legs works on the burst; its output before the barrier
             # is then what the accounts tasks have not processed yet, their channel state
@@ -129,13 +129,13 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
             manifests.append(reader.read_manifest(record.checkpoint_id))
             money_job.count(record.checkpoint_id)
         assert not steps, f"rescales left undone after 300 s: {steps}; looked at {looked}\n" + "\n".join(lines)
-        demo.produce_transfers(bootstrap, topic, [], partitions, end=True)
+        money_example.produce_transfers(bootstrap, topic, [], partitions, end=True)
         run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
     finally:
         runner.close()
         stopped = worker.stop() if worker else None
     log = "\n".join(lines)
-    output = demo.normalise(read_committed_output(sink_location(settings, job, connection)))
+    output = money_example.normalise(read_committed_output(sink_location(settings, job, connection)))
 
     rescales = [r for r in runner.restores if r.rescaled_from is not None]
     assert len(rescales) == 2, log
@@ -159,7 +159,7 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
         # each rescale started from a checkpoint with channel state, and routed all of it again
         assert [m.metrics["rerouted_rows"] for m in manifests] == in_flight, log
         assert sum(m.metrics["rerouted_rows"] for m in manifests) > 0, "no channel state was routed again\n" + log
-    expected = demo.expected_output(transfers[:sent])
+    expected = money_example.expected_output(transfers[:sent])
     assert len(output) == len(expected), log
     assert output == expected
     assert sum(end_offsets(connection.kafka_bootstrap, dead_letter_topic_name(job), 1).values()) == 0

@@ -17,12 +17,13 @@ import time
 import pyarrow.fs as pafs
 import pytest
 
+from spark_abs_examples import money
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.api.settings import JobSettings
-from streaming.engine.operations import run_until_caught_up
-from streaming.engine.runner import JobRunner
-from streaming.tools import cli, demo
-from streaming.tools.checkpoints import Checkpoints, to_spark
+from streaming.engine.job.operations import run_until_caught_up
+from streaming.engine.job.runner import JobRunner
+from streaming.tools import cli
+from streaming.tools.checkpoints.inspection import Checkpoints, to_spark
 
 pytestmark = pytest.mark.integration
 
@@ -57,16 +58,16 @@ def _look_inside(spark, capsys, store: str, job: str, newest: int, oldest: int) 
 
 def test_roll_back_to_a_named_checkpoint(connection, spark, capsys, tmp_path, unique_name, lines):
     job, store = f"drill-{unique_name[-8:]}", f"file://{tmp_path}/store"
-    data = demo.make_transfers(400)
+    data = money.make_transfers(400)
     runner = JobRunner(
-        "streaming.tools.demo:pipeline",
+        "spark_abs_examples.money:pipeline",
         JobSettings(store=store, interval_s=1, retain=20),
         connection,
         job=job,
     )
     runner.prepare()
     ingress = runner.pipeline.ingress[0]
-    demo.produce_transfers(connection.kafka_bootstrap, ingress.topic, data, ingress.partitions, end=True)
+    money.produce_transfers(connection.kafka_bootstrap, ingress.topic, data, ingress.partitions, end=True)
     try:
         runner.start()
         deadline = time.monotonic() + 240
@@ -105,5 +106,5 @@ def test_roll_back_to_a_named_checkpoint(connection, spark, capsys, tmp_path, un
         # output committed after the checkpoint was taken back, not left to be duplicated
         log_text = "".join(p.read_text() for p in runner.log_dir.glob("worker-*-g*.log"))
         assert re.search(rf"retracted \[{min(committed_after)}\b", log_text), log_text[-2000:]
-    output = demo.normalise(read_committed_output(sink))
-    assert output == demo.expected_output(data)
+    output = money.normalise(read_committed_output(sink))
+    assert output == money.expected_output(data)

@@ -26,8 +26,8 @@ from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
-from streaming.engine.operations import run_until_caught_up
-from streaming.engine.runner import JobRunner
+from streaming.engine.job.operations import run_until_caught_up
+from streaming.engine.job.runner import JobRunner
 from streaming.errors import OffsetsGoneError
 
 pytestmark = pytest.mark.integration
@@ -70,7 +70,7 @@ def test_a_range_retention_deleted_is_named_and_the_restore_falls_back(connectio
         retain=5,
         max_records_per_batch=100,
     )
-    runner = JobRunner("streaming.testing:slow_pipeline?ms_per_record=5", settings, connection, job=job)
+    runner = JobRunner("streaming.tools.compare.slow:slow_pipeline?ms_per_record=5", settings, connection, job=job)
     topic = runner.pipeline.ingress[0].topic
     p0, p1 = f"{topic}:0", f"{topic}:1"
     create_topic(bootstrap, topic, 2, config={"retention.ms": str(HOUR_MS)})

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from streaming.tools import compare_report
-from streaming.tools.checkpoints import Checkpoints
-from streaming.tools.compare import run_compare
-from streaming.tools.compare_model import Comparison, Workload
+from streaming.tools.checkpoints.inspection import Checkpoints
+from streaming.tools.compare import report as compare_report
+from streaming.tools.compare.model import Comparison, Workload
+from streaming.tools.compare.run import run_compare
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from operators import (
     sum_,
 )
 from operators.testing import parquet_roundtrip
-from streaming.tools.money import Balances
+from spark_abs_examples.money import Balances
 
 
 def aggregate() -> KeyedAggregate:

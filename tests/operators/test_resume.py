@@ -38,7 +38,7 @@ from operators.testing import (
     run,
     run_with_restore,
 )
-from streaming.tools.money import Balances, transfer_legs
+from spark_abs_examples.money import Balances, transfer_legs
 
 PROFILE = settings.get_profile("operators")
 

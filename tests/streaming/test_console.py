@@ -20,7 +20,7 @@ console.install("[t] ", verbose="-v" in sys.argv)
 console.install("[u] ")
 logging.getLogger("streaming.tools.demo").info("checkpoint %d: done", 3)
 logging.getLogger("benchmarks").warning("a run failed")
-logging.getLogger("streaming.engine.task").debug("a channel blocked")
+logging.getLogger("streaming.engine.task.stage_task").debug("a channel blocked")
 logging.getLogger("kafka.conn").warning("connection refused")
 logging.getLogger("py4j").info("not for the person")
 """
@@ -42,7 +42,7 @@ def test_spark_abs_lines_go_to_stdout_after_the_prefix_and_the_rest_to_stderr():
 def test_verbose_logs_every_debug_line_on_stderr_and_stdout_stays_the_same():
     done = _run("-v")
     assert done.stdout == "[u] checkpoint 3: done\n[u] a run failed\n"
-    assert "DEBUG streaming.engine.task: a channel blocked" in done.stderr
+    assert "DEBUG streaming.engine.task.stage_task: a channel blocked" in done.stderr
     assert "INFO py4j: not for the person" in done.stderr
     assert "checkpoint 3" not in done.stderr
 
@@ -61,6 +61,6 @@ def test_installed_twice_a_line_shows_once_with_the_last_prefix_and_caplog_still
     console.install("[spark-abs] ")
     console.install("[drill] ")
     caplog.set_level(logging.INFO, logger="streaming")
-    logging.getLogger("streaming.tools.drill").info("job up")
+    logging.getLogger("streaming.tools.drill.run").info("job up")
     assert capsys.readouterr().out == "[drill] job up\n"
     assert [r.getMessage() for r in caplog.records] == ["job up"]

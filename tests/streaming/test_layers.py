@@ -4,7 +4,12 @@ project, and who may import pyspark.
 Imports go down only: testing -> tools -> the engine and the local runtime
 -> adapters -> api -> errors, the protocol (``barriers``) and ``operators``;
 never sideways between packages of one layer (the engine and the local
-runtime know nothing of each other).  No two modules import each other, by
+runtime know nothing of each other).  Inside the engine, its sub-packages
+are layers too: task -> restore -> worker -> remote -> job, each importing
+only those before it and the engine's own modules (``faults``, ``metrics``,
+``kafka_retention``), which import no sub-package.  A ``"module:attr"``
+string, by which code is loaded at run time, counts as an import of that
+module.  No two modules import each other, by
 any path, and no module imports another's ``_private`` names.  pyspark is
 the Spark adapters' business: no module of the engine, the adapters (but
 ``streaming.adapters.spark`` and ``spark_stage``), the api or ``operators``
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -32,6 +38,14 @@ LAYERS = {
     "streaming.tools": 4,
     "streaming.testing": 5,
 }
+# the engine's sub-packages, from the bottom up; its modules outside them come first
+ENGINE = (
+    "streaming.engine.task",
+    "streaming.engine.restore",
+    "streaming.engine.worker",
+    "streaming.engine.remote",
+    "streaming.engine.job",
+)
 PROJECT = ("barriers", "operators", "streaming", "benchmarks")
 WITHOUT_SPARK = ("operators", "streaming.api", "streaming.adapters", "streaming.engine", "streaming.errors")
 
@@ -49,13 +63,23 @@ def _is_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
+# a reference by which code is loaded at run time (``load_pipeline``, ``compare``'s
+# ``--pipeline``): ``package.module:attr``
+_LOADED = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):[A-Za-z_]\w*")
+
+
 def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
     """Every module a file imports, anywhere in it (functions and
-    ``TYPE_CHECKING`` blocks included), and every name it imports from one:
-    (line, module or ``module.name``)."""
+    ``TYPE_CHECKING`` blocks included), every name it imports from one, and
+    every project module a ``"module:attr"`` string in it names: (line,
+    module or ``module.name``)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            match = _LOADED.fullmatch(node.value.split("?")[0])
+            if match and match.group(1).split(".")[0] in PROJECT and _is_module(match.group(1)):
+                found.append((node.lineno, match.group(1)))
+        elif isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for alias in node.names:
@@ -138,6 +162,27 @@ def test_no_import_goes_sideways_within_a_layer():
     assert offenders == []
 
 
+def _engine_rank(module: str) -> int | None:
+    """Where ``module`` stands among the engine's sub-packages (-1: a module
+    of the engine outside them), or None when it is not the engine's."""
+    if module != "streaming.engine" and not module.startswith("streaming.engine."):
+        return None
+    return next((rank for rank, sub in enumerate(ENGINE) if module == sub or module.startswith(sub + ".")), -1)
+
+
+def test_the_engine_sub_packages_import_only_those_below_them():
+    offenders = [
+        f"{module}:{line} imports {imported}"
+        for module, path in _modules("streaming.engine").items()
+        if module != "streaming.engine"
+        for line, imported in _imports(path)
+        if (target := _engine_rank(imported)) is not None
+        and imported != "streaming.engine"
+        and target > _engine_rank(module)
+    ]
+    assert offenders == []
+
+
 def test_no_modules_import_each_other():
     modules = _project_modules()
     graph = {
@@ -196,7 +241,7 @@ def test_only_the_spark_adapter_names_pyspark():
 
 def test_importing_the_engine_the_adapters_and_operators_loads_no_spark():
     modules = [m for package in WITHOUT_SPARK for m in _modules(package) if m not in SPARK_ADAPTERS]
-    assert "streaming.engine.worker" in modules and "streaming.engine.task" in modules
+    assert "streaming.engine.worker.worker" in modules and "streaming.engine.task.stage_task" in modules
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"

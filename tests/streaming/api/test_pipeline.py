@@ -87,16 +87,16 @@ def test_route_is_a_stable_hash_of_the_key():
 def test_a_reference_passes_keyword_arguments_to_the_pipeline_function():
     from streaming.api.pipeline import load_pipeline
 
-    pipeline = load_pipeline("streaming.testing:slow_pipeline?ms_per_record=10", "slow-x")
+    pipeline = load_pipeline("streaming.tools.compare.slow:slow_pipeline?ms_per_record=10", "slow-x")
     assert pipeline.job == "slow-x" and pipeline.stages[0].name == "slow"
     with pytest.raises(ConfigError, match="unexpected keyword argument 'speed'"):
-        load_pipeline("streaming.testing:slow_pipeline?speed=3", "slow-x")
+        load_pipeline("streaming.tools.compare.slow:slow_pipeline?speed=3", "slow-x")
     with pytest.raises(ConfigError, match="'job' cannot be a keyword argument"):
-        load_pipeline("streaming.testing:slow_pipeline?job=other", "slow-x")
+        load_pipeline("streaming.tools.compare.slow:slow_pipeline?job=other", "slow-x")
     with pytest.raises(ConfigError, match="name=value"):
-        load_pipeline("streaming.testing:slow_pipeline?ms_per_record", "slow-x")
+        load_pipeline("streaming.tools.compare.slow:slow_pipeline?ms_per_record", "slow-x")
     with pytest.raises(ConfigError, match="non-negative"):
-        load_pipeline("streaming.testing:slow_pipeline?ms_per_record=fast", "slow-x")
+        load_pipeline("streaming.tools.compare.slow:slow_pipeline?ms_per_record=fast", "slow-x")
 
 
 SCHEMA = pa.schema([("user", pa.string()), ("amount", pa.int64())])
@@ -141,3 +141,13 @@ def test_idleness_by_event_time_is_declared_with_the_event_time_column(options, 
         Ingress("orders", 2, pa.schema([("ts", pa.int64())]), **options)
     ingress = Ingress("orders", 2, event_time="ts", idle_after_event_time=dt.timedelta(seconds=3))
     assert ingress.idle_after_event_time == 3_000
+
+
+def test_a_pipeline_is_loaded_by_its_name_and_an_unknown_name_lists_the_known():
+    from streaming.api.pipeline import load_pipeline, pipeline_reference
+
+    assert pipeline_reference("changing?shape=added") == "spark_abs_examples.changing:pipeline?shape=added"
+    pipeline = load_pipeline("changing?shape=added", "named")
+    assert pipeline.job == "named" and [s.name for s in pipeline.stages] == ["clean", "seen", "counts"]
+    with pytest.raises(ConfigError, match=r"no pipeline of that name \(known: .*money.*orders.*\).*module:attribute"):
+        load_pipeline("ordres", "named")

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from barriers.messages import Barrier, CancelBarrier, encode
 from streaming.adapters.snapshots import TaskSnapshot
-from streaming.engine.task import StageTask, TaskIO
+from streaming.engine.task.stage_task import StageTask, TaskIO
 
 __all__ = ["HEADER_TYPE", "batch", "RecordedIO", "make_task"]
 

@@ -27,7 +27,7 @@ from streaming.api.config import MetricsSettings
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
 from streaming.engine import metrics
-from streaming.engine.coordinator import CoordinatorIO, CoordinatorService
+from streaming.engine.job.coordinator import CoordinatorIO, CoordinatorService
 from streaming.errors import ConfigError
 from streaming.testing import scrape
 
@@ -83,7 +83,7 @@ def test_a_port_in_use_is_refused_naming_the_option():
 
 
 def test_a_worker_its_runner_started_takes_a_free_port_when_its_own_is_in_use():
-    from streaming.engine.worker import _serve_metrics
+    from streaming.engine.worker.worker import _serve_metrics
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -100,7 +100,7 @@ def test_a_worker_its_runner_started_takes_a_free_port_when_its_own_is_in_use():
 
 
 def test_workers_ports_past_65535_are_refused_before_anything_starts(tmp_path: Path):
-    from streaming.engine.supervisor import WorkerSupervisor
+    from streaming.engine.job.supervisor import WorkerSupervisor
 
     groups = {"a": ["s-0"], "b": ["s-1"]}
     with pytest.raises(ConfigError, match="run --metrics-port 65534: its 2 worker"):

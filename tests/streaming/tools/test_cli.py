@@ -95,7 +95,7 @@ def test_a_memory_budget_or_segment_time_that_cannot_work_is_refused_with_its_na
 
 def test_runs_are_paced_in_time_only_where_checkpoints_are_announced():
     from streaming.api.settings import JobSettings
-    from streaming.engine.task_factory import segment_budget_ms
+    from streaming.engine.worker.wiring import segment_budget_ms
 
     paced = {
         mode: segment_budget_ms(

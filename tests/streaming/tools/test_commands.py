@@ -16,7 +16,7 @@ import pyarrow as pa
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.tools import commands
-from streaming.tools.checkpoints import Checkpoints
+from streaming.tools.checkpoints.inspection import Checkpoints
 from streaming.tools.commands import run_job
 from streaming.tools.views import render_checkpoints
 

@@ -1,0 +1,6 @@
+"""A job, on the runner's side: the loop that starts, steps and closes it.
+
+- ``runner``: ``JobRunner``, topics, worker groups, restores and supervision;
+- ``coordinator``: the coordinator service (triggers, acks, manifests, aborts);
+- ``supervisor``: the runner's worker processes, started, watched and stopped;
+- ``operations``: driving a running job from outside its loop."""

@@ -1,0 +1,443 @@
+"""Running a job: topics, the coordinator service, worker processes, and
+restore when a worker dies.
+
+``JobRunner`` starts one worker process per group of tasks, each its own
+Spark application (``WorkerSupervisor``): by default one group, ``all``, so a
+job needs one JVM and every task is a query of it (their Spark jobs run in
+the order they come); ``workers=`` groups tasks otherwise (one worker per stage,
+as a cluster deployment would).  The coordinator service runs in the
+runner's own process.  When a worker dies, the whole job restores (every task
+rolls back to the same cut): the other workers are stopped, the latest
+complete checkpoint that verifies is chosen (newer ones that do not are
+skipped, and the runner says why), a new generation is recorded in the
+store, and the workers start again from that checkpoint.  With no complete
+checkpoint yet, the new generation starts from the beginning.
+
+Groups named in ``remote=`` (``run --remote-workers``: all of them) are not
+started here: each is a ``spark-abs worker`` process on any host, joined
+through the control topic (``streaming.engine.remote.membership``).  The runner
+publishes a lease every second naming each group's member; a member silent
+for ``heartbeat_timeout_s`` (or that stopped its tasks) is taken for dead and
+the job restores, its standby taking over when one waits.
+
+A job keeps the task counts of its latest generation (``_JOB.json`` records
+each generation's ``Scale``); ``parallelism=`` (``run --parallelism``) asks
+for others.  A restore whose checkpoint was taken with other task counts
+rescales it first (``streaming.engine.restore.rescale``): the checkpoint becomes one
+of the new scale, written as the next checkpoint id, and that is restored.
+A restore whose checkpoint was taken with other stages (one added or removed,
+an operator whose state schema changed) writes it as a checkpoint of the
+pipeline as declared the same way (``streaming.engine.restore.changes``), and
+refuses what would drop state unless ``allow_dropped=`` allows it.
+
+The runner keeps the job's lifecycle (``start``, ``step``, ``close``) and
+hands the rest to classes of their own: ``restore.service.RestoreService`` picks,
+rescales and records what a restore starts from; ``remote.leases.RemoteMembers``
+holds the remote groups' lease, heartbeats and pauses;
+``operations`` drives a job from outside (drain, kill a worker).
+
+The runner serves its Prometheus metrics (``metrics=``, ``run
+--metrics-port``, ``SPARK_ABS_METRICS_PORT``: a free port by default) and
+each worker its own; the runner lists every endpoint in
+``prometheus-targets.json`` in its log directory, for Prometheus's
+``file_sd_configs`` (``streaming.engine.metrics``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+
+from barriers.failures import CheckpointFailure
+from barriers.messages import CheckpointOptions
+from streaming.adapters.control import control_topic_name
+from streaming.adapters.kafka_admin import create_topic, end_offsets
+from streaming.adapters.kafka_io import dead_letter_topic_name
+from streaming.adapters.objects import open_store, patiently
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.api import partitioning
+from streaming.api.config import Connection, MetricsSettings, default_home
+from streaming.api.pipeline import Pipeline, Scale, SinkKind, load_pipeline
+from streaming.api.settings import WORKER_GROUPINGS, JobSettings
+from streaming.engine import metrics
+from streaming.engine.job.coordinator import CheckpointRecord, CoordinatorService, kafka_io
+from streaming.engine.job.supervisor import WorkerProcess, WorkerSupervisor
+from streaming.engine.remote.leases import LeaseRenewal, RemoteMembers
+from streaming.engine.remote.membership import incarnation
+from streaming.engine.restore.changes import AllowDropped
+from streaming.engine.restore.service import RestoreRecord, RestoreService
+from streaming.errors import ConfigError, JobFailed, SparkAbsError
+
+__all__ = ["JobRunner", "RestoreRecord", "worker_groups"]
+
+log = logging.getLogger(__name__)
+
+
+def worker_groups(pipeline: Pipeline, workers: Mapping[str, list[str]] | str | None) -> dict[str, list[str]]:
+    """Which worker runs which tasks: ``"one"`` (the default: one worker,
+    ``all``), ``"per-stage"`` (a worker per stage, named after it) or a
+    mapping of worker names to task names."""
+    if workers is None or workers == "one":
+        return {"all": [t.name for t in pipeline.tasks()]}
+    if workers == "per-stage":
+        groups: dict[str, list[str]] = {}
+        for task in pipeline.tasks():
+            groups.setdefault(task.stage, []).append(task.name)
+        return groups
+    if isinstance(workers, str):
+        raise ConfigError(f"workers: {workers!r} is not one of {', '.join(WORKER_GROUPINGS)} or a mapping")
+    return dict(workers)
+
+
+class JobRunner:
+    """Supervises one job (see the module docstring).  ``worker_env`` is
+    added to the environment of the worker processes it starts (a drill's
+    or a test's fault points: ``streaming.engine.faults``)."""
+
+    def __init__(
+        self,
+        pipeline_ref: str,
+        settings: JobSettings,
+        connection: Connection,
+        *,
+        job: str | None = None,
+        workers: Mapping[str, list[str]] | str | None = None,
+        worker_env: Mapping[str, str] | None = None,
+        log_dir: Path | None = None,
+        max_restores: int = 10,
+        on_complete: Callable[[int], None] | None = None,
+        parallelism: Mapping[str, int] | None = None,
+        remote: bool | Collection[str] = False,
+        metrics: MetricsSettings | None = None,
+        allow_dropped: AllowDropped | None = None,
+    ):
+        self.pipeline_ref = pipeline_ref
+        # the pipeline as its code declares it; ``pipeline`` is it at the scale of the current generation
+        self.declared: Pipeline = load_pipeline(pipeline_ref, job)
+        self.parallelism = dict(parallelism or {})
+        self.pipeline = self.declared.rescaled(Scale(self.parallelism))
+        partitioning.check(self.pipeline)  # a partitioning that cannot give the right answer never starts
+        self.job = self.pipeline.job
+        # every line says which job it is about (``record.job``), for a command that runs several
+        self.log = logging.LoggerAdapter(log, {"job": self.job})
+        self.settings = settings
+        self.connection = connection
+        self.on_complete = on_complete
+        self.worker_env = dict(worker_env or {})
+        self._workers_grouping = workers
+        self.groups = self._groups(self.pipeline)
+        self.remote_names = set(self.groups) if remote is True else set(remote or ())
+        unknown = sorted(self.remote_names - set(self.groups))
+        if unknown:
+            raise ConfigError(
+                f"remote worker groups {', '.join(unknown)}: the job's groups are {', '.join(sorted(self.groups))}"
+            )
+        self.remote = RemoteMembers(
+            incarnation(),
+            pipeline_ref,
+            self.job,
+            settings.to_json(),
+            settings.heartbeat_timeout_s,
+            self._remote_groups(),
+            lambda: LeaseRenewal(connection.kafka_bootstrap, self.job),
+        )
+        self.log_dir = log_dir or default_home() / "runs" / self.job
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.store = SnapshotStore(open_store(settings.store, connection), self.job)
+        # a restore into a changed pipeline may drop these stages' state (streaming.engine.restore.changes)
+        self.recovery = RestoreService(self.declared, self.store, settings, connection, allow_dropped)
+        self.max_restores = max_restores
+        self.restores: list[RestoreRecord] = []
+        self.history: list[CheckpointRecord] = []
+        self.metrics_settings = metrics or MetricsSettings.from_env()
+        self.supervisor = self._supervisor(self.pipeline)
+        self.coordinator: CoordinatorService | None = None
+        self._last_trigger = 0.0
+        self.metrics_server: metrics.MetricsServer | None = None
+        self.metrics_targets: metrics.Targets | None = None
+
+    def _groups(self, pipeline: Pipeline) -> dict[str, list[str]]:
+        groups = worker_groups(pipeline, self._workers_grouping)
+        tasks = {t.name for t in pipeline.tasks()}
+        grouped = [t for names in groups.values() for t in names]
+        if sorted(grouped) != sorted(tasks):
+            raise SparkAbsError(
+                f"workers must run every task exactly once: tasks {sorted(tasks)}, workers run {sorted(grouped)}"
+            )
+        return groups
+
+    def _supervisor(self, pipeline: Pipeline) -> WorkerSupervisor:
+        local = {name: tasks for name, tasks in self.groups.items() if name not in self.remote_names}
+        return WorkerSupervisor(
+            self.pipeline_ref,
+            self.job,
+            local,
+            self.settings,
+            self.log_dir,
+            scale=self._scale(),
+            metrics=self.metrics_settings,
+        )
+
+    def _scale(self) -> Scale | None:
+        """The job's scale when other than its code declares (None: as declared)."""
+        return None if self.pipeline.scale == self.declared.scale else self.pipeline.scale
+
+    def _remote_groups(self) -> dict[str, list[str]]:
+        return {name: tasks for name, tasks in self.groups.items() if name in self.remote_names}
+
+    def _use_scale(self, scale: Scale) -> None:
+        """Run the pipeline at ``scale`` from now on: workers of another scale stop."""
+        pipeline = self.declared.rescaled(scale)
+        if pipeline.scale == self.pipeline.scale:
+            return
+        self.supervisor.stop_all()
+        metrics.forget_tasks(self.job, [t.name for t in self.pipeline.tasks()])
+        self.pipeline = pipeline
+        self.groups = self._groups(pipeline)
+        self.supervisor = self._supervisor(pipeline)
+        self.remote.groups.groups = self._remote_groups()
+
+    # ---- set-up
+
+    def prepare(self) -> None:
+        """Create the job's topics (idempotent)."""
+        bootstrap = self.connection.kafka_bootstrap
+        for ingress in self.pipeline.ingress:
+            create_topic(bootstrap, ingress.topic, ingress.partitions)
+        for topic, partitions in self.pipeline.internal_topics().items():
+            create_topic(bootstrap, topic, partitions)
+        for stage in self.pipeline.stages:
+            if stage.sink is not None and stage.sink.kind is SinkKind.KAFKA:
+                create_topic(bootstrap, stage.sink.topic, 1)
+        create_topic(bootstrap, control_topic_name(self.job), 1)
+        create_topic(bootstrap, dead_letter_topic_name(self.job), 1)
+
+    def start(self, restore: int | None = None) -> None:
+        """Start fresh, or from checkpoint ``restore`` (a new generation)."""
+        self._serve_metrics()  # a port in use stops the start before anything is recorded
+        # the store knows the job from its fresh start on (_JOB.json records generation 0): a job
+        # whose runner stopped or died goes on from its checkpoints, or from the beginning as a new
+        # generation (what the one before wrote is stale), never as a second generation 0
+        known = patiently(
+            lambda: self.store.read_job() is not None or bool(self.store.checkpoints()), "reading the job"
+        )
+        if restore is None and not known:
+            self._refuse_an_unknown_earlier_run()
+            self.prepare()
+            scale = self.pipeline.scale.to_json()
+            patiently(lambda: self.store.first_generation(scale=scale), "recording the fresh start")
+            self._launch(generation=0, checkpoint_id=None)
+        else:
+            self.restore(
+                f"restore requested from checkpoint {restore}" if restore else "restart",
+                restore,
+                cause="requested" if restore else "restart",
+            )
+
+    def _refuse_an_unknown_earlier_run(self) -> None:
+        """A fresh start where an earlier run of this job name left its
+        control events, but the store has no record of it (another store, or
+        one emptied since): its barriers in the ingress topics and its
+        records in the internal ones would be taken for this run's."""
+        bootstrap, topic = self.connection.kafka_bootstrap, control_topic_name(self.job)
+        create_topic(bootstrap, topic, 1)
+        events = sum(end_offsets(bootstrap, topic, 1).values())
+        if events:
+            raise ConfigError(
+                f"job {self.job}: Kafka holds an earlier run of this job ({events} events on {topic}, "
+                f"barriers in its ingress topics, records in its internal topics), but the store "
+                f"{self.settings.store} has no record of it; starting afresh would take that run's barriers "
+                f"and records for this one's.  Run with the earlier run's --store to go on from its "
+                f"checkpoints, or under another --job name (topics are named after the job)"
+            )
+
+    @property
+    def workers(self) -> dict[str, WorkerProcess]:
+        return self.supervisor.workers
+
+    def _launch(self, generation: int, checkpoint_id: int | None) -> None:
+        """Generation ``generation``: a coordinator of its own, then the workers from ``checkpoint_id``."""
+        self._serve_metrics()
+        metrics.generation(self.job, generation)
+        if self.coordinator is not None:
+            self.coordinator.abandon(CheckpointFailure.RESTORED, f"generation {generation} starts")
+            self.history.extend(self.coordinator.records.values())
+            self.coordinator.close()
+            self.coordinator = None
+        next_id = self._next_checkpoint_id()
+        io = kafka_io(self.connection.kafka_bootstrap, self.job)
+        if self.remote_names:
+            poll = io.poll
+            io.poll = lambda timeout_s: self.remote.observe(poll(timeout_s))
+        self.coordinator = CoordinatorService(
+            self.pipeline,
+            io,
+            self.store,
+            self.settings,
+            generation=generation,
+            next_checkpoint_id=next_id,
+            pinned=checkpoint_id,
+            on_complete=self.on_complete,
+            progress_log=self.log_dir / "checkpoints.jsonl",
+        )
+        env = {**os.environ, **self.connection.as_env(), "PYTHONUNBUFFERED": "1", **self.worker_env}
+        self.supervisor.launch(generation, checkpoint_id, env)
+        if self.remote_names:
+            scale = self._scale()
+            self.remote.start_generation(
+                generation, checkpoint_id, self._remote_groups(), scale.to_json() if scale else None
+            )
+        self._last_trigger = time.monotonic()
+
+    def _serve_metrics(self) -> None:
+        """The runner's metrics endpoint and its targets file, the first time (none with ``MetricsSettings.off``)."""
+        if self.metrics_server is not None:
+            return
+        self.metrics_server = metrics.serve(self.metrics_settings, "run --metrics-port")
+        if self.metrics_server is None:
+            return
+        self.metrics_targets = metrics.Targets(
+            self.log_dir / metrics.TARGETS_FILE, self.job, self.metrics_server.address
+        )
+        self.log.info(
+            "job %s: metrics on %s; Prometheus targets (file_sd) in %s",
+            self.job,
+            self.metrics_server.url,
+            self.metrics_targets.path,
+        )
+
+    def _note_endpoints(self, coordinator: CoordinatorService) -> None:
+        """The workers' metrics endpoints their ready events named, into the targets file."""
+        if self.metrics_targets is None or not coordinator.readiness.endpoints:
+            return
+        group_of = {task: group for group, tasks in self.groups.items() for task in tasks}
+        self.metrics_targets.update(
+            {group_of[task]: address for task, address in coordinator.readiness.endpoints.items() if task in group_of}
+        )
+
+    # ---- running
+
+    @property
+    def generation(self) -> int:
+        return self.coordinator.generation if self.coordinator else 0
+
+    def step(self, *, trigger: bool = True, options: CheckpointOptions | None = None) -> None:
+        """One round: trigger when the interval passed (with ``options``, or
+        the job's), read control events, restore if a worker died or a
+        remote group went silent or lost its tasks."""
+        coordinator = self.require_started()
+        dead = self.supervisor.dead()
+        if dead:
+            worker = dead[0]
+            self.log.info(
+                "worker %s (tasks %s) exited with %s; last lines of %s:\n%s",
+                worker.name,
+                ", ".join(worker.tasks),
+                worker.exit_text(),
+                worker.log_path,
+                worker.tail(),
+            )
+            if worker.pipeline_error:  # every restore would stop on it again
+                raise JobFailed(
+                    f"job {self.job}: worker {worker.name} (tasks {', '.join(worker.tasks)}) stopped on an error "
+                    f"in the pipeline, which no restore can fix; fix it and run the job again "
+                    f"(its log: {worker.log_path}):\n{worker.tail(4)}"
+                )
+            self.restore(f"worker {worker.name} died", cause="worker_died")
+            return
+        if self.remote_names:
+            reason = self.remote.restore_reason()
+            if reason is not None:
+                self.restore(reason, cause="worker_lost")
+                return
+        due = time.monotonic() - self._last_trigger >= self.settings.interval_s
+        if trigger and coordinator.all_ready and due and coordinator.trigger(options) is not None:
+            self._last_trigger = time.monotonic()
+        coordinator.poll(0.2)
+        self._note_endpoints(coordinator)
+
+    def restore(self, reason: str, checkpoint_id: int | None = None, *, cause: str = "requested") -> RestoreRecord:
+        """Stop every worker and start the next generation from a checkpoint:
+        ``checkpoint_id`` or the latest that verifies, rescaled first when it
+        was taken with other task counts than the job runs with now (the
+        steps: ``streaming.engine.restore.service``).  ``cause`` names why in a
+        word (``RESTORE_CAUSES``), for the store and the restores metric
+        (``reason`` says it to a person)."""
+        if len(self.restores) >= self.max_restores:
+            raise JobFailed(f"job {self.job}: {len(self.restores)} restores already; giving up ({reason})")
+        plan = self.recovery.prepare(
+            checkpoint_id, self.parallelism, self.pipeline.scale, self._next_checkpoint_id, cause
+        )
+        record = plan.record(reason)
+        self.restores.append(record)
+        metrics.restored(self.job, cause)
+        self._use_scale(plan.scale)
+        self.prepare()
+        written = ""
+        if plan.rescale is not None:
+            written = f" (checkpoint {plan.rescaled_from} rescaled to {plan.scale.describe()})"
+        elif plan.change is not None:
+            written = f" (checkpoint {plan.changed_from} changed: {plan.change.describe()})"
+        if plan.rewritten:
+            if self.remote_names:
+                poll = self.coordinator.poll if self.coordinator is not None else None
+                why = (
+                    f"checkpoint {plan.rescaled_from} is being rescaled to {plan.scale.describe()}"
+                    if plan.rescale is not None
+                    else f"checkpoint {plan.changed_from} is being restored into a changed pipeline"
+                )
+                self.remote.pause(plan.generation, why, poll, self.connection.kafka_bootstrap)
+            self.stop_workers()
+            self.recovery.write(plan)
+        self.log.info(
+            "restoring generation %d from %s%s (%s)",
+            plan.generation,
+            f"checkpoint {plan.checkpoint_id}" if plan.checkpoint_id else "the beginning (no complete checkpoint)",
+            written,
+            reason,
+        )
+        # workers that still run restore in place (their Spark stays up); dead ones start again
+        self._launch(plan.generation, plan.checkpoint_id)
+        return record
+
+    def rescale(self, parallelism: Mapping[str, int], checkpoint_id: int | None = None) -> RestoreRecord:
+        """Restore the running job with ``parallelism`` (stage -> tasks; stages
+        not named keep theirs) from ``checkpoint_id`` or the latest that
+        verifies: ``run --restore N --parallelism ...`` without stopping the runner."""
+        wanted = {**self.parallelism, **parallelism}
+        self._groups(self.declared.rescaled(Scale(wanted)))  # an unknown stage, too many tasks: refused here
+        self.parallelism = wanted
+        return self.restore(f"rescale to {Scale(wanted).describe()} requested", checkpoint_id, cause="rescale")
+
+    def _next_checkpoint_id(self) -> int:
+        """Above every checkpoint the store holds (complete or not) and every one this runner triggered."""
+        stored = patiently(self.store.checkpoints, "listing checkpoints")
+        return max(stored + [r.checkpoint_id for r in self.checkpoints()] + [0]) + 1
+
+    def stop_workers(self, timeout_s: float = 15.0) -> None:
+        self.supervisor.stop_all(timeout_s)
+
+    def checkpoints(self) -> list[CheckpointRecord]:
+        """Every checkpoint seen, in trigger order."""
+        current = list(self.coordinator.records.values()) if self.coordinator else []
+        return sorted(self.history + current, key=lambda r: r.checkpoint_id)
+
+    def close(self) -> None:
+        self.stop_workers()
+        self.remote.end()
+        if self.coordinator is not None:
+            self.history.extend(self.coordinator.records.values())
+            self.coordinator.close()
+            self.coordinator = None
+        self.store.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+
+    def require_started(self) -> CoordinatorService:
+        """The current generation's coordinator; a ``SparkAbsError`` before ``start``."""
+        if self.coordinator is None:
+            raise SparkAbsError(f"job {self.job} is not started")
+        return self.coordinator

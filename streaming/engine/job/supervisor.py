@@ -1,0 +1,191 @@
+"""The job runner's worker processes: started with the job's pipeline,
+settings and generation, told to restore in place on stdin, watched for
+death, and stopped (SIGTERM, then SIGKILL of the whole process group, so a
+worker's Spark JVM goes with it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from streaming.api.config import MetricsSettings
+from streaming.api.pipeline import Scale
+from streaming.api.settings import JobSettings
+from streaming.engine.worker.worker import EXIT_PIPELINE_ERROR
+from streaming.errors import ConfigError, SparkAbsError
+
+__all__ = ["WorkerProcess", "WorkerSupervisor"]
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    tasks: list[str]
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    @property
+    def pipeline_error(self) -> bool:
+        """Whether it stopped on an error in the pipeline, which no restore fixes."""
+        return self.process.returncode == EXIT_PIPELINE_ERROR
+
+    def exit_text(self) -> str:
+        code = self.process.returncode
+        if code is not None and code < 0:
+            return f"signal {signal.Signals(-code).name}"
+        if self.pipeline_error:
+            return f"status {code} (an error in the pipeline)"
+        return f"status {code}"
+
+    def tail(self, lines: int = 8) -> str:
+        """The last lines of the worker's log, indented for a message."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "  (no log)"
+        return "\n".join(f"  | {line}" for line in text[-lines:])
+
+
+class WorkerSupervisor:
+    """The worker processes of one job: ``groups`` maps a worker's name to
+    the tasks it runs; logs go to ``log_dir/worker-<name>-g<generation>.log``.
+    Each serves its metrics as ``metrics.for_worker`` (its index) says."""
+
+    def __init__(
+        self,
+        pipeline_ref: str,
+        job: str,
+        groups: Mapping[str, list[str]],
+        settings: JobSettings,
+        log_dir: Path,
+        *,
+        scale: Scale | None = None,
+        metrics: MetricsSettings | None = None,
+    ):
+        self.pipeline_ref = pipeline_ref
+        self.job = job
+        self.groups = dict(groups)
+        self.settings = settings
+        self.log_dir = log_dir
+        # task counts and topics other than the pipeline declares (a rescaled job)
+        self.scale = scale
+        self.metrics = metrics or MetricsSettings.off()
+        if self.groups and self.metrics.port and self.metrics.port + len(self.groups) > 65535:
+            raise ConfigError(
+                f"run --metrics-port {self.metrics.port}: its {len(self.groups)} worker(s) take the ports after it, "
+                f"past 65535; give a lower port, or 0 for free ones"
+            )
+        self.workers: dict[str, WorkerProcess] = {}
+
+    def launch(self, generation: int, checkpoint_id: int | None, env: Mapping[str, str]) -> None:
+        """Every group in ``generation`` from ``checkpoint_id``: a worker that
+        still runs restores in place (its Spark stays up); the others start."""
+        live = {name: w for name, w in self.workers.items() if w.alive}
+        self.workers = {}
+        for index, (name, tasks) in enumerate(self.groups.items()):
+            if name in live and _tell(live[name].process, f"restore {generation} {checkpoint_id or 'none'}"):
+                self.workers[name] = live[name]
+                continue
+            log_path = self.log_dir / f"worker-{name}-g{generation}.log"
+            command = [
+                sys.executable,
+                "-m",
+                "streaming.engine.worker.worker",
+                "--pipeline",
+                self.pipeline_ref,
+                "--job",
+                self.job,
+                "--tasks",
+                ",".join(tasks),
+                "--settings",
+                self.settings.to_json(),
+                "--generation",
+                str(generation),
+                "--runner-pipe",  # the worker stops when this process ends and the pipe closes
+            ]
+            if checkpoint_id is not None:
+                command += ["--restore", str(checkpoint_id)]
+            if self.scale is not None:
+                command += ["--scale", json.dumps(self.scale.to_json())]
+            command += _metrics_options(self.metrics.for_worker(index))
+            with open(log_path, "wb") as log_file:
+                process = subprocess.Popen(
+                    command,
+                    stdin=subprocess.PIPE,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=dict(env),
+                    start_new_session=True,
+                )
+            self.workers[name] = WorkerProcess(name, tasks, process, log_path)
+
+    def dead(self) -> list[WorkerProcess]:
+        return [w for w in self.workers.values() if not w.alive]
+
+    def worker_of(self, name: str) -> WorkerProcess:
+        """The worker called ``name``, or the one running the task or stage ``name``."""
+        if name in self.workers:
+            return self.workers[name]
+        for worker in self.workers.values():
+            if any(task == name or task.rsplit("-", 1)[0] == name for task in worker.tasks):
+                return worker
+        raise SparkAbsError(
+            f"no worker, task or stage called {name!r} (workers: {', '.join(sorted(self.workers)) or 'none'})"
+        )
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a worker (by its name, or a task or stage it runs) and its Spark JVM (a drill)."""
+        _kill_group(self.worker_of(name).process)
+
+    def stop_all(self, timeout_s: float = 15.0) -> None:
+        for worker in self.workers.values():
+            if worker.alive:
+                # the worker stops its queries and its Spark JVM goes with it
+                worker.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for worker in self.workers.values():
+            try:
+                worker.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _kill_group(worker.process)
+        self.workers.clear()
+
+
+def _metrics_options(settings: MetricsSettings) -> list[str]:
+    """A worker's command-line options for its metrics endpoint."""
+    if settings.port is None:
+        return ["--no-metrics"]
+    return ["--metrics-host", settings.host, "--metrics-port", str(settings.port)]
+
+
+def _tell(process: subprocess.Popen, command: str) -> bool:
+    """Send a command line to a worker; False when it cannot take it (it died)."""
+    if process.poll() is not None or process.stdin is None:
+        return False
+    try:
+        process.stdin.write(f"{command}\n".encode())
+        process.stdin.flush()
+        return True
+    except (BrokenPipeError, OSError):
+        return False
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the worker and its Spark JVM (its own process group)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()

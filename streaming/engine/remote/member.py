@@ -1,0 +1,157 @@
+"""A remote worker: one worker group of a job, started on any host that
+reaches the job's Kafka and object store (``spark-abs worker --job J
+--group G``), with nothing shared with the runner but the control topic and
+the store.  It waits for the runner's lease, joins its group (a heartbeat
+every second from a thread of its own), runs the group's tasks in the
+generation the lease names, restores in place when a later lease names a
+newer generation, and stops its tasks when it is no longer the member or the
+runner's lease lapses (``streaming.engine.remote.membership``).  Its Spark
+application stays up between generations; it runs until SIGTERM or Ctrl-C.
+
+The pipeline, the job's settings and its scale come with the lease: the host
+only needs the pipeline's module importable and the ``SPARK_ABS_*``
+connection (Kafka, the store, a Spark master) in its environment."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+from streaming.adapters.control import ControlEvent, ControlTopic, Heartbeat, Lease
+from streaming.adapters.objects import open_store
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import Connection
+from streaming.api.pipeline import Scale, load_pipeline
+from streaming.api.settings import JobSettings
+from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, Action, ActionKind, Membership, incarnation
+from streaming.engine.worker.worker import Worker
+from streaming.errors import ConfigError, SparkAbsError
+
+__all__ = ["RemoteWorker", "incarnation", "wait_for_lease"]
+
+log = logging.getLogger(__name__)
+
+# how often a worker waiting for a runner says so
+WAITING_NOTICE_S = 30.0
+
+
+def wait_for_lease(
+    control: ControlTopic,
+    job: str,
+    *,
+    stop: threading.Event,
+    timeout_s: float | None = None,
+) -> Lease | None:
+    """The first lease of ``job``'s runner on ``control``; None when stopped or after ``timeout_s``."""
+    started = notice = time.monotonic()
+    while not stop.is_set() and (timeout_s is None or time.monotonic() - started < timeout_s):
+        for event in control.poll(0.5):
+            if isinstance(event, Lease):
+                return event
+        if time.monotonic() - notice >= WAITING_NOTICE_S:
+            notice = time.monotonic()
+            log.info(f"still waiting for the runner of job {job} (no lease on {control.topic} yet)")
+    return None
+
+
+class RemoteWorker(Worker):
+    """Group ``group`` of the job whose runner published ``lease`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        group: str,
+        connection: Connection,
+        *,
+        spark=None,
+        name: str | None = None,
+    ):
+        pipeline = load_pipeline(lease.pipeline, lease.job)
+        super().__init__(
+            pipeline,
+            [],
+            JobSettings.from_json(lease.settings),
+            connection,
+            generation=None,
+            restore=None,
+            spark=spark,
+        )
+        self.group = group
+        self.incarnation = name or incarnation()
+        self.membership = Membership(pipeline.job, group, self.incarnation)
+        self._first = lease
+        self._beats = threading.Thread(target=self._heartbeats, name="spark-abs-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        """Open the clients and Spark; join on the first lease (the runner
+        makes this worker the member when its group has none)."""
+        self.open()
+        self._beats.start()
+        log.info(f"worker {self.incarnation}: group {self.group} of job {self.pipeline.job}, waiting to be its member")
+        self._apply(self.membership.on_lease(self._first))
+
+    def _heartbeats(self) -> None:
+        while not self._stop.is_set():
+            beat = Heartbeat(self.group, self.incarnation, socket.gethostname(), self.membership.running)
+            try:
+                self.control.publish(beat)
+            except SparkAbsError as exc:  # the broker is away: the next one tries again
+                log.warning("heartbeat not published: %s", exc)
+            self._stop.wait(HEARTBEAT_INTERVAL_S)
+
+    def _on_control(self, event: ControlEvent) -> None:
+        if isinstance(event, Heartbeat):
+            if event.incarnation == self.incarnation:
+                self.membership.own()
+            return
+        if isinstance(event, Lease):
+            lease = event
+            self._apply(self.membership.on_lease(lease))
+            if self.membership.unknown_group:
+                raise ConfigError(
+                    f"job {lease.job} runs remote worker groups {', '.join(sorted(lease.groups)) or '(none)'}, "
+                    f"not {self.group!r}"
+                )
+            return
+        super()._on_control(event)
+
+    def _round(self) -> None:
+        self._apply(self.membership.check())
+
+    def _apply(self, action: Action | None) -> None:
+        if action is None:
+            return
+        if action.kind is ActionKind.STOP:
+            self.idle(action.reason)
+            self.membership.running = None
+            return
+        lease = action.lease
+        assert lease is not None
+        self._adopt(lease)
+        pipeline = load_pipeline(lease.pipeline, lease.job)
+        if lease.scale is not None:
+            pipeline = pipeline.rescaled(Scale.from_json(lease.scale))
+        self.restart(lease.generation, lease.checkpoint, pipeline=pipeline, task_names=list(lease.groups[self.group]))
+        self.membership.running = lease.generation
+
+    def _adopt(self, lease: Lease) -> None:
+        """The settings of the lease's runner (a restarted runner may run the job otherwise)."""
+        settings = JobSettings.from_json(lease.settings)
+        if settings == self.settings:
+            return
+        if settings.store != self.settings.store:
+            self.store.close()
+            self.store = SnapshotStore(open_store(settings.store, self.connection), lease.job)
+        self.settings = settings
+
+    def serve(self) -> int:
+        """Until stopped: a stage query that fails stops this group's tasks
+        (the runner restores the job) and the worker waits for the next generation."""
+        while True:
+            code = super().serve()
+            if code == 0:
+                return 0
+            self.idle("a stage query failed")
+            self.membership.running = None

@@ -1,0 +1,204 @@
+"""Building a worker's task for a generation: where it starts (its snapshot
+of the restored checkpoint, ``restore.start.plan_start``), its sink recovered to
+that checkpoint, its ``TaskIO`` on the worker's clients, and whether it
+copies in-flight records rather than keep their offset ranges.  The task
+comes back recovered (``StageTask.recover``), with the offsets its stage
+query starts its channels at; the worker runs it (``streaming.engine.worker.worker``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from barriers.messages import ChannelId, InFlightFormat
+from operators.state import StateMemory, use_memory
+from streaming.adapters.control import ControlTopic
+from streaming.adapters.kafka_admin import OffsetsAtTime
+from streaming.adapters.kafka_io import DeadLetters, append_markers, read_range, retention_ms
+from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, kafka_records, open_sink, sink_location
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import Connection, default_home
+from streaming.api.pipeline import Pipeline, Stage, TaskSpec
+from streaming.api.settings import JobSettings, Mode, StateSnapshots
+from streaming.engine import faults
+from streaming.engine.kafka_retention import RetentionWatch, relied_on_ms
+from streaming.engine.restore.start import plan_start
+from streaming.engine.task.stage_task import StageTask, TaskIO
+from streaming.engine.task.uploads import Incremental
+
+__all__ = ["RunningTask", "TaskFactory", "segment_budget_ms"]
+
+# the modes whose checkpoints a task may take on an announcement, between two runs of a micro-batch
+_ANNOUNCED = (Mode.UNALIGNED, Mode.ALIGNED_TIMEOUT)
+
+
+def segment_budget_ms(settings: JobSettings) -> float | None:
+    """The time budget of a task's runs (``SegmentPace``): ``segment_ms`` in
+    the modes whose checkpoints are announced; None (runs cut by records
+    only) in the others, whose barriers come with the data, between runs
+    anyway, and where smaller runs only cost calls of the operator."""
+    return settings.segment_ms if settings.mode in _ANNOUNCED else None
+
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunningTask:
+    """A task a worker runs, and its stage's sink (None for a stage without one)."""
+
+    task: StageTask
+    sink: ObjectStoreSink | KafkaSink | None
+
+
+class TaskFactory:
+    """Builds the tasks of ``pipeline`` for ``generation``, from checkpoint
+    ``restore`` (None: from the beginning), on a worker's clients: its
+    Kafka ``producer``, ``control`` topic and ``dead_letters``, and
+    ``store()``, the snapshot store it uses when asked (a remote worker's
+    changes with its runner's settings)."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        settings: JobSettings,
+        connection: Connection,
+        *,
+        generation: int | None,
+        restore: int | None,
+        producer: Any,  # a kafka_io.producer
+        control: ControlTopic,
+        dead_letters: DeadLetters,
+        store: Callable[[], SnapshotStore],
+        prepare: Mapping[str, Callable[[pa.Table], pa.Table]] | None = None,
+    ):
+        self.pipeline = pipeline
+        self.settings = settings
+        self.connection = connection
+        self.generation = generation
+        self.restore = restore
+        self.producer = producer
+        self.control = control
+        self.dead_letters = dead_letters
+        self.store = store
+        # per stage with Spark code: Kafka records read in Python, prepared by it
+        self.prepare = dict(prepare or {})
+        # the states of this generation's tasks share the budget (those of the last one are gone)
+        memory = None
+        if settings.state_memory_bytes is not None:
+            spill = default_home() / "spill" / pipeline.job / f"{os.getpid()}-g{generation or 0}"
+            memory = StateMemory(spill, settings.state_memory_bytes)
+        previous = use_memory(memory)
+        if previous is not None:
+            previous.close()
+
+    def build(self, name: str) -> tuple[RunningTask, dict[ChannelId, int]]:
+        """Task ``name``, recovered, and the offsets its channels start at."""
+        spec = self.pipeline.task(name)
+        stage = self.pipeline.stage(spec.stage)
+        loaded = None
+        if self.restore:
+            loaded = self.store().load_task(self.restore, name)
+            faults.point(name, "during_restore", self.restore)
+        plan = plan_start(self.generation, self.restore, loaded)
+        sink = None if stage.sink is None else self._open_sink(name, stage)
+        # each input topic's retention.ms, read once for the task
+        kept = {
+            topic: retention_ms(self.connection.kafka_bootstrap, topic)
+            for topic in sorted({c.topic for c in spec.inputs})
+        }
+        task = StageTask(
+            self.pipeline,
+            spec,
+            self._task_io(name, stage, sink, kept),
+            start=plan.start,
+            max_concurrent=self.settings.max_concurrent,
+            copy_in_flight=self._must_copy(spec, kept),
+            max_segment_records=self.settings.max_segment_records,
+            segment_ms=segment_budget_ms(self.settings),
+            incremental=Incremental(self.settings.base_every)
+            if self.settings.state_snapshots is StateSnapshots.INCREMENTAL
+            else None,
+        )
+        task.recover()
+        return RunningTask(task, sink), dict(plan.query_start)
+
+    def _open_sink(self, name: str, stage: Stage) -> ObjectStoreSink | KafkaSink:
+        """The stage's sink, recovered to the restored checkpoint (staged epochs
+        up to it committed, later ones discarded, later output taken back)."""
+        location = sink_location(self.settings, self.pipeline.job, self.connection)
+        sink = open_sink(stage.sink, location, name, job=self.pipeline.job, bootstrap=self.connection.kafka_bootstrap)
+        recovery = sink.recover(self.restore or 0)
+        if recovery:
+            log.info(
+                f"{name}: sink recovered: committed epochs {recovery.committed}, discarded "
+                f"{recovery.discarded}, retracted {recovery.retracted}"
+            )
+        if recovery.irrevocable:
+            log.info(
+                f"{name}: WARNING: epochs {recovery.irrevocable} were committed to Kafka after "
+                f"checkpoint {self.restore or 0}; readers have them and the replay writes them again"
+            )
+        return sink
+
+    def _task_io(
+        self, name: str, stage: Stage, sink: ObjectStoreSink | KafkaSink | None, kept: Mapping[str, int | None]
+    ) -> TaskIO:
+        """The task's I/O on the worker's Kafka clients, store and sink; what
+        its checkpoints need that time retention may delete soon (``kept``:
+        its input topics' retention.ms) is asked of Kafka once per topic and
+        checkpoint."""
+        watch = RetentionWatch(
+            kept,
+            OffsetsAtTime.shared(self.connection.kafka_bootstrap),
+            relied_on_ms(self.settings.interval_s, self.settings.timeout_s),
+        )
+        if sink is None:
+            stage_epoch = None
+        elif isinstance(sink, KafkaSink):
+
+            def stage_epoch(epoch, table):
+                return sink.stage(epoch, kafka_records(table, stage.key))
+        else:
+            stage_epoch = sink.stage
+        return TaskIO(
+            send=lambda c, k, v, h: self.producer.send(c.topic, key=k, value=v, headers=h, partition=c.partition),
+            append_barrier=lambda channels, headers: append_markers(self.producer, channels, headers),
+            publish=self.control.publish,
+            dead_letter=self.dead_letters.send,
+            write_snapshot=self._write_snapshot(name),
+            read_range=lambda c, a, b: read_range(self.connection.kafka_bootstrap, c, a, b),
+            stage_epoch=stage_epoch,
+            flush=self.producer.flush,
+            prepare=self.prepare.get(stage.name),
+            retention_risk=watch.at_risk if watch.retention_ms else None,
+        )
+
+    def _must_copy(self, spec: TaskSpec, kept: Mapping[str, int | None]) -> bool:
+        """Whether unaligned channel state must be copied: a range is only good
+        while Kafka keeps its records, at least until the checkpoint is superseded."""
+        if self.settings.in_flight is InFlightFormat.RECORDS:
+            return True
+        if self.settings.mode not in (Mode.UNALIGNED, Mode.ALIGNED_TIMEOUT):
+            return False
+        needed_ms = 10 * (self.settings.retain * self.settings.interval_s + self.settings.timeout_s) * 1000
+        for topic in sorted({c.topic for c in spec.inputs}):
+            if kept[topic] is not None and kept[topic] < needed_ms:
+                log.info(
+                    f"{spec.name}: topic {topic} keeps records {kept[topic]} ms, less than the {needed_ms:.0f} ms a "
+                    f"checkpoint may need them: copying in-flight records instead of keeping ranges"
+                )
+                return True
+        return False
+
+    def _write_snapshot(self, name: str):
+        def write(checkpoint_id, generation, task, state, **kwargs):
+            faults.point(name, "during_upload", checkpoint_id)
+            return self.store().write_task(checkpoint_id, generation, task, state, **kwargs)
+
+        return write

@@ -1,0 +1,444 @@
+"""A worker process: runs some tasks of a pipeline in one Spark application
+until told to stop.  The tasks of one stage share one Structured Streaming
+query (their jobs run in the order they come) whose micro-batches are split by
+channel among them: every channel has exactly one reading task, so a task
+sees its channels as if the query were its own, and a job pays one Spark
+micro-batch per stage instead of one per task.  The job
+runner starts it (``streaming.engine.job.supervisor``) and talks to it on stdin;
+the coordinator on the control topic.  When the runner's process ends,
+however it ends, the pipe closes and the worker stops its tasks and its
+Spark (``--runner-pipe``): no worker works on uncoordinated.
+
+    python -m streaming.engine.worker.worker --pipeline spark_abs_examples.money:pipeline --job demo \\
+        --tasks legs-0,accounts-0 --settings '{"store": "file:///..."}' \\
+        --generation 2 --restore 7
+
+With ``--restore N`` every task loads its snapshot of checkpoint N (state,
+positions, watermarks), sink tasks first commit their staged epochs up to N
+and discard later ones, and queries start at the snapshot's offsets with a
+fresh Spark checkpoint location.  The control topic brings ``complete``
+(sinks commit, then say ``committed``) and ``abort`` events.
+
+Fault injection for drills and tests: ``SPARK_ABS_FAULT=<task>:<point>:<n>``
+kills this process with SIGKILL at that point for checkpoint n (see
+``streaming.engine.faults``)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import logging
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from barriers.messages import ChannelId
+from streaming import console
+from streaming.adapters.control import Committed, Complete, ControlEvent, ControlTopic, Heartbeat, Lease, Ready
+from streaming.adapters.kafka_io import DeadLetters, producer
+from streaming.adapters.objects import open_store, patiently
+from streaming.adapters.sinks import KafkaSink
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import Connection, MetricsSettings, SparkSettings
+from streaming.api.pipeline import Pipeline, Scale, load_pipeline
+from streaming.api.settings import JobSettings
+from streaming.engine import faults, metrics
+from streaming.engine.task.stage_task import StageTask
+from streaming.engine.worker.wiring import RunningTask, TaskFactory
+from streaming.errors import ConfigError, SparkAbsError
+
+if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this module is imported
+    from streaming.adapters.spark import ChannelQuery
+
+__all__ = ["Worker", "main", "HANDED_PER_RECORD", "EXIT_PIPELINE_ERROR"]
+
+# a worker's exit status when the pipeline itself is wrong (a ``ConfigError``: Spark code
+# that fails on its input, an operator that cannot be built): a restore would fail the same way
+EXIT_PIPELINE_ERROR = 3
+
+# named, not __name__: run as `python -m streaming.engine.worker.worker` this module is __main__
+log = logging.getLogger("streaming.engine.worker.worker")
+
+# how often each task publishes its positions on the control topic (lag, a comparison's backpressure)
+PROGRESS_INTERVAL_S = 0.5
+# how a stopped stage query's log line names the bytes Spark handed to Python per Kafka record read
+HANDED_PER_RECORD = "bytes per record handed to Python"
+# events between the runner and remote workers, not for tasks (streaming.engine.remote.membership)
+_MEMBERSHIP = (Lease, Heartbeat)
+
+
+class _Dispatch:
+    """A stage query's micro-batch split among the tasks that read its
+    channels (each task's part in channel and offset order, as the query
+    hands it over)."""
+
+    def __init__(self, handlers: dict[str, Callable], readers: dict[ChannelId, str]):
+        self._handlers = handlers
+        self._readers = readers
+
+    def __call__(self, table: pa.Table, batch_id: int) -> None:
+        if len(self._handlers) == 1:
+            next(iter(self._handlers.values()))(table, batch_id)
+            return
+        parts: dict[str, list[pa.Table]] = {}
+        for channel, rows in _by_channel(table):
+            parts.setdefault(self._readers[channel], []).append(rows)
+        for name, tables in parts.items():
+            self._handlers[name](pa.concat_tables(tables), batch_id)
+
+
+def _by_channel(table: pa.Table) -> list[tuple[ChannelId, pa.Table]]:
+    """The runs of one channel in a table ordered by channel and offset."""
+    topics = table["topic"].to_numpy(zero_copy_only=False)
+    partitions = table["partition"].to_numpy()
+    new = np.ones(table.num_rows, dtype=bool)
+    new[1:] = (topics[1:] != topics[:-1]) | (partitions[1:] != partitions[:-1])
+    bounds = [*np.flatnonzero(new), table.num_rows]
+    return [
+        (ChannelId(str(topics[a]), int(partitions[a])), table.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:])
+    ]
+
+
+class Worker:
+    """Runs ``task_names`` of ``pipeline`` in one Spark application (``spark``,
+    or a session of its own made when it starts)."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        task_names: list[str],
+        settings: JobSettings,
+        connection: Connection,
+        *,
+        generation: int | None,
+        restore: int | None,
+        spark=None,
+        metrics_endpoint: str = "",
+    ):
+        self.pipeline = pipeline
+        # where this process serves its metrics (host:port, "" for nowhere): its ready events say it
+        self.metrics_endpoint = metrics_endpoint
+        self.settings = settings
+        self.connection = connection
+        self.generation = generation
+        self.restore = restore
+        self.task_names = task_names
+        self._spark = spark
+        self._stop = threading.Event()
+        self.commands: queue.Queue[tuple[int, int | None]] = queue.Queue()
+        self.running: list[RunningTask] = []
+        self.queries: list[ChannelQuery] = []
+        faults.set_generation(generation or 0)
+
+    def start(self) -> None:
+        self.open()
+        self._start_tasks()
+        log.info(
+            f"worker g{self.generation}: tasks {', '.join(self.task_names)} running"
+            + (f" (restored checkpoint {self.restore})" if self.restore else "")
+        )
+
+    def open(self) -> None:
+        """The worker's clients, store and Spark application, with no task running yet."""
+        from streaming.adapters.spark import spark_session  # pyspark loads here, in the worker process
+
+        job = self.pipeline.job
+        bootstrap = self.connection.kafka_bootstrap
+        self.store = SnapshotStore(open_store(self.settings.store, self.connection), job)
+        self.control = ControlTopic(bootstrap, job)
+        self.control.seek_to_end()
+        # one in-flight request per connection keeps each partition in send order
+        self.producer = producer(bootstrap, linger_ms=5, max_in_flight_requests_per_connection=1)
+        self.dead_letters = DeadLetters(bootstrap, job)
+        self._spark = self._spark or spark_session(
+            SparkSettings(master=self.connection.spark_master, app_name=f"spark-abs-{job}")
+        )
+
+    def _start_tasks(self) -> None:
+        """Every task of this worker, then one query per stage over the
+        channels of that stage's tasks here, from where each task starts."""
+        from streaming.adapters.spark import ChannelQuery
+        from streaming.adapters.spark_stage import spark_stages
+
+        stages = sorted({self.pipeline.task(name).stage for name in self.task_names})
+        code = spark_stages(self._spark, [self.pipeline.stage(s) for s in stages], self.pipeline.ingress_named)
+        factory = TaskFactory(
+            self.pipeline,
+            self.settings,
+            self.connection,
+            generation=self.generation,
+            restore=self.restore,
+            producer=self.producer,
+            control=self.control,
+            dead_letters=self.dead_letters,
+            store=lambda: self.store,
+            prepare={stage: c.records for stage, c in code.items()},
+        )
+        by_stage: dict[str, list[tuple[StageTask, dict[ChannelId, int]]]] = {}
+        for name in self.task_names:
+            running, starting = factory.build(name)
+            self.running.append(running)
+            by_stage.setdefault(running.task.spec.stage, []).append((running.task, starting))
+        for stage, tasks in by_stage.items():
+            handlers = {t.spec.name: faults.wrap_batch(t.spec.name, t) for t, _ in tasks}
+            readers = {c: t.spec.name for t, _ in tasks for c in t.spec.inputs}
+            query = ChannelQuery(
+                self._spark,
+                self.connection,
+                name=f"{self.pipeline.job}-{stage}-g{self.generation}",
+                channels=readers,
+                starting={c: o for _, starting in tasks for c, o in starting.items()},
+                max_records_per_batch=self.settings.max_records_per_batch,
+                on_batch=_Dispatch(handlers, readers),
+                prepare=code.get(stage),
+            )
+            query.start(interval=self.settings.trigger_interval)
+            self.queries.append(query)
+        for running in self.running:
+            # "replaying": records of restored channel state (ranges and copies) still to process; a
+            # "replayed" event follows when they are processed
+            self.control.publish(
+                Ready(
+                    task=running.task.spec.name,
+                    generation=self.generation,
+                    replaying=running.task.replay_records,
+                    endpoint=self.metrics_endpoint,
+                )
+            )
+            running.task.start_replay()  # copied channel state, while checkpoints go on
+
+    def restart(
+        self,
+        generation: int,
+        restore: int | None,
+        *,
+        pipeline: Pipeline | None = None,
+        task_names: list[str] | None = None,
+    ) -> None:
+        """Restore in place: stop this generation's queries and start the next
+        one's from checkpoint ``restore`` in the same Spark application (no
+        new JVM), as the job does after another worker died; with
+        ``pipeline`` and ``task_names``, those tasks (a rescaled job)."""
+        was_running = bool(self.running)
+        self._stop_tasks()
+        self.producer.flush(30)
+        self.generation, self.restore = generation, restore
+        self.pipeline = pipeline or self.pipeline
+        self.task_names = task_names if task_names is not None else self.task_names
+        faults.set_generation(generation)
+        self.control.seek_to_end()
+        self._start_tasks()
+        log.info(
+            f"worker g{generation}: tasks {', '.join(self.task_names)} "
+            + ("restored in place from " if was_running else "started from ")
+            + (f"checkpoint {restore}" if restore else "the beginning")
+        )
+
+    def idle(self, reason: str) -> None:
+        """Stop every task (the Spark application stays up) and wait."""
+        if self.running:
+            self._stop_tasks()
+            self.producer.flush(30)
+            log.info(f"worker g{self.generation}: tasks {', '.join(self.task_names)} stopped: {reason}")
+        self.generation = None
+
+    def _round(self) -> None:
+        """A hook run once per round of ``serve``."""
+
+    def serve(self) -> int:
+        """Follow the control topic until stopped; 1 if a query failed,
+        ``EXIT_PIPELINE_ERROR`` if it failed on an error in the pipeline."""
+        next_progress = 0.0
+        while not self._stop.is_set():
+            try:
+                self.restart(*self.commands.get_nowait())
+            except queue.Empty:
+                pass
+            for event in self.control.poll(0.2):
+                self._on_control(event)
+            for running in self.running:
+                running.task.tick()
+            self._round()
+            if time.monotonic() >= next_progress:
+                next_progress = time.monotonic() + PROGRESS_INTERVAL_S
+                for running in self.running:
+                    self.control.publish(running.task.progress())
+                if self.metrics_endpoint:
+                    self._record_lag()
+            for running in self.running:
+                error = running.task.replay_error
+                if isinstance(error, ConfigError):
+                    print(f"worker: {running.task.spec.name}: {error}", file=sys.stderr, flush=True)
+                    return EXIT_PIPELINE_ERROR
+                if error is not None:
+                    log.info(f"{running.task.spec.name}: replaying its channel state failed: {error}")
+                    return 1
+            for query in self.queries:
+                if query.pipeline_error is not None:
+                    print(f"worker: {query.name}: {query.pipeline_error}", file=sys.stderr, flush=True)
+                    return EXIT_PIPELINE_ERROR
+                error = query.failure()
+                if error is not None:
+                    log.info(f"{query.name}: stage query failed: {error}")
+                    return 1
+        return 0
+
+    def _record_lag(self) -> None:
+        """Each task's lag on each input channel: Kafka's latest offset as its
+        stage query last saw it, minus where the task is."""
+        latest: dict[ChannelId, int] = {}
+        for query in self.queries:
+            latest.update(query.latest_offsets())
+        for running in self.running:
+            task = running.task
+            for channel in task.spec.inputs:
+                if channel in latest:
+                    task.metrics.lag(channel, latest[channel] - task.handler.position(channel))
+
+    def _on_control(self, event: ControlEvent) -> None:
+        if not event.belongs_to(self.generation) or isinstance(event, _MEMBERSHIP):
+            return
+        for running in self.running:
+            running.task.on_control(event)
+            if isinstance(event, Complete) and running.sink is not None:
+                faults.point(running.task.spec.name, "before_sink_commit", event.checkpoint_id)
+                # the store may be down for a while (an outage): wait for it rather than die and restore
+                committed = patiently(
+                    functools.partial(running.sink.commit_through, event.checkpoint_id),
+                    f"committing epochs through {event.checkpoint_id}",
+                )
+                self.control.publish(
+                    Committed(
+                        checkpoint_id=event.checkpoint_id,
+                        task=running.task.spec.name,
+                        generation=self.generation,
+                        epochs=tuple(committed),
+                    )
+                )
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _stop_tasks(self) -> None:
+        for query in self.queries:
+            try:
+                query.stop()
+            except Exception as exc:  # the JVM may already be gone on a signal
+                log.warning("%s: stopping the query: %s", query.name, exc)
+            records, handed = query.handed["records"], query.handed["bytes"]
+            if records:
+                log.info(f"{query.name}: {records} records read, {handed / records:.1f} {HANDED_PER_RECORD}")
+        self.queries = []
+        for running in self.running:
+            running.task.wait_for_uploads(10)
+            running.task.close()
+            if isinstance(running.sink, KafkaSink):
+                running.sink.close()
+        metrics.forget_tasks(self.pipeline.job, [r.task.spec.name for r in self.running])
+        self.running = []
+
+    def close(self) -> None:
+        self._stop_tasks()
+        self.producer.flush(10)
+        self.producer.close()
+        self.dead_letters.close()
+        self.control.close()
+        self.store.close()
+
+
+def _read_commands(worker: Worker, runner_pipe: bool) -> None:
+    """The job runner's commands on stdin: ``restore <generation> <checkpoint|none>``.
+    With ``runner_pipe``, stdin is the runner's pipe, which closes when the
+    runner's process ends however it ends (a SIGKILL too): the worker stops
+    rather than work on with nobody coordinating it."""
+    for line in sys.stdin:
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "restore":
+            worker.commands.put((int(parts[1]), None if parts[2] == "none" else int(parts[2])))
+        elif parts:
+            log.warning("ignored command %r", line.strip())
+    if runner_pipe:
+        log.info("the job runner is gone (its pipe to this worker closed): stopping the tasks and Spark")
+        worker.stop()
+
+
+def _serve_metrics(settings: MetricsSettings, runner_started: bool) -> metrics.MetricsServer | None:
+    """This worker's metrics endpoint.  A worker its runner started takes a
+    free port when its own is in use (a worker of an earlier runner still
+    stopping, another program): its ready event names the endpoint, so the
+    runner's targets file follows; losing the job over a metrics port would
+    be worse."""
+    try:
+        return metrics.serve(settings, "--metrics-port")
+    except ConfigError as exc:
+        if not runner_started:
+            raise
+        log.warning("worker: %s; serving them on a free port instead", exc)
+        return metrics.serve(dataclasses.replace(settings, port=0), "--metrics-port")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m streaming.engine.worker.worker",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--pipeline", required=True, help="module:attribute of the pipeline")
+    parser.add_argument("--job", help="job name (passed to a pipeline factory)")
+    parser.add_argument("--tasks", required=True, help="comma-separated task names, e.g. legs-0,accounts-1")
+    parser.add_argument("--settings", required=True, help="JobSettings as JSON")
+    parser.add_argument("--generation", type=int, default=0)
+    parser.add_argument("--restore", type=int, default=None, help="checkpoint id to restore from")
+    parser.add_argument(
+        "--scale", help="task counts and internal topics other than the pipeline declares, as JSON (a rescaled job)"
+    )
+    parser.add_argument(
+        "--runner-pipe",
+        action="store_true",
+        help="stdin is the job runner's pipe: stop when it closes (the runner ended or died)",
+    )
+    metrics.add_options(parser, "this worker's")
+    args = parser.parse_args(argv)
+    console.install("[worker] ")
+    try:
+        served = _serve_metrics(metrics.settings_from(args), args.runner_pipe)
+        if served is not None:
+            log.info(f"worker: metrics on {served.url}")
+        pipeline = load_pipeline(args.pipeline, args.job)
+        if args.scale:
+            pipeline = pipeline.rescaled(Scale.from_json(json.loads(args.scale)))
+        worker = Worker(
+            pipeline,
+            [t for t in args.tasks.split(",") if t],
+            JobSettings.from_json(args.settings),
+            Connection.load(),
+            generation=args.generation,
+            restore=args.restore,
+            metrics_endpoint=served.address if served is not None else "",
+        )
+        signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+        threading.Thread(target=_read_commands, args=(worker, args.runner_pipe), daemon=True).start()
+        worker.start()
+    except ConfigError as exc:  # the pipeline cannot run: a restore would not change that
+        print(f"worker: {exc}", file=sys.stderr, flush=True)
+        return EXIT_PIPELINE_ERROR
+    except SparkAbsError as exc:
+        print(f"worker: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        return worker.serve()
+    finally:
+        worker.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,743 @@
+"""Restore drills: ``spark-abs drill`` and ``run_drill``.
+
+A drill runs a job (the money pipeline by default) as a real ``spark-abs
+run`` process, on a workload produced while it runs, and injects failures at
+moments drawn from a seed: after each, the job must restore by itself and
+complete a checkpoint again.  At the end the job is drained (SIGUSR1 to
+``spark-abs run``: it stops once every input record is processed and
+committed), and great-expectations suites check the
+committed output against a reference Spark computes in batch from the same
+ingress topics, every checkpoint a coordinator reported complete, and the
+dead letters (``streaming.tools.drill.checks``).  The report (Markdown, JSON
+and GX's own results) goes to a directory; ``streaming.tools.drill.report``
+writes it.
+
+Failure kinds (``FailureKind``), drawn in rounds that hold every chosen
+kind once, so that ``k`` failures give each ``k / kinds`` times (rounded)
+and any first ones are balanced:
+
+- ``worker``: a worker process and its Spark JVM SIGKILLed, at a random
+  moment or at a named fault point (``streaming.engine.faults``: mid-batch,
+  during alignment, during upload, between the manifest and the sink's
+  commit, during the restore itself), armed in the running worker through
+  its fault file;
+- ``runner``: the job runner (it hosts the coordinator) SIGKILLed; its
+  workers must stop by themselves (the drill waits for that, and fails the
+  drill if any outlives the bound), then ``spark-abs run`` starts again and
+  restores;
+- ``broker``: the local runtime's Kafka broker stopped for a few seconds and
+  started again;
+- ``store``: the local runtime's S3 server stopped for a few seconds (the
+  store is ``s3://`` by default so it can be), so checkpoints decline until
+  it is back;
+- ``damage``: the runner SIGKILLed, the newest complete checkpoint damaged (a
+  part deleted or a byte flipped), the runner started again: the restore
+  must skip it for an older one that verifies;
+- ``retention`` (drilled when named in ``--kinds``): every record of the
+  job's internal topics before where the newest complete checkpoint reads
+  them again deleted (``DeleteRecords``, as retention would), then a worker
+  SIGKILLed: the restore must use a checkpoint Kafka still holds, that one
+  or a later one (docs/operations/retention.md).
+
+With ``--cluster`` the drill runs on the local cluster (``spark-abs local up
+--cluster``: three Kafka nodes, a Spark standalone master with two
+workers), the job's worker groups remote (a ``spark-abs worker`` per group,
+a group per stage or, with ``--workers one``, one for the whole job, which
+the drill starts, and starts again when one dies, as a host's process
+manager would), and draws from the cluster's kinds as well
+(``streaming.tools.drill.cluster``):
+
+- ``broker-node``: one Kafka node of three SIGKILLed until the job went on
+  without it; no restore;
+- ``spark-worker``: one Spark worker of two SIGKILLed the same way; no restore;
+- ``group``: a worker group's member SIGKILLed, no standby waiting: a restore,
+  the group run by the worker started for it;
+- ``group-standby``: the same with a standby waiting, which runs the group;
+- ``runner-remote``: the runner SIGKILLed and started again, at once or once
+  its lease lapsed: a restore, every group run by the same member.
+
+``worker``, ``damage``, ``store`` and ``retention`` mean there what they mean
+on the local runtime (a worker is a remote group's member; the runner a
+``damage`` kills leaves its members up, their tasks stopped); ``runner`` and
+``broker`` are the local runtime's own.
+
+Each failure waits for recovery (a checkpoint completes after it), which the
+report times; ``--seed`` makes the plan (kinds, order, moments, fault points,
+damage) the same again.
+
+At scale: ``--failures N`` and/or ``--duration 45m`` (``DrillBudget``: no
+failure starts that would not end, at the 90th percentile of the recoveries
+so far, before the duration less the time kept to drain and check); a
+failure not recovered within ``--recovery-limit`` seconds stops the drill,
+which fails saying so; ``--mode aligned,unaligned`` drills each mode in
+turn, a job of its own, sharing the failures and the duration.  The report
+gives each recovery's time, its percentiles (p50, p90, p99, max) per kind
+and mode, the input records each restore read again, and the output checked
+against the reference at the end (drift).
+
+Any pipeline whose module provides a workload by the protocol of
+``streaming.tools.drill.workload`` (``drill_workload()``) can be drilled:
+``--pipeline money`` (the default), ``orders``, ``clickstream``,
+``payments``, ``devices``, ``carts`` (``examples/``), or ``module:attribute``
+(``--workload module:function`` names a workload of another module)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from streaming.api.config import Connection, LocalRuntimeSettings, default_home
+from streaming.api.pipeline import load_pipeline, named_pipelines, pipeline_reference
+from streaming.api.settings import MODES, WORKER_GROUPINGS, JobSettings, Mode, StateSnapshots
+from streaming.engine.job.runner import worker_groups
+from streaming.errors import ConfigError, SparkAbsError, parse_choice
+from streaming.tools.commands import add_state_snapshot_options
+from streaming.tools.drill.failures import FailureInjector
+from streaming.tools.drill.feed import ProgressWatch, WorkloadFeed
+from streaming.tools.drill.job import DrilledJob, job_processes, job_worker_pids
+from streaming.tools.drill.plan import (
+    CLUSTER_KINDS,
+    CLUSTER_ONLY,
+    DAMAGES,
+    KINDS,
+    ORPHAN_BOUND_S,
+    DrillBudget,
+    Failure,
+    FailureKind,
+    FailureOutcome,
+    check_kinds,
+    cluster_targets,
+    fault_pools,
+    parse_duration,
+    plan_failures,
+    side_wait_s,
+)
+from streaming.tools.drill.verify import DrillVerification
+from streaming.tools.drill.workload import (
+    DrillWorkload,
+    InputRecord,
+    load_workload,
+    workload_for,
+)
+
+__all__ = [
+    "CLUSTER_KINDS",
+    "CLUSTER_ONLY",
+    "DAMAGES",
+    "KINDS",
+    "ORPHAN_BOUND_S",
+    "DrillBudget",
+    "DrillReport",
+    "DrillRun",
+    "DrillWorkload",
+    "Failure",
+    "FailureKind",
+    "FailureOutcome",
+    "InputRecord",
+    "fault_pools",
+    "job_processes",
+    "job_worker_pids",
+    "load_workload",
+    "plan_failures",
+    "run_drill",
+    "split_failures",
+    "workload_for",
+]
+
+# failures planned for a phase bounded by its duration alone (the duration stops it long before)
+_UNBOUNDED = 100_000
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DrillReport:
+    job: str
+    seed: int
+    mode: Mode
+    pipeline: str
+    plan: list[Failure]
+    outcomes: list[FailureOutcome]
+    checks: list  # drill_checks.SuiteResult
+    frames: dict[str, pd.DataFrame]
+    produced: int
+    malformed: int
+    checkpoints: int
+    seconds: float
+    problems: list[str]  # what went wrong outside the expectations (a failure not recovered, an orphan)
+    report_dir: Path | None = None
+    stopped: str = ""  # why failures stopped before the plan's end (the duration), or the drill itself did
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems and bool(self.checks) and all(c.success for c in self.checks)
+
+
+@dataclass
+class DrillRun:
+    """A whole ``spark-abs drill``: one ``DrillReport`` per mode drilled, in turn."""
+
+    pipeline: str
+    seed: int
+    phases: list[DrillReport]
+    seconds: float
+    budget: DrillBudget
+    requested: int | None  # the failures asked for (None: as many as the duration allows)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.phases) and all(p.passed for p in self.phases)
+
+    @property
+    def outcomes(self) -> list[FailureOutcome]:
+        return [o for p in self.phases for o in p.outcomes]
+
+
+class Drill:
+    """One drill (see the module docstring); ``run_drill`` is the way in.
+    It runs the steps in order; the job's process and store
+    (``DrilledJob``), the workload sent (``WorkloadFeed``), the progress
+    watched (``ProgressWatch``), the failures (``FailureInjector``) and the
+    checks (``DrillVerification``) are classes of their own."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        *,
+        pipeline: str,
+        workload: DrillWorkload,
+        failures: int,
+        seed: int,
+        kinds: Sequence[FailureKind],
+        mode: Mode | str,
+        interval_s: float,
+        rate: float,
+        store_uri: str,
+        report_dir: Path,
+        runtime=None,
+        spark=None,
+        budget: DrillBudget | None = None,
+        failures_end: float | None = None,  # monotonic time after which no failure may end (None: no bound)
+        on_failure: Callable[[FailureOutcome], None] | None = None,
+        state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
+        cluster: bool = False,
+        workers: str = "per-stage",  # how the remote groups are made on the cluster (run_drill checked it)
+    ):
+        self.connection = connection
+        self.pipeline_ref = pipeline
+        self.workload = workload
+        self.seed = seed
+        self.mode = parse_choice(Mode, mode, "mode")
+        self.interval_s = interval_s
+        self.rate = rate
+        self.store_uri = store_uri
+        self.report_dir = report_dir
+        self.spark = spark
+        self.budget = budget = budget or DrillBudget()
+        self.failures_end = failures_end
+        self.on_failure = on_failure
+        self.recover_timeout_s = budget.recovery_limit_s
+        self.stopped = ""
+        self.job = f"drill-{seed}-{uuid.uuid4().hex[:6]}"
+        self.pipeline = load_pipeline(pipeline, self.job)
+        _check_kinds(kinds, runtime, store_uri, cluster)
+        pools = fault_pools(self.pipeline, self.mode)
+        if cluster:
+            services = runtime.services
+            spark_workers = [spec.name for spec in services.spark_specs()[1:]]  # the master first
+            pools |= cluster_targets(self.pipeline, services.kafka_names(), spark_workers, workers)
+        self.plan = plan_failures(failures, seed, kinds, pools, interval_s)
+        self.problems: list[str] = []  # what went wrong outside the expectations
+        self.drilled = DrilledJob(
+            connection,
+            pipeline_ref=pipeline,
+            job=self.job,
+            mode=self.mode,
+            interval_s=interval_s,
+            store_uri=store_uri,
+            report_dir=report_dir,
+            state_snapshots=parse_choice(StateSnapshots, state_snapshots, "state snapshots"),
+            # a fault during a restore makes two restores of one failure (a duration-bound plan: at most one a second)
+            max_restores=2 * (len(self.plan) if len(self.plan) < _UNBOUNDED else int(budget.duration_s or 0)) + 10,
+            # on the cluster the groups (a group per stage, or one), each a `spark-abs worker`
+            # the drill runs
+            remote_groups=list(worker_groups(self.pipeline, workers)) if cluster else (),
+            workers=workers,
+            problems=self.problems,  # a remote worker that exited unbidden
+        )
+        self.started = time.monotonic()
+        self.outcomes: list[FailureOutcome] = []
+        self._stop = threading.Event()  # the workload's end, and the progress watch's
+        self.watch = ProgressWatch(connection.kafka_bootstrap, self.pipeline, self._stop)
+        self.feed = WorkloadFeed(
+            connection.kafka_bootstrap, workload, self.pipeline, seed=seed, rate=rate, stop=self._stop
+        )
+        self.failures = FailureInjector(
+            self.drilled,
+            self.watch,
+            runtime=runtime,
+            wait=self._wait,
+            log=self._log,
+            problems=self.problems,
+            started=self.started,
+            recover_timeout_s=self.recover_timeout_s,
+        )
+
+    def _log(self, line: str) -> None:
+        log.info(f"[{time.monotonic() - self.started:6.1f} s] {line}")
+
+    def _wait(self, condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.5) -> bool:
+        """Poll ``condition`` until it holds (True) or ``timeout_s`` passed
+        (False); a runner that exited or a workload that failed ends the drill."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.drilled.tend()
+            if self.feed.error is not None:
+                raise SparkAbsError(f"producing the workload failed: {self.feed.error}")
+            if condition():
+                return True
+            time.sleep(poll_s)
+        return False
+
+    # ---- the steps
+
+    def run(self) -> DrillReport:
+        """Prepare the job, feed it, start it, inject every failure that fits
+        the budget, close the input, drain the job, check; whatever of the
+        job still runs is stopped.  A failure not recovered within the limit
+        ends the drill there: no drain, no checks, a failed report."""
+        self._prepare()
+        self.feed.thread.start()
+        self.watch.thread.start()
+        rng = random.Random(self.seed + 1)
+        frames: dict[str, pd.DataFrame] = {}
+        checks: list = []
+        try:
+            self._start()
+            if self._inject_all(rng):
+                self._close_input()
+                self._drain()
+                frames, checks = self._check()
+        finally:
+            self._stop.set()
+            try:
+                self.drilled.stop()
+            finally:
+                self.failures.cluster.bring_back()  # a node a failure left down
+        report = self._report(checks, frames)
+        self.drilled.store.close()
+        return report
+
+    def _inject_all(self, rng: random.Random) -> bool:
+        """Inject the plan's failures while they fit the budget; False when
+        one was not recovered within the limit (the drill stops)."""
+        recoveries: list[float] = []
+        for failure in self.plan:
+            start = time.monotonic() + failure.delay_s + side_wait_s(failure)  # a cluster kind's own waits
+            if not self.budget.fits(start, self.failures_end, recoveries):
+                self.stopped = f"the duration allowed {len(self.outcomes)} of the {len(self.plan)} failures planned"
+                if len(self.plan) >= _UNBOUNDED:
+                    self.stopped = f"the duration allowed {len(self.outcomes)} failures"
+                self._log(self.stopped)
+                return True
+            outcome = self._inject(failure, rng)
+            if self.on_failure is not None:
+                self.on_failure(outcome)
+            if not outcome.recovered:
+                self.stopped = (
+                    f"failure {failure.index + 1} ({failure.describe()}) not recovered within the limit of "
+                    f"{self.recover_timeout_s:.0f} s (--recovery-limit): the drill stopped there"
+                )
+                self._log(self.stopped)
+                return False
+            recoveries.append(outcome.recovered_s)
+        return True
+
+    def _prepare(self) -> None:
+        """The job's topics, as ``spark-abs run`` would make them, before any record is sent."""
+        from streaming.engine.job.runner import JobRunner
+
+        prepare = JobRunner(self.pipeline_ref, JobSettings(store=self.store_uri), self.connection, job=self.job)
+        prepare.prepare()
+        prepare.store.close()
+        count = "failures until the duration" if len(self.plan) >= _UNBOUNDED else f"{len(self.plan)} failures"
+        self._log(
+            f"drill {self.job}: {count} from seed {self.seed} on {self.pipeline_ref} "
+            f"({self.mode} checkpoints every {self.interval_s:g} s, {self.rate:g} records/s); report in {self.report_dir}"
+        )
+
+    def _start(self) -> None:
+        self.drilled.start_runner()
+        self.drilled.start_workers()
+        if not self._wait(lambda: bool(self.drilled.completed()), self.recover_timeout_s):
+            raise SparkAbsError(
+                f"the job completed no checkpoint within {self.recover_timeout_s:.0f} s; see {self.drilled.runner_log}"
+            )
+        self._log(f"job up: checkpoint {self.drilled.completed()[-1]} complete")
+
+    def _inject(self, failure: Failure, rng: random.Random) -> FailureOutcome:
+        time.sleep(failure.delay_s)
+        of = "" if len(self.plan) >= _UNBOUNDED else f"/{len(self.plan)}"
+        self._log(f"failure {failure.index + 1}{of}: {failure.describe()}")
+        outcome = self.failures.inject(failure, rng)
+        self.outcomes.append(outcome)
+        self._log("  " + _outcome_line(outcome))
+        return outcome
+
+    def _close_input(self) -> None:
+        self._stop.set()
+        self.feed.thread.join(600)
+        self._log(
+            f"input closed after {self.feed.produced} records ({len(self.feed.malformed)} malformed); draining the job"
+        )
+
+    def _drain(self) -> None:
+        self.drilled.drain()
+        if self.drilled.hosts is not None:  # the remote workers too: their Spark applications free the cluster
+            self.drilled.hosts.stop()
+        self._log("drained: every input record is processed and committed")
+
+    def _check(self) -> tuple[dict[str, pd.DataFrame], list]:
+        return DrillVerification(
+            self.connection,
+            self.drilled,
+            pipeline=self.pipeline,
+            workload=self.workload,
+            outcomes=self.outcomes,
+            malformed=self.feed.malformed,
+            spark=self.spark,
+            log=self._log,
+        ).run()
+
+    def _report(self, checks: list, frames: dict[str, pd.DataFrame]) -> DrillReport:
+        return DrillReport(
+            self.job,
+            self.seed,
+            self.mode,
+            self.pipeline_ref,
+            self.plan,
+            self.outcomes,
+            checks,
+            frames,
+            self.feed.produced,
+            len(self.feed.malformed),
+            len(frames["checkpoints"]) if "checkpoints" in frames else len(self.drilled.completed()),
+            round(time.monotonic() - self.started, 1),
+            self.problems,
+            self.report_dir,
+            self.stopped,
+        )
+
+
+def _check_workers(workers: str | None, cluster: bool) -> str:
+    """How the remote groups are made (None: a group per stage): one of ``spark-abs
+    run``'s, and given only with ``--cluster`` (on the local runtime the
+    drill runs the job as ``spark-abs run`` does by default, one worker)."""
+    if workers is None:
+        return "per-stage"
+    if not cluster:
+        raise ConfigError("--workers lays out the remote worker groups of a drill with --cluster; add --cluster")
+    if workers not in WORKER_GROUPINGS:
+        raise ConfigError(f"--workers: {workers!r} is not one of {', '.join(WORKER_GROUPINGS)}")
+    return workers
+
+
+def _check_kinds(kinds: Sequence[FailureKind], runtime, store_uri: str, cluster: bool = False) -> None:
+    """Refuse failure kinds the deployment cannot have: outages need the local runtime, a store outage an s3:// store,
+    the cluster's kinds the local cluster (``check_kinds``)."""
+    check_kinds(kinds, cluster)
+    if cluster and (runtime is None or not runtime.settings.is_cluster):
+        raise ConfigError("a drill with --cluster runs on the local cluster (spark-abs local up --cluster)")
+    needs_runtime = {FailureKind.BROKER, FailureKind.STORE} & set(kinds)
+    if needs_runtime and runtime is None:
+        raise ConfigError(
+            f"failure kinds {', '.join(sorted(needs_runtime))} stop services of the local runtime; "
+            "this drill runs on another deployment (SPARK_ABS_* set): leave them out with --kinds"
+        )
+    if FailureKind.STORE in kinds and not store_uri.startswith("s3://"):
+        raise ConfigError(f"failure kind store stops the S3 server; the store {store_uri} is not on it")
+
+
+def _outcome_line(outcome: FailureOutcome) -> str:
+    parts = []
+    if outcome.restored_from:
+        parts.append(
+            "restored from "
+            + ", then ".join("the beginning" if c is None else f"checkpoint {c}" for c in outcome.restored_from)
+        )
+    if outcome.recovered_s is not None:
+        parts.append(f"a checkpoint completed {outcome.recovered_s:.1f} s after the failure")
+    else:
+        parts.append("NOT RECOVERED")
+    if outcome.replayed is not None:
+        parts.append(f"{outcome.replayed} input records replayed")
+    if outcome.note:
+        parts.append(outcome.note)
+    return "; ".join(parts)
+
+
+def split_failures(failures: int | None, modes: int) -> list[int]:
+    """``failures`` shared between ``modes`` phases, the first ones taking
+    what does not divide; None (bounded by a duration alone): as many as fit
+    in each."""
+    if failures is None:
+        return [_UNBOUNDED] * modes
+    return [failures // modes + (1 if i < failures % modes else 0) for i in range(modes)]
+
+
+def _modes(mode: Mode | str | Sequence[Mode | str]) -> list[Mode]:
+    names = mode.split(",") if isinstance(mode, str) else list(mode)
+    modes = [parse_choice(Mode, m.strip() if isinstance(m, str) else m, "mode") for m in names]
+    if not modes:
+        raise ConfigError("a drill needs at least one mode")
+    return modes
+
+
+def run_drill(
+    connection: Connection | None = None,
+    *,
+    pipeline: str = "money",
+    workload: DrillWorkload | str | None = None,
+    failures: int | None = 10,
+    duration_s: float | None = None,
+    seed: int = 1,
+    kinds: Sequence[FailureKind | str] | None = None,
+    mode: Mode | str | Sequence[Mode | str] = Mode.ALIGNED,
+    interval_s: float = 1.0,
+    rate: float = 200.0,
+    store_uri: str | None = None,
+    report_dir: Path | None = None,
+    runtime=None,
+    spark=None,
+    recovery_limit_s: float = 180.0,
+    on_failure: Callable[[FailureOutcome], None] | None = None,
+    state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
+    cluster: bool = False,
+    workers: str | None = None,
+) -> DrillRun:
+    """Run a drill (see the module docstring) and write its report; the
+    local runtime is started when no ``connection`` is given.  ``pipeline``
+    is a pipeline's name (``named_pipelines``) or ``module:attribute``; its workload
+    comes from its module (``workload_for``) unless ``workload`` names or
+    is one.  ``mode`` may name several (``"aligned,unaligned"``): each is a
+    phase of its own, in turn, the failures and the duration shared between
+    them.  ``on_failure`` hears of each failure's outcome as it comes.
+    ``cluster``: on the local cluster (started when no ``connection`` is
+    given), the job's worker groups remote, laid out as ``workers`` says (a
+    group per stage, or ``one`` for the whole job), ``kinds`` by default
+    ``CLUSTER_KINDS`` (else ``KINDS``).  Its progress is logged (INFO)."""
+    from streaming.tools.drill import report as drill_report
+
+    if failures is None and duration_s is None:
+        raise ConfigError("a drill needs a number of failures, a duration, or both")
+    if failures is not None and failures < 0:
+        raise ConfigError(f"failures must be 0 or more, got {failures}")
+    budget = DrillBudget(duration_s, recovery_limit_s=recovery_limit_s)
+    modes = _modes(mode)
+    if kinds is None:
+        kinds = CLUSTER_KINDS if cluster else KINDS
+    chosen = tuple(parse_choice(FailureKind, k, "failure kind") for k in kinds)
+    check_kinds(chosen, cluster)
+    workers = _check_workers(workers, cluster)  # before the runtime starts
+    pipeline = pipeline_reference(pipeline)
+    if not isinstance(workload, DrillWorkload):
+        workload = load_workload(workload) if workload else workload_for(pipeline)
+    started = time.monotonic()
+    run_end = None if duration_s is None else started + duration_s
+    if connection is None:
+        from streaming.local import LocalRuntime
+
+        settings = LocalRuntimeSettings.cluster(default_home()) if cluster else None
+        runtime = runtime or LocalRuntime(settings, progress=log.info)
+        connection = runtime.up()
+    store_uri = store_uri or f"s3://{connection.s3_bucket}/drills"
+    report_dir = Path(report_dir or default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S"))
+    phases: list[DrillReport] = []
+    for index, (phase_mode, count) in enumerate(zip(modes, split_failures(failures, len(modes)))):
+        drill = Drill(
+            connection,
+            pipeline=pipeline,
+            workload=workload,
+            failures=count,
+            seed=seed + 7919 * index,  # the first mode's plan is the plan of a drill of that mode alone
+            kinds=chosen,
+            mode=phase_mode,
+            interval_s=interval_s,
+            rate=rate,
+            store_uri=store_uri,
+            report_dir=report_dir if len(modes) == 1 else report_dir / str(phase_mode),
+            runtime=runtime,
+            spark=spark,
+            budget=budget,
+            failures_end=budget.phase_end(time.monotonic(), run_end, len(modes) - index),
+            on_failure=on_failure,
+            state_snapshots=state_snapshots,
+            cluster=cluster,
+            workers=workers,
+        )
+        phases.append(drill.run())
+        if not phases[-1].passed and not phases[-1].checks:  # stopped: a failure not recovered
+            break
+    run = DrillRun(pipeline, seed, phases, round(time.monotonic() - started, 1), budget, failures)
+    drill_report.write(run, report_dir)
+    return run
+
+
+class _ProgressBar:
+    """The drill's progress on a terminal (rich): failures done (of how many,
+    or of the duration), the last recovery and the percentiles so far."""
+
+    def __init__(self, failures: int | None, duration_s: float | None):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.total = failures
+        self.duration_s = duration_s
+        self.recoveries: list[float] = []
+        self.progress = Progress(
+            TextColumn("[bold]drill[/bold]"),
+            BarColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            transient=False,
+        )
+        self.task = self.progress.add_task(self._text(0), total=failures)
+        self.done = 0
+
+    def _text(self, done: int) -> str:
+        from streaming.tools.drill.plan import percentile
+
+        of = f"{done}/{self.total}" if self.total is not None else f"{done}"
+        text = f"{of} failures"
+        if self.recoveries:
+            p50, p90 = percentile(self.recoveries, 50), percentile(self.recoveries, 90)
+            text += f", recovered in p50 {p50:.1f} s, p90 {p90:.1f} s, max {max(self.recoveries):.1f} s"
+        if self.duration_s is not None:
+            text += f" (duration {self.duration_s / 60:.0f} min)"
+        return text
+
+    def __call__(self, outcome: FailureOutcome) -> None:
+        self.done += 1
+        if outcome.recovered_s is not None:
+            self.recoveries.append(outcome.recovered_s)
+        self.progress.update(self.task, advance=1, description=self._text(self.done))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from streaming import console
+    from streaming.tools.drill import report as drill_report
+
+    parser = argparse.ArgumentParser(
+        prog="spark-abs drill", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--failures", type=int, help="failures to inject (default 10, or as many as --duration allows)")
+    parser.add_argument(
+        "--duration",
+        help="bound the whole drill: 45m, 1h30m, 90s (failures stop in time to drain and check within it)",
+    )
+    parser.add_argument(
+        "--recovery-limit",
+        type=float,
+        default=180.0,
+        help="seconds a failure may take to recover before the drill stops and fails (default 180)",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="draws the failures, moments and workload (default 1)")
+    parser.add_argument(
+        "--kinds",
+        help=f"comma-separated failure kinds, taken in turn (default all: {','.join(KINDS)}; with --cluster "
+        f"{','.join(CLUSTER_KINDS)})",
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="drill on the local cluster (spark-abs local up --cluster, started if need be; SPARK_ABS_* ignored): "
+        "the job's worker groups remote, a `spark-abs worker` per group, and the cluster's failure kinds "
+        f"({','.join(CLUSTER_ONLY)})",
+    )
+    parser.add_argument(
+        "--workers",
+        choices=WORKER_GROUPINGS,
+        help="with --cluster: the remote worker groups, as `spark-abs run --workers` lays them out: a group per "
+        "stage (default), or one group for the whole job (one Spark application: fewer JVMs on a small machine)",
+    )
+    mode = JobSettings.default("mode")
+    parser.add_argument(
+        "--mode",
+        default=mode,
+        help=f"checkpoint mode, or several comma-separated, drilled in turn ({', '.join(MODES)}; default {mode})",
+    )
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints (default 1)")
+    add_state_snapshot_options(parser, base_every=False)
+    parser.add_argument("--rate", type=float, default=200.0, help="input records per second (default 200)")
+    parser.add_argument(
+        "--pipeline",
+        default="money",
+        help=f"a pipeline's name ({', '.join(sorted(named_pipelines()))}) or module:attribute whose module provides "
+        "drill_workload() (default money)",
+    )
+    parser.add_argument(
+        "--workload", help="module:function returning a DrillWorkload for --pipeline (default its module's)"
+    )
+    parser.add_argument("--store", help="snapshot store URI (default s3://<local bucket>/drills)")
+    parser.add_argument("--out", help="report directory (default <home>/drills/<time>)")
+    args = parser.parse_args(argv)
+
+    from streaming.local import LocalRuntime
+
+    console.install("[drill] ")
+    if os.getcwd() not in sys.path:  # the user's pipeline and workload modules
+        sys.path.insert(0, os.getcwd())
+    duration_s = parse_duration(args.duration) if args.duration else None
+    failures = args.failures if args.failures is not None or duration_s is not None else 10
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
+    if kinds:  # before the runtime starts
+        check_kinds([parse_choice(FailureKind, k, "failure kind") for k in kinds], args.cluster)
+    _check_workers(args.workers, args.cluster)
+    connection = None if args.cluster else Connection.from_env(os.environ)
+    runtime = None
+    if connection is None:
+        runtime = LocalRuntime(
+            LocalRuntimeSettings.cluster(default_home()) if args.cluster else None, progress=log.info
+        )
+        connection = runtime.up()
+    out = Path(args.out) if args.out else default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S")
+    bar = _ProgressBar(failures, duration_s) if sys.stdout.isatty() else None
+    options = dict(
+        pipeline=args.pipeline,
+        workload=args.workload,
+        failures=failures,
+        duration_s=duration_s,
+        seed=args.seed,
+        kinds=kinds,
+        mode=args.mode,
+        interval_s=args.interval,
+        state_snapshots=args.state_snapshots,
+        rate=args.rate,
+        store_uri=args.store,
+        report_dir=out,
+        runtime=runtime,
+        recovery_limit_s=args.recovery_limit,
+        on_failure=bar,
+        cluster=args.cluster,
+        workers=args.workers,
+    )
+    if bar is None:
+        run = run_drill(connection, **options)
+    else:
+        with bar.progress:
+            run = run_drill(connection, **options)
+    print()
+    print(drill_report.render(run))
+    print(f"\nreport: {out / 'report.md'} (and report.json, recoveries.png, gx-*.json, *.csv)")
+    return 0 if run.passed else 1

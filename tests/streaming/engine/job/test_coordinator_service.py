@@ -1,0 +1,310 @@
+"""The coordinator service on an in-memory ``CoordinatorIO`` and a snapshot
+store in a temporary directory: what it injects and publishes, when it
+writes a manifest, and how declines, store failures, timeouts and other
+generations' events are handled."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from barriers.coordinator import CheckpointStatus
+from barriers.failures import CheckpointFailure
+from barriers.handler import CheckpointKind
+from barriers.messages import ChannelId, decode
+from operators import KeyedAggregate, count
+from streaming.adapters.control import Ack, Committed, ControlEvent, ControlKind, Decline, Ready
+from streaming.adapters.objects import open_store
+from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
+from streaming.api.settings import JobSettings
+from streaming.engine.job.coordinator import CoordinatorIO, CoordinatorService
+from streaming.errors import StoreError
+from streaming.testing import LineCollector
+
+JOB = "svc"
+
+
+def _pipeline() -> Pipeline:
+    return Pipeline(
+        JOB,
+        (Ingress("orders", 2),),
+        (Stage("count", ("orders",), lambda: KeyedAggregate("k", {"n": count()}), parallelism=2, sink=Sink()),),
+    )
+
+
+class MemoryIO:
+    """The control topic and the ingress partitions, in memory."""
+
+    def __init__(self):
+        self.ends: dict[ChannelId, int] = {}
+        self.injected: list[tuple[ChannelId, list[tuple[str, bytes]]]] = []
+        self.published: list[ControlEvent] = []
+        self.inbox: list[ControlEvent] = []
+        self.closed = False
+
+    def io(self) -> CoordinatorIO:
+        return CoordinatorIO(inject=self._inject, publish=self.published.append, poll=self._poll, close=self._close)
+
+    def _inject(self, channels, headers):
+        offsets = {}
+        for channel in channels:
+            offsets[channel] = self.ends.get(channel, 10)
+            self.ends[channel] = offsets[channel] + 1
+            self.injected.append((channel, list(headers)))
+        return offsets
+
+    def _poll(self, timeout_s):
+        events, self.inbox = self.inbox, []
+        return events
+
+    def _close(self):
+        self.closed = True
+
+    def kinds(self) -> list[ControlKind]:
+        return [e.kind for e in self.published]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    with SnapshotStore(open_store(str(tmp_path / "store")), JOB) as snapshots:
+        yield snapshots
+
+
+_COLLECTORS: list[LineCollector] = []
+
+
+@pytest.fixture(autouse=True)
+def _detach_collectors():
+    yield
+    while _COLLECTORS:
+        _COLLECTORS.pop().detach()
+
+
+def _said() -> list[str]:
+    """What the coordinator says to a person (its INFO lines) from now on."""
+    collector = LineCollector(logger="streaming.engine.job.coordinator")
+    collector.addFilter(lambda record: record.levelno == logging.INFO)
+    _COLLECTORS.append(collector.attach())
+    return collector.lines
+
+
+def _service(store, memory, tmp_path, clock=None, **settings) -> tuple[CoordinatorService, list[str], list[int]]:
+    said = _said()
+    completed: list[int] = []
+    service = CoordinatorService(
+        _pipeline(),
+        memory.io(),
+        store,
+        JobSettings(store=f"file://{tmp_path}/store", **settings),
+        generation=2,
+        next_checkpoint_id=5,
+        on_complete=completed.append,
+        progress_log=tmp_path / "progress.jsonl",
+        **({"clock": clock} if clock else {}),
+    )
+    return service, said, completed
+
+
+def _ack(store: SnapshotStore, task: str, checkpoint_id: int, generation: int = 2) -> ControlEvent:
+    snapshot = store.write_task(
+        checkpoint_id,
+        generation,
+        task,
+        {"state": pa.table({"k": ["a"], "n": [1]})},
+        positions={f"orders:{task[-1]}": 7},
+        metadata={"kind": "aligned"},
+    )
+    return Ack(
+        checkpoint_id=checkpoint_id,
+        task=task,
+        generation=generation,
+        snapshot=json.loads(snapshot.to_json()),
+        metrics={"state_bytes": 9},
+    )
+
+
+def test_trigger_injects_barrier_n_into_every_ingress_partition_and_announces_it(store, tmp_path):
+    memory = MemoryIO()
+    service, _, _ = _service(store, memory, tmp_path)
+    barrier = service.trigger()
+    assert barrier.checkpoint_id == 5 and barrier.generation == 2
+    assert [c for c, _ in memory.injected] == [ChannelId("orders", 0), ChannelId("orders", 1)]
+    assert all(decode(headers, job=JOB) == barrier for _, headers in memory.injected)
+    (trigger,) = memory.published
+    assert trigger.kind is ControlKind.TRIGGER and trigger.checkpoint_id == 5
+    assert trigger.offsets == {"orders:0": 10, "orders:1": 10}
+    assert decode(trigger.barrier_headers(), job=JOB) == barrier
+    assert service.records[5].status is CheckpointStatus.PENDING
+    assert service.trigger() is None  # one pending at a time (max_concurrent=1)
+    assert len(memory.injected) == 2
+
+
+def test_every_ack_then_the_manifest_then_complete(store, tmp_path):
+    memory = MemoryIO()
+    service, said, completed = _service(store, memory, tmp_path)
+    service.trigger()
+    memory.inbox = [_ack(store, "count-0", 5)]
+    service.poll()
+    assert store.completed() == [] and ControlKind.COMPLETE not in memory.kinds()
+    memory.inbox = [_ack(store, "count-1", 5)]
+    service.poll()
+    assert store.completed() == [5]
+    manifest = store.read_manifest(5)
+    assert manifest.generation == 2 and set(manifest.tasks) == {"count-0", "count-1"}
+    assert manifest.metrics["kinds"] == ["aligned"]
+    assert manifest.metrics["tasks"]["count-0"]["state_bytes"] == 9
+    assert manifest.metrics["ingress_barrier_offsets"] == {"orders:0": 10, "orders:1": 10}
+    assert memory.kinds() == [ControlKind.TRIGGER, ControlKind.COMPLETE]
+    assert service.records[5].status is CheckpointStatus.COMPLETED and completed == [5]
+    assert [r.checkpoint_id for r in service.completed()] == [5]
+    assert said == [f"checkpoint 5 complete in {service.records[5].duration_s:.2f} s (aligned)"]
+    (line,) = (tmp_path / "progress.jsonl").read_text().splitlines()
+    assert json.loads(line)["checkpoint"] == 5
+
+
+def test_a_decline_aborts_the_checkpoint_for_every_task(store, tmp_path):
+    memory = MemoryIO()
+    service, said, _ = _service(store, memory, tmp_path)
+    service.trigger()
+    memory.inbox = [
+        Decline(
+            checkpoint_id=5,
+            task="count-1",
+            generation=2,
+            reason=CheckpointFailure.STORE_FAILURE,
+            detail="disk full",
+        )
+    ]
+    service.poll()
+    abort = memory.published[-1]
+    assert abort.kind is ControlKind.ABORT and abort.reason.name == "STORE_FAILURE"
+    assert service.records[5].status is CheckpointStatus.ABORTED and "disk full" in service.records[5].reason
+    assert said == ["checkpoint 5 aborted: the snapshot store failed (task count-1: disk full)"]
+    assert service.trigger().checkpoint_id == 6  # the job goes on
+
+
+def test_an_unknown_decline_reason_is_a_plain_decline(store, tmp_path):
+    memory = MemoryIO()
+    service, _, _ = _service(store, memory, tmp_path)
+    service.trigger()
+    wire = {"kind": "decline", "checkpoint_id": 5, "task": "count-0", "payload": {"generation": 2, "reason": "NO_SUCH"}}
+    memory.inbox = [ControlEvent.decode(json.dumps(wire).encode())]
+    service.poll()
+    assert memory.published[-1].reason.name == CheckpointFailure.DECLINED.name
+
+
+def test_a_manifest_that_cannot_be_written_aborts(store, tmp_path):
+    memory = MemoryIO()
+    service, _, _ = _service(store, memory, tmp_path)
+    service.trigger()
+    good = _ack(store, "count-0", 5)
+    forged = Ack(checkpoint_id=5, task="count-1", generation=2, snapshot={"task": "count-1"})
+    memory.inbox = [good, forged]
+    service.poll()
+    assert store.completed() == []
+    assert memory.published[-1].kind is ControlKind.ABORT
+    assert memory.published[-1].reason.name == "STORE_FAILURE"
+    assert "manifest not written" in service.records[5].reason
+
+
+def test_a_checkpoint_past_its_timeout_is_aborted(store, tmp_path):
+    memory, clock = MemoryIO(), Clock()
+    service, _, _ = _service(store, memory, tmp_path, clock=clock, timeout_s=5)
+    service.trigger()
+    memory.inbox = [_ack(store, "count-0", 5)]
+    service.poll()
+    clock.now += 5
+    service.poll()
+    assert memory.published[-1].kind is ControlKind.ABORT and memory.published[-1].reason.name == "TIMEOUT"
+    assert "count-1" in service.records[5].reason
+
+
+def test_events_of_other_generations_are_ignored_and_readiness_is_counted(store, tmp_path):
+    memory = MemoryIO()
+    service, _, _ = _service(store, memory, tmp_path)
+    memory.inbox = [
+        Ready(task="count-0", generation=2),
+        Ready(task="count-1", generation=1),
+    ]
+    service.poll()
+    assert service.ready == {"count-0"} and not service.all_ready
+    service.trigger()
+    memory.inbox = [
+        _ack(store, "count-0", 5, generation=1),
+        _ack(store, "count-1", 5, generation=1),
+        Ready(task="count-1", generation=2),
+    ]
+    service.poll()
+    assert store.completed() == [] and service.records[5].status is CheckpointStatus.PENDING
+    assert service.all_ready
+
+
+def test_sink_commits_are_recorded_and_close_closes_the_io(store, tmp_path):
+    memory = MemoryIO()
+    service, _, _ = _service(store, memory, tmp_path)
+    assert service.sink_tasks == {"count-0", "count-1"}
+    service.trigger()
+    memory.inbox = [
+        _ack(store, "count-0", 5),
+        _ack(store, "count-1", 5),
+        Committed(checkpoint_id=5, task="count-0", generation=2, epochs=(5,)),
+    ]
+    service.poll()
+    assert service.records[5].committed == {"count-0"}
+    service.close()
+    assert memory.closed
+
+
+def test_the_manifest_and_the_progress_line_name_what_they_store(store, tmp_path):
+    memory = MemoryIO()
+    service, said, _ = _service(store, memory, tmp_path, mode="aligned-timeout", alignment_timeout_ms=200)
+    service.trigger()
+    memory.inbox = [_ack(store, "count-0", 5), _ack(store, "count-1", 5)]
+    service.poll()
+    options = {"alignment": "aligned", "alignment_timeout_ms": 200, "held_bytes_budget": None, "in_flight": "range"}
+    manifest = store.read_manifest(5)
+    assert manifest.options == options and manifest.metrics["kinds"] == ["aligned"]
+    (line,) = (tmp_path / "progress.jsonl").read_text().splitlines()
+    assert json.loads(line)["options"] == options and json.loads(line)["kinds"] == ["aligned"]
+    assert service.records[5].kinds == (CheckpointKind.ALIGNED,)
+    assert said == [f"checkpoint 5 complete in {service.records[5].duration_s:.2f} s (aligned)"]
+
+
+def test_a_progress_line_or_a_retention_that_fails_is_logged_and_the_checkpoint_stays_complete(
+    store, tmp_path, monkeypatch, caplog
+):
+    memory = MemoryIO()
+    service, said, _ = _service(store, memory, tmp_path)
+    steps: list[tuple[str, int]] = []
+    service.completion.progress_log = tmp_path  # a directory: no line can be appended to it
+    service.completion.on_complete = lambda checkpoint_id: steps.append(("on_complete", checkpoint_id))
+
+    def refuse(retain: int, pinned: list[int]) -> list[int]:
+        steps.append(("retention", retain))
+        raise StoreError("the store said no")
+
+    monkeypatch.setattr(store, "apply_retention", refuse)
+    service.trigger()
+    memory.inbox = [_ack(store, "count-0", 5), _ack(store, "count-1", 5)]
+    with caplog.at_level(logging.INFO, logger="streaming.engine.job.coordinator"):
+        service.poll()
+    assert store.completed() == [5] and service.records[5].status is CheckpointStatus.COMPLETED
+    assert memory.kinds() == [ControlKind.TRIGGER, ControlKind.COMPLETE] and len(said) == 1
+    assert steps == [("on_complete", 5), ("retention", 3)]  # the callback, then retention, though the log failed
+    progress, retention = (r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert progress.startswith(f"progress log {tmp_path}: ")
+    assert retention == "checkpoint 5: retention failed (will retry next time): the store said no"
+    assert service.trigger().checkpoint_id == 6  # the job goes on

@@ -1,0 +1,109 @@
+"""Which worker runs which tasks: one Spark application per job by default,
+one per stage on request, and a kill by stage or task name finds its worker."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spark_abs_examples.money import pipeline
+from streaming.api.settings import JobSettings
+from streaming.engine.job.runner import worker_groups
+from streaming.engine.job.supervisor import WorkerProcess, WorkerSupervisor
+from streaming.errors import ConfigError, SparkAbsError
+
+
+def test_a_job_is_one_worker_by_default_and_one_per_stage_on_request():
+    demo = pipeline("j")
+    everything = [t.name for t in demo.tasks()]
+    assert worker_groups(demo, None) == worker_groups(demo, "one") == {"all": everything}
+    assert worker_groups(demo, "per-stage") == {
+        "legs": ["legs-0", "legs-1"],
+        "accounts": ["accounts-0", "accounts-1"],
+        "windows": ["windows-0"],
+    }
+    assert worker_groups(demo, {"a": everything}) == {"a": everything}
+    with pytest.raises(ConfigError, match="per-stage"):
+        worker_groups(demo, "two")
+
+
+def test_a_worker_is_found_by_its_name_or_a_task_or_stage_it_runs(tmp_path: Path):
+    supervisor = WorkerSupervisor("m:p", "j", {}, JobSettings(store="file:///x"), tmp_path)
+    process = subprocess.Popen(["true"])
+    process.wait()
+    supervisor.workers = {
+        "all": WorkerProcess("all", ["legs-0", "accounts-0", "accounts-1"], process, tmp_path / "a.log"),
+        "w": WorkerProcess("w", ["windows-0"], process, tmp_path / "w.log"),
+    }
+    assert supervisor.worker_of("all").name == "all"
+    assert supervisor.worker_of("accounts").name == "all"
+    assert supervisor.worker_of("accounts-1").name == "all"
+    assert supervisor.worker_of("windows").name == "w"
+    with pytest.raises(SparkAbsError, match="no worker, task or stage called 'sums'"):
+        supervisor.worker_of("sums")
+
+
+def test_remote_groups_are_the_jobs_own_and_are_not_started_or_killed_here(tmp_path: Path):
+    from streaming.api.config import Connection
+    from streaming.engine.job.operations import kill_worker
+    from streaming.engine.job.runner import JobRunner
+
+    connection = Connection("127.0.0.1:9", "http://127.0.0.1:9", "a", "b", "bucket")
+    settings = JobSettings(store=f"file://{tmp_path}/store")
+    with pytest.raises(ConfigError, match="remote worker groups sums: the job's groups are accounts, legs, windows"):
+        JobRunner("spark_abs_examples.money:pipeline", settings, connection, workers="per-stage", remote={"sums"})
+    runner = JobRunner(
+        "spark_abs_examples.money:pipeline",
+        settings,
+        connection,
+        workers="per-stage",
+        remote={"windows"},
+        log_dir=tmp_path / "logs",
+    )
+    try:
+        assert runner.remote_names == {"windows"}
+        assert sorted(runner.supervisor.groups) == ["accounts", "legs"]  # started here
+        assert runner.remote.groups.groups == {"windows": ["windows-0"]}
+        assert runner.remote.groups.missing() == ["windows"]
+        with pytest.raises(SparkAbsError, match="remote worker group windows: kill its process on its host"):
+            kill_worker(runner, "windows-0")
+    finally:
+        runner.store.close()
+
+
+def test_a_worker_that_joins_while_the_runner_pauses_its_groups_is_told_to_pause_too(tmp_path: Path):
+    from streaming.api.config import Connection
+    from streaming.engine.job.runner import JobRunner
+    from streaming.engine.remote.membership import ActionKind, Heartbeat, Membership
+
+    class Leases:  # what the runner would publish
+        def __init__(self):
+            self.published = []
+
+        def renew(self, lease):
+            self.published.append(lease)
+
+    connection = Connection("127.0.0.1:9", "http://127.0.0.1:9", "a", "b", "bucket")
+    settings = JobSettings(store=f"file://{tmp_path}/store")
+    runner = JobRunner(
+        "spark_abs_examples.money:pipeline", settings, connection, remote=True, log_dir=tmp_path / "logs"
+    )
+    try:
+        runner.remote._renewal = leases = Leases()
+        # a worker of the runner before this one, still running generation 3's tasks
+        worker = Membership(runner.job, "all", "h:1:abc", running=3, started=3)
+        runner.remote.paused = (4, "checkpoint 7 is being rescaled to accounts=3")
+        runner.remote.observe([Heartbeat("all", "h:1:abc", "h", 3)])
+        pause = leases.published[-1]
+        assert runner.remote.groups.members == {"all": "h:1:abc"}
+        assert (pause.generation, pause.checkpoint, pause.members) == (4, None, {})
+        action = worker.on_lease(pause)
+        assert action is not None and action.kind is ActionKind.STOP and "being rescaled" in action.reason
+        runner.remote.paused = None
+        runner.remote.observe([Heartbeat("all", "h:1:abc", "h", None)])
+        assert runner.remote.groups.still_running() == []
+        assert runner.remote.lease().members == {"all": "h:1:abc"}  # the next generation names it again
+    finally:
+        runner.store.close()

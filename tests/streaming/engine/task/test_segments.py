@@ -1,0 +1,125 @@
+"""Cutting micro-batches into segments: runs per channel and kind, single
+control and watermark records, and long runs cut by records and by bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from barriers.lineage import Lineage
+from barriers.messages import Barrier, ChannelId, encode
+from streaming.engine.task.segments import Segmenter, SegmentKind, SegmentPace
+from streaming.engine.task.watermarks import watermark_headers
+
+HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def records(rows) -> pa.Table:
+    """rows: (partition, offset, value, headers)."""
+    return pa.table(
+        {
+            "topic": pa.array(["t"] * len(rows)),
+            "partition": pa.array([r[0] for r in rows], pa.int32()),
+            "offset": pa.array([r[1] for r in rows], pa.int64()),
+            "key": pa.nulls(len(rows), pa.binary()),
+            "value": pa.array([r[2] for r in rows], pa.binary()),
+            "headers": pa.array([[{"key": k, "value": v} for k, v in r[3]] for r in rows], HEADERS),
+        }
+    )
+
+
+def shape(segments):
+    return [(str(s.channel), s.kind.value, s.first_offset, s.last_offset) for s in segments]
+
+
+def test_runs_split_at_channels_and_at_every_control_or_watermark_record():
+    table = records(
+        [
+            (0, 0, b"{}", []),
+            (0, 1, b"{}", []),
+            (0, 2, b"", encode(Barrier(1, job="j"))),
+            (0, 3, b"", watermark_headers(5, 0)),
+            (0, 4, b"", watermark_headers(6, 0)),
+            (0, 5, b"{}", []),
+            (1, 0, b"{}", []),
+        ]
+    )
+    assert shape(Segmenter([], 0, Lineage()).cut(table)) == [
+        ("t:0", "data", 0, 1),
+        ("t:0", "control", 2, 2),
+        ("t:0", "watermark", 3, 3),
+        ("t:0", "watermark", 4, 4),
+        ("t:0", "data", 5, 5),
+        ("t:1", "data", 0, 0),
+    ]
+
+
+def test_long_runs_are_cut_by_records_and_by_bytes_in_order():
+    table = records([(0, i, b"x" * 10, []) for i in range(25)])
+    by_records = Segmenter([], 0, Lineage(), max_records=10).cut(table)
+    assert shape(by_records) == [("t:0", "data", 0, 9), ("t:0", "data", 10, 19), ("t:0", "data", 20, 24)]
+    by_bytes = Segmenter([], 0, Lineage(), max_bytes=35).cut(table)
+    assert [s.rows.num_rows for s in by_bytes] == [4, 4, 4, 4, 4, 4, 1]
+    assert all(s.kind is SegmentKind.DATA and s.channel == ChannelId("t", 0) for s in by_bytes)
+    assert Segmenter([], 0, Lineage()).cut(table.slice(0, 0)) == []
+
+
+def test_rows_of_one_record_stay_in_one_segment():
+    # a Spark stage's explode gives several rows the offset of one record: a run cut between
+    # them would have the task take the rest for a retried batch's and drop it
+    table = records([(0, o, b"", []) for o in (0, 0, 0, 1, 2, 2, 3)])
+    assert shape(Segmenter([], 0, Lineage(), max_records=2).cut(table)) == [
+        ("t:0", "data", 0, 0),
+        ("t:0", "data", 1, 2),
+        ("t:0", "data", 3, 3),
+    ]
+
+
+def test_a_split_never_cuts_a_record_and_keeps_every_row():
+    rows = records([(0, o, b"{}", []) for o in (0, 1, 1, 1, 2, 3)])
+    (run,) = Segmenter([], 0, Lineage()).cut(rows)
+    head, rest = run.split(2)
+    assert (head.first_offset, head.last_offset, head.rows.num_rows) == (0, 1, 4)
+    assert (rest.first_offset, rest.last_offset, rest.rows.num_rows) == (2, 3, 2)
+    assert run.split(6) == (run, None)
+    assert run.split(3)[1].first_offset == 2  # rows of offset 1 go together
+
+
+def test_the_pace_sizes_runs_to_the_budget_from_the_cost_per_record():
+    pace = SegmentPace(0.040, 50_000, first_records=1_000)
+    assert pace.limit == 1_000
+    pace.observe(1_000, 10.0)  # 10 ms per record
+    assert pace.limit == 4
+    for n in (4, 4, 2, 4):
+        pace.observe(n, 0.010 * n)
+    assert pace.limit == 4
+    for _ in range(16):  # a fast operator: 1 µs per record, capped at max_records
+        pace.observe(pace.limit, 1e-6 * pace.limit)
+    assert pace.limit == 40_000
+    pace.observe(40_000, 0.0)
+    assert pace.limit == 50_000
+
+
+def test_the_pace_does_not_cut_runs_below_what_a_fixed_cost_per_call_makes_worth_it():
+    """An operator that costs 100 ms per call plus 10 µs per record: runs of
+    one record would meet no budget and lose all throughput."""
+    pace = SegmentPace(0.040, 50_000, first_records=1_000)
+    cost = lambda n: 0.100 + 1e-5 * n  # noqa: E731
+    for _ in range(20):
+        pace.observe(pace.limit, cost(pace.limit))
+    fixed, per_record = pace.fit()
+    assert abs(fixed - 0.100) < 1e-6 and abs(per_record - 1e-5) < 1e-9
+    assert pace.limit == 30_000  # runs of 4 × 100 ms, 3/4 of them records
+
+
+def test_the_pace_finds_a_fixed_cost_through_noise_even_from_runs_of_one_record():
+    """Runs of one record all alike cannot tell a fixed cost from a cost per
+    record, and noise can make a larger run look no slower: the pace tries
+    larger runs until the fit sees the fixed cost."""
+    noise = np.random.default_rng(7)
+    pace = SegmentPace(0.040, 50_000, first_records=1)
+    sizes = []
+    for _ in range(60):
+        sizes.append(pace.limit)
+        pace.observe(pace.limit, (0.100 + 1e-5 * pace.limit) * noise.uniform(0.9, 1.1))
+    assert sizes[0] == 1 and min(sizes[-10:]) > 10_000, sizes
