@@ -137,7 +137,7 @@ def abs_run(
         completed = [r for r in runner.checkpoints() if r.status == CheckpointStatus.COMPLETED]
         durations = [r.duration_s for r in completed]
         # the state each checkpoint stored (all tasks): whole tables, or an incremental one's changes
-        stored = [sum(int(t.get("state_bytes") or 0) for t in r.tasks.values()) for r in completed]
+        stored = [sum(t.state_bytes or 0 for t in r.tasks.values()) for r in completed]
         if sampler is not None:
             for stacks in sampler.stop().values():
                 stacks.with_suffix(".txt").write_text(summarise(stacks))

@@ -40,6 +40,7 @@ from barriers.failures import CheckpointFailure
 from streaming.adapters.kafka_admin import RECONNECT, create_topic
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, patiently, producer
 from streaming.adapters.records import Headers
+from streaming.adapters.snapshots.format import TaskCheckpointMetrics, TaskSnapshot
 from streaming.errors import ConfigError, KafkaUnavailableError, parse_choice
 
 __all__ = [
@@ -121,9 +122,14 @@ def _mapping(value: object) -> dict[str, Any]:
 
 
 def _wire(value: Any) -> Any:
-    """A field's value as JSON: failures by name, mappings as objects, sequences as lists."""
+    """A field's value as JSON: failures by name, a snapshot and its metrics
+    as their stored JSON, mappings as objects, sequences as lists."""
     if isinstance(value, enum.Enum):
         return value.name
+    if isinstance(value, TaskSnapshot):
+        return value.as_json()
+    if isinstance(value, TaskCheckpointMetrics):
+        return value.to_json()
     if isinstance(value, Mapping):
         return {str(k): _wire(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -273,16 +279,17 @@ class Announce(_Announcement, ControlEvent):
 
 @dataclass(frozen=True, slots=True)
 class Ack(ControlEvent):
-    """A task's snapshot of ``checkpoint_id`` is uploaded: its metadata
-    (``TaskSnapshot`` as JSON, read by the coordinator when it writes the
-    manifest) and what the task measured of the upload."""
+    """A task's snapshot of ``checkpoint_id`` is uploaded: its metadata (the
+    ``TaskSnapshot`` the coordinator writes into the manifest; None only in
+    an acknowledgement that carries none, which cannot complete a
+    checkpoint) and what the task measured of it."""
 
     kind = ControlKind.ACK
     checkpoint_id: int
     task: str
     generation: int
-    snapshot: Mapping[str, Any] = field(default_factory=dict)
-    metrics: Mapping[str, Any] = field(default_factory=dict)
+    snapshot: TaskSnapshot | None = None
+    metrics: TaskCheckpointMetrics = field(default_factory=TaskCheckpointMetrics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,8 +406,8 @@ _READERS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "positions": (_str_to_int, {}),
     "offsets": (_str_to_int, {}),
     "barrier": (_str_to_str, {}),
-    "snapshot": (_mapping, {}),
-    "metrics": (_mapping, {}),
+    "snapshot": (TaskSnapshot.from_json_object, None),
+    "metrics": (TaskCheckpointMetrics.from_json, TaskCheckpointMetrics()),
     "reason": (_failure(CheckpointFailure.DECLINED), CheckpointFailure.DECLINED),
     "detail": (str, ""),
     "epochs": (lambda v: tuple(int(e) for e in v), ()),

@@ -35,6 +35,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from barriers.failures import CheckpointFailure
 from barriers.messages import Alignment, ChannelId, CheckpointOptions
+from streaming.adapters.snapshots.format import TaskCheckpointMetrics
 from streaming.api.config import ENV, MetricsSettings
 from streaming.errors import ConfigError
 
@@ -205,7 +206,7 @@ def checkpoint_completed(
     checkpoint_id: int,
     options: CheckpointOptions,
     duration_s: float | None,
-    tasks: Mapping[str, Mapping[str, Any]],
+    tasks: Mapping[str, TaskCheckpointMetrics],
 ) -> None:
     """Checkpoint ``checkpoint_id`` completed in ``duration_s``; ``tasks``:
     what each task measured of it (the manifest's per-task metrics)."""
@@ -216,21 +217,21 @@ def checkpoint_completed(
     LAST_COMPLETED.labels(job).set(time.time())
     LAST_CHECKPOINT.labels(job).set(checkpoint_id)
     for task, measured in tasks.items():
-        for phase, key in (
-            ("first_barrier", "first_barrier_s"),
-            ("alignment", "alignment_s"),
-            ("sync", "sync_snapshot_s"),
-            ("async", "async_snapshot_s"),
+        for phase, seconds in (
+            ("first_barrier", measured.first_barrier_s),
+            ("alignment", measured.alignment_s),
+            ("sync", measured.sync_snapshot_s),
+            ("async", measured.async_snapshot_s),
         ):
-            if isinstance(value := measured.get(key), (int, float)):
-                TASK_PHASE.labels(job, task, phase).observe(value)
-        for gauge, key in (
-            (STATE_BYTES, "state_bytes"),
-            (CHANNEL_STATE_RECORDS, "in_flight_records_referenced"),
-            (CHANNEL_STATE_BYTES, "in_flight_bytes_copied"),
-            (HELD_BYTES_MAX, "held_bytes_max"),
+            if seconds is not None:
+                TASK_PHASE.labels(job, task, phase).observe(seconds)
+        for gauge, value in (
+            (STATE_BYTES, measured.state_bytes),
+            (CHANNEL_STATE_RECORDS, measured.in_flight_records_referenced),
+            (CHANNEL_STATE_BYTES, measured.in_flight_bytes_copied),
+            (HELD_BYTES_MAX, measured.held_bytes_max),
         ):
-            if isinstance(value := measured.get(key), (int, float)):
+            if value is not None:
                 gauge.labels(job, task).set(value)
 
 

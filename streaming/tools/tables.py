@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from streaming.adapters.snapshots import JobMeta
+from streaming.adapters.snapshots.format import GenerationStart, JobMeta
 from streaming.api.pipeline import Scale
 from streaming.engine.restore.service import RESTORE_CAUSES
 from streaming.errors import ConfigError
@@ -336,29 +336,30 @@ def generation_table(meta: JobMeta | None) -> Table:
     which scale, and why the job restored."""
     body = []
     for entry in meta.restores if meta else ():
-        source = entry.get("from_checkpoint")
-        if entry.get("generation") == 0:
+        source = entry.from_checkpoint
+        if entry.generation == 0:
             start = "fresh start"
         elif source is None:
             start = "restored from the beginning (no checkpoint verified)"
-        elif entry.get("rescaled_from") is not None:
-            start = f"restored from checkpoint {source}, checkpoint {entry['rescaled_from']} rescaled"
-        elif entry.get("changed_from") is not None:
-            start = f"restored from checkpoint {source}, checkpoint {entry['changed_from']} into a changed pipeline"
+        elif entry.rescaled_from is not None:
+            start = f"restored from checkpoint {source}, checkpoint {entry.rescaled_from} rescaled"
+        elif entry.changed_from is not None:
+            start = f"restored from checkpoint {source}, checkpoint {entry.changed_from} into a changed pipeline"
         else:
             start = f"restored from checkpoint {source}"
-        cause = RESTORE_CAUSES.get(entry.get("cause"), entry.get("cause"))  # none: recorded by an older version
-        body.append((entry.get("generation"), str(entry.get("at", ""))[:19] or None, start, _scale(entry), cause))
+        # none: recorded by an older version
+        cause = RESTORE_CAUSES.get(entry.cause, entry.cause) if entry.cause is not None else None
+        body.append((entry.generation, entry.at[:19] or None, start, _scale(entry), cause))
     title = "generations" if meta is None else f"generations (the job runs generation {meta.generation})"
     columns = ("generation", "started (UTC)", "start", "tasks per stage", "why")
     return Table.of(title, columns, body, right=("generation",))
 
 
-def _scale(entry: dict[str, Any]) -> str | None:
+def _scale(entry: GenerationStart) -> str | None:
     """The tasks per stage a generation ran with, when its entry records them."""
-    if not entry.get("scale"):
+    if not entry.scale:
         return None
     try:
-        return Scale.from_json(entry["scale"]).describe()
+        return Scale.from_json(entry.scale).describe()
     except ConfigError:
-        return str(entry["scale"])
+        return str(entry.scale)

@@ -37,7 +37,15 @@ a checkpoint can be restored, and which one a restore picks), ``retention``
 history) and ``store`` (the ``SnapshotStore``: one handle to the rest).
 """
 
-from streaming.adapters.snapshots.format import FORMAT_VERSION, JobMeta, LoadedTask, Manifest, PartInfo, TaskSnapshot
+from streaming.adapters.snapshots.format import (
+    FORMAT_VERSION,
+    JobMeta,
+    LoadedTask,
+    Manifest,
+    PartInfo,
+    TaskCheckpointMetrics,
+    TaskSnapshot,
+)
 from streaming.adapters.snapshots.layout import checkpoint_dir_name
 from streaming.adapters.snapshots.store import SnapshotStore
 
@@ -45,6 +53,7 @@ __all__ = [
     "FORMAT_VERSION",
     "PartInfo",
     "TaskSnapshot",
+    "TaskCheckpointMetrics",
     "Manifest",
     "LoadedTask",
     "JobMeta",

@@ -30,9 +30,12 @@ __all__ = [
     "StateLink",
     "LINK_KINDS",
     "TaskSnapshot",
+    "TaskCheckpointMetrics",
+    "BARRIER_PATH",
     "Manifest",
     "LoadedTask",
     "JobMeta",
+    "GenerationStart",
     "now",
     "stored_name",
     "parse_stored",
@@ -188,14 +191,24 @@ class TaskSnapshot:
         return self.state_parts + tuple(links)
 
     def to_json(self) -> str:
-        return json.dumps({"format_version": self.version, **self._to_dict()}, indent=2, sort_keys=True)
+        return json.dumps(self.as_json(), indent=2, sort_keys=True)
+
+    def as_json(self) -> dict[str, Any]:
+        """The snapshot as a JSON object (``to_json`` writes it; an acknowledgement carries it)."""
+        return {"format_version": self.version, **self._to_dict()}
 
     @classmethod
     def from_json(cls, text: str | bytes) -> TaskSnapshot:
         """Raises ValueError when ``text`` is not a task snapshot."""
-        data = json.loads(text)
+        return cls.from_json_object(json.loads(text))
+
+    @classmethod
+    def from_json_object(cls, data: Any) -> TaskSnapshot:
+        """``as_json``'s way back; a ValueError when ``data`` is not a task snapshot."""
 
         def parse() -> TaskSnapshot:
+            if not isinstance(data, Mapping):
+                raise TypeError(f"expected a JSON object, got {data!r}")
             _check_version(data)
             return cls._from_dict(data)
 
@@ -237,6 +250,87 @@ class TaskSnapshot:
                 for name, chain in data.get("state_chains", {}).items()
             },
         )
+
+
+# where a checkpoint's first barrier got, in order, timed from the trigger: appended to its ingress
+# channel, Spark began the micro-batch that carried it, the task received that batch, forwarded it
+# downstream, acknowledged the snapshot
+BARRIER_PATH = ("appended", "batch_began", "handed", "forwarded", "acked")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCheckpointMetrics:
+    """What one task measured of one checkpoint: taken with its snapshot
+    (kept in ``TaskSnapshot.metadata``), then what the upload measured
+    (``async_snapshot_s``, ``state_bytes``, the ``acked`` point of the
+    barrier's path); the acknowledgement carries it, the manifest keeps it
+    per task (``metrics["tasks"]``) and the coordinator's record has it.
+
+    Stored as flat JSON (``to_json``: the barrier's path as ``<point>_s``,
+    enum members by their stored names); ``from_json`` reads what any
+    version wrote, a snapshot's whole metadata included, ignoring what it
+    does not know and leaving what is missing None."""
+
+    kind: str = ""  # a CheckpointKind's stored name
+    first_barrier_s: float | None = None  # trigger -> this task saw checkpoint n (first barrier or announcement)
+    alignment_s: float | None = None
+    # point of BARRIER_PATH -> seconds since the trigger
+    barrier_path: Mapping[str, float] = field(default_factory=dict)
+    switch: str | None = None  # an aligned checkpoint that turned unaligned: why (a Switch's stored name)
+    switched_after_ms: float | None = None  # ... and when, since the trigger
+    sync_snapshot_s: float | None = None
+    held_bytes_max: int | None = None
+    in_flight_records_referenced: int | None = None
+    in_flight_records_copied: int | None = None
+    in_flight_bytes_copied: int | None = None
+    # channel -> offset a restore reads from that time retention may delete before the checkpoint is superseded
+    retention_at_risk: Mapping[str, int] = field(default_factory=dict)
+    state_spilled_bytes: int | None = None  # keyed-state rows the worker spilled so far (a memory budget only)
+    async_snapshot_s: float | None = None
+    state_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        values = {
+            name: getattr(self, name)
+            for name in self.__dataclass_fields__
+            if name not in ("barrier_path", "retention_at_risk")
+        }
+        return {
+            **values,
+            **{f"{point}_s": seconds for point, seconds in self.barrier_path.items()},
+            "retention_at_risk": dict(self.retention_at_risk),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TaskCheckpointMetrics:
+        """A ValueError when ``data`` is not a JSON object or a value is not of its field's kind."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"task checkpoint metrics: expected a JSON object, got {data!r}")
+
+        def number(name: str, kind: Callable[[Any], T]) -> T | None:
+            value = data.get(name)
+            return None if value is None else kind(value)
+
+        def parse() -> TaskCheckpointMetrics:
+            return cls(
+                kind=str(data.get("kind") or ""),
+                first_barrier_s=number("first_barrier_s", float),
+                alignment_s=number("alignment_s", float),
+                barrier_path={p: float(data[f"{p}_s"]) for p in BARRIER_PATH if data.get(f"{p}_s") is not None},
+                switch=None if data.get("switch") is None else str(data["switch"]),
+                switched_after_ms=number("switched_after_ms", float),
+                sync_snapshot_s=number("sync_snapshot_s", float),
+                held_bytes_max=number("held_bytes_max", int),
+                in_flight_records_referenced=number("in_flight_records_referenced", int),
+                in_flight_records_copied=number("in_flight_records_copied", int),
+                in_flight_bytes_copied=number("in_flight_bytes_copied", int),
+                retention_at_risk={str(c): int(o) for c, o in (data.get("retention_at_risk") or {}).items()},
+                state_spilled_bytes=number("state_spilled_bytes", int),
+                async_snapshot_s=number("async_snapshot_s", float),
+                state_bytes=number("state_bytes", int),
+            )
+
+        return _parsed("task checkpoint metrics", parse)
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,14 +404,57 @@ class LoadedTask:
 
 
 @dataclass(frozen=True, slots=True)
+class GenerationStart:
+    """One generation's start as ``_JOB.json`` records it: from which
+    checkpoint (None: from the beginning), when (ISO 8601, UTC), at which
+    scale (``Scale`` as JSON), why the job restored (a cause's stored name;
+    None for the fresh start, generation 0, and in what older versions
+    wrote), and, when the restore wrote a checkpoint again, which one it
+    rescaled or carried into a changed pipeline.  ``from_json`` reads what
+    any version wrote."""
+
+    generation: int
+    from_checkpoint: int | None = None
+    at: str = ""
+    scale: Mapping[str, Any] | None = None
+    cause: str | None = None
+    rescaled_from: int | None = None
+    changed_from: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        optional = {"scale": self.scale, "cause": self.cause}
+        optional |= {"rescaled_from": self.rescaled_from, "changed_from": self.changed_from}
+        return {
+            "generation": self.generation,
+            "from_checkpoint": self.from_checkpoint,
+            "at": self.at,
+            **{name: value for name, value in optional.items() if value is not None},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GenerationStart:
+        def optional_int(name: str) -> int | None:
+            return None if data.get(name) is None else int(data[name])
+
+        return cls(
+            generation=int(data.get("generation", 0)),
+            from_checkpoint=optional_int("from_checkpoint"),
+            at=str(data.get("at") or ""),
+            scale=dict(data["scale"]) if data.get("scale") else None,
+            cause=None if data.get("cause") is None else str(data["cause"]),
+            rescaled_from=optional_int("rescaled_from"),
+            changed_from=optional_int("changed_from"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class JobMeta:
     """The job's current generation and every generation start, the fresh
-    one (0) first: ``{"generation", "from_checkpoint" (None = from scratch),
-    "at"}`` and details such as its ``scale``."""
+    one (0) first (``GenerationStart``)."""
 
     job: str
     generation: int = 0
-    restores: tuple[dict[str, Any], ...] = ()
+    restores: tuple[GenerationStart, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(
@@ -325,7 +462,7 @@ class JobMeta:
                 "format_version": FORMAT_VERSION,
                 "job": self.job,
                 "generation": self.generation,
-                "restores": list(self.restores),
+                "restores": [entry.to_json() for entry in self.restores],
             },
             indent=2,
             sort_keys=True,
@@ -338,7 +475,8 @@ class JobMeta:
 
         def parse() -> JobMeta:
             _check_version(data)
-            return cls(str(data["job"]), int(data["generation"]), tuple(dict(r) for r in data.get("restores", [])))
+            restores = tuple(GenerationStart.from_json(r) for r in data.get("restores", []))
+            return cls(str(data["job"]), int(data["generation"]), restores)
 
         return _parsed("job metadata", parse)
 
@@ -349,8 +487,8 @@ class JobMeta:
         was replaced (its sink epochs discarded, its input read again).
         A restore that took it would bring back a history the job left."""
         for entry in self.restores:
-            later, source = int(entry.get("generation", 0)), entry.get("from_checkpoint")
-            if later > generation and (source is None or int(source) < checkpoint_id):
+            later, source = entry.generation, entry.from_checkpoint
+            if later > generation and (source is None or source < checkpoint_id):
                 start = "the beginning" if source is None else f"checkpoint {source}"
                 return f"abandoned: generation {later} started from {start}, before it"
         return None

@@ -5,11 +5,13 @@ by one coordinator per job."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from streaming.adapters.objects import ObjectFiles
-from streaming.adapters.snapshots.format import JobMeta, now
+from streaming.adapters.snapshots.format import GenerationStart, JobMeta, now
 from streaming.adapters.snapshots.layout import Layout, checkpoint_dir_name
 from streaming.errors import SnapshotCorruptError
 
@@ -42,26 +44,25 @@ class JobHistory:
         with self.files.io("writing the job metadata"):
             self.files.write(self.layout.job_file, meta.to_json().encode(), atomic=True)
 
-    def first_generation(self, **details: Any) -> None:
-        """Record generation 0, a fresh start (with ``details``, e.g. its
-        ``scale``): from now on the job is known, and a restart restores.
-        Once is enough: recorded already, nothing changes."""
+    def first_generation(self, scale: Mapping[str, Any] | None = None) -> None:
+        """Record generation 0, a fresh start (at ``scale``, ``Scale`` as
+        JSON): from now on the job is known, and a restart restores.  Once
+        is enough: recorded already, nothing changes."""
         meta = self.read()
         if meta is not None and meta.generation == 0:
             return  # recorded already (a write that is tried again after the store answered late)
         if meta is not None:
             raise ValueError(f"job {self.job} is in generation {meta.generation}: it cannot start afresh")
-        entry = {"generation": 0, "from_checkpoint": None, "at": now(), **details}
-        self.write(JobMeta(self.job, 0, (entry,)))
+        self.write(JobMeta(self.job, 0, (GenerationStart(0, None, now(), scale),)))
 
-    def next_generation(self, from_checkpoint: int | None, **details: Any) -> int:
-        """Start the next generation, restored from ``from_checkpoint`` (None =
-        from scratch), record it (with ``details``, e.g. its ``scale``) and
-        return its number."""
+    def next_generation(self, start: GenerationStart) -> int:
+        """Start the next generation as ``start`` says (its number and time
+        are set here), record it and return its number."""
         meta = self.read() or JobMeta(self.job)
         generation = meta.generation + 1
-        entry = {"generation": generation, "from_checkpoint": from_checkpoint, "at": now(), **details}
+        entry = dataclasses.replace(start, generation=generation, at=now())
         self.write(JobMeta(self.job, generation, (*meta.restores, entry)))
+        from_checkpoint = entry.from_checkpoint
         log.debug(
             "job %s: generation %d starts from %s",
             self.job,

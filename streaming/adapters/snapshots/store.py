@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from streaming.adapters.objects import ObjectFiles, StoreLocation
-from streaming.adapters.snapshots.format import JobMeta, LoadedTask, Manifest, TaskSnapshot
+from streaming.adapters.snapshots.format import GenerationStart, JobMeta, LoadedTask, Manifest, TaskSnapshot
 from streaming.adapters.snapshots.jobs import JobHistory
 from streaming.adapters.snapshots.layout import Layout
 from streaming.adapters.snapshots.reading import SnapshotReader
@@ -194,14 +194,25 @@ class SnapshotStore:
     def write_job(self, meta: JobMeta) -> None:
         self.history.write(meta)
 
-    def first_generation(self, **details: Any) -> None:
-        """Record the job's fresh start, generation 0, in ``_JOB.json`` (with ``details``)."""
-        self.history.first_generation(**details)
+    def first_generation(self, scale: Mapping[str, Any] | None = None) -> None:
+        """Record the job's fresh start, generation 0, at ``scale``, in ``_JOB.json``."""
+        self.history.first_generation(scale)
 
-    def next_generation(self, from_checkpoint: int | None, **details: Any) -> int:
+    def next_generation(
+        self,
+        from_checkpoint: int | None,
+        *,
+        scale: Mapping[str, Any] | None = None,
+        cause: str | None = None,
+        rescaled_from: int | None = None,
+        changed_from: int | None = None,
+    ) -> int:
         """Start the next generation, restored from ``from_checkpoint`` (None =
-        from scratch), record it in ``_JOB.json`` (with ``details``) and return its number."""
-        return self.history.next_generation(from_checkpoint, **details)
+        from scratch) at ``scale`` because of ``cause`` (a checkpoint written
+        again names the one it was ``rescaled_from`` or ``changed_from``),
+        record it in ``_JOB.json`` and return its number."""
+        start = GenerationStart(0, from_checkpoint, "", scale, cause, rescaled_from, changed_from)
+        return self.history.next_generation(start)
 
     # -- lifecycle -----------------------------------------------------------
 

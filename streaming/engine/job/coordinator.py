@@ -50,7 +50,7 @@ from streaming.adapters.control import (
     announced_barrier,
 )
 from streaming.adapters.kafka_io import append_markers, producer
-from streaming.adapters.snapshots import SnapshotStore, TaskSnapshot
+from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskSnapshot
 from streaming.adapters.snapshots.format import options_to_json, parse_stored, stored_name
 from streaming.api.pipeline import Pipeline
 from streaming.api.settings import JobSettings
@@ -86,8 +86,9 @@ class CheckpointRecord:
     in_flight: int = 0
     # what the tasks' checkpoints turned out to be (aligned, unaligned, switched after a timeout, ...)
     kinds: tuple[CheckpointKind, ...] = ()
-    # per task, once complete: what it measured (the manifest's metrics), its positions and in-flight ranges
-    tasks: dict[str, dict] = field(default_factory=dict)
+    # per task, once complete: what it measured (the manifest's metrics), and its snapshot (positions, ranges)
+    tasks: dict[str, TaskCheckpointMetrics] = field(default_factory=dict)
+    snapshots: dict[str, TaskSnapshot] = field(default_factory=dict)
 
     @property
     def duration_s(self) -> float | None:
@@ -275,14 +276,17 @@ class CheckpointCompletion:
     def _write_manifest(self, pending: PendingCheckpoint, record: CheckpointRecord | None) -> _Acknowledged:
         """Step 1: the manifest of ``pending``, written; what the tasks
         acknowledged.  ``ManifestNotWritten`` when an acknowledgement holds no
-        readable snapshot or the store refuses the manifest."""
+        snapshot (a malformed one is refused when the event is read) or the store
+        refuses the manifest."""
+        snapshots = {}
+        for task, ack in pending.acks.items():
+            if ack.snapshot is None:
+                raise ManifestNotWritten(f"manifest not written: the acknowledgement of task {task} holds no snapshot")
+            snapshots[task] = ack.snapshot
+        # per task: what it measured with its snapshot and of the upload
+        metrics = {task: ack.metrics for task, ack in pending.acks.items()}
+        acked = _Acknowledged(snapshots, metrics, _kinds(metrics.values()))
         try:
-            snapshots = {
-                task: TaskSnapshot.from_json(json.dumps(dict(ack.snapshot))) for task, ack in pending.acks.items()
-            }
-            # per task: what it wrote with its snapshot, and what it measured after (the upload)
-            metrics = {task: {**snapshots[task].metadata, **ack.metrics} for task, ack in pending.acks.items()}
-            acked = _Acknowledged(snapshots, metrics, _kinds(metrics.values()))
             self.store.write_manifest(
                 pending.checkpoint_id,
                 self.generation,
@@ -292,7 +296,7 @@ class CheckpointCompletion:
                     "ingress_barrier_offsets": record.ingress_offsets if record else {},
                     "trigger_to_complete_s": time.monotonic() - record.triggered_at if record else None,
                     "kinds": [stored_name(k) for k in acked.kinds],
-                    "tasks": metrics,
+                    "tasks": {task: measured.to_json() for task, measured in metrics.items()},
                 },
             )
         except (StoreError, ValueError) as exc:
@@ -314,14 +318,8 @@ class CheckpointCompletion:
         record.status, record.completed_at = CheckpointStatus.COMPLETED, time.monotonic()
         record.in_flight = sum(e - s for snap in acked.snapshots.values() for s, e in snap.in_flight.values())
         record.kinds = acked.kinds
-        record.tasks = {
-            task: {
-                **acked.metrics[task],
-                "positions": dict(snapshot.positions),
-                "in_flight": {c: list(r) for c, r in snapshot.in_flight.items()},
-            }
-            for task, snapshot in acked.snapshots.items()
-        }
+        record.tasks = dict(acked.metrics)
+        record.snapshots = dict(acked.snapshots)
 
     def _say_complete(self, checkpoint_id: int, record: CheckpointRecord | None) -> None:
         """Step 6: one line for a person: how long it took, what it turned out to be, its channel state."""
@@ -333,7 +331,11 @@ class CheckpointCompletion:
         log.info(f"checkpoint {checkpoint_id} complete in {record.duration_s:.2f} s ({kinds}{in_flight})")
 
     def _log_progress(
-        self, checkpoint_id: int, barrier: Barrier, record: CheckpointRecord | None, task_metrics: dict
+        self,
+        checkpoint_id: int,
+        barrier: Barrier,
+        record: CheckpointRecord | None,
+        task_metrics: Mapping[str, TaskCheckpointMetrics],
     ) -> None:
         """Step 7: one JSON line per completed checkpoint, its timings and
         every task's metrics (names, as the manifest stores them); a
@@ -347,7 +349,7 @@ class CheckpointCompletion:
             "trigger_to_complete_s": record.duration_s if record else None,
             "kinds": [stored_name(k) for k in record.kinds] if record else [],
             "in_flight_offsets": record.in_flight if record else 0,
-            "tasks": task_metrics,
+            "tasks": {task: measured.to_json() for task, measured in task_metrics.items()},
         }
         try:
             with open(self.progress_log, "a") as log_file:
@@ -555,17 +557,17 @@ class _Acknowledged:
     their checkpoints turned out to be."""
 
     snapshots: dict[str, TaskSnapshot]
-    metrics: dict[str, dict[str, Any]]
+    metrics: dict[str, TaskCheckpointMetrics]
     kinds: tuple[CheckpointKind, ...]
 
 
-def _kinds(metrics: Iterable[Mapping[str, Any]]) -> tuple[CheckpointKind, ...]:
+def _kinds(metrics: Iterable[TaskCheckpointMetrics]) -> tuple[CheckpointKind, ...]:
     """The kinds the tasks' metrics name, in ``CheckpointKind`` order (a
     kind no member names is left out)."""
     named = set()
     for measured in metrics:
         try:
-            named.add(parse_stored(CheckpointKind, measured.get("kind")))
+            named.add(parse_stored(CheckpointKind, measured.kind))
         except ValueError:
             pass
     return tuple(k for k in CheckpointKind if k in named)

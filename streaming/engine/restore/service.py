@@ -127,8 +127,8 @@ class RestorePlan:
 def recorded_scale(meta: JobMeta | None) -> Scale | None:
     """The scale of the job's latest generation, as ``_JOB.json`` recorded it."""
     for entry in reversed(meta.restores if meta else ()):
-        if entry.get("scale"):
-            return Scale.from_json(entry["scale"])
+        if entry.scale:
+            return Scale.from_json(entry.scale)
     return None
 
 
@@ -205,14 +205,18 @@ class RestoreService:
                 rescale = self._plan_rescale(manifest, scale, new, generation)
                 scale = rescale.new
         picked = manifest.checkpoint_id if manifest else None
-        details: dict[str, object] = {"scale": scale.to_json(), "cause": cause}
-        if rescale is not None:
+        if rescale is not None or change is not None:
             picked = next_checkpoint_id()
-            details["rescaled_from"] = rescale.source
-        elif change is not None:
-            picked = next_checkpoint_id()
-            details["changed_from"] = change.source
-        recorded = patiently(lambda: self.store.next_generation(picked, **details), "recording the generation")
+        recorded = patiently(
+            lambda: self.store.next_generation(
+                picked,
+                scale=scale.to_json(),
+                cause=cause,
+                rescaled_from=rescale.source if rescale is not None else None,
+                changed_from=change.source if change is not None else None,
+            ),
+            "recording the generation",
+        )
         if recorded != generation:
             raise JobFailed(f"job {self.job}: generation {recorded} was recorded meanwhile; is another runner running?")
         return RestorePlan(

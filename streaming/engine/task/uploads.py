@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import json
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -40,7 +40,7 @@ from barriers.messages import ChannelId, InFlightFormat
 from operators.base import LaterTables, gathered
 from operators.state import StateChanges, current_memory
 from streaming.adapters.control import Ack, Decline
-from streaming.adapters.snapshots.format import TaskSnapshot, stored_name
+from streaming.adapters.snapshots.format import TaskCheckpointMetrics, TaskSnapshot, stored_name
 from streaming.engine import faults
 from streaming.engine.kafka_retention import AtRisk
 from streaming.engine.task.replay import ReplayRest
@@ -243,6 +243,7 @@ class SnapshotUploader:
                 self.io.stage_epoch(checkpoint_id, table)
                 self._unstaged = []
             state, chains = self._state_to_write(checkpoint_id, taken)
+            measured = self._measured(checkpoint, taken, copied, at_risk)
             snapshot = self.io.write_snapshot(
                 checkpoint_id,
                 self.generation,
@@ -251,7 +252,12 @@ class SnapshotUploader:
                 positions={str(c): p for c, p in checkpoint.positions.items()},
                 in_flight={str(c): r for c, r in checkpoint.in_flight.items()},
                 channel_records=copied or None,
-                metadata=self._metrics(checkpoint, taken.watermarks, taken, copied, at_risk),
+                metadata={
+                    "watermarks": {str(c): w for c, w in taken.watermarks.items()},
+                    # which records of older generations in the ranges are channel state
+                    "lineage": self.lineage.to_json(),
+                    **measured.to_json(),
+                },
                 **({"chains": chains} if chains is not None else {}),
             )
             self._wrote(snapshot, taken)
@@ -275,13 +281,14 @@ class SnapshotUploader:
                 checkpoint_id=checkpoint_id,
                 task=self.task,
                 generation=self.generation,
-                snapshot=json.loads(snapshot.to_json()),
-                metrics={
-                    "async_snapshot_s": upload_s,
-                    "state_bytes": snapshot.state_bytes,
+                snapshot=snapshot,
+                metrics=dataclasses.replace(
+                    measured,
+                    async_snapshot_s=upload_s,
+                    state_bytes=snapshot.state_bytes,
                     # trigger -> this ack sent
-                    "acked_s": _since_trigger(checkpoint, time.time()),
-                },
+                    barrier_path=_path(measured.barrier_path, acked=_since_trigger(checkpoint, time.time())),
+                ),
             )
         )
         self.counters["acknowledged"] += 1
@@ -327,45 +334,44 @@ class SnapshotUploader:
             self._links, self._link_bytes = self._links + 1, self._link_bytes + snapshot.state_bytes
         self._previous = snapshot
 
-    def _metrics(
+    def _measured(
         self,
         checkpoint: TaskCheckpoint,
-        watermarks: dict[ChannelId, int],
         taken: TakenSnapshot,
         copied: dict[str, pa.Table],
         at_risk: Mapping[ChannelId, AtRisk],
-    ) -> dict[str, Any]:
+    ) -> TaskCheckpointMetrics:
         """What the task measured of this checkpoint, kept with its snapshot (and in the manifest)."""
         wall = taken.snapshot_wall
-        return {
-            "kind": stored_name(checkpoint.kind),
-            "watermarks": {str(c): w for c, w in watermarks.items()},
-            # trigger -> this task saw checkpoint n (first barrier or announcement)
-            "first_barrier_s": max(
+        return TaskCheckpointMetrics(
+            kind=stored_name(checkpoint.kind),
+            first_barrier_s=max(
                 0.0, wall - (checkpoint.snapshot_at - checkpoint.started_at) - checkpoint.barrier.timestamp_ms / 1000
             )
             if checkpoint.barrier.timestamp_ms
             else None,
-            "alignment_s": checkpoint.alignment_duration,
+            alignment_s=checkpoint.alignment_duration,
             # trigger -> the first barrier appended to its channel, Spark began the micro-batch that
             # carried it, the task received that batch; -> the barrier forwarded downstream
-            **{f"{name}_s": _since_trigger(checkpoint, wall) for name, wall in taken.barrier_path.items()},
-            # an aligned checkpoint that turned unaligned: why (a Switch), and when (ms since the trigger)
-            "switch": stored_name(checkpoint.switch) if checkpoint.switch else None,
-            "switched_after_ms": checkpoint.switched_after_ms,
-            "sync_snapshot_s": taken.sync_snapshot_s,
-            "held_bytes_max": taken.held_bytes_max,
-            "in_flight_records_referenced": sum(e - s for s, e in checkpoint.in_flight.values()),
-            # which records of older generations in the ranges are channel state
-            "lineage": self.lineage.to_json(),
-            "in_flight_records_copied": sum(t.num_rows for t in copied.values()),
-            "in_flight_bytes_copied": sum(t.nbytes for t in copied.values()),
-            # channel -> offset a restore reads from that time retention may delete before this checkpoint
-            # is superseded (a range there was copied; a position is where the task is behind)
-            "retention_at_risk": {str(c): risk.offset for c, risk in sorted(at_risk.items())},
-            # bytes of keyed-state rows the worker process spilled so far (a memory budget only)
-            "state_spilled_bytes": memory.spilled_bytes if (memory := current_memory()) else None,
-        }
+            barrier_path=_path(
+                {}, **{name: _since_trigger(checkpoint, wall) for name, wall in taken.barrier_path.items()}
+            ),
+            switch=stored_name(checkpoint.switch) if checkpoint.switch else None,
+            switched_after_ms=checkpoint.switched_after_ms,
+            sync_snapshot_s=taken.sync_snapshot_s,
+            held_bytes_max=taken.held_bytes_max,
+            in_flight_records_referenced=sum(e - s for s, e in checkpoint.in_flight.values()),
+            in_flight_records_copied=sum(t.num_rows for t in copied.values()),
+            in_flight_bytes_copied=sum(t.nbytes for t in copied.values()),
+            # a range there was copied; a position is where the task is behind
+            retention_at_risk={str(c): risk.offset for c, risk in sorted(at_risk.items())},
+            state_spilled_bytes=memory.spilled_bytes if (memory := current_memory()) else None,
+        )
+
+
+def _path(path: Mapping[str, float], **more: float | None) -> dict[str, float]:
+    """``path`` with the points of ``more`` that have a time."""
+    return {**path, **{name: seconds for name, seconds in more.items() if seconds is not None}}
 
 
 class _ChainBroken(Exception):

@@ -4,19 +4,15 @@ and watermarks, read from the manifest."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from barriers.handler import CheckpointKind, Switch
 from barriers.messages import Alignment, InFlightFormat
-from streaming.adapters.snapshots import Manifest, TaskSnapshot
-from streaming.adapters.snapshots.format import options_from_json, parse_stored, text_of
+from streaming.adapters.snapshots import Manifest, TaskCheckpointMetrics, TaskSnapshot
+from streaming.adapters.snapshots.format import BARRIER_PATH, options_from_json, parse_stored, text_of
 
-__all__ = ["CheckpointDetail", "TaskDetail", "checkpoint_detail", "PATH"]
-
-# the steps of a barrier's path through a task, in order, as the task measured them
-PATH = ("appended", "batch_began", "handed", "forwarded", "acked")
+__all__ = ["CheckpointDetail", "TaskDetail", "checkpoint_detail"]
 
 
 @dataclass(frozen=True)
@@ -87,25 +83,27 @@ def checkpoint_detail(manifest: Manifest, problems: list[str]) -> CheckpointDeta
     per_task = metrics.get("tasks") or {}
     tasks = []
     for name, snapshot in sorted(manifest.tasks.items()):
-        measured = {**snapshot.metadata, **(per_task.get(name) or {})}
+        # what the task wrote with its snapshot, and what the manifest keeps of it and of its upload
+        stored = {**snapshot.metadata, **(per_task.get(name) or {})}
+        measured = TaskCheckpointMetrics.from_json(stored)
         tasks.append(
             TaskDetail(
                 task=name,
-                kind=text_of(CheckpointKind, measured.get("kind", "")),
-                first_barrier_s=measured.get("first_barrier_s"),
-                alignment_s=measured.get("alignment_s"),
-                sync_snapshot_s=measured.get("sync_snapshot_s"),
-                async_snapshot_s=measured.get("async_snapshot_s"),
-                held_bytes_max=measured.get("held_bytes_max"),
+                kind=text_of(CheckpointKind, measured.kind),
+                first_barrier_s=measured.first_barrier_s,
+                alignment_s=measured.alignment_s,
+                sync_snapshot_s=measured.sync_snapshot_s,
+                async_snapshot_s=measured.async_snapshot_s,
+                held_bytes_max=measured.held_bytes_max,
                 state_tables=_stored_tables(snapshot),
                 in_flight=dict(snapshot.in_flight),
                 copied_rows={p.name: p.rows for p in snapshot.channel_parts},
                 positions=dict(snapshot.positions),
-                watermarks={c: int(w) for c, w in (measured.get("watermarks") or {}).items()},
-                restores=list(measured.get("lineage") or []),
-                switch_reason=_switch_reason(measured),
-                switched_after_ms=measured.get("switched_after_ms"),
-                path={name: measured[f"{name}_s"] for name in PATH if measured.get(f"{name}_s") is not None},
+                watermarks={c: int(w) for c, w in (stored.get("watermarks") or {}).items()},
+                restores=list(stored.get("lineage") or []),
+                switch_reason=_switch_reason(measured.switch, stored.get("switch_reason")),
+                switched_after_ms=measured.switched_after_ms,
+                path={name: measured.barrier_path[name] for name in BARRIER_PATH if name in measured.barrier_path},
                 chains={name: _chain_text(snapshot, chain) for name, chain in snapshot.state_chains.items()},
             )
         )
@@ -138,15 +136,15 @@ _GUARANTEE = {
 }
 
 
-def _switch_reason(measured: Mapping[str, Any]) -> str | None:
+def _switch_reason(switch: str | None, words: str | None) -> str | None:
     """Why a task's aligned checkpoint turned unaligned (its ``Switch``), in
-    words; an older manifest's words when its switch names none."""
-    if measured.get("switch"):
+    words; an older manifest's ``words`` when its switch names none."""
+    if switch:
         try:
-            return parse_stored(Switch, measured["switch"]).value
+            return parse_stored(Switch, switch).value
         except ValueError:
             pass
-    return measured.get("switch_reason")
+    return words
 
 
 def _stored_tables(snapshot: TaskSnapshot) -> dict[str, tuple[int, int]]:

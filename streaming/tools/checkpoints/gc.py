@@ -92,7 +92,7 @@ def plan_gc(
         if pick is not None:
             pinned[pick.checkpoint_id] = "a restore would pick it"
         meta = store.read_job()
-        started_from = meta.restores[-1].get("from_checkpoint") if meta and meta.restores else None
+        started_from = meta.restores[-1].from_checkpoint if meta and meta.restores else None
         if started_from is not None and started_from in all_ids:
             pinned.setdefault(int(started_from), "the current generation started from it")
     newest = done[-1] if done else None

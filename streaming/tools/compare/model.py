@@ -148,13 +148,12 @@ class Sample:
         tasks = record.tasks or {}
 
         def values(name: str) -> list[float]:
-            return [float(t.get(name) or 0) for t in tasks.values()]
+            return [float(getattr(t, name) or 0) for t in tasks.values()]
 
         switches = tuple(
-            f"{name}: {t['switch']}"
-            + (f" after {t['switched_after_ms']:.0f} ms" if t.get("switched_after_ms") is not None else "")
+            f"{name}: {t.switch}" + (f" after {t.switched_after_ms:.0f} ms" if t.switched_after_ms is not None else "")
             for name, t in sorted(tasks.items())
-            if t.get("switch")
+            if t.switch
         )
         return cls(
             checkpoint_id=record.checkpoint_id,

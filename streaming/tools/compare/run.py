@@ -529,16 +529,17 @@ def _records_per_s(job: _Job) -> float | None:
 
     def read(record) -> tuple[float, int] | None:
         total, when = 0, None
-        for task in record.tasks.values():
+        for name, snapshot in record.snapshots.items():
             read_ingress = False
-            for channel, position in task.get("positions", {}).items():
+            for channel, position in snapshot.positions.items():
                 if channel not in ingress:
                     continue
                 read_ingress = True
-                upto = task.get("in_flight", {}).get(channel, [position])[0]
+                upto = snapshot.in_flight.get(channel, (position,))[0]
                 total += upto - sum(1 for b in barriers.get(channel, ()) if b < upto)
-            if read_ingress and task.get("first_barrier_s") is not None:
-                seen = record.triggered_at + float(task["first_barrier_s"])
+            first_barrier_s = record.tasks[name].first_barrier_s
+            if read_ingress and first_barrier_s is not None:
+                seen = record.triggered_at + first_barrier_s
                 when = seen if when is None else max(when, seen)
         return None if when is None else (when, total)
 

@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots.format import GenerationStart
 from streaming.api.config import Connection, default_home
 from streaming.api.settings import Mode
 from streaming.engine import faults
@@ -219,7 +220,8 @@ class DrilledJob:
         manifest = self.quietly(lambda: self.store.read_manifest(checkpoint_id))
         return manifest.generation if manifest else None
 
-    def restores(self) -> list[dict]:
+    def restores(self) -> list[GenerationStart]:
+        """Every generation's start the store records (none while it is down)."""
         meta = self.quietly(self.store.read_job)
         return list(meta.restores) if meta else []
 

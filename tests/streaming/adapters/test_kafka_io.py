@@ -11,11 +11,12 @@ from barriers.messages import ChannelId
 from streaming.adapters.control import Ack, ControlEvent, ControlTopic, Lease, Progress, Trigger, send_event
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import DeadLetters, append_markers
+from streaming.adapters.snapshots import TaskCheckpointMetrics
 from streaming.errors import KafkaUnavailableError
 
 
 def test_control_events_round_trip_and_reject_garbage():
-    event = Ack(checkpoint_id=7, task="stage-a/0", generation=1, metrics={"bytes": 12})
+    event = Ack(checkpoint_id=7, task="stage-a/0", generation=1, metrics=TaskCheckpointMetrics(state_bytes=12))
     assert ControlEvent.decode(event.encode()) == event
     for bad, reason in [
         (b"\xff", "not JSON"),

@@ -304,7 +304,7 @@ def test_job_generations_are_recorded(store):
     assert store.next_generation(12) == 2
     meta = store.read_job()
     assert (meta.job, meta.generation) == (JOB, 2)
-    assert [(r["generation"], r["from_checkpoint"]) for r in meta.restores] == [(1, None), (2, 12)]
+    assert [(r.generation, r.from_checkpoint) for r in meta.restores] == [(1, None), (2, 12)]
     assert JobMeta.from_json(meta.to_json()) == meta
     with pytest.raises(ValueError, match="other"):
         store.write_job(JobMeta("other"))
@@ -316,12 +316,12 @@ def test_job_generations_are_recorded(store):
 def test_a_fresh_start_is_recorded_as_generation_0_and_only_once(store):
     store.first_generation(scale={"legs": 3})
     meta = store.read_job()
-    assert meta.generation == 0 and [(r["generation"], r["from_checkpoint"], r["scale"]) for r in meta.restores] == [
+    assert meta.generation == 0 and [(r.generation, r.from_checkpoint, r.scale) for r in meta.restores] == [
         (0, None, {"legs": 3})
     ]
     store.first_generation(scale={"legs": 1})  # tried again: recorded already
     assert store.read_job() == meta
-    assert store.next_generation(None) == 1 and store.read_job().restores[0]["generation"] == 0
+    assert store.next_generation(None) == 1 and store.read_job().restores[0].generation == 0
     with pytest.raises(ValueError, match="is in generation 1: it cannot start afresh"):
         store.first_generation()
 
@@ -386,7 +386,7 @@ def test_snapshots_on_the_s3_server(connection, unique_name):
         assert store.apply_retention(keep=2) == []
         store.delete(2)
         assert store.checkpoints() == [1, 3] and store.completed() == [1]
-        assert store.next_generation(1) == 1 and store.read_job().restores[0]["from_checkpoint"] == 1
+        assert store.next_generation(1) == 1 and store.read_job().restores[0].from_checkpoint == 1
 
 
 # ---- names, as the documents store them

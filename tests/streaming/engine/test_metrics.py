@@ -6,6 +6,7 @@ read per job."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import socket
@@ -22,7 +23,7 @@ from barriers.messages import ChannelId, CheckpointOptions
 from operators import KeyedAggregate, count
 from streaming.adapters.control import Ack, ControlEvent, Decline, Ready
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics
 from streaming.api.config import MetricsSettings
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
@@ -158,20 +159,21 @@ class _Control:
 
 
 def _ack(store: SnapshotStore, task: str, checkpoint_id: int) -> Ack:
+    measured = TaskCheckpointMetrics(kind="aligned", alignment_s=0.02, sync_snapshot_s=0.003, held_bytes_max=64)
     snapshot = store.write_task(
         checkpoint_id,
         0,
         task,
         {"state": pa.table({"k": ["a"], "n": [1]})},
         positions={f"in:{task[-1]}": 7},
-        metadata={"kind": "aligned", "alignment_s": 0.02, "sync_snapshot_s": 0.003, "held_bytes_max": 64},
+        metadata=measured.to_json(),
     )
     return Ack(
         checkpoint_id=checkpoint_id,
         task=task,
         generation=0,
-        snapshot=json.loads(snapshot.to_json()),
-        metrics={"state_bytes": 900, "async_snapshot_s": 0.4},
+        snapshot=snapshot,
+        metrics=dataclasses.replace(measured, state_bytes=900, async_snapshot_s=0.4),
     )
 
 

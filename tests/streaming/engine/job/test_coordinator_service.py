@@ -19,7 +19,7 @@ from barriers.messages import ChannelId, decode
 from operators import KeyedAggregate, count
 from streaming.adapters.control import Ack, Committed, ControlEvent, ControlKind, Decline, Ready
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
 from streaming.engine.job.coordinator import CoordinatorIO, CoordinatorService
@@ -131,8 +131,8 @@ def _ack(store: SnapshotStore, task: str, checkpoint_id: int, generation: int = 
         checkpoint_id=checkpoint_id,
         task=task,
         generation=generation,
-        snapshot=json.loads(snapshot.to_json()),
-        metrics={"state_bytes": 9},
+        snapshot=snapshot,
+        metrics=TaskCheckpointMetrics(kind="aligned", state_bytes=9),
     )
 
 
@@ -211,7 +211,7 @@ def test_a_manifest_that_cannot_be_written_aborts(store, tmp_path):
     service, _, _ = _service(store, memory, tmp_path)
     service.trigger()
     good = _ack(store, "count-0", 5)
-    forged = Ack(checkpoint_id=5, task="count-1", generation=2, snapshot={"task": "count-1"})
+    forged = Ack(checkpoint_id=5, task="count-1", generation=2)  # an acknowledgement that holds no snapshot
     memory.inbox = [good, forged]
     service.poll()
     assert store.completed() == []

@@ -61,7 +61,7 @@ def test_an_allowed_change_is_written_as_a_checkpoint_the_new_generation_restore
     restores = service(store, tmp_path, AllowDropped.of(["seen"]))
     plan = prepare(restores)
     assert (plan.generation, plan.checkpoint_id, plan.changed_from, plan.rewritten) == (1, 9, 4, True)
-    assert store.read_job().restores[-1]["changed_from"] == 4
+    assert store.read_job().restores[-1].changed_from == 4
     restores.write(plan)
     manifest = store.read_manifest(9)
     assert sorted(manifest.tasks) == ["clean-0", "counts-0"]

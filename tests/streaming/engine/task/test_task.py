@@ -529,4 +529,4 @@ def test_a_checkpoint_records_the_path_of_its_first_barrier_through_the_task():
     # handed and forwarded just now, in that order, about ten seconds after the trigger
     assert 10.0 <= metadata["handed_s"] <= metadata["forwarded_s"] < 20
     ack = next(e for e in io.events if e.kind is ControlKind.ACK)
-    assert metadata["forwarded_s"] <= ack.metrics["acked_s"] < 20
+    assert metadata["forwarded_s"] <= ack.metrics.barrier_path["acked"] < 20

@@ -188,13 +188,29 @@ def _job_with(records, positions=None):
 
 
 def _record(checkpoint_id, triggered_at, barriers, tasks, status="completed"):
+    """A coordinator's record of a checkpoint whose ``tasks`` wrote these
+    positions and ranges (``in_flight``) and measured ``first_barrier_s``."""
     from types import SimpleNamespace
+
+    from streaming.adapters.snapshots import TaskCheckpointMetrics, TaskSnapshot
 
     return SimpleNamespace(
         checkpoint_id=checkpoint_id,
         triggered_at=triggered_at,
         ingress_offsets=barriers,
-        tasks=tasks,
+        tasks={
+            name: TaskCheckpointMetrics(first_barrier_s=task.get("first_barrier_s")) for name, task in tasks.items()
+        },
+        snapshots={
+            name: TaskSnapshot(
+                name,
+                checkpoint_id,
+                0,
+                positions=task.get("positions", {}),
+                in_flight={c: tuple(r) for c, r in task.get("in_flight", {}).items()},
+            )
+            for name, task in tasks.items()
+        },
         status=CheckpointStatus(status),
     )
 
