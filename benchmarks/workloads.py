@@ -95,7 +95,7 @@ def two_stage(job: str = "bench-two-stage") -> Pipeline:
 def scaling(job: str = "bench-scaling") -> Pipeline:
     """``two_stage`` over a topic of ``SCALING_PARTITIONS`` partitions, one
     task per stage as declared: the scaling runs give each stage 1, 2 or 4
-    (``JobRunner(parallelism=...)``)."""
+    (``RunOptions(parallelism=...)``)."""
     topic = _topic()
     return Pipeline(
         job,

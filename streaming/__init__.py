@@ -33,6 +33,7 @@ __all__ = [
     "LocalRuntimeSettings",
     "Mode",
     "Pipeline",
+    "RunOptions",
     "Sink",
     "SparkAbsError",
     "SparkSettings",
@@ -52,6 +53,7 @@ _WHERE = {
     "JobSettings": "streaming.api.settings",
     "Mode": "streaming.api.settings",
     "JobRunner": "streaming.engine.job.runner",
+    "RunOptions": "streaming.engine.job.runner",
     "SparkAbsError": "streaming.errors",
 }
 

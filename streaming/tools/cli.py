@@ -118,7 +118,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from streaming.api.pipeline import parse_parallelism
     from streaming.engine import metrics
-    from streaming.engine.job.runner import JobRunner
+    from streaming.engine.job.runner import JobRunner, RunOptions
     from streaming.errors import ConfigError
     from streaming.local import LocalRuntime
     from streaming.tools.commands import run_job
@@ -154,12 +154,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         settings,
         connection,
         job=args.job,
-        workers=args.workers,
-        max_restores=args.max_restores,
-        parallelism=parse_parallelism(",".join(args.parallelism)),
-        remote=args.remote_workers,
-        metrics=metrics.settings_from(args),
-        allow_dropped=_allow_dropped(args),
+        options=RunOptions(
+            workers=args.workers,
+            max_restores=args.max_restores,
+            parallelism=parse_parallelism(",".join(args.parallelism)),
+            remote=args.remote_workers,
+            metrics=metrics.settings_from(args),
+            allow_dropped=_allow_dropped(args),
+        ),
     )
     run_job(runner, restore=args.restore, seconds=args.seconds, checkpoints=args.checkpoints, drain=args.drain)
     return 0

@@ -167,16 +167,15 @@ class _MoneyCheck:
 
 def _demo_runner(connection, job_settings: JobSettings, job: str, faults: str, check: _MoneyCheck, workers):
     from streaming.engine.faults import ENV as FAULT_ENV
-    from streaming.engine.job.runner import JobRunner
+    from streaming.engine.job.runner import JobRunner, RunOptions
 
     return JobRunner(
         "spark_abs_examples.money:pipeline",
         job_settings,
         connection,
         job=job,
-        worker_env={FAULT_ENV: faults} if faults else None,
+        options=RunOptions(workers=workers, worker_env={FAULT_ENV: faults} if faults else {}),
         on_complete=check,
-        workers=workers,
     )
 
 

@@ -24,6 +24,7 @@ import pytest
 
 from streaming.tools.drill import run as drill
 from streaming.tools.drill.run import CLUSTER_ONLY, FailureKind
+from streaming.tools.drill.settings import DrillSettings
 
 pytestmark = pytest.mark.integration
 
@@ -52,17 +53,19 @@ def test_a_short_cluster_drill_strikes_each_cluster_kind_once_and_passes(cluster
     runtime, connection = cluster
     groups = ["all"] if workers == "one" else ["legs", "accounts", "windows"]
     run = drill.run_drill(
+        DrillSettings(
+            cluster=True,
+            workers=workers,
+            kinds=CLUSTER_ONLY,
+            failures=len(CLUSTER_ONLY),
+            seed=5,
+            rate=100.0,
+            report_dir=tmp_path / "report",
+            store_uri=f"s3://{connection.s3_bucket}/drills-{tmp_path.name}",
+        ),
         connection,
         runtime=runtime,
         spark=spark,  # the reference in batch, on the session's Spark rather than an application on the cluster
-        cluster=True,
-        workers=workers,
-        kinds=CLUSTER_ONLY,
-        failures=len(CLUSTER_ONLY),
-        seed=5,
-        rate=100.0,
-        report_dir=tmp_path / "report",
-        store_uri=f"s3://{connection.s3_bucket}/drills-{tmp_path.name}",
     )
     (report,) = run.phases
     runner_log = (tmp_path / "report" / "runner.log").read_text(errors="replace")

@@ -30,7 +30,7 @@ from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import run_until_caught_up
-from streaming.engine.job.runner import JobRunner
+from streaming.engine.job.runner import JobRunner, RunOptions
 from streaming.engine.restore.changes import AllowDropped
 from streaming.errors import PipelineChangeError
 
@@ -70,8 +70,8 @@ def test_one_checkpoint_restored_into_a_stage_replaced_and_a_changed_state_schem
     bootstrap, topic = connection.kafka_bootstrap, f"{job}.events"
     reader = SnapshotStore(open_store(store, connection), job)
 
-    def runner(shape: str, **options) -> JobRunner:
-        return JobRunner(_reference(shape), settings, connection, job=job, **options)
+    def runner(shape: str, options: RunOptions | None = None) -> JobRunner:
+        return JobRunner(_reference(shape), settings, connection, job=job, options=options)
 
     def run(job_runner: JobRunner, ids: range):
         """Start (a fresh start, or a restore into the job's pipeline), feed ``ids``, stop once committed."""
@@ -88,8 +88,8 @@ def test_one_checkpoint_restored_into_a_stage_replaced_and_a_changed_state_schem
             counts[row["key"]] = max(counts.get(row["key"], 0), row["n"])  # counts only grow
         return counts
 
-    def refused(shape: str, **options) -> str:
-        job_runner = runner(shape, **options)
+    def refused(shape: str, options: RunOptions | None = None) -> str:
+        job_runner = runner(shape, options)
         try:
             with pytest.raises(PipelineChangeError) as err:
                 job_runner.start()
@@ -119,7 +119,7 @@ def test_one_checkpoint_restored_into_a_stage_replaced_and_a_changed_state_schem
     assert (reader.read_job().generation, reader.checkpoints()) == (generations, checkpoints)
 
     # 3. seen's state allowed to go: audit, added in its place, starts empty; the counts go on
-    job_runner = runner("replaced", allow_dropped=AllowDropped.of(["seen"]))
+    job_runner = runner("replaced", RunOptions(allow_dropped=AllowDropped.of(["seen"])))
     last = run(job_runner, range(200, 300))
     (restore,) = job_runner.restores
     assert restore.changed_from == base.checkpoint_id and restore.checkpoint_id > base.checkpoint_id

@@ -18,18 +18,19 @@ import pytest
 from streaming.local import LocalRuntime
 from streaming.tools.drill import run as drill
 from streaming.tools.drill.run import FailureKind
+from streaming.tools.drill.settings import DrillSettings
 
 pytestmark = pytest.mark.integration
 
 
 def _run(connection, runtime_settings, spark, tmp_path, lines, **options):
     run = drill.run_drill(
+        DrillSettings(
+            report_dir=tmp_path / "report", store_uri=f"s3://{connection.s3_bucket}/drills-{tmp_path.name}", **options
+        ),
         connection,
         runtime=LocalRuntime(runtime_settings, progress=lines.append),
         spark=spark,
-        report_dir=tmp_path / "report",
-        store_uri=f"s3://{connection.s3_bucket}/drills-{tmp_path.name}",
-        **options,
     )
     return run, lines
 

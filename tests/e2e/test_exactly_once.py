@@ -26,7 +26,7 @@ from streaming.api.settings import JobSettings
 from streaming.engine import metrics
 from streaming.engine.faults import ENV as faults_env
 from streaming.engine.job.operations import run_until_caught_up
-from streaming.engine.job.runner import JobRunner
+from streaming.engine.job.runner import JobRunner, RunOptions
 from streaming.testing import Scrape, scrape
 from streaming.tools.checkpoints.inspection import Checkpoints
 
@@ -93,7 +93,9 @@ def _run(
         settings,
         connection,
         job=job,
-        worker_env={faults_env: ",".join(f"{task}:{point}:*:{g}" for g, (task, point) in enumerate(faults))},
+        options=RunOptions(
+            worker_env={faults_env: ",".join(f"{task}:{point}:*:{g}" for g, (task, point) in enumerate(faults))}
+        ),
         on_complete=on_complete,
     )
     data = money_example.make_transfers(transfers)

@@ -23,7 +23,7 @@ from streaming.adapters.objects import ensure_bucket
 from streaming.api.settings import JobSettings
 from streaming.engine import faults
 from streaming.engine.job.operations import run_until_caught_up
-from streaming.engine.job.runner import JobRunner
+from streaming.engine.job.runner import JobRunner, RunOptions
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +67,11 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
     )
     fault_file = tmp_path / "faults"
     runner = JobRunner(
-        "spark_abs_examples:combined", settings, connection, job=job, worker_env={faults.FILE_ENV: str(fault_file)}
+        "spark_abs_examples:combined",
+        settings,
+        connection,
+        job=job,
+        options=RunOptions(worker_env={faults.FILE_ENV: str(fault_file)}),
     )
     records = examples.combined_records(job)
     deadline = time.monotonic() + 300

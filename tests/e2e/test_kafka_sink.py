@@ -26,7 +26,7 @@ from spark_abs_examples import money
 from streaming.adapters.kafka_admin import end_offsets
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import kill_worker, run_until_caught_up
-from streaming.engine.job.runner import JobRunner
+from streaming.engine.job.runner import JobRunner, RunOptions
 from streaming.errors import ConfigError
 from streaming.tools.checkpoints.inspection import Checkpoints
 from streaming.tools.tables import path_table
@@ -61,7 +61,7 @@ def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tm
             settings,
             connection,
             job=job,
-            workers={"all": [t.name for t in money.kafka_pipeline(job).tasks()]},
+            options=RunOptions(workers={"all": [t.name for t in money.kafka_pipeline(job).tasks()]}),
         )
 
     bootstrap = connection.kafka_bootstrap

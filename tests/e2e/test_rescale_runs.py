@@ -24,6 +24,7 @@ from streaming.adapters.objects import ensure_bucket
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import run_until_caught_up
+from streaming.engine.job.runner import RunOptions
 from support import jobs
 
 pytestmark = pytest.mark.integration
@@ -71,8 +72,7 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
         settings,
         connection,
         job,
-        parallelism={"windows": 2},  # two tasks in every stage
-        remote=remote,
+        RunOptions(parallelism={"windows": 2}, remote=remote),  # two tasks in every stage
     )
     worker = jobs.RemoteWorkerProcess(job, "all", connection, tmp_path / "worker.log") if remote else None
     runner, money, lines, reader = money_job.runner, money_job.money, money_job.lines, money_job.store

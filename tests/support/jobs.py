@@ -15,7 +15,7 @@ from spark_abs_examples import money
 from streaming.adapters.kafka_io import read_range
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
-from streaming.engine.job.runner import JobRunner
+from streaming.engine.job.runner import JobRunner, RunOptions
 from streaming.testing import LineCollector
 
 __all__ = ["MoneyJob", "money_job", "RemoteWorkerProcess"]
@@ -41,7 +41,7 @@ def _range_reader(bootstrap: str):
     return lambda channel, start, end: read_range(bootstrap, channel, start, end)
 
 
-def money_job(pipeline_ref: str, settings, connection, job: str, **runner_options) -> MoneyJob:
+def money_job(pipeline_ref: str, settings, connection, job: str, options: RunOptions | None = None) -> MoneyJob:
     """A ``JobRunner`` for ``pipeline_ref`` (a money pipeline) whose
     completed checkpoints are counted as they complete, its lines kept."""
     store = SnapshotStore(open_store(settings.store, connection), job)
@@ -52,8 +52,8 @@ def money_job(pipeline_ref: str, settings, connection, job: str, **runner_option
         settings,
         connection,
         job=job,
+        options=options,
         on_complete=lambda cid: holder[0].count(cid),
-        **runner_options,
     )
     holder.append(MoneyJob(runner, store, lines=lines))
     return holder[0]

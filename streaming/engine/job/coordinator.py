@@ -59,6 +59,8 @@ from streaming.errors import ManifestNotWritten, ProgressNotLogged, RetentionFai
 
 __all__ = [
     "CheckpointCompletion",
+    "CompletionHooks",
+    "CoordinatorStart",
     "CheckpointRecord",
     "CoordinatorIO",
     "CoordinatorService",
@@ -128,6 +130,26 @@ def kafka_io(bootstrap: str, job: str, *, control_start: int | None = None) -> C
     )
 
 
+@dataclass(frozen=True)
+class CoordinatorStart:
+    """Where a coordinator service starts: its generation, the id its first
+    checkpoint takes, and the checkpoint a restore started from (``pinned``:
+    retention never deletes it)."""
+
+    generation: int = 0
+    next_checkpoint_id: int = 1
+    pinned: int | None = None
+
+
+@dataclass(frozen=True)
+class CompletionHooks:
+    """What hears of every checkpoint that completes: ``on_complete`` with
+    its id, and ``progress_log``, a JSON line each (None: neither)."""
+
+    on_complete: Callable[[int], None] | None = None
+    progress_log: Path | None = None
+
+
 class TaskReadiness:
     """Where the tasks of this generation are, from their events: which run
     (``ready``; a checkpoint triggered before they all do would only wait),
@@ -185,7 +207,7 @@ class CheckpointCompletion:
     ``records`` are the service's (``CheckpointRecord`` by checkpoint id);
     ``abort(checkpoint_id, failure, detail)`` records an abort and publishes
     it; ``retain`` and ``pinned`` (the checkpoint a restore started from,
-    never deleted) are retention's."""
+    never deleted) are retention's; ``hooks`` hear of each completion."""
 
     def __init__(
         self,
@@ -197,8 +219,7 @@ class CheckpointCompletion:
         abort: Callable[[int, CheckpointFailure | None, str], None],
         retain: int,
         pinned: int | None = None,
-        on_complete: Callable[[int], None] | None = None,
-        progress_log: Path | None = None,
+        hooks: CompletionHooks | None = None,
     ):
         self.coordinator = coordinator
         self.store = store
@@ -207,8 +228,9 @@ class CheckpointCompletion:
         self.abort = abort
         self.retain = retain
         self.pinned = pinned
-        self.on_complete = on_complete
-        self.progress_log = progress_log
+        hooks = hooks or CompletionHooks()
+        self.on_complete = hooks.on_complete
+        self.progress_log = hooks.progress_log
 
     @property
     def generation(self) -> int:
@@ -386,14 +408,12 @@ class CoordinatorService:
         store: SnapshotStore,
         settings: JobSettings,
         *,
-        generation: int = 0,
-        next_checkpoint_id: int = 1,
-        pinned: int | None = None,
+        start: CoordinatorStart | None = None,
+        hooks: CompletionHooks | None = None,
         job_key: bytes | None = None,
-        on_complete: Callable[[int], None] | None = None,
-        progress_log: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
+        start = start or CoordinatorStart()
         self.pipeline = pipeline
         self.io = io
         self.options = settings.options
@@ -404,8 +424,8 @@ class CoordinatorService:
         self.coordinator = CheckpointCoordinator(
             self.tasks,
             job=pipeline.job,
-            generation=generation,
-            next_checkpoint_id=next_checkpoint_id,
+            generation=start.generation,
+            next_checkpoint_id=start.next_checkpoint_id,
             max_concurrent=settings.max_concurrent,
             timeout_s=settings.timeout_s,
             retain=settings.retain,
@@ -420,9 +440,8 @@ class CoordinatorService:
             publish=io.publish,
             abort=self._aborted,
             retain=settings.retain,
-            pinned=pinned,
-            on_complete=on_complete,
-            progress_log=progress_log,
+            pinned=start.pinned,
+            hooks=hooks,
         )
 
     @property

@@ -48,6 +48,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from barriers.failures import CheckpointFailure
@@ -62,7 +63,13 @@ from streaming.api.config import Connection, MetricsSettings, default_home
 from streaming.api.pipeline import Pipeline, Scale, SinkKind, load_pipeline
 from streaming.api.settings import WORKER_GROUPINGS, JobSettings
 from streaming.engine import metrics
-from streaming.engine.job.coordinator import CheckpointRecord, CoordinatorService, kafka_io
+from streaming.engine.job.coordinator import (
+    CheckpointRecord,
+    CompletionHooks,
+    CoordinatorService,
+    CoordinatorStart,
+    kafka_io,
+)
 from streaming.engine.job.supervisor import WorkerProcess, WorkerSupervisor
 from streaming.engine.remote.leases import LeaseRenewal, RemoteMembers
 from streaming.engine.remote.membership import incarnation
@@ -70,7 +77,7 @@ from streaming.engine.restore.changes import AllowDropped
 from streaming.engine.restore.service import RestoreRecord, RestoreService
 from streaming.errors import ConfigError, JobFailed, SparkAbsError
 
-__all__ = ["JobRunner", "RestoreRecord", "worker_groups"]
+__all__ = ["JobRunner", "RunOptions", "RestoreRecord", "worker_groups"]
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +98,34 @@ def worker_groups(pipeline: Pipeline, workers: Mapping[str, list[str]] | str | N
     return dict(workers)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a job runs, beside what its checkpoints are (``JobSettings``):
+    ``spark-abs run``'s options that are not settings of the checkpoints."""
+
+    # the worker processes: "one" (one Spark application for the job), "per-stage", or a
+    # mapping of group name -> its tasks; None: WORKER_GROUPINGS' first, one
+    workers: Mapping[str, list[str]] | str | None = None
+    # tasks per stage other than the pipeline declares (a rescale when the job starts)
+    parallelism: Mapping[str, int] = field(default_factory=dict)
+    # the groups that `spark-abs worker` processes run on other hosts (True: every group)
+    remote: bool | Collection[str] = False
+    # added to the environment of the worker processes (a drill's or a test's fault points)
+    worker_env: Mapping[str, str] = field(default_factory=dict)
+    # the workers' logs and the progress log; None: $SPARK_ABS_HOME/runs/<job>
+    log_dir: Path | None = None
+    # restores after which the runner gives up
+    max_restores: int = 10
+    # where the runner and its workers serve Prometheus metrics; None: from the SPARK_ABS_METRICS_* variables
+    metrics: MetricsSettings | None = None
+    # stages whose state a restore into a changed pipeline may drop
+    allow_dropped: AllowDropped | None = None
+
+
 class JobRunner:
-    """Supervises one job (see the module docstring).  ``worker_env`` is
-    added to the environment of the worker processes it starts (a drill's
-    or a test's fault points: ``streaming.engine.faults``)."""
+    """Supervises one job (see the module docstring), run as ``options``
+    says (``RunOptions``); ``on_complete`` hears of every checkpoint that
+    completes, by its id."""
 
     def __init__(
         self,
@@ -103,16 +134,11 @@ class JobRunner:
         connection: Connection,
         *,
         job: str | None = None,
-        workers: Mapping[str, list[str]] | str | None = None,
-        worker_env: Mapping[str, str] | None = None,
-        log_dir: Path | None = None,
-        max_restores: int = 10,
+        options: RunOptions | None = None,
         on_complete: Callable[[int], None] | None = None,
-        parallelism: Mapping[str, int] | None = None,
-        remote: bool | Collection[str] = False,
-        metrics: MetricsSettings | None = None,
-        allow_dropped: AllowDropped | None = None,
     ):
+        self.options = options = options or RunOptions()
+        parallelism, remote = options.parallelism, options.remote
         self.pipeline_ref = pipeline_ref
         # the pipeline as its code declares it; ``pipeline`` is it at the scale of the current generation
         self.declared: Pipeline = load_pipeline(pipeline_ref, job)
@@ -125,8 +151,7 @@ class JobRunner:
         self.settings = settings
         self.connection = connection
         self.on_complete = on_complete
-        self.worker_env = dict(worker_env or {})
-        self._workers_grouping = workers
+        self.worker_env = dict(options.worker_env)
         self.groups = self._groups(self.pipeline)
         self.remote_names = set(self.groups) if remote is True else set(remote or ())
         unknown = sorted(self.remote_names - set(self.groups))
@@ -143,15 +168,15 @@ class JobRunner:
             self._remote_groups(),
             lambda: LeaseRenewal(connection.kafka_bootstrap, self.job),
         )
-        self.log_dir = log_dir or default_home() / "runs" / self.job
+        self.log_dir = options.log_dir or default_home() / "runs" / self.job
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.store = SnapshotStore(open_store(settings.store, connection), self.job)
         # a restore into a changed pipeline may drop these stages' state (streaming.engine.restore.changes)
-        self.recovery = RestoreService(self.declared, self.store, settings, connection, allow_dropped)
-        self.max_restores = max_restores
+        self.recovery = RestoreService(self.declared, self.store, settings, connection, options.allow_dropped)
+        self.max_restores = options.max_restores
         self.restores: list[RestoreRecord] = []
         self.history: list[CheckpointRecord] = []
-        self.metrics_settings = metrics or MetricsSettings.from_env()
+        self.metrics_settings = options.metrics or MetricsSettings.from_env()
         self.supervisor = self._supervisor(self.pipeline)
         self.coordinator: CoordinatorService | None = None
         self._last_trigger = 0.0
@@ -159,7 +184,7 @@ class JobRunner:
         self.metrics_targets: metrics.Targets | None = None
 
     def _groups(self, pipeline: Pipeline) -> dict[str, list[str]]:
-        groups = worker_groups(pipeline, self._workers_grouping)
+        groups = worker_groups(pipeline, self.options.workers)
         tasks = {t.name for t in pipeline.tasks()}
         grouped = [t for names in groups.values() for t in names]
         if sorted(grouped) != sorted(tasks):
@@ -276,11 +301,8 @@ class JobRunner:
             io,
             self.store,
             self.settings,
-            generation=generation,
-            next_checkpoint_id=next_id,
-            pinned=checkpoint_id,
-            on_complete=self.on_complete,
-            progress_log=self.log_dir / "checkpoints.jsonl",
+            start=CoordinatorStart(generation, next_id, pinned=checkpoint_id),
+            hooks=CompletionHooks(self.on_complete, self.log_dir / "checkpoints.jsonl"),
         )
         env = {**os.environ, **self.connection.as_env(), "PYTHONUNBUFFERED": "1", **self.worker_env}
         self.supervisor.launch(generation, checkpoint_id, env)

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from barriers.failures import CheckpointFailure
@@ -31,7 +32,7 @@ from streaming.engine.task.replay import CopiedReplay
 from streaming.engine.task.uploads import SnapshotUploader, TakenSnapshot
 from streaming.engine.task.watermarks import WatermarkTracker
 
-__all__ = ["TaskController"]
+__all__ = ["TaskController", "TaskWiring"]
 
 log = logging.getLogger(__name__)
 
@@ -39,34 +40,45 @@ log = logging.getLogger(__name__)
 _PATHS_KEPT = 32
 
 
+@dataclass(frozen=True)
+class TaskWiring:
+    """The parts of a task its controller acts on: the operator whose state
+    it snapshots, the input gate it blocks and releases, the output it
+    forwards barriers on, the watermarks a snapshot keeps, the uploader of
+    the asynchronous phase, and how the task sends its watermark on."""
+
+    operator: Any
+    gate: InputGate
+    output: TaskOutput
+    watermarks: WatermarkTracker
+    uploader: SnapshotUploader
+    forward_watermark: Callable[[], None]
+
+
 class TaskController:
-    """The ``Controller`` of task ``task`` (see the module docstring);
-    ``handler`` is set once the handler that drives it is made."""
+    """The ``Controller`` of task ``task`` (see the module docstring), acting
+    on the task's parts (``wiring``); ``handler`` is set once the handler
+    that drives it is made."""
 
     def __init__(
         self,
         task: str,
         generation: int,
         io: Any,
-        *,
-        operator: Any,
-        gate: InputGate,
-        output: TaskOutput,
-        watermarks: WatermarkTracker,
-        uploader: SnapshotUploader,
-        forward_watermark: Callable[[], None],
+        wiring: TaskWiring,
         counters: collections.Counter,
+        *,
         job_key: bytes | None = None,
     ):
         self.task = task
         self.generation = generation
         self.io = io
-        self.operator = operator
-        self.gate = gate
-        self.output = output
-        self.watermarks = watermarks
-        self.uploader = uploader
-        self.forward_watermark = forward_watermark
+        self.operator = wiring.operator
+        self.gate = wiring.gate
+        self.output = wiring.output
+        self.watermarks = wiring.watermarks
+        self.uploader = wiring.uploader
+        self.forward_watermark = wiring.forward_watermark
         self.counters = counters
         self.job_key = job_key
         self.handler: BarrierHandler | None = None

@@ -66,7 +66,7 @@ from streaming.adapters.records import (
 from streaming.api.pipeline import Pipeline, TaskSpec
 from streaming.engine.kafka_retention import AtRisk
 from streaming.engine.metrics import TaskMetrics
-from streaming.engine.task.controller import TaskController
+from streaming.engine.task.controller import TaskController, TaskWiring
 from streaming.engine.task.gate import InputGate
 from streaming.engine.task.inbox import ControlInbox
 from streaming.engine.task.output import TaskOutput
@@ -78,7 +78,7 @@ from streaming.engine.task.uploads import Incremental, SnapshotUploader
 from streaming.engine.task.watermarks import WatermarkTracker, event_time_inputs
 from streaming.errors import TaskError
 
-__all__ = ["StageTask", "TaskStart", "TaskIO"]
+__all__ = ["StageTask", "TaskStart", "TaskIO", "TaskOptions"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,29 @@ class TaskStart:
     replay_until: Mapping[ChannelId, int] = field(default_factory=dict)
     # where the query resumes each channel whose channel state was copied (after the barrier)
     resume: Mapping[ChannelId, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """How a task runs, from its job's settings (``streaming.engine.worker.wiring``
+    makes them; a test sets what it tries)."""
+
+    # checkpoints in progress at once (JobSettings.max_concurrent)
+    max_concurrent: int = 1
+    # unaligned channel state copied into the snapshot, not kept as offset ranges
+    copy_in_flight: bool = False
+    # the longest run of data records a segment holds
+    max_segment_records: int = 50_000
+    # segments cut to take about this long to process (None: by record count alone)
+    segment_ms: float | None = None
+    # memory the records held while aligning may take before they spill
+    held_memory_bytes: int = 256 << 20
+    # incremental snapshots (None: every snapshot holds the whole state)
+    incremental: Incremental | None = None
+    # copied channel state replayed in runs of this many records
+    replay_run_records: int = REPLAY_RUN_RECORDS
+    # the job's key: barriers and control events signed and checked with it (None: unsigned)
+    job_key: bytes | None = None
 
 
 @dataclass
@@ -130,9 +153,10 @@ class TaskIO:
 
 
 class StageTask:
-    """One task of a stage (see the module docstring).  ``recover`` once,
-    then ``process_batch`` is the ``foreachBatch`` body; ``on_control`` takes
-    the control topic's events."""
+    """One task of a stage (see the module docstring), run as ``options``
+    says (``TaskOptions``).  ``recover`` once, then ``process_batch`` is the
+    ``foreachBatch`` body; ``on_control`` takes the control topic's events.
+    ``clock`` and the ``upload`` executor are the tests' to replace."""
 
     def __init__(
         self,
@@ -141,23 +165,17 @@ class StageTask:
         io: TaskIO,
         *,
         start: TaskStart | None = None,
-        max_concurrent: int = 1,
+        options: TaskOptions | None = None,
         clock: Callable[[], float] = time.monotonic,
         upload: concurrent.futures.Executor | None = None,
-        job_key: bytes | None = None,
-        copy_in_flight: bool = False,
-        max_segment_records: int = 50_000,
-        segment_ms: float | None = None,
-        held_memory_bytes: int = 256 << 20,
-        incremental: Incremental | None = None,
-        replay_run_records: int = REPLAY_RUN_RECORDS,
     ):
+        options = options or TaskOptions()
         self.pipeline = pipeline
         self.spec = spec
         self.io = io
         self.start = start or TaskStart()
         self.generation = self.start.generation
-        self.job_key = job_key
+        self.job_key = options.job_key
         self.operator = pipeline.stage(spec.stage).make_operator()
         self._multi_input = bool(getattr(self.operator, "inputs", None))
         # how each ingress topic's values are read (JSON with its schema, or Avro)
@@ -166,29 +184,29 @@ class StageTask:
         self.counters: collections.Counter = collections.Counter()
         # what Prometheus sees of the task's data path (streaming.engine.metrics)
         self.metrics = TaskMetrics(pipeline.job, spec.name, spec.inputs, spec.outputs)
-        self.gate = self._input_gate(max_segment_records, segment_ms, held_memory_bytes, clock)
+        self.gate = self._input_gate(options, clock)
         self.watermarks = WatermarkTracker(event_time_inputs(pipeline, spec), self.start.watermarks, clock=clock)
         self.quarantine = Quarantine(spec.name, io, self.counters, self.metrics)
         self.output = TaskOutput(pipeline, spec, io, self.generation, self.counters, self.metrics)
-        self.controller = self._controller(copy_in_flight, upload, incremental)
+        self.controller = self._controller(options, upload)
         self.handler = BarrierHandler(
             self.controller,
             spec.inputs,
             positions=self.start.positions,
             generation=self.generation,
-            max_concurrent=max_concurrent,
+            max_concurrent=options.max_concurrent,
             clock=clock,
             newest_started=self.start.checkpoint_id or 0,
         )
         self.controller.handler = self.handler
         self._lock = threading.RLock()
-        self.inbox = ControlInbox(spec.name, pipeline.job, spec.inputs, self.handler, self._lock, job_key)
+        self.inbox = ControlInbox(spec.name, pipeline.job, spec.inputs, self.handler, self._lock, self.job_key)
         self._started = time.monotonic()
         # channel state still to process again: each channel up to this offset (``recover``)
         self._replaying: dict[ChannelId, int] = {}
         # the copied part of it, handed over in runs (``start_replay``, and ahead of every batch)
         self.copied: CopiedReplay | None = None
-        self._replay_run_records = replay_run_records
+        self._replay_run_records = options.replay_run_records
         self._replayer: threading.Thread | None = None
         self._closing = threading.Event()
         # what stopped the replay of copied channel state (the worker stops on it)
@@ -196,9 +214,8 @@ class StageTask:
         self.replay_records = 0
         self._recovered = False
 
-    def _input_gate(
-        self, max_segment_records: int, segment_ms: float | None, held_memory_bytes: int, clock: Callable[[], float]
-    ) -> InputGate:
+    def _input_gate(self, options: TaskOptions, clock: Callable[[], float]) -> InputGate:
+        max_segment_records, segment_ms = options.max_segment_records, options.segment_ms
         segmenter = Segmenter(
             (self.pipeline.topic_of(s.name) for s in self.pipeline.stages),
             self.generation,
@@ -214,35 +231,28 @@ class StageTask:
             segmenter,
             self.counters,
             read_range=read_range,
-            held_memory_bytes=held_memory_bytes,
+            held_memory_bytes=options.held_memory_bytes,
             pace=SegmentPace(segment_ms / 1000, max_segment_records) if segment_ms is not None else None,
             clock=clock,
         )
 
-    def _controller(
-        self, copy_in_flight: bool, upload: concurrent.futures.Executor | None, incremental: Incremental | None
-    ) -> TaskController:
+    def _controller(self, options: TaskOptions, upload: concurrent.futures.Executor | None) -> TaskController:
         uploader = SnapshotUploader(
             self.spec.name,
             self.generation,
             self.io,
             self.lineage,
             self.counters,
-            copy_in_flight=copy_in_flight,
+            copy_in_flight=options.copy_in_flight,
             executor=upload,
-            incremental=incremental,
+            incremental=options.incremental,
         )
         return TaskController(
             self.spec.name,
             self.generation,
             self.io,
-            operator=self.operator,
-            gate=self.gate,
-            output=self.output,
-            watermarks=self.watermarks,
-            uploader=uploader,
-            forward_watermark=self._forward_watermark,
-            counters=self.counters,
+            TaskWiring(self.operator, self.gate, self.output, self.watermarks, uploader, self._forward_watermark),
+            self.counters,
             job_key=self.job_key,
         )
 

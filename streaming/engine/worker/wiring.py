@@ -28,10 +28,10 @@ from streaming.api.settings import JobSettings, Mode, StateSnapshots
 from streaming.engine import faults
 from streaming.engine.kafka_retention import RetentionWatch, relied_on_ms
 from streaming.engine.restore.start import plan_start
-from streaming.engine.task.stage_task import StageTask, TaskIO
+from streaming.engine.task.stage_task import StageTask, TaskIO, TaskOptions
 from streaming.engine.task.uploads import Incremental
 
-__all__ = ["RunningTask", "TaskFactory", "segment_budget_ms"]
+__all__ = ["WorkerClients", "RunningTask", "TaskFactory", "segment_budget_ms"]
 
 # the modes whose checkpoints a task may take on an announcement, between two runs of a micro-batch
 _ANNOUNCED = (Mode.UNALIGNED, Mode.ALIGNED_TIMEOUT)
@@ -56,25 +56,34 @@ class RunningTask:
     sink: ObjectStoreSink | KafkaSink | None
 
 
+@dataclass(frozen=True)
+class WorkerClients:
+    """What a worker's tasks share: its Kafka ``producer``, the job's
+    ``control`` topic, the ``dead_letters`` producer, and ``store()``, the
+    snapshot store it uses when asked (a remote worker's changes with its
+    runner's settings)."""
+
+    producer: Any  # a kafka_io.producer
+    control: ControlTopic
+    dead_letters: DeadLetters
+    store: Callable[[], SnapshotStore]
+
+
 class TaskFactory:
     """Builds the tasks of ``pipeline`` for ``generation``, from checkpoint
-    ``restore`` (None: from the beginning), on a worker's clients: its
-    Kafka ``producer``, ``control`` topic and ``dead_letters``, and
-    ``store()``, the snapshot store it uses when asked (a remote worker's
-    changes with its runner's settings)."""
+    ``restore`` (None: from the beginning), on a worker's ``clients``;
+    ``prepare`` is how each stage with Spark code prepares records read in
+    Python."""
 
     def __init__(
         self,
         pipeline: Pipeline,
         settings: JobSettings,
         connection: Connection,
+        clients: WorkerClients,
         *,
         generation: int | None,
         restore: int | None,
-        producer: Any,  # a kafka_io.producer
-        control: ControlTopic,
-        dead_letters: DeadLetters,
-        store: Callable[[], SnapshotStore],
         prepare: Mapping[str, Callable[[pa.Table], pa.Table]] | None = None,
     ):
         self.pipeline = pipeline
@@ -82,10 +91,10 @@ class TaskFactory:
         self.connection = connection
         self.generation = generation
         self.restore = restore
-        self.producer = producer
-        self.control = control
-        self.dead_letters = dead_letters
-        self.store = store
+        self.producer = clients.producer
+        self.control = clients.control
+        self.dead_letters = clients.dead_letters
+        self.store = clients.store
         # per stage with Spark code: Kafka records read in Python, prepared by it
         self.prepare = dict(prepare or {})
         # the states of this generation's tasks share the budget (those of the last one are gone)
@@ -117,13 +126,15 @@ class TaskFactory:
             spec,
             self._task_io(name, stage, sink, kept),
             start=plan.start,
-            max_concurrent=self.settings.max_concurrent,
-            copy_in_flight=self._must_copy(spec, kept),
-            max_segment_records=self.settings.max_segment_records,
-            segment_ms=segment_budget_ms(self.settings),
-            incremental=Incremental(self.settings.base_every)
-            if self.settings.state_snapshots is StateSnapshots.INCREMENTAL
-            else None,
+            options=TaskOptions(
+                max_concurrent=self.settings.max_concurrent,
+                copy_in_flight=self._must_copy(spec, kept),
+                max_segment_records=self.settings.max_segment_records,
+                segment_ms=segment_budget_ms(self.settings),
+                incremental=Incremental(self.settings.base_every)
+                if self.settings.state_snapshots is StateSnapshots.INCREMENTAL
+                else None,
+            ),
         )
         task.recover()
         return RunningTask(task, sink), dict(plan.query_start)

@@ -53,7 +53,7 @@ from streaming.api.pipeline import Pipeline, Scale, load_pipeline
 from streaming.api.settings import JobSettings
 from streaming.engine import faults, metrics
 from streaming.engine.task.stage_task import StageTask
-from streaming.engine.worker.wiring import RunningTask, TaskFactory
+from streaming.engine.worker.wiring import RunningTask, TaskFactory, WorkerClients
 from streaming.errors import ConfigError, SparkAbsError
 
 if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this module is imported
@@ -175,12 +175,9 @@ class Worker:
             self.pipeline,
             self.settings,
             self.connection,
+            WorkerClients(self.producer, self.control, self.dead_letters, lambda: self.store),
             generation=self.generation,
             restore=self.restore,
-            producer=self.producer,
-            control=self.control,
-            dead_letters=self.dead_letters,
-            store=lambda: self.store,
             prepare={stage: c.records for stage, c in code.items()},
         )
         by_stage: dict[str, list[tuple[StageTask, dict[ChannelId, int]]]] = {}

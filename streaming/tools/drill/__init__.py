@@ -2,6 +2,7 @@
 injected at moments drawn from a seed, its output checked at the end.
 
 - ``run``: ``Drill`` and ``run_drill``, the drill from start to report;
+- ``settings``: ``DrillSettings``, what a drill does;
 - ``plan``: the failure kinds and the schedule drawn from the seed;
 - ``workload``: what a pipeline is fed and what its checks expect;
 - ``feed``: the workload produced while the job runs, and its progress;

@@ -23,9 +23,10 @@ from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.adapters.snapshots.format import GenerationStart
 from streaming.api.config import Connection, default_home
-from streaming.api.settings import Mode
+from streaming.api.settings import Mode, StateSnapshots
 from streaming.engine import faults
-from streaming.errors import SparkAbsError
+from streaming.errors import ConfigError, SparkAbsError, parse_choice
+from streaming.tools.drill.settings import DrillSettings
 
 __all__ = [
     "DRILL_RETAIN",
@@ -54,31 +55,32 @@ RESTART_WINDOW_S = 120.0
 
 class DrilledJob:
     """The job under drill: its runner process (``spark-abs run``, its output
-    in ``runner_log``), its fault file and its snapshot store."""
+    in ``runner_log``), its fault file and its snapshot store.  ``settings``
+    are its drill phase's (``DrillSettings``: the pipeline as
+    ``module:attribute``, one mode, the store and the report directory
+    resolved); ``remote_groups`` are run by ``spark-abs worker`` processes
+    the drill starts (the local cluster)."""
 
     def __init__(
         self,
         connection: Connection,
-        *,
-        pipeline_ref: str,
         job: str,
-        mode: Mode,
-        interval_s: float,
-        store_uri: str,
-        report_dir: Path,
+        settings: DrillSettings,
+        *,
         max_restores: int,
-        state_snapshots: str = "full",
         remote_groups: Sequence[str] = (),
-        workers: str = "per-stage",
         heartbeat_timeout_s: float = REMOTE_HEARTBEAT_TIMEOUT_S,
         problems: list[str] | None = None,
     ):
+        store_uri, report_dir = settings.store_uri, settings.report_dir
+        if store_uri is None or report_dir is None:
+            raise ConfigError("a drilled job needs its store and its report directory")
         self.connection = connection
-        self.pipeline_ref = pipeline_ref
+        self.pipeline_ref = settings.pipeline
         self.job = job
-        self.mode = mode
-        self.interval_s = interval_s
-        self.state_snapshots = state_snapshots
+        self.mode = parse_choice(Mode, settings.mode, "mode")
+        self.interval_s = settings.interval_s
+        self.state_snapshots = parse_choice(StateSnapshots, settings.state_snapshots, "state snapshots")
         self.store_uri = store_uri
         self.max_restores = max_restores
         self.store = SnapshotStore(open_store(store_uri, connection), job)
@@ -91,7 +93,8 @@ class DrilledJob:
         self._completed: list[int] = []  # checkpoints seen complete, ascending (completed)
         # remote groups (the local cluster): the runner starts no worker, the drill runs one per group
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.workers = workers  # how the job's tasks are grouped (`spark-abs run --workers`): per-stage or one
+        # how the job's tasks are grouped (`spark-abs run --workers`): per-stage or one
+        self.workers = settings.workers or "per-stage"
         self.hosts: WorkerHosts | None = None
         if remote_groups:
             env = {**connection.as_env(), faults.FILE_ENV: str(self.fault_file)}

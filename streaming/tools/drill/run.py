@@ -83,6 +83,7 @@ Any pipeline whose module provides a workload by the protocol of
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -98,7 +99,7 @@ import pandas as pd
 
 from streaming.api.config import Connection, LocalRuntimeSettings, default_home
 from streaming.api.pipeline import load_pipeline, named_pipelines, pipeline_reference
-from streaming.api.settings import MODES, WORKER_GROUPINGS, JobSettings, Mode, StateSnapshots
+from streaming.api.settings import MODES, WORKER_GROUPINGS, JobSettings, Mode
 from streaming.engine.job.runner import worker_groups
 from streaming.errors import ConfigError, SparkAbsError, parse_choice
 from streaming.tools.commands import add_state_snapshot_options
@@ -122,6 +123,7 @@ from streaming.tools.drill.plan import (
     plan_failures,
     side_wait_s,
 )
+from streaming.tools.drill.settings import DrillSettings
 from streaming.tools.drill.verify import DrillVerification
 from streaming.tools.drill.workload import (
     DrillWorkload,
@@ -139,6 +141,7 @@ __all__ = [
     "DrillBudget",
     "DrillReport",
     "DrillRun",
+    "DrillSettings",
     "DrillWorkload",
     "Failure",
     "FailureKind",
@@ -213,33 +216,33 @@ class Drill:
     def __init__(
         self,
         connection: Connection,
+        settings: DrillSettings,
         *,
-        pipeline: str,
-        workload: DrillWorkload,
-        failures: int,
-        seed: int,
-        kinds: Sequence[FailureKind],
-        mode: Mode | str,
-        interval_s: float,
-        rate: float,
-        store_uri: str,
-        report_dir: Path,
         runtime=None,
         spark=None,
         budget: DrillBudget | None = None,
         failures_end: float | None = None,  # monotonic time after which no failure may end (None: no bound)
         on_failure: Callable[[FailureOutcome], None] | None = None,
-        state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
-        cluster: bool = False,
-        workers: str = "per-stage",  # how the remote groups are made on the cluster (run_drill checked it)
     ):
+        """A phase of a drill: ``settings`` with one mode, a number of
+        failures, a ``DrillWorkload``, a store and a report directory
+        (``run_drill`` resolves them)."""
+        if not isinstance(settings.workload, DrillWorkload) or settings.store_uri is None:
+            raise ConfigError("a drill phase needs its workload and its store resolved (run_drill does it)")
+        if settings.report_dir is None or settings.failures is None:
+            raise ConfigError("a drill phase needs its report directory and its failures (run_drill gives them)")
+        pipeline, failures, seed, cluster = settings.pipeline, settings.failures, settings.seed, settings.cluster
+        kinds = tuple(parse_choice(FailureKind, k, "failure kind") for k in settings.kinds or ())
+        workers = settings.workers or "per-stage"  # how the remote groups are made on the cluster
+        interval_s, store_uri, report_dir = settings.interval_s, settings.store_uri, settings.report_dir
         self.connection = connection
+        self.settings = settings
         self.pipeline_ref = pipeline
-        self.workload = workload
+        self.workload = settings.workload
         self.seed = seed
-        self.mode = parse_choice(Mode, mode, "mode")
+        self.mode = parse_choice(Mode, settings.mode, "mode")
         self.interval_s = interval_s
-        self.rate = rate
+        self.rate = settings.rate
         self.store_uri = store_uri
         self.report_dir = report_dir
         self.spark = spark
@@ -260,19 +263,13 @@ class Drill:
         self.problems: list[str] = []  # what went wrong outside the expectations
         self.drilled = DrilledJob(
             connection,
-            pipeline_ref=pipeline,
-            job=self.job,
-            mode=self.mode,
-            interval_s=interval_s,
-            store_uri=store_uri,
-            report_dir=report_dir,
-            state_snapshots=parse_choice(StateSnapshots, state_snapshots, "state snapshots"),
+            self.job,
+            dataclasses.replace(settings, mode=self.mode, workers=workers),
             # a fault during a restore makes two restores of one failure (a duration-bound plan: at most one a second)
             max_restores=2 * (len(self.plan) if len(self.plan) < _UNBOUNDED else int(budget.duration_s or 0)) + 10,
             # on the cluster the groups (a group per stage, or one), each a `spark-abs worker`
             # the drill runs
             remote_groups=list(worker_groups(self.pipeline, workers)) if cluster else (),
-            workers=workers,
             problems=self.problems,  # a remote worker that exited unbidden
         )
         self.started = time.monotonic()
@@ -280,7 +277,7 @@ class Drill:
         self._stop = threading.Event()  # the workload's end, and the progress watch's
         self.watch = ProgressWatch(connection.kafka_bootstrap, self.pipeline, self._stop)
         self.feed = WorkloadFeed(
-            connection.kafka_bootstrap, workload, self.pipeline, seed=seed, rate=rate, stop=self._stop
+            connection.kafka_bootstrap, self.workload, self.pipeline, seed=seed, rate=self.rate, stop=self._stop
         )
         self.failures = FailureInjector(
             self.drilled,
@@ -504,52 +501,41 @@ def _modes(mode: Mode | str | Sequence[Mode | str]) -> list[Mode]:
 
 
 def run_drill(
+    settings: DrillSettings | None = None,
     connection: Connection | None = None,
     *,
-    pipeline: str = "money",
-    workload: DrillWorkload | str | None = None,
-    failures: int | None = 10,
-    duration_s: float | None = None,
-    seed: int = 1,
-    kinds: Sequence[FailureKind | str] | None = None,
-    mode: Mode | str | Sequence[Mode | str] = Mode.ALIGNED,
-    interval_s: float = 1.0,
-    rate: float = 200.0,
-    store_uri: str | None = None,
-    report_dir: Path | None = None,
     runtime=None,
     spark=None,
-    recovery_limit_s: float = 180.0,
     on_failure: Callable[[FailureOutcome], None] | None = None,
-    state_snapshots: StateSnapshots | str = StateSnapshots.FULL,
-    cluster: bool = False,
-    workers: str | None = None,
 ) -> DrillRun:
-    """Run a drill (see the module docstring) and write its report; the
-    local runtime is started when no ``connection`` is given.  ``pipeline``
-    is a pipeline's name (``named_pipelines``) or ``module:attribute``; its workload
-    comes from its module (``workload_for``) unless ``workload`` names or
-    is one.  ``mode`` may name several (``"aligned,unaligned"``): each is a
-    phase of its own, in turn, the failures and the duration shared between
-    them.  ``on_failure`` hears of each failure's outcome as it comes.
-    ``cluster``: on the local cluster (started when no ``connection`` is
-    given), the job's worker groups remote, laid out as ``workers`` says (a
-    group per stage, or ``one`` for the whole job), ``kinds`` by default
-    ``CLUSTER_KINDS`` (else ``KINDS``).  Its progress is logged (INFO)."""
+    """Run a drill as ``settings`` say (see the module docstring and
+    ``DrillSettings``) and write its report; the local runtime is started
+    when no ``connection`` is given.  The pipeline's workload comes from its
+    module (``workload_for``) unless the settings name or give one.  Several
+    modes are phases of their own, in turn, the failures and the duration
+    shared between them.  ``on_failure`` hears of each failure's outcome as
+    it comes.  On the cluster (started when no ``connection`` is given), the
+    job's worker groups are remote, made as ``workers`` says (a group per
+    stage, or ``one`` for the whole job), and the failure kinds are by
+    default ``CLUSTER_KINDS`` (else ``KINDS``).  Its progress is logged
+    (INFO)."""
     from streaming.tools.drill import report as drill_report
 
+    settings = settings or DrillSettings()
+    failures, duration_s, kinds, cluster = settings.failures, settings.duration_s, settings.kinds, settings.cluster
     if failures is None and duration_s is None:
         raise ConfigError("a drill needs a number of failures, a duration, or both")
     if failures is not None and failures < 0:
         raise ConfigError(f"failures must be 0 or more, got {failures}")
-    budget = DrillBudget(duration_s, recovery_limit_s=recovery_limit_s)
-    modes = _modes(mode)
+    budget = DrillBudget(duration_s, recovery_limit_s=settings.recovery_limit_s)
+    modes = _modes(settings.mode)
     if kinds is None:
         kinds = CLUSTER_KINDS if cluster else KINDS
     chosen = tuple(parse_choice(FailureKind, k, "failure kind") for k in kinds)
     check_kinds(chosen, cluster)
-    workers = _check_workers(workers, cluster)  # before the runtime starts
-    pipeline = pipeline_reference(pipeline)
+    workers = _check_workers(settings.workers, cluster)  # before the runtime starts
+    pipeline = pipeline_reference(settings.pipeline)
+    workload = settings.workload
     if not isinstance(workload, DrillWorkload):
         workload = load_workload(workload) if workload else workload_for(pipeline)
     started = time.monotonic()
@@ -557,38 +543,38 @@ def run_drill(
     if connection is None:
         from streaming.local import LocalRuntime
 
-        settings = LocalRuntimeSettings.cluster(default_home()) if cluster else None
-        runtime = runtime or LocalRuntime(settings, progress=log.info)
+        runtime_settings = LocalRuntimeSettings.cluster(default_home()) if cluster else None
+        runtime = runtime or LocalRuntime(runtime_settings, progress=log.info)
         connection = runtime.up()
-    store_uri = store_uri or f"s3://{connection.s3_bucket}/drills"
-    report_dir = Path(report_dir or default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S"))
+    store_uri = settings.store_uri or f"s3://{connection.s3_bucket}/drills"
+    report_dir = Path(settings.report_dir or default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S"))
     phases: list[DrillReport] = []
     for index, (phase_mode, count) in enumerate(zip(modes, split_failures(failures, len(modes)))):
-        drill = Drill(
-            connection,
+        phase = dataclasses.replace(
+            settings,
             pipeline=pipeline,
             workload=workload,
             failures=count,
-            seed=seed + 7919 * index,  # the first mode's plan is the plan of a drill of that mode alone
+            seed=settings.seed + 7919 * index,  # the first mode's plan is the plan of a drill of that mode alone
             kinds=chosen,
             mode=phase_mode,
-            interval_s=interval_s,
-            rate=rate,
             store_uri=store_uri,
             report_dir=report_dir if len(modes) == 1 else report_dir / str(phase_mode),
+            workers=workers,
+        )
+        drill = Drill(
+            connection,
+            phase,
             runtime=runtime,
             spark=spark,
             budget=budget,
             failures_end=budget.phase_end(time.monotonic(), run_end, len(modes) - index),
             on_failure=on_failure,
-            state_snapshots=state_snapshots,
-            cluster=cluster,
-            workers=workers,
         )
         phases.append(drill.run())
         if not phases[-1].passed and not phases[-1].checks:  # stopped: a failure not recovered
             break
-    run = DrillRun(pipeline, seed, phases, round(time.monotonic() - started, 1), budget, failures)
+    run = DrillRun(pipeline, settings.seed, phases, round(time.monotonic() - started, 1), budget, failures)
     drill_report.write(run, report_dir)
     return run
 
@@ -713,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         connection = runtime.up()
     out = Path(args.out) if args.out else default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S")
     bar = _ProgressBar(failures, duration_s) if sys.stdout.isatty() else None
-    options = dict(
+    settings = DrillSettings(
         pipeline=args.pipeline,
         workload=args.workload,
         failures=failures,
@@ -726,17 +712,15 @@ def main(argv: list[str] | None = None) -> int:
         rate=args.rate,
         store_uri=args.store,
         report_dir=out,
-        runtime=runtime,
         recovery_limit_s=args.recovery_limit,
-        on_failure=bar,
         cluster=args.cluster,
         workers=args.workers,
     )
     if bar is None:
-        run = run_drill(connection, **options)
+        run = run_drill(settings, connection, runtime=runtime)
     else:
         with bar.progress:
-            run = run_drill(connection, **options)
+            run = run_drill(settings, connection, runtime=runtime, on_failure=bar)
     print()
     print(drill_report.render(run))
     print(f"\nreport: {out / 'report.md'} (and report.json, recoveries.png, gx-*.json, *.csv)")

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from barriers.messages import Barrier, CancelBarrier, encode
 from streaming.adapters.snapshots import TaskSnapshot
-from streaming.engine.task.stage_task import StageTask, TaskIO
+from streaming.engine.task.stage_task import StageTask, TaskIO, TaskOptions
 
 __all__ = ["HEADER_TYPE", "batch", "RecordedIO", "make_task"]
 
@@ -113,7 +113,10 @@ class RecordedIO:
 
 
 def make_task(pipeline, name="count-0", sink=False, **kwargs):
+    """Task ``name`` of ``pipeline`` on recorded I/O, recovered; ``kwargs``
+    are ``StageTask``'s and ``TaskOptions``' (``copy_in_flight=True``, ...)."""
     recorded = RecordedIO()
-    task = StageTask(pipeline, pipeline.task(name), recorded.io(sink), **kwargs)
+    options = {k: kwargs.pop(k) for k in list(kwargs) if k in TaskOptions.__dataclass_fields__}
+    task = StageTask(pipeline, pipeline.task(name), recorded.io(sink), options=TaskOptions(**options), **kwargs)
     task.recover()
     return task, recorded

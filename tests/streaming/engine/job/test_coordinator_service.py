@@ -22,7 +22,7 @@ from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
-from streaming.engine.job.coordinator import CoordinatorIO, CoordinatorService
+from streaming.engine.job.coordinator import CompletionHooks, CoordinatorIO, CoordinatorService, CoordinatorStart
 from streaming.errors import StoreError
 from streaming.testing import LineCollector
 
@@ -109,10 +109,8 @@ def _service(store, memory, tmp_path, clock=None, **settings) -> tuple[Coordinat
         memory.io(),
         store,
         JobSettings(store=f"file://{tmp_path}/store", **settings),
-        generation=2,
-        next_checkpoint_id=5,
-        on_complete=completed.append,
-        progress_log=tmp_path / "progress.jsonl",
+        start=CoordinatorStart(generation=2, next_checkpoint_id=5),
+        hooks=CompletionHooks(completed.append, tmp_path / "progress.jsonl"),
         **({"clock": clock} if clock else {}),
     )
     return service, said, completed

@@ -48,19 +48,22 @@ def test_a_worker_is_found_by_its_name_or_a_task_or_stage_it_runs(tmp_path: Path
 def test_remote_groups_are_the_jobs_own_and_are_not_started_or_killed_here(tmp_path: Path):
     from streaming.api.config import Connection
     from streaming.engine.job.operations import kill_worker
-    from streaming.engine.job.runner import JobRunner
+    from streaming.engine.job.runner import JobRunner, RunOptions
 
     connection = Connection("127.0.0.1:9", "http://127.0.0.1:9", "a", "b", "bucket")
     settings = JobSettings(store=f"file://{tmp_path}/store")
     with pytest.raises(ConfigError, match="remote worker groups sums: the job's groups are accounts, legs, windows"):
-        JobRunner("spark_abs_examples.money:pipeline", settings, connection, workers="per-stage", remote={"sums"})
+        JobRunner(
+            "spark_abs_examples.money:pipeline",
+            settings,
+            connection,
+            options=RunOptions(workers="per-stage", remote={"sums"}),
+        )
     runner = JobRunner(
         "spark_abs_examples.money:pipeline",
         settings,
         connection,
-        workers="per-stage",
-        remote={"windows"},
-        log_dir=tmp_path / "logs",
+        options=RunOptions(workers="per-stage", remote={"windows"}, log_dir=tmp_path / "logs"),
     )
     try:
         assert runner.remote_names == {"windows"}
@@ -75,7 +78,7 @@ def test_remote_groups_are_the_jobs_own_and_are_not_started_or_killed_here(tmp_p
 
 def test_a_worker_that_joins_while_the_runner_pauses_its_groups_is_told_to_pause_too(tmp_path: Path):
     from streaming.api.config import Connection
-    from streaming.engine.job.runner import JobRunner
+    from streaming.engine.job.runner import JobRunner, RunOptions
     from streaming.engine.remote.membership import ActionKind, Heartbeat, Membership
 
     class Leases:  # what the runner would publish
@@ -88,7 +91,10 @@ def test_a_worker_that_joins_while_the_runner_pauses_its_groups_is_told_to_pause
     connection = Connection("127.0.0.1:9", "http://127.0.0.1:9", "a", "b", "bucket")
     settings = JobSettings(store=f"file://{tmp_path}/store")
     runner = JobRunner(
-        "spark_abs_examples.money:pipeline", settings, connection, remote=True, log_dir=tmp_path / "logs"
+        "spark_abs_examples.money:pipeline",
+        settings,
+        connection,
+        options=RunOptions(remote=True, log_dir=tmp_path / "logs"),
     )
     try:
         runner.remote._renewal = leases = Leases()

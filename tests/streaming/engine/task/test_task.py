@@ -21,7 +21,7 @@ from operators.windows import TumblingWindowAggregate
 from streaming.adapters.control import ControlKind, Trigger, announced_barrier
 from streaming.adapters.records import BATCH_BEGAN, stamped
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
-from streaming.engine.task.stage_task import StageTask, TaskStart
+from streaming.engine.task.stage_task import StageTask, TaskOptions, TaskStart
 from streaming.engine.task.watermarks import watermark_headers
 from streaming.errors import ConfigError, TaskError
 
@@ -444,7 +444,10 @@ def test_held_records_past_the_memory_budget_are_read_back_from_kafka_when_relea
     io.read_range = read_range
     budget = int(held.slice(0, 50).nbytes * 2.5)  # two runs of 50 records fit
     task = StageTask(
-        counting_pipeline(), counting_pipeline().task("count-0"), io, max_segment_records=50, held_memory_bytes=budget
+        counting_pipeline(),
+        counting_pipeline().task("count-0"),
+        io,
+        options=TaskOptions(max_segment_records=50, held_memory_bytes=budget),
     )
     task.recover()
     task.process_batch(batch(("in", 0, 0, Barrier(1, job="job"))))

@@ -27,7 +27,7 @@ from streaming.adapters.records import RECORD_SCHEMA
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
-from streaming.engine.job.coordinator import CoordinatorIO, CoordinatorService
+from streaming.engine.job.coordinator import CompletionHooks, CoordinatorIO, CoordinatorService
 from streaming.engine.task.stage_task import StageTask, TaskIO
 from streaming.errors import SnapshotMissingError
 from streaming.tools.checkpoints.inspection import Checkpoints, channel_rows, classify_channel_records, state_keys
@@ -382,7 +382,7 @@ def test_a_checkpoint_written_now_stores_names_and_shows_the_same_words(tmp_path
         JobSettings(
             store=f"file://{tmp_path}/now", mode="aligned-timeout", alignment_timeout_ms=200, held_bytes_budget=1000000
         ),
-        progress_log=tmp_path / "checkpoints.jsonl",
+        hooks=CompletionHooks(progress_log=tmp_path / "checkpoints.jsonl"),
     )
     barrier = coordinator.trigger()
     tasks = [

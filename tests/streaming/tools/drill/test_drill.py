@@ -286,17 +286,16 @@ def test_the_failure_loop_stops_at_a_recovery_over_the_limit_and_at_the_duration
 
 def test_the_drilled_job_finds_new_complete_checkpoints_looking_only_past_the_newest_it_knows(tmp_path):
     from streaming.tools.drill.job import DrilledJob
+    from streaming.tools.drill.settings import DrillSettings
 
-    job = DrilledJob(
-        None,
-        pipeline_ref="spark_abs_examples.money:pipeline",
-        job="drill-c",
+    settings = DrillSettings(
+        pipeline="spark_abs_examples.money:pipeline",
         mode=Mode.ALIGNED,
         interval_s=1.0,
         store_uri=f"file://{tmp_path / 'store'}",
         report_dir=tmp_path / "report",
-        max_restores=10,
     )
+    job = DrilledJob(None, "drill-c", settings, max_restores=10)
     fs, layout = job.store.location.filesystem, job.store.layout
 
     def checkpoint(c: int, complete: bool) -> None:

@@ -8,6 +8,7 @@ runner, the runtime and the control topic stood in for."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import random
 import subprocess
 import threading
@@ -37,6 +38,7 @@ from streaming.tools.drill.plan import (
     side_wait_s,
 )
 from streaming.tools.drill.run import CLUSTER_KINDS, CLUSTER_ONLY, KINDS, FailureKind, FailureOutcome
+from streaming.tools.drill.settings import DrillSettings
 
 NODES = ["kafka-1", "kafka-2", "kafka-3"]
 SPARK_WORKERS = ["spark-worker-1", "spark-worker-2"]
@@ -59,9 +61,9 @@ def test_the_cluster_draws_its_own_kinds_and_the_local_runtime_keeps_its_own():
         check_kinds([FailureKind.RUNNER, FailureKind.BROKER], cluster=True)
     # refused before any runtime starts
     with pytest.raises(ConfigError, match="drill with --cluster"):
-        drill.run_drill(kinds=["spark-worker"])
+        drill.run_drill(DrillSettings(kinds=["spark-worker"]))
     with pytest.raises(ConfigError, match="on the cluster use broker-node"):
-        drill.run_drill(kinds=["broker"], cluster=True)
+        drill.run_drill(DrillSettings(kinds=["broker"], cluster=True))
     embedded = types.SimpleNamespace(settings=LocalRuntimeSettings())
     with pytest.raises(ConfigError, match=r"runs on the local cluster \(spark-abs local up --cluster\)"):
         drill._check_kinds([FailureKind.GROUP], embedded, "s3://b/drills", cluster=True)
@@ -183,18 +185,16 @@ def test_the_drill_starts_a_worker_for_a_group_left_with_none_as_a_process_manag
 
 def test_with_remote_groups_the_runner_starts_no_worker_and_the_workers_see_the_fault_file(tmp_path):
     connection = Connection("b:9092", "http://127.0.0.1:9000", "k", "s", "bucket")
-    options = dict(
-        pipeline_ref="spark_abs_examples.money:pipeline",
-        job="drill-r",
+    settings = DrillSettings(
+        pipeline="spark_abs_examples.money:pipeline",
         mode=Mode.ALIGNED,
         interval_s=1.0,
         store_uri=f"file://{tmp_path / 'store'}",
         report_dir=tmp_path / "report",
-        max_restores=10,
     )
-    local = DrilledJob(connection, **options)
+    local = DrilledJob(connection, "drill-r", settings, max_restores=10)
     assert local.hosts is None and "--remote-workers" not in local.runner_command()
-    remote = DrilledJob(connection, **options, remote_groups=["legs", "accounts", "windows"])
+    remote = DrilledJob(connection, "drill-r", settings, max_restores=10, remote_groups=["legs", "accounts", "windows"])
     command = remote.runner_command()
     assert command[command.index("--workers") :] == [
         "--workers",
@@ -206,7 +206,9 @@ def test_with_remote_groups_the_runner_starts_no_worker_and_the_workers_see_the_
     assert remote.hosts.groups == ["legs", "accounts", "windows"]
     assert remote.hosts.env[faults.FILE_ENV] == str(tmp_path / "report" / "faults")
     assert remote.hosts.env["SPARK_ABS_KAFKA_BOOTSTRAP"] == "b:9092"
-    one = DrilledJob(connection, **options, remote_groups=["all"], workers="one")
+    one = DrilledJob(
+        connection, "drill-r", dataclasses.replace(settings, workers="one"), max_restores=10, remote_groups=["all"]
+    )
     assert one.runner_command()[one.runner_command().index("--workers") + 1] == "one"
     assert one.hosts.groups == ["all"]
 
@@ -230,9 +232,9 @@ def test_with_one_group_for_the_job_the_group_kinds_strike_it_and_workers_needs_
     # starts one worker, as `spark-abs run` does), an unknown one with it
     for layout in ("one", "per-stage"):
         with pytest.raises(ConfigError, match="--workers lays out the remote worker groups of a drill with --cluster"):
-            drill.run_drill(workers=layout)
+            drill.run_drill(DrillSettings(workers=layout))
     with pytest.raises(ConfigError, match="'pairs' is not one of one, per-stage"):
-        drill.run_drill(cluster=True, workers="pairs")
+        drill.run_drill(DrillSettings(cluster=True, workers="pairs"))
 
 
 def test_a_partition_is_out_of_sync_while_one_of_its_replicas_is_not_in_sync():
@@ -570,5 +572,5 @@ def test_a_drill_off_the_cluster_runs_the_job_as_spark_abs_run_does_and_on_it_as
         report_dir=tmp_path / "report",
     )
     for workers in ("per-stage", "one"):
-        local = drill.Drill(connection, **options, workers=workers)
+        local = drill.Drill(connection, DrillSettings(**options, workers=workers))
         assert local.drilled.hosts is None and "--workers" not in local.drilled.runner_command()
