@@ -1,5 +1,5 @@
 # The two commands of the README.  Everything they need is installed here:
-# a virtualenv with the package and its test and docs extras (pytest, ruff, selenium,
+# a virtualenv with the package and its test and docs extras (pytest, ruff, mypy, selenium,
 # mkdocs); Debian's chromium and chromedriver for the UI's browser test; the local runtime
 # (Kafka, S3 server, connector jars) is fetched by `spark-abs local up` on first use.
 PYTHON ?= python3
@@ -20,6 +20,7 @@ run: $(STAMP)
 test: $(STAMP) $(BROWSER)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
 	$(BIN)/python -m pytest
 
@@ -65,4 +66,4 @@ $(BROWSER):
 
 clean:
 	-$(BIN)/spark-abs local down
-	rm -rf $(VENV) .venv-flink .venv-quix .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-flink .venv-quix .pytest_cache .hypothesis .mypy_cache

@@ -350,9 +350,9 @@ class _State:
 
 def _start(
     ctx: _Context,
-    channel: ChannelId | None,
+    channel: ChannelId,
     barrier: Barrier,
-    offset: int | None,
+    offset: int,
     announced: bool = False,
     pending: _Pending | None = None,
 ) -> _State:
@@ -361,23 +361,22 @@ def _start(
     pending = pending or _Pending(barrier, ctx.clock())
     mode = barrier.options.alignment
     if announced and mode is not Alignment.UNALIGNED:  # aligned with a timeout
-        pending.announced[channel] = offset  # type: ignore[index]
+        pending.announced[channel] = offset
         if ctx.timed_out(pending):
             ctx.switch(pending, CheckpointKind.TIMED_OUT_TO_UNALIGNED, Switch.LATE_ANNOUNCEMENT)
             return Unaligned({}).add(ctx, pending)
         return Announced(pending)
-    if channel is not None:
-        pending.barrier_offsets[channel] = offset  # type: ignore[assignment]
+    pending.barrier_offsets[channel] = offset
     if mode is Alignment.UNALIGNED or announced:
         pending.kind = CheckpointKind.UNALIGNED
         ctx.take_snapshot(pending)
-        if channel is not None and not announced:
+        if not announced:
             pending.starts[channel] = offset  # its barrier came: nothing in flight on it
         return Unaligned({}).add(ctx, pending)
     if mode is Alignment.AT_LEAST_ONCE:
         pending.kind = CheckpointKind.AT_LEAST_ONCE
         return Collecting(pending).check(ctx)
-    if channel is not None and channel in ctx.open and ctx.owes_barrier(pending):
+    if channel in ctx.open and ctx.owes_barrier(pending):
         ctx.block(barrier.checkpoint_id, channel)
     state = Aligning(pending).check(ctx)
     # a barrier that comes after the timeout (a timeout of zero: any barrier) turns unaligned at once

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Literal, overload
 
 from barriers.errors import BarrierRejected
 
@@ -269,6 +270,14 @@ def decode(
         raise BarrierRejected(f"bad options: {exc}") from None
     timestamp = _integer(fields, "abs.ts", minimum=0, required=False) or 0
     return Barrier(checkpoint_id, generation, options, timestamp, record_job)
+
+
+@overload
+def _integer(fields: Mapping[str, str], name: str, *, minimum: int, required: Literal[True] = True) -> int: ...
+
+
+@overload
+def _integer(fields: Mapping[str, str], name: str, *, minimum: int, required: Literal[False]) -> int | None: ...
 
 
 def _integer(fields: Mapping[str, str], name: str, *, minimum: int, required: bool = True) -> int | None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterable, Sequence
+from typing import cast
 
 import pandas as pd
 import pyarrow as pa
 
+from streaming.api.avro import AvroSchema
 from streaming.api.pipeline import Ingress, Pipeline
 from streaming.api.producing import end_input
 
@@ -82,9 +84,10 @@ def _decoded(ingress: Ingress):
 
     if ingress.avro is None:
         return F.from_json(F.col("value").cast("string"), spark_ddl(ingress.schema))
+    avro = cast(AvroSchema, ingress.avro)  # Ingress parsed avro= into an AvroSchema when it was made
     # Confluent's serializers put five bytes first: a zero and the schema id
-    value = F.expr("substring(value, 6)") if ingress.avro.confluent_wire else F.col("value")
-    return from_avro(value, ingress.avro.json)
+    value = F.expr("substring(value, 6)") if avro.confluent_wire else F.col("value")
+    return from_avro(value, avro.json)
 
 
 def drill_workload(records: Callable[..., list[tuple[str, int, bytes]]], sql: str, keys: Sequence[str]):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import random
 import zlib
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -103,7 +104,12 @@ def records(
     events, payment_id = [], round * authorisations * 3
     for a in range(round * authorisations, (round + 1) * authorisations):
         ts += rng.randint(200, 1_800)
-        auth = {"auth_id": f"a{a:05d}", "merchant": rng.choice(MERCHANTS), "authorised": rng.randint(10, 500), "ts": ts}
+        auth: dict[str, Any] = {
+            "auth_id": f"a{a:05d}",
+            "merchant": rng.choice(MERCHANTS),
+            "authorised": rng.randint(10, 500),
+            "ts": ts,
+        }
         events.append((ts, "authorisations", auth))
         for _ in range(rng.choice((0, 1, 1, 1, 2))):
             amount = auth["authorised"] + rng.choice((-5, -1, 0, 0, 0, 3))

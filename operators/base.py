@@ -300,9 +300,9 @@ class Chain:
         for operator in self.operators[start:]:
             if isinstance(data, pa.Table) and data.num_rows == 0:
                 break  # nothing for the rest to do (and an empty table may lack their columns)
-            data = operator.process(data)  # type: ignore[arg-type]
+            data = operator.process(data)
             self._collect(operator)
-        return data  # type: ignore[return-value]
+        return data
 
     def _collect(self, operator: object) -> None:
         letters = getattr(operator, "dead_letters", None)

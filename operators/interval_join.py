@@ -43,7 +43,11 @@ _MAX_CHUNKS = 16
 
 def _signed_millis(value: int | dt.timedelta, argument: str, operator: str) -> int:
     """``value`` as whole milliseconds, which may be negative (``et.millis`` takes none)."""
-    if isinstance(value, (int, dt.timedelta)) and not isinstance(value, bool) and value < type(value)():
+    if isinstance(value, dt.timedelta):
+        negative = value < dt.timedelta(0)
+    else:
+        negative = isinstance(value, int) and not isinstance(value, bool) and value < 0
+    if negative:
         return -et.millis(-value, argument, operator, positive=False)
     return et.millis(value, argument, operator, positive=False)
 

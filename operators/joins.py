@@ -41,7 +41,7 @@ class Union(Stateless):
             raise OperatorConfigError(f"Union: tag_column must be a column name or None, got {tag_column!r}")
         self.tag_column = tag_column
 
-    def process(self, batches: Mapping[str, pa.Table]) -> pa.Table:  # type: ignore[override]
+    def process(self, batches: Mapping[str, pa.Table]) -> pa.Table:
         check_inputs("Union", self.inputs, batches)
         tables = [self._tagged(name, batches[name]) for name in self.inputs if name in batches]
         if not tables:

@@ -64,8 +64,8 @@ import datetime as dt
 import heapq
 import json
 import operator as _operator
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, SupportsIndex
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -147,7 +147,7 @@ class KeyContext:
     def _timestamp(self, timestamp: object, method: str) -> int:
         self._check_open(method)
         try:
-            if isinstance(timestamp, bool):
+            if isinstance(timestamp, bool) or not isinstance(timestamp, SupportsIndex):
                 raise TypeError
             value = _operator.index(timestamp)
         except TypeError:
@@ -502,14 +502,13 @@ class KeyedProcess:
             times = batch[self.time_column]
         if self._watermark is None or batch.num_rows == 0:
             return batch
-        late = pc.less(times.cast(pa.int64()), pa.scalar(self._threshold(times.type), pa.int64()))
+        late = pc.less(times.cast(pa.int64()), pa.scalar(self._threshold(self._watermark, times.type), pa.int64()))
         letters.add(batch.filter(late), Reason.LATE, name)
         return batch.filter(pc.invert(late))
 
-    def _threshold(self, time_type: pa.DataType) -> int:
+    def _threshold(self, watermark: int, time_type: pa.DataType) -> int:
         """The watermark in the time column's units: a time is late when below it
         (for a time finer than ms, when its whole milliseconds are)."""
-        watermark = self._watermark
         if pa.types.is_timestamp(time_type):
             per_ms = _PER_MS[time_type.unit]
             watermark = -(-watermark // 1000) if per_ms is None else watermark * per_ms
@@ -554,7 +553,7 @@ class KeyedProcess:
             out.append(row if isinstance(row, dict) else dict(row))
         return out
 
-    def _table(self, rows: list[Mapping[str, Any]]) -> pa.Table:
+    def _table(self, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
         name = type(self).__name__
         schema = self.output_schema
         if schema is not None:

@@ -128,6 +128,8 @@ def split_state(
             for state in new:
                 state[name] = _minimum(table)
             continue
+        if column is None:  # _rule names the column of every rule but the minimum
+            raise RescaleError(f"state table {name!r} divides by no column")
         targets = assign(table, column, parts)
         for index, state in enumerate(new):
             state[name] = table.filter(pc.equal(targets, index))

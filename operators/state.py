@@ -40,6 +40,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -314,6 +315,11 @@ class KeyedState:
         "_untracked",
         "__weakref__",
     )
+    # what changed since changes() was last called (_track_from_here sets them)
+    _dirty: np.ndarray
+    _removed: list[pa.Table]
+    _removed_count: int
+    _untracked: bool
 
     def __init__(self, keys: Sequence[str], value_columns: Sequence[str] = (), *, operator: str = "KeyedState"):
         if not keys:
@@ -513,7 +519,8 @@ class KeyedState:
             frame = pl.from_arrow(keys)
         except Exception as exc:  # polars names its own errors; any of them means this key type is out
             raise InputSchemaError(f"{self.operator}: keys of type {keys.schema} cannot index a state: {exc}") from None
-        return frame.hash_rows(seed=0).to_numpy().view(np.int64)
+        # a table makes a DataFrame (polars' overloads cannot tell, pyarrow being untyped here)
+        return cast(pl.DataFrame, frame).hash_rows(seed=0).to_numpy().view(np.int64)
 
     def _key_list(self, rows: pa.Table) -> list:
         """The keys of ``rows`` as Python values (tuples for several key columns)."""
@@ -599,10 +606,13 @@ class KeyedState:
     ) -> pa.Table:
         """The rows at ``positions`` (all live), in that order (only ``columns``,
         if given), of the state's chunks (or of ``chunks`` starting at ``starts``)."""
-        chunks, starts = (self._chunks, self._starts) if chunks is None else (chunks, starts)
+        if chunks is None:
+            chunks, starts = self._chunks, self._starts
         chunks = chunks if columns is None else [chunk.select(list(columns)) for chunk in chunks]
         if len(chunks) == 1:
             return chunks[0].take(positions)
+        if starts is None:
+            raise OperatorError(f"{self.operator}: chunks to take rows from come with their starts")
         chunk = np.searchsorted(starts, positions, side="right") - 1
         # chunks are few (a binary counter's worth): a stable sort of bytes is a radix sort
         order = np.argsort(chunk.astype(np.uint8) if len(chunks) < 256 else chunk, kind="stable")
@@ -744,7 +754,7 @@ class KeyedState:
 
     def _track_from_here(self) -> None:
         self._dirty = np.zeros(len(self._positions), bool)  # per slot: written since the last changes()
-        self._removed: list[pa.Table] = []
+        self._removed = []
         self._removed_count = 0
         self._untracked = False
 

@@ -110,7 +110,7 @@ class FlatMap(Stateless):
     def __init__(self, explode: str | Callable[[pa.Table], pa.Table]):
         if isinstance(explode, str):
             self.column: str | None = explode
-            self.fn = None
+            self.fn: MapBatches | None = None
         elif callable(explode):
             self.column, self.fn = None, MapBatches(explode)
         else:
@@ -120,6 +120,8 @@ class FlatMap(Stateless):
         if self.fn is not None:
             return self.fn.process(batch)
         column = self.column
+        if column is None:  # the constructor sets a column or a function
+            raise OperatorConfigError(f"{self!r}: neither a list column nor a function")
         require_columns(batch, [column], repr(self))
         values = batch[column]
         if not (
@@ -134,7 +136,7 @@ class FlatMap(Stateless):
         return out.set_column(out.schema.get_field_index(column), column, pc.list_flatten(values))
 
     def __repr__(self) -> str:
-        return f"flat_map({self.column!r})" if self.column else f"flat_map({self.fn.name})"
+        return f"flat_map({self.fn.name})" if self.fn is not None else f"flat_map({self.column!r})"
 
 
 class _Select(Stateless):

@@ -55,7 +55,7 @@ class LineCollector(logging.Handler):
         self._logger.removeHandler(self)
 
 
-class Scrape(dict):
+class Scrape(dict[tuple[str, tuple[tuple[str, str], ...]], float]):
     """The samples of one scrape of a metrics endpoint: (name, labels as
     sorted pairs) -> value."""
 

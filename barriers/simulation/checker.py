@@ -180,7 +180,7 @@ def is_consistent_cut(history: History, snapshot: GlobalSnapshot) -> Verdict:
                 "channel-state",
                 f"channel {channel.topic} " + "; ".join(parts),
                 channel=channel,
-                message=(missing or extra or [None])[0],
+                message=next(iter(missing or extra), None),
             )
         )
     notes = (

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from barriers.errors import SimulationError
 from barriers.handler import CheckpointKind
 from barriers.messages import ChannelId, CheckpointOptions
 from barriers.simulation import checker
@@ -134,7 +135,9 @@ class _Teller:
         self.out = out
         self.recording: dict[tuple[str, int], dict[ChannelId, list[str]]] = {}
 
-    def channel(self, channel: ChannelId) -> str:
+    def channel(self, channel: ChannelId | None) -> str:
+        if channel is None:
+            raise SimulationError("an event on a channel that does not name it")
         src, dst = self.sim.topology.ends(channel)
         if src[1:].isdigit() and dst[1:].isdigit() and src[0] == dst[0] == "P" and len(src + dst) == 4:
             return f"C{src[1:]}{dst[1:]}"
@@ -225,6 +228,7 @@ class _Teller:
         if kind is EventKind.TRIGGER:
             return f"{who} initiates checkpoint {cid}."
         if kind is EventKind.SNAPSHOT:
+            cid = _checkpoint_of(event)
             state = self.sim.procs[who].snapshots.get(cid)
             marker = next((e for e in step if e.kind is EventKind.MARKER_RECEIVE and e.process == who), None)
             inputs = [c for c in self.sim.topology.inputs(who) if marker is None or c != marker.channel]
@@ -238,6 +242,7 @@ class _Teller:
                 text += f"; starts recording {', '.join(self.channel(c) for c in inputs)}"
             return text + "."
         if kind is EventKind.MARKER_RECEIVE:
+            cid = _checkpoint_of(event)
             first = any(
                 e.kind is EventKind.SNAPSHOT and e.process == who and e.checkpoint_id == cid and e.seq > event.seq
                 for e in step
@@ -295,6 +300,12 @@ class _Teller:
                 empty.append(self.channel(channel))
         if empty:
             self.out.write(f"  {', '.join(empty)}: empty\n")
+
+
+def _checkpoint_of(event: Event) -> int:
+    if event.checkpoint_id is None:
+        raise SimulationError(f"a {event.kind.value} event that does not name its checkpoint")
+    return event.checkpoint_id
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -584,7 +584,7 @@ class _Process:
         self.inputs = sim.topology.inputs(name)
         self.outputs = sim.topology.outputs(name)
         self.state: Any = None
-        self.handler: BarrierHandler | None = None
+        self.handler: BarrierHandler  # made by reset(), which the simulator calls as it makes the process
         self.pos: dict[ChannelId, int] = {}
         self.actions = 0
         self.spontaneous = 0
@@ -726,7 +726,7 @@ class Simulator:
         return {name: proc.state for name, proc in self.procs.items()}
 
     def handler(self, process: str) -> BarrierHandler:
-        return self.procs[process].handler  # type: ignore[return-value]
+        return self.procs[process].handler
 
     def checkpoint_id(self, plan_index: int) -> int | None:
         return self._plan_ids.get(plan_index)
@@ -816,8 +816,8 @@ class Simulator:
         options = options or (self.plan[-1].options if self.plan else CheckpointOptions.aligned())
         index = self.add_initiation(Initiation(options, initiators))
         self.drain()
-        checkpoint_id = self._plan_ids.get(index)
-        return self.completed.get(checkpoint_id) if checkpoint_id is not None else None
+        last = self._plan_ids.get(index)
+        return self.completed.get(last) if last is not None else None
 
     # ---- the steps themselves
 
@@ -875,6 +875,8 @@ class Simulator:
 
     def _next_initiation(self, proc: _Process) -> int | None:
         for index, initiation in enumerate(self.plan):
+            if initiation.initiators is None:  # add_initiation names them (the sources by default)
+                raise SimulationError(f"checkpoint {index} of the plan has no initiators")
             if index in proc.initiated or index in self._dead or proc.name not in initiation.initiators:
                 continue
             checkpoint_id = self._plan_ids.get(index)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import fastavro
 import pyarrow as pa
@@ -32,16 +32,16 @@ def decode(values: pa.Array, schema: AvroSchema) -> tuple[pa.Table, list[int], l
     """The rows of ``values`` (binary), the index of the value each came
     from, and ``(index, reason)`` for every value that is not a record of
     ``schema``."""
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     index: list[int] = []
     rejected: list[tuple[int, str]] = []
     for i, value in enumerate(values.to_pylist()):
-        row, reason = _read(value, schema)
-        if reason is None:
+        row = _read(value, schema)
+        if isinstance(row, str):
+            rejected.append((i, row))
+        else:
             rows.append(row)
             index.append(i)
-        else:
-            rejected.append((i, reason))
     try:
         table = pa.Table.from_pylist(rows, schema=schema.arrow)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:  # fastavro checked the types
@@ -49,21 +49,24 @@ def decode(values: pa.Array, schema: AvroSchema) -> tuple[pa.Table, list[int], l
     return table, index, rejected
 
 
-def _read(value: bytes | None, schema: AvroSchema) -> tuple[dict | None, str | None]:
+def _read(value: bytes | None, schema: AvroSchema) -> dict[str, Any] | str:
+    """The record in ``value``, or why there is none."""
     if not value:
-        return None, "record has no value"
+        return "record has no value"
     start = 0
     if schema.confluent_wire:
         if len(value) <= WIRE_HEADER_BYTES or value[0] != MAGIC:
-            return None, "value does not start with Confluent's wire header (a zero byte, then a 4-byte schema id)"
+            return "value does not start with Confluent's wire header (a zero byte, then a 4-byte schema id)"
         start = WIRE_HEADER_BYTES
     stream = io.BytesIO(value)
     stream.seek(start)
     try:
         row = fastavro.schemaless_reader(stream, schema.parsed, None)
     except (EOFError, ValueError, IndexError, UnicodeDecodeError, OverflowError, TypeError) as exc:
-        return None, f"value is not an Avro record of the ingress schema: {type(exc).__name__}: {exc}"
-    return row, None  # as Spark's from_avro, bytes after the record are not read
+        return f"value is not an Avro record of the ingress schema: {type(exc).__name__}: {exc}"
+    # a record schema reads a dict (avro_schema takes no other); as Spark's from_avro,
+    # bytes after the record are not read
+    return cast(dict[str, Any], row)
 
 
 def encode(rows: Iterable[Mapping[str, Any]], schema: AvroSchema, *, schema_id: int = 1) -> list[bytes]:

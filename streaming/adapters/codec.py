@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias, cast
 
 import numpy as np
 import polars as pl
@@ -84,7 +85,7 @@ def _bulk_ok(values: pa.Array) -> bool:
 
 
 # how an ingress's values are read: JSON (its rows' schema, or None: inferred), or Avro
-ValueSchema = pa.Schema | avro.AvroSchema | None
+ValueSchema: TypeAlias = pa.Schema | avro.AvroSchema | None
 
 
 def decode(values: Sequence[bytes | None] | pa.Array, schema: ValueSchema = None) -> Decoded:
@@ -152,7 +153,8 @@ def encode(table: pa.Table) -> list[bytes]:
     as ``YYYY-MM-DD HH:MM:SS``, nulls as ``null``)."""
     if table.num_rows == 0:
         return []
-    lines = pl.from_arrow(table).write_ndjson().encode()
+    # a table makes a DataFrame (polars' overloads cannot tell, pyarrow being untyped here)
+    lines = cast(pl.DataFrame, pl.from_arrow(table)).write_ndjson().encode()
     # JSON escapes newlines inside strings: every newline ends a row
     return lines.split(b"\n")[: table.num_rows]
 

@@ -90,8 +90,8 @@ def open_store(uri: str, connection: Connection | None = None) -> StoreLocation:
             raise ConfigError(f"store {uri!r} is on S3 but no S3 connection is configured")
         if not parsed.netloc:
             raise ConfigError(f"store {uri!r} names no bucket (expected s3://bucket/prefix)")
-        root = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
-        return StoreLocation(s3_filesystem(connection), root, f"s3://{root}")
+        key = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
+        return StoreLocation(s3_filesystem(connection), key, f"s3://{key}")
     raise ConfigError(f"store {uri!r}: unsupported scheme {parsed.scheme!r} (use file:// or s3://)")
 
 

@@ -51,7 +51,7 @@ from streaming.adapters.objects import ObjectFiles, StoreLocation, list_files, o
 from streaming.api.config import Connection
 from streaming.api.pipeline import Sink, SinkKind
 from streaming.api.settings import JobSettings
-from streaming.errors import SinkError, SinkFencedError, StoreError
+from streaming.errors import ConfigError, SinkError, SinkFencedError, StoreError
 
 __all__ = [
     "open_sink",
@@ -490,6 +490,8 @@ def open_sink(
 ) -> ObjectStoreSink | KafkaSink:
     """The sink of sink task ``task`` of job ``job``."""
     if sink.kind is SinkKind.KAFKA:
+        if sink.topic is None:  # Sink refuses a Kafka sink without one
+            raise ConfigError(f"sink task {task}: a Kafka sink names no topic")
         return KafkaSink(
             location, task, bootstrap=bootstrap, topic=sink.topic, transactional_id=f"spark-abs-{job}-{task}"
         )

@@ -43,6 +43,7 @@ import logging
 import re
 from collections.abc import Callable, Iterator
 from operator import and_, or_
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -136,7 +137,8 @@ class SparkStage:
                 f"ingress {ingress.topic}: the schema uses names Spark stages keep for themselves: {clash}"
             )
         self._json = StructType([*self._fields.fields, StructField(_CORRUPT, StringType())])
-        self._avro = ingress.avro
+        # Ingress parsed avro= into an AvroSchema when it was made
+        self._avro = cast(AvroSchema | None, ingress.avro)
         # how the Python decoder reads the values, for the reason a record did not decode
         self._schema = ingress.value_schema
         self._event_time = self._event_time_column(ingress)
@@ -271,7 +273,7 @@ class SparkStage:
         if self._partial is not None:
             key, _ = self._partial
             out = out.withColumn(_RUN, runs)
-            partials = [self._partials(out.filter(F.col(key).isNotNull()))]
+            partials = [self._partials(out.filter(F.col(key).isNotNull()), self._partial)]
             out = out.filter(F.col(key).isNull())
         rows = out.select(
             "topic",
@@ -306,10 +308,10 @@ class SparkStage:
             )
         )
 
-    def _partials(self, rows: DataFrame) -> DataFrame:
+    def _partials(self, rows: DataFrame, partial: tuple[str, dict[str, Aggregation]]) -> DataFrame:
         """The operator's partial aggregates of ``rows`` per channel, run and
         key (``KeyedAggregate.merge_partials`` folds them into its state)."""
-        key, aggregations = self._partial
+        key, aggregations = partial
         specs = []
         for name, aggregation in aggregations.items():
             column = F.lit(1) if aggregation.column is None else F.col(aggregation.column)
@@ -474,5 +476,7 @@ def spark_stages(
     for stage in stages:
         if stage.spark is not None:
             ingress = ingress_of(stage.inputs[0])
+            if ingress is None:  # a pipeline's check refuses it (Pipeline._validate_spark_stage)
+                raise ConfigError(f"stage {stage.name}: Spark code reads an ingress topic, not {stage.inputs[0]}")
             made[stage.name] = SparkStage(spark, stage, ingress)
     return made

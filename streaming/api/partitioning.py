@@ -75,9 +75,12 @@ def state_of(stage: Stage) -> StageState:
     stateful = [p for p in parts if _stateful(p)]
     if not stateful:
         return StageState(False, {}, None, event_time)
-    declared = [getattr(p, "state_keys", None) for p in stateful]
-    if any(d is None for d in declared):
-        return StageState(True, None, None, event_time)
+    declared: list[Mapping[str | None, str]] = []
+    for p in stateful:
+        state_keys = getattr(p, "state_keys", None)
+        if state_keys is None:
+            return StageState(True, None, None, event_time)
+        declared.append(state_keys)
     keys: dict[str, str] = {}
     conflict = None
     for by_input in declared:
@@ -89,8 +92,9 @@ def state_of(stage: Stage) -> StageState:
             for name in stage.inputs:
                 keys.setdefault(name, column)
         else:
-            for name, column in by_input.items():
-                keys.setdefault(name, column)
+            for named, column in by_input.items():
+                if named is not None:  # a None among named inputs names none of them
+                    keys.setdefault(named, column)
     return StageState(True, keys, conflict, event_time)
 
 
@@ -152,7 +156,7 @@ def _keys(pipeline: Pipeline, stage: Stage, state: StageState) -> list[str]:
             f"two stages, the first with key={second!r}, or run it with parallelism=1"
         ]
     problems = []
-    ingress_inputs = [pipeline.ingress_named(n) for n in stage.inputs if pipeline.ingress_named(n) is not None]
+    ingress_inputs = [i for n in stage.inputs if (i := pipeline.ingress_named(n)) is not None]
     for name in stage.inputs:
         column = None if state.keys is None else state.keys.get(name)
         ingress = pipeline.ingress_named(name)

@@ -167,7 +167,7 @@ class Ingress:
             return
         parsed = self.avro
         if not isinstance(parsed, AvroSchema):
-            parsed = avro_schema(self.avro, confluent_wire=self.confluent_wire, what=what)
+            parsed = avro_schema(parsed, confluent_wire=self.confluent_wire, what=what)
         if self.schema is not None and not self.schema.equals(parsed.arrow):
             raise ConfigError(
                 f"{what}: the schema is taken from the Avro schema ({parsed.arrow.to_string()!r}); "
@@ -187,7 +187,7 @@ class Sink:
     """Where the last stage's output goes, exactly once (see ``SinkKind``;
     a name such as ``"kafka"`` is taken too)."""
 
-    kind: SinkKind = SinkKind.OBJECT_STORE
+    kind: SinkKind | str = SinkKind.OBJECT_STORE  # a name becomes its SinkKind
     topic: str | None = None
 
     def __post_init__(self) -> None:
@@ -474,9 +474,9 @@ class Pipeline:
     def internal_topics(self) -> dict[str, int]:
         """Every stage-to-stage topic and its partition count."""
         return {
-            self.topic_of(stage.name): stage.parallelism * self.downstream(stage.name).parallelism
+            self.topic_of(stage.name): stage.parallelism * downstream.parallelism
             for stage in self.stages
-            if self.downstream(stage.name) is not None
+            if (downstream := self.downstream(stage.name)) is not None
         }
 
     def ingress_channels(self) -> list[ChannelId]:

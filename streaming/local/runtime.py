@@ -232,7 +232,7 @@ class LocalRuntime:
                     name=spec.name,
                     pid=processes.running_pid(spec.pid_path, spec.marker),
                     address=f"127.0.0.1:{port}" if port else "-",
-                    listening=bool(port) and processes.port_open(port),
+                    listening=processes.port_open(port) if port else False,
                     log=spec.log_path,
                 )
             )

@@ -74,7 +74,7 @@ class KafkaStarter:
         home, settings = self.services.dir, self.services.settings
         voters = [kafka_broker.Voter(i, ports[f"{n}_controller"]) for i, n in enumerate(names, 1)] if not single else []
         cid = self._cluster_id(names) if not single else None
-        started: list[tuple[str, processes.ServiceSpec, object]] = []
+        started: list[tuple[str, processes.ServiceSpec, subprocess.Popen[bytes]]] = []
         for node_id, name in enumerate(names, 1):
             if name in running:
                 continue
@@ -92,10 +92,14 @@ class KafkaStarter:
             started.append((name, specs[name], processes.start(specs[name])))
         bootstrap = ",".join(f"127.0.0.1:{ports[n]}" for n in names)
         for name, spec, proc in started:
+
+            def ready(n: str = name) -> bool:
+                return processes.port_open(ports[n]) and kafka_broker.brokers_up(bootstrap) >= len(names)
+
             took = processes.wait_ready(
                 spec,
                 proc,
-                lambda n=name: processes.port_open(ports[n]) and kafka_broker.brokers_up(bootstrap) >= len(names),
+                ready,
                 settings.start_timeout_s,
                 extra_logs=[home / "logs" / f"{name}.log"],
             )

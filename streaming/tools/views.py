@@ -55,12 +55,13 @@ __all__ = [
 def as_text(*renderables: object) -> str:
     """The renderables as plain text, as wide as the terminal (or 200 columns when piped)."""
     width = shutil.get_terminal_size((200, 24)).columns if sys.stdout.isatty() else 200
-    console = Console(file=io.StringIO(), width=width, color_system=None, highlight=False)
+    out = io.StringIO()
+    console = Console(file=out, width=width, color_system=None, highlight=False)
     for index, item in enumerate(renderables):
         if index and isinstance(item, Group):  # a titled table: a blank line before it
             console.print()
         console.print(item)
-    return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines())
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
 def titled_table(

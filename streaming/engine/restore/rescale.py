@@ -129,10 +129,10 @@ def scale_of(manifest: Manifest, pipeline: Pipeline) -> Scale:
     readers recorded."""
     counts: dict[str, int] = defaultdict(int)
     for name in manifest.tasks:
-        stage, _, index = name.rpartition("-")
+        stage_name, _, index = name.rpartition("-")
         if not index.isdigit():
             raise ConfigError(f"checkpoint {manifest.checkpoint_id}: task {name!r} is not <stage>-<index>")
-        counts[stage] += 1
+        counts[stage_name] += 1
     unknown = sorted(set(counts) - {s.name for s in pipeline.stages})
     if unknown:
         raise ConfigError(
@@ -376,9 +376,12 @@ def _reroute(
     old_topic = before.pipeline.topic_of(upstream)
     new_topic = after.topic_of(upstream)
     key = after.stage(upstream).key
-    old_readers = before.pipeline.downstream(upstream).parallelism
+    old_downstream, new_downstream = before.pipeline.downstream(upstream), after.downstream(upstream)
+    if old_downstream is None or new_downstream is None:  # plan_rescale reroutes only what a stage reads
+        raise RescaleError(f"stage {upstream}: no stage reads its output")
+    old_readers = old_downstream.parallelism
     new_writers = after.stage(upstream).parallelism
-    new_readers = after.downstream(upstream).parallelism
+    new_readers = new_downstream.parallelism
     internal = [before.pipeline.topic_of(s.name) for s in before.pipeline.stages]
     for channel, owner in sorted(before.owner.items()):
         if channel.topic != old_topic or channel not in before.in_flight(owner):

@@ -102,7 +102,7 @@ class InputGate:
             queue.appendleft(rest)
         began = self._clock()
         handle(segment)
-        self.pace.observe(segment.rows.num_rows, self._clock() - began)
+        self.pace.observe(segment.rows_in_hand().num_rows, self._clock() - began)
 
     def held_bytes(self, blocked: Iterable[ChannelId]) -> int:
         """Bytes of the records held on the ``blocked`` channels (spilled ones included)."""
@@ -147,9 +147,8 @@ class InputGate:
         if segment.spilled:
             segment = self._read_back(segment)
         if segment.first_offset < position:
-            segment = Segment(
-                segment.channel, segment.rows.filter(pc.greater_equal(segment.rows["offset"], position)), segment.kind
-            )
+            rows = segment.rows_in_hand()
+            segment = Segment(segment.channel, rows.filter(pc.greater_equal(rows["offset"], position)), segment.kind)
         return segment
 
     def _read_back(self, segment: Segment) -> Segment:

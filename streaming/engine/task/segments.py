@@ -29,6 +29,7 @@ from barriers.lineage import Lineage
 from barriers.messages import GENERATION_HEADER, KIND_HEADER, ChannelId
 from streaming.adapters.records import header_values, is_prepared
 from streaming.engine.task.watermarks import WATERMARK_KIND
+from streaming.errors import TaskError
 
 __all__ = ["SegmentKind", "Segment", "Segmenter", "SegmentPace"]
 
@@ -54,9 +55,17 @@ class Segment:
     nbytes: int = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.rows is None:
+            raise TaskError(f"{self.channel}: a segment is made with its records")
         self.first_offset = int(self.rows["offset"][0].as_py())
         self.last_offset = int(self.rows["offset"][-1].as_py())
         self.nbytes = self.rows.nbytes
+
+    def rows_in_hand(self) -> pa.Table:
+        """``rows`` of a segment that has not let go of them (a ``TaskError`` for a spilled one)."""
+        if self.rows is None:
+            raise TaskError(f"{self.channel}: records {self.first_offset}-{self.last_offset} were let go")
+        return self.rows
 
     @property
     def spilled(self) -> bool:
@@ -71,7 +80,7 @@ class Segment:
     def split(self, records: int) -> tuple[Segment, Segment | None]:
         """The first ``records`` rows (more where rows of one record go on:
         a record is never cut) and the rest, or None when nothing is left."""
-        rows = self.rows
+        rows = self.rows_in_hand()
         if records >= rows.num_rows:
             return self, None
         offsets = rows["offset"]

@@ -34,6 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -93,10 +94,12 @@ def event_time_inputs(pipeline: Pipeline, spec: TaskSpec) -> dict[ChannelId, Eve
         ingress = pipeline.ingress_named(name)
         if ingress is not None:
             if ingress.event_time is not None:
-                idle = None if ingress.idle_timeout is None else ingress.idle_timeout / 1000
-                inputs[channel] = EventTimeInput(
-                    ingress.event_time, ingress.max_out_of_orderness, idle, ingress.idle_after_event_time
-                )
+                # Ingress turned each duration into whole milliseconds when it was made
+                delay = cast(int, ingress.max_out_of_orderness)
+                idle_ms = cast(int | None, ingress.idle_timeout)
+                behind = cast(int | None, ingress.idle_after_event_time)
+                idle = None if idle_ms is None else idle_ms / 1000
+                inputs[channel] = EventTimeInput(ingress.event_time, delay, idle, behind)
         elif pipeline.carries_event_time(name):
             inputs[channel] = EventTimeInput()
     return inputs

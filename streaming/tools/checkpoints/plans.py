@@ -78,7 +78,7 @@ class RestorePlanner:
                 raise SnapshotMissingError(f"checkpoint {checkpoint_id} cannot be restored: {'; '.join(problems)}")
             if kept is not None and manifest is not None:
                 kept.check(manifest)
-            skipped = []
+            skipped: list[tuple[int, list[str]]] = []
         elif kept is not None:
             manifest, skipped = pick_restorable(self.store.latest_verified, kept)
         else:

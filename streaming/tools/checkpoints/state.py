@@ -90,7 +90,7 @@ class StateTables:
         diffs = []
         for name in sorted(set(before) | set(after)):
             old, new = before.get(name), after.get(name)
-            template = new if new is not None else old
+            template = new if new is not None else before[name]  # a table of a, b or both
             # a table that names no keys is compared row by row (rows added and removed), a
             # row's occurrence among equal rows counting as part of it
             named = state_keys(template)
@@ -176,7 +176,7 @@ def _diff_table(task: str, name: str, keys: tuple[str, ...], old: pa.Table, new:
         changed_new = both["_new"].filter(differs).to_pylist()
     added_new = joined["_new"].filter(added).to_pylist()
     removed_old = joined["_old"].filter(removed).to_pylist()
-    parts = []
+    parts: list[pa.Table] = []
     for change, table, index in (
         ("added", new, added_new),
         ("changed", new, changed_new),

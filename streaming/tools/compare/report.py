@@ -7,6 +7,7 @@ checkpoint, in one directory."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from barriers.coordinator import CheckpointStatus
 from streaming.tools.compare.model import Comparison, Run
@@ -36,6 +37,10 @@ _LEGENDS = {
 
 def _n(value: float | None, digits: int = 2) -> str | None:
     return None if value is None else f"{value:.{digits}f}"
+
+
+def _size(value: float | None) -> str | None:
+    return None if value is None else byte_size(value)
 
 
 def _ratio(value: float | None) -> str | None:
@@ -93,8 +98,8 @@ def render_tables(comparison: Comparison) -> str:
                 byte_size(r.median("state_bytes") or 0) if r.median("state_bytes") is not None else None,
                 None if r.median("in_flight_records") is None else f"{r.median('in_flight_records'):.0f}",
                 None if r.in_flight_bytes_referenced is None else byte_size(r.in_flight_bytes_referenced),
-                None if r.median("in_flight_bytes_copied") is None else byte_size(r.median("in_flight_bytes_copied")),
-                None if r.most("held_bytes_max") is None else byte_size(r.most("held_bytes_max")),
+                _size(r.median("in_flight_bytes_copied")),
+                _size(r.most("held_bytes_max")),
                 None if r.records_per_s is None else f"{r.records_per_s:.0f}",
                 _n(r.restore.ready_s, 1) if r.restore else None,
                 (_n(r.restore.replayed_s, 1) or "not in time") if r.restore else None,
@@ -180,9 +185,10 @@ def _checkpoint_times(plt, comparison: Comparison, title: str):
         if not runs:
             continue
         xs = [index if categorical else r.point for r in runs]
-        p50 = [r.percentile(50) for r in runs]
-        p90 = [r.percentile(90) for r in runs]
-        p99 = [r.percentile(99) for r in runs]
+        # every run here has checkpoint times, so it has percentiles
+        p50 = [cast(float, r.percentile(50)) for r in runs]
+        p90 = [cast(float, r.percentile(90)) for r in runs]
+        p99 = [cast(float, r.percentile(99)) for r in runs]
         line = ax.errorbar(
             xs, p50, yerr=[[0] * len(runs), [b - a for a, b in zip(p50, p90)]], marker="o", capsize=0, label=variant
         )

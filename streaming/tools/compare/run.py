@@ -64,7 +64,7 @@ __all__ = ["VARIANTS", "run_compare", "main"]
 log = logging.getLogger(__name__)
 
 # variant name -> JobSettings keyword arguments (aligned-timeout's timeout comes from --timeout-ms)
-VARIANTS: Mapping[str, Mapping[str, object]] = {
+VARIANTS: Mapping[str, Mapping[str, Any]] = {
     "aligned": {"mode": Mode.ALIGNED},
     "unaligned": {"mode": Mode.UNALIGNED, "in_flight": InFlightFormat.RANGE},
     "unaligned-records": {"mode": Mode.UNALIGNED, "in_flight": InFlightFormat.RECORDS},
@@ -284,7 +284,7 @@ class _Feed:
 
             rng = np.random.default_rng(index)
             source, target = rng.choice(self.workload.keys, 2, replace=False)
-            transfer = {
+            transfer: dict[str, Any] = {
                 "id": index,
                 "source": f"acct-{source:02d}",
                 "target": f"acct-{target:02d}",
@@ -433,11 +433,11 @@ class _SideBySide:
             if any(b is None for b in triggered.values()):
                 raise SparkAbsError("a checkpoint is still pending from before; cannot trigger the next")
             records = {id(j): j.runner.coordinator.records[triggered[id(j)].checkpoint_id] for j in self.jobs}
-            self.wait(
-                lambda records=records: all(r.status is not CheckpointStatus.PENDING for r in records.values()),
-                f"round {round_}'s checkpoints",
-                f"round {round_}",
-            )
+
+            def settled(records: dict[int, Any] = records) -> bool:
+                return all(r.status is not CheckpointStatus.PENDING for r in records.values())
+
+            self.wait(settled, f"round {round_}'s checkpoints", f"round {round_}")
             now = time.monotonic()
             for job in self.jobs:
                 record = records[id(job)]
@@ -543,8 +543,8 @@ def _records_per_s(job: _Job) -> float | None:
                 when = seen if when is None else max(when, seen)
         return None if when is None else (when, total)
 
-    done = [read(r) for r in records if r.status is CheckpointStatus.COMPLETED and r.checkpoint_id >= job.counted_from]
-    done = [d for d in done if d is not None]
+    reads = [read(r) for r in records if r.status is CheckpointStatus.COMPLETED and r.checkpoint_id >= job.counted_from]
+    done = [d for d in reads if d is not None]
     if len(done) < 2 or done[-1][0] <= done[0][0]:
         return None
     return (done[-1][1] - done[0][1]) / (done[-1][0] - done[0][0])

@@ -201,6 +201,8 @@ def validate(
         outcomes = []
         for result in run.results:
             config = result.expectation_config
+            if config is None:  # great_expectations sets it on every result of a run
+                raise RuntimeError(f"suite {name}: great_expectations gave a result without its expectation")
             kwargs = config.kwargs
             column = kwargs.get("column") or ", ".join(
                 kwargs.get("column_list") or [kwargs.get(k) for k in ("column_A", "column_B") if kwargs.get(k)]

@@ -251,11 +251,11 @@ class FailureInjector:
                 f"failure {outcome.failure.index + 1} ({outcome.failure.describe()}): no checkpoint completed "
                 f"within {self.recover_timeout_s:.0f} s"
             )
-        restores = [r for r in self.job.restores() if r.generation > generation_before]
-        outcome.restored_from = [r.from_checkpoint for r in restores]
-        if restores:
-            outcome.replayed = self._replayed(restores[-1].generation, restores[-1].from_checkpoint)
-            outcome.restore_s = _since(restores[0].at, time.time() - (time.monotonic() - t0))
+        since = [r for r in self.job.restores() if r.generation > generation_before]
+        outcome.restored_from = [r.from_checkpoint for r in since]
+        if since:
+            outcome.replayed = self._replayed(since[-1].generation, since[-1].from_checkpoint)
+            outcome.restore_s = _since(since[0].at, time.time() - (time.monotonic() - t0))
 
     def _replayed(self, generation: int, checkpoint_id: int | None) -> int | None:
         """Ingress records read again by ``generation``: how far the generations

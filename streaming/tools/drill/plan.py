@@ -388,7 +388,8 @@ class DrillBudget:
     def estimate(self, recoveries: Sequence[float]) -> float:
         """How long the next failure will take: the 90th percentile of the
         failures so far (the first estimate before any)."""
-        return percentile(recoveries, 90) if recoveries else self.first_estimate_s
+        estimate = percentile(recoveries, 90)  # None: no failure yet
+        return estimate if estimate is not None else self.first_estimate_s
 
     def fits(self, now: float, phase_end: float | None, recoveries: Sequence[float]) -> bool:
         """Whether one more failure (and its recovery) ends before ``phase_end``."""

@@ -17,6 +17,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import cast
 
 from streaming.tools.drill.plan import FailureOutcome, percentile
 from streaming.tools.views import as_text, titled_table
@@ -276,7 +277,8 @@ def chart(run, path: Path) -> Path | None:
         ax.scatter(xs, [y for _, y, k in points if k == kind], s=18, label=kind)
     times = [y for _, y, _ in points]
     for q, style in ((50, "--"), (90, ":")):
-        ax.axhline(percentile(times, q), linestyle=style, color="grey", linewidth=1, label=f"p{q}")
+        # times is not empty (there are points), so it has percentiles
+        ax.axhline(cast(float, percentile(times, q)), linestyle=style, color="grey", linewidth=1, label=f"p{q}")
     ax.set_xlabel("seconds into the drill")
     ax.set_ylabel("recovered, s")
     ax.set_title(f"spark-abs drill {run.pipeline}: {len(points)} recoveries")

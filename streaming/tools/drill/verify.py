@@ -16,7 +16,7 @@ import pandas as pd
 
 from streaming.api.config import Connection
 from streaming.api.pipeline import Pipeline
-from streaming.errors import KafkaUnavailableError, SnapshotMissingError
+from streaming.errors import ConfigError, KafkaUnavailableError, SnapshotMissingError
 from streaming.tools.drill.job import DrilledJob
 from streaming.tools.drill.plan import FailureOutcome
 from streaming.tools.drill.workload import DrillWorkload
@@ -97,6 +97,8 @@ class DrillVerification:
 
         sink = next(s.sink for s in self.pipeline.stages if s.sink is not None)
         if sink.kind is SinkKind.KAFKA:
+            if sink.topic is None:  # Sink refuses a Kafka sink without one
+                raise ConfigError("the pipeline's Kafka sink names no topic")
             table = self._kafka_output(sink.topic)
         else:
             table = read_committed_output(

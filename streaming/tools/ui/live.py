@@ -90,7 +90,7 @@ class ControlWatch:
                     if opened is None:
                         return ControlView(self.topic_name, problem=f"Kafka has no topic {self.topic_name}")
                     self._topic, self._catch_up_to = opened
-                self._read()
+                self._read(self._topic)
             except (SparkAbsError, KafkaError, OSError) as exc:
                 self._drop_topic()
                 return ControlView(self.topic_name, problem=f"control topic {self.topic_name} unreadable: {exc}")
@@ -112,14 +112,14 @@ class ControlWatch:
         end = end_offsets(self.bootstrap, self.topic_name, 1)[0]
         return ControlTopic(self.bootstrap, self.job, start_at=max(0, end - self.tail)), end
 
-    def _read(self) -> None:
+    def _read(self, topic: ControlTopic) -> None:
         """The events at hand; on the first look, every event up to the end
         the topic had when opened (for at most ``timeout_s``: a consumer's
         first fetch takes a while)."""
         deadline = time.monotonic() + self.timeout_s
         for _ in range(POLLS):
             catching_up = self._catch_up_to is not None and time.monotonic() < deadline
-            events = self._topic.poll(0.2 if catching_up else 0.05)
+            events = topic.poll(0.2 if catching_up else 0.05)
             for event in events:
                 self._fold(event)
                 if self._catch_up_to is not None and event.offset >= self._catch_up_to - 1:
