@@ -103,8 +103,8 @@ class ControlKind(enum.StrEnum):
 # back.  Nothing outside this module reads a payload.
 
 
-def _optional_int(value: object) -> int | None:
-    return None if value is None else int(value)  # type: ignore[arg-type]
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _str_to_int(value: object) -> dict[str, int]:

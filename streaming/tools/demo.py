@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from barriers.coordinator import CheckpointStatus
 from spark_abs_examples.money import (
@@ -29,7 +30,7 @@ from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, WORKER_GROUPINGS, J
 from streaming.tools.commands import add_state_snapshot_options
 from streaming.tools.views import as_text, titled_table
 
-__all__ = ["DemoReport", "run_demo", "main"]
+__all__ = ["DemoOptions", "DemoReport", "run_demo", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class DemoReport:
 
     def render(self) -> str:
         money = {m.checkpoint_id: m for m in self.money}
-        rows = []
+        rows: list[tuple[Any, ...]] = []
         for record in self.checkpoints:
             m = money.get(record.checkpoint_id)
             seconds = f"{record.duration_s:.2f}" if record.duration_s is not None else None
@@ -92,51 +93,55 @@ class DemoReport:
         return "\n".join(lines)
 
 
-def run_demo(
-    connection,
-    *,
-    store_uri: str,
-    transfers: int = 2000,
-    kill: str | None = "accounts",
-    mode: Mode | str = Mode.ALIGNED,
-    job: str | None = None,
-    faults: str = "",
-    interval_s: float = 1.0,
-    timeout_s: float = 300.0,
-    chunks: int = 2,
-    workers: Mapping[str, list[str]] | str | None = None,
-    **settings,
-) -> DemoReport:
-    """Run the demo on ``connection`` (see the module docstring): the
-    transfers go in ``chunks`` parts, each after a checkpoint completed; with
-    ``kill``, that worker is SIGKILLed after the first checkpoint; ``faults``
-    arms ``SPARK_ABS_FAULT`` in the workers.  Its progress is logged (INFO)."""
+@dataclass(frozen=True)
+class DemoOptions:
+    """What the demo does, besides its job's settings (``spark-abs demo``'s options)."""
+
+    # transfers produced, in ``chunks`` parts, each after a checkpoint completed
+    transfers: int = 2000
+    chunks: int = 2
+    # the stage whose worker is SIGKILLed after the first checkpoint (None: no failure)
+    kill: str | None = "accounts"
+    # the job's name (None: money-demo-<random>)
+    job: str | None = None
+    # SPARK_ABS_FAULT entries armed in the workers (streaming.engine.faults)
+    faults: str = ""
+    # the worker processes (RunOptions.workers)
+    workers: Mapping[str, list[str]] | str | None = None
+    # the whole run must end within this many seconds
+    timeout_s: float = 300.0
+
+
+def run_demo(connection, settings: JobSettings, options: DemoOptions | None = None) -> DemoReport:
+    """Run the demo on ``connection`` (see the module docstring), its job's
+    checkpoints as ``settings`` say, the rest as ``options`` do.  Its
+    progress is logged (INFO)."""
     import uuid
 
     from streaming.engine.job.operations import run_until_caught_up
 
-    job = job or f"money-demo-{uuid.uuid4().hex[:6]}"
-    job_settings = JobSettings(store=store_uri, mode=mode, interval_s=interval_s, **settings)
-    check = _MoneyCheck(connection, store_uri, job)
-    runner = _demo_runner(connection, job_settings, job, faults, check, workers)
-    data = make_transfers(transfers)
-    deadline = time.monotonic() + timeout_s
+    options = options or DemoOptions()
+    job = options.job or f"money-demo-{uuid.uuid4().hex[:6]}"
+    check = _MoneyCheck(connection, settings.store, job)
+    runner = _demo_runner(connection, settings, job, options, check)
+    data = make_transfers(options.transfers)
+    deadline = time.monotonic() + options.timeout_s
     try:
         runner.prepare()
         _feed_in_chunks(
             runner,
             connection,
             data,
-            chunks,
-            kill=kill,
+            options.chunks,
+            kill=options.kill,
             money=check.money,
             deadline=deadline,
-            checkpoints=f"{job_settings.mode} checkpoints every {interval_s:g} s",
+            checkpoints=f"{settings.mode} checkpoints every {settings.interval_s:g} s",
         )
         run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
     finally:
         runner.close()
-    return _demo_report(runner, connection, job_settings, data, check)
+    return _demo_report(runner, connection, settings, data, check)
 
 
 class _MoneyCheck:
@@ -165,16 +170,16 @@ class _MoneyCheck:
         )
 
 
-def _demo_runner(connection, job_settings: JobSettings, job: str, faults: str, check: _MoneyCheck, workers):
+def _demo_runner(connection, settings: JobSettings, job: str, options: DemoOptions, check: _MoneyCheck):
     from streaming.engine.faults import ENV as FAULT_ENV
     from streaming.engine.job.runner import JobRunner, RunOptions
 
     return JobRunner(
         "spark_abs_examples.money:pipeline",
-        job_settings,
+        settings,
         connection,
         job=job,
-        options=RunOptions(workers=workers, worker_env={FAULT_ENV: faults} if faults else {}),
+        options=RunOptions(workers=options.workers, worker_env={FAULT_ENV: options.faults} if options.faults else {}),
         on_complete=check,
     )
 
@@ -286,19 +291,19 @@ def main(argv: list[str] | None = None) -> int:
     console.install("[demo] ")
     connection = Connection.from_env(os.environ) or LocalRuntime(progress=log.info).up()
     store = args.store or f"file://{default_home() / 'demo-store'}"
-    extra = {"alignment_timeout_ms": 200} if args.mode == Mode.ALIGNED_TIMEOUT else {}
-    report = run_demo(
-        connection,
-        store_uri=store,
-        transfers=args.transfers,
+    settings = JobSettings(
+        store=store,
         mode=args.mode,
-        kill=None if args.kill == "none" else args.kill,
-        workers=args.workers,
         interval_s=args.interval,
         in_flight=args.in_flight,
         state_snapshots=args.state_snapshots,
-        **extra,
+        # aligned with a timeout: switch after 200 ms
+        alignment_timeout_ms=200 if args.mode == Mode.ALIGNED_TIMEOUT else None,
     )
+    options = DemoOptions(
+        transfers=args.transfers, kill=None if args.kill == "none" else args.kill, workers=args.workers
+    )
+    report = run_demo(connection, settings, options)
     print()
     print(report.render())
     return 0 if report.passed else 1

@@ -422,7 +422,7 @@ class GenerationStart:
     changed_from: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        optional = {"scale": self.scale, "cause": self.cause}
+        optional: dict[str, Any] = {"scale": self.scale, "cause": self.cause}
         optional |= {"rescaled_from": self.rescaled_from, "changed_from": self.changed_from}
         return {
             "generation": self.generation,

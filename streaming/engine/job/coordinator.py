@@ -523,13 +523,13 @@ class CoordinatorService:
             if record is not None:
                 record.committed.add(event.task)
         elif isinstance(event, Decline):
-            result = self.coordinator.decline(event.task, event.checkpoint_id, event.reason, event.detail)
-            if isinstance(result, PendingCheckpoint):
-                self._aborted(event.checkpoint_id, result.failure, result.failure_detail)
+            declined = self.coordinator.decline(event.task, event.checkpoint_id, event.reason, event.detail)
+            if isinstance(declined, PendingCheckpoint):
+                self._aborted(event.checkpoint_id, declined.failure, declined.failure_detail)
         elif isinstance(event, Ack):
-            result = self.coordinator.acknowledge(event.task, event.checkpoint_id, event)
-            if isinstance(result, PendingCheckpoint):
-                self.completion.complete(result.checkpoint_id)
+            acked = self.coordinator.acknowledge(event.task, event.checkpoint_id, event)
+            if isinstance(acked, PendingCheckpoint):
+                self.completion.complete(acked.checkpoint_id)
 
     def _aborted(self, checkpoint_id: int, failure: CheckpointFailure | None, detail: str) -> None:
         """Checkpoint ``checkpoint_id`` is aborted: on its record, to every task, and said."""

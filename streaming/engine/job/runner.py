@@ -234,7 +234,9 @@ class JobRunner:
         for topic, partitions in self.pipeline.internal_topics().items():
             create_topic(bootstrap, topic, partitions)
         for stage in self.pipeline.stages:
-            if stage.sink is not None and stage.sink.kind is SinkKind.KAFKA:
+            if (
+                stage.sink is not None and stage.sink.kind is SinkKind.KAFKA and stage.sink.topic
+            ):  # Sink checks it has one
                 create_topic(bootstrap, stage.sink.topic, 1)
         create_topic(bootstrap, control_topic_name(self.job), 1)
         create_topic(bootstrap, dead_letter_topic_name(self.job), 1)

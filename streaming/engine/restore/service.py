@@ -34,6 +34,7 @@ not waited for."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -259,7 +260,7 @@ class RestoreService:
         source = manifest.checkpoint_id
         self.log.info("rescaling checkpoint %d from %s to %s", source, old.describe(), new.describe())
         loaded = {
-            name: patiently(lambda n=name: self.store.load_task(source, n), f"reading task {name}")
+            name: patiently(functools.partial(self.store.load_task, source, name), f"reading task {name}")
             for name in manifest.tasks
         }
         bootstrap = self.connection.kafka_bootstrap

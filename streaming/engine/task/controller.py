@@ -31,6 +31,7 @@ from streaming.engine.task.output import TaskOutput
 from streaming.engine.task.replay import CopiedReplay
 from streaming.engine.task.uploads import SnapshotUploader, TakenSnapshot
 from streaming.engine.task.watermarks import WatermarkTracker
+from streaming.errors import TaskError
 
 __all__ = ["TaskController", "TaskWiring"]
 
@@ -118,7 +119,10 @@ class TaskController:
         # a large table is gathered on the upload thread (snapshot_later_of), not here
         state = snapshot_later_of(self.operator) if changes is None else {}
         # copied channel state not processed yet: this checkpoint's channel state begins with it
-        rest = self.copied.rest({c: self.handler.position(c) for c in self.copied.ends}) if self.copied else {}
+        handler = self.handler
+        if handler is None:
+            raise TaskError(f"{self.task}: checkpoint {barrier.checkpoint_id}: no barrier handler drives the task")
+        rest = self.copied.rest({c: handler.position(c) for c in self.copied.ends}) if self.copied else {}
         self._taken[barrier.checkpoint_id] = TakenSnapshot(
             state,
             self.output.take_epoch(),

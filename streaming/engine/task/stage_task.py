@@ -222,9 +222,10 @@ class StageTask:
             self.lineage,
             max_records=max_segment_records,
         )
-        read_range, prepare = self.io.read_range, self.io.prepare
-        if read_range is not None and prepare is not None:
-            read_range = lambda channel, start, end: prepare(self.io.read_range(channel, start, end))  # noqa: E731
+        read_range = source = self.io.read_range
+        prepare = self.io.prepare
+        if source is not None and prepare is not None:
+            read_range = lambda channel, start, end: prepare(source(channel, start, end))  # noqa: E731
         return InputGate(
             self.spec.name,
             self.spec.inputs,
@@ -357,7 +358,7 @@ class StageTask:
         if self._replaying:
             self._check_replayed(channel)
         if segment.kind is SegmentKind.SKIP:
-            self.counters["skipped_older_generation"] += segment.rows.num_rows
+            self.counters["skipped_older_generation"] += segment.rows_in_hand().num_rows
         elif segment.kind is SegmentKind.WATERMARK:
             self.watermarks.observe(channel, segment.rows, None)
             self._watermark_moved(channel)

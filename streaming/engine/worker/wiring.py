@@ -23,7 +23,7 @@ from streaming.adapters.kafka_io import DeadLetters, append_markers, read_range,
 from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, kafka_records, open_sink, sink_location
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, default_home
-from streaming.api.pipeline import Pipeline, Stage, TaskSpec
+from streaming.api.pipeline import Pipeline, Sink, Stage, TaskSpec
 from streaming.api.settings import JobSettings, Mode, StateSnapshots
 from streaming.engine import faults
 from streaming.engine.kafka_retention import RetentionWatch, relied_on_ms
@@ -82,7 +82,7 @@ class TaskFactory:
         connection: Connection,
         clients: WorkerClients,
         *,
-        generation: int | None,
+        generation: int,
         restore: int | None,
         prepare: Mapping[str, Callable[[pa.Table], pa.Table]] | None = None,
     ):
@@ -115,7 +115,7 @@ class TaskFactory:
             loaded = self.store().load_task(self.restore, name)
             faults.point(name, "during_restore", self.restore)
         plan = plan_start(self.generation, self.restore, loaded)
-        sink = None if stage.sink is None else self._open_sink(name, stage)
+        sink = None if stage.sink is None else self._open_sink(name, stage.sink)
         # each input topic's retention.ms, read once for the task
         kept = {
             topic: retention_ms(self.connection.kafka_bootstrap, topic)
@@ -139,11 +139,12 @@ class TaskFactory:
         task.recover()
         return RunningTask(task, sink), dict(plan.query_start)
 
-    def _open_sink(self, name: str, stage: Stage) -> ObjectStoreSink | KafkaSink:
-        """The stage's sink, recovered to the restored checkpoint (staged epochs
-        up to it committed, later ones discarded, later output taken back)."""
+    def _open_sink(self, name: str, declared: Sink) -> ObjectStoreSink | KafkaSink:
+        """The stage's sink (``declared``), recovered to the restored checkpoint
+        (staged epochs up to it committed, later ones discarded, later output
+        taken back)."""
         location = sink_location(self.settings, self.pipeline.job, self.connection)
-        sink = open_sink(stage.sink, location, name, job=self.pipeline.job, bootstrap=self.connection.kafka_bootstrap)
+        sink = open_sink(declared, location, name, job=self.pipeline.job, bootstrap=self.connection.kafka_bootstrap)
         recovery = sink.recover(self.restore or 0)
         if recovery:
             log.info(
@@ -199,9 +200,10 @@ class TaskFactory:
             return False
         needed_ms = 10 * (self.settings.retain * self.settings.interval_s + self.settings.timeout_s) * 1000
         for topic in sorted({c.topic for c in spec.inputs}):
-            if kept[topic] is not None and kept[topic] < needed_ms:
+            kept_ms = kept[topic]
+            if kept_ms is not None and kept_ms < needed_ms:
                 log.info(
-                    f"{spec.name}: topic {topic} keeps records {kept[topic]} ms, less than the {needed_ms:.0f} ms a "
+                    f"{spec.name}: topic {topic} keeps records {kept_ms} ms, less than the {needed_ms:.0f} ms a "
                     f"checkpoint may need them: copying in-flight records instead of keeping ranges"
                 )
                 return True

@@ -54,7 +54,7 @@ from streaming.api.settings import JobSettings
 from streaming.engine import faults, metrics
 from streaming.engine.task.stage_task import StageTask
 from streaming.engine.worker.wiring import RunningTask, TaskFactory, WorkerClients
-from streaming.errors import ConfigError, SparkAbsError
+from streaming.errors import ConfigError, SparkAbsError, TaskError
 
 if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this module is imported
     from streaming.adapters.spark import ChannelQuery
@@ -176,7 +176,7 @@ class Worker:
             self.settings,
             self.connection,
             WorkerClients(self.producer, self.control, self.dead_letters, lambda: self.store),
-            generation=self.generation,
+            generation=self.running_generation(),
             restore=self.restore,
             prepare={stage: c.records for stage, c in code.items()},
         )
@@ -206,7 +206,7 @@ class Worker:
             self.control.publish(
                 Ready(
                     task=running.task.spec.name,
-                    generation=self.generation,
+                    generation=self.running_generation(),
                     replaying=running.task.replay_records,
                     endpoint=self.metrics_endpoint,
                 )
@@ -239,6 +239,13 @@ class Worker:
             + ("restored in place from " if was_running else "started from ")
             + (f"checkpoint {restore}" if restore else "the beginning")
         )
+
+    def running_generation(self) -> int:
+        """The generation the tasks run in; a ``TaskError`` while they run in
+        none (a remote worker between leases)."""
+        if self.generation is None:
+            raise TaskError(f"worker: tasks {', '.join(self.task_names)} run in no generation")
+        return self.generation
 
     def idle(self, reason: str) -> None:
         """Stop every task (the Spark application stays up) and wait."""
@@ -283,9 +290,9 @@ class Worker:
                 if query.pipeline_error is not None:
                     print(f"worker: {query.name}: {query.pipeline_error}", file=sys.stderr, flush=True)
                     return EXIT_PIPELINE_ERROR
-                error = query.failure()
-                if error is not None:
-                    log.info(f"{query.name}: stage query failed: {error}")
+                failed = query.failure()
+                if failed is not None:
+                    log.info(f"{query.name}: stage query failed: {failed}")
                     return 1
         return 0
 
@@ -317,7 +324,7 @@ class Worker:
                     Committed(
                         checkpoint_id=event.checkpoint_id,
                         task=running.task.spec.name,
-                        generation=self.generation,
+                        generation=self.running_generation(),
                         epochs=tuple(committed),
                     )
                 )

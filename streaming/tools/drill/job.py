@@ -189,6 +189,8 @@ class DrilledJob:
     def drain(self) -> None:
         """Drain the running job (SIGUSR1): no restart, no new generation; it
         exits once every input record is processed and committed."""
+        if self.runner is None:
+            raise SparkAbsError(f"job {self.job}: no job runner to drain: the drill did not start one")
         self.runner.send_signal(signal.SIGUSR1)
         code = self.runner.wait(600)
         if code != 0:

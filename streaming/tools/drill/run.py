@@ -357,7 +357,8 @@ class Drill:
                 )
                 self._log(self.stopped)
                 return False
-            recoveries.append(outcome.recovered_s)
+            if outcome.recovered_s is not None:  # recovered: it was timed
+                recoveries.append(outcome.recovered_s)
         return True
 
     def _prepare(self) -> None:
