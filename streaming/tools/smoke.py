@@ -25,7 +25,7 @@ from barriers.messages import ChannelId
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.objects import open_store
 from streaming.adapters.records import header_values
-from streaming.adapters.spark import ChannelQuery
+from streaming.adapters.spark import ChannelQuery, QuerySpec
 from streaming.api.config import Connection
 from streaming.errors import ChannelQueryError, SmokeFailure
 
@@ -152,14 +152,12 @@ def _stream(
     timeout_s: float,
 ) -> None:
     """The topic's channels through a Structured Streaming query, until every record available is read."""
-    query = ChannelQuery(
-        spark,
-        connection,
+    spec = QuerySpec(
         name=f"smoke-{topic}",
-        channels=[ChannelId(topic, p) for p in range(partitions)],
+        channels=tuple(ChannelId(topic, p) for p in range(partitions)),
         max_records_per_batch=batch_limit,
-        on_batch=on_batch,
     )
+    query = ChannelQuery(spark, connection, spec, on_batch=on_batch)
     try:
         query.start(available_now=True).await_done(timeout_s)
     except ChannelQueryError as exc:
