@@ -129,6 +129,7 @@ def _run(variant: str, round_: int, context: dict):
             expected=context["expected"],
             cache_dir=context["cache_dir"],
         )
+    profile_dir = context["out"] / "profiles" if context["profile"] else None
     if variant.startswith("native-"):
         return runs.native_run(
             variant,
@@ -136,24 +137,19 @@ def _run(variant: str, round_: int, context: dict):
             topic=context["topic"],
             state_store=variant.split("-", 1)[1],
             expected=context["expected"],
-            profile_dir=context["out"] / "profiles" if context["profile"] else None,
+            profile_dir=profile_dir,
         )
+    storage = runs.RunStorage(store=context["store"], log_dir=context["out"] / "logs", profile_dir=profile_dir)
     if variant.startswith("scaling-"):
         tasks = int(variant.split("-")[1])
-        return runs.abs_run(
-            context["connection"],
-            variant,
-            round_,
+        scaling = runs.AbsJob(
             pipeline="benchmarks.workloads:scaling",
             topic=context["scaling_topic"],
             expected=context["scaling_expected"],
-            store=context["store"],
-            interval_s=None,
             settings=context["settings"],
-            log_dir=context["out"] / "logs",
-            profile_dir=context["out"] / "profiles" if context["profile"] else None,
             parallelism={"pass": tasks, "count": tasks},
         )
+        return runs.abs_run(context["connection"], variant, round_, scaling, storage)
     interval = float(variant.split("ckpt")[1].split("s")[0]) if "ckpt" in variant else None
     settings = dict(context["settings"])
     if interval is not None:  # see the module docstring
@@ -164,19 +160,10 @@ def _run(variant: str, round_: int, context: dict):
         "abs-2stage": "benchmarks.workloads:two_stage",
         "abs-1stage-spark": "benchmarks.workloads:one_stage_spark",
     }.get(variant, "benchmarks.workloads:one_stage")
-    return runs.abs_run(
-        context["connection"],
-        variant,
-        round_,
-        pipeline=pipeline,
-        topic=context["topic"],
-        expected=context["expected"],
-        store=context["store"],
-        interval_s=interval,
-        settings=settings,
-        log_dir=context["out"] / "logs",
-        profile_dir=context["out"] / "profiles" if context["profile"] else None,
+    job = runs.AbsJob(
+        pipeline=pipeline, topic=context["topic"], expected=context["expected"], interval_s=interval, settings=settings
     )
+    return runs.abs_run(context["connection"], variant, round_, job, storage)
 
 
 def _ratios(all_runs: list, variants: list[str]) -> list[dict]:

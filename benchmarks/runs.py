@@ -36,7 +36,7 @@ from streaming.engine.job.runner import JobRunner
 from streaming.engine.worker.worker import HANDED_PER_RECORD
 from streaming.errors import SparkAbsError
 
-__all__ = ["Run", "abs_run", "native_run", "demo_run", "percentile"]
+__all__ = ["Run", "AbsJob", "RunStorage", "abs_run", "native_run", "demo_run", "percentile"]
 
 log = logging.getLogger(__name__)
 
@@ -79,39 +79,62 @@ def _wait_ready(runner: JobRunner, deadline: float) -> None:
         runner.step(trigger=False)
 
 
-def abs_run(
-    connection: Connection,
-    variant: str,
-    round_: int,
-    *,
-    pipeline: str,
-    topic: str,
-    expected: Mapping[str, int],
-    store: str,
-    interval_s: float | None,
-    settings: Mapping[str, object] | None = None,
-    log_dir: Path,
-    profile_dir: Path | None = None,
-    timeout_s: float = 900.0,
-    parallelism: Mapping[str, int] | None = None,
-) -> Run:
-    """Run ``pipeline`` over everything in ``topic``: checkpoints every
-    ``interval_s`` (None: one, triggered when all tasks are ready, so its
-    barriers follow the whole input) until one that covers the input is
-    complete and committed.  With ``profile_dir``, py-spy samples every
-    worker process from when its tasks are ready to the end, and Spark
+@dataclass(frozen=True, slots=True)
+class AbsJob:
+    """A spark-abs job as a benchmark runs it: the pipeline, the topic it
+    reads whole and what its committed output must hold, how it
+    checkpoints and how many tasks each stage has."""
+
+    # the pipeline, as "module:attr"
+    pipeline: str
+    # the workload's topic, every record already in it
+    topic: str
+    # what the committed output must hold: its records, keys and sum
+    expected: Mapping[str, int]
+    # seconds between checkpoints (None: one, triggered when all tasks are ready, so its barriers follow the whole input)
+    interval_s: float | None = None
+    # JobSettings fields besides store, interval_s and timeout_s (mode, state_snapshots, ...)
+    settings: Mapping[str, object] = field(default_factory=dict)
+    # tasks per stage (None: the pipeline's own)
+    parallelism: Mapping[str, int] | None = None
+    # the run fails when its input is not committed this long after it started (also each checkpoint's timeout)
+    timeout_s: float = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunStorage:
+    """Where a benchmark's spark-abs runs write: each job's snapshots (its
+    sink's output beside them), its processes' logs and, when profiled,
+    py-spy's samples and Spark's event logs."""
+
+    # the jobs' snapshot store: file:///dir or s3://bucket/prefix
+    store: str
+    # a directory per job under it, for its processes' logs
+    log_dir: Path
+    # a directory per variant and round under it for the profiles (None: not profiled)
+    profile_dir: Path | None = None
+
+
+def abs_run(connection: Connection, variant: str, round_: int, spec: AbsJob, storage: RunStorage) -> Run:
+    """Run ``spec.pipeline`` over everything in ``spec.topic``: checkpoints
+    every ``spec.interval_s`` (None: one, triggered when all tasks are ready,
+    so its barriers follow the whole input) until one that covers the input
+    is complete and committed.  With ``storage.profile_dir``, py-spy samples
+    every worker process from when its tasks are ready to the end, and Spark
     writes its event log there (``spark_task_metrics`` sums its tasks)."""
-    os.environ[TOPIC_ENV] = topic
+    interval_s, timeout_s, expected = spec.interval_s, spec.timeout_s, spec.expected
+    log_dir, profile_dir = storage.log_dir, storage.profile_dir
+    os.environ[TOPIC_ENV] = spec.topic
     job = f"bench-{variant.replace('.', '_')}-{uuid.uuid4().hex[:6]}"  # job names: letters, digits, - and _
-    job_settings = JobSettings(store=store, interval_s=interval_s or 3600, timeout_s=timeout_s, **dict(settings or {}))
+    job_settings = JobSettings(store=storage.store, interval_s=interval_s or 3600, timeout_s=timeout_s, **spec.settings)
     event_logs = _event_logs(profile_dir, variant, round_)
     runner = JobRunner(
-        pipeline,
+        spec.pipeline,
         job_settings,
         connection,
         job=job,
         log_dir=log_dir / job,
-        parallelism=parallelism,
+        parallelism=spec.parallelism,
         worker_env=_event_log_env(event_logs) if event_logs is not None else None,
     )
     deadline = time.monotonic() + timeout_s

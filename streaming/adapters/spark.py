@@ -21,9 +21,10 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -37,7 +38,7 @@ from streaming.adapters.records import BATCH_BEGAN, BATCH_COLUMNS, records_in, s
 from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings
 from streaming.errors import ChannelQueryError, ConfigError
 
-__all__ = ["spark_session", "spark_conf", "ChannelQuery"]
+__all__ = ["spark_session", "spark_conf", "QuerySpec", "ChannelQuery"]
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +123,42 @@ EARLIEST = -2
 BatchHandler = Callable[[pa.Table, int], None]
 
 
+@dataclass(frozen=True, slots=True)
+class QuerySpec:
+    """What a stage query reads: its name, the channels (Kafka partitions) it
+    reads, the offset each starts at and the most records a micro-batch
+    holds.  Validated when built: a query of no channel, or given a starting
+    offset for a channel it does not read, is refused."""
+
+    # the query's name in Spark (and the prefix of its Spark checkpoint directory)
+    name: str
+    # the channels read, each once (kept sorted)
+    channels: tuple[ChannelId, ...]
+    # channel -> the offset it starts at; a channel not given starts at the earliest
+    starting: Mapping[ChannelId, int] = field(default_factory=dict)
+    # records per micro-batch at most (Spark's maxOffsetsPerTrigger)
+    max_records_per_batch: int = 10_000
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "channels", tuple(sorted(set(self.channels))))
+        object.__setattr__(self, "starting", dict(self.starting))
+        if not self.channels:
+            raise ConfigError(f"stage query {self.name!r} has no input channel")
+        unknown = sorted(str(c) for c in set(self.starting) - set(self.channels))
+        if unknown:
+            raise ConfigError(
+                f"stage query {self.name!r}: starting offsets for channels it does not read: {', '.join(unknown)}"
+            )
+        if self.max_records_per_batch < 1:
+            raise ConfigError(f"max_records_per_batch must be >= 1, got {self.max_records_per_batch}")
+
+
 class ChannelQuery:
-    """A Structured Streaming query reading ``channels`` from ``starting``
-    offsets (missing ones start at the earliest), calling ``on_batch(table,
-    batch_id)`` with each non-empty micro-batch.
+    """A Structured Streaming query reading what ``spec`` says (a
+    ``QuerySpec``: the channels, from their starting offsets), calling
+    ``on_batch(table, batch_id)`` with each non-empty micro-batch.  Its Spark
+    checkpoint location is made under ``work_dir`` (None: the system's
+    temporary directory).
 
     With ``prepare`` (a stage's Spark code, ``streaming.adapters.spark_stage``)
     each micro-batch is prepared by Spark first and ``on_batch`` gets what
@@ -141,31 +174,19 @@ class ChannelQuery:
         self,
         spark: SparkSession,
         connection: Connection,
+        spec: QuerySpec,
         *,
-        name: str,
-        channels: Iterable[ChannelId],
-        starting: Mapping[ChannelId, int] | None = None,
-        max_records_per_batch: int = 10_000,
         on_batch: BatchHandler,
-        work_dir: Path | None = None,
         prepare: Callable[[DataFrame], pa.Table] | None = None,
+        work_dir: Path | None = None,
     ):
-        self.channels = tuple(sorted(set(channels)))
-        if not self.channels:
-            raise ConfigError(f"stage query {name!r} has no input channel")
-        starting = dict(starting or {})
-        unknown = sorted(str(c) for c in set(starting) - set(self.channels))
-        if unknown:
-            raise ConfigError(
-                f"stage query {name!r}: starting offsets for channels it does not read: {', '.join(unknown)}"
-            )
-        if max_records_per_batch < 1:
-            raise ConfigError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
-        self.name = name
+        self.spec = spec
+        self.channels = spec.channels
+        self.name = spec.name
         self._spark = spark
         self._connection = connection
-        self._starting = {c: starting.get(c, EARLIEST) for c in self.channels}
-        self._limit = max_records_per_batch
+        self._starting = {c: spec.starting.get(c, EARLIEST) for c in self.channels}
+        self._limit = spec.max_records_per_batch
         self._on_batch = on_batch
         self._prepare = prepare
         self._work_dir = work_dir

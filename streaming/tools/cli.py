@@ -75,7 +75,7 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     from streaming.adapters.kafka_admin import check_broker
     from streaming.adapters.spark import spark_session
     from streaming.local import LocalRuntime
-    from streaming.tools.smoke import run_smoke
+    from streaming.tools.smoke import SmokeRun, run_smoke
 
     settings = _runtime_settings(args)
     connection = Connection.from_env(os.environ) or LocalRuntime(settings, progress=log.info).up()
@@ -86,15 +86,10 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     log.info(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
     run_id = uuid.uuid4().hex[:8]
     try:
-        report = run_smoke(
-            spark,
-            connection,
-            topic=f"smoke-{run_id}",
-            prefix=f"smoke/{run_id}",
-            records=args.records,
-            partitions=args.partitions,
-            progress=log.info,
+        run = SmokeRun(
+            topic=f"smoke-{run_id}", prefix=f"smoke/{run_id}", records=args.records, partitions=args.partitions
         )
+        report = run_smoke(spark, connection, run, progress=log.info)
     finally:
         spark.stop()
     print(report.render())

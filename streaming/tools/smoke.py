@@ -25,11 +25,11 @@ from barriers.messages import ChannelId
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.objects import open_store
 from streaming.adapters.records import header_values
-from streaming.adapters.spark import ChannelQuery
+from streaming.adapters.spark import ChannelQuery, QuerySpec
 from streaming.api.config import Connection
 from streaming.errors import ChannelQueryError, SmokeFailure
 
-__all__ = ["SmokeReport", "check_round_trip", "produce_records", "run_smoke"]
+__all__ = ["SmokeRun", "SmokeReport", "check_round_trip", "produce_records", "run_smoke"]
 
 log = logging.getLogger(__name__)
 
@@ -79,34 +79,44 @@ def produce_records(bootstrap: str, topic: str, count: int, partitions: int) -> 
         producer.close()
 
 
+@dataclass(frozen=True, slots=True)
+class SmokeRun:
+    """One pass of the smoke pipeline: the topic it makes and fills, where
+    its Parquet goes, how many records go through and in what batches."""
+
+    # the topic made, produced to and read back (a new one each run)
+    topic: str
+    # where the batches are written as Parquet: a prefix in the connection's S3 bucket
+    prefix: str
+    # records produced, round-robin over the partitions
+    records: int = 1000
+    # partitions of the topic, each an input channel of the query
+    partitions: int = 2
+    # records per micro-batch at most
+    batch_limit: int = 300
+    # how long the query may take to read every record
+    timeout_s: float = 180.0
+
+
 def run_smoke(
-    spark: SparkSession,
-    connection: Connection,
-    *,
-    topic: str,
-    prefix: str,
-    records: int = 1000,
-    partitions: int = 2,
-    batch_limit: int = 300,
-    progress: Callable[[str], None] = log.info,
-    timeout_s: float = 180.0,
+    spark: SparkSession, connection: Connection, run: SmokeRun, *, progress: Callable[[str], None] = log.info
 ) -> SmokeReport:
     """Produce, stream through foreachBatch to Parquet on S3, read back, compare."""
     started = time.monotonic()
-    create_topic(connection.kafka_bootstrap, topic, partitions)
-    produce_records(connection.kafka_bootstrap, topic, records, partitions)
-    progress(f"produced {records} records with headers to {topic}")
-    store = open_store(f"s3://{connection.s3_bucket}/{prefix.strip('/')}", connection)
+    create_topic(connection.kafka_bootstrap, run.topic, run.partitions)
+    produce_records(connection.kafka_bootstrap, run.topic, run.records, run.partitions)
+    progress(f"produced {run.records} records with headers to {run.topic}")
+    store = open_store(f"s3://{connection.s3_bucket}/{run.prefix.strip('/')}", connection)
     batches = _ParquetBatches(store, progress)
-    _stream(spark, connection, topic, partitions, batch_limit, batches.write, timeout_s)
+    _stream(spark, connection, run, batches.write)
     back = pq.read_table(store.root, filesystem=store.filesystem)
-    check_round_trip(back, records, partitions)
+    check_round_trip(back, run.records, run.partitions)
     files = store.filesystem.get_file_info(pafs.FileSelector(store.root))
     parquet_files = sum(1 for f in files if f.path.endswith(".parquet"))
     return SmokeReport(
-        topic,
-        partitions,
-        records,
+        run.topic,
+        run.partitions,
+        run.records,
         len(batches.ids),
         batches.rows,
         store.uri,
@@ -143,25 +153,17 @@ class _ParquetBatches:
 
 
 def _stream(
-    spark: SparkSession,
-    connection: Connection,
-    topic: str,
-    partitions: int,
-    batch_limit: int,
-    on_batch: Callable[[pa.Table, int], None],
-    timeout_s: float,
+    spark: SparkSession, connection: Connection, run: SmokeRun, on_batch: Callable[[pa.Table, int], None]
 ) -> None:
     """The topic's channels through a Structured Streaming query, until every record available is read."""
-    query = ChannelQuery(
-        spark,
-        connection,
-        name=f"smoke-{topic}",
-        channels=[ChannelId(topic, p) for p in range(partitions)],
-        max_records_per_batch=batch_limit,
-        on_batch=on_batch,
+    spec = QuerySpec(
+        name=f"smoke-{run.topic}",
+        channels=tuple(ChannelId(run.topic, p) for p in range(run.partitions)),
+        max_records_per_batch=run.batch_limit,
     )
+    query = ChannelQuery(spark, connection, spec, on_batch=on_batch)
     try:
-        query.start(available_now=True).await_done(timeout_s)
+        query.start(available_now=True).await_done(run.timeout_s)
     except ChannelQueryError as exc:
         raise SmokeFailure(str(exc)) from exc
     finally:

@@ -94,13 +94,13 @@ def test_a_run_is_done_when_a_committed_checkpoint_shows_its_input_read(tmp_path
 
     from benchmarks.runs import _Processed
     from streaming.adapters.objects import open_store
-    from streaming.adapters.snapshots import SnapshotStore
+    from streaming.adapters.snapshots import SnapshotStore, TaskParts
 
     store = SnapshotStore(open_store(f"file://{tmp_path}/s"), "bench")
     # (checkpoint, in-flight range on events:0 when the task took its snapshot); 2 is not committed
     for cid, (start, end) in ((1, (40, 101)), (2, (100, 102)), (3, (100, 103))):
         snap = store.write_task(
-            cid, 0, "count-0", {}, positions={"events:0": end + 1}, in_flight={"events:0": (start, end)}
+            cid, 0, "count-0", TaskParts(positions={"events:0": end + 1}, in_flight={"events:0": (start, end)})
         )
         store.write_manifest(cid, 0, {"count-0": snap})
     records = [SimpleNamespace(checkpoint_id=c, committed={"count-0"} if c != 2 else set()) for c in (1, 2, 3)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from barriers.messages import CheckpointOptions
+from streaming.adapters.snapshots import TaskParts
 from streaming.adapters.snapshots.format import options_to_json
 
 __all__ = ["write_checkpoint"]
@@ -18,9 +19,11 @@ def write_checkpoint(store, pipeline, checkpoint_id: int, generation: int, state
             checkpoint_id,
             generation,
             spec.name,
-            (state or {}).get(spec.name, {}),
-            positions={str(c): position for c in spec.inputs},
-            metadata={"kind": "aligned", "watermarks": {}, "lineage": []},
+            TaskParts(
+                state=(state or {}).get(spec.name, {}),
+                positions={str(c): position for c in spec.inputs},
+                metadata={"kind": "aligned", "watermarks": {}, "lineage": []},
+            ),
         )
         for spec in pipeline.tasks()
     }

@@ -48,6 +48,7 @@ from streaming.adapters.snapshots.format import (
 )
 from streaming.adapters.snapshots.layout import checkpoint_dir_name
 from streaming.adapters.snapshots.store import SnapshotStore
+from streaming.adapters.snapshots.writing import TaskParts
 
 __all__ = [
     "FORMAT_VERSION",
@@ -58,5 +59,6 @@ __all__ = [
     "LoadedTask",
     "JobMeta",
     "SnapshotStore",
+    "TaskParts",
     "checkpoint_dir_name",
 ]

@@ -6,11 +6,9 @@ job's generations (``JobHistory``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
-
-import pyarrow as pa
 
 from streaming.adapters.objects import ObjectFiles, StoreLocation
 from streaming.adapters.snapshots.format import GenerationStart, JobMeta, LoadedTask, Manifest, TaskSnapshot
@@ -19,7 +17,7 @@ from streaming.adapters.snapshots.layout import Layout
 from streaming.adapters.snapshots.reading import SnapshotReader
 from streaming.adapters.snapshots.retention import Retention
 from streaming.adapters.snapshots.verify import Verifier
-from streaming.adapters.snapshots.writing import ChainStep, SnapshotWriter
+from streaming.adapters.snapshots.writing import SnapshotWriter, TaskParts
 from streaming.errors import ConfigError
 
 __all__ = ["SnapshotStore"]
@@ -63,63 +61,20 @@ class SnapshotStore:
 
     # -- writing -------------------------------------------------------------
 
-    def write_task(
-        self,
-        checkpoint_id: int,
-        generation: int,
-        task: str,
-        state: Mapping[str, pa.Table],
-        *,
-        positions: Mapping[str, int],
-        in_flight: Mapping[str, tuple[int, int]] | None = None,
-        channel_records: Mapping[str, pa.Table] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        chains: Mapping[str, Sequence[ChainStep]] | None = None,
-    ) -> TaskSnapshot:
+    def write_task(self, checkpoint_id: int, generation: int, task: str, parts: TaskParts) -> TaskSnapshot:
         """Store ``task``'s snapshot for ``checkpoint_id``: each state table and
         each channel's copied records as Parquet, then ``_TASK.json``.  Writing
-        the same task again replaces what was there.  ``chains``: state
+        the same task again replaces what was there.  ``parts.chains``: state
         tables as chains (``SnapshotWriter.write_task``)."""
-        return self.writer.write_task(
-            checkpoint_id,
-            generation,
-            task,
-            state,
-            positions=positions,
-            in_flight=in_flight,
-            channel_records=channel_records,
-            metadata=metadata,
-            chains=chains,
-        )
+        return self.writer.write_task(checkpoint_id, generation, task, parts)
 
     def write_task_async(
-        self,
-        checkpoint_id: int,
-        generation: int,
-        task: str,
-        state: Mapping[str, pa.Table],
-        *,
-        positions: Mapping[str, int],
-        in_flight: Mapping[str, tuple[int, int]] | None = None,
-        channel_records: Mapping[str, pa.Table] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        chains: Mapping[str, Sequence[ChainStep]] | None = None,
+        self, checkpoint_id: int, generation: int, task: str, parts: TaskParts
     ) -> Future[TaskSnapshot]:
         """``write_task`` on a background thread, so the task keeps processing
-        while its snapshot uploads.  Arrow tables are immutable, so the tables
-        are not copied; the mappings holding them are (shallowly), so the caller
-        may reuse its dicts at once.  The future raises what ``write_task`` would."""
-        return self.writer.write_task_async(
-            checkpoint_id,
-            generation,
-            task,
-            state,
-            positions=positions,
-            in_flight=in_flight,
-            channel_records=channel_records,
-            metadata=metadata,
-            chains=chains,
-        )
+        while its snapshot uploads (``SnapshotWriter.write_task_async``).  The
+        future raises what ``write_task`` would."""
+        return self.writer.write_task_async(checkpoint_id, generation, task, parts)
 
     def write_manifest(
         self,

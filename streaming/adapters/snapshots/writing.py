@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -19,13 +20,41 @@ from streaming.adapters.objects import ObjectFiles
 from streaming.adapters.snapshots.format import LINK_KINDS, Manifest, PartInfo, StateLink, TaskSnapshot, now
 from streaming.adapters.snapshots.layout import Layout, escape
 
-__all__ = ["SnapshotWriter", "ChainStep", "part_bytes"]
+__all__ = ["SnapshotWriter", "TaskParts", "ChainStep", "part_bytes"]
 
 # A step of a state chain given to ``write_task``: a link already stored (an
 # earlier checkpoint's), or a table to store now as a link of that kind.
 ChainStep = StateLink | tuple[str, pa.Table]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskParts:
+    """What one task's snapshot for one checkpoint holds, as the task gives it
+    to ``write_task``: its state, where each input channel resumes, its
+    channel state and free metadata.  Each mapping is copied (shallowly) when
+    the parts are made, so the giver may reuse its dicts at once; the tables
+    are Arrow's, immutable, and not copied."""
+
+    # state table name -> the table, stored whole
+    state: Mapping[str, pa.Table] = field(default_factory=dict)
+    # input channel ("topic:partition") -> the offset to resume from
+    positions: Mapping[str, int] = field(default_factory=dict)
+    # channel -> its channel state as the offset range [start, end)
+    in_flight: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # channel -> the records of its in-flight range, copied into the checkpoint (none: kept as the range only)
+    channel_records: Mapping[str, pa.Table] = field(default_factory=dict)
+    # free JSON: alignment kind, watermarks, timings
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    # incremental checkpoints: state table name -> its chain, stored instead of the whole table
+    # (a base first, then changes, oldest first)
+    chains: Mapping[str, Sequence[ChainStep]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("state", "positions", "in_flight", "channel_records", "metadata"):
+            object.__setattr__(self, name, dict(getattr(self, name)))
+        object.__setattr__(self, "chains", {name: list(steps) for name, steps in self.chains.items()})
 
 
 class SnapshotWriter:
@@ -43,29 +72,16 @@ class SnapshotWriter:
         self._pool_lock = threading.Lock()
         self._closed = False
 
-    def write_task(
-        self,
-        checkpoint_id: int,
-        generation: int,
-        task: str,
-        state: Mapping[str, pa.Table],
-        *,
-        positions: Mapping[str, int],
-        in_flight: Mapping[str, tuple[int, int]] | None = None,
-        channel_records: Mapping[str, pa.Table] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        chains: Mapping[str, Sequence[ChainStep]] | None = None,
-    ) -> TaskSnapshot:
+    def write_task(self, checkpoint_id: int, generation: int, task: str, parts: TaskParts) -> TaskSnapshot:
         """Store ``task``'s snapshot for ``checkpoint_id``: each state table and
         each channel's copied records as Parquet, then ``_TASK.json``.  Writing
         the same task again replaces what was there.
 
-        ``chains`` (an incremental checkpoint) gives state tables as chains
-        instead: the links an earlier checkpoint stored, kept as they are,
-        then the ``(kind, table)`` steps this one stores."""
-        in_flight = {c: (int(r[0]), int(r[1])) for c, r in (in_flight or {}).items()}
-        channel_records = dict(channel_records or {})
-        chains = {name: list(steps) for name, steps in (chains or {}).items()}
+        ``parts.chains`` (an incremental checkpoint) gives state tables as
+        chains instead: the links an earlier checkpoint stored, kept as they
+        are, then the ``(kind, table)`` steps this one stores."""
+        state, channel_records, chains = parts.state, parts.channel_records, parts.chains
+        in_flight = {c: (int(r[0]), int(r[1])) for c, r in parts.in_flight.items()}
         _check_task(task, state, in_flight, channel_records)
         _check_chains(task, state, chains)
         started = time.monotonic()
@@ -95,11 +111,11 @@ class SnapshotWriter:
                 task=task,
                 checkpoint_id=checkpoint_id,
                 generation=generation,
-                positions={c: int(o) for c, o in positions.items()},
+                positions={c: int(o) for c, o in parts.positions.items()},
                 in_flight=in_flight,
                 state_parts=state_parts,
                 channel_parts=channel_parts,
-                metadata=dict(metadata or {}),
+                metadata=dict(parts.metadata),
                 state_chains=state_chains,
             )
             self.files.write(self.layout.task_file(checkpoint_id, task), snapshot.to_json().encode())
@@ -115,35 +131,14 @@ class SnapshotWriter:
         return snapshot
 
     def write_task_async(
-        self,
-        checkpoint_id: int,
-        generation: int,
-        task: str,
-        state: Mapping[str, pa.Table],
-        *,
-        positions: Mapping[str, int],
-        in_flight: Mapping[str, tuple[int, int]] | None = None,
-        channel_records: Mapping[str, pa.Table] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        chains: Mapping[str, Sequence[ChainStep]] | None = None,
+        self, checkpoint_id: int, generation: int, task: str, parts: TaskParts
     ) -> Future[TaskSnapshot]:
         """``write_task`` on a background thread, so the task keeps processing
         while its snapshot uploads.  Arrow tables are immutable, so the tables
-        are not copied; the mappings holding them are (shallowly), so the caller
-        may reuse its dicts at once.  The future raises what ``write_task`` would."""
-        pool = self._executor()
-        return pool.submit(
-            self.write_task,
-            checkpoint_id,
-            generation,
-            task,
-            dict(state),
-            positions=dict(positions),
-            in_flight=dict(in_flight or {}),
-            channel_records=dict(channel_records or {}),
-            metadata=dict(metadata or {}),
-            chains={name: list(steps) for name, steps in (chains or {}).items()},
-        )
+        are not copied; ``parts`` holds its own copies of the mappings, so the
+        caller may reuse its dicts at once.  The future raises what
+        ``write_task`` would."""
+        return self._executor().submit(self.write_task, checkpoint_id, generation, task, parts)
 
     def write_manifest(
         self,
@@ -218,7 +213,7 @@ def part_bytes(table: pa.Table) -> pa.Buffer:
     return sink.getvalue()
 
 
-def _check_chains(task: str, state: Mapping[str, pa.Table], chains: Mapping[str, list[ChainStep]]) -> None:
+def _check_chains(task: str, state: Mapping[str, pa.Table], chains: Mapping[str, Sequence[ChainStep]]) -> None:
     """What ``write_task`` refuses of ``chains``: a table given whole and as a
     chain, a chain that does not start with a base, a step of no known kind."""
     for name, steps in chains.items():

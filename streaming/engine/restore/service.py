@@ -45,7 +45,7 @@ from streaming.adapters.kafka_admin import earliest_offsets
 from streaming.adapters.kafka_io import DeadLetters, producer, read_range, write_records
 from streaming.adapters.objects import patiently
 from streaming.adapters.sinks import open_sink, sink_location
-from streaming.adapters.snapshots import JobMeta, Manifest, SnapshotStore
+from streaming.adapters.snapshots import JobMeta, Manifest, SnapshotStore, TaskParts
 from streaming.adapters.snapshots.format import options_as_stored, stored_name
 from streaming.api.config import Connection
 from streaming.api.pipeline import Pipeline, Scale
@@ -371,14 +371,11 @@ class RestoreService:
         from ``source`` (``provenance`` names it in every snapshot)."""
         snapshots = {}
         for name, task in tasks.items():
-            snapshots[name] = self.store.write_task(
-                checkpoint_id,
-                generation,
-                name,
-                task.state,
+            parts = TaskParts(
+                state=task.state,
                 positions={str(c): p for c, p in task.positions.items()},
                 in_flight={str(c): r for c, r in task.in_flight.items()},
-                channel_records={str(c): t for c, t in task.channel_records.items()} or None,
+                channel_records={str(c): t for c, t in task.channel_records.items()},
                 metadata={
                     "kind": stored_name(kind),
                     **provenance,
@@ -386,6 +383,7 @@ class RestoreService:
                     "lineage": task.lineage.to_json(),
                 },
             )
+            snapshots[name] = self.store.write_task(checkpoint_id, generation, name, parts)
         self.store.write_manifest(
             checkpoint_id,
             generation,

@@ -41,6 +41,7 @@ from operators.base import LaterTables, gathered
 from operators.state import StateChanges, current_memory
 from streaming.adapters.control import Ack, Decline
 from streaming.adapters.snapshots.format import TaskCheckpointMetrics, TaskSnapshot, stored_name
+from streaming.adapters.snapshots.writing import TaskParts
 from streaming.engine import faults
 from streaming.engine.kafka_retention import AtRisk
 from streaming.engine.task.replay import ReplayRest
@@ -244,22 +245,20 @@ class SnapshotUploader:
                 self._unstaged = []
             state, chains = self._state_to_write(checkpoint_id, taken)
             measured = self._measured(checkpoint, taken, copied, at_risk)
-            snapshot = self.io.write_snapshot(
-                checkpoint_id,
-                self.generation,
-                self.task,
-                state,
+            parts = TaskParts(
+                state=state,
                 positions={str(c): p for c, p in checkpoint.positions.items()},
                 in_flight={str(c): r for c, r in checkpoint.in_flight.items()},
-                channel_records=copied or None,
+                channel_records=copied,
                 metadata={
                     "watermarks": {str(c): w for c, w in taken.watermarks.items()},
                     # which records of older generations in the ranges are channel state
                     "lineage": self.lineage.to_json(),
                     **measured.to_json(),
                 },
-                **({"chains": chains} if chains is not None else {}),
+                chains=chains or {},
             )
+            snapshot = self.io.write_snapshot(checkpoint_id, self.generation, self.task, parts)
             self._wrote(snapshot, taken)
             upload_s = time.perf_counter() - began
         except Exception as exc:  # the store, Kafka or the sink staging failed: decline, keep running

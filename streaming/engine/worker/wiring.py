@@ -210,8 +210,8 @@ class TaskFactory:
         return False
 
     def _write_snapshot(self, name: str):
-        def write(checkpoint_id, generation, task, state, **kwargs):
+        def write(checkpoint_id, generation, task, parts):
             faults.point(name, "during_upload", checkpoint_id)
-            return self.store().write_task(checkpoint_id, generation, task, state, **kwargs)
+            return self.store().write_task(checkpoint_id, generation, task, parts)
 
         return write

@@ -166,7 +166,7 @@ class Worker:
     def _start_tasks(self) -> None:
         """Every task of this worker, then one query per stage over the
         channels of that stage's tasks here, from where each task starts."""
-        from streaming.adapters.spark import ChannelQuery
+        from streaming.adapters.spark import ChannelQuery, QuerySpec
         from streaming.adapters.spark_stage import spark_stages
 
         stages = sorted({self.pipeline.task(name).stage for name in self.task_names})
@@ -188,15 +188,14 @@ class Worker:
         for stage, tasks in by_stage.items():
             handlers = {t.spec.name: faults.wrap_batch(t.spec.name, t) for t, _ in tasks}
             readers = {c: t.spec.name for t, _ in tasks for c in t.spec.inputs}
-            query = ChannelQuery(
-                self._spark,
-                self.connection,
+            spec = QuerySpec(
                 name=f"{self.pipeline.job}-{stage}-g{self.generation}",
-                channels=readers,
+                channels=tuple(readers),
                 starting={c: o for _, starting in tasks for c, o in starting.items()},
                 max_records_per_batch=self.settings.max_records_per_batch,
-                on_batch=_Dispatch(handlers, readers),
-                prepare=code.get(stage),
+            )
+            query = ChannelQuery(
+                self._spark, self.connection, spec, on_batch=_Dispatch(handlers, readers), prepare=code.get(stage)
             )
             query.start(interval=self.settings.trigger_interval)
             self.queries.append(query)

@@ -12,7 +12,7 @@ import pytest
 
 from operators import KeyedState
 from operators.state import KEYS_METADATA
-from streaming.adapters.snapshots import SnapshotStore, TaskSnapshot
+from streaming.adapters.snapshots import SnapshotStore, TaskParts, TaskSnapshot
 
 JOB = "counts"
 
@@ -37,7 +37,7 @@ def _write(store: SnapshotStore, cid: int, previous: TaskSnapshot | None, state:
         steps = [("base", state.snapshot())]
     else:
         steps = [*previous.state_chains["counts"], ("removed", changes.removed), ("upserts", changes.upserts)]
-    snapshot = store.write_task(cid, 1, "A", {}, positions={"t:0": cid}, chains={"counts": steps})
+    snapshot = store.write_task(cid, 1, "A", TaskParts(positions={"t:0": cid}, chains={"counts": steps}))
     store.write_manifest(cid, 1, {"A": snapshot})
     return snapshot
 
@@ -95,7 +95,7 @@ def test_retention_keeps_what_a_kept_checkpoint_links_to(store) -> None:
     assert store.apply_retention(1) == []  # 3 is kept, and it reads 1 and 2
     assert store.completed() == [1, 2, 3]
     _counts(state, ("f", 1))
-    assert store.write_task(4, 1, "A", {}, positions={}, chains={"counts": [("base", state.snapshot())]})
+    assert store.write_task(4, 1, "A", TaskParts(chains={"counts": [("base", state.snapshot())]}))
     store.write_manifest(4, 1, {"A": store.reader.required_task(4, "A")})
     assert store.apply_retention(1) == [1, 2, 3]  # a new base: nothing links to the old chain
     assert store.load_task(4, "A").state["counts"].num_rows == 6
@@ -107,11 +107,11 @@ def test_an_aborted_checkpoint_a_later_one_links_to_is_kept(store) -> None:
     _counts(state, ("b", 1))
     changes = state.changes()
     steps = [*written[2].state_chains["counts"], ("removed", changes.removed), ("upserts", changes.upserts)]
-    four = store.write_task(4, 1, "A", {}, positions={}, chains={"counts": steps})
+    four = store.write_task(4, 1, "A", TaskParts(chains={"counts": steps}))
     _counts(state, ("c", 1))
     changes = state.changes()
     five = store.write_task(
-        5, 1, "A", {}, positions={}, chains={"counts": [*four.state_chains["counts"], ("upserts", changes.upserts)]}
+        5, 1, "A", TaskParts(chains={"counts": [*four.state_chains["counts"], ("upserts", changes.upserts)]})
     )
     store.write_manifest(5, 1, {"A": five})
     assert store.apply_retention(1) == []
@@ -122,7 +122,7 @@ def test_an_aborted_checkpoint_a_later_one_links_to_is_kept(store) -> None:
 def test_a_chain_is_refused_unless_it_starts_with_its_one_base(store) -> None:
     upserts = pa.table({"k": ["a"], "n": [1]}).replace_schema_metadata({KEYS_METADATA: '["k"]'})
     with pytest.raises(ValueError, match="must start with its one base"):
-        store.write_task(1, 1, "A", {}, positions={}, chains={"counts": [("upserts", upserts)]})
+        store.write_task(1, 1, "A", TaskParts(chains={"counts": [("upserts", upserts)]}))
     with pytest.raises(ValueError, match="given whole and as a chain"):
-        store.write_task(1, 1, "A", {"counts": upserts}, positions={}, chains={"counts": [("base", upserts)]})
+        store.write_task(1, 1, "A", TaskParts(state={"counts": upserts}, chains={"counts": [("base", upserts)]}))
     assert store.checkpoints() == []

@@ -20,6 +20,7 @@ from streaming.adapters.snapshots import (
     JobMeta,
     Manifest,
     SnapshotStore,
+    TaskParts,
     TaskSnapshot,
 )
 from streaming.adapters.snapshots.format import (
@@ -69,8 +70,9 @@ def _complete(store: SnapshotStore, cid: int, generation: int = 1, tasks=("A", "
             cid,
             generation,
             t,
-            {"counts": pa.table({"n": [cid, len(t)]})},
-            positions={f"in:{i}": cid * 10 + i for i in range(2)},
+            TaskParts(
+                state={"counts": pa.table({"n": [cid, len(t)]})}, positions={f"in:{i}": cid * 10 + i for i in range(2)}
+            ),
         )
         for t in tasks
     }
@@ -90,11 +92,13 @@ def test_task_state_and_channel_records_round_trip(store):
         3,
         1,
         "stage-a/0",
-        state,
-        positions={"transfers:0": 5, "transfers:1": 3},
-        in_flight=in_flight,
-        channel_records={"transfers:0": _records(5, 6)},
-        metadata={"alignment": "unaligned", "sync_ms": 4},
+        TaskParts(
+            state=state,
+            positions={"transfers:0": 5, "transfers:1": 3},
+            in_flight=in_flight,
+            channel_records={"transfers:0": _records(5, 6)},
+            metadata={"alignment": "unaligned", "sync_ms": 4},
+        ),
     )
 
     loaded = store.load_task(3, "stage-a/0")
@@ -115,10 +119,12 @@ def test_layout_escapes_names_and_keeps_the_originals_in_json(store):
         12,
         1,
         "stage-a/0",
-        {"windows:sum.v2": pa.table({"x": [1]})},
-        positions={"t:0": 1},
-        in_flight={"t.x:0": (1, 2)},
-        channel_records={"t.x:0": _records(1)},
+        TaskParts(
+            state={"windows:sum.v2": pa.table({"x": [1]})},
+            positions={"t:0": 1},
+            in_flight={"t.x:0": (1, 2)},
+            channel_records={"t.x:0": _records(1)},
+        ),
     )
     task_dir = _chk_dir(store, 12) / "stage-a%2F0"
     assert (task_dir / "state" / "windows%3Asum.v2.parquet").is_file()
@@ -131,8 +137,8 @@ def test_layout_escapes_names_and_keeps_the_originals_in_json(store):
 
 
 def test_rewriting_a_task_replaces_it(store):
-    store.write_task(1, 1, "A", {"a": pa.table({"x": [1]}), "b": pa.table({"y": [2]})}, positions={})
-    store.write_task(1, 1, "A", {"a": pa.table({"x": [9]})}, positions={"t:0": 4})
+    store.write_task(1, 1, "A", TaskParts(state={"a": pa.table({"x": [1]}), "b": pa.table({"y": [2]})}))
+    store.write_task(1, 1, "A", TaskParts(state={"a": pa.table({"x": [9]})}, positions={"t:0": 4}))
     loaded = store.load_task(1, "A")
     assert list(loaded.state) == ["a"] and loaded.state["a"]["x"].to_pylist() == [9]
     assert not (_chk_dir(store, 1) / "A" / "state" / "b.parquet").exists()
@@ -140,13 +146,13 @@ def test_rewriting_a_task_replaces_it(store):
 
 def test_write_task_rejects_bad_input(store):
     with pytest.raises(ValueError, match="ends before it starts"):
-        store.write_task(1, 1, "A", {}, positions={}, in_flight={"t:0": (5, 4)})
+        store.write_task(1, 1, "A", TaskParts(in_flight={"t:0": (5, 4)}))
     with pytest.raises(ValueError, match="no in-flight range"):
-        store.write_task(1, 1, "A", {}, positions={}, channel_records={"t:0": _records(1)})
+        store.write_task(1, 1, "A", TaskParts(channel_records={"t:0": _records(1)}))
     with pytest.raises(TypeError, match="pyarrow.Table"):
-        store.write_task(1, 1, "A", {"a": [1, 2]}, positions={})
+        store.write_task(1, 1, "A", TaskParts(state={"a": [1, 2]}))
     with pytest.raises(ValueError, match="file name"):
-        store.write_task(1, 1, "..", {}, positions={})
+        store.write_task(1, 1, "..", TaskParts())
     with pytest.raises(ConfigError):
         SnapshotStore(store.location, "")
     assert store.checkpoints() == []
@@ -154,7 +160,7 @@ def test_write_task_rejects_bad_input(store):
 
 def test_only_a_checkpoint_with_a_manifest_is_complete(store):
     manifest = _complete(store, 1)
-    store.write_task(2, 1, "A", {"counts": pa.table({"n": [1]})}, positions={})
+    store.write_task(2, 1, "A", TaskParts(state={"counts": pa.table({"n": [1]})}))
     assert store.checkpoints() == [1, 2]
     assert store.completed() == [1]
     assert store.read_manifest(1) == manifest
@@ -167,7 +173,7 @@ def test_only_a_checkpoint_with_a_manifest_is_complete(store):
 
 
 def test_manifest_round_trips_and_rejects_mismatched_snapshots(store):
-    a = store.write_task(4, 2, "A", _state(), positions={"t:0": 1}, in_flight={"t:0": (1, 3)})
+    a = store.write_task(4, 2, "A", TaskParts(state=_state(), positions={"t:0": 1}, in_flight={"t:0": (1, 3)}))
     manifest = store.write_manifest(4, 2, {"A": a}, options={"alignment": "aligned"}, metrics={"duration_ms": 12})
     assert Manifest.from_json(manifest.to_json()) == manifest
     assert TaskSnapshot.from_json(a.to_json()) == a
@@ -222,7 +228,7 @@ def test_load_task_checks_every_part(store):
 def test_latest_verified_falls_back_and_says_why(store):
     for cid in (1, 2, 3):
         _complete(store, cid)
-    store.write_task(4, 1, "A", {}, positions={})  # in progress: not a candidate
+    store.write_task(4, 1, "A", TaskParts())  # in progress: not a candidate
     assert store.latest_verified()[0].checkpoint_id == 3
 
     _flip_byte(_chk_dir(store, 3) / "B" / "state" / "counts.parquet")
@@ -257,8 +263,8 @@ def test_a_checkpoint_a_later_generation_left_behind_is_never_picked(store):
 def test_retention_keeps_the_newest_and_pinned_and_removes_orphans(store):
     for cid in (1, 2, 4, 5, 6):
         _complete(store, cid)
-    store.write_task(3, 1, "A", {}, positions={})  # abandoned
-    store.write_task(7, 1, "A", {}, positions={})  # in progress
+    store.write_task(3, 1, "A", TaskParts())  # abandoned
+    store.write_task(7, 1, "A", TaskParts())  # in progress
     with pytest.raises(ConfigError, match="keep"):
         store.apply_retention(0)
 
@@ -279,23 +285,31 @@ def test_retention_keeps_the_newest_and_pinned_and_removes_orphans(store):
 def test_async_write_gives_the_same_snapshot(store):
     state = _state()
     future = store.write_task_async(
-        5, 1, "A", state, positions={"t:0": 8}, in_flight={"t:0": (8, 9)}, channel_records={"t:0": _records(8)}
+        5,
+        1,
+        "A",
+        TaskParts(state=state, positions={"t:0": 8}, in_flight={"t:0": (8, 9)}, channel_records={"t:0": _records(8)}),
     )
     state.clear()  # the caller may reuse its dict at once
     async_snapshot = future.result(timeout=10)
     sync_snapshot = store.write_task(
-        6, 1, "A", _state(), positions={"t:0": 8}, in_flight={"t:0": (8, 9)}, channel_records={"t:0": _records(8)}
+        6,
+        1,
+        "A",
+        TaskParts(
+            state=_state(), positions={"t:0": 8}, in_flight={"t:0": (8, 9)}, channel_records={"t:0": _records(8)}
+        ),
     )
     assert async_snapshot.parts == sync_snapshot.parts
     assert async_snapshot.checkpoint_id == 5
     assert store.load_task(5, "A").state["balances"].equals(_state()["balances"])
 
-    failing = store.write_task_async(5, 1, "A", {"bad": "not a table"}, positions={})
+    failing = store.write_task_async(5, 1, "A", TaskParts(state={"bad": "not a table"}))
     with pytest.raises(TypeError):
         failing.result(timeout=10)
     store.close()
     with pytest.raises(RuntimeError, match="closed"):
-        store.write_task_async(7, 1, "A", {}, positions={})
+        store.write_task_async(7, 1, "A", TaskParts())
 
 
 def test_job_generations_are_recorded(store):
@@ -342,7 +356,7 @@ def test_unreachable_s3_endpoint_is_a_store_error():
     with pytest.raises(StoreError, match=r"s3://nowhere/snapshots: listing checkpoints failed"):
         store.completed()
     with pytest.raises(StoreError, match=r"s3://nowhere/snapshots: writing checkpoint 1 task A failed"):
-        store.write_task(1, 1, "A", {"a": pa.table({"x": [1]})}, positions={})
+        store.write_task(1, 1, "A", TaskParts(state={"a": pa.table({"x": [1]})}))
     with pytest.raises(StoreError, match=r"s3://nowhere/snapshots: reading the manifest of checkpoint 1"):
         store.read_manifest(1)
 
@@ -356,14 +370,19 @@ def test_snapshots_on_the_s3_server(connection, unique_name):
         state = _state()
         futures = {
             t: store.write_task_async(
-                1, 1, t, state, positions={"t:0": 3}, in_flight={"t:0": (3, 4)}, channel_records={"t:0": _records(3)}
+                1,
+                1,
+                t,
+                TaskParts(
+                    state=state, positions={"t:0": 3}, in_flight={"t:0": (3, 4)}, channel_records={"t:0": _records(3)}
+                ),
             )
             for t in ("A", "B")
         }
         store.write_manifest(1, 1, {t: f.result(timeout=30) for t, f in futures.items()})
         _complete(store, 2)
-        store.write_task(3, 1, "A", {"old": pa.table({"x": [1]})}, positions={})
-        store.write_task(3, 1, "A", {"new": pa.table({"x": [2]})}, positions={})  # replaces it
+        store.write_task(3, 1, "A", TaskParts(state={"old": pa.table({"x": [1]})}))
+        store.write_task(3, 1, "A", TaskParts(state={"new": pa.table({"x": [2]})}))  # replaces it
         assert list(store.load_task(3, "A").state) == ["new"]
         stale = f"{location.root}/{JOB}/checkpoints/chk-00000003/A/state/old.parquet"
         assert location.filesystem.get_file_info(stale).type == pafs.FileType.NotFound

@@ -13,7 +13,7 @@ from kafka import KafkaProducer
 from barriers.messages import ChannelId
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.records import header_values
-from streaming.adapters.spark import ChannelQuery, master_url
+from streaming.adapters.spark import ChannelQuery, QuerySpec, master_url
 from streaming.errors import ConfigError
 
 
@@ -29,15 +29,13 @@ def test_query_reads_assigned_channels_from_their_offsets_in_order(spark, connec
     producer.close()
 
     batches: list[pa.Table] = []
-    query = ChannelQuery(
-        spark,
-        connection,
+    spec = QuerySpec(
         name=unique_name,
-        channels=[ChannelId(unique_name, 0), ChannelId(unique_name, 1)],  # not partition 2
+        channels=(ChannelId(unique_name, 0), ChannelId(unique_name, 1)),  # not partition 2
         starting={ChannelId(unique_name, 0): 15},
         max_records_per_batch=7,
-        on_batch=lambda table, _id: batches.append(table),
     )
+    query = ChannelQuery(spark, connection, spec, on_batch=lambda table, _id: batches.append(table))
     try:
         query.start(available_now=True).await_done(120)
     finally:
@@ -59,9 +57,7 @@ def test_starting_offsets_for_unread_channels_are_refused(spark, connection):
         ChannelQuery(
             spark,
             connection,
-            name="x",
-            channels=[ChannelId("t", 0)],
-            starting={ChannelId("t", 1): 0},
+            QuerySpec(name="x", channels=(ChannelId("t", 0),), starting={ChannelId("t", 1): 0}),
             on_batch=lambda t, i: None,
         )
 
@@ -85,7 +81,7 @@ def test_batches_are_handled_in_order_one_at_a_time_and_a_failing_one_fails_the_
         running.release()
 
     query = ChannelQuery(
-        spark, connection, name=unique_name, channels=[channel], max_records_per_batch=5, on_batch=slow
+        spark, connection, QuerySpec(name=unique_name, channels=(channel,), max_records_per_batch=5), on_batch=slow
     )
     try:
         query.start(available_now=True).await_done(120)  # returns once the last batch is handled
@@ -96,7 +92,7 @@ def test_batches_are_handled_in_order_one_at_a_time_and_a_failing_one_fails_the_
     def failing(table: pa.Table, _id: int) -> None:
         raise ValueError("operator bug")
 
-    query = ChannelQuery(spark, connection, name=f"{unique_name}-f", channels=[channel], on_batch=failing)
+    query = ChannelQuery(spark, connection, QuerySpec(name=f"{unique_name}-f", channels=(channel,)), on_batch=failing)
     try:
         query.start()
         deadline = time.monotonic() + 60

@@ -102,9 +102,9 @@ class RecordedIO:
     def _dead(self, channel, offset, key, value, headers, reason):
         self.dead.append((str(channel), offset, reason))
 
-    def _write(self, checkpoint_id, generation, task, state, *, positions, in_flight, metadata, channel_records=None):
-        self.snapshots[checkpoint_id] = (state, positions, in_flight, metadata)
-        self.copied = channel_records
+    def _write(self, checkpoint_id, generation, task, parts):
+        self.snapshots[checkpoint_id] = (parts.state, parts.positions, parts.in_flight, parts.metadata)
+        self.copied = parts.channel_records
         self.log.append(("snapshot", checkpoint_id))
         return TaskSnapshot(task, checkpoint_id, generation)
 

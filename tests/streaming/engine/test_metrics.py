@@ -23,7 +23,7 @@ from barriers.messages import ChannelId, CheckpointOptions
 from operators import KeyedAggregate, count
 from streaming.adapters.control import Ack, ControlEvent, Decline, Ready
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics
+from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskParts
 from streaming.api.config import MetricsSettings
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
@@ -164,9 +164,11 @@ def _ack(store: SnapshotStore, task: str, checkpoint_id: int) -> Ack:
         checkpoint_id,
         0,
         task,
-        {"state": pa.table({"k": ["a"], "n": [1]})},
-        positions={f"in:{task[-1]}": 7},
-        metadata=measured.to_json(),
+        TaskParts(
+            state={"state": pa.table({"k": ["a"], "n": [1]})},
+            positions={f"in:{task[-1]}": 7},
+            metadata=measured.to_json(),
+        ),
     )
     return Ack(
         checkpoint_id=checkpoint_id,

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import SnapshotStore, TaskParts
 from streaming.tools import commands
 from streaming.tools.checkpoints.inspection import Checkpoints
 from streaming.tools.commands import run_job
@@ -28,9 +28,11 @@ def _write(store: SnapshotStore, cid: int, *, complete: bool = True) -> None:
         cid,
         0,
         "valid-0",
-        {"counts": pa.table({"n": [cid, 2, 3]})},
-        positions={"orders:0": 10 * cid},
-        in_flight={"orders:0": (10 * cid - 4, 10 * cid)},
+        TaskParts(
+            state={"counts": pa.table({"n": [cid, 2, 3]})},
+            positions={"orders:0": 10 * cid},
+            in_flight={"orders:0": (10 * cid - 4, 10 * cid)},
+        ),
     )
     if complete:
         store.write_manifest(cid, 0, {"valid-0": snap}, metrics={"kinds": ["unaligned"], "trigger_to_complete_s": 0.5})

@@ -12,7 +12,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from streaming.adapters.objects import open_store
 from streaming.errors import SmokeFailure
-from streaming.tools.smoke import SEQ_HEADER, check_round_trip, run_smoke
+from streaming.tools.smoke import SEQ_HEADER, SmokeRun, check_round_trip, run_smoke
 
 pytestmark = pytest.mark.integration
 
@@ -40,9 +40,8 @@ def _consume_all(bootstrap: str, topic: str, partitions: int) -> dict[tuple[int,
 
 
 def test_smoke_pipeline_round_trips_every_record(spark, connection, unique_name):
-    report = run_smoke(
-        spark, connection, topic=unique_name, prefix=f"tests/{unique_name}", records=700, partitions=3, batch_limit=200
-    )
+    run = SmokeRun(topic=unique_name, prefix=f"tests/{unique_name}", records=700, partitions=3, batch_limit=200)
+    report = run_smoke(spark, connection, run)
 
     assert report.produced == report.rows_read_back == 700
     assert report.batches >= 4  # 700 records in batches of at most 200

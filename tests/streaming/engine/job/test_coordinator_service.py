@@ -19,7 +19,7 @@ from barriers.messages import ChannelId, decode
 from operators import KeyedAggregate, count
 from streaming.adapters.control import Ack, Committed, ControlEvent, ControlKind, Decline, Ready
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics
+from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskParts
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
 from streaming.engine.job.coordinator import CompletionHooks, CoordinatorIO, CoordinatorService, CoordinatorStart
@@ -121,9 +121,11 @@ def _ack(store: SnapshotStore, task: str, checkpoint_id: int, generation: int = 
         checkpoint_id,
         generation,
         task,
-        {"state": pa.table({"k": ["a"], "n": [1]})},
-        positions={f"orders:{task[-1]}": 7},
-        metadata={"kind": "aligned"},
+        TaskParts(
+            state={"state": pa.table({"k": ["a"], "n": [1]})},
+            positions={f"orders:{task[-1]}": 7},
+            metadata={"kind": "aligned"},
+        ),
     )
     return Ack(
         checkpoint_id=checkpoint_id,

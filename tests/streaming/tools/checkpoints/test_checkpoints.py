@@ -24,7 +24,7 @@ from operators import KeyedAggregate, count, sum_
 from operators.state import KeyedState
 from streaming.adapters.objects import open_store
 from streaming.adapters.records import RECORD_SCHEMA
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import SnapshotStore, TaskParts
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
 from streaming.engine.job.coordinator import CompletionHooks, CoordinatorIO, CoordinatorService
@@ -75,25 +75,27 @@ def _checkpoint(store: SnapshotStore, cid: int, balances: dict[str, int], *, gen
             cid,
             generation,
             "accounts-0",
-            {"balances": _balances(balances)},
-            positions={CHANNEL: 110},
-            in_flight={CHANNEL: (101, 105)},
-            channel_records={CHANNEL: copied},
-            metadata={
-                "kind": "unaligned",
-                "first_barrier_s": 0.25,
-                "appended_s": 0.01,
-                "batch_began_s": 0.12,
-                "handed_s": 0.24,
-                "forwarded_s": 0.26,
-                "alignment_s": 0.0,
-                "sync_snapshot_s": 0.002,
-                "watermarks": {CHANNEL: 1000},
-                "lineage": lineage.to_json(),
-            },
+            TaskParts(
+                state={"balances": _balances(balances)},
+                positions={CHANNEL: 110},
+                in_flight={CHANNEL: (101, 105)},
+                channel_records={CHANNEL: copied},
+                metadata={
+                    "kind": "unaligned",
+                    "first_barrier_s": 0.25,
+                    "appended_s": 0.01,
+                    "batch_began_s": 0.12,
+                    "handed_s": 0.24,
+                    "forwarded_s": 0.26,
+                    "alignment_s": 0.0,
+                    "sync_snapshot_s": 0.002,
+                    "watermarks": {CHANNEL: 1000},
+                    "lineage": lineage.to_json(),
+                },
+            ),
         ),
         "accounts-1": store.write_task(
-            cid, generation, "accounts-1", {"balances": _balances({"z": 1})}, positions={"legs:1": 40}
+            cid, generation, "accounts-1", TaskParts(state={"balances": _balances({"z": 1})}, positions={"legs:1": 40})
         ),
     }
     store.write_manifest(
@@ -170,7 +172,7 @@ def test_channel_state_marks_stale_and_control_records_and_decodes_the_rest(stor
 
 def test_a_range_without_kafka_is_reported_not_dropped(tmp_path):
     store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
-    snap = store.write_task(1, 0, "t-0", {}, positions={CHANNEL: 9}, in_flight={CHANNEL: (3, 9)})
+    snap = store.write_task(1, 0, "t-0", TaskParts(positions={CHANNEL: 9}, in_flight={CHANNEL: (3, 9)}))
     store.write_manifest(1, 0, {"t-0": snap})
     channels = Checkpoints(store).channel_state(1)
     store.close()
@@ -255,7 +257,7 @@ def test_the_commands(store, tmp_path):
 def test_a_table_without_named_keys_is_compared_row_by_row(tmp_path):
     store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
     for cid, marks in ((1, [5, 7, None]), (2, [7, 9, None])):
-        snap = store.write_task(cid, 0, "w-0", {"watermark": pa.table({"watermark": marks})}, positions={})
+        snap = store.write_task(cid, 0, "w-0", TaskParts(state={"watermark": pa.table({"watermark": marks})}))
         store.write_manifest(cid, 0, {"w-0": snap})
     (d,) = Checkpoints(store).diff(1, 2)
     store.close()
@@ -266,8 +268,8 @@ def test_an_empty_state_with_placeholder_types_does_not_break_reading_a_stage(tm
     store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
     empty = KeyedState(["account"], ["balance"]).snapshot()  # no rows yet: placeholder int64 columns
     snaps = {
-        "accounts-0": store.write_task(1, 0, "accounts-0", {"balances": empty}, positions={}),
-        "accounts-1": store.write_task(1, 0, "accounts-1", {"balances": _balances({"a": 1})}, positions={}),
+        "accounts-0": store.write_task(1, 0, "accounts-0", TaskParts(state={"balances": empty})),
+        "accounts-1": store.write_task(1, 0, "accounts-1", TaskParts(state={"balances": _balances({"a": 1})})),
     }
     store.write_manifest(1, 0, snaps)
     balances = Checkpoints(store).state(1)["balances"]
@@ -279,7 +281,7 @@ def test_an_empty_state_with_placeholder_types_does_not_break_reading_a_stage(tm
 def test_equal_rows_of_a_table_without_keys_count_one_by_one(tmp_path):
     store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
     for cid, marks in ((1, [7, 7]), (2, [7])):
-        snap = store.write_task(cid, 0, "w-0", {"watermark": pa.table({"watermark": marks})}, positions={})
+        snap = store.write_task(cid, 0, "w-0", TaskParts(state={"watermark": pa.table({"watermark": marks})}))
         store.write_manifest(cid, 0, {"w-0": snap})
     (d,) = Checkpoints(store).diff(1, 2)
     store.close()
@@ -293,7 +295,10 @@ def test_channels_of_different_stages_decode_each_with_its_own_columns(tmp_path)
     transfers = _records([(1, b'{"id": 9, "source": "a", "target": "b"}', {})])
     snaps = {
         name: store.write_task(
-            1, 0, name, {}, positions={CHANNEL: 2}, in_flight={CHANNEL: (1, 2)}, channel_records={CHANNEL: records}
+            1,
+            0,
+            name,
+            TaskParts(positions={CHANNEL: 2}, in_flight={CHANNEL: (1, 2)}, channel_records={CHANNEL: records}),
         )
         for name, records in (("accounts-0", legs), ("legs-0", transfers))
     }

@@ -13,7 +13,7 @@ import pytest
 
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import ObjectStoreSink, sink_location
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import SnapshotStore, TaskParts
 from streaming.api.settings import JobSettings
 from streaming.tools.checkpoints.gc import apply_gc, plan_gc
 from streaming.tools.views import render_gc
@@ -32,7 +32,7 @@ def uri(request, tmp_path, unique_name):
 def _write(store: SnapshotStore, cid: int, *, complete: bool = True) -> None:
     generation = 1 if cid == 1 else 2  # generation 2 started from checkpoint 1 and took the later ones
     snap = store.write_task(
-        cid, generation, "accounts-0", {"balances": pa.table({"k": [cid]})}, positions={"legs:0": cid}
+        cid, generation, "accounts-0", TaskParts(state={"balances": pa.table({"k": [cid]})}, positions={"legs:0": cid})
     )
     if complete:
         store.write_manifest(cid, generation, {"accounts-0": snap})
@@ -110,33 +110,34 @@ def test_gc_keeps_every_checkpoint_a_kept_one_links_to(tmp_path) -> None:
     store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB)
     keys = {b"spark-abs.keys": b'["k"]'}
     base = store.write_task(
-        1,
-        1,
-        "a-0",
-        {},
-        positions={},
-        chains={"t": [("base", pa.table({"k": [1], "n": [1]}).replace_schema_metadata(keys))]},
+        1, 1, "a-0", TaskParts(chains={"t": [("base", pa.table({"k": [1], "n": [1]}).replace_schema_metadata(keys))]})
     )
     store.write_manifest(1, 1, {"a-0": base})
     aborted = store.write_task(
         2,
         1,
         "a-0",
-        {},
-        positions={},
-        chains={
-            "t": [*base.state_chains["t"], ("upserts", pa.table({"k": [2], "n": [1]}).replace_schema_metadata(keys))]
-        },
+        TaskParts(
+            chains={
+                "t": [
+                    *base.state_chains["t"],
+                    ("upserts", pa.table({"k": [2], "n": [1]}).replace_schema_metadata(keys)),
+                ]
+            }
+        ),
     )
     third = store.write_task(
         3,
         1,
         "a-0",
-        {},
-        positions={},
-        chains={
-            "t": [*aborted.state_chains["t"], ("upserts", pa.table({"k": [3], "n": [1]}).replace_schema_metadata(keys))]
-        },
+        TaskParts(
+            chains={
+                "t": [
+                    *aborted.state_chains["t"],
+                    ("upserts", pa.table({"k": [3], "n": [1]}).replace_schema_metadata(keys)),
+                ]
+            }
+        ),
     )
     store.write_manifest(3, 1, {"a-0": third})
     plan = plan_gc(store, None, retain=1, grace_s=0)

@@ -26,7 +26,7 @@ from operators.state import KeyedState
 from streaming.adapters.control import Abort, Ack, Complete, Decline, Ready, Trigger
 from streaming.adapters.objects import open_store
 from streaming.adapters.records import RECORD_SCHEMA
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import SnapshotStore, TaskParts
 from streaming.tools.ui.app import JobSource, create_app
 from streaming.tools.ui.live import ControlWatch
 
@@ -62,25 +62,27 @@ def _checkpoint(store: SnapshotStore, cid: int, generation: int, balances: dict[
             cid,
             generation,
             "accounts-0",
-            {"balances": _balances(balances)},
-            positions={CHANNEL: 110},
-            in_flight={CHANNEL: (101, 103)},
-            channel_records={CHANNEL: _copied()},
-            metadata={
-                "kind": "timed_out_to_unaligned",
-                "switch": "late_barrier",
-                "switched_after_ms": 210.0,
-                "first_barrier_s": 0.25,
-                "appended_s": 0.01,
-                "batch_began_s": 0.12,
-                "handed_s": 0.24,
-                "forwarded_s": 0.26,
-                "alignment_s": 0.0,
-                "sync_snapshot_s": 0.002,
-            },
+            TaskParts(
+                state={"balances": _balances(balances)},
+                positions={CHANNEL: 110},
+                in_flight={CHANNEL: (101, 103)},
+                channel_records={CHANNEL: _copied()},
+                metadata={
+                    "kind": "timed_out_to_unaligned",
+                    "switch": "late_barrier",
+                    "switched_after_ms": 210.0,
+                    "first_barrier_s": 0.25,
+                    "appended_s": 0.01,
+                    "batch_began_s": 0.12,
+                    "handed_s": 0.24,
+                    "forwarded_s": 0.26,
+                    "alignment_s": 0.0,
+                    "sync_snapshot_s": 0.002,
+                },
+            ),
         ),
         "accounts-1": store.write_task(
-            cid, generation, "accounts-1", {"balances": _balances({"z": 1})}, positions={"legs:1": 40}
+            cid, generation, "accounts-1", TaskParts(state={"balances": _balances({"z": 1})}, positions={"legs:1": 40})
         ),
     }
     store.write_manifest(
@@ -105,7 +107,7 @@ def store_dir(tmp_path) -> Path:
     _checkpoint(store, 1, 0, {"a": 10, "b": -10}, 0.8)
     store.next_generation(1, scale=SCALE, cause="worker_died")
     _checkpoint(store, 2, 1, {"a": 12, "b": -10, "d": 3}, 1.3)
-    store.write_task(3, 1, "accounts-0", {}, positions={CHANNEL: 120})
+    store.write_task(3, 1, "accounts-0", TaskParts(positions={CHANNEL: 120}))
     store.close()
     return tmp_path / "store"
 
