@@ -277,7 +277,8 @@ class ChannelQuery:
         """Wait for an ``available_now`` query to finish; raise if it failed."""
         query = self._require()
         deadline = time.monotonic() + timeout_s
-        finished = query.awaitTermination(timeout_s)
+        # seconds, any number (pyspark's annotation says int; it multiplies by 1000 for the JVM)
+        finished = query.awaitTermination(timeout_s)  # type: ignore[arg-type]
         if query.exception() is not None:
             raise ChannelQueryError(f"stage query {self.name!r} failed: {query.exception()}")
         if not finished:

@@ -147,10 +147,12 @@ class SnapshotReader:
         base = self.part(chain[0].checkpoint_id, task, chain[0].part)
         links = [(link.kind, self.part(link.checkpoint_id, task, link.part)) for link in chain[1:]]
         keys = next(filter(None, map(stored_keys, [base, *(rows for _, rows in links)])), None)
-        if links and keys is None:
+        if not links:
+            return base
+        if keys is None:
             raise SnapshotCorruptError(f"{where}: its chain names no key columns, so its links cannot be applied")
         try:
-            return apply_chain(base, links, keys) if links else base
+            return apply_chain(base, links, keys)
         except (pa.ArrowException, KeyError) as exc:
             raise SnapshotCorruptError(f"{where}: the links of its chain do not apply to its base: {exc}") from exc
 
