@@ -143,24 +143,14 @@ def _options(parser: argparse.ArgumentParser) -> set[str]:
 
 def _command_options() -> dict[str, set[str]]:
     """Every command the pages may write (``spark-abs X``, ``python -m benchmarks``) and its options."""
-    from barriers.simulation import narrate
     from benchmarks import __main__ as bench
     from benchmarks import state as bench_state
-    from streaming.tools import cli, demo
-    from streaming.tools.compare import run as compare
-    from streaming.tools.drill import run as drill
+    from streaming.tools import cli
 
     top = cli.build_parser()
     shared = _options(top)  # --home, -v: before the command
     (commands,) = (a for a in top._actions if isinstance(a, argparse._SubParsersAction))
     options = {f"spark-abs {name}": _options(parser) | shared for name, parser in commands.choices.items()}
-    for name, main in {
-        "demo": demo.main,
-        "compare": compare.main,
-        "drill": drill.main,
-        "simulate": narrate.main,
-    }.items():
-        options[f"spark-abs {name}"] = _options(_parser_of(main)) | shared
     options["python -m benchmarks"] = _options(_parser_of(bench.main))
     options["python -m benchmarks.state"] = _options(_parser_of(bench_state.main))
     return options

@@ -34,7 +34,17 @@ from barriers.simulation.simulator import (
     dataflow,
 )
 
-__all__ = ["main", "seed_001", "SEED_001_SCRIPT", "SEED_001_STEPS"]
+__all__ = [
+    "main",
+    "add_arguments",
+    "problem",
+    "tell",
+    "DESCRIPTION",
+    "EPILOG",
+    "seed_001",
+    "SEED_001_SCRIPT",
+    "SEED_001_STEPS",
+]
 
 # Seed 001's run: P1 has events A-D, P2 F-H, P3 I.  A is a send to P2
 # (received at F), H a send to P1 (received at D); B, C, G and I are internal.
@@ -308,15 +318,17 @@ def _checkpoint_of(event: Event) -> int:
     return event.checkpoint_id
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="spark-abs simulate",
-        description="Run a simulated snapshot (Chandy-Lamport / asynchronous barrier snapshots) and tell it "
-        "in words: every event, every marker, what each process records, the resulting "
-        "snapshot and whether it is a consistent cut.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+# what ``spark-abs simulate --help`` says before and after its options
+DESCRIPTION = (
+    "Run a simulated snapshot (Chandy-Lamport / asynchronous barrier snapshots) and tell it "
+    "in words: every event, every marker, what each process records, the resulting "
+    "snapshot and whether it is a consistent cut."
+)
+EPILOG = _EPILOG
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a simulated run (``spark-abs simulate``), on ``parser``."""
     parser.add_argument(
         "--example",
         choices=("seed-001", "money", "dataflow"),
@@ -339,7 +351,6 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="number of processes (money: 2-9, default 3; dataflow: 3-9, default 4; seed-001 always has 3)",
     )
-    return parser
 
 
 def _positive(text: str) -> int:
@@ -353,25 +364,46 @@ def _positive(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
-    """Tell a simulated run; returns 0 when every snapshot checks out."""
-    parser = _parser()
+    """Tell a simulated run (``python -m barriers.simulation.narrate``); returns
+    0 when every snapshot checks out."""
+    parser = argparse.ArgumentParser(
+        prog="spark-abs simulate",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:  # `spark-abs simulate -- --example money` hands the separator on
         argv = argv[1:]
     args = parser.parse_args(argv)
-    out = out or sys.stdout
+    wrong = problem(args)
+    if wrong:
+        parser.error(wrong)
+    return tell(args, out or sys.stdout)
+
+
+def problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options ``args`` of a simulated run (None: nothing)."""
     mode = args.mode or ("aligned" if args.example == "dataflow" else "unaligned")
     if args.example != "dataflow" and mode != "unaligned":
-        parser.error(
+        return (
             f"--mode {mode}: the {args.example} example runs on a graph with cycles, where an "
             f"initiator must take an unaligned snapshot; use --example dataflow for {mode}"
         )
     if args.example == "seed-001" and args.processes not in (None, 3):
-        parser.error("--processes: the seed-001 example has exactly 3 processes")
+        return "--processes: the seed-001 example has exactly 3 processes"
     if args.example == "money" and not 2 <= (args.processes or 3) <= 9:
-        parser.error("--processes: the money example takes 2 to 9 processes")
+        return "--processes: the money example takes 2 to 9 processes"
     if args.example == "dataflow" and not 3 <= (args.processes or 4) <= 9:
-        parser.error("--processes: the dataflow example takes 3 to 9 processes")
+        return "--processes: the dataflow example takes 3 to 9 processes"
+    return None
+
+
+def tell(args: argparse.Namespace, out: TextIO) -> int:
+    """Tell the simulated run ``args`` name (checked by ``problem``) on ``out``;
+    0 when every snapshot checks out."""
+    mode = args.mode or ("aligned" if args.example == "dataflow" else "unaligned")
 
     money = None
     if args.example == "seed-001":

@@ -25,7 +25,7 @@ import socket
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import start_http_server
@@ -35,9 +35,11 @@ from prometheus_client.process_collector import ProcessCollector
 
 from barriers.failures import CheckpointFailure
 from barriers.messages import Alignment, ChannelId, CheckpointOptions
-from streaming.adapters.snapshots.format import TaskCheckpointMetrics
 from streaming.api.config import ENV, MetricsSettings
 from streaming.errors import ConfigError
+
+if TYPE_CHECKING:  # what a task measured: an annotation here (the snapshot format loads the store)
+    from streaming.adapters.snapshots.format import TaskCheckpointMetrics
 
 __all__ = [
     "REGISTRY",
@@ -293,7 +295,7 @@ class TaskMetrics:
 # ---- the endpoint
 
 
-def add_options(parser: argparse.ArgumentParser, whose: str, *, workers: bool = False) -> None:
+def add_options(parser: argparse._ActionsContainer, whose: str, *, workers: bool = False) -> None:
     """``--metrics-port``, ``--metrics-host`` and ``--no-metrics`` (``whose``
     endpoint they set, and whether its ``workers`` follow it, for the help);
     ``settings_from`` reads them, with the environment's defaults (read then,

@@ -1,7 +1,7 @@
 """What people run:
 
-- ``cli``: the ``spark-abs`` command line;
-- ``commands``: ``run`` and ``restore``;
+- ``cli``: the ``spark-abs`` command line, a module per command;
+- ``commands``: a job run from the command line until it should stop;
 - ``demo``: the money-in-transit demo (its pipeline is ``spark_abs_examples.money``);
 - ``checkpoints``: looking inside a job's checkpoints, and ``gc``;
 - ``drill``: restore drills;

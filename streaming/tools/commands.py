@@ -10,40 +10,17 @@ in its input topics is processed and committed.  Looking at checkpoints is ``str
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import threading
 import time
 
 from barriers.coordinator import CheckpointStatus
-from streaming.api.settings import STATE_SNAPSHOTS, JobSettings
 from streaming.engine.job.operations import run_until_caught_up
 
-__all__ = ["run_job", "add_state_snapshot_options"]
+__all__ = ["run_job"]
 
 log = logging.getLogger(__name__)
-
-
-def add_state_snapshot_options(parser: argparse.ArgumentParser, *, base_every: bool) -> None:
-    """``--state-snapshots`` (``run``, ``demo``, ``drill``) and, with
-    ``base_every``, ``--base-every``; their defaults are ``JobSettings``'s."""
-    kind, every = JobSettings.default("state_snapshots").value, JobSettings.default("base_every")
-    parser.add_argument(
-        "--state-snapshots",
-        default=kind,
-        choices=STATE_SNAPSHOTS,
-        help="what a checkpoint stores of the operator state: every table whole, or what changed since the "
-        f"task's previous checkpoint, linked to a base stored whole (default {kind})",
-    )
-    if base_every:
-        parser.add_argument(
-            "--base-every",
-            type=int,
-            default=every,
-            help=f"incremental: store the whole state every this many checkpoints, or sooner once the changes "
-            f"outweigh it (default {every})",
-        )
 
 
 def run_job(

@@ -9,7 +9,6 @@ transfers give when computed directly (a run without failures)."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from collections.abc import Mapping
@@ -26,11 +25,10 @@ from spark_abs_examples.money import (
     produce_transfers,
     row_key,
 )
-from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, WORKER_GROUPINGS, JobSettings, Mode
-from streaming.tools.commands import add_state_snapshot_options
+from streaming.api.settings import JobSettings, Mode
 from streaming.tools.views import as_text, titled_table
 
-__all__ = ["DemoOptions", "DemoReport", "run_demo", "main"]
+__all__ = ["DemoOptions", "DemoReport", "run_demo"]
 
 log = logging.getLogger(__name__)
 
@@ -246,64 +244,3 @@ def _demo_report(runner, connection, job_settings: JobSettings, data: list[dict]
         runner.checkpoints(),
         lost,
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="spark-abs demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--transfers", type=int, default=2000, help="transfers to produce (default 2000)")
-    mode, in_flight = JobSettings.default("mode"), JobSettings.default("in_flight").value
-    parser.add_argument(
-        "--mode",
-        default=mode,
-        choices=MODES,
-        help=f"checkpoint mode (default {mode}; {Mode.ALIGNED_TIMEOUT} switches after 200 ms)",
-    )
-    parser.add_argument(
-        "--in-flight",
-        default=in_flight,
-        choices=IN_FLIGHT_FORMATS,
-        help=f"unaligned channel state: offset ranges or copied records (default {in_flight})",
-    )
-    parser.add_argument(
-        "--kill",
-        default="accounts",
-        help="SIGKILL the worker running this stage after the first checkpoint; 'none' for no failure "
-        "(default accounts)",
-    )
-    parser.add_argument(
-        "--workers",
-        default="one",
-        choices=WORKER_GROUPINGS,
-        help="one worker process (one Spark application) for the job, or one per stage (default one)",
-    )
-    parser.add_argument("--store", help="snapshot store URI (default file://<home>/demo-store)")
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints (default 1)")
-    add_state_snapshot_options(parser, base_every=False)
-    args = parser.parse_args(argv)
-    import os
-
-    from streaming import console
-    from streaming.api.config import Connection, default_home
-    from streaming.local import LocalRuntime
-
-    console.install("[demo] ")
-    connection = Connection.from_env(os.environ) or LocalRuntime(progress=log.info).up()
-    store = args.store or f"file://{default_home() / 'demo-store'}"
-    settings = JobSettings(
-        store=store,
-        mode=args.mode,
-        interval_s=args.interval,
-        in_flight=args.in_flight,
-        state_snapshots=args.state_snapshots,
-        # aligned with a timeout: switch after 200 ms
-        alignment_timeout_ms=200 if args.mode == Mode.ALIGNED_TIMEOUT else None,
-    )
-    options = DemoOptions(
-        transfers=args.transfers, kill=None if args.kill == "none" else args.kill, workers=args.workers
-    )
-    report = run_demo(connection, settings, options)
-    print()
-    print(report.render())
-    return 0 if report.passed else 1

@@ -10,8 +10,9 @@ import pytest
 
 from streaming.tools.checkpoints.inspection import Checkpoints
 from streaming.tools.compare import report as compare_report
-from streaming.tools.compare.model import Comparison, Workload
+from streaming.tools.compare.model import Comparison
 from streaming.tools.compare.run import run_compare
+from streaming.tools.compare.workloads import Workload
 
 pytestmark = pytest.mark.integration
 

@@ -270,3 +270,13 @@ def write(comparison: Comparison, out: Path) -> list[Path]:
     written[1].write_text(render_tables(comparison) + "\n")
     written += [chart(comparison, name, out) for name in CHARTS]
     return written
+
+
+def write_and_show(comparison: Comparison, out: Path) -> None:
+    """The JSON, the tables and the charts into ``out``; the tables and what was written shown."""
+    written = write(comparison, out)
+    print()
+    print_tables(comparison)
+    print(f"\n{len(comparison.runs)} jobs, {comparison.seconds:.0f} s; written to {out}:")
+    for path in written:
+        print(f"  {path.name}")

@@ -13,8 +13,9 @@ import pytest
 from barriers.coordinator import CheckpointStatus
 from streaming.errors import ConfigError
 from streaming.tools.compare import report as compare_report
-from streaming.tools.compare.model import Comparison, Restore, Run, Sample, Workload
+from streaming.tools.compare.model import Comparison, Restore, Run, Sample
 from streaming.tools.compare.run import check_variants
+from streaming.tools.compare.workloads import Workload
 
 
 def _sample(

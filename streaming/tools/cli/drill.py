@@ -1,0 +1,218 @@
+"""``spark-abs drill``: a restore drill.
+
+A drill runs a job (the money pipeline by default) as a real ``spark-abs
+run`` process, on a workload produced while it runs, and injects failures at
+moments drawn from a seed: after each, the job must restore by itself and
+complete a checkpoint again.  At the end the job is drained (SIGUSR1 to
+``spark-abs run``: it stops once every input record is processed and
+committed), and great-expectations suites check the
+committed output against a reference Spark computes in batch from the same
+ingress topics, every checkpoint a coordinator reported complete, and the
+dead letters (``streaming.tools.drill.checks``).  The report (Markdown, JSON
+and GX's own results) goes to a directory; ``streaming.tools.drill.report``
+writes it.
+
+Failure kinds (``FailureKind``), drawn in rounds that hold every chosen
+kind once, so that ``k`` failures give each ``k / kinds`` times (rounded)
+and any first ones are balanced:
+
+- ``worker``: a worker process and its Spark JVM SIGKILLed, at a random
+  moment or at a named fault point (``streaming.engine.faults``: mid-batch,
+  during alignment, during upload, between the manifest and the sink's
+  commit, during the restore itself), armed in the running worker through
+  its fault file;
+- ``runner``: the job runner (it hosts the coordinator) SIGKILLed; its
+  workers must stop by themselves (the drill waits for that, and fails the
+  drill if any outlives the bound), then ``spark-abs run`` starts again and
+  restores;
+- ``broker``: the local runtime's Kafka broker stopped for a few seconds and
+  started again;
+- ``store``: the local runtime's S3 server stopped for a few seconds (the
+  store is ``s3://`` by default so it can be), so checkpoints decline until
+  it is back;
+- ``damage``: the runner SIGKILLed, the newest complete checkpoint damaged (a
+  part deleted or a byte flipped), the runner started again: the restore
+  must skip it for an older one that verifies;
+- ``retention`` (drilled when named in ``--kinds``): every record of the
+  job's internal topics before where the newest complete checkpoint reads
+  them again deleted (``DeleteRecords``, as retention would), then a worker
+  SIGKILLed: the restore must use a checkpoint Kafka still holds, that one
+  or a later one (docs/operations/retention.md).
+
+With ``--cluster`` the drill runs on the local cluster (``spark-abs local up
+--cluster``: three Kafka nodes, a Spark standalone master with two
+workers), the job's worker groups remote (a ``spark-abs worker`` per group,
+a group per stage or, with ``--workers one``, one for the whole job, which
+the drill starts, and starts again when one dies, as a host's process
+manager would), and draws from the cluster's kinds as well
+(``streaming.tools.drill.cluster``):
+
+- ``broker-node``: one Kafka node of three SIGKILLed until the job went on
+  without it; no restore;
+- ``spark-worker``: one Spark worker of two SIGKILLed the same way; no restore;
+- ``group``: a worker group's member SIGKILLed, no standby waiting: a restore,
+  the group run by the worker started for it;
+- ``group-standby``: the same with a standby waiting, which runs the group;
+- ``runner-remote``: the runner SIGKILLed and started again, at once or once
+  its lease lapsed: a restore, every group run by the same member.
+
+``worker``, ``damage``, ``store`` and ``retention`` mean there what they mean
+on the local runtime (a worker is a remote group's member; the runner a
+``damage`` kills leaves its members up, their tasks stopped); ``runner`` and
+``broker`` are the local runtime's own.
+
+Each failure waits for recovery (a checkpoint completes after it), which the
+report times; ``--seed`` makes the plan (kinds, order, moments, fault points,
+damage) the same again.
+
+At scale: ``--failures N`` and/or ``--duration 45m`` (``DrillBudget``: no
+failure starts that would not end, at the 90th percentile of the recoveries
+so far, before the duration less the time kept to drain and check); a
+failure not recovered within ``--recovery-limit`` seconds stops the drill,
+which fails saying so; ``--mode aligned,unaligned`` drills each mode in
+turn, a job of its own, sharing the failures and the duration.  The report
+gives each recovery's time, its percentiles (p50, p90, p99, max) per kind
+and mode, the input records each restore read again, and the output checked
+against the reference at the end (drift).
+
+Any pipeline whose module provides a workload by the protocol of
+``streaming.tools.drill.workload`` (``drill_workload()``) can be drilled:
+``--pipeline money`` (the default), ``orders``, ``clickstream``,
+``payments``, ``devices``, ``carts`` (``examples/``), or ``module:attribute``
+(``--workload module:function`` names a workload of another module)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from streaming import console
+from streaming.api.config import Connection, LocalRuntimeSettings, default_home
+from streaming.api.pipeline import named_pipelines
+from streaming.api.settings import MODES, WORKER_GROUPINGS, JobSettings
+from streaming.errors import parse_choice
+from streaming.tools.cli.options import add_state_snapshot_options, export_home
+
+__all__ = ["register", "run"]
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from streaming.tools.drill.plan import CLUSTER_KINDS, CLUSTER_ONLY, KINDS
+
+    parser = sub.add_parser(
+        "drill",
+        help="a restore drill: failures of every kind from a seed, restores, the output checked with great-expectations",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--failures", type=int, help="failures to inject (default 10, or as many as --duration allows)")
+    parser.add_argument(
+        "--duration",
+        help="bound the whole drill: 45m, 1h30m, 90s (failures stop in time to drain and check within it)",
+    )
+    parser.add_argument(
+        "--recovery-limit",
+        type=float,
+        default=180.0,
+        help="seconds a failure may take to recover before the drill stops and fails (default 180)",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="draws the failures, moments and workload (default 1)")
+    parser.add_argument(
+        "--kinds",
+        help=f"comma-separated failure kinds, taken in turn (default all: {','.join(KINDS)}; with --cluster "
+        f"{','.join(CLUSTER_KINDS)})",
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="drill on the local cluster (spark-abs local up --cluster, started if need be; SPARK_ABS_* ignored): "
+        "the job's worker groups remote, a `spark-abs worker` per group, and the cluster's failure kinds "
+        f"({','.join(CLUSTER_ONLY)})",
+    )
+    parser.add_argument(
+        "--workers",
+        choices=WORKER_GROUPINGS,
+        help="with --cluster: the remote worker groups, as `spark-abs run --workers` lays them out: a group per "
+        "stage (default), or one group for the whole job (one Spark application: fewer JVMs on a small machine)",
+    )
+    mode = JobSettings.default("mode")
+    parser.add_argument(
+        "--mode",
+        default=mode,
+        help=f"checkpoint mode, or several comma-separated, drilled in turn ({', '.join(MODES)}; default {mode})",
+    )
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints (default 1)")
+    add_state_snapshot_options(parser, base_every=False)
+    parser.add_argument("--rate", type=float, default=200.0, help="input records per second (default 200)")
+    parser.add_argument(
+        "--pipeline",
+        default="money",
+        help=f"a pipeline's name ({', '.join(sorted(named_pipelines()))}) or module:attribute whose module provides "
+        "drill_workload() (default money)",
+    )
+    parser.add_argument(
+        "--workload", help="module:function returning a DrillWorkload for --pipeline (default its module's)"
+    )
+    parser.add_argument("--store", help="snapshot store URI (default s3://<local bucket>/drills)")
+    parser.add_argument("--out", help="report directory (default <home>/drills/<time>)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from streaming.local import LocalRuntime
+    from streaming.tools.drill import report as drill_report
+    from streaming.tools.drill.plan import FailureKind, check_kinds, parse_duration
+    from streaming.tools.drill.run import DrillProgress, check_workers, run_drill
+    from streaming.tools.drill.settings import DrillSettings
+
+    export_home(args)
+    console.install("[drill] ")
+    if os.getcwd() not in sys.path:  # the user's pipeline and workload modules
+        sys.path.insert(0, os.getcwd())
+    duration_s = parse_duration(args.duration) if args.duration else None
+    failures = args.failures if args.failures is not None or duration_s is not None else 10
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
+    if kinds:  # before the runtime starts
+        check_kinds([parse_choice(FailureKind, k, "failure kind") for k in kinds], args.cluster)
+    check_workers(args.workers, args.cluster)
+    connection = None if args.cluster else Connection.from_env(os.environ)
+    runtime = None
+    if connection is None:
+        runtime = LocalRuntime(
+            LocalRuntimeSettings.cluster(default_home()) if args.cluster else None, progress=log.info
+        )
+        connection = runtime.up()
+    out = Path(args.out) if args.out else default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S")
+    bar = DrillProgress(failures, duration_s) if sys.stdout.isatty() else None
+    settings = DrillSettings(
+        pipeline=args.pipeline,
+        workload=args.workload,
+        failures=failures,
+        duration_s=duration_s,
+        seed=args.seed,
+        kinds=kinds,
+        mode=args.mode,
+        interval_s=args.interval,
+        state_snapshots=args.state_snapshots,
+        rate=args.rate,
+        store_uri=args.store,
+        report_dir=out,
+        recovery_limit_s=args.recovery_limit,
+        cluster=args.cluster,
+        workers=args.workers,
+    )
+    if bar is None:
+        drilled = run_drill(settings, connection, runtime=runtime)
+    else:
+        with bar.progress:
+            drilled = run_drill(settings, connection, runtime=runtime, on_failure=bar)
+    print()
+    print(drill_report.render(drilled))
+    print(f"\nreport: {out / 'report.md'} (and report.json, recoveries.png, gx-*.json, *.csv)")
+    return 0 if drilled.passed else 1

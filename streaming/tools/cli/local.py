@@ -1,0 +1,71 @@
+"""``spark-abs local``: the embedded runtime (or the local cluster) started, stopped, looked at."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+
+from streaming.api.config import Connection
+from streaming.local.artifacts import FETCHABLE
+from streaming.tools.cli.options import runtime_settings
+
+__all__ = ["register", "run"]
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "local",
+        help="start, stop or inspect the embedded runtime (Kafka + S3 server), or the local cluster",
+        description="The embedded runtime on loopback: a KRaft Kafka broker and "
+        "an S3 API server, plus Spark's Kafka connector jars. With --cluster: three "
+        "Kafka nodes, the S3 server and a Spark standalone master with two workers.",
+    )
+    parser.add_argument(
+        "action",
+        choices=["up", "down", "status", "fetch", "env"],
+        help="up: start what is not running (idempotent); down: stop what up started; "
+        "status: what runs where (exit 1 unless all run); "
+        "fetch: only download/build the artifacts into the cache; "
+        'env: the SPARK_ABS_* variables that point commands at it (eval "$(spark-abs local env --cluster)")',
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the local cluster instead, under <home>/cluster: three Kafka nodes (replication factor 3, "
+        "min.insync.replicas 2), the S3 server, a Spark standalone master and two workers from the "
+        "installed pyspark; jobs run as applications on it",
+    )
+    parser.add_argument(
+        "--only", action="append", choices=FETCHABLE, help="with fetch: just this artifact (repeatable)"
+    )
+    parser.add_argument("--kafka-port", type=int, default=0, help="broker port (default: a free one, kept)")
+    parser.add_argument("--s3-port", type=int, default=0, help="S3 server port (default: a free one, kept)")
+    parser.add_argument("--purge", action="store_true", help="with down: also delete data and logs")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from streaming.local import LocalRuntime
+
+    runtime = LocalRuntime(runtime_settings(args), progress=log.info)
+    if args.action == "fetch":
+        for what, paths in runtime.fetch(args.only or FETCHABLE).items():
+            log.info(f"{what}: {len(paths)} file(s) cached, e.g. {paths[0] if paths else '-'}")
+    elif args.action == "up":
+        runtime.up()
+        print(runtime.status().render())
+    elif args.action == "down":
+        for line in runtime.down(purge=args.purge):
+            log.info(line)
+    elif args.action == "env":
+        connection = Connection.load(runtime.settings, environ={})
+        for name, value in connection.as_env().items():
+            print(f"export {name}={shlex.quote(value)}")
+    else:
+        status = runtime.status()
+        print(status.render())
+        return 0 if status.all_running else 1
+    return 0

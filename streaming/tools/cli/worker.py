@@ -1,0 +1,80 @@
+"""``spark-abs worker``: one worker group of a job whose groups are remote, on this host."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from streaming.api.config import Connection
+from streaming.engine import metrics
+from streaming.tools.cli.options import export_home, runtime_settings
+
+__all__ = ["register", "run"]
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "worker",
+        help="run one worker group of a job started with `run --remote-workers`, on this host",
+        description="Joins job JOB as its worker group GROUP: waits for the job runner's lease on the "
+        "job's control topic, becomes the group's member (a second worker of a group waits as its "
+        "standby), runs the group's tasks as one Spark application on this host's SPARK_ABS_* "
+        "deployment (its Spark master, Kafka and store), restores in place when the job restores, and "
+        "stops its tasks when the runner stops or goes silent, waiting for the next one. The pipeline "
+        "and the job's settings come from the runner; the pipeline's module must be importable here "
+        "(e.g. from the current directory). Runs until SIGTERM or Ctrl-C.",
+    )
+    parser.add_argument("--job", required=True, help="the job's name (as the runner has it)")
+    parser.add_argument(
+        "--group",
+        required=True,
+        help="the worker group: `all` with the runner's --workers one, a stage's name with per-stage",
+    )
+
+    metrics.add_options(parser, "this worker's")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from streaming.adapters.control import ControlTopic
+    from streaming.engine.remote.member import RemoteWorker, wait_for_lease
+    from streaming.local import LocalRuntime
+
+    export_home(args)
+    if os.getcwd() not in sys.path:  # the pipeline's module, as `run` finds it
+        sys.path.insert(0, os.getcwd())
+    connection = Connection.from_env(os.environ) or LocalRuntime(runtime_settings(args), progress=log.info).up()
+    served = metrics.serve(metrics.settings_from(args), "--metrics-port")
+    if served is not None:
+        log.info(f"worker: metrics on {served.url}")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    control = ControlTopic(connection.kafka_bootstrap, args.job)
+    try:
+        control.seek_to_end()
+        log.info(f"worker: waiting for the runner of job {args.job} (its lease on {control.topic})")
+        lease = wait_for_lease(control, args.job, stop=stop)
+    finally:
+        control.close()
+    if lease is None:
+        return 0
+    worker = RemoteWorker(lease, args.group, connection)
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    try:
+        worker.start()
+        return worker.serve()
+    except KeyboardInterrupt:
+        log.info("worker: stopping (Ctrl-C)")
+        return 130
+    finally:
+        # stopping: a second SIGTERM (a process manager's, sent again) neither cuts the close short
+        # nor kills the process while it exits
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        worker.close()
