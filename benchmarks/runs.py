@@ -32,7 +32,7 @@ from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.api.config import Connection
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import committed_through, ingress_end_offsets, kill_worker
-from streaming.engine.job.runner import JobRunner
+from streaming.engine.job.runner import JobRunner, RunOptions
 from streaming.engine.worker.worker import HANDED_PER_RECORD
 from streaming.errors import SparkAbsError
 
@@ -133,9 +133,11 @@ def abs_run(connection: Connection, variant: str, round_: int, spec: AbsJob, sto
         job_settings,
         connection,
         job=job,
-        log_dir=log_dir / job,
-        parallelism=spec.parallelism,
-        worker_env=_event_log_env(event_logs) if event_logs is not None else None,
+        options=RunOptions(
+            log_dir=log_dir / job,
+            parallelism=spec.parallelism or {},
+            worker_env=_event_log_env(event_logs) if event_logs is not None else {},
+        ),
     )
     deadline = time.monotonic() + timeout_s
     began = time.monotonic()
@@ -331,7 +333,13 @@ def demo_run(
 
     job = f"bench-demo-{uuid.uuid4().hex[:6]}"
     job_settings = JobSettings(store=store, interval_s=1.0, retain=5, **dict(settings or {}))
-    runner = JobRunner("spark_abs_examples.money:pipeline", job_settings, connection, job=job, log_dir=log_dir / job)
+    runner = JobRunner(
+        "spark_abs_examples.money:pipeline",
+        job_settings,
+        connection,
+        job=job,
+        options=RunOptions(log_dir=log_dir / job),
+    )
     topic = runner.pipeline.ingress[0].topic
     partitions = runner.pipeline.ingress[0].partitions
     stop = threading.Event()
