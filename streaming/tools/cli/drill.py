@@ -95,7 +95,7 @@ from streaming.api.config import Connection, LocalRuntimeSettings, default_home
 from streaming.api.pipeline import named_pipelines
 from streaming.api.settings import MODES, WORKER_GROUPINGS, JobSettings
 from streaming.errors import parse_choice
-from streaming.tools.cli.options import add_state_snapshot_options, export_home
+from streaming.tools.cli.options import add_state_snapshot_options, export_home, import_from_here
 
 __all__ = ["register", "run"]
 
@@ -173,8 +173,7 @@ def run(args: argparse.Namespace) -> int:
 
     export_home(args)
     console.install("[drill] ")
-    if os.getcwd() not in sys.path:  # the user's pipeline and workload modules
-        sys.path.insert(0, os.getcwd())
+    import_from_here()
     duration_s = parse_duration(args.duration) if args.duration else None
     failures = args.failures if args.failures is not None or duration_s is not None else 10
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None

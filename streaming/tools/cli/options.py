@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from streaming.engine.job.runner import RunOptions
 
 __all__ = [
+    "import_from_here",
     "runtime_settings",
     "export_home",
     "add_store_options",
@@ -28,6 +30,13 @@ __all__ = [
     "job_settings",
     "run_options",
 ]
+
+
+def import_from_here() -> None:
+    """The user's modules (a pipeline, a drill workload) importable from the
+    current directory, as ``python -m`` would find them."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def runtime_settings(args: argparse.Namespace) -> LocalRuntimeSettings:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 
 from streaming.tools.cli import run as run_command
-from streaming.tools.cli.options import add_job_options, add_store_options, allow_dropped, open_checkpoints
+from streaming.tools.cli.options import (
+    add_job_options,
+    add_store_options,
+    allow_dropped,
+    import_from_here,
+    open_checkpoints,
+)
 
 __all__ = ["register", "run"]
 
@@ -47,8 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
         if not args.pipeline:
             raise ConfigError("restore --dry-run --parallelism: give --pipeline, whose stages say how rows are routed")
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
+        import_from_here()
         pipeline = load_pipeline(args.pipeline, args.job)
         checkpoints, _ = open_checkpoints(args, kafka=True)
         with checkpoints:
@@ -63,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
             if args.pipeline:  # the pipeline as its code now declares it: which stages changed
                 from streaming.api.pipeline import load_pipeline
 
-                if os.getcwd() not in sys.path:
-                    sys.path.insert(0, os.getcwd())
+                import_from_here()
                 pipeline = load_pipeline(args.pipeline, args.job)
                 change = checkpoints.change_plan(
                     pipeline, args.checkpoint, allow=allow_dropped(args), progress=log.info

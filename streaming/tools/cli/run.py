@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 
 from streaming.api.config import Connection
-from streaming.tools.cli.options import add_job_options, export_home, job_settings, run_options, runtime_settings
+from streaming.tools.cli.options import (
+    add_job_options,
+    export_home,
+    import_from_here,
+    job_settings,
+    run_options,
+    runtime_settings,
+)
 
 __all__ = ["register", "run"]
 
@@ -50,8 +56,7 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value <= 0:
             raise ConfigError(f"{flag} must be positive, got {value:g}")
     export_home(args)
-    if os.getcwd() not in sys.path:  # the user's pipeline module, as `python -m` would find it
-        sys.path.insert(0, os.getcwd())
+    import_from_here()
     settings = job_settings(args)
     connection = Connection.from_env(os.environ) or LocalRuntime(runtime_settings(args), progress=log.info).up()
     runner = JobRunner(args.pipeline, settings, connection, job=args.job, options=run_options(args))

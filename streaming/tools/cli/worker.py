@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 
 from streaming.api.config import Connection
 from streaming.engine import metrics
-from streaming.tools.cli.options import export_home, runtime_settings
+from streaming.tools.cli.options import export_home, import_from_here, runtime_settings
 
 __all__ = ["register", "run"]
 
@@ -48,8 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from streaming.local import LocalRuntime
 
     export_home(args)
-    if os.getcwd() not in sys.path:  # the pipeline's module, as `run` finds it
-        sys.path.insert(0, os.getcwd())
+    import_from_here()
     connection = Connection.from_env(os.environ) or LocalRuntime(runtime_settings(args), progress=log.info).up()
     served = metrics.serve(metrics.settings_from(args), "--metrics-port")
     if served is not None:
