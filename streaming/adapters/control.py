@@ -38,7 +38,7 @@ from kafka.errors import KafkaError
 
 from barriers.failures import CheckpointFailure
 from streaming.adapters.kafka_admin import RECONNECT, create_topic
-from streaming.adapters.kafka_io import DELIVERY_BOUND_S, patiently, producer
+from streaming.adapters.kafka_io import CLOSE_BOUND_S, DELIVERY_BOUND_S, patiently, producer
 from streaming.adapters.records import Headers
 from streaming.adapters.snapshots.format import TaskCheckpointMetrics, TaskSnapshot
 from streaming.errors import ConfigError, KafkaUnavailableError, parse_choice
@@ -460,10 +460,11 @@ class ControlTopic:
     ``poll`` returns the events after the last one read, skipping (and
     logging, and counting) messages that are not control events."""
 
-    def __init__(self, bootstrap: str, job: str, *, start_at: int = 0):
+    def __init__(self, bootstrap: str, job: str, *, start_at: int = 0, delivery_timeout_s: float = DELIVERY_BOUND_S):
         self.topic = control_topic_name(job)
+        self.delivery_timeout_s = delivery_timeout_s
         create_topic(bootstrap, self.topic, 1)
-        self._producer = producer(bootstrap)
+        self._producer = producer(bootstrap, delivery_timeout_s=delivery_timeout_s)
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap, enable_auto_commit=False, client_id=f"spark-abs-control-{job}", **RECONNECT
         )
@@ -478,9 +479,12 @@ class ControlTopic:
         self._consumer.seek(self._tp, end)
         return end
 
-    def publish(self, event: ControlEvent, timeout_s: float = DELIVERY_BOUND_S) -> int:
-        """Send ``event`` and wait until Kafka has it (``send_event``)."""
-        return send_event(self._producer, self.topic, event, timeout_s)
+    def publish(self, event: ControlEvent, timeout_s: float | None = None) -> int:
+        """Send ``event`` and wait until Kafka has it (``send_event``), at most
+        ``timeout_s`` (default: the delivery timeout)."""
+        return send_event(
+            self._producer, self.topic, event, self.delivery_timeout_s if timeout_s is None else timeout_s
+        )
 
     def poll(self, timeout_s: float = 0.0) -> list[ControlEvent]:
         events = []
@@ -505,7 +509,7 @@ class ControlTopic:
         return seen
 
     def close(self) -> None:
-        self._producer.close()
+        self._producer.close(timeout=CLOSE_BOUND_S)
         self._consumer.close()
 
 

@@ -10,6 +10,7 @@ moves bytes and reports offsets."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -25,9 +26,12 @@ from streaming.adapters.records import RECORD_SCHEMA, Headers
 from streaming.errors import KafkaUnavailableError
 
 __all__ = [
+    "CLOSE_BOUND_S",
     "DELIVERY_BOUND_S",
+    "CheckedSends",
     "patiently",
     "read_range",
+    "within",
     "retention_ms",
     "DeadLetters",
     "append_markers",
@@ -114,18 +118,33 @@ def dead_letter_topic_name(job: str) -> str:
     return f"spark-abs.{job}.dead-letters"
 
 
-def producer(bootstrap: str, **options: Any) -> KafkaProducer:
+# how long a send may wait for the broker: the producer's own delivery timeout (it retries until then);
+# a job's ``JobSettings.delivery_timeout_s``
+DELIVERY_BOUND_S = 120.0
+# how long closing a producer may wait for what it still holds (its owner flushed what it needs before)
+CLOSE_BOUND_S = 5.0
+
+
+def producer(bootstrap: str, *, delivery_timeout_s: float = DELIVERY_BOUND_S, **options: Any) -> KafkaProducer:
     """A producer on ``bootstrap``: every replica acknowledges, no lingering,
-    unless ``options`` (KafkaProducer's) say otherwise; a clear error when
-    Kafka cannot be reached."""
+    unless ``options`` (KafkaProducer's) say otherwise; a send it has not
+    delivered within ``delivery_timeout_s`` (retries included) fails; a
+    clear error when Kafka cannot be reached."""
+    delivery_ms = int(delivery_timeout_s * 1000)
+    linger_ms = int(options.get("linger_ms", 0))
+    # Kafka's rule: a request times out before the delivery does
+    request_ms = max(1_000, min(30_000, delivery_ms - linger_ms - 500))
+    defaults = {
+        "acks": "all",
+        "linger_ms": 0,
+        "delivery_timeout_ms": max(delivery_ms, request_ms + linger_ms),
+        "request_timeout_ms": request_ms,
+        **RECONNECT,
+    }
     try:
-        return KafkaProducer(bootstrap_servers=bootstrap, **{"acks": "all", "linger_ms": 0, **RECONNECT, **options})
+        return KafkaProducer(bootstrap_servers=bootstrap, **{**defaults, **options})
     except KafkaError as exc:
         raise KafkaUnavailableError(f"cannot open a Kafka producer on {bootstrap}: {exc}") from exc
-
-
-# how long a send may wait for the broker: the producer's own delivery timeout (it retries until then)
-DELIVERY_BOUND_S = 120.0
 
 
 def patiently(step: Callable[[float], T], what: str, bound_s: float = DELIVERY_BOUND_S) -> T:
@@ -152,8 +171,94 @@ def patiently(step: Callable[[float], T], what: str, bound_s: float = DELIVERY_B
     )
     try:
         return waiting(step, 2.0)
+    except KafkaTimeoutError as exc:
+        raise KafkaUnavailableError(
+            f"Kafka did not take {what} within {bound_s:g} s (the delivery timeout, delivery_timeout_s): "
+            f"is the broker reachable?"
+        ) from exc
     except KafkaError as exc:
         raise KafkaUnavailableError(f"{what} failed: {exc}") from exc
+
+
+def within(call: Callable[[], T], bound_s: float, what: str) -> T:
+    """``call()`` waited for at most ``bound_s``, for the calls of
+    kafka-python that take no timeout (a transaction's commit or abort waits
+    for the broker for good).  It runs on a thread of its own; when the bound
+    passes, a ``KafkaUnavailableError`` naming ``what`` and the bound (the
+    call is left to end on its own: whoever called fails, and the job
+    restores)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"spark-abs {what}", daemon=True)
+    thread.start()
+    thread.join(bound_s)
+    if thread.is_alive():
+        raise KafkaUnavailableError(
+            f"{what} did not finish within {bound_s:g} s (the delivery timeout, delivery_timeout_s): "
+            f"is the broker reachable?"
+        )
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+class CheckedSends:
+    """The sends of one ``producer``, each known to succeed or fail: a send
+    whose future failed (the broker refused it, or it outlasted the delivery
+    timeout while Kafka was away) is remembered, and ``flush`` raises it, so
+    whoever forwards a barrier or acknowledges a snapshot after the flush
+    never counts a record Kafka does not hold.  kafka-python's own ``flush``
+    returns without a word for batches that expired.
+
+    ``bound_s`` bounds ``flush`` (``patiently``); ``what`` names the sends in
+    its errors.  Shared by the threads of a worker: one failed send fails
+    them all (the worker exits and the job restores)."""
+
+    def __init__(self, producer: KafkaProducer, what: str, bound_s: float = DELIVERY_BOUND_S):
+        self.producer = producer
+        self.what = what
+        self.bound_s = bound_s
+        self._failure: tuple[str, BaseException] | None = None
+
+    def send(self, topic: str, **record: Any) -> Any:
+        """``producer.send(topic, **record)``, its outcome watched; its future."""
+        self.check()
+        try:
+            future = self.producer.send(topic, **record)
+        except KafkaError as exc:
+            raise KafkaUnavailableError(f"sending {self.what} to {topic} failed: {exc}") from exc
+        future.add_errback(self._failed, topic)
+        return future
+
+    def _failed(self, topic: str, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = (topic, exc)
+            log.error("a send of %s to %s failed: %s", self.what, topic, exc)
+
+    def check(self) -> None:
+        """A ``KafkaUnavailableError`` if a send failed."""
+        if self._failure is not None:
+            topic, exc = self._failure
+            raise KafkaUnavailableError(
+                f"a send of {self.what} to {topic} failed ({type(exc).__name__}: {exc}); the task fails rather "
+                f"than go on without the record, and the job restores from its latest checkpoint"
+            )
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every send so far has succeeded or failed, for at most
+        ``timeout`` (default ``bound_s``); a ``KafkaUnavailableError`` when the
+        bound passes or a send failed."""
+        patiently(lambda t: self.producer.flush(timeout=t), self.what, self.bound_s if timeout is None else timeout)
+        self.check()
+
+    def close(self, timeout_s: float = CLOSE_BOUND_S) -> None:
+        self.producer.close(timeout=timeout_s)
 
 
 def append_markers(
@@ -200,10 +305,12 @@ class DeadLetters:
     headers, plus ``spark-abs-reason``, ``spark-abs-source`` (channel) and
     ``spark-abs-source-offset`` headers.  ``count`` says how many were sent."""
 
-    def __init__(self, bootstrap: str, job: str):
+    def __init__(self, bootstrap: str, job: str, *, delivery_timeout_s: float = DELIVERY_BOUND_S):
         self.topic = dead_letter_topic_name(job)
         create_topic(bootstrap, self.topic, 1)
-        self._producer = producer(bootstrap)
+        self._sends = CheckedSends(
+            producer(bootstrap, delivery_timeout_s=delivery_timeout_s), "dead letters", delivery_timeout_s + 5
+        )
         self.count = 0
 
     def send(
@@ -214,12 +321,13 @@ class DeadLetters:
             ("spark-abs-source", str(channel).encode()),
             ("spark-abs-source-offset", str(offset).encode()),
         ]
-        self._producer.send(self.topic, key=key, value=value, headers=list(headers) + extra, partition=0)
+        self._sends.send(self.topic, key=key, value=value, headers=list(headers) + extra, partition=0)
         self.count += 1
         log.warning("dead letter from %s offset %d: %s", channel, offset, reason)
 
-    def flush(self, timeout_s: float = 30.0) -> None:
-        self._producer.flush(timeout=timeout_s)
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Every dead letter sent so far is in Kafka (``CheckedSends.flush``)."""
+        self._sends.flush(timeout_s)
 
     def close(self) -> None:
-        self._producer.close()
+        self._sends.close()

@@ -47,11 +47,12 @@ from kafka.errors import KafkaError
 
 from streaming.adapters import codec
 from streaming.adapters.kafka_admin import RECONNECT, create_topic
+from streaming.adapters.kafka_io import CLOSE_BOUND_S, DELIVERY_BOUND_S, within
 from streaming.adapters.objects import ObjectFiles, StoreLocation, list_files, open_store
 from streaming.api.config import Connection
 from streaming.api.pipeline import Sink, SinkKind
 from streaming.api.settings import JobSettings
-from streaming.errors import ConfigError, SinkError, SinkFencedError, StoreError
+from streaming.errors import ConfigError, KafkaUnavailableError, SinkError, SinkFencedError, StoreError
 
 __all__ = [
     "open_sink",
@@ -297,9 +298,20 @@ class KafkaSink(_TwoPhaseSink):
     ``partition``) published to ``topic`` in one transaction per epoch, with a
     commit marker in ``<topic>.commits`` inside the same transaction."""
 
-    def __init__(self, staging: StoreLocation, task_id: str, *, bootstrap: str, topic: str, transactional_id: str):
+    def __init__(
+        self,
+        staging: StoreLocation,
+        task_id: str,
+        *,
+        bootstrap: str,
+        topic: str,
+        transactional_id: str,
+        delivery_timeout_s: float = DELIVERY_BOUND_S,
+    ):
         super().__init__(staging, task_id)
         self.topic = topic
+        # a transaction's sends, commit and abort each end within it (kafka-python's wait for good)
+        self.delivery_timeout_s = delivery_timeout_s
         self.commit_topic = f"{topic}.commits"
         self._bootstrap = bootstrap
         create_topic(bootstrap, self.commit_topic, 1, config={"cleanup.policy": "compact"})
@@ -311,6 +323,9 @@ class KafkaSink(_TwoPhaseSink):
                 transactional_id=transactional_id,
                 acks="all",
                 enable_idempotence=True,
+                delivery_timeout_ms=int(delivery_timeout_s * 1000),
+                request_timeout_ms=int(min(30.0, delivery_timeout_s / 2) * 1000),
+                max_block_ms=int(min(60.0, delivery_timeout_s) * 1000),
                 **RECONNECT,
             )
             self._producer.init_transactions()
@@ -367,12 +382,9 @@ class KafkaSink(_TwoPhaseSink):
             for epoch in epochs:
                 value = f"restored to checkpoint {checkpoint}".encode()
                 self._producer.send(self.commit_topic, key=self._marker(epoch) + _SUPERSEDED, value=value)
-            self._producer.commit_transaction()
+            self._end_transaction(self._producer.commit_transaction, "marking epochs superseded")
         except KafkaError as exc:
-            try:
-                self._producer.abort_transaction()
-            except KafkaError:
-                pass
+            self._abort_quietly()
             raise SinkError(
                 f"sink task {self.task_id}: marking epochs {epochs} of {self.topic} superseded failed: {exc}"
             ) from exc
@@ -392,23 +404,35 @@ class KafkaSink(_TwoPhaseSink):
                     headers=headers,
                 )
             self._producer.send(self.commit_topic, key=self._marker(epoch), value=str(len(rows)).encode())
-            self._producer.commit_transaction()
+            self._end_transaction(self._producer.commit_transaction, f"committing epoch {epoch}")
         except KafkaError as exc:
             if "Fenced" in type(exc).__name__:
                 raise SinkFencedError(
                     f"sink task {self.task_id}: a newer instance took over; epoch {epoch} is left to it"
                 ) from exc
-            try:
-                self._producer.abort_transaction()
-            except KafkaError:
-                pass
+            self._abort_quietly()
             raise SinkError(
                 f"sink task {self.task_id}: committing epoch {epoch} to {self.topic} failed: {exc}"
             ) from exc
         self._done.add(self._marker(epoch))
 
+    def _end_transaction(self, end, what: str) -> None:
+        """Commit or abort (``end``) the open transaction, within the
+        delivery timeout and a little more: a ``KafkaUnavailableError``
+        otherwise (the transaction stays open until the next instance of the
+        sink fences it and aborts it)."""
+        within(end, self.delivery_timeout_s + 5.0, f"sink task {self.task_id}: {what} to {self.topic}")
+
+    def _abort_quietly(self) -> None:
+        """Abort the open transaction after a failure, as far as Kafka lets
+        (the failure itself is what the caller reports)."""
+        try:
+            self._end_transaction(self._producer.abort_transaction, "aborting a transaction")
+        except (KafkaError, KafkaUnavailableError) as exc:
+            log.warning("sink task %s: aborting the open transaction: %s", self.task_id, exc)
+
     def close(self) -> None:
-        self._producer.close()
+        self._producer.close(timeout=CLOSE_BOUND_S)
 
 
 @dataclass(frozen=True)
@@ -486,14 +510,25 @@ def sink_location(settings: JobSettings, job: str, connection: Connection | None
 
 
 def open_sink(
-    sink: Sink, location: StoreLocation, task: str, *, job: str, bootstrap: str
+    sink: Sink,
+    location: StoreLocation,
+    task: str,
+    *,
+    job: str,
+    bootstrap: str,
+    delivery_timeout_s: float = DELIVERY_BOUND_S,
 ) -> ObjectStoreSink | KafkaSink:
     """The sink of sink task ``task`` of job ``job``."""
     if sink.kind is SinkKind.KAFKA:
         if sink.topic is None:  # Sink refuses a Kafka sink without one
             raise ConfigError(f"sink task {task}: a Kafka sink names no topic")
         return KafkaSink(
-            location, task, bootstrap=bootstrap, topic=sink.topic, transactional_id=f"spark-abs-{job}-{task}"
+            location,
+            task,
+            bootstrap=bootstrap,
+            topic=sink.topic,
+            transactional_id=f"spark-abs-{job}-{task}",
+            delivery_timeout_s=delivery_timeout_s,
         )
     return ObjectStoreSink(location, task)
 

@@ -84,9 +84,16 @@ class JobSettings:
     max_segment_records: int = 50_000
     # how often a stage query looks for new records
     trigger_interval: str = "300 milliseconds"
-    # remote worker groups: one not heard this long (while the control topic works) is taken for
-    # dead and the job restores; a remote worker that hears no lease this long stops its tasks
+    # a worker none of whose tasks is heard this long while the control topic works (a frozen
+    # or stuck process, or a remote group gone silent) is taken for dead and the job restores;
+    # a remote worker that hears no lease this long stops its tasks
     heartbeat_timeout_s: float = 15.0
+    # how long a send to Kafka may take, retries included (the producers' delivery.timeout.ms):
+    # a task whose records Kafka has not taken by then fails, and its worker with it
+    delivery_timeout_s: float = 120.0
+    # consecutive failed checkpoints (aborted: expired, declined, not triggered) a job takes
+    # before it restores from its latest checkpoint, as Flink's tolerable failed checkpoints
+    tolerable_failed_checkpoints: int = 3
 
     def __post_init__(self) -> None:
         if not self.store:
@@ -104,12 +111,16 @@ class JobSettings:
             raise ConfigError(
                 f"alignment_timeout_ms and held_bytes_budget apply to mode aligned-timeout, not {self.mode}"
             )
-        for name in ("interval_s", "timeout_s", "heartbeat_timeout_s", "segment_ms"):
+        for name in ("interval_s", "timeout_s", "heartbeat_timeout_s", "delivery_timeout_s", "segment_ms"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ConfigError(f"{name} must be positive and finite, got {getattr(self, name)}")
         for name in ("retain", "max_concurrent", "max_records_per_batch", "max_segment_records", "base_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.tolerable_failed_checkpoints < 0:
+            raise ConfigError(
+                f"tolerable_failed_checkpoints must be 0 or more, got {self.tolerable_failed_checkpoints}"
+            )
         if self.state_memory_bytes is not None and self.state_memory_bytes < 1:
             raise ConfigError(
                 f"state_memory_bytes must be at least 1 (or None: no limit), got {self.state_memory_bytes}"

@@ -12,7 +12,11 @@ comma-separated; ``*`` matches any checkpoint.  Points:
 - ``during_copy``: while checkpoint n's in-flight records are read from Kafka
   into the snapshot (unaligned checkpoints that copy channel state);
 - ``before_sink_commit``: after checkpoint n's manifest, before the sink commits;
-- ``during_restore``: while restoring checkpoint n, after loading its snapshot.
+- ``during_restore``: while restoring checkpoint n, after loading its snapshot;
+- ``stuck_send``: not a kill: the task's thread blocks for good where it
+  sends its records to Kafka before forwarding barrier n (or acknowledging
+  it), as a send to a broker that never answers would; the process stays
+  alive and keeps publishing progress.
 
 The generation makes a fault fire once: the restored run has the next one.
 
@@ -26,17 +30,28 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
 import pyarrow as pa
 
-__all__ = ["ENV", "FILE_ENV", "POINTS", "arm", "parse", "point", "wrap_batch"]
+__all__ = ["ENV", "FILE_ENV", "HANGS", "POINTS", "arm", "parse", "point", "wrap_batch"]
 
 log = logging.getLogger(__name__)
 
 ENV = "SPARK_ABS_FAULT"
 FILE_ENV = "SPARK_ABS_FAULT_FILE"
-POINTS = ("mid_batch", "during_alignment", "during_upload", "during_copy", "before_sink_commit", "during_restore")
+POINTS = (
+    "mid_batch",
+    "during_alignment",
+    "during_upload",
+    "during_copy",
+    "before_sink_commit",
+    "during_restore",
+    "stuck_send",
+)
+# the points where the thread blocks for good rather than the process die
+HANGS = ("stuck_send",)
 
 
 def parse(text: str) -> list[tuple[str, str, int | None, int]]:
@@ -110,10 +125,19 @@ def _die(task: str, where: str, checkpoint_id: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _hang(task: str, where: str, checkpoint_id: int) -> None:
+    print(
+        f"[fault] {task}: stuck for good at {where} of checkpoint {checkpoint_id} (generation {_generation})",
+        file=sys.stderr,
+        flush=True,
+    )
+    threading.Event().wait()  # a fault: this thread never goes on
+
+
 def point(task: str, where: str, checkpoint_id: int) -> None:
-    """Die here if a fault is armed for it."""
+    """Die here (or, at a point of ``HANGS``, block for good) if a fault is armed for it."""
     if _armed(task, where, checkpoint_id):
-        _die(task, where, checkpoint_id)
+        (_hang if where in HANGS else _die)(task, where, checkpoint_id)
 
 
 def wrap_batch(name: str, task) -> Callable[[pa.Table, int], None]:

@@ -109,6 +109,9 @@ class TaskController:
         log.debug("%s: %s released", self.task, channel)
 
     def snapshot(self, barrier: Barrier) -> None:
+        # what the task sent before the barrier (rows, dead letters) is in Kafka before its snapshot
+        # counts it as sent: a send that failed or outlasts the delivery timeout fails the task
+        self._flush(barrier.checkpoint_id)
         began = time.perf_counter()
         changes, since = None, None
         if self.uploader.incremental is not None:
@@ -140,7 +143,7 @@ class TaskController:
         if not outputs:
             return
         self.forward_watermark()  # event-time progress before the barrier belongs to its epoch
-        self.io.flush()
+        self._flush(barrier.checkpoint_id)
         headers = encode(barrier, key=self.job_key)
         offsets = self.io.append_barrier(outputs, headers)
         self._paths.setdefault(barrier.checkpoint_id, {})["forwarded"] = time.time()
@@ -153,6 +156,12 @@ class TaskController:
                 offsets={str(c): o for c, o in offsets.items()},
             )
         )
+
+    def _flush(self, checkpoint_id: int) -> None:
+        """Every record the task sent so far is in Kafka (``TaskIO.flush``:
+        bounded, and a ``KafkaUnavailableError`` for a send that failed)."""
+        faults.point(self.task, "stuck_send", checkpoint_id)
+        self.io.flush()
 
     def record_in_flight(self, checkpoint_id: int, channel: ChannelId, start: int, end: int) -> None:
         log.debug("%s: checkpoint %d: %s in flight [%d, %d)", self.task, checkpoint_id, channel, start, end)

@@ -11,7 +11,6 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 
@@ -19,7 +18,7 @@ from barriers.messages import ChannelId, InFlightFormat
 from operators.state import StateMemory, use_memory
 from streaming.adapters.control import ControlTopic
 from streaming.adapters.kafka_admin import OffsetsAtTime
-from streaming.adapters.kafka_io import DeadLetters, append_markers, read_range, retention_ms
+from streaming.adapters.kafka_io import CheckedSends, DeadLetters, append_markers, read_range, retention_ms
 from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, kafka_records, open_sink, sink_location
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, default_home
@@ -63,7 +62,7 @@ class WorkerClients:
     snapshot store it uses when asked (a remote worker's changes with its
     runner's settings)."""
 
-    producer: Any  # a kafka_io.producer
+    producer: CheckedSends
     control: ControlTopic
     dead_letters: DeadLetters
     store: Callable[[], SnapshotStore]
@@ -144,7 +143,14 @@ class TaskFactory:
         (staged epochs up to it committed, later ones discarded, later output
         taken back)."""
         location = sink_location(self.settings, self.pipeline.job, self.connection)
-        sink = open_sink(declared, location, name, job=self.pipeline.job, bootstrap=self.connection.kafka_bootstrap)
+        sink = open_sink(
+            declared,
+            location,
+            name,
+            job=self.pipeline.job,
+            bootstrap=self.connection.kafka_bootstrap,
+            delivery_timeout_s=self.settings.delivery_timeout_s,
+        )
         recovery = sink.recover(self.restore or 0)
         if recovery:
             log.info(
@@ -186,10 +192,17 @@ class TaskFactory:
             write_snapshot=self._write_snapshot(name),
             read_range=lambda c, a, b: read_range(self.connection.kafka_bootstrap, c, a, b),
             stage_epoch=stage_epoch,
-            flush=self.producer.flush,
+            flush=self._flush,
             prepare=self.prepare.get(stage.name),
             retention_risk=watch.at_risk if watch.retention_ms else None,
         )
+
+    def _flush(self) -> None:
+        """The worker's records and dead letters so far are in Kafka, each
+        send known to have succeeded (``kafka_io.CheckedSends``): bounded by
+        the delivery timeout, a ``KafkaUnavailableError`` otherwise."""
+        self.producer.flush()
+        self.dead_letters.flush()
 
     def _must_copy(self, spec: TaskSpec, kept: Mapping[str, int | None]) -> bool:
         """Whether unaligned channel state must be copied: a range is only good

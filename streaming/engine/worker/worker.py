@@ -44,7 +44,7 @@ import pyarrow as pa
 from barriers.messages import ChannelId
 from streaming import console
 from streaming.adapters.control import Committed, Complete, ControlEvent, ControlTopic, Heartbeat, Lease, Ready
-from streaming.adapters.kafka_io import DeadLetters, producer
+from streaming.adapters.kafka_io import CheckedSends, DeadLetters, producer
 from streaming.adapters.objects import open_store, patiently
 from streaming.adapters.sinks import KafkaSink
 from streaming.adapters.snapshots import SnapshotStore
@@ -72,6 +72,10 @@ log = logging.getLogger("streaming.engine.worker.worker")
 PROGRESS_INTERVAL_S = 0.5
 # how a stopped stage query's log line names the bytes Spark handed to Python per Kafka record read
 HANDED_PER_RECORD = "bytes per record handed to Python"
+# past the producers' delivery timeout, how long a flush waits for the sends the timeout just failed
+_FLUSH_MARGIN_S = 5.0
+# how long a worker that stops waits for its records still on their way (a restore does not need them)
+_STOP_FLUSH_S = 10.0
 # events between the runner and remote workers, not for tasks (streaming.engine.remote.membership)
 _MEMBERSHIP = (Lease, Heartbeat)
 
@@ -154,11 +158,17 @@ class Worker:
         job = self.pipeline.job
         bootstrap = self.connection.kafka_bootstrap
         self.store = SnapshotStore(open_store(self.settings.store, self.connection), job)
-        self.control = ControlTopic(bootstrap, job)
+        delivery_s = self.settings.delivery_timeout_s
+        self.control = ControlTopic(bootstrap, job, delivery_timeout_s=delivery_s)
         self.control.seek_to_end()
-        # one in-flight request per connection keeps each partition in send order
-        self.producer = producer(bootstrap, linger_ms=5, max_in_flight_requests_per_connection=1)
-        self.dead_letters = DeadLetters(bootstrap, job)
+        # one in-flight request per connection keeps each partition in send order; every send
+        # is checked before a barrier goes on after it (a failed one fails the worker)
+        self.producer = CheckedSends(
+            producer(bootstrap, delivery_timeout_s=delivery_s, linger_ms=5, max_in_flight_requests_per_connection=1),
+            "the tasks' records",
+            delivery_s + _FLUSH_MARGIN_S,
+        )
+        self.dead_letters = DeadLetters(bootstrap, job, delivery_timeout_s=delivery_s)
         self._spark = self._spark or spark_session(
             SparkSettings(master=self.connection.spark_master, app_name=f"spark-abs-{job}")
         )
@@ -226,7 +236,7 @@ class Worker:
         ``pipeline`` and ``task_names``, those tasks (a rescaled job)."""
         was_running = bool(self.running)
         self._stop_tasks()
-        self.producer.flush(30)
+        self.producer.flush()  # a send of the last generation that failed fails the worker, not the next one
         self.generation, self.restore = generation, restore
         self.pipeline = pipeline or self.pipeline
         self.task_names = task_names if task_names is not None else self.task_names
@@ -250,7 +260,7 @@ class Worker:
         """Stop every task (the Spark application stays up) and wait."""
         if self.running:
             self._stop_tasks()
-            self.producer.flush(30)
+            self.producer.flush()
             log.info(f"worker g{self.generation}: tasks {', '.join(self.task_names)} stopped: {reason}")
         self.generation = None
 
@@ -351,7 +361,10 @@ class Worker:
 
     def close(self) -> None:
         self._stop_tasks()
-        self.producer.flush(10)
+        try:
+            self.producer.flush(_STOP_FLUSH_S)
+        except SparkAbsError as exc:  # stopping anyway: what was not delivered, the next generation sends again
+            log.warning("worker: stopping with records not delivered: %s", exc)
         self.producer.close()
         self.dead_letters.close()
         self.control.close()
@@ -439,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return worker.serve()
+    except SparkAbsError as exc:  # Kafka or the store away past its bound, a send that failed: the job restores
+        print(f"worker: {exc}", file=sys.stderr, flush=True)
+        return 1
     finally:
         worker.close()
 
