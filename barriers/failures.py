@@ -16,6 +16,7 @@ class CheckpointFailure(enum.Enum):
     TOO_MANY_CONCURRENT = "too many checkpoints pending"
     TASK_FAILURE = "a task failed"
     STORE_FAILURE = "the snapshot store failed"
+    TRIGGER_FAILURE = "its barriers could not be injected"
     RESTORED = "the job restored from an earlier checkpoint"
     USER = "aborted on request"
 

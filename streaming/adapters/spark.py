@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 FETCH_MAX_WAIT_MS = 20
 # attempts of a Spark task in local mode, as spark.task.maxFailures gives a cluster's
 LOCAL_TASK_ATTEMPTS = 4
+# how long stopping a stage query waits for its micro-batch, Spark's thread and the batch in hand
+# each (a batch waits on Kafka for at most the delivery timeout, then fails)
+STOP_BOUND_S = 150.0
 _LOCAL_MASTER = re.compile(r"local(\[(\d+|\*)\])?")
 
 
@@ -73,6 +76,8 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         # Arrow moves batches between the JVM and Python in foreachBatch.
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        # a query's stop waits this long for its micro-batch thread, then fails (Spark's default: for good)
+        "spark.sql.streaming.stopTimeout": f"{int(STOP_BOUND_S * 1000)}ms",
         "spark.sql.adaptive.enabled": "false",
         # the tasks of a job are queries of one application, whose jobs run in the order they
         # come: Spark's FAIR pools break ties by pool name, so with every pool idle between
@@ -324,12 +329,20 @@ class ChannelQuery:
         if self._query is not None:
             self._query.stop()
             self._query = None
+        finished = True
         try:
-            self._finish_in_hand()
+            self._finish_in_hand(STOP_BOUND_S)
+        except FuturesTimeout:
+            finished = False
+            log.warning(
+                "stage query %s: the batch in hand did not finish within %.0f s; stopping without it",
+                self.name,
+                STOP_BOUND_S,
+            )
         except Exception as exc:
             log.warning("stage query %s: the last batch failed: %s", self.name, exc)
         if self._processing is not None:
-            self._processing.shutdown()
+            self._processing.shutdown(wait=finished, cancel_futures=True)
             self._processing = None
         if self._checkpoint_dir:
             shutil.rmtree(self._checkpoint_dir, ignore_errors=True)

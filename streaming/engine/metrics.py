@@ -111,6 +111,12 @@ LAST_COMPLETED = _gauge(
     ("job_name",),
 )
 LAST_CHECKPOINT = _gauge("spark_abs_last_checkpoint_id", "The id of the latest completed checkpoint.", ("job_name",))
+FAILED_IN_A_ROW = _gauge(
+    "spark_abs_checkpoints_failed_in_a_row",
+    "Checkpoints that failed since the last one completed, as tolerable_failed_checkpoints counts them "
+    "(declined, expired, the store failed); past that setting the job restores.",
+    ("job_name",),
+)
 TASK_PHASE = _histogram(
     "spark_abs_task_checkpoint_seconds",
     "Each task's part of a completed checkpoint: phase first_barrier (trigger to the task seeing it), "
@@ -139,7 +145,8 @@ HELD_BYTES_MAX = _gauge(
 )
 RESTORES = _counter(
     "spark_abs_restores",
-    "Restores of the job (a new generation), by cause: worker_died, worker_lost, restart, requested, rescale.",
+    "Restores of the job (a new generation), by cause: worker_died, worker_lost, worker_stuck, "
+    "checkpoints_failing, restart, requested, rescale.",
     ("job_name", "cause"),
 )
 GENERATION = _gauge("spark_abs_generation", "The job's current generation (one more per restore).", ("job_name",))
@@ -239,6 +246,10 @@ def checkpoint_completed(
 
 def checkpoint_aborted(job: str, failure: CheckpointFailure | None) -> None:
     CHECKPOINTS_ABORTED.labels(job, (failure or CheckpointFailure.USER).name.lower()).inc()
+
+
+def failed_in_a_row(job: str, count: int) -> None:
+    FAILED_IN_A_ROW.labels(job).set(count)
 
 
 def restored(job: str, cause: str) -> None:

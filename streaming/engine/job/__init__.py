@@ -3,4 +3,5 @@
 - ``runner``: ``JobRunner``, topics, worker groups, restores and supervision;
 - ``coordinator``: the coordinator service (triggers, acks, manifests, aborts);
 - ``supervisor``: the runner's worker processes, started, watched and stopped;
+- ``liveness``: when a job that runs is not live (failed checkpoints, silent workers);
 - ``operations``: driving a running job from outside its loop."""

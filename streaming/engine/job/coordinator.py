@@ -49,13 +49,14 @@ from streaming.adapters.control import (
     Trigger,
     announced_barrier,
 )
-from streaming.adapters.kafka_io import append_markers, producer
+from streaming.adapters.kafka_io import CLOSE_BOUND_S, append_markers, producer
 from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskSnapshot
 from streaming.adapters.snapshots.format import options_to_json, parse_stored, stored_name
 from streaming.api.pipeline import Pipeline
 from streaming.api.settings import JobSettings
 from streaming.engine import metrics
-from streaming.errors import ManifestNotWritten, ProgressNotLogged, RetentionFailed, StoreError
+from streaming.engine.job.liveness import FailedCheckpoints
+from streaming.errors import KafkaUnavailableError, ManifestNotWritten, ProgressNotLogged, RetentionFailed, StoreError
 
 __all__ = [
     "CheckpointCompletion",
@@ -110,20 +111,28 @@ class CoordinatorIO:
     close: Callable[[], None] = lambda: None
 
 
-def kafka_io(bootstrap: str, job: str, *, control_start: int | None = None) -> CoordinatorIO:
+# how long the runner waits for Kafka to take a barrier or a control event: it supervises the
+# job meanwhile, so it gives up soon (what it gave up on expires in the producer, never arrives late)
+RUNNER_SEND_BOUND_S = 10.0
+
+
+def kafka_io(
+    bootstrap: str, job: str, *, control_start: int | None = None, bound_s: float = RUNNER_SEND_BOUND_S
+) -> CoordinatorIO:
     """The coordinator's I/O on Kafka: a producer for the barriers and the
-    control topic, read from ``control_start`` (None: from its end)."""
-    barriers = producer(bootstrap)
-    control = ControlTopic(bootstrap, job, start_at=control_start or 0)
+    control topic, read from ``control_start`` (None: from its end); a send
+    Kafka has not taken within ``bound_s`` is a ``KafkaUnavailableError``."""
+    barriers = producer(bootstrap, delivery_timeout_s=bound_s)
+    control = ControlTopic(bootstrap, job, start_at=control_start or 0, delivery_timeout_s=bound_s)
     if control_start is None:
         control.seek_to_end()
 
     def close() -> None:
-        barriers.close()
+        barriers.close(timeout=CLOSE_BOUND_S)
         control.close()
 
     return CoordinatorIO(
-        inject=lambda channels, headers: append_markers(barriers, channels, headers),
+        inject=lambda channels, headers: append_markers(barriers, channels, headers, bound_s),
         publish=control.publish,
         poll=control.poll,
         close=close,
@@ -433,11 +442,16 @@ class CoordinatorService:
         )
         self.records: dict[int, CheckpointRecord] = {}
         self.readiness = TaskReadiness(self.tasks, clock)
+        self.clock = clock
+        # when each task was last heard (any event of this generation naming it): its worker's liveness
+        self.heard_at: dict[str, float] = {}
+        job = pipeline.job
+        self.failures = FailedCheckpoints(lambda count: metrics.failed_in_a_row(job, count))
         self.completion = CheckpointCompletion(
             self.coordinator,
             store,
             self.records,
-            publish=io.publish,
+            publish=self._publish,
             abort=self._aborted,
             retain=settings.retain,
             pinned=start.pinned,
@@ -489,12 +503,21 @@ class CoordinatorService:
         barrier = self.coordinator.trigger(options or self.options, timestamp_ms=int(time.time() * 1000))
         metrics.checkpoint_triggered(self.pipeline.job, barrier.options)
         headers = encode(barrier, key=self.job_key)
-        offsets = self.io.inject(self.pipeline.ingress_channels(), headers)
+        try:
+            offsets = self.io.inject(self.pipeline.ingress_channels(), headers)
+        except KafkaUnavailableError as exc:
+            # some channels may hold the barrier: the abort lets the tasks that saw it go on
+            self.records[barrier.checkpoint_id] = CheckpointRecord(
+                barrier.checkpoint_id, barrier.generation, triggered_at, {}
+            )
+            self.coordinator.abort(barrier.checkpoint_id, CheckpointFailure.TRIGGER_FAILURE, str(exc))
+            self._aborted(barrier.checkpoint_id, CheckpointFailure.TRIGGER_FAILURE, str(exc))
+            return None
         by_channel = {str(c): o for c, o in offsets.items()}
         self.records[barrier.checkpoint_id] = CheckpointRecord(
             barrier.checkpoint_id, barrier.generation, triggered_at, by_channel
         )
-        self.io.publish(
+        self._publish(
             Trigger(
                 checkpoint_id=barrier.checkpoint_id,
                 generation=self.generation,
@@ -516,6 +539,9 @@ class CoordinatorService:
     def handle(self, event: ControlEvent) -> None:
         if not event.belongs_to(self.generation):
             return
+        task = getattr(event, "task", None)
+        if task in self.readiness.tasks:
+            self.heard_at[task] = self.clock()
         if isinstance(event, (Ready, Progress, Replayed)):
             self.readiness.handle(event)
         elif isinstance(event, Committed):
@@ -530,6 +556,9 @@ class CoordinatorService:
             acked = self.coordinator.acknowledge(event.task, event.checkpoint_id, event)
             if isinstance(acked, PendingCheckpoint):
                 self.completion.complete(acked.checkpoint_id)
+                latest = self.coordinator.completed.latest()
+                if latest is not None and latest.checkpoint_id == acked.checkpoint_id:
+                    self.failures.completed()
 
     def _aborted(self, checkpoint_id: int, failure: CheckpointFailure | None, detail: str) -> None:
         """Checkpoint ``checkpoint_id`` is aborted: on its record, to every task, and said."""
@@ -537,7 +566,9 @@ class CoordinatorService:
         if record is not None:
             record.status, record.reason = CheckpointStatus.ABORTED, f"{failure.value if failure else ''}: {detail}"
         metrics.checkpoint_aborted(self.pipeline.job, failure)
-        self.io.publish(
+        log.info(f"checkpoint {checkpoint_id} aborted: {failure.value if failure else ''} ({detail})")
+        self.failures.failed(checkpoint_id, failure, detail)
+        self._publish(
             Abort(
                 checkpoint_id=checkpoint_id,
                 generation=self.generation,
@@ -545,7 +576,16 @@ class CoordinatorService:
                 detail=detail,
             )
         )
-        log.info(f"checkpoint {checkpoint_id} aborted: {failure.value if failure else ''} ({detail})")
+
+    def _publish(self, event: ControlEvent) -> None:
+        """Publish ``event`` on the control topic, giving up after the
+        runner's bound (``kafka_io``) with a warning: the runner goes on
+        supervising while Kafka is away, and what the tasks miss (an abort,
+        a completion) a later event or a restore makes up for."""
+        try:
+            self.io.publish(event)
+        except KafkaUnavailableError as exc:
+            log.warning("%s; the job runner goes on", exc)
 
     # ---- queries
 

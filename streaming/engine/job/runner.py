@@ -1,5 +1,5 @@
 """Running a job: topics, the coordinator service, worker processes, and
-restore when a worker dies.
+restore when a worker dies or the job stops being live.
 
 ``JobRunner`` starts one worker process per group of tasks, each its own
 Spark application (``WorkerSupervisor``): by default one group, ``all``, so a
@@ -12,6 +12,15 @@ complete checkpoint that verifies is chosen (newer ones that do not are
 skipped, and the runner says why), a new generation is recorded in the
 store, and the workers start again from that checkpoint.  With no complete
 checkpoint yet, the new generation starts from the beginning.
+
+A job that runs but is not live restores too (``liveness``): more
+consecutive failed checkpoints than ``tolerable_failed_checkpoints``, or a
+worker process alive but silent for ``heartbeat_timeout_s`` (frozen, stuck)
+while Kafka answers the runner; its workers are SIGKILLed first.  A restore
+that needs Kafka or the store while they are away waits for them, no worker
+running, for at most ``RunOptions.restore_wait_s``.  The runner's own sends
+(barriers, control events) give up after ``coordinator.RUNNER_SEND_BOUND_S``:
+it goes on supervising while Kafka is away.
 
 Groups named in ``remote=`` (``run --remote-workers``: all of them) are not
 started here: each is a ``spark-abs worker`` process on any host, joined
@@ -54,7 +63,7 @@ from pathlib import Path
 from barriers.failures import CheckpointFailure
 from barriers.messages import CheckpointOptions
 from streaming.adapters.control import control_topic_name
-from streaming.adapters.kafka_admin import create_topic, end_offsets
+from streaming.adapters.kafka_admin import check_broker, create_topic, end_offsets
 from streaming.adapters.kafka_io import dead_letter_topic_name
 from streaming.adapters.objects import open_store, patiently
 from streaming.adapters.snapshots import SnapshotStore
@@ -70,16 +79,20 @@ from streaming.engine.job.coordinator import (
     CoordinatorStart,
     kafka_io,
 )
+from streaming.engine.job.liveness import DueRestore, Liveness, Verdict
 from streaming.engine.job.supervisor import WorkerProcess, WorkerSupervisor
 from streaming.engine.remote.leases import LeaseRenewal, RemoteMembers
 from streaming.engine.remote.membership import incarnation
 from streaming.engine.restore.changes import AllowDropped
 from streaming.engine.restore.service import RestoreRecord, RestoreService
-from streaming.errors import ConfigError, JobFailed, SparkAbsError
+from streaming.errors import ConfigError, JobFailed, KafkaUnavailableError, SparkAbsError, StoreError
 
 __all__ = ["JobRunner", "RunOptions", "RestoreRecord", "worker_groups"]
 
 log = logging.getLogger(__name__)
+
+# how long the runner waits for Kafka to answer when it asks whether it does (liveness)
+_PROBE_TIMEOUT_S = 5.0
 
 
 def worker_groups(pipeline: Pipeline, workers: Mapping[str, list[str]] | str | None) -> dict[str, list[str]]:
@@ -120,6 +133,8 @@ class RunOptions:
     metrics: MetricsSettings | None = None
     # stages whose state a restore into a changed pipeline may drop
     allow_dropped: AllowDropped | None = None
+    # how long a restore may wait for Kafka and the store to come back before the job fails
+    restore_wait_s: float = 1800.0
 
 
 class JobRunner:
@@ -180,6 +195,14 @@ class JobRunner:
         self.supervisor = self._supervisor(self.pipeline)
         self.coordinator: CoordinatorService | None = None
         self._last_trigger = 0.0
+        # restores a job that runs but is not live (streaming.engine.job.liveness)
+        self.liveness = Liveness(
+            settings.tolerable_failed_checkpoints,
+            settings.heartbeat_timeout_s,
+            lambda: check_broker(connection.kafka_bootstrap, _PROBE_TIMEOUT_S),
+        )
+        # a restore waiting for Kafka or the store to come back
+        self._due: DueRestore | None = None
         self.metrics_server: metrics.MetricsServer | None = None
         self.metrics_targets: metrics.Targets | None = None
 
@@ -314,6 +337,7 @@ class JobRunner:
                 generation, checkpoint_id, self._remote_groups(), scale.to_json() if scale else None
             )
         self._last_trigger = time.monotonic()
+        self.liveness.launched()
 
     def _serve_metrics(self) -> None:
         """The runner's metrics endpoint and its targets file, the first time (none with ``MetricsSettings.off``)."""
@@ -349,8 +373,13 @@ class JobRunner:
 
     def step(self, *, trigger: bool = True, options: CheckpointOptions | None = None) -> None:
         """One round: trigger when the interval passed (with ``options``, or
-        the job's), read control events, restore if a worker died or a
-        remote group went silent or lost its tasks."""
+        the job's), read control events, restore if a worker died, a remote
+        group went silent or lost its tasks, or the job is not live
+        (``liveness``); while a restore waits for Kafka or the store, try it
+        again when its pause is over."""
+        if self._due is not None:
+            self._retry_restore(self._due)
+            return
         coordinator = self.require_started()
         dead = self.supervisor.dead()
         if dead:
@@ -369,18 +398,68 @@ class JobRunner:
                     f"in the pipeline, which no restore can fix; fix it and run the job again "
                     f"(its log: {worker.log_path}):\n{worker.tail(4)}"
                 )
-            self.restore(f"worker {worker.name} died", cause="worker_died")
+            self._restore_or_wait(Verdict("worker_died", f"worker {worker.name} died"))
             return
         if self.remote_names:
             reason = self.remote.restore_reason()
             if reason is not None:
-                self.restore(reason, cause="worker_lost")
+                self._restore_or_wait(Verdict("worker_lost", reason))
                 return
+        local = {name: w.tasks for name, w in self.supervisor.workers.items()}
+        verdict = self.liveness.verdict(coordinator.failures, local, coordinator.heard_at, coordinator.ready)
+        if verdict is not None:
+            self.log.warning("job %s: %s; killing its workers and restoring", self.job, verdict.reason)
+            self.supervisor.kill_all()  # a frozen or stuck worker cannot restore in place
+            self._restore_or_wait(verdict)
+            return
         due = time.monotonic() - self._last_trigger >= self.settings.interval_s
         if trigger and coordinator.all_ready and due and coordinator.trigger(options) is not None:
             self._last_trigger = time.monotonic()
         coordinator.poll(0.2)
         self._note_endpoints(coordinator)
+
+    def _restore_or_wait(self, verdict: Verdict) -> None:
+        """Restore for ``verdict`` now, or, while Kafka or the store does not
+        answer, kill every worker (nothing runs uncoordinated) and try again
+        later (``_retry_restore``)."""
+        now = time.monotonic()
+        try:
+            if not self.liveness.hears(fresh=True):
+                raise KafkaUnavailableError(f"Kafka at {self.connection.kafka_bootstrap} does not answer")
+            self.restore(verdict.reason, cause=verdict.cause)
+        except (KafkaUnavailableError, StoreError) as exc:
+            self.supervisor.kill_all()
+            if self._due is None:
+                self._due = DueRestore(verdict, since=now)
+            pause = self._due.failed(now)
+            self.log.warning(
+                "job %s: restoring (%s) must wait: %s; trying again in %.0f s (waiting %.0f s of at most %.0f s, "
+                "restore_wait_s)",
+                self.job,
+                verdict.reason,
+                exc,
+                pause,
+                now - self._due.since,
+                self.options.restore_wait_s,
+            )
+        else:
+            self._due = None
+
+    def _retry_restore(self, due: DueRestore) -> None:
+        """A restore that waits: try it again once its pause is over; the
+        job fails once it waited ``RunOptions.restore_wait_s``."""
+        now = time.monotonic()
+        if now - due.since > self.options.restore_wait_s:
+            raise JobFailed(
+                f"job {self.job}: the restore ({due.verdict.reason}) waited {now - due.since:.0f} s for Kafka "
+                f"and the store, more than restore_wait_s ({self.options.restore_wait_s:g} s); "
+                f"{due.attempts} attempts failed.  Bring them back and run the job again: it goes on from its "
+                f"latest checkpoint"
+            )
+        if now < due.retry_at:
+            time.sleep(min(0.2, due.retry_at - now))
+            return
+        self._restore_or_wait(due.verdict)
 
     def restore(self, reason: str, checkpoint_id: int | None = None, *, cause: str = "requested") -> RestoreRecord:
         """Stop every worker and start the next generation from a checkpoint:
@@ -395,8 +474,6 @@ class JobRunner:
             checkpoint_id, self.parallelism, self.pipeline.scale, self._next_checkpoint_id, cause
         )
         record = plan.record(reason)
-        self.restores.append(record)
-        metrics.restored(self.job, cause)
         self._use_scale(plan.scale)
         self.prepare()
         written = ""
@@ -424,6 +501,8 @@ class JobRunner:
         )
         # workers that still run restore in place (their Spark stays up); dead ones start again
         self._launch(plan.generation, plan.checkpoint_id)
+        self.restores.append(record)  # a restore that could not start (Kafka away) is not counted
+        metrics.restored(self.job, cause)
         return record
 
     def rescale(self, parallelism: Mapping[str, int], checkpoint_id: int | None = None) -> RestoreRecord:

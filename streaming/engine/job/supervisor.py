@@ -148,6 +148,12 @@ class WorkerSupervisor:
         """SIGKILL a worker (by its name, or a task or stage it runs) and its Spark JVM (a drill)."""
         _kill_group(self.worker_of(name).process)
 
+    def kill_all(self) -> None:
+        """SIGKILL every worker and its Spark JVM: a frozen or stuck worker
+        takes no SIGTERM and no restore in place."""
+        for worker in self.workers.values():
+            _kill_group(worker.process)
+
     def stop_all(self, timeout_s: float = 15.0) -> None:
         for worker in self.workers.values():
             if worker.alive:

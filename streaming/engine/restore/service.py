@@ -71,6 +71,8 @@ log = logging.getLogger(__name__)
 RESTORE_CAUSES = {
     "worker_died": "a worker process died",
     "worker_lost": "a remote worker group was lost",  # went silent, or stopped
+    "worker_stuck": "a worker process was alive but silent",  # frozen, or stuck (liveness)
+    "checkpoints_failing": "checkpoints kept failing",  # past tolerable_failed_checkpoints (liveness)
     "restart": "a runner started on the job",  # the store knew the job
     "requested": "a restore was asked for",  # --restore N
     "rescale": "a rescale was asked for",

@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import queue
 import signal
 import sys
@@ -459,5 +460,18 @@ def main(argv: list[str] | None = None) -> int:
         worker.close()
 
 
+def _exit(code: int) -> None:
+    """Exit with ``code``.  A worker that failed exits at once, without
+    waiting for its threads (a micro-batch may still wait on Kafka): its
+    runner restores the job either way, and a process stuck on its way out
+    would only be killed later."""
+    if code == 0:
+        sys.exit(0)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -92,3 +92,76 @@ def test_dead_letters_keep_the_record_and_its_reason(connection, unique_name):
     assert headers["spark-abs-reason"] == b"value is not JSON"
     assert (headers["spark-abs-source"], headers["spark-abs-source-offset"], headers["h"]) == (b"in:1", b"42", b"v")
     letters.close()
+
+
+class _Future:
+    def __init__(self):
+        self.errbacks = []
+
+    def add_errback(self, f, *args):
+        self.errbacks.append(lambda exc: f(*args, exc))
+        return self
+
+    def fail(self, exc):
+        for errback in self.errbacks:
+            errback(exc)
+
+
+class _Producer:
+    """kafka-python's producer as CheckedSends sees it: sends give futures;
+    ``flush`` returns once each is done, failed ones too."""
+
+    def __init__(self, flush_takes_s: float = 0.0):
+        self.futures: list[_Future] = []
+        self.flush_takes_s = flush_takes_s
+
+    def send(self, topic, **record):
+        self.futures.append(_Future())
+        return self.futures[-1]
+
+    def flush(self, timeout=None):
+        from kafka.errors import KafkaTimeoutError
+
+        if timeout is not None and self.flush_takes_s > timeout:
+            raise KafkaTimeoutError(f"Timeout after waiting for {timeout} secs.")
+
+
+def test_a_send_that_failed_fails_the_next_flush_and_every_send_after_it():
+    from kafka.errors import KafkaTimeoutError
+
+    from streaming.adapters.kafka_io import CheckedSends
+    from streaming.errors import KafkaUnavailableError
+
+    producer = _Producer()
+    sends = CheckedSends(producer, "the tasks' records", bound_s=5.0)
+    sends.send("orders", value=b"1", partition=0)
+    sends.send("orders", value=b"2", partition=1)
+    sends.flush()  # both still in flight or delivered: nothing failed
+    producer.futures[1].fail(KafkaTimeoutError("Expiring 1 record(s) for orders-1: 120000 ms has passed"))
+    with pytest.raises(KafkaUnavailableError, match="a send of the tasks' records to orders failed.*Expiring 1"):
+        sends.flush()
+    with pytest.raises(KafkaUnavailableError, match="restores from its latest checkpoint"):
+        sends.send("orders", value=b"3", partition=0)
+
+
+def test_a_flush_kafka_does_not_finish_within_the_bound_names_the_bound():
+    from streaming.adapters.kafka_io import CheckedSends
+    from streaming.errors import KafkaUnavailableError
+
+    sends = CheckedSends(_Producer(flush_takes_s=1e9), "dead letters", bound_s=0.5)
+    with pytest.raises(KafkaUnavailableError, match=r"did not take dead letters within 0.5 s \(the delivery timeout"):
+        sends.flush()
+
+
+def test_a_call_without_a_timeout_is_waited_for_within_a_bound():
+    import threading
+
+    from streaming.adapters.kafka_io import within
+    from streaming.errors import KafkaUnavailableError
+
+    assert within(lambda: 7, 1.0, "a quick call") == 7
+    never = threading.Event()
+    with pytest.raises(KafkaUnavailableError, match="committing epoch 3 did not finish within 0.2 s"):
+        within(never.wait, 0.2, "committing epoch 3")
+    with pytest.raises(ZeroDivisionError):
+        within(lambda: 1 / 0, 1.0, "a failing call")

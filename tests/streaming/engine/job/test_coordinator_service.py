@@ -308,3 +308,52 @@ def test_a_progress_line_or_a_retention_that_fails_is_logged_and_the_checkpoint_
     assert progress.startswith(f"progress log {tmp_path}: ")
     assert retention == "checkpoint 5: retention failed (will retry next time): the store said no"
     assert service.trigger().checkpoint_id == 6  # the job goes on
+
+
+def _decline(checkpoint_id: int, reason: CheckpointFailure = CheckpointFailure.DECLINED) -> ControlEvent:
+    return Decline(checkpoint_id=checkpoint_id, task="count-0", generation=2, reason=reason, detail="no")
+
+
+def test_failed_checkpoints_are_counted_in_a_row_until_one_completes(store, tmp_path):
+    memory = MemoryIO()
+    service, _, _ = _service(store, memory, tmp_path)
+    for checkpoint_id, reason in ((5, CheckpointFailure.DECLINED), (6, CheckpointFailure.STORE_FAILURE)):
+        service.trigger()
+        memory.inbox = [_decline(checkpoint_id, reason)]
+        service.poll()
+    assert service.failures.in_a_row == 2 and "checkpoint 6" in service.failures.last
+    service.trigger()
+    memory.inbox = [_decline(7, CheckpointFailure.SUBSUMED)]  # not the job's failing: not counted
+    service.poll()
+    assert service.failures.in_a_row == 2
+    service.trigger()
+    memory.inbox = [_ack(store, "count-0", 8), _ack(store, "count-1", 8)]
+    service.poll()
+    assert service.records[8].status is CheckpointStatus.COMPLETED
+    assert service.failures.in_a_row == 0
+
+
+def test_barriers_kafka_does_not_take_abort_the_checkpoint_without_counting_it_and_the_runner_goes_on(store, tmp_path):
+    from streaming.errors import KafkaUnavailableError
+
+    memory = MemoryIO()
+
+    def unreachable(*_):
+        raise KafkaUnavailableError("Kafka did not take a marker within 10 s")
+
+    io = memory.io()
+    service = CoordinatorService(
+        _pipeline(),
+        CoordinatorIO(inject=unreachable, publish=unreachable, poll=io.poll, close=io.close),
+        store,
+        JobSettings(store=f"file://{tmp_path}/store"),
+        start=CoordinatorStart(generation=2, next_checkpoint_id=5),
+    )
+    collector = LineCollector(logger="streaming.engine.job.coordinator").attach()
+    _COLLECTORS.append(collector)
+    assert service.trigger() is None  # neither the injection nor the abort's publication raises
+    assert service.records[5].status is CheckpointStatus.ABORTED
+    assert service.records[5].reason.startswith(CheckpointFailure.TRIGGER_FAILURE.value)
+    assert service.failures.in_a_row == 0
+    assert any("the job runner goes on" in line for line in collector.lines)
+    assert service.trigger() is None and 6 in service.records  # 5 is not pending: the next one is tried

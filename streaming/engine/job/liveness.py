@@ -1,0 +1,210 @@
+"""Whether a running job is live, and when the runner restores one that is
+not: a worker process that died is ``supervisor``'s to see; this module
+sees the ones that did not die.
+
+- **Failed checkpoints** (``FailedCheckpoints``): checkpoints that failed
+  since the last one completed, counted as Flink's
+  ``execution.checkpointing.tolerable-failed-checkpoints`` counts them
+  (declined, expired, the store failed; not one subsumed by a newer one,
+  cancelled by a restore or whose barriers could not be injected).  More
+  than ``tolerable_failed_checkpoints`` in a row: the job restores (cause
+  ``checkpoints_failing``), as a task stuck in a send or an alignment would
+  otherwise hold it for good.
+- **Silent workers** (``WorkerSilence``): each task of a local worker
+  publishes its progress twice a second.  A worker process alive but none
+  of whose tasks was heard for ``heartbeat_timeout_s`` while the runner
+  could hear the control topic (it asks Kafka, ``Liveness.hears``: during a
+  broker outage nobody is heard and nobody is to blame) is frozen or
+  stuck: the job restores (cause ``worker_stuck``).  A worker whose tasks
+  are not all ready ``READY_BOUND_S`` after it started is stuck too.
+- **A restore that must wait** (``DueRestore``): a restore needs Kafka and
+  the store; while either is away it waits, no worker running, trying
+  again with growing pauses, for at most ``RunOptions.restore_wait_s``;
+  then the job fails with an error naming that bound.
+
+Both restores begin by killing every local worker (SIGKILL of its process
+group): a frozen or stuck process cannot restore in place."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from barriers.failures import CheckpointFailure
+
+__all__ = ["COUNTED", "READY_BOUND_S", "DueRestore", "FailedCheckpoints", "Liveness", "Verdict", "WorkerSilence"]
+
+log = logging.getLogger(__name__)
+
+# the failures tolerable_failed_checkpoints counts (Flink's CheckpointFailureManager counts these too)
+COUNTED = frozenset({CheckpointFailure.DECLINED, CheckpointFailure.TIMEOUT, CheckpointFailure.STORE_FAILURE})
+# how long a worker's tasks may take to be ready after it started (a Spark application, a restore's loads)
+READY_BOUND_S = 300.0
+# how often the runner asks Kafka whether it answers, while a worker looks silent
+_PROBE_EVERY_S = 5.0
+# the pauses between the attempts of a restore that must wait: growing from the first to the last
+_RETRY_FIRST_S, _RETRY_MAX_S = 2.0, 30.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why a job that runs must restore: ``cause`` a ``RESTORE_CAUSES`` word,
+    ``reason`` what it says to a person."""
+
+    cause: str
+    reason: str
+
+
+class FailedCheckpoints:
+    """The checkpoints that failed since the last one completed (see the
+    module docstring for which count)."""
+
+    def __init__(self, on_change: Callable[[int], None] = lambda count: None):
+        self.in_a_row = 0
+        self.last = ""
+        self._on_change = on_change
+
+    def failed(self, checkpoint_id: int, failure: CheckpointFailure | None, detail: str) -> None:
+        if failure in COUNTED:
+            self.in_a_row += 1
+            self.last = f"checkpoint {checkpoint_id}: {failure.value if failure else ''} ({detail})"
+            self._on_change(self.in_a_row)
+
+    def completed(self) -> None:
+        if self.in_a_row:
+            self.in_a_row = 0
+            self._on_change(0)
+
+
+class WorkerSilence:
+    """When each local worker's tasks were last heard (any control event of
+    the current generation naming them), and which workers have been silent
+    too long; ``clock`` is monotonic."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic):
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.launched_at = clock()
+
+    def launched(self) -> None:
+        """A generation started: its workers are judged from now."""
+        self.launched_at = self.clock()
+
+    def silent(
+        self,
+        workers: Mapping[str, Sequence[str]],
+        heard_at: Mapping[str, float],
+        ready: set[str],
+        hearing_since: float,
+    ) -> list[tuple[str, str]]:
+        """The workers (name, what was wrong) of ``workers`` (name -> tasks)
+        none of whose tasks were heard for the timeout, counted from when
+        the runner could hear (``hearing_since``) at the earliest; and those
+        whose tasks are not all ``ready`` ``READY_BOUND_S`` after launch."""
+        now = self.clock()
+        found = []
+        for name, tasks in workers.items():
+            if not tasks:
+                continue
+            if not all(t in ready for t in tasks):
+                if now - self.launched_at > READY_BOUND_S:
+                    waiting = ", ".join(t for t in tasks if t not in ready)
+                    found.append((name, f"tasks {waiting} not ready {READY_BOUND_S:.0f} s after the worker started"))
+                continue
+            last = max([heard_at.get(t, self.launched_at) for t in tasks] + [self.launched_at, hearing_since])
+            if now - last > self.timeout_s:
+                found.append(
+                    (
+                        name,
+                        f"none of its tasks heard for {now - last:.0f} s while the control topic worked "
+                        f"(heartbeat_timeout_s {self.timeout_s:g})",
+                    )
+                )
+        return found
+
+
+@dataclass
+class DueRestore:
+    """A restore that could not start yet (Kafka or the store away): what it
+    is for, since when it waits and when it tries again."""
+
+    verdict: Verdict
+    since: float
+    attempts: int = 0
+    retry_at: float = 0.0
+
+    def failed(self, now: float) -> float:
+        """One more attempt failed; the pause before the next (growing)."""
+        self.attempts += 1
+        pause = min(_RETRY_MAX_S, _RETRY_FIRST_S * 2 ** (self.attempts - 1))
+        self.retry_at = now + pause
+        return pause
+
+
+class Liveness:
+    """The runner's view of whether its job is live: ``failures`` (counted
+    by the coordinator service), ``silence`` of the local workers, and
+    whether Kafka answers the runner (``probe``: a callable that raises
+    when it does not, asked at most every few seconds)."""
+
+    def __init__(
+        self,
+        tolerable_failed_checkpoints: int,
+        heartbeat_timeout_s: float,
+        probe: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.tolerable = tolerable_failed_checkpoints
+        self.silence = WorkerSilence(heartbeat_timeout_s, clock)
+        self.probe = probe
+        self.clock = clock
+        # since when Kafka answered the runner without a break (None: it did not, the last time asked)
+        self.hearing_since: float | None = clock()
+        self._probed_at = float("-inf")
+
+    def launched(self) -> None:
+        self.silence.launched()
+
+    def hears(self, *, fresh: bool = False) -> bool:
+        """Whether Kafka answers the runner (asked again every few seconds, or now when ``fresh``)."""
+        now = self.clock()
+        if fresh or now - self._probed_at >= _PROBE_EVERY_S:
+            self._probed_at = now
+            try:
+                self.probe()
+            except Exception as exc:  # any failure to reach Kafka: nobody is to blame for silence
+                if self.hearing_since is not None:
+                    log.warning("Kafka does not answer the job runner (%s): silent workers are not judged", exc)
+                self.hearing_since = None
+            else:
+                if self.hearing_since is None:
+                    log.info("Kafka answers the job runner again")
+                    self.hearing_since = now
+        return self.hearing_since is not None
+
+    def verdict(
+        self,
+        failed: FailedCheckpoints,
+        workers: Mapping[str, Sequence[str]],
+        heard_at: Mapping[str, float],
+        ready: set[str],
+    ) -> Verdict | None:
+        """Why the job must restore now, or None while it is live."""
+        if failed.in_a_row > self.tolerable:
+            return Verdict(
+                "checkpoints_failing",
+                f"{failed.in_a_row} checkpoints failed in a row, more than tolerable_failed_checkpoints "
+                f"({self.tolerable}); the last: {failed.last}",
+            )
+        if self.hearing_since is None and not self.hears():
+            return None  # Kafka is away from the runner too: silence blames nobody
+        silent = self.silence.silent(workers, heard_at, ready, self.hearing_since or self.clock())
+        if silent and self.hears():
+            # judged again from when the runner heard: a probe that just succeeded after an outage resets it
+            silent = self.silence.silent(workers, heard_at, ready, self.hearing_since or self.clock())
+            if silent:
+                name, why = silent[0]
+                return Verdict("worker_stuck", f"worker {name} is alive but stuck: {why}")
+        return None

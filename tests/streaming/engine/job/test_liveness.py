@@ -1,0 +1,118 @@
+"""When a job that runs is not live (``streaming.engine.job.liveness``):
+failed checkpoints in a row past the tolerable number, a worker alive but
+silent while the runner hears Kafka, a worker never ready; and that silence
+during a broker outage blames nobody."""
+
+from __future__ import annotations
+
+import pytest
+
+from barriers.failures import CheckpointFailure
+from streaming.engine.job.liveness import READY_BOUND_S, DueRestore, FailedCheckpoints, Liveness, Verdict
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Kafka:
+    """The probe: raises while Kafka is away."""
+
+    def __init__(self):
+        self.up = True
+        self.asked = 0
+
+    def __call__(self) -> None:
+        self.asked += 1
+        if not self.up:
+            raise ConnectionError("no broker answers")
+
+
+WORKERS = {"all": ["a-0", "b-0"]}
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def _liveness(clock: Clock, kafka: Kafka, tolerable: int = 2) -> Liveness:
+    return Liveness(tolerable, 15.0, kafka, clock)
+
+
+def test_more_failed_checkpoints_in_a_row_than_tolerable_restore_and_a_completion_resets_the_count(clock):
+    seen: list[int] = []
+    failed = FailedCheckpoints(seen.append)
+    liveness = _liveness(clock, Kafka())
+    heard = {"a-0": clock.now, "b-0": clock.now}
+    for checkpoint_id in (1, 2):
+        failed.failed(checkpoint_id, CheckpointFailure.TIMEOUT, "not complete")
+    assert liveness.verdict(failed, WORKERS, heard, {"a-0", "b-0"}) is None  # two is tolerable
+    failed.completed()
+    assert failed.in_a_row == 0
+    for checkpoint_id in (3, 4, 5):
+        failed.failed(checkpoint_id, CheckpointFailure.DECLINED, "store away")
+    failed.failed(6, CheckpointFailure.SUBSUMED, "")  # not counted
+    failed.failed(7, CheckpointFailure.TRIGGER_FAILURE, "")  # not counted
+    verdict = liveness.verdict(failed, WORKERS, heard, {"a-0", "b-0"})
+    assert verdict is not None and verdict.cause == "checkpoints_failing"
+    assert "3 checkpoints failed in a row" in verdict.reason and "checkpoint 5" in verdict.reason
+    assert seen == [1, 2, 0, 1, 2, 3]  # what the metric shows
+
+
+def test_a_worker_silent_while_kafka_answers_is_stuck(clock):
+    kafka = Kafka()
+    liveness = _liveness(clock, kafka)
+    ready = {"a-0", "b-0"}
+    heard = {"a-0": clock.now, "b-0": clock.now}
+    clock.now += 10
+    heard["a-0"] = clock.now  # one task heard is enough
+    clock.now += 10
+    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+    clock.now += 10  # 20 s since a-0 was heard
+    verdict = liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready)
+    assert verdict == Verdict(
+        "worker_stuck",
+        "worker all is alive but stuck: none of its tasks heard for 20 s while the control topic worked "
+        "(heartbeat_timeout_s 15)",
+    )
+    assert kafka.asked == 1
+
+
+def test_silence_while_kafka_is_away_blames_nobody_and_is_counted_from_when_it_answers_again(clock):
+    kafka = Kafka()
+    liveness = _liveness(clock, kafka)
+    ready = {"a-0", "b-0"}
+    heard = {"a-0": clock.now, "b-0": clock.now}
+    kafka.up = False
+    for _ in range(40):  # 200 s of outage
+        clock.now += 5
+        assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+    kafka.up = True
+    clock.now += 5
+    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None  # hears again: counted from now
+    clock.now += 10
+    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+    clock.now += 10  # 20 s after Kafka answered again, still nobody heard
+    verdict = liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready)
+    assert verdict is not None and verdict.cause == "worker_stuck"
+
+
+def test_a_worker_whose_tasks_are_not_ready_is_judged_by_the_ready_bound(clock):
+    liveness = _liveness(clock, Kafka())
+    liveness.launched()
+    clock.now += READY_BOUND_S - 1
+    assert liveness.verdict(FailedCheckpoints(), WORKERS, {}, {"a-0"}) is None
+    clock.now += 2
+    verdict = liveness.verdict(FailedCheckpoints(), WORKERS, {}, {"a-0"})
+    assert verdict is not None and verdict.cause == "worker_stuck" and "tasks b-0 not ready" in verdict.reason
+
+
+def test_a_restore_that_waits_pauses_longer_each_time_up_to_a_limit():
+    due = DueRestore(Verdict("worker_died", "worker all died"), since=0.0)
+    assert [due.failed(0.0) for _ in range(7)] == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert due.attempts == 7 and due.retry_at == 30.0
