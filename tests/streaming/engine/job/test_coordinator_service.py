@@ -308,3 +308,22 @@ def test_a_progress_line_or_a_retention_that_fails_is_logged_and_the_checkpoint_
     assert progress.startswith(f"progress log {tmp_path}: ")
     assert retention == "checkpoint 5: retention failed (will retry next time): the store said no"
     assert service.trigger().checkpoint_id == 6  # the job goes on
+
+
+def test_retention_keeps_the_newest_checkpoint_that_verifies_when_newer_ones_do_not(store, tmp_path):
+    """Checkpoint 5 verifies; 6, 7 and 8 complete without a part each (they
+    cannot be restored).  Retention (keep 3) keeps 5 for a restore; once 9
+    verifies, 5 goes."""
+    memory = MemoryIO()
+    service, _, completed = _service(store, memory, tmp_path, retain=3)
+    for checkpoint_id in (5, 6, 7, 8, 9):
+        service.trigger()
+        memory.inbox = [_ack(store, task, checkpoint_id) for task in ("count-0", "count-1")]
+        if checkpoint_id in (6, 7, 8):
+            Path(store.layout.part(checkpoint_id, "count-1/state/state.parquet")).unlink()
+        service.poll()
+        if checkpoint_id == 8:
+            assert store.completed() == [5, 6, 7, 8]
+            assert store.latest_verified()[0].checkpoint_id == 5
+    assert completed == [5, 6, 7, 8, 9]
+    assert store.completed() == [7, 8, 9]
