@@ -32,9 +32,11 @@ content ``SnapshotCorruptError``, each naming the checkpoint, task and part.
 The package: ``layout`` (where each file lives), ``format`` (the JSON
 documents), ``reading`` (listing and reading back, every part checked),
 ``writing`` (task parts, ``_TASK.json``, the manifest), ``verify`` (whether
-a checkpoint can be restored, and which one a restore picks), ``retention``
-(deleting checkpoints, and which ones go), ``jobs`` (generations and restore
-history) and ``store`` (the ``SnapshotStore``: one handle to the rest).
+a checkpoint can be restored, which one a restore picks, and the newest that
+verifies, remembered), ``retention`` (deleting checkpoints, and which ones
+go: ``plan_retention``, the one rule of the coordinator and of ``checkpoints
+gc``), ``jobs`` (generations and restore history) and ``store`` (the
+``SnapshotStore``: one handle to the rest).
 """
 
 from streaming.adapters.snapshots.format import (

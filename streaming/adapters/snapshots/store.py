@@ -1,8 +1,9 @@
 """``SnapshotStore``: one job's checkpoints in one ``StoreLocation``, one
 handle to the parts that do the work: writing (``SnapshotWriter``: task
 parts, then ``_TASK.json``; the manifest last), reading (``SnapshotReader``),
-verification (``Verifier``), deleting and retention (``Retention``) and the
-job's generations (``JobHistory``)."""
+verification (``Verifier``; ``NewestVerified`` remembers the newest
+checkpoint that verifies, for retention), deleting and retention
+(``Retention``) and the job's generations (``JobHistory``)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from streaming.adapters.snapshots.format import GenerationStart, JobMeta, Loaded
 from streaming.adapters.snapshots.jobs import JobHistory
 from streaming.adapters.snapshots.layout import Layout
 from streaming.adapters.snapshots.reading import SnapshotReader
-from streaming.adapters.snapshots.retention import Retention
-from streaming.adapters.snapshots.verify import Verifier
+from streaming.adapters.snapshots.retention import Retention, RetentionPlan
+from streaming.adapters.snapshots.verify import NewestVerified, Verifier
 from streaming.adapters.snapshots.writing import SnapshotWriter, TaskParts
 from streaming.errors import ConfigError
 
@@ -28,8 +29,9 @@ class SnapshotStore:
 
     Tasks call ``write_task`` (or ``write_task_async``), the coordinator
     ``write_manifest``, ``apply_retention`` and the job-metadata methods, a
-    restore ``latest_verified`` and ``load_task``.  One coordinator per job
-    writes the manifest and ``_JOB.json``; task writes may run in parallel.
+    restore ``latest_verified`` and ``load_task``, ``checkpoints gc``
+    ``retention_plan``.  One coordinator per job writes the manifest and
+    ``_JOB.json``; task writes may run in parallel.
 
     One job: the store's handle.  Each method hands its work to one of the
     parts, which the constructor builds on one ``ObjectFiles`` and ``Layout``."""
@@ -49,6 +51,7 @@ class SnapshotStore:
         self.history = JobHistory(self.files, self.layout, job)
         self.writer = SnapshotWriter(self.files, self.layout, job, upload_threads=upload_threads, name=repr(self))
         self.retention = Retention(self.reader)
+        self.newest_verified = NewestVerified(self.verifier, self.read_job)
 
     def __repr__(self) -> str:
         return f"SnapshotStore({self.location.uri!r}, job={self.job!r})"
@@ -133,12 +136,19 @@ class SnapshotStore:
         A checkpoint that does not exist is not an error."""
         self.retention.delete(checkpoint_id)
 
+    def retention_plan(self, keep: int, pinned: Iterable[int] = ()) -> RetentionPlan:
+        """What retention would delete now (``retention.plan_retention``):
+        completed checkpoints older than the newest ``keep`` and incomplete
+        ones older than the newest completed, but never the newest that
+        verifies (``newest_verified``: each complete checkpoint is verified
+        once, newest first, until one does), the ``pinned`` ones, what a kept
+        one links to, or anything newer than the newest completed checkpoint
+        (possibly in progress)."""
+        return self.retention.plan(keep, verified=self.newest_verified.find(), pinned=pinned)
+
     def apply_retention(self, keep: int, pinned: Iterable[int] = ()) -> list[int]:
-        """Delete completed checkpoints older than the newest ``keep`` and
-        incomplete ones older than the newest completed.  Pinned ids and
-        anything newer than the newest completed checkpoint (possibly in
-        progress) are never touched.  Returns the deleted ids."""
-        return self.retention.apply(keep, pinned)
+        """Delete what ``retention_plan`` gives up; returns the deleted ids."""
+        return self.retention.apply(keep, verified=self.newest_verified.find(), pinned=pinned)
 
     # -- job metadata --------------------------------------------------------
 
@@ -148,6 +158,7 @@ class SnapshotStore:
 
     def write_job(self, meta: JobMeta) -> None:
         self.history.write(meta)
+        self.newest_verified.forget()  # the job's line may have changed
 
     def first_generation(self, scale: Mapping[str, Any] | None = None) -> None:
         """Record the job's fresh start, generation 0, at ``scale``, in ``_JOB.json``."""
@@ -167,7 +178,9 @@ class SnapshotStore:
         again names the one it was ``rescaled_from`` or ``changed_from``),
         record it in ``_JOB.json`` and return its number."""
         start = GenerationStart(0, from_checkpoint, "", scale, cause, rescaled_from, changed_from)
-        return self.history.next_generation(start)
+        generation = self.history.next_generation(start)
+        self.newest_verified.forget()  # checkpoints a restore left behind are off the job's line
+        return generation
 
     # -- lifecycle -----------------------------------------------------------
 

@@ -2,13 +2,14 @@
 manifest reads, every task's ``_TASK.json`` is there and equals the
 manifest's entry, and every part a restore reads exists with its recorded
 size (and, with ``checksums``, its SHA-256), the parts of earlier
-checkpoints an incremental one's chains link to included."""
+checkpoints an incremental one's chains link to included.  ``NewestVerified``
+remembers the newest checkpoint that verifies, for retention to keep."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import pyarrow.fs as pafs
 
@@ -17,7 +18,7 @@ from streaming.adapters.snapshots.layout import TASK, checkpoint_dir_name
 from streaming.adapters.snapshots.reading import SnapshotReader
 from streaming.errors import SnapshotCorruptError, SnapshotMissingError
 
-__all__ = ["Verifier"]
+__all__ = ["NewestVerified", "Verifier"]
 
 log = logging.getLogger(__name__)
 
@@ -110,3 +111,41 @@ class Verifier:
                             f"{label} checksum mismatch: sha256 {digest.hexdigest()}, {part.sha256} was written"
                         )
         return problems
+
+
+class NewestVerified:
+    """The newest complete checkpoint that verifies as a restore verifies it
+    (checksums and the job's line included, ``Verifier.latest_verified``),
+    remembered, so that retention can keep it at every completion without
+    verifying every checkpoint each time: ``find`` verifies only the
+    complete checkpoints newer than those it saw before, newest first, until
+    one verifies.  ``job`` reads the job's metadata; ``forget`` starts over
+    (a new generation changes which checkpoints are on the job's line)."""
+
+    def __init__(self, verifier: Verifier, job: Callable[[], JobMeta | None]):
+        self.verifier = verifier
+        self.job = job
+        # the newest checkpoint found to verify, and the newest complete one looked at so far
+        self.known: int | None = None
+        self.seen: int | None = None
+
+    def find(self) -> int | None:
+        """The newest complete checkpoint that verifies (None: none does).
+        One found before stays the answer until a newer one verifies or it is
+        deleted; a newer one that did not verify is not verified again."""
+        done = self.verifier.reader.completed()
+        if self.known is not None and self.known not in done:
+            self.forget()
+        seen = self.seen
+        if not done or (seen is not None and done[-1] <= seen):
+            return self.known
+        older = [] if seen is None else [c for c in done if c <= seen]
+        manifest, _ = self.verifier.latest_verified(older, job=self.job())
+        if manifest is not None:
+            self.known = manifest.checkpoint_id
+        self.seen = done[-1]
+        return self.known
+
+    def forget(self) -> None:
+        """Verify from the newest complete checkpoint again at the next ``find``."""
+        self.known = self.seen = None

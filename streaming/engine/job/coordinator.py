@@ -9,11 +9,13 @@ to Kafka and the snapshot store.
   every task lets it go.
 - **Completion**: when every task acknowledged, the manifest is written (last,
   so only a checkpoint with a manifest is complete), a ``complete`` event
-  tells the sinks to commit, and retention deletes what it gives up (never a
-  checkpoint pinned by a restore).  A manifest that cannot be written aborts
-  the checkpoint; the job goes on.  ``CheckpointCompletion.complete`` lists
-  the steps and what each does when it fails.  The manifest and the
-  progress log store names (``format.stored_name``), never prose.
+  tells the sinks to commit, and retention deletes what it gives up (never
+  the newest checkpoint that verifies, nor one pinned by a restore: the rule
+  of ``checkpoints gc`` too, ``snapshots.retention.plan_retention``).  A
+  manifest that cannot be written aborts the checkpoint; the job goes on.
+  ``CheckpointCompletion.complete`` lists the steps and what each does when
+  it fails.  The manifest and the progress log store names
+  (``format.stored_name``), never prose.
 
 Events of other generations are ignored (a task of the run that failed may
 still speak).
@@ -389,8 +391,10 @@ class CheckpointCompletion:
             raise ProgressNotLogged(f"progress log {self.progress_log}: {exc}") from exc
 
     def _apply_retention(self, checkpoint_id: int) -> None:
-        """Step 9: delete the checkpoints retention gives up (never the one a
-        restore started from); ``RetentionFailed`` when the store refuses."""
+        """Step 9: delete the checkpoints retention gives up (never the
+        newest that verifies, which the store verifies once per complete
+        checkpoint, nor the one a restore started from); ``RetentionFailed``
+        when the store refuses."""
         try:
             deleted = self.store.apply_retention(self.retain, pinned=[self.pinned] if self.pinned else [])
         except StoreError as exc:

@@ -2,11 +2,13 @@
 
 ``plan_gc`` lists, file by file with its size and reason, what may go:
 
-- **retention**: complete checkpoints older than the newest ``retain``, and
-  incomplete ones (no manifest) older than the newest complete checkpoint;
-  never the checkpoint a restore would pick (the newest that verifies), nor
-  the one the job's current generation started from, nor anything newer than
-  the newest complete checkpoint (it may be in progress);
+- **retention**: the coordinator's rule (``SnapshotStore.retention_plan``):
+  complete checkpoints older than the newest ``retain``, and incomplete ones
+  (no manifest) older than the newest complete checkpoint; never the
+  checkpoint a restore would pick (the newest that verifies), nor the one
+  the job's current generation started from, nor one a kept checkpoint
+  links to, nor anything newer than the newest complete checkpoint (it may
+  be in progress);
 - **orphans**: files inside a kept complete checkpoint that its manifest does
   not name (a task directory no task acknowledged, a part no snapshot lists);
 - **committed staging**: a sink epoch still staged although its output is
@@ -85,36 +87,24 @@ def plan_gc(
     plan = GcPlan()
     fs, layout = store.files.fs, store.layout
     all_ids, done = store.checkpoints(), store.completed()
-    pinned: dict[int, str] = {}
+    meta = store.read_job()
+    started_from = meta.restores[-1].from_checkpoint if meta and meta.restores else None
     if done:
         progress(f"verifying checkpoints to find the one a restore would pick ({len(done)} complete)")
-        pick, _ = store.latest_verified()
-        if pick is not None:
-            pinned[pick.checkpoint_id] = "a restore would pick it"
-        meta = store.read_job()
-        started_from = meta.restores[-1].from_checkpoint if meta and meta.restores else None
-        if started_from is not None and started_from in all_ids:
-            pinned.setdefault(int(started_from), "the current generation started from it")
-    newest = done[-1] if done else None
-    kept_complete = set(done[-retain:]) | set(pinned)
-    for needed, by in store.retention.needed_by(kept_complete & set(done)).items():
-        pinned.setdefault(needed, f"checkpoint {by} links to its parts")
-    kept_complete |= {c for c in pinned if c in done}
+    retention = store.retention_plan(retain, pinned=[] if started_from is None else [started_from])
+    plan.kept += [
+        f"{checkpoint_dir_name(c)}: older than the newest {retain}, kept: {why}" for c, why in retention.kept.items()
+    ]
+    doomed = set(retention.doomed)
     for checkpoint_id in all_ids:
-        name = checkpoint_dir_name(checkpoint_id)
-        if newest is None or checkpoint_id > newest:
-            continue  # possibly in progress
-        if checkpoint_id in pinned and checkpoint_id not in done[-retain:]:
-            plan.kept.append(f"{name}: older than the newest {retain}, kept: {pinned[checkpoint_id]}")
-        if checkpoint_id in kept_complete:
+        if checkpoint_id in doomed:
+            reason = f"retention (keep {retain})" if checkpoint_id in done else "incomplete, older than a complete one"
+            files = list_files(fs, layout.checkpoint_dir(checkpoint_id))
+            files.sort(key=lambda i: (i.base_name != MANIFEST, i.path))
+            plan.garbage += [Garbage(i.path, i.size, reason) for i in files]
+        elif checkpoint_id in done:
             plan.garbage += _orphans(store, checkpoint_id)
-            continue
-        if checkpoint_id in pinned:
-            continue  # an incomplete checkpoint whose parts a kept one links to
-        reason = f"retention (keep {retain})" if checkpoint_id in done else "incomplete, older than a complete one"
-        files = list_files(fs, layout.checkpoint_dir(checkpoint_id))
-        files.sort(key=lambda i: (i.base_name != MANIFEST, i.path))
-        plan.garbage += [Garbage(i.path, i.size, reason) for i in files]
+    newest = done[-1] if done else None
     if sink is not None:
         _sink_garbage(sink, plan, newest, now, grace_s)
     return plan

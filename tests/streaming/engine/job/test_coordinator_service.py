@@ -357,3 +357,22 @@ def test_barriers_kafka_does_not_take_abort_the_checkpoint_without_counting_it_a
     assert service.failures.in_a_row == 0
     assert any("the job runner goes on" in line for line in collector.lines)
     assert service.trigger() is None and 6 in service.records  # 5 is not pending: the next one is tried
+
+
+def test_retention_keeps_the_newest_checkpoint_that_verifies_when_newer_ones_do_not(store, tmp_path):
+    """Checkpoint 5 verifies; 6, 7 and 8 complete without a part each (they
+    cannot be restored).  Retention (keep 3) keeps 5 for a restore; once 9
+    verifies, 5 goes."""
+    memory = MemoryIO()
+    service, _, completed = _service(store, memory, tmp_path, retain=3)
+    for checkpoint_id in (5, 6, 7, 8, 9):
+        service.trigger()
+        memory.inbox = [_ack(store, task, checkpoint_id) for task in ("count-0", "count-1")]
+        if checkpoint_id in (6, 7, 8):
+            Path(store.layout.part(checkpoint_id, "count-1/state/state.parquet")).unlink()
+        service.poll()
+        if checkpoint_id == 8:
+            assert store.completed() == [5, 6, 7, 8]
+            assert store.latest_verified()[0].checkpoint_id == 5
+    assert completed == [5, 6, 7, 8, 9]
+    assert store.completed() == [7, 8, 9]

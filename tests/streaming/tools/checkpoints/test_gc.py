@@ -5,7 +5,9 @@ the checkpoint a restore would pick nor the one the job started from."""
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -15,7 +17,7 @@ from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import ObjectStoreSink, sink_location
 from streaming.adapters.snapshots import SnapshotStore, TaskParts
 from streaming.api.settings import JobSettings
-from streaming.tools.checkpoints.gc import apply_gc, plan_gc
+from streaming.tools.checkpoints.gc import GcPlan, apply_gc, plan_gc
 from streaming.tools.views import render_gc
 
 JOB = "ledger"
@@ -147,3 +149,35 @@ def test_gc_keeps_every_checkpoint_a_kept_one_links_to(tmp_path) -> None:
         "chk-00000002: older than the newest 1, kept: checkpoint 3 links to its parts",
     ]
     assert store.load_task(3, "a-0").state["t"]["k"].to_pylist() == [1, 2, 3]
+
+
+def _retained_away(plan: GcPlan) -> set[int]:
+    """The checkpoints a gc plan removes whole (retention, incomplete)."""
+    whole = [g.path for g in plan.garbage if g.reason.startswith(("retention", "incomplete"))]
+    return {int(match.group(1)) for match in map(re.compile(r"chk-(\d+)/").search, whole) if match}
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [(), (5, 6, 7), (2, 6, 8), (1, 2, 3, 5, 6, 7, 8)],
+    ids=["none", "the newest three", "some", "all"],
+)
+def test_gc_and_the_coordinator_give_up_the_same_checkpoints(tmp_path, damaged) -> None:
+    """One rule: at every completion, the coordinator's retention (a store
+    handle that remembers which checkpoint verifies) deletes exactly what
+    ``gc`` (a handle of its own, verifying from the newest) would, and
+    neither ever the newest checkpoint that verifies."""
+    uri = f"file://{tmp_path}/store"
+    running = SnapshotStore(open_store(uri), JOB)
+    for cid in range(1, 9):
+        _write(running, cid, complete=cid != 4)  # 4: abandoned, never complete
+        if cid in damaged:
+            (Path(running.layout.part(cid, "accounts-0/state/balances.parquet"))).unlink()
+        with SnapshotStore(open_store(uri), JOB) as fresh:
+            gc = plan_gc(fresh, None, retain=3, grace_s=0)
+            picked, _ = fresh.latest_verified()
+        assert set(running.apply_retention(3)) == _retained_away(gc), cid
+        if picked is not None:
+            assert picked.checkpoint_id in running.completed(), cid
+    assert _retained_away(plan_gc(running, None, retain=3, grace_s=0)) == set()
+    running.close()
