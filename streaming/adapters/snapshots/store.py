@@ -147,8 +147,10 @@ class SnapshotStore:
         return self.retention.plan(keep, verified=self.newest_verified.find(), pinned=pinned)
 
     def apply_retention(self, keep: int, pinned: Iterable[int] = ()) -> list[int]:
-        """Delete what ``retention_plan`` gives up; returns the deleted ids."""
-        return self.retention.apply(keep, verified=self.newest_verified.find(), pinned=pinned)
+        """Delete what ``retention_plan`` gives up; returns the deleted ids.
+        The checkpoint known to verify is looked for again only once it is
+        no longer among the newest ``keep`` (``NewestVerified.find``)."""
+        return self.retention.apply(keep, verified=self.newest_verified.find(keep), pinned=pinned)
 
     # -- job metadata --------------------------------------------------------
 

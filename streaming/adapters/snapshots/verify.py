@@ -129,13 +129,19 @@ class NewestVerified:
         self.known: int | None = None
         self.seen: int | None = None
 
-    def find(self) -> int | None:
+    def find(self, keep: int | None = None) -> int | None:
         """The newest complete checkpoint that verifies (None: none does).
         One found before stays the answer until a newer one verifies or it is
-        deleted; a newer one that did not verify is not verified again."""
+        deleted; a newer one that did not verify is not verified again.
+        With ``keep`` (retention's count), one found before is the answer as
+        long as it is among the newest ``keep``: retention keeps it anyway,
+        and no newer one is read back to verify it (a completion then costs
+        no verification, only every ``keep``-th does)."""
         done = self.verifier.reader.completed()
         if self.known is not None and self.known not in done:
             self.forget()
+        if keep is not None and self.known is not None and self.known in done[-keep:]:
+            return self.known
         seen = self.seen
         if not done or (seen is not None and done[-1] <= seen):
             return self.known
