@@ -38,7 +38,7 @@ from kafka.errors import KafkaError
 
 from barriers.failures import CheckpointFailure
 from streaming.adapters.kafka_admin import RECONNECT, create_topic
-from streaming.adapters.kafka_io import CLOSE_BOUND_S, DELIVERY_BOUND_S, patiently, producer
+from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, patiently, producer
 from streaming.adapters.records import Headers
 from streaming.adapters.snapshots.format import TaskCheckpointMetrics, TaskSnapshot
 from streaming.errors import ConfigError, KafkaUnavailableError, parse_choice
@@ -446,7 +446,10 @@ def send_event(
     saying so (``kafka_io.patiently``); then a ``KafkaUnavailableError``
     naming ``what`` (by default the event's kind and checkpoint).  Returns
     its offset."""
-    what = what or f"{event.kind.value} of checkpoint {getattr(event, 'checkpoint_id', 0)}"
+    checkpoint_id = getattr(event, "checkpoint_id", None)
+    what = what or (
+        f"{event.kind.value} of checkpoint {checkpoint_id}" if checkpoint_id else f"a {event.kind.value} event"
+    )
     try:
         future = producer.send(topic, value=event.encode(), partition=0)
     except KafkaError as exc:
@@ -509,7 +512,7 @@ class ControlTopic:
         return seen
 
     def close(self) -> None:
-        self._producer.close(timeout=CLOSE_BOUND_S)
+        close_producer(self._producer, f"control topic {self.topic}")
         self._consumer.close()
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "patiently",
     "read_range",
     "within",
+    "close_producer",
     "retention_ms",
     "DeadLetters",
     "append_markers",
@@ -180,6 +181,18 @@ def patiently(step: Callable[[float], T], what: str, bound_s: float = DELIVERY_B
         raise KafkaUnavailableError(f"{what} failed: {exc}") from exc
 
 
+def close_producer(producer: KafkaProducer, what: str, timeout_s: float = CLOSE_BOUND_S) -> None:
+    """Close ``producer`` waiting at most ``timeout_s`` for what it still
+    holds; what Kafka did not take by then is dropped, with a warning (its
+    owner flushed what it needed before: this is the way out)."""
+    try:
+        producer.close(timeout=timeout_s)
+    except KafkaError as exc:
+        log.warning(
+            "closing the producer of %s: records not taken by Kafka within %g s dropped (%s)", what, timeout_s, exc
+        )
+
+
 def within(call: Callable[[], T], bound_s: float, what: str) -> T:
     """``call()`` waited for at most ``bound_s``, for the calls of
     kafka-python that take no timeout (a transaction's commit or abort waits
@@ -257,8 +270,20 @@ class CheckedSends:
         patiently(lambda t: self.producer.flush(timeout=t), self.what, self.bound_s if timeout is None else timeout)
         self.check()
 
+    def abandon(self, timeout_s: float) -> str | None:
+        """The sends so far belong to a generation the job gave up (it
+        restores): wait for them at most ``timeout_s``, then forget what
+        failed, so the next generation's sends start clean.  What failed,
+        said, or None."""
+        try:
+            self.flush(timeout_s)
+        except KafkaUnavailableError as exc:
+            self._failure = None
+            return str(exc)
+        return None
+
     def close(self, timeout_s: float = CLOSE_BOUND_S) -> None:
-        self.producer.close(timeout=timeout_s)
+        close_producer(self.producer, self.what, timeout_s)
 
 
 def append_markers(
@@ -328,6 +353,10 @@ class DeadLetters:
     def flush(self, timeout_s: float | None = None) -> None:
         """Every dead letter sent so far is in Kafka (``CheckedSends.flush``)."""
         self._sends.flush(timeout_s)
+
+    def abandon(self, timeout_s: float) -> str | None:
+        """The dead letters so far belong to a generation the job gave up (``CheckedSends.abandon``)."""
+        return self._sends.abandon(timeout_s)
 
     def close(self) -> None:
         self._sends.close()

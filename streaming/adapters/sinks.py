@@ -47,7 +47,7 @@ from kafka.errors import KafkaError
 
 from streaming.adapters import codec
 from streaming.adapters.kafka_admin import RECONNECT, create_topic
-from streaming.adapters.kafka_io import CLOSE_BOUND_S, DELIVERY_BOUND_S, within
+from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, within
 from streaming.adapters.objects import ObjectFiles, StoreLocation, list_files, open_store
 from streaming.api.config import Connection
 from streaming.api.pipeline import Sink, SinkKind
@@ -432,7 +432,7 @@ class KafkaSink(_TwoPhaseSink):
             log.warning("sink task %s: aborting the open transaction: %s", self.task_id, exc)
 
     def close(self) -> None:
-        self._producer.close(timeout=CLOSE_BOUND_S)
+        close_producer(self._producer, f"sink task {self.task_id}")
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from streaming.adapters.control import (
     Trigger,
     announced_barrier,
 )
-from streaming.adapters.kafka_io import CLOSE_BOUND_S, append_markers, producer
+from streaming.adapters.kafka_io import append_markers, close_producer, producer
 from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskSnapshot
 from streaming.adapters.snapshots.format import options_to_json, parse_stored, stored_name
 from streaming.api.pipeline import Pipeline
@@ -130,7 +130,7 @@ def kafka_io(
         control.seek_to_end()
 
     def close() -> None:
-        barriers.close(timeout=CLOSE_BOUND_S)
+        close_producer(barriers, f"the barriers of job {job}")
         control.close()
 
     return CoordinatorIO(

@@ -150,7 +150,11 @@ class RemoteWorker(Worker):
         """Until stopped: a stage query that fails stops this group's tasks
         (the runner restores the job) and the worker waits for the next generation."""
         while True:
-            code = super().serve()
+            try:
+                code = super().serve()
+            except SparkAbsError as exc:  # Kafka or the store away past its bound: as a failed query
+                log.warning("worker: %s", exc)
+                code = 1
             if code == 0:
                 return 0
             self.idle("a stage query failed")

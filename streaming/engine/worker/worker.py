@@ -237,7 +237,7 @@ class Worker:
         ``pipeline`` and ``task_names``, those tasks (a rescaled job)."""
         was_running = bool(self.running)
         self._stop_tasks()
-        self.producer.flush()  # a send of the last generation that failed fails the worker, not the next one
+        self._abandon_sends()
         self.generation, self.restore = generation, restore
         self.pipeline = pipeline or self.pipeline
         self.task_names = task_names if task_names is not None else self.task_names
@@ -261,9 +261,18 @@ class Worker:
         """Stop every task (the Spark application stays up) and wait."""
         if self.running:
             self._stop_tasks()
-            self.producer.flush()
+            self._abandon_sends()
             log.info(f"worker g{self.generation}: tasks {', '.join(self.task_names)} stopped: {reason}")
         self.generation = None
+
+    def _abandon_sends(self) -> None:
+        """The stopped generation's sends still on their way: waited for a
+        little, and what failed forgotten (the job restores from a checkpoint
+        before them), so the next generation's sends start clean."""
+        for sends in (self.producer, self.dead_letters):
+            failed = sends.abandon(_STOP_FLUSH_S)
+            if failed:
+                log.warning("worker: sends of generation %s dropped with it: %s", self.generation, failed)
 
     def _round(self) -> None:
         """A hook run once per round of ``serve``."""

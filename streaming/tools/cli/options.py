@@ -155,16 +155,33 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
         "--heartbeat-timeout",
         type=float,
         metavar="SECONDS",
-        help="with --remote-workers: a worker group not heard this long is taken for dead (the job restores), "
-        f"and a worker that hears nothing of the runner this long stops its tasks "
+        help="a worker process alive but none of whose tasks is heard this long while Kafka answers (frozen, "
+        "stuck), or a remote worker group not heard this long, is taken for dead: the job restores; a remote "
+        "worker that hears nothing of the runner this long stops its tasks "
         f"(default {JobSettings.default('heartbeat_timeout_s'):g})",
+    )
+    workers.add_argument(
+        "--tolerable-failed-checkpoints",
+        type=int,
+        metavar="N",
+        help="restore the job from its latest checkpoint after more than N checkpoints failed in a row "
+        "(declined, expired, the store failed), as Flink's tolerable failed checkpoints "
+        f"(default {JobSettings.default('tolerable_failed_checkpoints')})",
+    )
+    workers.add_argument(
+        "--delivery-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="how long a send to Kafka may take, retries included: a task whose records Kafka has not taken "
+        "by then fails and the job restores once Kafka answers again "
+        f"(default {JobSettings.default('delivery_timeout_s'):g})",
     )
     workers.add_argument(
         "--max-restores",
         type=int,
         default=10,
         metavar="N",
-        help="give up (exit status 2) when workers died N times in this run (default 10)",
+        help="give up (exit status 2) after the job restored N times in this run (default 10)",
     )
     until = parser.add_argument_group("how long it runs (default: until Ctrl-C)")
     until.add_argument(
@@ -234,6 +251,10 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         extra["held_bytes_budget"] = args.held_bytes_budget
     if args.heartbeat_timeout is not None:
         extra["heartbeat_timeout_s"] = args.heartbeat_timeout
+    if args.tolerable_failed_checkpoints is not None:
+        extra["tolerable_failed_checkpoints"] = args.tolerable_failed_checkpoints
+    if args.delivery_timeout is not None:
+        extra["delivery_timeout_s"] = args.delivery_timeout
     return JobSettings(
         store=args.store,
         mode=args.mode,
