@@ -1,6 +1,7 @@
 # The two commands of the README.  Everything they need is installed here:
 # a virtualenv with the package and its test and docs extras (pytest, ruff, mypy, selenium,
-# mkdocs); Debian's chromium and chromedriver for the UI's browser test; the local runtime
+# mkdocs); Debian's chromium and chromedriver for the UI's browser test; Debian's promtool
+# for the tests of docker/'s alert rules; the local runtime
 # (Kafka, S3 server, connector jars) is fetched by `spark-abs local up` on first use.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -10,6 +11,7 @@ FLINK_VERSION := 2.2.1
 QUIX_VERSION  := 3.28.1
 PEERS  := .venv-flink/.installed .venv-quix/.installed
 BROWSER := /usr/bin/chromedriver
+PROMTOOL := /usr/bin/promtool
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test install clean bench bench-quick docs
@@ -17,7 +19,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 run: $(STAMP)
 	$(BIN)/spark-abs demo
 
-test: $(STAMP) $(BROWSER)
+test: $(STAMP) $(BROWSER) $(PROMTOOL)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -63,6 +65,12 @@ $(STAMP): pyproject.toml
 $(BROWSER):
 	$(SUDO) apt-get install -y -q chromium chromium-driver \
 	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver)
+
+# promtool, which checks and unit-tests Prometheus rules, from Debian's prometheus package (no
+# server is started)
+$(PROMTOOL):
+	$(SUDO) apt-get install -y -q --no-install-recommends prometheus \
+	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q --no-install-recommends prometheus)
 
 clean:
 	-$(BIN)/spark-abs local down

@@ -13,7 +13,8 @@ encoded and decoded here and nowhere else:
 - ``replayed``: a restored task has processed its channel state again;
 - ``progress``: a task's position on each input channel, twice a second (lag);
 - ``ack`` / ``decline``: a task's snapshot is uploaded, or it cannot take one;
-- ``complete`` / ``abort``: the coordinator's verdict on checkpoint n;
+- ``complete`` / ``abort``: the coordinator's verdict on checkpoint n (an
+  abort with the checkpoints failed in a row and how many the job tolerates);
 - ``committed``: a sink task made epoch n visible;
 - ``lease``: the runner is alive, and which worker runs each remote group in
   which generation (``streaming.engine.remote.membership``);
@@ -315,7 +316,10 @@ class Complete(ControlEvent):
 
 @dataclass(frozen=True, slots=True)
 class Abort(ControlEvent):
-    """The coordinator gave checkpoint ``checkpoint_id`` up: every task lets it go."""
+    """The coordinator gave checkpoint ``checkpoint_id`` up: every task lets
+    it go.  It says how many checkpoints have failed in a row, this one
+    included when it counts (``streaming.engine.job.liveness``), and how many
+    the job tolerates before it restores (None: an older runner's abort)."""
 
     kind = ControlKind.ABORT
     checkpoint_id: int
@@ -323,6 +327,8 @@ class Abort(ControlEvent):
     reason: CheckpointFailure = CheckpointFailure.USER
     detail: str = "aborted by the coordinator"
     task: str = ""
+    failed_in_a_row: int | None = None
+    tolerable_failed_checkpoints: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,6 +432,8 @@ _READERS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "incarnation": (str, _REQUIRED),
     "host": (str, "?"),
     "running": (_optional_int, None),
+    "failed_in_a_row": (_optional_int, None),
+    "tolerable_failed_checkpoints": (_optional_int, None),
 }
 _FIELDS: dict[ControlKind, dict[str, tuple[Callable[[Any], Any], Any]]] = {
     kind: {f.name: _READERS[f.name] for f in fields(cls) if f.name != "offset"} for kind, cls in _KINDS.items()

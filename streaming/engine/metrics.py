@@ -53,6 +53,8 @@ __all__ = [
     "checkpoint_triggered",
     "checkpoint_completed",
     "checkpoint_aborted",
+    "failed_in_a_row",
+    "tolerable_failed_checkpoints",
     "pending",
     "restored",
     "generation",
@@ -115,6 +117,11 @@ FAILED_IN_A_ROW = _gauge(
     "spark_abs_checkpoints_failed_in_a_row",
     "Checkpoints that failed since the last one completed, as tolerable_failed_checkpoints counts them "
     "(declined, expired, the store failed); past that setting the job restores.",
+    ("job_name",),
+)
+TOLERABLE_FAILED = _gauge(
+    "spark_abs_tolerable_failed_checkpoints",
+    "The job's tolerable_failed_checkpoints: more checkpoints failed in a row than this and it restores.",
     ("job_name",),
 )
 TASK_PHASE = _histogram(
@@ -250,6 +257,10 @@ def checkpoint_aborted(job: str, failure: CheckpointFailure | None) -> None:
 
 def failed_in_a_row(job: str, count: int) -> None:
     FAILED_IN_A_ROW.labels(job).set(count)
+
+
+def tolerable_failed_checkpoints(job: str, count: int) -> None:
+    TOLERABLE_FAILED.labels(job).set(count)
 
 
 def restored(job: str, cause: str) -> None:

@@ -3,14 +3,18 @@ services.  No Docker engine runs here, so this checks what can be checked:
 the file parses, names every service, its ``${NAME:-default}`` settings are
 the ones .env.example documents, and the pipeline gets every setting the code
 reads, with values that point at the services it defines; Prometheus
-scrapes the ports the pipeline serves its metrics on, and Grafana's
-datasource and dashboard are provisioned, the dashboard's queries naming
-metrics the code defines."""
+scrapes the ports the pipeline serves its metrics on and loads the alert
+rules, which name metrics the code defines, pass ``promtool check rules``
+and fire when promtool's unit tests (alerts_test.yml) say they must; and
+Grafana's datasource and dashboard are provisioned, the dashboard's
+queries naming metrics the code defines."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -19,9 +23,14 @@ import yaml
 from streaming.adapters.kafka_admin import replication
 from streaming.api.config import CONNECTION_ENV_FIELDS, ENV, Connection, MetricsSettings
 from streaming.engine import metrics
+from streaming.engine.restore.service import RESTORE_CAUSES
 from streaming.local.kafka_broker import Voter, broker_properties
+from streaming.tools.ui.liveness import STALLED_S
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
+ALERTS = DOCKER / "prometheus-alerts.yml"
+# a metric's name in a query; not a label's (spark_abs_role="runner")
+METRIC = re.compile(r"\bspark_abs_\w+\b(?!\s*(?:=|!=|=~|!~))")
 SETTING = re.compile(r"\$\{([A-Z0-9_]+):-([^}]*)\}")
 BROKERS = ("kafka-1", "kafka-2", "kafka-3")
 
@@ -164,20 +173,32 @@ def test_grafana_provisions_the_datasource_and_the_dashboard():
     assert (dashboards / Path(home).name).is_file()
 
 
+def _defined() -> set[str]:
+    """The names of every sample the code's metrics have, as a query names them."""
+    return {name for family in metrics.REGISTRY.collect() for name in _sample_names(family.name, family.type)}
+
+
 def test_the_dashboard_queries_metrics_the_code_defines():
     dashboard = json.loads((DOCKER / "grafana" / "dashboards" / "spark-abs.json").read_text())
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
     assert len(exprs) > 10
-    defined = {
-        sample_name for family in metrics.REGISTRY.collect() for sample_name in _sample_names(family.name, family.type)
-    }
-    named = {name for expr in exprs for name in re.findall(r"spark_abs_\w+", expr)}
-    assert named and sorted(named - defined) == []
+    named = {name for expr in exprs for name in METRIC.findall(expr)}
+    assert named and sorted(named - _defined()) == []
     # every spark-abs metric has a place on it
     families = {f.name for f in metrics.REGISTRY.collect() if f.name.startswith("spark_abs_")}
     assert sorted(f for f in families if not any(n.startswith(f) for n in named)) == []
     uids = {t["datasource"]["uid"] for panel in dashboard["panels"] for t in panel.get("targets", [])}
     assert uids == {"prometheus"}
+    (restores,) = [panel for panel in dashboard["panels"] if panel["title"] == "Restores"]
+    assert [c for c in RESTORE_CAUSES if c not in restores["description"]] == []
+    # no two panels on one place
+    cells = [
+        (panel["gridPos"]["x"] + dx, panel["gridPos"]["y"] + dy)
+        for panel in dashboard["panels"]
+        for dx in range(panel["gridPos"]["w"])
+        for dy in range(panel["gridPos"]["h"])
+    ]
+    assert len(cells) == len(set(cells))
 
 
 def _sample_names(name: str, kind: str) -> list[str]:
@@ -187,3 +208,62 @@ def _sample_names(name: str, kind: str) -> list[str]:
     if kind == "histogram":
         return [f"{name}_bucket", f"{name}_count", f"{name}_sum"]
     return [name]
+
+
+def _rules() -> list[dict]:
+    return [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+
+
+def test_prometheus_loads_the_alert_rules():
+    prometheus = _compose()["services"]["prometheus"]
+    config = yaml.safe_load(_mounted(prometheus)["/etc/prometheus/prometheus.yml"].read_text())
+    (listed,) = config["rule_files"]
+    assert _mounted(prometheus)[listed] == ALERTS
+
+
+def test_the_alerts_name_metrics_and_causes_the_code_defines_and_tell_where_to_look():
+    rules = {rule["alert"]: rule for rule in _rules()}
+    assert {"SparkAbsCheckpointsStalled", "SparkAbsCheckpointsFailing"} <= set(rules)
+    for name, rule in rules.items():
+        named = set(METRIC.findall(rule["expr"]))
+        assert named <= _defined(), (name, sorted(named - _defined()))
+        for cause in re.findall(r'cause=~"([^"]*)"', rule["expr"]):
+            assert set(cause.split("|")) <= set(RESTORE_CAUSES), (name, cause)
+        assert rule["labels"]["severity"] in ("warning", "critical"), name
+        assert set(rule["annotations"]) == {"summary", "description"}, name
+        assert "runner" in rule["annotations"]["description"], name  # its log, or whether it runs
+    # the age the web UI calls a job stalled at is the alert's
+    stalled = rules["SparkAbsCheckpointsStalled"]["expr"]
+    assert re.fullmatch(r"time\(\) - spark_abs_last_checkpoint_completed_timestamp_seconds > (\d+)", stalled)
+    assert float(stalled.rsplit(">", 1)[1]) == STALLED_S
+    for name in ("SparkAbsCheckpointsStalled", "SparkAbsCheckpointsFailing"):
+        assert "spark-abs ui" in rules[name]["annotations"]["description"], name
+    assert "spark-abs checkpoints list" in rules["SparkAbsCheckpointsStalled"]["annotations"]["description"]
+
+
+def _promtool(*args: str | Path) -> subprocess.CompletedProcess:
+    promtool = shutil.which("promtool")
+    assert promtool, "no promtool: `make test` installs it (Debian's prometheus package)"
+    return subprocess.run([promtool, *map(str, args)], capture_output=True, text=True, timeout=60)
+
+
+def test_promtool_checks_the_alert_rules():
+    checked = _promtool("check", "rules", ALERTS)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(_rules())} rules found" in checked.stdout
+
+
+def test_the_alerts_fire_when_promtools_unit_tests_say(tmp_path):
+    """``promtool test rules`` on a copy of the rules without their
+    annotations (it would compare them word for word; the test above reads them)."""
+    rules = yaml.safe_load(ALERTS.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations")
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(rules))
+    shutil.copy(Path(__file__).with_name("alerts_test.yml"), tmp_path)
+    tested = _promtool("test", "rules", tmp_path / "alerts_test.yml")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "SUCCESS" in tested.stdout
+    tested_alerts = set(re.findall(r"alertname: (\w+)", (tmp_path / "alerts_test.yml").read_text()))
+    assert tested_alerts == {rule["alert"] for rule in _rules()}  # every rule has a case

@@ -450,7 +450,11 @@ class CoordinatorService:
         # when each task was last heard (any event of this generation naming it): its worker's liveness
         self.heard_at: dict[str, float] = {}
         job = pipeline.job
+        # failed checkpoints in a row: counted from 0 each generation, against the job's tolerable number
         self.failures = FailedCheckpoints(lambda count: metrics.failed_in_a_row(job, count))
+        self.tolerable_failed = settings.tolerable_failed_checkpoints
+        metrics.failed_in_a_row(job, 0)
+        metrics.tolerable_failed_checkpoints(job, self.tolerable_failed)
         self.completion = CheckpointCompletion(
             self.coordinator,
             store,
@@ -578,6 +582,8 @@ class CoordinatorService:
                 generation=self.generation,
                 reason=failure or CheckpointFailure.USER,
                 detail=detail,
+                failed_in_a_row=self.failures.in_a_row,
+                tolerable_failed_checkpoints=self.tolerable_failed,
             )
         )
 

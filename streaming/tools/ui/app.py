@@ -5,7 +5,9 @@ reads it with (``streaming.tools.checkpoints.inspection``) and as the same rows
 (``streaming.tools.tables``):
 
 - ``/``: the checkpoint history (``checkpoints list``: status, duration,
-  size and kinds, the one a restore picks), a plotly chart of each
+  size and kinds, the one a restore picks), whether the job still
+  completes checkpoints (``liveness``: since when, and, live, how many
+  failed in a row against how many it tolerates), a plotly chart of each
   checkpoint's duration and state size, and, live, what the job's control
   topic says of checkpoints in progress and aborted (``live``); it
   reloads itself every ``refresh_s`` seconds;
@@ -28,7 +30,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +57,7 @@ from streaming.tools.tables import (
     state_parts,
 )
 from streaming.tools.ui.live import ControlWatch, live_table
+from streaming.tools.ui.liveness import JobLiveness
 from streaming.tools.ui.templates import TEMPLATES
 
 __all__ = ["JobSource", "DrillReport", "CompareRun", "create_app", "serve", "latest_drill", "latest_compare"]
@@ -160,10 +164,17 @@ def _plotly_js() -> str:
     return plotly.offline.get_plotlyjs()
 
 
-def create_app(source: JobSource, *, refresh_s: float = 5.0, watch: ControlWatch | None = None) -> Flask:
+def create_app(
+    source: JobSource,
+    *,
+    refresh_s: float = 5.0,
+    watch: ControlWatch | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Flask:
     """The web app of ``source``'s job; ``watch`` follows its control topic
     (None: from the store alone); the history page reloads itself every
-    ``refresh_s`` seconds (0: never)."""
+    ``refresh_s`` seconds (0: never); ``clock`` is the Unix time the
+    overview tells the age of the newest checkpoint by."""
     app = Flask(__name__, static_folder=None)
     app.jinja_loader = DictLoader(TEMPLATES)
     mode = "live: the store and the control topic" if watch is not None else "from the store"
@@ -195,6 +206,7 @@ def create_app(source: JobSource, *, refresh_s: float = 5.0, watch: ControlWatch
             pick=restore_pick(rows),
             history=history,
             below=below,
+            liveness=JobLiveness.of(rows, view, clock()),
             live=view,
             live_rows=live_table(view) if view is not None else None,
             chart=history_chart(rows),

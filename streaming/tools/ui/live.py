@@ -1,7 +1,9 @@
 """What the job's control topic says of checkpoints the store does not show:
 for ``spark-abs ui``, the checkpoints of the current generation triggered
-and not yet complete (which tasks acknowledged them so far) and the ones
-given up, with why (the coordinator's abort, a task's decline).
+and not yet complete (which tasks acknowledged them so far), the ones
+given up, with why (the coordinator's abort, a task's decline), and how
+many have failed in a row against how many the job tolerates (as the
+coordinator's aborts say it).
 
 ``ControlWatch`` reads the tail of the topic once (its last ``tail``
 events), then, at each look, what came since: a page that refreshes every
@@ -54,7 +56,9 @@ class LiveCheckpoint:
 class ControlView:
     """A look at the control topic: the current generation's checkpoints in
     progress, the newest given up, how many tasks the generation runs (when
-    the tail read shows it), or the ``problem`` that kept it from being read."""
+    the tail read shows it), the checkpoints failed in a row in it and the
+    job's ``tolerable_failed_checkpoints`` (None: no abort said them), or
+    the ``problem`` that kept it from being read."""
 
     topic: str
     generation: int | None = None
@@ -62,6 +66,8 @@ class ControlView:
     aborted: tuple[LiveCheckpoint, ...] = ()
     tasks: int | None = None
     problem: str | None = None
+    failed_in_a_row: int | None = None
+    tolerable_failed_checkpoints: int | None = None
 
 
 class ControlWatch:
@@ -80,6 +86,9 @@ class ControlWatch:
         self._checkpoints: dict[int, LiveCheckpoint] = {}
         self._tasks: dict[int, set[str]] = {}
         self._generation: int | None = None
+        # per generation, the checkpoints failed in a row as its latest abort or complete said (None: not said)
+        self._failed: dict[int, int | None] = {}
+        self._tolerable: int | None = None
 
     def look(self) -> ControlView:
         """What the topic said up to now (the events since the last look read first)."""
@@ -155,8 +164,12 @@ class ControlWatch:
             entry.why = f"{event.task} declined: {event.reason.value}" + (f" ({event.detail})" if event.detail else "")
         elif isinstance(event, Complete):
             entry.status = "complete"
+            self._failed[event.generation] = 0
         elif isinstance(event, Abort):
             entry.status = "aborted"
+            self._failed[event.generation] = event.failed_in_a_row
+            if event.tolerable_failed_checkpoints is not None:
+                self._tolerable = event.tolerable_failed_checkpoints
             detail = f" ({event.detail})" if event.detail and event.detail != event.reason.value else ""
             entry.why = f"{event.reason.value}{detail}" + (f", by {event.task}" if event.task else "")
 
@@ -170,6 +183,9 @@ class ControlWatch:
             tuple(c for c in entries if c.status == "in progress" and c.generation == current),
             tuple(c for c in entries if c.status == "aborted")[-10:],
             len(tasks) if tasks else None,
+            # a generation's coordinator counts from 0, and says every change in an abort or a complete
+            failed_in_a_row=self._failed.get(current, 0) if current is not None else None,
+            tolerable_failed_checkpoints=self._tolerable,
         )
 
 

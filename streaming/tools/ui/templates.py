@@ -33,6 +33,8 @@ _BASE = """\
   p.text { white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 12.5px; margin: 8px 0; }
   p.note, p.empty { color: #5b6478; font-size: 12.5px; }
   .problem { color: #a4161a; }
+  .warn { color: #8a4b00; }
+  #liveness .problem, #liveness .warn { font-weight: 600; }
   .badge { display: inline-block; padding: 0 8px; border-radius: 9px; background: #e3ecff; font-size: 12px; }
   pre.report { background: #fff; padding: 12px; box-shadow: 0 0 0 1px #dde1e8; overflow-x: auto; font-size: 12px; }
   img.chart { max-width: 100%; background: #fff; box-shadow: 0 0 0 1px #dde1e8; margin: 6px 0 12px; }
@@ -96,6 +98,8 @@ recorded and no checkpoint was written.  Check --store and --job (the job's name
   {% else %}<span class="problem">no checkpoint verifies: a restore would start from the beginning</span>{% endif %}
   {% if refresh %}&middot; <span class="note">reads the store again every {{ refresh }} s</span>{% endif %}
 </p>
+<p id="liveness">{% for level, text in liveness.parts() %}<span class="{{ level }}">{{ text }}</span>
+  {%- if not loop.last %} &middot; {% endif %}{% endfor %}</p>
 {% if live %}
   {% if live.problem %}<p class="note" id="live">{{ live.problem }}</p>
   {% else %}{{ table(live_rows, id="live") }}{% endif %}

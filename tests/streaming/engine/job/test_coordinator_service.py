@@ -17,11 +17,12 @@ from barriers.failures import CheckpointFailure
 from barriers.handler import CheckpointKind
 from barriers.messages import ChannelId, decode
 from operators import KeyedAggregate, count
-from streaming.adapters.control import Ack, Committed, ControlEvent, ControlKind, Decline, Ready
+from streaming.adapters.control import Abort, Ack, Committed, ControlEvent, ControlKind, Decline, Ready
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskParts
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
+from streaming.engine import metrics
 from streaming.engine.job.coordinator import CompletionHooks, CoordinatorIO, CoordinatorService, CoordinatorStart
 from streaming.errors import StoreError
 from streaming.testing import LineCollector
@@ -314,23 +315,45 @@ def _decline(checkpoint_id: int, reason: CheckpointFailure = CheckpointFailure.D
     return Decline(checkpoint_id=checkpoint_id, task="count-0", generation=2, reason=reason, detail="no")
 
 
+def _gauge(name: str) -> float | None:
+    return metrics.REGISTRY.get_sample_value(name, {"job_name": JOB})
+
+
 def test_failed_checkpoints_are_counted_in_a_row_until_one_completes(store, tmp_path):
+    """Counted as the aborts say it on the control topic and the gauges show it."""
+    metrics.failed_in_a_row(JOB, 7)  # an earlier generation's count: a new coordinator starts at 0
     memory = MemoryIO()
-    service, _, _ = _service(store, memory, tmp_path)
+    service, _, _ = _service(store, memory, tmp_path, tolerable_failed_checkpoints=5)
+    assert (_gauge("spark_abs_checkpoints_failed_in_a_row"), _gauge("spark_abs_tolerable_failed_checkpoints")) == (0, 5)
     for checkpoint_id, reason in ((5, CheckpointFailure.DECLINED), (6, CheckpointFailure.STORE_FAILURE)):
         service.trigger()
         memory.inbox = [_decline(checkpoint_id, reason)]
         service.poll()
     assert service.failures.in_a_row == 2 and "checkpoint 6" in service.failures.last
+    assert _gauge("spark_abs_checkpoints_failed_in_a_row") == 2
     service.trigger()
     memory.inbox = [_decline(7, CheckpointFailure.SUBSUMED)]  # not the job's failing: not counted
     service.poll()
     assert service.failures.in_a_row == 2
+    aborts = [e for e in memory.published if isinstance(e, Abort)]
+    assert [(a.checkpoint_id, a.failed_in_a_row, a.tolerable_failed_checkpoints) for a in aborts] == [
+        (5, 1, 5),
+        (6, 2, 5),
+        (7, 2, 5),
+    ]
+    assert ControlEvent.decode(aborts[-1].encode()) == aborts[-1]
     service.trigger()
     memory.inbox = [_ack(store, "count-0", 8), _ack(store, "count-1", 8)]
     service.poll()
     assert service.records[8].status is CheckpointStatus.COMPLETED
-    assert service.failures.in_a_row == 0
+    assert service.failures.in_a_row == 0 and _gauge("spark_abs_checkpoints_failed_in_a_row") == 0
+
+
+def test_an_older_runners_abort_decodes_without_the_counts():
+    wire = {"kind": "abort", "checkpoint_id": 4, "task": "", "payload": {"generation": 1, "reason": "TIMEOUT"}}
+    abort = ControlEvent.decode(json.dumps(wire).encode())
+    assert isinstance(abort, Abort) and abort.reason is CheckpointFailure.TIMEOUT
+    assert (abort.failed_in_a_row, abort.tolerable_failed_checkpoints) == (None, None)
 
 
 def test_barriers_kafka_does_not_take_abort_the_checkpoint_without_counting_it_and_the_runner_goes_on(store, tmp_path):

@@ -29,6 +29,7 @@ from streaming.adapters.records import RECORD_SCHEMA
 from streaming.adapters.snapshots import SnapshotStore, TaskParts
 from streaming.tools.ui.app import JobSource, create_app
 from streaming.tools.ui.live import ControlWatch
+from streaming.tools.ui.liveness import STALLED_S
 
 JOB = "ledger"
 CHANNEL = "legs:0"
@@ -171,6 +172,37 @@ def test_the_history_lists_every_checkpoint_links_each_and_charts_them(client):
     text = _text(html)
     assert "generation 1 · 2 complete checkpoint(s), 1 without a manifest · a restore picks checkpoint 2" in text
     assert "From the store alone" in text
+    ((level, said),) = _liveness(html)  # from the store alone: no count of failed checkpoints
+    assert level == "ok" and re.fullmatch(r"the newest checkpoint completed \d+ s ago", said), said
+
+
+def _liveness(html: str) -> list[tuple[str, str]]:
+    """The parts of the overview's liveness line: (how it looks, what it says)."""
+    line = re.search(r'(?s)<p id="liveness">(.*?)</p>', html)
+    assert line, "no liveness line in the page"
+    return [(level, _text(said)) for level, said in re.findall(r'(?s)<span class="(\w+)">(.*?)</span>', line.group(1))]
+
+
+@pytest.mark.parametrize(
+    ("after", "level", "said"),
+    [
+        (STALLED_S - 10, "ok", "the newest checkpoint completed 5 min ago"),
+        (
+            STALLED_S + 90,
+            "problem",
+            "no checkpoint completed for 6 min (the newest: 2): if the job runs, it is stalled; see the runner's log",
+        ),
+        (3 * 3600, "problem", "no checkpoint completed for 3.0 h (the newest: 2)"),
+    ],
+)
+def test_a_job_without_a_checkpoint_for_longer_than_the_alert_bound_is_called_stalled(
+    store_dir, home, after, level, said
+):
+    with SnapshotStore(open_store(f"file://{store_dir}"), JOB) as store:
+        completed = datetime.fromisoformat(store.read_manifest(2).created_at).timestamp()
+    app = create_app(JobSource(f"file://{store_dir}", JOB, home=home), clock=lambda: completed + after)
+    ((shown_level, shown),) = _liveness(app.test_client().get("/").get_data(as_text=True))
+    assert shown_level == level and shown.startswith(said), shown
 
 
 def test_plotly_js_comes_from_the_app(client):
@@ -274,6 +306,12 @@ class _Topic:
         pass
 
 
+def _watching(topic: _Topic, monkeypatch) -> ControlWatch:
+    watch = ControlWatch("127.0.0.1:1", JOB)
+    monkeypatch.setattr(watch, "_open", lambda: (topic, 0))
+    return watch
+
+
 def test_the_control_topic_shows_checkpoints_in_progress_and_aborted(store_dir, home, monkeypatch):
     topic = _Topic(
         [
@@ -285,19 +323,57 @@ def test_the_control_topic_shows_checkpoints_in_progress_and_aborted(store_dir, 
             Complete(2, 1),
             Trigger(4, 1),
             Decline(4, "accounts-1", 1, CheckpointFailure.STORE_FAILURE, "disk full"),
-            Abort(4, 1, CheckpointFailure.STORE_FAILURE, "accounts-1 declined", "accounts-1"),
+            Abort(4, 1, CheckpointFailure.STORE_FAILURE, "accounts-1 declined", "accounts-1", 1, 3),
         ],
         [Trigger(5, 1), Ack(5, "accounts-0", 1)],
     )
-    watch = ControlWatch("127.0.0.1:1", JOB)
-    monkeypatch.setattr(watch, "_open", lambda: (topic, 0))
-    app = create_app(JobSource(f"file://{store_dir}", JOB, home=home), watch=watch)
+    app = create_app(JobSource(f"file://{store_dir}", JOB, home=home), watch=_watching(topic, monkeypatch))
     html = app.test_client().get("/").get_data(as_text=True)
     assert _rows(html, "live") == [
         ["4", "1", "aborted", "0 of 2", "the snapshot store failed (accounts-1 declined), by accounts-1"],
         ["5", "1", "in progress", "1 of 2: accounts-0", "-"],
     ]
     assert "live: the store and the control topic" in html
+    assert _liveness(html)[1] == ("warn", "1 checkpoint(s) failed in a row (the job restores past 3)")
+
+
+@pytest.mark.parametrize(
+    ("events", "said"),
+    [
+        # a generation starts at 0; a complete resets the count; an abort says it, counted or not
+        ([Trigger(6, 1)], ("ok", "0 checkpoint(s) failed in a row")),
+        (
+            [Abort(6, 1, CheckpointFailure.TIMEOUT, "", "", 1, 3), Complete(7, 1)],
+            ("ok", "0 checkpoint(s) failed in a row (the job restores past 3)"),
+        ),
+        (
+            [
+                Abort(6, 1, CheckpointFailure.TIMEOUT, "", "", 2, 3),
+                Abort(7, 1, CheckpointFailure.SUBSUMED, "", "", 2, 3),
+            ],
+            ("warn", "2 checkpoint(s) failed in a row (the job restores past 3)"),
+        ),
+        (
+            [Abort(6, 1, CheckpointFailure.TIMEOUT, "", "", 5, 3)],
+            (
+                "problem",
+                "5 checkpoint(s) failed in a row, more than the 3 the job tolerates: its runner should have "
+                "restored it; see the runner's log",
+            ),
+        ),
+        # the failures of an earlier generation are not the current one's
+        (
+            [Abort(6, 1, CheckpointFailure.TIMEOUT, "", "", 4, 3), Ready("accounts-0", 2)],
+            ("ok", "0 checkpoint(s) failed in a row (the job restores past 3)"),
+        ),
+        # an older runner's aborts do not say the count: nothing is claimed
+        ([Abort(6, 1, CheckpointFailure.TIMEOUT)], None),
+    ],
+)
+def test_the_checkpoints_failed_in_a_row_are_the_coordinators_count(store_dir, home, monkeypatch, events, said):
+    app = create_app(JobSource(f"file://{store_dir}", JOB, home=home), watch=_watching(_Topic(events), monkeypatch))
+    parts = _liveness(app.test_client().get("/").get_data(as_text=True))
+    assert parts[1:] == ([said] if said else [])
 
 
 def test_a_job_without_a_control_topic_says_so():
