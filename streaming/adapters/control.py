@@ -476,9 +476,13 @@ class ControlTopic:
         self.delivery_timeout_s = delivery_timeout_s
         create_topic(bootstrap, self.topic, 1)
         self._producer = producer(bootstrap, delivery_timeout_s=delivery_timeout_s)
-        self._consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap, enable_auto_commit=False, client_id=f"spark-abs-control-{job}", **RECONNECT
-        )
+        try:
+            self._consumer = KafkaConsumer(
+                bootstrap_servers=bootstrap, enable_auto_commit=False, client_id=f"spark-abs-control-{job}", **RECONNECT
+            )
+        except KafkaError as exc:
+            close_producer(self._producer, f"control topic {self.topic}")
+            raise KafkaUnavailableError(f"cannot read the control topic {self.topic} on {bootstrap}: {exc}") from exc
         self._tp = TopicPartition(self.topic, 0)
         self._consumer.assign([self._tp])
         self._consumer.seek(self._tp, start_at)
@@ -486,7 +490,10 @@ class ControlTopic:
 
     def seek_to_end(self) -> int:
         """Skip everything published so far; returns the position."""
-        end = self._consumer.end_offsets([self._tp])[self._tp]
+        try:
+            end = self._consumer.end_offsets([self._tp])[self._tp]
+        except KafkaError as exc:
+            raise KafkaUnavailableError(f"cannot find the end of the control topic {self.topic}: {exc}") from exc
         self._consumer.seek(self._tp, end)
         return end
 

@@ -27,6 +27,7 @@ from streaming.errors import KafkaUnavailableError
 
 __all__ = [
     "CLOSE_BOUND_S",
+    "DELIVERY_BOUND",
     "DELIVERY_BOUND_S",
     "CheckedSends",
     "patiently",
@@ -148,12 +149,19 @@ def producer(bootstrap: str, *, delivery_timeout_s: float = DELIVERY_BOUND_S, **
         raise KafkaUnavailableError(f"cannot open a Kafka producer on {bootstrap}: {exc}") from exc
 
 
-def patiently(step: Callable[[float], T], what: str, bound_s: float = DELIVERY_BOUND_S) -> T:
+# what a bound is called in the errors that name it, by default: the producers' own
+DELIVERY_BOUND = "the delivery timeout, delivery_timeout_s"
+
+
+def patiently(
+    step: Callable[[float], T], what: str, bound_s: float = DELIVERY_BOUND_S, bound: str = DELIVERY_BOUND
+) -> T:
     """``step(timeout_s)`` (a send's ``get``, a ``flush``) again while it times
     out, for at most ``bound_s``: while the broker is unreachable the producer
     retries the send itself (idempotently, so nothing is written twice) and
     this waits, saying so with growing pauses.  A ``KafkaUnavailableError``
-    naming ``what`` when the bound passes or the send fails."""
+    naming ``what`` and the bound (``bound`` says which it is) when the bound
+    passes or the send fails."""
 
     def say(state: tenacity.RetryCallState) -> None:
         log.warning(
@@ -171,11 +179,10 @@ def patiently(step: Callable[[float], T], what: str, bound_s: float = DELIVERY_B
         reraise=True,
     )
     try:
-        return waiting(step, 2.0)
+        return waiting(step, min(2.0, bound_s))
     except KafkaTimeoutError as exc:
         raise KafkaUnavailableError(
-            f"Kafka did not take {what} within {bound_s:g} s (the delivery timeout, delivery_timeout_s): "
-            f"is the broker reachable?"
+            f"Kafka did not take {what} within {bound_s:g} s ({bound}): is the broker reachable?"
         ) from exc
     except KafkaError as exc:
         raise KafkaUnavailableError(f"{what} failed: {exc}") from exc
@@ -188,18 +195,22 @@ def close_producer(producer: KafkaProducer, what: str, timeout_s: float = CLOSE_
     try:
         producer.close(timeout=timeout_s)
     except KafkaError as exc:
+        # kafka-python's close raises from its flush before it stops its sender thread: stop it here
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            sender.force_close()
         log.warning(
             "closing the producer of %s: records not taken by Kafka within %g s dropped (%s)", what, timeout_s, exc
         )
 
 
-def within(call: Callable[[], T], bound_s: float, what: str) -> T:
+def within(call: Callable[[], T], bound_s: float, what: str, bound: str = DELIVERY_BOUND) -> T:
     """``call()`` waited for at most ``bound_s``, for the calls of
     kafka-python that take no timeout (a transaction's commit or abort waits
     for the broker for good).  It runs on a thread of its own; when the bound
-    passes, a ``KafkaUnavailableError`` naming ``what`` and the bound (the
-    call is left to end on its own: whoever called fails, and the job
-    restores)."""
+    passes, a ``KafkaUnavailableError`` naming ``what`` and the bound
+    (``bound`` says which; the call is left to end on its own: whoever
+    called fails, and the job restores)."""
     outcome: dict[str, Any] = {}
 
     def run() -> None:
@@ -212,10 +223,7 @@ def within(call: Callable[[], T], bound_s: float, what: str) -> T:
     thread.start()
     thread.join(bound_s)
     if thread.is_alive():
-        raise KafkaUnavailableError(
-            f"{what} did not finish within {bound_s:g} s (the delivery timeout, delivery_timeout_s): "
-            f"is the broker reachable?"
-        )
+        raise KafkaUnavailableError(f"{what} did not finish within {bound_s:g} s ({bound}): is the broker reachable?")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -229,15 +237,18 @@ class CheckedSends:
     never counts a record Kafka does not hold.  kafka-python's own ``flush``
     returns without a word for batches that expired.
 
-    ``bound_s`` bounds ``flush`` (``patiently``); ``what`` names the sends in
-    its errors.  Shared by the threads of a worker: one failed send fails
-    them all (the worker exits and the job restores)."""
+    ``bound_s`` bounds ``wait`` and ``flush()`` (``patiently``); ``what``
+    names the sends in its errors.  Shared by the threads of a worker: one
+    failed send fails them all (the worker exits and the job restores) until
+    ``abandon`` gives the sends so far up with their generation."""
 
     def __init__(self, producer: KafkaProducer, what: str, bound_s: float = DELIVERY_BOUND_S):
         self.producer = producer
         self.what = what
         self.bound_s = bound_s
         self._failure: tuple[str, BaseException] | None = None
+        # the sends of one generation: a failure of an abandoned one's is not the next one's
+        self._epoch = 0
 
     def send(self, topic: str, **record: Any) -> Any:
         """``producer.send(topic, **record)``, its outcome watched; its future."""
@@ -246,11 +257,11 @@ class CheckedSends:
             future = self.producer.send(topic, **record)
         except KafkaError as exc:
             raise KafkaUnavailableError(f"sending {self.what} to {topic} failed: {exc}") from exc
-        future.add_errback(self._failed, topic)
+        future.add_errback(self._failed, topic, self._epoch)
         return future
 
-    def _failed(self, topic: str, exc: BaseException) -> None:
-        if self._failure is None:
+    def _failed(self, topic: str, epoch: int, exc: BaseException) -> None:
+        if self._failure is None and epoch == self._epoch:
             self._failure = (topic, exc)
             log.error("a send of %s to %s failed: %s", self.what, topic, exc)
 
@@ -264,22 +275,36 @@ class CheckedSends:
             )
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every send so far has succeeded or failed, for at most
-        ``timeout`` (default ``bound_s``); a ``KafkaUnavailableError`` when the
+        """As kafka-python's ``flush``, checked: with ``timeout``, a
+        ``KafkaTimeoutError`` when the sends are not done by then (for
+        ``patiently`` to wait again); without, ``wait`` for ``bound_s``.  A
+        ``KafkaUnavailableError`` if a send failed."""
+        if timeout is None:
+            self.wait(self.bound_s)
+            return
+        self.producer.flush(timeout=timeout)
+        self.check()
+
+    def wait(self, bound_s: float, bound: str = DELIVERY_BOUND) -> None:
+        """Every send so far has succeeded or failed, waited for at most
+        ``bound_s`` (``bound`` names it); a ``KafkaUnavailableError`` when the
         bound passes or a send failed."""
-        patiently(lambda t: self.producer.flush(timeout=t), self.what, self.bound_s if timeout is None else timeout)
+        patiently(lambda t: self.producer.flush(timeout=t), self.what, bound_s, bound)
         self.check()
 
     def abandon(self, timeout_s: float) -> str | None:
         """The sends so far belong to a generation the job gave up (it
-        restores): wait for them at most ``timeout_s``, then forget what
-        failed, so the next generation's sends start clean.  What failed,
+        restores): wait for them at most ``timeout_s``, then forget them and
+        what failed (one of them failing later is not the next generation's
+        concern), so the next generation's sends start clean.  What failed,
         said, or None."""
         try:
-            self.flush(timeout_s)
+            self.wait(timeout_s, "the stop of a generation")
         except KafkaUnavailableError as exc:
-            self._failure = None
             return str(exc)
+        finally:
+            self._epoch += 1
+            self._failure = None
         return None
 
     def close(self, timeout_s: float = CLOSE_BOUND_S) -> None:
@@ -350,9 +375,9 @@ class DeadLetters:
         self.count += 1
         log.warning("dead letter from %s offset %d: %s", channel, offset, reason)
 
-    def flush(self, timeout_s: float | None = None) -> None:
-        """Every dead letter sent so far is in Kafka (``CheckedSends.flush``)."""
-        self._sends.flush(timeout_s)
+    def flush(self) -> None:
+        """Every dead letter sent so far is in Kafka (``CheckedSends.wait``, the delivery timeout)."""
+        self._sends.flush()
 
     def abandon(self, timeout_s: float) -> str | None:
         """The dead letters so far belong to a generation the job gave up (``CheckedSends.abandon``)."""

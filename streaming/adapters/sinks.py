@@ -36,18 +36,19 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from streaming.adapters import codec
-from streaming.adapters.kafka_admin import RECONNECT, create_topic
-from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, within
+from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, producer, within
 from streaming.adapters.objects import ObjectFiles, StoreLocation, list_files, open_store
 from streaming.api.config import Connection
 from streaming.api.pipeline import Sink, SinkKind
@@ -318,18 +319,15 @@ class KafkaSink(_TwoPhaseSink):
         try:
             # init_transactions fences any older instance with the same id and
             # aborts what it left open.
-            self._producer = KafkaProducer(
-                bootstrap_servers=bootstrap,
+            self._producer = producer(
+                bootstrap,
+                delivery_timeout_s=delivery_timeout_s,
                 transactional_id=transactional_id,
-                acks="all",
                 enable_idempotence=True,
-                delivery_timeout_ms=int(delivery_timeout_s * 1000),
-                request_timeout_ms=int(min(30.0, delivery_timeout_s / 2) * 1000),
                 max_block_ms=int(min(60.0, delivery_timeout_s) * 1000),
-                **RECONNECT,
             )
             self._producer.init_transactions()
-        except KafkaError as exc:
+        except (KafkaError, KafkaUnavailableError) as exc:
             raise SinkError(
                 f"Kafka sink {transactional_id}: cannot start a transactional producer on {bootstrap}: {exc}"
             ) from exc
@@ -416,12 +414,17 @@ class KafkaSink(_TwoPhaseSink):
             ) from exc
         self._done.add(self._marker(epoch))
 
-    def _end_transaction(self, end, what: str) -> None:
+    def _end_transaction(self, end: Callable[[], None], what: str) -> None:
         """Commit or abort (``end``) the open transaction, within the
         delivery timeout and a little more: a ``KafkaUnavailableError``
         otherwise (the transaction stays open until the next instance of the
         sink fences it and aborts it)."""
-        within(end, self.delivery_timeout_s + 5.0, f"sink task {self.task_id}: {what} to {self.topic}")
+        within(
+            end,
+            self.delivery_timeout_s + 5.0,
+            f"sink task {self.task_id}: {what} to {self.topic}",
+            "the delivery timeout, delivery_timeout_s, and 5 s",
+        )
 
     def _abort_quietly(self) -> None:
         """Abort the open transaction after a failure, as far as Kafka lets

@@ -61,7 +61,8 @@ def run_job(
                 and sum(r.status == CheckpointStatus.COMPLETED for r in runner.checkpoints()) >= checkpoints
             ):
                 break
-            if deadline is None and runner.coordinator.all_ready:
+            # no coordinator while a restore waits for Kafka or the store (liveness)
+            if deadline is None and runner.coordinator is not None and runner.coordinator.all_ready:
                 log.info(
                     f"all tasks ready after {time.monotonic() - started:.1f} s; checkpoints every "
                     f"{runner.settings.interval_s:g} s" + ("" if seconds is None else f", for {seconds:g} s")

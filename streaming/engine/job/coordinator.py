@@ -451,7 +451,9 @@ class CoordinatorService:
         self.heard_at: dict[str, float] = {}
         job = pipeline.job
         # failed checkpoints in a row: counted from 0 each generation, against the job's tolerable number
-        self.failures = FailedCheckpoints(lambda count: metrics.failed_in_a_row(job, count))
+        self.failures = FailedCheckpoints(lambda count: metrics.failed_in_a_row(job, count), clock)
+        # how many of the runner's sends Kafka did not take (the runner's liveness reads it)
+        self.kafka_troubles = 0
         self.tolerable_failed = settings.tolerable_failed_checkpoints
         metrics.failed_in_a_row(job, 0)
         metrics.tolerable_failed_checkpoints(job, self.tolerable_failed)
@@ -514,6 +516,7 @@ class CoordinatorService:
         try:
             offsets = self.io.inject(self.pipeline.ingress_channels(), headers)
         except KafkaUnavailableError as exc:
+            self.kafka_troubles += 1
             # some channels may hold the barrier: the abort lets the tasks that saw it go on
             self.records[barrier.checkpoint_id] = CheckpointRecord(
                 barrier.checkpoint_id, barrier.generation, triggered_at, {}
@@ -595,6 +598,7 @@ class CoordinatorService:
         try:
             self.io.publish(event)
         except KafkaUnavailableError as exc:
+            self.kafka_troubles += 1
             log.warning("%s; the job runner goes on", exc)
 
     # ---- queries

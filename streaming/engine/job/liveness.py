@@ -61,10 +61,15 @@ class FailedCheckpoints:
     """The checkpoints that failed since the last one completed (see the
     module docstring for which count)."""
 
-    def __init__(self, on_change: Callable[[int], None] = lambda count: None):
+    def __init__(
+        self, on_change: Callable[[int], None] = lambda count: None, clock: Callable[[], float] = time.monotonic
+    ):
         self.in_a_row = 0
         self.last = ""
         self._on_change = on_change
+        self.clock = clock
+        # since when no checkpoint completed (clock): the generation's start, then each completion
+        self.since = clock()
 
     def failed(self, checkpoint_id: int, failure: CheckpointFailure | None, detail: str) -> None:
         if failure in COUNTED:
@@ -73,6 +78,7 @@ class FailedCheckpoints:
             self._on_change(self.in_a_row)
 
     def completed(self) -> None:
+        self.since = self.clock()
         if self.in_a_row:
             self.in_a_row = 0
             self._on_change(0)
@@ -155,8 +161,13 @@ class Liveness:
         heartbeat_timeout_s: float,
         probe: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
+        *,
+        failing_for_s: float = 0.0,
     ):
         self.tolerable = tolerable_failed_checkpoints
+        # failed checkpoints restore once none completed for this long too (the checkpoint timeout):
+        # declines come fast, and a store away for seconds must not restart every worker
+        self.failing_for_s = failing_for_s
         self.silence = WorkerSilence(heartbeat_timeout_s, clock)
         self.probe = probe
         self.clock = clock
@@ -166,6 +177,18 @@ class Liveness:
 
     def launched(self) -> None:
         self.silence.launched()
+
+    def lost(self) -> None:
+        """A send of the runner's found Kafka away: nobody is heard until it answers again."""
+        if self.hearing_since is not None:
+            log.warning("Kafka does not take the job runner's sends: silent workers are not judged until it answers")
+        self.hearing_since = None
+        self._probed_at = float("-inf")
+
+    def deaf(self) -> None:
+        """The runner did not listen for a while (a long step): silence counts from now."""
+        if self.hearing_since is not None:
+            self.hearing_since = max(self.hearing_since, self.clock())
 
     def hears(self, *, fresh: bool = False) -> bool:
         """Whether Kafka answers the runner (asked again every few seconds, or now when ``fresh``)."""
@@ -192,19 +215,18 @@ class Liveness:
         ready: set[str],
     ) -> Verdict | None:
         """Why the job must restore now, or None while it is live."""
-        if failed.in_a_row > self.tolerable:
+        failing_s = self.clock() - failed.since
+        if failed.in_a_row > self.tolerable and failing_s >= self.failing_for_s:
             return Verdict(
                 "checkpoints_failing",
                 f"{failed.in_a_row} checkpoints failed in a row, more than tolerable_failed_checkpoints "
-                f"({self.tolerable}); the last: {failed.last}",
+                f"({self.tolerable}), and none completed for {failing_s:.0f} s; the last: {failed.last}",
             )
         if self.hearing_since is None and not self.hears():
             return None  # Kafka is away from the runner too: silence blames nobody
         silent = self.silence.silent(workers, heard_at, ready, self.hearing_since or self.clock())
+        # Kafka is asked (every few seconds at most) only when a worker looks silent: does it answer?
         if silent and self.hears():
-            # judged again from when the runner heard: a probe that just succeeded after an outage resets it
-            silent = self.silence.silent(workers, heard_at, ready, self.hearing_since or self.clock())
-            if silent:
-                name, why = silent[0]
-                return Verdict("worker_stuck", f"worker {name} is alive but stuck: {why}")
+            name, why = silent[0]
+            return Verdict("worker_stuck", f"worker {name} is alive but stuck: {why}")
         return None

@@ -93,6 +93,8 @@ log = logging.getLogger(__name__)
 
 # how long the runner waits for Kafka to answer when it asks whether it does (liveness)
 _PROBE_TIMEOUT_S = 5.0
+# a step (or the time between two) longer than this: the runner did not listen meanwhile (liveness.deaf)
+_DEAF_AFTER_S = 2.0
 
 
 def worker_groups(pipeline: Pipeline, workers: Mapping[str, list[str]] | str | None) -> dict[str, list[str]]:
@@ -200,7 +202,9 @@ class JobRunner:
             settings.tolerable_failed_checkpoints,
             settings.heartbeat_timeout_s,
             lambda: check_broker(connection.kafka_bootstrap, _PROBE_TIMEOUT_S),
+            failing_for_s=settings.timeout_s,
         )
+        self._last_step_end = time.monotonic()
         # a restore waiting for Kafka or the store to come back
         self._due: DueRestore | None = None
         self.metrics_server: metrics.MetricsServer | None = None
@@ -377,6 +381,15 @@ class JobRunner:
         group went silent or lost its tasks, or the job is not live
         (``liveness``); while a restore waits for Kafka or the store, try it
         again when its pause is over."""
+        began = time.monotonic()
+        if began - self._last_step_end > _DEAF_AFTER_S:  # the caller did something else for a while
+            self.liveness.deaf()
+        try:
+            self._step(began, trigger, options)
+        finally:
+            self._last_step_end = time.monotonic()
+
+    def _step(self, began: float, trigger: bool, options: CheckpointOptions | None) -> None:
         if self._due is not None:
             self._retry_restore(self._due)
             return
@@ -405,18 +418,28 @@ class JobRunner:
             if reason is not None:
                 self._restore_or_wait(Verdict("worker_lost", reason))
                 return
+        due = time.monotonic() - self._last_trigger >= self.settings.interval_s
+        troubles = coordinator.kafka_troubles
+        # a trigger Kafka refused is tried again an interval later, as one that went out
+        if (
+            trigger
+            and coordinator.all_ready
+            and due
+            and (coordinator.trigger(options) is not None or coordinator.kafka_troubles > troubles)
+        ):
+            self._last_trigger = time.monotonic()
+        coordinator.poll(0.2)
+        self._note_endpoints(coordinator)
+        if coordinator.kafka_troubles > troubles:
+            self.liveness.lost()
+        if time.monotonic() - began > _DEAF_AFTER_S:  # a send waited: what was heard meanwhile is read now
+            self.liveness.deaf()
         local = {name: w.tasks for name, w in self.supervisor.workers.items()}
         verdict = self.liveness.verdict(coordinator.failures, local, coordinator.heard_at, coordinator.ready)
         if verdict is not None:
             self.log.warning("job %s: %s; killing its workers and restoring", self.job, verdict.reason)
             self.supervisor.kill_all()  # a frozen or stuck worker cannot restore in place
             self._restore_or_wait(verdict)
-            return
-        due = time.monotonic() - self._last_trigger >= self.settings.interval_s
-        if trigger and coordinator.all_ready and due and coordinator.trigger(options) is not None:
-            self._last_trigger = time.monotonic()
-        coordinator.poll(0.2)
-        self._note_endpoints(coordinator)
 
     def _restore_or_wait(self, verdict: Verdict) -> None:
         """Restore for ``verdict`` now, or, while Kafka or the store does not

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from streaming.adapters.control import ControlEvent, ControlTopic, Heartbeat, Lease, control_topic_name, send_event
-from streaming.adapters.kafka_io import DELIVERY_BOUND_S, producer
+from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, producer
 from streaming.engine import metrics
 from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, LEASE_INTERVAL_S, HeartbeatOutcome, RemoteGroups
 from streaming.errors import SparkAbsError
@@ -74,7 +74,7 @@ class LeaseRenewal:
         except SparkAbsError as exc:
             log.warning("last lease not published: %s", exc)
         finally:
-            self._producer.close()
+            close_producer(self._producer, "the lease")
 
 
 class RemoteMembers:

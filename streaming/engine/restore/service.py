@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from barriers.handler import CheckpointKind
 from streaming.adapters import codec
 from streaming.adapters.kafka_admin import earliest_offsets
-from streaming.adapters.kafka_io import DeadLetters, producer, read_range, write_records
+from streaming.adapters.kafka_io import DeadLetters, close_producer, producer, read_range, write_records
 from streaming.adapters.objects import patiently
 from streaming.adapters.sinks import open_sink, sink_location
 from streaming.adapters.snapshots import JobMeta, Manifest, SnapshotStore, TaskParts
@@ -333,7 +333,14 @@ class RestoreService:
             stage = pipeline.stage(spec.stage)
             if stage.sink is None:
                 continue
-            sink = open_sink(stage.sink, location, spec.name, job=self.job, bootstrap=self.connection.kafka_bootstrap)
+            sink = open_sink(
+                stage.sink,
+                location,
+                spec.name,
+                job=self.job,
+                bootstrap=self.connection.kafka_bootstrap,
+                delivery_timeout_s=self.settings.delivery_timeout_s,
+            )
             try:
                 sink.recover(source)
             finally:
@@ -343,19 +350,25 @@ class RestoreService:
         if not rescale.rerouted:
             return
         values = {c: [v for t in tables for v in codec.encode_batches(t)] for c, tables in rescale.rerouted.items()}
-        writer = producer(self.connection.kafka_bootstrap, max_in_flight_requests_per_connection=1)
+        bound_s = self.settings.delivery_timeout_s
+        writer = producer(
+            self.connection.kafka_bootstrap, delivery_timeout_s=bound_s, max_in_flight_requests_per_connection=1
+        )
         try:
-            rescale.place(write_records(writer, values, rerouted_headers(rescale.generation)))
+            rescale.place(write_records(writer, values, rerouted_headers(rescale.generation), bound_s + 5.0))
         finally:
-            writer.close()
+            close_producer(writer, "re-routed channel state")
 
     def _dead_letter_undecodable(self, rescale: RescalePlan) -> None:
         if not rescale.undecodable:
             return
-        letters = DeadLetters(self.connection.kafka_bootstrap, self.job)
+        letters = DeadLetters(
+            self.connection.kafka_bootstrap, self.job, delivery_timeout_s=self.settings.delivery_timeout_s
+        )
         try:
             for channel, offset, why in rescale.undecodable:
                 letters.send(channel, offset, None, None, [], f"channel state not decodable when rescaling: {why}")
+            letters.flush()  # each one in Kafka before the rescaled checkpoint goes on without its record
         finally:
             letters.close()
 

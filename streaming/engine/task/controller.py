@@ -31,7 +31,7 @@ from streaming.engine.task.output import TaskOutput
 from streaming.engine.task.replay import CopiedReplay
 from streaming.engine.task.uploads import SnapshotUploader, TakenSnapshot
 from streaming.engine.task.watermarks import WatermarkTracker
-from streaming.errors import TaskError
+from streaming.errors import KafkaUnavailableError, SparkAbsError, TaskError
 
 __all__ = ["TaskController", "TaskWiring"]
 
@@ -161,7 +161,10 @@ class TaskController:
         """Every record the task sent so far is in Kafka (``TaskIO.flush``:
         bounded, and a ``KafkaUnavailableError`` for a send that failed)."""
         faults.point(self.task, "stuck_send", checkpoint_id)
-        self.io.flush()
+        try:
+            self.io.flush()
+        except SparkAbsError as exc:
+            raise KafkaUnavailableError(f"{self.task}: checkpoint {checkpoint_id}: {exc}") from exc
 
     def record_in_flight(self, checkpoint_id: int, channel: ChannelId, start: int, end: int) -> None:
         log.debug("%s: checkpoint %d: %s in flight [%d, %d)", self.task, checkpoint_id, channel, start, end)

@@ -36,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -139,6 +140,8 @@ class Worker:
         self.task_names = task_names
         self._spark = spark
         self._stop = threading.Event()
+        # publishes the tasks' progress (``_beat``), from the first ``serve`` on
+        self._progress_thread: threading.Thread | None = None
         self.commands: queue.Queue[tuple[int, int | None]] = queue.Queue()
         self.running: list[RunningTask] = []
         self.queries: list[ChannelQuery] = []
@@ -280,6 +283,9 @@ class Worker:
     def serve(self) -> int:
         """Follow the control topic until stopped; 1 if a query failed,
         ``EXIT_PIPELINE_ERROR`` if it failed on an error in the pipeline."""
+        if self._progress_thread is None:
+            self._progress_thread = threading.Thread(target=self._beat, name="spark-abs-progress", daemon=True)
+            self._progress_thread.start()
         next_progress = 0.0
         while not self._stop.is_set():
             try:
@@ -291,12 +297,9 @@ class Worker:
             for running in self.running:
                 running.task.tick()
             self._round()
-            if time.monotonic() >= next_progress:
+            if self.metrics_endpoint and time.monotonic() >= next_progress:
                 next_progress = time.monotonic() + PROGRESS_INTERVAL_S
-                for running in self.running:
-                    self.control.publish(running.task.progress())
-                if self.metrics_endpoint:
-                    self._record_lag()
+                self._record_lag()
             for running in self.running:
                 error = running.task.replay_error
                 if isinstance(error, ConfigError):
@@ -314,6 +317,22 @@ class Worker:
                     log.info(f"{query.name}: stage query failed: {failed}")
                     return 1
         return 0
+
+    def _beat(self) -> None:
+        """Each running task's progress on the control topic, every
+        ``PROGRESS_INTERVAL_S``, from a thread of its own: it is how the
+        runner knows the process is alive (a worker none of whose tasks it
+        hears for ``heartbeat_timeout_s`` is taken for stuck), and the main
+        loop may wait longer than that on the store or Kafka (a sink's
+        commit, bounded) without being stuck.  A frozen process says
+        nothing; a stuck task makes its checkpoints fail."""
+        while not self._stop.wait(PROGRESS_INTERVAL_S):
+            for running in list(self.running):
+                try:
+                    self.control.publish(running.task.progress())
+                except SparkAbsError as exc:  # Kafka away: the runner cannot hear anyone either
+                    log.warning("worker: progress not published: %s", exc)
+                    break
 
     def _record_lag(self) -> None:
         """Each task's lag on each input channel: Kafka's latest offset as its
@@ -372,7 +391,7 @@ class Worker:
     def close(self) -> None:
         self._stop_tasks()
         try:
-            self.producer.flush(_STOP_FLUSH_S)
+            self.producer.wait(_STOP_FLUSH_S, "the stop of a worker")
         except SparkAbsError as exc:  # stopping anyway: what was not delivered, the next generation sends again
             log.warning("worker: stopping with records not delivered: %s", exc)
         self.producer.close()
@@ -461,12 +480,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"worker: {exc}", file=sys.stderr, flush=True)
         return 2
     try:
-        return worker.serve()
+        code = worker.serve()
     except SparkAbsError as exc:  # Kafka or the store away past its bound, a send that failed: the job restores
         print(f"worker: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        worker.close()
+        code = 1
+    if code != 0:
+        # a failed worker leaves at once (``_exit``): what it would flush and stop belongs to a
+        # generation the runner gives up, and a stop may wait on Kafka or a stuck batch for minutes
+        print(f"worker: exiting with status {code}; the job runner restores the job", file=sys.stderr, flush=True)
+        return code
+    worker.close()
+    return 0
 
 
 def _exit(code: int) -> None:
@@ -483,4 +507,11 @@ def _exit(code: int) -> None:
 
 
 if __name__ == "__main__":
-    _exit(main())
+    try:
+        status = main()
+    except SystemExit as stop:  # --help, a wrong option
+        status = stop.code if isinstance(stop.code, int) else 2
+    except BaseException:  # a bug: its traceback, then out at once (see _exit)
+        traceback.print_exc()
+        status = 1
+    _exit(status)

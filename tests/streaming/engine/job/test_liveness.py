@@ -41,27 +41,66 @@ def clock() -> Clock:
 
 
 def _liveness(clock: Clock, kafka: Kafka, tolerable: int = 2) -> Liveness:
-    return Liveness(tolerable, 15.0, kafka, clock)
+    return Liveness(tolerable, 15.0, kafka, clock, failing_for_s=60.0)
 
 
 def test_more_failed_checkpoints_in_a_row_than_tolerable_restore_and_a_completion_resets_the_count(clock):
     seen: list[int] = []
-    failed = FailedCheckpoints(seen.append)
+    failed = FailedCheckpoints(seen.append, clock)
     liveness = _liveness(clock, Kafka())
-    heard = {"a-0": clock.now, "b-0": clock.now}
+    ready = {"a-0", "b-0"}
     for checkpoint_id in (1, 2):
         failed.failed(checkpoint_id, CheckpointFailure.TIMEOUT, "not complete")
-    assert liveness.verdict(failed, WORKERS, heard, {"a-0", "b-0"}) is None  # two is tolerable
+    clock.now += 120
+    heard = {"a-0": clock.now, "b-0": clock.now}
+    assert liveness.verdict(failed, WORKERS, heard, ready) is None  # two is tolerable
     failed.completed()
     assert failed.in_a_row == 0
     for checkpoint_id in (3, 4, 5):
         failed.failed(checkpoint_id, CheckpointFailure.DECLINED, "store away")
     failed.failed(6, CheckpointFailure.SUBSUMED, "")  # not counted
     failed.failed(7, CheckpointFailure.TRIGGER_FAILURE, "")  # not counted
-    verdict = liveness.verdict(failed, WORKERS, heard, {"a-0", "b-0"})
+    clock.now += 10
+    heard = {"a-0": clock.now, "b-0": clock.now}
+    # declines come fast: past tolerable, the job restores once none completed for the checkpoint timeout too
+    assert liveness.verdict(failed, WORKERS, heard, ready) is None
+    clock.now += 50
+    heard = {"a-0": clock.now, "b-0": clock.now}
+    verdict = liveness.verdict(failed, WORKERS, heard, ready)
     assert verdict is not None and verdict.cause == "checkpoints_failing"
-    assert "3 checkpoints failed in a row" in verdict.reason and "checkpoint 5" in verdict.reason
+    assert "3 checkpoints failed in a row" in verdict.reason and "none completed for 60 s" in verdict.reason
+    assert "checkpoint 5" in verdict.reason
     assert seen == [1, 2, 0, 1, 2, 3]  # what the metric shows
+
+
+def test_a_short_broker_outage_the_runner_only_met_in_its_own_sends_blames_nobody(clock):
+    """Kafka away for 20 s between two looks, answering at both: the runner's
+    sends found it away (``lost``) and its step waited (``deaf``), so the
+    silence counts from when it listened again."""
+    kafka = Kafka()
+    liveness = _liveness(clock, kafka)
+    ready = {"a-0", "b-0"}
+    heard = {"a-0": clock.now, "b-0": clock.now}
+    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+    clock.now += 20  # a trigger waited 10 s, its abort 10 s more: Kafka away meanwhile
+    liveness.lost()
+    liveness.deaf()
+    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+    assert liveness.hearing_since == clock.now  # asked again at once, and it answers
+    clock.now += 10
+    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+    clock.now += 6  # 16 s after the runner heard again, nobody: now that is a stuck worker
+    verdict = liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready)
+    assert verdict is not None and verdict.cause == "worker_stuck"
+
+
+def test_a_runner_that_did_not_listen_for_a_while_counts_silence_from_when_it_does_again(clock):
+    liveness = _liveness(clock, Kafka())
+    ready = {"a-0", "b-0"}
+    heard = {"a-0": clock.now, "b-0": clock.now}
+    clock.now += 30  # a long step (a retention's verification, a slow store): nothing read meanwhile
+    liveness.deaf()
+    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
 
 
 def test_a_worker_silent_while_kafka_answers_is_stuck(clock):
@@ -80,7 +119,10 @@ def test_a_worker_silent_while_kafka_answers_is_stuck(clock):
         "worker all is alive but stuck: none of its tasks heard for 20 s while the control topic worked "
         "(heartbeat_timeout_s 15)",
     )
-    assert kafka.asked == 1
+    asked = kafka.asked
+    for _ in range(10):  # a step five times a second: Kafka is asked every few seconds, not at each
+        liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready)
+    assert kafka.asked == asked
 
 
 def test_silence_while_kafka_is_away_blames_nobody_and_is_counted_from_when_it_answers_again(clock):
