@@ -37,7 +37,25 @@ and any first ones are balanced:
   job's internal topics before where the newest complete checkpoint reads
   them again deleted (``DeleteRecords``, as retention would), then a worker
   SIGKILLed: the restore must use a checkpoint Kafka still holds, that one
-  or a later one (docs/operations/retention.md).
+  or a later one (docs/operations/retention.md);
+- ``worker-frozen``: a worker's process stopped (SIGSTOP, its Spark JVM
+  running on) for 5 to 15 s past the heartbeat timeout (15 s): the runner
+  must find its tasks silent, SIGKILL it and restore; a worker still there
+  then is continued (SIGCONT);
+- ``broker-long`` (when named): the Kafka broker stopped for 1.25 to 1.75
+  times the job's delivery timeout (a job's default is 120 s: minutes;
+  ``--delivery-timeout`` runs the job with a shorter one, which the report
+  names): sends fail, checkpoints fail, and the job must restore by itself
+  once Kafka is back;
+- ``store-long`` (when named): the S3 server stopped for 1.1 to 1.4 times
+  the store's retries (120 s): the job must recover by itself once it is
+  back, restored or not;
+- ``stuck-send`` (when named): a task's thread blocked for good where it
+  flushes its sends before a snapshot (the ``stuck_send`` fault point,
+  armed in the running worker), the worker alive and heard: the runner
+  must restore once more checkpoints than it tolerates failed (3, each
+  aborted at the 60 s checkpoint timeout: minutes).  The recovery limit
+  counts once the job had that long.
 
 With ``--cluster`` the drill runs on the local cluster (``spark-abs local up
 --cluster``: three Kafka nodes, a Spark standalone master with two
@@ -61,8 +79,9 @@ on the local runtime (a worker is a remote group's member; the runner a
 ``damage`` kills leaves its members up, their tasks stopped); ``runner`` and
 ``broker`` are the local runtime's own.
 
-Each failure waits for recovery (a checkpoint completes after it), which the
-report times; ``--seed`` makes the plan (kinds, order, moments, fault points,
+Each failure waits for recovery (a checkpoint completes after it; for a kind
+that must restore, in a later generation), which the report times, with
+each restore's cause; ``--seed`` makes the plan (kinds, order, moments, fault points,
 damage) the same again.
 
 At scale: ``--failures N`` and/or ``--duration 45m`` (``DrillBudget``: no
@@ -103,7 +122,7 @@ log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from streaming.tools.drill.plan import CLUSTER_KINDS, CLUSTER_ONLY, KINDS
+    from streaming.tools.drill.plan import CLUSTER_KINDS, CLUSTER_ONLY, KINDS, NAMED_ONLY, LivenessBounds
 
     parser = sub.add_parser(
         "drill",
@@ -111,7 +130,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--failures", type=int, help="failures to inject (default 10, or as many as --duration allows)")
+    parser.add_argument("--failures", type=int, help="failures to inject (default 12, or as many as --duration allows)")
     parser.add_argument(
         "--duration",
         help="bound the whole drill: 45m, 1h30m, 90s (failures stop in time to drain and check within it)",
@@ -120,13 +139,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--recovery-limit",
         type=float,
         default=180.0,
-        help="seconds a failure may take to recover before the drill stops and fails (default 180)",
+        help="seconds a failure may take to recover before the drill stops and fails (default 180; counted once "
+        "a long outage or a freeze ended, or the job had the time it takes to notice a stuck send)",
     )
     parser.add_argument("--seed", type=int, default=1, help="draws the failures, moments and workload (default 1)")
     parser.add_argument(
         "--kinds",
-        help=f"comma-separated failure kinds, taken in turn (default all: {','.join(KINDS)}; with --cluster "
-        f"{','.join(CLUSTER_KINDS)})",
+        help=f"comma-separated failure kinds, taken in turn (default: {','.join(KINDS)}; with --cluster "
+        f"{','.join(CLUSTER_KINDS)}; drilled when named: {','.join(NAMED_ONLY)})",
+    )
+    delivery = LivenessBounds().delivery_timeout_s
+    parser.add_argument(
+        "--delivery-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="run the job with this delivery timeout (spark-abs run --delivery-timeout; default a job's own, "
+        f"{delivery:g} s): a broker-long outage lasts 1.25 to 1.75 times it, so a shorter one keeps such a drill "
+        "short; the report says when the drill shortened it",
     )
     parser.add_argument(
         "--cluster",
@@ -167,7 +196,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from streaming.local import LocalRuntime
     from streaming.tools.drill import report as drill_report
-    from streaming.tools.drill.plan import FailureKind, check_kinds, parse_duration
+    from streaming.tools.drill.plan import FailureKind, LivenessBounds, check_kinds, parse_duration
     from streaming.tools.drill.run import DrillProgress, check_workers, run_drill
     from streaming.tools.drill.settings import DrillSettings
 
@@ -175,11 +204,12 @@ def run(args: argparse.Namespace) -> int:
     console.install("[drill] ")
     import_from_here()
     duration_s = parse_duration(args.duration) if args.duration else None
-    failures = args.failures if args.failures is not None or duration_s is not None else 10
+    failures = args.failures if args.failures is not None or duration_s is not None else DrillSettings.failures
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
     if kinds:  # before the runtime starts
         check_kinds([parse_choice(FailureKind, k, "failure kind") for k in kinds], args.cluster)
     check_workers(args.workers, args.cluster)
+    LivenessBounds.of(args.delivery_timeout)
     connection = None if args.cluster else Connection.from_env(os.environ)
     runtime = None
     if connection is None:
@@ -203,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
         store_uri=args.store,
         report_dir=out,
         recovery_limit_s=args.recovery_limit,
+        delivery_timeout_s=args.delivery_timeout,
         cluster=args.cluster,
         workers=args.workers,
     )

@@ -1,7 +1,8 @@
 """A restore drill's failures, injected (``streaming.tools.drill.run``): one
 method per failure kind (a worker killed at random or at a fault point, the
 runner killed, a checkpoint damaged, a service down, records deleted under
-the job; the local cluster's kinds in ``streaming.tools.drill.cluster``),
+the job, a worker frozen, a task stuck in a send; the local cluster's kinds
+in ``streaming.tools.drill.cluster``),
 then the wait for the job to recover from it: a checkpoint completes after
 it (for a kind that must restore, in a later generation), which is timed,
 with the checkpoint each restore it caused started from and the input
@@ -24,7 +25,7 @@ from streaming.engine import faults
 from streaming.engine.kafka_retention import needs
 from streaming.tools.drill.cluster import ClusterFailures
 from streaming.tools.drill.feed import ProgressWatch
-from streaming.tools.drill.job import DrilledJob, job_processes, job_worker_pids, kill_group
+from streaming.tools.drill.job import DrilledJob, is_running, job_processes, job_worker_pids, kill_group
 from streaming.tools.drill.plan import (
     CLUSTER_ONLY,
     ORPHAN_BOUND_S,
@@ -91,10 +92,16 @@ class FailureInjector:
             if kind is FailureKind.DAMAGE:
                 self._damage(outcome, rng)
             self.job.start_runner()
+        elif kind is FailureKind.WORKER_FROZEN:
+            self._freeze(outcome, rng)
+        elif kind is FailureKind.STUCK_SEND:
+            self._stuck_send(outcome, generation)
         else:
             self._outage(failure)
         try:
             self._recover(outcome, t0, newest_before, generation, restores=struck and must_restore(kind) is True)
+            if kind is FailureKind.STUCK_SEND:
+                faults.arm(str(self.job.fault_file), [])  # the restored generation no longer matches it anyway
             if check is not None:
                 check()
         finally:
@@ -218,10 +225,41 @@ class FailureInjector:
 
     def _outage(self, failure: Failure) -> None:
         """The local runtime's Kafka broker or S3 server down for ``outage_s``, then up again."""
-        service = "kafka" if failure.kind is FailureKind.BROKER else "s3"
+        service = "kafka" if failure.kind in (FailureKind.BROKER, FailureKind.BROKER_LONG) else "s3"
         self.runtime.stop_service(service)
         time.sleep(failure.outage_s)
         self.runtime.up()
+
+    def _freeze(self, outcome: FailureOutcome, rng: random.Random) -> None:
+        """SIGSTOP a worker's process (its Spark JVM runs on) for up to
+        ``outage_s``, past the heartbeat timeout: the runner must find its
+        tasks silent and SIGKILL it.  A worker still there then is continued
+        (SIGCONT), and the drill goes on to see whether the job restores."""
+        pids = self.job.worker_pids()
+        if not pids:
+            outcome.add_note("no worker process to freeze")
+            return
+        pid = rng.choice(pids)
+        os.kill(pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        try:
+            gone = self.wait(lambda: not is_running(pid), outcome.failure.outage_s)
+        finally:
+            if is_running(pid):
+                os.kill(pid, signal.SIGCONT)
+        if gone:
+            outcome.add_note(f"worker {pid} frozen, gone {time.monotonic() - frozen:.1f} s later")
+        else:
+            outcome.add_note(f"worker {pid} still there after {outcome.failure.outage_s:.0f} s frozen: continued")
+
+    def _stuck_send(self, outcome: FailureOutcome, generation: int) -> None:
+        """Arm ``stuck_send`` in the running worker for the task's next
+        checkpoint: its thread blocks for good where it flushes its sends
+        (the worker goes on publishing progress); the job must notice its
+        checkpoints failing and restore."""
+        task = outcome.failure.task
+        faults.arm(str(self.job.fault_file), [f"{task}:stuck_send:*:{generation}"])
+        outcome.add_note(f"{task} stuck at its next checkpoint (generation {generation})")
 
     # ---- the recovery
 
@@ -244,15 +282,18 @@ class FailureInjector:
                 generations[done[-1]] = self.job.generation_of(done[-1])
             return (generations[done[-1]] or 0) > generation_before
 
-        if self.wait(recovered, self.recover_timeout_s):
+        # a stuck send: the time the job takes to notice, then the limit
+        limit_s = self.recover_timeout_s + outcome.failure.notice_s
+        if self.wait(recovered, limit_s):
             outcome.recovered_s = round(time.monotonic() - t0, 2)
         else:
             self.problems.append(
                 f"failure {outcome.failure.index + 1} ({outcome.failure.describe()}): no checkpoint completed "
-                f"within {self.recover_timeout_s:.0f} s"
+                f"within {limit_s:.0f} s"
             )
         since = [r for r in self.job.restores() if r.generation > generation_before]
         outcome.restored_from = [r.from_checkpoint for r in since]
+        outcome.causes = [r.cause for r in since]
         if since:
             outcome.replayed = self._replayed(since[-1].generation, since[-1].from_checkpoint)
             outcome.restore_s = _since(since[0].at, time.time() - (time.monotonic() - t0))

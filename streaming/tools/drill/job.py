@@ -35,6 +35,7 @@ __all__ = [
     "REMOTE_HEARTBEAT_TIMEOUT_S",
     "DrilledJob",
     "WorkerHosts",
+    "is_running",
     "job_processes",
     "job_worker_pids",
     "kill_group",
@@ -81,6 +82,7 @@ class DrilledJob:
         self.mode = parse_choice(Mode, settings.mode, "mode")
         self.interval_s = settings.interval_s
         self.state_snapshots = parse_choice(StateSnapshots, settings.state_snapshots, "state snapshots")
+        self.delivery_timeout_s = settings.delivery_timeout_s
         self.store_uri = store_uri
         self.max_restores = max_restores
         self.store = SnapshotStore(open_store(store_uri, connection), job)
@@ -121,7 +123,8 @@ class DrilledJob:
 
     def runner_command(self, *extra: str) -> list[str]:
         """The ``spark-abs run`` command line of the job; with remote groups it
-        starts no worker (``--remote-workers``, the groups of ``workers``)."""
+        starts no worker (``--remote-workers``, the groups of ``workers``);
+        with a delivery timeout of the drill's, that one."""
         remote = []
         if self.hosts is not None:
             remote = [
@@ -157,6 +160,7 @@ class DrilledJob:
             "--max-restores",
             str(self.max_restores),
             *remote,
+            *([] if self.delivery_timeout_s is None else ["--delivery-timeout", f"{self.delivery_timeout_s:g}"]),
             *extra,
         ]
 
@@ -429,6 +433,16 @@ def _is_worker(args: list[bytes], job: str) -> bool:
 
 def _follows(args: list[bytes], option: bytes, value: bytes) -> bool:
     return any(a == option and b == value for a, b in zip(args, args[1:]))
+
+
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` is there and not a zombie (a worker its runner
+    SIGKILLed stays a zombie until the runner reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def kill_group(pid: int) -> None:

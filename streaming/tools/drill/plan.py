@@ -1,12 +1,13 @@
 """What a restore drill injects (``streaming.tools.drill.run``): the failure
 kinds, those of the local runtime and those of the local cluster
 (``check_kinds``), the plan a seed draws (``plan_failures``: kinds, order,
-moments, fault points, damage, the node or group struck), whether a kind
+moments, fault points, damage, the node or group struck, how long an
+outage or a freeze lasts past the job's ``LivenessBounds``), whether a kind
 must restore or must not (``must_restore``, ``restore_problem``), what
 happened after each failure (``FailureOutcome``), and how long a drill may
 take (``DrillBudget``: a duration, a limit on each recovery; ``percentile``
-of the recoveries so far and a cluster kind's own waits, ``side_wait_s``,
-say whether the next failure still fits)."""
+of the recoveries so far and a kind's own waits, ``side_wait_s``, say
+whether the next failure still fits)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from streaming.adapters.objects import STORE_BOUND_S
 from streaming.api.pipeline import Pipeline
-from streaming.api.settings import Mode
+from streaming.api.settings import JobSettings, Mode
 from streaming.errors import ConfigError
 
 __all__ = [
@@ -26,10 +28,13 @@ __all__ = [
     "CLUSTER_ONLY",
     "DAMAGES",
     "KINDS",
+    "LIVENESS_KINDS",
     "LOCAL_ONLY",
+    "NAMED_ONLY",
     "RUNNER_RESTARTS",
     "SIDE_WAITS_S",
     "DrillBudget",
+    "LivenessBounds",
     "ORPHAN_BOUND_S",
     "WORKER_MOMENTS",
     "Failure",
@@ -54,6 +59,11 @@ class FailureKind(enum.StrEnum):
     STORE = "store"
     DAMAGE = "damage"
     RETENTION = "retention"
+    # liveness: a service away past its clients' bounds, a worker frozen alive, a task stuck in a send
+    BROKER_LONG = "broker-long"
+    STORE_LONG = "store-long"
+    WORKER_FROZEN = "worker-frozen"
+    STUCK_SEND = "stuck-send"
     # the local cluster's (``spark-abs drill --cluster``): its job runs as remote worker groups
     BROKER_NODE = "broker-node"
     SPARK_WORKER = "spark-worker"
@@ -71,12 +81,17 @@ CLUSTER_ONLY = (
     FailureKind.GROUP_STANDBY,
     FailureKind.RUNNER_REMOTE,
 )
+# what the job's liveness bounds must turn into a restore, or at least a recovery: an outage past the delivery
+# timeout or the store's bound, a worker frozen past the heartbeat timeout, a task stuck in a send
+LIVENESS_KINDS = (FailureKind.BROKER_LONG, FailureKind.STORE_LONG, FailureKind.WORKER_FROZEN, FailureKind.STUCK_SEND)
 # not on the cluster: its workers are remote and outlive the runner (runner-remote), its Kafka is three nodes
-# (broker-node)
-LOCAL_ONLY = (FailureKind.RUNNER, FailureKind.BROKER)
-# the local runtime's default: every kind but retention, which deletes records of the job's internal topics
-# (drilled when named, --kinds), and the cluster's
-KINDS = tuple(k for k in FailureKind if k is not FailureKind.RETENTION and k not in CLUSTER_ONLY)
+# (broker-node); the liveness kinds are drilled on the local runtime only
+LOCAL_ONLY = (FailureKind.RUNNER, FailureKind.BROKER, *LIVENESS_KINDS)
+# drilled only when named (--kinds): retention deletes records of the job's internal topics; a long outage and
+# a stuck send take minutes each (the outage, or the failed checkpoints it takes before the job restores)
+NAMED_ONLY = (FailureKind.RETENTION, FailureKind.BROKER_LONG, FailureKind.STORE_LONG, FailureKind.STUCK_SEND)
+# the local runtime's default: every kind but those drilled when named and the cluster's
+KINDS = tuple(k for k in FailureKind if k not in NAMED_ONLY and k not in CLUSTER_ONLY)
 # the cluster's default (--cluster): its own kinds, then those of the local runtime that mean the same there
 CLUSTER_KINDS = (*CLUSTER_ONLY, *(k for k in KINDS if k not in LOCAL_ONLY))
 # whether a kind must restore (True) or must not (False); the others may or may not (a store outage that
@@ -87,6 +102,9 @@ _RESTORES = {
     FailureKind.GROUP: True,
     FailureKind.GROUP_STANDBY: True,
     FailureKind.RUNNER_REMOTE: True,
+    FailureKind.BROKER_LONG: True,  # a send outlasts the delivery timeout, checkpoints fail: the job restores
+    FailureKind.WORKER_FROZEN: True,  # the runner SIGKILLs a worker whose tasks are silent (worker_stuck)
+    FailureKind.STUCK_SEND: True,  # checkpoints fail until the runner restores (checkpoints_failing)
 }
 # what a cluster kind waits for outside its recovery, on a 2-core machine, in seconds (the budget counts it): a
 # standby's Spark application and first heartbeat; a node started again (Kafka's brokers or Spark's ALIVE, then
@@ -110,6 +128,54 @@ ORPHAN_BOUND_S = 60.0
 
 
 @dataclass(frozen=True)
+class LivenessBounds:
+    """The drilled job's bounds that the liveness kinds outlast, as it runs
+    them (``JobSettings``' defaults, but a delivery timeout the drill
+    shortens, ``--delivery-timeout``): a long broker outage lasts past the
+    producers' delivery timeout, a long store outage past the store's
+    retries (``STORE_BOUND_S``), a frozen worker past the heartbeat timeout;
+    a stuck send is noticed once more checkpoints than the job tolerates
+    failed, each at the checkpoint timeout (``stuck_notice_s``)."""
+
+    delivery_timeout_s: float = JobSettings.default("delivery_timeout_s")
+    heartbeat_timeout_s: float = JobSettings.default("heartbeat_timeout_s")
+    checkpoint_timeout_s: float = JobSettings.default("timeout_s")
+    tolerable_failed_checkpoints: int = JobSettings.default("tolerable_failed_checkpoints")
+    store_bound_s: float = STORE_BOUND_S
+
+    @classmethod
+    def of(cls, delivery_timeout_s: float | None = None) -> LivenessBounds:
+        """The job's defaults, with the delivery timeout the drill runs it with (None: the default)."""
+        if delivery_timeout_s is None:
+            return cls()
+        if not (math.isfinite(delivery_timeout_s) and delivery_timeout_s > 0):
+            raise ConfigError(f"delivery timeout must be positive and finite, got {delivery_timeout_s}")
+        return cls(delivery_timeout_s=delivery_timeout_s)
+
+    @property
+    def shortened(self) -> bool:
+        """Whether the drill runs the job with a delivery timeout shorter than a job's default."""
+        return self.delivery_timeout_s < JobSettings.default("delivery_timeout_s")
+
+    def stuck_notice_s(self) -> float:
+        """How long the job may take to notice a task stuck in a send: the
+        failed checkpoints it tolerates and the one after, each aborted at
+        the checkpoint timeout."""
+        return (self.tolerable_failed_checkpoints + 1) * self.checkpoint_timeout_s
+
+    def describe(self) -> str:
+        delivery = f"delivery timeout {self.delivery_timeout_s:g} s"
+        if self.shortened:
+            default = JobSettings.default("delivery_timeout_s")
+            delivery += f" (shortened by the drill, --delivery-timeout; a job's default is {default:g} s)"
+        return (
+            f"{delivery}, heartbeat timeout {self.heartbeat_timeout_s:g} s, a restore at the "
+            f"{self.tolerable_failed_checkpoints + 1}th failed checkpoint in a row (each aborted at "
+            f"{self.checkpoint_timeout_s:g} s at the latest), the store's retries {self.store_bound_s:g} s"
+        )
+
+
+@dataclass(frozen=True)
 class Failure:
     """One planned failure: what, after how long, and its details."""
 
@@ -117,9 +183,14 @@ class Failure:
     kind: FailureKind
     delay_s: float  # after the job recovered from the previous failure
     moment: str = ""  # worker: a WORKER_MOMENTS entry; damage: a DAMAGES entry; runner-remote: RUNNER_RESTARTS
-    task: str = ""  # worker at a fault point: the task armed
-    outage_s: float = 0.0  # broker, store: how long the service is down; broker-node, spark-worker: at least
+    task: str = ""  # worker at a fault point, stuck-send: the task armed
+    # broker, store and their long kinds: how long the service is down; broker-node, spark-worker: at least;
+    # worker-frozen: how long the worker is stopped at most (SIGCONT then, if the runner has not killed it)
+    outage_s: float = 0.0
     target: str = ""  # broker-node, spark-worker: the service killed; group, group-standby: the group
+    # stuck-send: how long the job may take to notice (LivenessBounds.stuck_notice_s) before the recovery limit
+    # counts
+    notice_s: float = 0.0
 
     def describe(self) -> str:
         if self.kind is FailureKind.WORKER:
@@ -141,14 +212,24 @@ class Failure:
             return f"the member of worker group {self.target} SIGKILLed, a standby waiting"
         if self.kind is FailureKind.RUNNER_REMOTE:
             return f"job runner of remote members SIGKILLed, started again {self.moment}"
+        if self.kind is FailureKind.BROKER_LONG:
+            return f"Kafka broker down for {self.outage_s:.0f} s, past the delivery timeout"
+        if self.kind is FailureKind.STORE_LONG:
+            return f"S3 server down for {self.outage_s:.0f} s, past the store's retries"
+        if self.kind is FailureKind.WORKER_FROZEN:
+            return f"worker frozen (SIGSTOP) for up to {self.outage_s:.0f} s, past the heartbeat timeout"
+        if self.kind is FailureKind.STUCK_SEND:
+            return f"{self.task} stuck for good in a send (stuck_send)"
         service = "Kafka broker" if self.kind is FailureKind.BROKER else "S3 server"
         return f"{service} down for {self.outage_s:.0f} s"
 
 
 def fault_pools(pipeline: Pipeline, mode: Mode) -> dict[str, list[str]]:
     """The tasks where each fault point can strike: any task mid-batch, during
-    an upload or a restore; a task with more than one input during alignment
-    (aligned modes only); a sink task between the manifest and its commit."""
+    an upload or a restore, and stuck in a send (every task flushes what it
+    sent before its snapshot); a task with more than one input during
+    alignment (aligned modes only); a sink task between the manifest and its
+    commit."""
     tasks = pipeline.tasks()
     every = [t.name for t in tasks]
     aligned = mode in (Mode.ALIGNED, Mode.ALIGNED_TIMEOUT)
@@ -160,6 +241,7 @@ def fault_pools(pipeline: Pipeline, mode: Mode) -> dict[str, list[str]]:
         "during_upload": every,
         "before_sink_commit": sinks,
         "during_restore": every,
+        "stuck_send": every,
     }
 
 
@@ -183,15 +265,19 @@ def cluster_targets(
 
 def check_kinds(kinds: Sequence[FailureKind], cluster: bool) -> None:
     """Refuse kinds the deployment cannot have: the cluster's without
-    ``--cluster``, and on the cluster those it has in its own form."""
+    ``--cluster``, and on the cluster those it has in its own form and the
+    liveness kinds (not drilled there yet)."""
     if cluster:
-        local = [k for k in kinds if k in LOCAL_ONLY]
+        instead = {FailureKind.RUNNER: "runner-remote", FailureKind.BROKER: "broker-node"}
+        local = [k for k in kinds if k in instead]
         if local:
-            instead = {FailureKind.RUNNER: "runner-remote", FailureKind.BROKER: "broker-node"}
             raise ConfigError(
                 f"failure kind(s) {', '.join(local)} are the local runtime's; on the cluster use "
                 + ", ".join(instead[k] for k in local)
             )
+        liveness = [k for k in kinds if k in LOCAL_ONLY]
+        if liveness:
+            raise ConfigError(f"failure kind(s) {', '.join(liveness)} are drilled on the local runtime only")
     else:
         remote = [k for k in kinds if k in CLUSTER_ONLY]
         if remote:
@@ -207,6 +293,7 @@ def plan_failures(
     kinds: Sequence[FailureKind],
     pools: Mapping[str, Sequence[str]],
     interval_s: float,
+    bounds: LivenessBounds | None = None,
 ) -> list[Failure]:
     """``count`` failures drawn from ``seed``: the kinds in rounds, each kind
     once per round in a shuffled order (a drill stopped early by its duration
@@ -215,7 +302,11 @@ def plan_failures(
     in ``pools`` (``fault_pools``) in turn (shuffled), each at a task drawn
     from its pool; the cluster kinds a target each from theirs
     (``cluster_targets``), a Kafka node or Spark worker down for 5 to 15 s
-    at least; delays of 0.2 to 2 checkpoint intervals."""
+    at least; the liveness kinds past the job's ``bounds`` (default: a job's
+    defaults): a broker down 1.25 to 1.75 times the delivery timeout, the S3
+    server 1.1 to 1.4 times the store's retries, a worker frozen 5 to 15 s
+    past the heartbeat timeout, a send stuck in a task of its pool; delays
+    of 0.2 to 2 checkpoint intervals."""
     if count < 0:
         raise ConfigError(f"failures must be 0 or more, got {count}")
     if not kinds:
@@ -223,6 +314,7 @@ def plan_failures(
     for kind in kinds:
         if kind in _TARGETED and not pools.get(kind.value):
             raise ConfigError(f"failure kind {kind} has nothing to strike here: {_TARGETED[kind]}")
+    bounds = bounds or LivenessBounds()
     rng = random.Random(seed)
     drawn: list[FailureKind] = []
     while len(drawn) < count:  # every kind once per round, so any first k failures are balanced
@@ -252,6 +344,17 @@ def plan_failures(
             plan.append(Failure(index, kind, delay, target=rng.choice(list(pools[kind.value]))))
         elif kind is FailureKind.RUNNER_REMOTE:
             plan.append(Failure(index, kind, delay, rng.choice(RUNNER_RESTARTS)))
+        elif kind is FailureKind.BROKER_LONG:
+            outage = round(rng.uniform(1.25, 1.75) * bounds.delivery_timeout_s, 1)
+            plan.append(Failure(index, kind, delay, outage_s=outage))
+        elif kind is FailureKind.STORE_LONG:
+            plan.append(Failure(index, kind, delay, outage_s=round(rng.uniform(1.1, 1.4) * bounds.store_bound_s, 1)))
+        elif kind is FailureKind.WORKER_FROZEN:
+            frozen = round(bounds.heartbeat_timeout_s + rng.uniform(5.0, 15.0), 1)
+            plan.append(Failure(index, kind, delay, outage_s=frozen))
+        elif kind is FailureKind.STUCK_SEND:
+            task = rng.choice(list(pools["stuck_send"]))
+            plan.append(Failure(index, kind, delay, task=task, notice_s=bounds.stuck_notice_s()))
         else:
             plan.append(Failure(index, kind, delay))
     return plan
@@ -273,6 +376,7 @@ class FailureOutcome:
     failure: Failure
     at_s: float  # seconds into the drill when it was injected
     restored_from: list[int | None] = field(default_factory=list)  # per restore it caused (None: the beginning)
+    causes: list[str | None] = field(default_factory=list)  # per restore it caused: why, as the store records it
     damaged: int | None = None  # the checkpoint the drill damaged
     kept_from: int | None = None  # retention: the checkpoint whose records the drill kept (older ones' deleted)
     recovered_s: float | None = None  # injection -> the next checkpoint completed
@@ -289,6 +393,15 @@ class FailureOutcome:
         """Add ``text`` to what the note says already."""
         self.note = "; ".join(filter(None, [self.note, text]))
 
+    def restores(self, start: str = "start", prefix: str = "") -> list[str]:
+        """Each restore the failure caused: the checkpoint it picked (``start``
+        for the beginning, others after ``prefix``) and why, when the store says."""
+        causes = self.causes + [None] * (len(self.restored_from) - len(self.causes))
+        return [
+            (start if c is None else f"{prefix}{c}") + (f" ({cause})" if cause else "")
+            for c, cause in zip(self.restored_from, causes)
+        ]
+
 
 def must_restore(kind: FailureKind) -> bool | None:
     """Whether a failure of ``kind`` must restore (True), must not (False), or may (None)."""
@@ -297,9 +410,13 @@ def must_restore(kind: FailureKind) -> bool | None:
 
 def side_wait_s(failure: Failure) -> float:
     """How long ``failure`` waits outside its recovery (``SIDE_WAITS_S``):
-    none for a runner started again at once, a node's outage counted."""
+    none for a runner started again at once, a node's outage counted; a
+    liveness kind's outage, freeze or time to notice (far longer than the
+    recoveries the budget's estimate comes from)."""
     if failure.kind is FailureKind.RUNNER_REMOTE and failure.moment != RUNNER_RESTARTS[0]:
         return 0.0
+    if failure.kind in LIVENESS_KINDS:
+        return failure.outage_s + failure.notice_s
     return SIDE_WAITS_S.get(failure.kind, 0.0) + (failure.outage_s if failure.kind in _NODES else 0.0)
 
 

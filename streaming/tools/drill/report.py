@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import cast
 
-from streaming.tools.drill.plan import FailureOutcome, percentile
+from streaming.tools.drill.plan import LIVENESS_KINDS, FailureOutcome, percentile
 from streaming.tools.views import as_text, titled_table
 
 __all__ = [
@@ -51,9 +51,7 @@ RECOVERY_COLUMNS = (
 
 
 def _restored(outcome) -> str:
-    if not outcome.restored_from:
-        return "-"
-    return ", then ".join("start" if c is None else str(c) for c in outcome.restored_from)
+    return ", then ".join(outcome.restores()) or "-"
 
 
 def failure_rows(report) -> list[tuple]:
@@ -182,7 +180,8 @@ def render(run) -> str:
         )
     )
     stopped = "".join(f"\n{line}" for line in _stopped(run))
-    return as_text(*parts) + f"\n{stopped}\n\n{verdict(run)}"
+    bounds = "".join(f"\n{line}" for p in run.phases[:1] for line in _bounds_lines(p) if line)
+    return as_text(*parts) + f"\n{stopped}{bounds}\n\n{verdict(run)}"
 
 
 def _md_table(columns, rows) -> str:
@@ -229,13 +228,14 @@ def markdown(run) -> str:
             "",
             f"{p.mode} checkpoints, seed {p.seed}, {p.seconds:.0f} s, {p.produced} input records "
             f"({p.malformed} malformed on purpose), {p.checkpoints} checkpoints completed.",
+            *_bounds_lines(p),
             "",
             f"**{_phase_verdict(p)}**",
             "",
             "### Failures",
             "",
             "*at s*: seconds into the phase; *restored from*: the checkpoint each restore it caused picked "
-            "(start: the beginning); *restore s*: from the failure to the first of those restores starting; "
+            "(start: the beginning) and why (the cause the store records); *restore s*: from the failure to the first of those restores starting; "
             "*recovered s*: from the failure to the next completed checkpoint; "
             "*replayed*: input records processed again.",
             "",
@@ -253,6 +253,13 @@ def markdown(run) -> str:
         if p.problems:
             lines += ["", "### Problems", ""] + [f"- {problem}" for problem in p.problems]
     return "\n".join(lines) + "\n"
+
+
+def _bounds_lines(report) -> list[str]:
+    """What the liveness kinds outlast, when the phase drilled one or ran with a shortened delivery timeout."""
+    if not report.bounds.shortened and not any(f.kind in LIVENESS_KINDS for f in report.plan):
+        return []
+    return ["", f"The job's bounds: {report.bounds.describe()}."]
 
 
 def chart(run, path: Path) -> Path | None:
@@ -303,6 +310,7 @@ def _phase_json(report) -> dict:
         "checkpoints": report.checkpoints,
         "stopped": report.stopped,
         "problems": report.problems,
+        "bounds": asdict(report.bounds),
         "failures": [
             {**asdict(o), "failure": {**asdict(o.failure), "kind": o.failure.kind.value}} for o in report.outcomes
         ],

@@ -29,11 +29,13 @@ from streaming.tools.drill.plan import (
     CLUSTER_ONLY,
     DAMAGES,
     KINDS,
+    LIVENESS_KINDS,
     ORPHAN_BOUND_S,
     DrillBudget,
     Failure,
     FailureKind,
     FailureOutcome,
+    LivenessBounds,
     check_kinds,
     cluster_targets,
     fault_pools,
@@ -99,6 +101,7 @@ class DrillReport:
     problems: list[str]  # what went wrong outside the expectations (a failure not recovered, an orphan)
     report_dir: Path | None = None
     stopped: str = ""  # why failures stopped before the plan's end (the duration), or the drill itself did
+    bounds: LivenessBounds = dataclasses.field(default_factory=LivenessBounds)  # what the liveness kinds outlast
 
     @property
     def passed(self) -> bool:
@@ -173,12 +176,13 @@ class Drill:
         self.job = f"drill-{seed}-{uuid.uuid4().hex[:6]}"
         self.pipeline = load_pipeline(pipeline, self.job)
         _check_kinds(kinds, runtime, store_uri, cluster)
+        self.bounds = LivenessBounds.of(settings.delivery_timeout_s)
         pools = fault_pools(self.pipeline, self.mode)
         if cluster:
             services = runtime.services
             spark_workers = [spec.name for spec in services.spark_specs()[1:]]  # the master first
             pools |= cluster_targets(self.pipeline, services.kafka_names(), spark_workers, workers)
-        self.plan = plan_failures(failures, seed, kinds, pools, interval_s)
+        self.plan = plan_failures(failures, seed, kinds, pools, interval_s, self.bounds)
         self.problems: list[str] = []  # what went wrong outside the expectations
         self.drilled = DrilledJob(
             connection,
@@ -259,7 +263,8 @@ class Drill:
         one was not recovered within the limit (the drill stops)."""
         recoveries: list[float] = []
         for failure in self.plan:
-            start = time.monotonic() + failure.delay_s + side_wait_s(failure)  # a cluster kind's own waits
+            # a cluster kind's own waits, a liveness kind's outage or time to notice
+            start = time.monotonic() + failure.delay_s + side_wait_s(failure)
             if not self.budget.fits(start, self.failures_end, recoveries):
                 self.stopped = f"the duration allowed {len(self.outcomes)} of the {len(self.plan)} failures planned"
                 if len(self.plan) >= _UNBOUNDED:
@@ -292,6 +297,8 @@ class Drill:
             f"drill {self.job}: {count} from seed {self.seed} on {self.pipeline_ref} "
             f"({self.mode} checkpoints every {self.interval_s:g} s, {self.rate:g} records/s); report in {self.report_dir}"
         )
+        if self.bounds.shortened or any(f.kind in LIVENESS_KINDS for f in self.plan):
+            self._log(f"the job's bounds: {self.bounds.describe()}")
 
     def _start(self) -> None:
         self.drilled.start_runner()
@@ -353,6 +360,7 @@ class Drill:
             self.problems,
             self.report_dir,
             self.stopped,
+            self.bounds,
         )
 
 
@@ -369,29 +377,31 @@ def check_workers(workers: str | None, cluster: bool) -> str:
     return workers
 
 
+# the kinds that stop a service of the local runtime
+_OUTAGES = (FailureKind.BROKER, FailureKind.STORE, FailureKind.BROKER_LONG, FailureKind.STORE_LONG)
+
+
 def _check_kinds(kinds: Sequence[FailureKind], runtime, store_uri: str, cluster: bool = False) -> None:
     """Refuse failure kinds the deployment cannot have: outages need the local runtime, a store outage an s3:// store,
     the cluster's kinds the local cluster (``check_kinds``)."""
     check_kinds(kinds, cluster)
     if cluster and (runtime is None or not runtime.settings.is_cluster):
         raise ConfigError("a drill with --cluster runs on the local cluster (spark-abs local up --cluster)")
-    needs_runtime = {FailureKind.BROKER, FailureKind.STORE} & set(kinds)
+    needs_runtime = set(_OUTAGES) & set(kinds)
     if needs_runtime and runtime is None:
         raise ConfigError(
             f"failure kinds {', '.join(sorted(needs_runtime))} stop services of the local runtime; "
             "this drill runs on another deployment (SPARK_ABS_* set): leave them out with --kinds"
         )
-    if FailureKind.STORE in kinds and not store_uri.startswith("s3://"):
-        raise ConfigError(f"failure kind store stops the S3 server; the store {store_uri} is not on it")
+    stores = [k for k in (FailureKind.STORE, FailureKind.STORE_LONG) if k in kinds]
+    if stores and not store_uri.startswith("s3://"):
+        raise ConfigError(f"failure kind {stores[0]} stops the S3 server; the store {store_uri} is not on it")
 
 
 def _outcome_line(outcome: FailureOutcome) -> str:
     parts = []
     if outcome.restored_from:
-        parts.append(
-            "restored from "
-            + ", then ".join("the beginning" if c is None else f"checkpoint {c}" for c in outcome.restored_from)
-        )
+        parts.append("restored from " + ", then ".join(outcome.restores("the beginning", "checkpoint ")))
     if outcome.recovered_s is not None:
         parts.append(f"a checkpoint completed {outcome.recovered_s:.1f} s after the failure")
     else:
@@ -448,6 +458,7 @@ def run_drill(
     if failures is not None and failures < 0:
         raise ConfigError(f"failures must be 0 or more, got {failures}")
     budget = DrillBudget(duration_s, recovery_limit_s=settings.recovery_limit_s)
+    LivenessBounds.of(settings.delivery_timeout_s)  # a delivery timeout refused before the runtime starts
     modes = _modes(settings.mode)
     if kinds is None:
         kinds = CLUSTER_KINDS if cluster else KINDS

@@ -26,8 +26,8 @@ class DrillSettings:
     pipeline: str = "money"
     # its workload: a DrillWorkload or ``module:function``; None: its module's (``workload_for``)
     workload: DrillWorkload | str | None = None
-    # failures to inject (None: as many as the duration allows)
-    failures: int | None = 10
+    # failures to inject (None: as many as the duration allows); two of each of the six kinds drilled by default
+    failures: int | None = 12
     # how long the drill goes on (None: until the failures are done)
     duration_s: float | None = None
     # what the plan of failures is drawn from
@@ -44,8 +44,12 @@ class DrillSettings:
     store_uri: str | None = None
     # where the report goes (None: $SPARK_ABS_HOME/drills/<time>)
     report_dir: Path | None = None
-    # a failure not recovered within this many seconds fails the drill
+    # a failure not recovered within this many seconds fails the drill (counted once a long outage or a
+    # freeze ended, or a stuck send had the time its job takes to notice it)
     recovery_limit_s: float = 180.0
+    # the job's delivery timeout (``spark-abs run --delivery-timeout``; None: a job's default, 120 s): a
+    # broker-long outage lasts 1.25 to 1.75 times it, so a shorter one keeps such a drill short
+    delivery_timeout_s: float | None = None
     # full or incremental snapshots
     state_snapshots: StateSnapshots | str = StateSnapshots.FULL
     # on the local cluster: the job's worker groups remote, made as ``workers`` says

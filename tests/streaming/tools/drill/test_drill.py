@@ -17,20 +17,31 @@ from streaming.errors import ConfigError
 from streaming.tools.drill import checks as drill_checks
 from streaming.tools.drill import report as drill_report
 from streaming.tools.drill import run as drill
-from streaming.tools.drill.plan import parse_duration, percentile
+from streaming.tools.drill.plan import (
+    LIVENESS_KINDS,
+    NAMED_ONLY,
+    Failure,
+    LivenessBounds,
+    must_restore,
+    parse_duration,
+    percentile,
+    side_wait_s,
+)
 from streaming.tools.drill.run import DrillBudget, DrillRun, FailureKind, FailureOutcome
+from streaming.tools.drill.settings import DrillSettings
 
 
 def _pools(mode: Mode = Mode.ALIGNED):
     return drill.fault_pools(money.pipeline("plan"), mode)
 
 
-def test_ten_failures_give_every_kind_twice_and_a_seed_draws_the_same_plan_again():
-    plan = drill.plan_failures(10, 7, drill.KINDS, _pools(), 1.0)
+def test_twelve_failures_give_every_kind_twice_and_a_seed_draws_the_same_plan_again():
+    assert DrillSettings().failures == 12 == 2 * len(drill.KINDS)
+    plan = drill.plan_failures(12, 7, drill.KINDS, _pools(), 1.0)
     assert collections.Counter(f.kind for f in plan) == {kind: 2 for kind in drill.KINDS}
     assert FailureKind.RETENTION not in drill.KINDS  # it deletes records: drilled when named
-    assert plan == drill.plan_failures(10, 7, drill.KINDS, _pools(), 1.0)
-    assert plan != drill.plan_failures(10, 8, drill.KINDS, _pools(), 1.0)
+    assert plan == drill.plan_failures(12, 7, drill.KINDS, _pools(), 1.0)
+    assert plan != drill.plan_failures(12, 8, drill.KINDS, _pools(), 1.0)
     assert all(0.2 <= f.delay_s <= 2.0 for f in plan)
     outages = [f for f in plan if f.kind in (FailureKind.BROKER, FailureKind.STORE)]
     assert all(3.0 <= f.outage_s <= 8.0 for f in outages)
@@ -56,6 +67,63 @@ def test_worker_failures_start_with_a_plain_kill_then_walk_the_fault_points_wher
     # no alignment in unaligned checkpoints, so that fault point is not drawn
     unaligned = drill.plan_failures(12, 3, [FailureKind.WORKER], _pools(Mode.UNALIGNED), 1.0)
     assert "during_alignment" not in {f.moment for f in unaligned}
+
+
+def test_the_liveness_kinds_outlast_the_jobs_bounds_and_only_a_frozen_worker_is_drilled_by_default():
+    """A long broker outage outlasts the delivery timeout the drill runs the
+    job with, a long store outage the store's retries, a freeze the
+    heartbeat timeout; a stuck send strikes any task and has the failed
+    checkpoints the job tolerates, each at the checkpoint timeout, and a
+    heartbeat timeout to be noticed.  Those that take minutes are drilled
+    when named."""
+    assert FailureKind.WORKER_FROZEN in drill.KINDS
+    assert set(NAMED_ONLY) == {
+        FailureKind.RETENTION,
+        FailureKind.BROKER_LONG,
+        FailureKind.STORE_LONG,
+        FailureKind.STUCK_SEND,
+    }
+    bounds = LivenessBounds.of(20.0)
+    assert bounds.shortened and not LivenessBounds().shortened and LivenessBounds().delivery_timeout_s == 120.0
+    assert "delivery timeout 20 s (shortened by the drill, --delivery-timeout" in bounds.describe()
+    assert bounds.stuck_notice_s() == 4 * 60.0  # 3 failed checkpoints tolerated, a restore at the 4th
+    with pytest.raises(ConfigError, match="delivery timeout must be positive"):
+        LivenessBounds.of(0.0)
+    plan = drill.plan_failures(8, 4, LIVENESS_KINDS, _pools(), 1.0, bounds)
+    assert collections.Counter(f.kind for f in plan) == {kind: 2 for kind in LIVENESS_KINDS}
+    every = {t.name for t in money.pipeline("plan").tasks()}
+    for failure in plan:
+        if failure.kind is FailureKind.BROKER_LONG:
+            assert 25.0 <= failure.outage_s <= 35.0
+        elif failure.kind is FailureKind.STORE_LONG:
+            assert 132.0 <= failure.outage_s <= 168.0
+        elif failure.kind is FailureKind.WORKER_FROZEN:
+            assert 20.0 <= failure.outage_s <= 30.0
+        else:
+            assert failure.task in every and failure.notice_s == 240.0 and failure.outage_s == 0.0
+        assert must_restore(failure.kind) is (None if failure.kind is FailureKind.STORE_LONG else True)
+        # the budget counts what comes before the recovery: the outage, the freeze, the time to notice
+        assert side_wait_s(failure) == failure.outage_s + failure.notice_s > 0
+    # a job's own delivery timeout: minutes of broker outage
+    (long,) = drill.plan_failures(1, 4, [FailureKind.BROKER_LONG], _pools(), 1.0)
+    assert 150.0 <= long.outage_s <= 210.0
+    assert long.describe() == f"Kafka broker down for {long.outage_s:.0f} s, past the delivery timeout"
+    stuck = Failure(0, FailureKind.STUCK_SEND, 1.0, task="accounts-1", notice_s=255.0)
+    assert stuck.describe() == "accounts-1 stuck for good in a send (stuck_send)"
+
+
+def test_a_restore_is_named_with_its_cause():
+    (failure,) = drill.plan_failures(1, 1, [FailureKind.WORKER_FROZEN], _pools(), 1.0)
+    outcome = FailureOutcome(failure, 3.0, [7, None], causes=["worker_stuck", None], recovered_s=30.0)
+    assert outcome.restores() == ["7 (worker_stuck)", "start"]
+    assert drill_report.failure_rows(_one_phase_run(failure, outcome))[0][4] == "7 (worker_stuck), then start"
+    assert FailureOutcome(failure, 3.0, [5]).restores("the beginning", "checkpoint ") == ["checkpoint 5"]
+
+
+def _one_phase_run(failure, outcome):
+    return drill.DrillReport(
+        "drill-1-x", 1, Mode.ALIGNED, "m:p", [failure], [outcome], [], {}, 10, 0, 3, 40.0, [], None
+    )
 
 
 def test_a_plan_needs_kinds_and_a_count_of_zero_or_more():
@@ -241,7 +309,7 @@ def test_failures_are_shared_between_modes_and_every_first_round_holds_every_kin
     assert drill.split_failures(None, 2)[0] > 10_000  # bounded by the duration alone
     plan = drill.plan_failures(100, 5, drill.KINDS, _pools(), 1.0)
     rounds = len(drill.KINDS)
-    for start in range(0, 100, rounds):
+    for start in range(0, 100 - rounds + 1, rounds):  # every whole round
         assert {f.kind for f in plan[start : start + rounds]} == set(drill.KINDS)
 
 

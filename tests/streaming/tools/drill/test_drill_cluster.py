@@ -50,7 +50,7 @@ def _pools():
 
 
 def test_the_cluster_draws_its_own_kinds_and_the_local_runtime_keeps_its_own():
-    assert tuple(FailureKind(k) for k in ("worker", "runner", "broker", "store", "damage")) == KINDS
+    assert tuple(FailureKind(k) for k in ("worker", "runner", "broker", "store", "damage", "worker-frozen")) == KINDS
     assert set(CLUSTER_KINDS) == {*CLUSTER_ONLY, FailureKind.WORKER, FailureKind.STORE, FailureKind.DAMAGE}
     check_kinds(KINDS, cluster=False)
     check_kinds(CLUSTER_KINDS, cluster=True)
@@ -59,6 +59,8 @@ def test_the_cluster_draws_its_own_kinds_and_the_local_runtime_keeps_its_own():
         check_kinds([FailureKind.WORKER, FailureKind.GROUP, FailureKind.RUNNER_REMOTE], cluster=False)
     with pytest.raises(ConfigError, match="runner, broker are the local runtime's; on the cluster use runner-remote, "):
         check_kinds([FailureKind.RUNNER, FailureKind.BROKER], cluster=True)
+    with pytest.raises(ConfigError, match="worker-frozen, stuck-send are drilled on the local runtime only"):
+        check_kinds([FailureKind.WORKER_FROZEN, FailureKind.STUCK_SEND], cluster=True)
     # refused before any runtime starts
     with pytest.raises(ConfigError, match="drill with --cluster"):
         drill.run_drill(DrillSettings(kinds=["spark-worker"]))
