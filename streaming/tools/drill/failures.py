@@ -286,12 +286,15 @@ class FailureInjector:
         limit_s = self.recover_timeout_s + outcome.failure.notice_s
         if self.wait(recovered, limit_s):
             outcome.recovered_s = round(time.monotonic() - t0, 2)
-        else:
-            self.problems.append(
-                f"failure {outcome.failure.index + 1} ({outcome.failure.describe()}): no checkpoint completed "
-                f"within {limit_s:.0f} s"
-            )
         since = [r for r in self.job.restores() if r.generation > generation_before]
+        if outcome.recovered_s is None:
+            what = f"failure {outcome.failure.index + 1} ({outcome.failure.describe()})"
+            went_on = restores and not since and max(self.job.completed() or [0]) > newest_before
+            self.problems.append(
+                f"{what}: checkpoints completed, but the job did not restore within {limit_s:.0f} s, and it must"
+                if went_on
+                else f"{what}: no checkpoint completed within {limit_s:.0f} s"
+            )
         outcome.restored_from = [r.from_checkpoint for r in since]
         outcome.causes = [r.cause for r in since]
         if since:

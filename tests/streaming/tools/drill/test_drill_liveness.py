@@ -159,3 +159,31 @@ def test_long_outages_need_the_local_runtime_and_a_long_store_outage_an_s3_store
     # every task can be stuck in a send: each flushes what it sent before its snapshot
     pipeline = money.pipeline("plan")
     assert drill.fault_pools(pipeline, Mode.UNALIGNED)["stuck_send"] == [t.name for t in pipeline.tasks()]
+
+
+def test_a_kind_that_must_restore_and_did_not_is_named_so_when_checkpoints_went_on(worker):
+    """The engine before liveness: a frozen worker is continued and the job
+    goes on in its generation; the drill says it did not restore."""
+    completed = [4]
+    job = types.SimpleNamespace(
+        worker_pids=lambda: [worker.pid],
+        completed=lambda: list(completed),
+        generation=lambda: 0,
+        generation_of=lambda checkpoint_id: 0,
+        restores=lambda: [],
+    )
+
+    def wait(condition, timeout_s):
+        completed.append(completed[-1] + 1)  # the job goes on, in generation 0
+        return _poll(condition, min(timeout_s, 0.3))
+
+    problems: list[str] = []
+    outcome = _injector(job, problems, wait=wait).inject(
+        Failure(0, FailureKind.WORKER_FROZEN, 1.0, outage_s=20.4), random.Random(1)
+    )
+    assert not outcome.recovered and outcome.restored_from == []
+    assert outcome.note == f"worker {worker.pid} still there after 20 s frozen: continued"
+    assert problems == [
+        "failure 1 (worker frozen (SIGSTOP) for up to 20 s, past the heartbeat timeout): checkpoints completed, but "
+        "the job did not restore within 1 s, and it must"
+    ]
