@@ -93,7 +93,7 @@ class FailureInjector:
                 self._damage(outcome, rng)
             self.job.start_runner()
         elif kind is FailureKind.WORKER_FROZEN:
-            self._freeze(outcome, rng)
+            struck = self._freeze(outcome, rng)
         elif kind is FailureKind.STUCK_SEND:
             self._stuck_send(outcome, generation)
         else:
@@ -230,15 +230,16 @@ class FailureInjector:
         time.sleep(failure.outage_s)
         self.runtime.up()
 
-    def _freeze(self, outcome: FailureOutcome, rng: random.Random) -> None:
+    def _freeze(self, outcome: FailureOutcome, rng: random.Random) -> bool:
         """SIGSTOP a worker's process (its Spark JVM runs on) for up to
         ``outage_s``, past the heartbeat timeout: the runner must find its
         tasks silent and SIGKILL it.  A worker still there then is continued
-        (SIGCONT), and the drill goes on to see whether the job restores."""
+        (SIGCONT), and the drill goes on to see whether the job restores.
+        False when there was no worker to freeze."""
         pids = self.job.worker_pids()
         if not pids:
             outcome.add_note("no worker process to freeze")
-            return
+            return False
         pid = rng.choice(pids)
         os.kill(pid, signal.SIGSTOP)
         frozen = time.monotonic()
@@ -251,6 +252,7 @@ class FailureInjector:
             outcome.add_note(f"worker {pid} frozen, gone {time.monotonic() - frozen:.1f} s later")
         else:
             outcome.add_note(f"worker {pid} still there after {outcome.failure.outage_s:.0f} s frozen: continued")
+        return True
 
     def _stuck_send(self, outcome: FailureOutcome, generation: int) -> None:
         """Arm ``stuck_send`` in the running worker for the task's next

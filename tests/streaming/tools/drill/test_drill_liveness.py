@@ -83,7 +83,7 @@ def test_a_frozen_worker_the_runner_kills_is_gone_and_one_it_does_not_is_continu
     assert outcome.note.startswith(f"worker {worker.pid} frozen, gone ")
 
     outcome = FailureOutcome(frozen, 0.0)
-    _injector(types.SimpleNamespace(worker_pids=lambda: []), [])._freeze(outcome, random.Random(1))
+    assert not _injector(types.SimpleNamespace(worker_pids=lambda: []), [])._freeze(outcome, random.Random(1))
     assert outcome.note == "no worker process to freeze"
 
 
