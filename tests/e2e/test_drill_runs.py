@@ -4,7 +4,7 @@ job's delivery timeout, against a real ``spark-abs run`` process of an
 example pipeline (orders, its workload and reference from its module's
 ``drill_workload()``), each recovered, the killed runner's workers and JVMs
 gone within the bound, the damaged checkpoint skipped, a frozen worker
-SIGKILLed by its runner and restored, the job restored by itself after the
+SIGKILLed by its runner and restored, the job recovered by itself after the
 long outage, and the output equal to the example's Spark SQL reference for
 every window, each once (read as a consumer that skips the epochs the Kafka
 sink marked superseded when the damage fallback went back past them); then
@@ -122,17 +122,19 @@ def test_a_drill_of_an_example_with_a_failure_of_every_kind_recovers_and_writes_
     assert "delivery timeout 30 s (shortened by the drill" in (report_dir / "report.md").read_text()
 
 
-def test_a_broker_outage_past_the_delivery_timeout_is_restored_by_the_job_itself_and_the_output_is_exact(
+def test_a_broker_outage_past_the_delivery_timeout_is_recovered_by_the_job_itself_and_the_output_is_exact(
     orders_drill,
 ):
     """Kafka away longer than the producers' delivery timeout, mid-stream:
-    the worker's sends give up, it exits, and the runner, which went on
-    supervising, restores once Kafka is back; a checkpoint of the restored
-    generation completes, and the output is exact."""
+    the runner goes on supervising; a worker's send pending through the
+    outage gives up at the delivery timeout, the worker exits and the job
+    restores once Kafka is back (a worker with none pending goes on); a
+    checkpoint completes again, and the output is exact: nothing a failed
+    send carried was counted."""
     run, _, lines = orders_drill
     long = _outcomes(run)[FailureKind.BROKER_LONG]
     assert long.failure.outage_s > DELIVERY_TIMEOUT_S
-    assert long.recovered and long.restored_from, (long, "\n".join(lines[-40:]))
+    assert long.recovered, (long, "\n".join(lines[-40:]))
     assert long.recovered_s is not None and long.recovered_s > long.failure.outage_s
     _exact(run, lines)
 

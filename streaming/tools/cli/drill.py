@@ -45,8 +45,9 @@ and any first ones are balanced:
 - ``broker-long`` (when named): the Kafka broker stopped for 1.25 to 1.75
   times the job's delivery timeout (a job's default is 120 s: minutes;
   ``--delivery-timeout`` runs the job with a shorter one, which the report
-  names): sends fail, checkpoints fail, and the job must restore by itself
-  once Kafka is back;
+  names): the job must recover by itself once Kafka is back (a worker
+  with a send pending through the outage exits when it fails, and the job
+  restores; one with none goes on);
 - ``store-long`` (when named): the S3 server stopped for 1.1 to 1.4 times
   the store's retries (120 s): the job must recover by itself once it is
   back, restored or not;
@@ -81,8 +82,8 @@ on the local runtime (a worker is a remote group's member; the runner a
 
 Each failure waits for recovery (a checkpoint completes after it; for a kind
 that must restore, in a later generation), which the report times, with
-each restore's cause; ``--seed`` makes the plan (kinds, order, moments, fault points,
-damage) the same again.
+each restore's cause; ``--seed`` makes the plan (kinds, order, moments,
+fault points, damage) the same again.
 
 At scale: ``--failures N`` and/or ``--duration 45m`` (``DrillBudget``: no
 failure starts that would not end, at the 90th percentile of the recoveries

@@ -95,14 +95,14 @@ KINDS = tuple(k for k in FailureKind if k not in NAMED_ONLY and k not in CLUSTER
 # the cluster's default (--cluster): its own kinds, then those of the local runtime that mean the same there
 CLUSTER_KINDS = (*CLUSTER_ONLY, *(k for k in KINDS if k not in LOCAL_ONLY))
 # whether a kind must restore (True) or must not (False); the others may or may not (a store outage that
-# outlasts an upload can end in one)
+# outlasts an upload can end in one; a broker outage past the delivery timeout ends in one when a worker had a
+# send pending through it, which then failed: a worker with none goes on)
 _RESTORES = {
     FailureKind.BROKER_NODE: False,  # two in-sync replicas go on
     FailureKind.SPARK_WORKER: False,  # the master starts executors on the other worker, Spark retries the tasks
     FailureKind.GROUP: True,
     FailureKind.GROUP_STANDBY: True,
     FailureKind.RUNNER_REMOTE: True,
-    FailureKind.BROKER_LONG: True,  # a send outlasts the delivery timeout, checkpoints fail: the job restores
     FailureKind.WORKER_FROZEN: True,  # the runner SIGKILLs a worker whose tasks are silent (worker_stuck)
     FailureKind.STUCK_SEND: True,  # checkpoints fail until the runner restores (checkpoints_failing)
 }

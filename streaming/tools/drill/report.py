@@ -235,7 +235,8 @@ def markdown(run) -> str:
             "### Failures",
             "",
             "*at s*: seconds into the phase; *restored from*: the checkpoint each restore it caused picked "
-            "(start: the beginning) and why (the cause the store records); *restore s*: from the failure to the first of those restores starting; "
+            "(start: the beginning) and why (the cause the store records); *restore s*: from the failure to "
+            "the first of those restores starting; "
             "*recovered s*: from the failure to the next completed checkpoint; "
             "*replayed*: input records processed again.",
             "",
