@@ -157,6 +157,11 @@ class RescaleError(ConfigError):
     stage's state says nothing of how it divides, or follows partitions)."""
 
 
+class LeaseRefused(ConfigError):
+    """A remote worker was offered a lease for another job or pipeline than
+    the one its operator named on its command line: it runs nothing."""
+
+
 class PipelineChangeError(ConfigError):
     """A checkpoint cannot be restored into the pipeline as its code now
     declares it (a stage removed, a state schema changed, an edge whose

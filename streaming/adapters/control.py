@@ -21,10 +21,17 @@ encoded and decoded here and nowhere else:
 - ``heartbeat``: a remote worker (``spark-abs worker``) is alive.
 
 Every event but the heartbeat carries the generation it belongs to
-(``belongs_to``); readers ignore other generations."""
+(``belongs_to``); readers ignore other generations.
+
+Every event is signed with the job's key (``streaming.api.job_key``): an
+HMAC over the topic and the event's bytes, in the record's ``abs.sig``
+header.  A reader acts on no event it cannot verify: unsigned, wrongly
+signed and malformed records are skipped, logged with their offset and
+reason, and counted (``ControlTopic.rejected``, and a metric by the engine)."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import enum
 import json
@@ -42,6 +49,7 @@ from streaming.adapters.kafka_admin import RECONNECT, create_topic
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, patiently, producer
 from streaming.adapters.records import Headers
 from streaming.adapters.snapshots.format import TaskCheckpointMetrics, TaskSnapshot
+from streaming.api.job_key import JobKey
 from streaming.errors import ConfigError, KafkaUnavailableError, parse_choice
 
 __all__ = [
@@ -63,9 +71,15 @@ __all__ = [
     "control_topic_name",
     "send_event",
     "announced_barrier",
+    "SIGNATURE_HEADER",
+    "verified_event",
+    "RejectedEvent",
 ]
 
 log = logging.getLogger(__name__)
+
+# the header that carries an event's signature
+SIGNATURE_HEADER = "abs.sig"
 
 
 def control_topic_name(job: str) -> str:
@@ -446,34 +460,78 @@ def send_event(
     producer: KafkaProducer,
     topic: str,
     event: ControlEvent,
+    key: JobKey,
     timeout_s: float = DELIVERY_BOUND_S,
     what: str | None = None,
 ) -> int:
-    """Send ``event`` to the control topic ``topic`` on ``producer`` and wait
-    until Kafka has it: while the broker is unreachable, up to ``timeout_s``,
-    saying so (``kafka_io.patiently``); then a ``KafkaUnavailableError``
-    naming ``what`` (by default the event's kind and checkpoint).  Returns
-    its offset."""
+    """Send ``event``, signed with ``key``, to the control topic ``topic``
+    on ``producer`` and wait until Kafka has it: while the broker is
+    unreachable, up to ``timeout_s``, saying so (``kafka_io.patiently``);
+    then a ``KafkaUnavailableError`` naming ``what`` (by default the event's
+    kind and checkpoint).  Returns its offset."""
     checkpoint_id = getattr(event, "checkpoint_id", None)
     what = what or (
         f"{event.kind.value} of checkpoint {checkpoint_id}" if checkpoint_id else f"a {event.kind.value} event"
     )
+    value = event.encode()
+    signature = key.sign(topic.encode(), value).encode()
     try:
-        future = producer.send(topic, value=event.encode(), partition=0)
+        future = producer.send(topic, value=value, headers=[(SIGNATURE_HEADER, signature)], partition=0)
     except KafkaError as exc:
         raise KafkaUnavailableError(f"publishing {what} failed: {exc}") from exc
     return patiently(future.get, what, timeout_s).offset
 
 
+class RejectedEvent(ValueError):
+    """A record of the control topic that no reader may act on: ``kind`` is
+    ``unsigned``, ``signature`` (wrongly signed) or ``malformed``."""
+
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind = kind
+
+
+def verified_event(
+    topic: str, key: JobKey, value: bytes | None, headers: Headers | None, offset: int = -1
+) -> ControlEvent:
+    """The event a record of the control topic ``topic`` carries, once its
+    signature is verified with ``key``; a ``RejectedEvent`` with the reason
+    for anything else."""
+    signatures = [v for n, v in headers or () if n == SIGNATURE_HEADER]
+    if not signatures:
+        raise RejectedEvent("unsigned", f"unsigned (no {SIGNATURE_HEADER} header): not written by job {key.job}")
+    if len(signatures) > 1 or not key.verify(signatures[0], topic.encode(), value or b""):
+        raise RejectedEvent("signature", f"the signature does not match job {key.job}'s key")
+    try:
+        return ControlEvent.decode(value or b"", offset)
+    except ValueError as exc:  # signed, but not an event this version reads
+        raise RejectedEvent("malformed", str(exc)) from exc
+
+
 class ControlTopic:
     """The job's control topic: one partition, so every reader sees events in
     one order.  ``publish`` is synchronous (returns the event's offset);
-    ``poll`` returns the events after the last one read, skipping (and
-    logging, and counting) messages that are not control events."""
+    ``poll`` returns the events after the last one read that verify with
+    the job's key, skipping (and logging, and counting in ``rejected``, by
+    reason, and through ``on_rejected``) the others."""
 
-    def __init__(self, bootstrap: str, job: str, *, start_at: int = 0, delivery_timeout_s: float = DELIVERY_BOUND_S):
+    def __init__(
+        self,
+        bootstrap: str,
+        job: str,
+        key: JobKey,
+        *,
+        start_at: int = 0,
+        delivery_timeout_s: float = DELIVERY_BOUND_S,
+        on_rejected: Callable[[str], None] | None = None,
+    ):
+        if key.job != job:
+            raise ConfigError(f"the control topic of job {job} needs that job's key, not job {key.job}'s")
         self.topic = control_topic_name(job)
+        self.key = key
         self.delivery_timeout_s = delivery_timeout_s
+        self.rejected: collections.Counter[str] = collections.Counter()
+        self._on_rejected = on_rejected
         create_topic(bootstrap, self.topic, 1)
         self._producer = producer(bootstrap, delivery_timeout_s=delivery_timeout_s)
         try:
@@ -486,7 +544,6 @@ class ControlTopic:
         self._tp = TopicPartition(self.topic, 0)
         self._consumer.assign([self._tp])
         self._consumer.seek(self._tp, start_at)
-        self.malformed = 0
 
     def seek_to_end(self) -> int:
         """Skip everything published so far; returns the position."""
@@ -501,7 +558,7 @@ class ControlTopic:
         """Send ``event`` and wait until Kafka has it (``send_event``), at most
         ``timeout_s`` (default: the delivery timeout)."""
         return send_event(
-            self._producer, self.topic, event, self.delivery_timeout_s if timeout_s is None else timeout_s
+            self._producer, self.topic, event, self.key, self.delivery_timeout_s if timeout_s is None else timeout_s
         )
 
     def poll(self, timeout_s: float = 0.0) -> list[ControlEvent]:
@@ -509,11 +566,16 @@ class ControlTopic:
         for records in self._consumer.poll(timeout_ms=int(timeout_s * 1000)).values():
             for record in records:
                 try:
-                    events.append(ControlEvent.decode(record.value, record.offset))
-                except ValueError as reason:
-                    self.malformed += 1
-                    log.warning("control topic %s offset %d: ignored: %s", self.topic, record.offset, reason)
+                    events.append(verified_event(self.topic, self.key, record.value, record.headers, record.offset))
+                except RejectedEvent as rejected:
+                    self._reject(record.offset, rejected)
         return events
+
+    def _reject(self, offset: int, rejected: RejectedEvent) -> None:
+        self.rejected[rejected.kind] += 1
+        if self._on_rejected is not None:
+            self._on_rejected(rejected.kind)
+        log.warning("control topic %s offset %d: rejected: %s", self.topic, offset, rejected)
 
     def wait_for(self, predicate: Callable[[ControlEvent], bool], timeout_s: float) -> list[ControlEvent]:
         """Poll until an event satisfies ``predicate``; return all events read."""

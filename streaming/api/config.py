@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from streaming.api.job_key import JobKey, read_secret_file
 from streaming.errors import ConfigError, RuntimeNotRunningError
 
 __all__ = [
@@ -41,6 +42,9 @@ ENV = {
     "s3_region": "SPARK_ABS_S3_REGION",
     "spark_master": "SPARK_ABS_SPARK_MASTER",
     "maven_repo": "SPARK_ABS_MAVEN_REPO",
+    # the secret the job's key is derived from (streaming.api.job_key), or a file holding it
+    "job_secret": "SPARK_ABS_JOB_SECRET",
+    "job_secret_file": "SPARK_ABS_JOB_SECRET_FILE",
     # where a process serves its Prometheus metrics (MetricsSettings.from_env)
     "metrics_host": "SPARK_ABS_METRICS_HOST",
     "metrics_port": "SPARK_ABS_METRICS_PORT",
@@ -150,6 +154,11 @@ class LocalRuntimeSettings:
     def connection_file(self) -> Path:
         return self.runtime_dir / "connection.json"
 
+    @property
+    def job_secret_file(self) -> Path:
+        """The secret the runtime's jobs derive their keys from, generated on first start."""
+        return self.runtime_dir / "job.secret"
+
 
 @dataclass(frozen=True, slots=True)
 class Connection:
@@ -163,6 +172,8 @@ class Connection:
     s3_bucket: str
     s3_region: str = "us-east-1"
     spark_master: str = "local[2]"
+    # what the job's key is derived from (``job_key``); "" when none was given
+    job_secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if not self.kafka_bootstrap:
@@ -180,7 +191,19 @@ class Connection:
 
     def as_env(self) -> dict[str, str]:
         """The ``SPARK_ABS_*`` variables that describe this connection."""
-        return {ENV[name]: str(getattr(self, name)) for name in CONNECTION_ENV_FIELDS}
+        variables = {ENV[name]: str(getattr(self, name)) for name in CONNECTION_ENV_FIELDS}
+        if self.job_secret:
+            variables[ENV["job_secret"]] = self.job_secret
+        return variables
+
+    def job_key(self, job: str) -> JobKey:
+        """The key job ``job`` signs its control events, leases and barriers with."""
+        if not self.job_secret:
+            raise ConfigError(
+                f"no job secret: set {ENV['job_secret']}, or {ENV['job_secret_file']} to a file only "
+                "its owner can read (the local runtime generates one: `spark-abs local up`)"
+            )
+        return JobKey.derive(self.job_secret, job)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Connection:
@@ -197,6 +220,10 @@ class Connection:
         if not environ.get(ENV["kafka_bootstrap"]):
             return None
         data = {name: environ[ENV[name]] for name in CONNECTION_ENV_FIELDS if environ.get(ENV[name])}
+        if environ.get(ENV["job_secret"]):
+            data["job_secret"] = environ[ENV["job_secret"]]
+        elif environ.get(ENV["job_secret_file"]):
+            data["job_secret"] = read_secret_file(Path(environ[ENV["job_secret_file"]]), ENV["job_secret_file"])
         return cls.from_dict(data)
 
     @classmethod

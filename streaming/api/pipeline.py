@@ -44,6 +44,7 @@ __all__ = [
     "route",
     "duration_ms",
     "load_pipeline",
+    "same_pipeline",
     "named_pipelines",
     "pipeline_reference",
     "parse_parallelism",
@@ -585,6 +586,21 @@ def load_pipeline(reference: str, job: str | None = None) -> Pipeline:
     if job and pipeline.job != job:
         raise ConfigError(f"pipeline {reference!r} named its job {pipeline.job!r}, not {job!r}")
     return pipeline
+
+
+def same_pipeline(first: str, second: str) -> bool:
+    """Whether two references name the same pipeline with the same arguments
+    (a name and its ``module:attribute``, arguments in any order).  Nothing
+    is imported."""
+
+    def canonical(reference: str) -> tuple[str, dict[str, Any]]:
+        target, _, query = pipeline_reference(reference).partition("?")
+        return target, _reference_arguments(reference, query)
+
+    try:
+        return canonical(first) == canonical(second)
+    except ConfigError:
+        return False
 
 
 def _reference_arguments(reference: str, query: str) -> dict[str, Any]:

@@ -59,6 +59,7 @@ __all__ = [
     "restored",
     "generation",
     "heartbeat",
+    "control_rejected",
     "TaskMetrics",
     "forget_tasks",
 ]
@@ -164,6 +165,12 @@ LAST_HEARTBEAT = _gauge(
     "spark_abs_remote_last_heartbeat_timestamp_seconds",
     "When the runner last read a heartbeat of each remote worker group (Unix time).",
     ("job_name", "group"),
+)
+CONTROL_REJECTED = _counter(
+    "spark_abs_control_rejected",
+    "Records on the job's control topic that this process did not act on, by reason: unsigned, "
+    "signature (signed with another key), malformed. Anything but 0 means someone else writes to the topic.",
+    ("job_name", "reader", "reason"),
 )
 
 # ---- a worker's tasks: the data path, per micro-batch and per segment
@@ -275,6 +282,12 @@ def generation(job: str, generation: int) -> None:
 def heartbeat(job: str, group: str) -> None:
     HEARTBEATS.labels(job, group).inc()
     LAST_HEARTBEAT.labels(job, group).set(time.time())
+
+
+def control_rejected(job: str, reader: str, reason: str) -> None:
+    """``reader`` (the runner, a worker, a remote worker waiting for its lease) did not act on a
+    record of the control topic."""
+    CONTROL_REJECTED.labels(job, reader, reason).inc()
 
 
 def forget_tasks(job: str, tasks: Iterable[str]) -> None:

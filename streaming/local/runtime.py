@@ -27,6 +27,7 @@ import pyspark
 from streaming.adapters import jars
 from streaming.adapters.objects import ensure_bucket
 from streaming.api.config import Connection, LocalRuntimeSettings
+from streaming.api.job_key import generate_secret, read_secret_file, write_secret_file
 from streaming.errors import ConfigError
 from streaming.local import artifacts, processes
 from streaming.local.artifacts import FETCHABLE
@@ -152,6 +153,7 @@ class LocalRuntime:
                 s3_secret_key=s.s3_secret_key,
                 s3_bucket=s.s3_bucket,
                 spark_master=f"spark://127.0.0.1:{ports['spark']}" if spark_ports else "local[2]",
+                job_secret=self._job_secret(),
             )
             ensure_bucket(connection)
             self._write_connection(connection, ports)
@@ -161,6 +163,13 @@ class LocalRuntime:
             f"(bucket {connection.s3_bucket})" + (f", spark {connection.spark_master}" if spark_ports else "")
         )
         return connection
+
+    def _job_secret(self) -> str:
+        """The runtime's job secret: generated on first start (readable by its owner only), then kept."""
+        path = self.settings.job_secret_file
+        if not path.exists():
+            write_secret_file(path, generate_secret())
+        return read_secret_file(path)
 
     def _write_connection(self, connection: Connection, ports: dict[str, int]) -> None:
         path = self.settings.connection_file

@@ -133,7 +133,7 @@ def _the_ui_shows_the_running_job(runner: JobRunner, store: str, connection) -> 
     """`spark-abs ui` of the job (live: its store and control topic) in headless Chromium."""
     job = runner.job
     newest = max(r.checkpoint_id for r in runner.coordinator.completed())
-    watch = ControlWatch(connection.kafka_bootstrap, job)
+    watch = ControlWatch(connection.kafka_bootstrap, job, connection.job_key(job))
     app = create_app(JobSource(store, job, connection), refresh_s=2, watch=watch)
     with closing(watch), served(app) as url, chromium() as browser:
         # the history: every checkpoint the store holds complete, the runner's newest among them, charted

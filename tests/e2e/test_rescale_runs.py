@@ -67,14 +67,15 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
     job = f"rescale-{unique_name[-8:]}"
     store = f"s3://{connection.s3_bucket}/{unique_name}"
     settings = JobSettings(store=store, mode=mode, interval_s=0.7, timeout_s=60, max_records_per_batch=200)
+    pipeline_ref = "spark_abs_examples.money:pipeline?partitions=3"
     money_job = jobs.money_job(
-        "spark_abs_examples.money:pipeline?partitions=3",
+        pipeline_ref,
         settings,
         connection,
         job,
         RunOptions(parallelism={"windows": 2}, remote=remote),  # two tasks in every stage
     )
-    worker = jobs.RemoteWorkerProcess(job, "all", connection, tmp_path / "worker.log") if remote else None
+    worker = jobs.RemoteWorkerProcess(job, pipeline_ref, "all", connection, tmp_path / "worker.log") if remote else None
     runner, money, lines, reader = money_job.runner, money_job.money, money_job.lines, money_job.store
     manifests, in_flight = [], []
     # a prefix is sent: `wanted` transfers, more while a rescale waits for a checkpoint with channel state

@@ -60,14 +60,15 @@ def money_job(pipeline_ref: str, settings, connection, job: str, options: RunOpt
 
 
 class RemoteWorkerProcess:
-    """A `spark-abs worker --job JOB --group GROUP` process in a session of its
+    """A `spark-abs worker --job JOB --pipeline REF --group GROUP` process in a session of its
     own, as a host's process manager would start it, its output in ``log_path``."""
 
-    def __init__(self, job: str, group: str, connection, log_path: Path):
+    def __init__(self, job: str, pipeline_ref: str, group: str, connection, log_path: Path):
         self.group, self.log_path = group, log_path
+        command = [sys.executable, "-m", "streaming.tools.cli", "worker", "--job", job, "--pipeline", pipeline_ref]
         with open(log_path, "wb") as log_file:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "streaming.tools.cli", "worker", "--job", job, "--group", group],
+                [*command, "--group", group],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **connection.as_env(), "PYTHONUNBUFFERED": "1"},

@@ -167,6 +167,8 @@ class JobRunner:
         self.log = logging.LoggerAdapter(log, {"job": self.job})
         self.settings = settings
         self.connection = connection
+        # signs the job's control events, leases and barriers: without it the job does not start
+        self.key = connection.job_key(self.job)
         self.on_complete = on_complete
         self.worker_env = dict(options.worker_env)
         self.groups = self._groups(self.pipeline)
@@ -183,7 +185,7 @@ class JobRunner:
             settings.to_json(),
             settings.heartbeat_timeout_s,
             self._remote_groups(),
-            lambda: LeaseRenewal(connection.kafka_bootstrap, self.job),
+            lambda: LeaseRenewal(connection.kafka_bootstrap, self.key),
         )
         self.log_dir = options.log_dir or default_home() / "runs" / self.job
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -321,7 +323,7 @@ class JobRunner:
             self.coordinator.close()
             self.coordinator = None
         next_id = self._next_checkpoint_id()
-        io = kafka_io(self.connection.kafka_bootstrap, self.job)
+        io = kafka_io(self.connection.kafka_bootstrap, self.key)
         if self.remote_names:
             poll = io.poll
             io.poll = lambda timeout_s: self.remote.observe(poll(timeout_s))
@@ -332,6 +334,7 @@ class JobRunner:
             self.settings,
             start=CoordinatorStart(generation, next_id, pinned=checkpoint_id),
             hooks=CompletionHooks(self.on_complete, self.log_dir / "checkpoints.jsonl"),
+            job_key=self.key.barriers,
         )
         env = {**os.environ, **self.connection.as_env(), "PYTHONUNBUFFERED": "1", **self.worker_env}
         self.supervisor.launch(generation, checkpoint_id, env)
@@ -512,7 +515,7 @@ class JobRunner:
                     if plan.rescale is not None
                     else f"checkpoint {plan.changed_from} is being restored into a changed pipeline"
                 )
-                self.remote.pause(plan.generation, why, poll, self.connection.kafka_bootstrap)
+                self.remote.pause(plan.generation, why, poll, self.connection.kafka_bootstrap, self.key)
             self.stop_workers()
             self.recovery.write(plan)
         self.log.info(

@@ -8,6 +8,7 @@ protocol)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -16,6 +17,7 @@ from typing import Any
 
 from streaming.adapters.control import ControlEvent, ControlTopic, Heartbeat, Lease, control_topic_name, send_event
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, producer
+from streaming.api.job_key import JobKey
 from streaming.engine import metrics
 from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, LEASE_INTERVAL_S, HeartbeatOutcome, RemoteGroups
 from streaming.errors import SparkAbsError
@@ -34,8 +36,9 @@ class LeaseRenewal:
     send (a barrier after an outage) or a restore is still alive, and its
     remote workers must not take it for dead."""
 
-    def __init__(self, bootstrap: str, job: str):
-        self.topic = control_topic_name(job)
+    def __init__(self, bootstrap: str, key: JobKey):
+        self.topic = control_topic_name(key.job)
+        self.key = key
         self._producer = producer(bootstrap)
         self._lease: Lease | None = None
         self._wake = threading.Event()
@@ -49,7 +52,7 @@ class LeaseRenewal:
         self._wake.set()
 
     def _publish(self, lease: Lease, bound_s: float = DELIVERY_BOUND_S) -> None:
-        send_event(self._producer, self.topic, lease, bound_s, f"the lease of generation {lease.generation}")
+        send_event(self._producer, self.topic, lease, self.key, bound_s, f"the lease of generation {lease.generation}")
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -202,7 +205,9 @@ class RemoteMembers:
 
     # ---- pausing
 
-    def pause(self, generation: int, why: str, poll: Callable[[float], Any] | None, bootstrap: str) -> None:
+    def pause(
+        self, generation: int, why: str, poll: Callable[[float], Any] | None, bootstrap: str, key: JobKey
+    ) -> None:
         """Stop the remote workers' tasks before a rescaled checkpoint is
         written (as the local workers are stopped): a lease of ``generation``
         naming no member, heartbeats listened to (through ``poll``, the
@@ -216,7 +221,9 @@ class RemoteMembers:
         self.renew()
         control = None
         if poll is None:
-            control = ControlTopic(bootstrap, self.job)
+            control = ControlTopic(
+                bootstrap, self.job, key, on_rejected=functools.partial(metrics.control_rejected, self.job, "runner")
+            )
             control.seek_to_end()
             poll = lambda timeout_s: self.observe(control.poll(timeout_s))  # noqa: E731
         started = time.monotonic()

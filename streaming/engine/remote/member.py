@@ -8,9 +8,12 @@ newer generation, and stops its tasks when it is no longer the member or the
 runner's lease lapses (``streaming.engine.remote.membership``).  Its Spark
 application stays up between generations; it runs until SIGTERM or Ctrl-C.
 
-The pipeline, the job's settings and its scale come with the lease: the host
-only needs the pipeline's module importable and the ``SPARK_ABS_*``
-connection (Kafka, the store, a Spark master) in its environment."""
+The pipeline is the one its operator named (``--pipeline``): a worker never
+imports what a lease names, it refuses (``LeaseRefused``) a lease for
+another job or pipeline.  The job's settings and its scale come with the
+lease, which the job's key signs (``streaming.adapters.control``).  The host
+needs the pipeline's module importable and the ``SPARK_ABS_*`` connection
+(Kafka, the store, a Spark master, the job secret) in its environment."""
 
 from __future__ import annotations
 
@@ -23,13 +26,13 @@ from streaming.adapters.control import ControlEvent, ControlTopic, Heartbeat, Le
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection
-from streaming.api.pipeline import Scale, load_pipeline
+from streaming.api.pipeline import Scale, load_pipeline, same_pipeline
 from streaming.api.settings import JobSettings
 from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, Action, ActionKind, Membership, incarnation
 from streaming.engine.worker.worker import Worker
-from streaming.errors import ConfigError, SparkAbsError
+from streaming.errors import ConfigError, LeaseRefused, SparkAbsError
 
-__all__ = ["RemoteWorker", "incarnation", "wait_for_lease"]
+__all__ = ["RemoteWorker", "check_lease", "incarnation", "wait_for_lease"]
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +40,35 @@ log = logging.getLogger(__name__)
 WAITING_NOTICE_S = 30.0
 
 
+def check_lease(lease: Lease, job: str, pipeline_ref: str) -> None:
+    """A ``LeaseRefused`` unless ``lease`` is for job ``job`` running the
+    pipeline ``pipeline_ref`` names (the worker's own ``--pipeline``)."""
+    if lease.job != job:
+        raise LeaseRefused(f"the runner's lease is for job {lease.job!r}, not {job!r}: this worker runs nothing")
+    if not same_pipeline(lease.pipeline, pipeline_ref):
+        raise LeaseRefused(
+            f"the runner of job {job} runs pipeline {lease.pipeline!r}, but this worker was started with "
+            f"--pipeline {pipeline_ref!r}: start it with the runner's pipeline (a worker never runs a "
+            "pipeline its command line does not name)"
+        )
+
+
 def wait_for_lease(
     control: ControlTopic,
     job: str,
+    pipeline_ref: str,
     *,
     stop: threading.Event,
     timeout_s: float | None = None,
 ) -> Lease | None:
-    """The first lease of ``job``'s runner on ``control``; None when stopped or after ``timeout_s``."""
+    """The first lease of ``job``'s runner on ``control``, checked against
+    this worker's job and pipeline (``check_lease``); None when stopped or
+    after ``timeout_s``."""
     started = notice = time.monotonic()
     while not stop.is_set() and (timeout_s is None or time.monotonic() - started < timeout_s):
         for event in control.poll(0.5):
             if isinstance(event, Lease):
+                check_lease(event, job, pipeline_ref)
                 return event
         if time.monotonic() - notice >= WAITING_NOTICE_S:
             notice = time.monotonic()
@@ -64,11 +84,15 @@ class RemoteWorker(Worker):
         lease: Lease,
         group: str,
         connection: Connection,
+        pipeline_ref: str,
         *,
         spark=None,
         name: str | None = None,
     ):
-        pipeline = load_pipeline(lease.pipeline, lease.job)
+        check_lease(lease, lease.job, pipeline_ref)
+        self.pipeline_ref = pipeline_ref
+        # the pipeline as the operator named it; each lease gives its scale
+        self.declared = pipeline = load_pipeline(pipeline_ref, lease.job)
         super().__init__(
             pipeline,
             [],
@@ -108,6 +132,7 @@ class RemoteWorker(Worker):
             return
         if isinstance(event, Lease):
             lease = event
+            check_lease(lease, self.pipeline.job, self.pipeline_ref)
             self._apply(self.membership.on_lease(lease))
             if self.membership.unknown_group:
                 raise ConfigError(
@@ -130,7 +155,7 @@ class RemoteWorker(Worker):
         lease = action.lease
         assert lease is not None
         self._adopt(lease)
-        pipeline = load_pipeline(lease.pipeline, lease.job)
+        pipeline = self.declared
         if lease.scale is not None:
             pipeline = pipeline.rescaled(Scale.from_json(lease.scale))
         self.restart(lease.generation, lease.checkpoint, pipeline=pipeline, task_names=list(lease.groups[self.group]))
@@ -152,6 +177,8 @@ class RemoteWorker(Worker):
         while True:
             try:
                 code = super().serve()
+            except LeaseRefused:
+                raise
             except SparkAbsError as exc:  # Kafka or the store away past its bound: as a failed query
                 log.warning("worker: %s", exc)
                 code = 1

@@ -133,6 +133,7 @@ class TaskFactory:
                 incremental=Incremental(self.settings.base_every)
                 if self.settings.state_snapshots is StateSnapshots.INCREMENTAL
                 else None,
+                job_key=self.control.key.barriers,
             ),
         )
         task.recover()

@@ -56,7 +56,7 @@ from streaming.api.settings import JobSettings
 from streaming.engine import faults, metrics
 from streaming.engine.task.stage_task import StageTask
 from streaming.engine.worker.wiring import RunningTask, TaskFactory, WorkerClients
-from streaming.errors import ConfigError, SparkAbsError, TaskError
+from streaming.errors import ConfigError, SnapshotCorruptError, SnapshotMissingError, SparkAbsError, TaskError
 
 if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this module is imported
     from streaming.adapters.spark import ChannelQuery
@@ -163,7 +163,13 @@ class Worker:
         bootstrap = self.connection.kafka_bootstrap
         self.store = SnapshotStore(open_store(self.settings.store, self.connection), job)
         delivery_s = self.settings.delivery_timeout_s
-        self.control = ControlTopic(bootstrap, job, delivery_timeout_s=delivery_s)
+        self.control = ControlTopic(
+            bootstrap,
+            job,
+            self.connection.job_key(job),
+            delivery_timeout_s=delivery_s,
+            on_rejected=functools.partial(metrics.control_rejected, job, "worker"),
+        )
         self.control.seek_to_end()
         # one in-flight request per connection keeps each partition in send order; every send
         # is checked before a barrier goes on after it (a failed one fails the worker)
@@ -349,9 +355,13 @@ class Worker:
     def _on_control(self, event: ControlEvent) -> None:
         if not event.belongs_to(self.generation) or isinstance(event, _MEMBERSHIP):
             return
+        in_store: bool | None = None  # whether the store holds a completed checkpoint's manifest: read once
         for running in self.running:
             running.task.on_control(event)
             if isinstance(event, Complete) and running.sink is not None:
+                in_store = self._in_store(event) if in_store is None else in_store
+                if not in_store:
+                    continue
                 faults.point(running.task.spec.name, "before_sink_commit", event.checkpoint_id)
                 # the store may be down for a while (an outage): wait for it rather than die and restore
                 committed = patiently(
@@ -366,6 +376,19 @@ class Worker:
                         epochs=tuple(committed),
                     )
                 )
+
+    def _in_store(self, complete: Complete) -> bool:
+        """Whether the store holds the manifest of the checkpoint ``complete``
+        says is complete: a sink commits only what a restore could start from."""
+        try:
+            self.store.read_manifest(complete.checkpoint_id)
+        except (SnapshotMissingError, SnapshotCorruptError) as exc:
+            log.warning(
+                f"checkpoint {complete.checkpoint_id}: complete, says the control topic, but the store has no "
+                f"readable manifest of it ({exc}): the sinks commit nothing for it"
+            )
+            return False
+        return True
 
     def stop(self) -> None:
         self._stop.set()

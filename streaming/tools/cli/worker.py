@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 
@@ -24,10 +25,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "standby), runs the group's tasks as one Spark application on this host's SPARK_ABS_* "
         "deployment (its Spark master, Kafka and store), restores in place when the job restores, and "
         "stops its tasks when the runner stops or goes silent, waiting for the next one. The pipeline "
-        "and the job's settings come from the runner; the pipeline's module must be importable here "
-        "(e.g. from the current directory). Runs until SIGTERM or Ctrl-C.",
+        "The job's settings come from the runner's lease, which the job's key signs (the job secret: "
+        "SPARK_ABS_JOB_SECRET or SPARK_ABS_JOB_SECRET_FILE, as the runner's); the pipeline is the one "
+        "--pipeline names, whose module must be importable here (e.g. from the current directory), and a "
+        "lease for another job or pipeline is refused. Runs until SIGTERM or Ctrl-C.",
     )
     parser.add_argument("--job", required=True, help="the job's name (as the runner has it)")
+    parser.add_argument(
+        "--pipeline",
+        required=True,
+        help="the pipeline the runner runs, as its command line names it (module:attribute, "
+        "arguments after ?, or a name): the only code this worker runs",
+    )
     parser.add_argument(
         "--group",
         required=True,
@@ -54,16 +63,21 @@ def run(args: argparse.Namespace) -> int:
         log.info(f"worker: metrics on {served.url}")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    control = ControlTopic(connection.kafka_bootstrap, args.job)
+    control = ControlTopic(
+        connection.kafka_bootstrap,
+        args.job,
+        connection.job_key(args.job),
+        on_rejected=functools.partial(metrics.control_rejected, args.job, "worker"),
+    )
     try:
         control.seek_to_end()
         log.info(f"worker: waiting for the runner of job {args.job} (its lease on {control.topic})")
-        lease = wait_for_lease(control, args.job, stop=stop)
+        lease = wait_for_lease(control, args.job, args.pipeline, stop=stop)
     finally:
         control.close()
     if lease is None:
         return 0
-    worker = RemoteWorker(lease, args.group, connection)
+    worker = RemoteWorker(lease, args.group, connection, args.pipeline)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     try:
         worker.start()

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from streaming.adapters.control import ControlTopic, Heartbeat, Lease, Progress
+from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Pipeline
 from streaming.tools.drill.workload import DrillWorkload
 
@@ -104,10 +105,16 @@ class ProgressWatch:
     when it was read, on ``clock``)."""
 
     def __init__(
-        self, bootstrap: str, pipeline: Pipeline, stop: threading.Event, clock: Callable[[], float] = time.monotonic
+        self,
+        bootstrap: str,
+        pipeline: Pipeline,
+        key: JobKey,
+        stop: threading.Event,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.bootstrap = bootstrap
         self.job = pipeline.job
+        self.key = key
         self.ingress = frozenset(f"{i.topic}:{p}" for i in pipeline.ingress for p in range(i.partitions))
         self.stop = stop
         self.furthest: dict[int, dict[str, int]] = {}
@@ -122,7 +129,7 @@ class ProgressWatch:
         while not self.stop.is_set() or control is None:
             try:
                 if control is None:
-                    control = ControlTopic(self.bootstrap, self.job)
+                    control = ControlTopic(self.bootstrap, self.job, self.key)
                 self.take(control.poll(0.5))
             except Exception:  # the broker may be down (a drill's outage): try again
                 time.sleep(1.0)

@@ -100,7 +100,9 @@ class DrilledJob:
         self.hosts: WorkerHosts | None = None
         if remote_groups:
             env = {**connection.as_env(), faults.FILE_ENV: str(self.fault_file)}
-            self.hosts = WorkerHosts(job, remote_groups, env, report_dir / "workers", problems=problems)
+            self.hosts = WorkerHosts(
+                job, self.pipeline_ref, remote_groups, env, report_dir / "workers", problems=problems
+            )
 
     # ---- the runner process
 
@@ -280,6 +282,7 @@ class WorkerHosts:
     def __init__(
         self,
         job: str,
+        pipeline_ref: str,
         groups: Sequence[str],
         env: Mapping[str, str],
         log_dir: Path,
@@ -287,6 +290,7 @@ class WorkerHosts:
         problems: list[str] | None = None,
     ):
         self.job = job
+        self.pipeline_ref = pipeline_ref
         self.groups = list(groups)
         self.env = {**env, "PYTHONUNBUFFERED": "1"}
         self.log_dir = log_dir
@@ -303,7 +307,8 @@ class WorkerHosts:
         """A worker for ``group``: its member when the group has none, else its standby."""
         started = self.processes[group]
         log_path = self.log_dir / f"{group}-{len(started) + 1}.log"
-        command = [sys.executable, "-m", "streaming.tools.cli", "worker", "--job", self.job, "--group", group]
+        command = [sys.executable, "-m", "streaming.tools.cli", "worker", "--job", self.job]
+        command += ["--pipeline", self.pipeline_ref, "--group", group]
         process = self.spawn(command, log_path, {**os.environ, **self.env})
         started.append(process)
         self.logs[process.pid] = log_path

@@ -30,6 +30,7 @@ from streaming.adapters.control import (
     control_topic_name,
 )
 from streaming.adapters.kafka_admin import admin_client, end_offsets
+from streaming.api.job_key import JobKey
 from streaming.errors import SparkAbsError
 from streaming.tools.tables import Table
 
@@ -72,11 +73,14 @@ class ControlView:
 
 class ControlWatch:
     """The control topic of ``job`` on ``bootstrap``, followed from its last
-    ``tail`` events on; ``look`` may be called from any thread."""
+    ``tail`` events on (those that verify with the job's ``key``: what
+    anyone else wrote there is not shown); ``look`` may be called from any
+    thread."""
 
-    def __init__(self, bootstrap: str, job: str, *, tail: int = 5000, timeout_s: float = 3.0):
+    def __init__(self, bootstrap: str, job: str, key: JobKey, *, tail: int = 5000, timeout_s: float = 3.0):
         self.bootstrap = bootstrap
         self.job = job
+        self.key = key
         self.topic_name = control_topic_name(job)
         self.tail = tail
         self.timeout_s = timeout_s
@@ -119,7 +123,7 @@ class ControlWatch:
         finally:
             admin.close()
         end = end_offsets(self.bootstrap, self.topic_name, 1)[0]
-        return ControlTopic(self.bootstrap, self.job, start_at=max(0, end - self.tail)), end
+        return ControlTopic(self.bootstrap, self.job, self.key, start_at=max(0, end - self.tail)), end
 
     def _read(self, topic: ControlTopic) -> None:
         """The events at hand; on the first look, every event up to the end

@@ -8,11 +8,24 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaTimeoutError
 
 from barriers.messages import ChannelId
-from streaming.adapters.control import Ack, ControlEvent, ControlTopic, Lease, Progress, Trigger, send_event
+from streaming.adapters.control import (
+    SIGNATURE_HEADER,
+    Ack,
+    Complete,
+    ControlEvent,
+    ControlTopic,
+    Lease,
+    Progress,
+    RejectedEvent,
+    Trigger,
+    send_event,
+    verified_event,
+)
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import DeadLetters, append_markers
 from streaming.adapters.snapshots import TaskCheckpointMetrics
-from streaming.errors import KafkaUnavailableError
+from streaming.api.job_key import JobKey
+from streaming.errors import ConfigError, KafkaUnavailableError
 
 
 def test_control_events_round_trip_and_reject_garbage():
@@ -35,9 +48,38 @@ def test_a_send_refused_at_once_is_a_clear_kafka_error_naming_what():
 
     lease = Lease("runner", 3, None, "p:pipeline", "j", "{}", None, {}, {}, 10.0)
     with pytest.raises(KafkaUnavailableError, match="publishing the lease of generation 3 failed: .*metadata"):
-        send_event(NoMetadata(), "spark-abs.j.control", lease, 1.0, "the lease of generation 3")
+        send_event(NoMetadata(), "spark-abs.j.control", lease, KEY, 1.0, "the lease of generation 3")
     with pytest.raises(KafkaUnavailableError, match="publishing a lease event failed"):  # no checkpoint to name
-        send_event(NoMetadata(), "spark-abs.j.control", lease)
+        send_event(NoMetadata(), "spark-abs.j.control", lease, KEY)
+
+
+KEY = JobKey.derive("a secret of the job's operator, long enough", "j")
+
+
+def test_only_events_signed_with_the_jobs_key_verify():
+    topic = "spark-abs.j.control"
+    event = Complete(checkpoint_id=4, generation=1)
+    value = event.encode()
+    signed = [(SIGNATURE_HEADER, KEY.sign(topic.encode(), value).encode())]
+    assert verified_event(topic, KEY, value, signed, 12) == event
+    other_job = JobKey.derive("a secret of the job's operator, long enough", "k")
+    other_secret = JobKey.derive("another operator's secret, just as long", "j")
+    forged = Complete(checkpoint_id=5, generation=1).encode()
+    cases = [
+        (value, [], "unsigned", "unsigned"),
+        (forged, signed, "signature", "does not match"),  # a genuine signature on other bytes
+        (value, [(SIGNATURE_HEADER, other_job.sign(topic.encode(), value).encode())], "signature", "does not match"),
+        (value, [(SIGNATURE_HEADER, other_secret.sign(topic.encode(), value).encode())], "signature", "does not"),
+        (value, signed + signed, "signature", "does not match"),
+        (b"{}", [(SIGNATURE_HEADER, KEY.sign(topic.encode(), b"{}").encode())], "malformed", "checkpoint_id"),
+    ]
+    for data, headers, kind, reason in cases:
+        with pytest.raises(RejectedEvent, match=reason) as rejected:
+            verified_event(topic, KEY, data, headers)
+        assert rejected.value.kind == kind
+    # the same event on another job's topic does not verify either
+    with pytest.raises(RejectedEvent, match="does not match"):
+        verified_event("spark-abs.k.control", KEY, value, signed)
 
 
 def _read(bootstrap: str, topic: str, partition: int):
@@ -64,18 +106,32 @@ def test_markers_land_after_everything_sent_before_them(connection, unique_name)
 
 
 @pytest.mark.integration
-def test_control_topic_delivers_events_in_order_and_counts_garbage(connection, unique_name):
-    control = ControlTopic(connection.kafka_bootstrap, unique_name)
-    reader = ControlTopic(connection.kafka_bootstrap, unique_name)
+def test_control_topic_delivers_signed_events_in_order_and_counts_the_rest(connection, unique_name):
+    key = connection.job_key(unique_name)
+    control = ControlTopic(connection.kafka_bootstrap, unique_name, key)
+    heard: list[str] = []
+    reader = ControlTopic(connection.kafka_bootstrap, unique_name, key, on_rejected=heard.append)
     first = control.publish(Trigger(checkpoint_id=1, generation=0))
-    KafkaProducer(bootstrap_servers=connection.kafka_bootstrap).send(control.topic, value=b"garbage", partition=0).get(
-        10
-    )
+    # anyone else who can write to the topic: garbage, and a well-formed event without the job's key
+    forger = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap)
+    forger.send(control.topic, value=b"garbage", partition=0).get(10)
+    forger.send(control.topic, value=Complete(checkpoint_id=1, generation=0).encode(), partition=0).get(10)
+    stranger = JobKey.derive("not the secret of this job's operator", unique_name)
+    forger.send(
+        control.topic,
+        value=(forged := Complete(checkpoint_id=2, generation=0).encode()),
+        headers=[(SIGNATURE_HEADER, stranger.sign(control.topic.encode(), forged).encode())],
+        partition=0,
+    ).get(10)
+    forger.close()
     control.publish(Progress(task="t0", generation=0, positions={"a:0": 4}))
     seen = reader.wait_for(lambda e: e.kind == "progress", timeout_s=20)
-    assert [(e.kind, e.offset) for e in seen] == [("trigger", first), ("progress", first + 2)]
+    assert [(e.kind, e.offset) for e in seen] == [("trigger", first), ("progress", first + 4)]
     assert seen[1].positions == {"a:0": 4}
-    assert reader.malformed == 1
+    assert reader.rejected == {"unsigned": 2, "signature": 1}
+    assert sorted(heard) == ["signature", "unsigned", "unsigned"]
+    with pytest.raises(ConfigError, match="needs that job's key"):
+        ControlTopic(connection.kafka_bootstrap, unique_name, stranger.derive("x" * 40, "another"))
     control.close()
     reader.close()
 

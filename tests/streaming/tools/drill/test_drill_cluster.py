@@ -21,6 +21,7 @@ from spark_abs_examples import money
 from streaming.adapters.control import Heartbeat, Lease
 from streaming.adapters.kafka_admin import lagging_replicas, watched
 from streaming.api.config import Connection, LocalRuntimeSettings
+from streaming.api.job_key import JobKey
 from streaming.api.settings import Mode
 from streaming.engine import faults
 from streaming.errors import ConfigError, KafkaUnavailableError, SparkAbsError
@@ -133,7 +134,9 @@ def _lease(members: dict[str, str], generation: int = 1) -> Lease:
 
 def test_the_watch_keeps_the_latest_lease_and_each_workers_latest_heartbeat():
     now = [10.0]
-    watch = ProgressWatch("b:9092", money.pipeline("w"), threading.Event(), clock=lambda: now[0])
+    watch = ProgressWatch(
+        "b:9092", money.pipeline("w"), JobKey.derive("s" * 32, "w"), threading.Event(), clock=lambda: now[0]
+    )
     assert watch.members() == {}
     watch.take([_lease({"legs": "h:11:a"}), Heartbeat("legs", "h:11:a", "h", 1)])
     now[0] = 12.0
@@ -156,7 +159,7 @@ def hosts(tmp_path):
         commands.append((command, log_path, env))
         return subprocess.Popen(["sleep", "120"], start_new_session=True)
 
-    hosts = WorkerHosts("drill-x", ["legs", "windows"], {"SPARK_ABS_X": "1"}, tmp_path / "workers", spawn)
+    hosts = WorkerHosts("drill-x", "money", ["legs", "windows"], {"SPARK_ABS_X": "1"}, tmp_path / "workers", spawn)
     hosts.commands = commands
     hosts.runners = []  # the stand-ins for the runner
     yield hosts
@@ -170,7 +173,16 @@ def test_the_drill_starts_a_worker_for_a_group_left_with_none_as_a_process_manag
     for group in hosts.groups:
         hosts.start(group)
     command, log_path, env = hosts.commands[0]
-    assert command[-6:] == ["streaming.tools.cli", "worker", "--job", "drill-x", "--group", "legs"]
+    assert command[-8:] == [
+        "streaming.tools.cli",
+        "worker",
+        "--job",
+        "drill-x",
+        "--pipeline",
+        "money",
+        "--group",
+        "legs",
+    ]
     assert log_path == tmp_path / "workers" / "legs-1.log" and env["SPARK_ABS_X"] == "1"
     assert env["PYTHONUNBUFFERED"] == "1"
     assert hosts.supervise() == []
@@ -186,7 +198,7 @@ def test_the_drill_starts_a_worker_for_a_group_left_with_none_as_a_process_manag
 
 
 def test_with_remote_groups_the_runner_starts_no_worker_and_the_workers_see_the_fault_file(tmp_path):
-    connection = Connection("b:9092", "http://127.0.0.1:9000", "k", "s", "bucket")
+    connection = Connection("b:9092", "http://127.0.0.1:9000", "k", "s", "bucket", job_secret="s" * 32)
     settings = DrillSettings(
         pipeline="spark_abs_examples.money:pipeline",
         mode=Mode.ALIGNED,
@@ -272,7 +284,7 @@ def _runner(hosts) -> subprocess.Popen:
 
 
 def _cluster(hosts, *, runtime=None, heartbeat_timeout_s=8.0, wait=None):
-    watch = ProgressWatch("b:9092", money.pipeline("w"), threading.Event())
+    watch = ProgressWatch("b:9092", money.pipeline("w"), JobKey.derive("s" * 32, "w"), threading.Event())
     job = types.SimpleNamespace(
         job="drill-x",
         hosts=hosts,
@@ -532,7 +544,7 @@ def test_only_a_group_the_drill_left_empty_is_started_again_and_other_exits_are_
             return subprocess.Popen(["sh", "-c", next(scripts)], stdout=log, stderr=log, start_new_session=True)
 
     problems: list[str] = []
-    hosts = WorkerHosts("drill-x", ["legs"], {}, tmp_path / "workers", spawn, problems=problems)
+    hosts = WorkerHosts("drill-x", "money", ["legs"], {}, tmp_path / "workers", spawn, problems=problems)
     try:
         hosts.start("legs").wait()  # exits by itself: reported with its log, not started again
         assert hosts.supervise() == [] and len(problems) == 1
@@ -560,7 +572,7 @@ def test_a_drill_off_the_cluster_runs_the_job_as_spark_abs_run_does_and_on_it_as
     hands it to each phase's Drill, which lays out remote groups only on
     the cluster: off it, the runner starts its one worker as `spark-abs
     run` does."""
-    connection = Connection("127.0.0.1:9", "http://127.0.0.1:9", "a", "b", "bucket")
+    connection = Connection("127.0.0.1:9", "http://127.0.0.1:9", "a", "b", "bucket", job_secret="s" * 32)
     options = dict(
         pipeline="spark_abs_examples.money:pipeline",
         workload=drill.workload_for("spark_abs_examples.money:pipeline"),

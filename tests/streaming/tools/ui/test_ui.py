@@ -27,6 +27,7 @@ from streaming.adapters.control import Abort, Ack, Complete, Decline, Ready, Tri
 from streaming.adapters.objects import open_store
 from streaming.adapters.records import RECORD_SCHEMA
 from streaming.adapters.snapshots import SnapshotStore, TaskParts
+from streaming.api.job_key import JobKey
 from streaming.tools.ui.app import JobSource, create_app
 from streaming.tools.ui.live import ControlWatch
 from streaming.tools.ui.liveness import STALLED_S
@@ -307,7 +308,7 @@ class _Topic:
 
 
 def _watching(topic: _Topic, monkeypatch) -> ControlWatch:
-    watch = ControlWatch("127.0.0.1:1", JOB)
+    watch = ControlWatch("127.0.0.1:1", JOB, JobKey.derive("s" * 32, JOB))
     monkeypatch.setattr(watch, "_open", lambda: (topic, 0))
     return watch
 
@@ -381,7 +382,7 @@ def test_a_job_without_a_control_topic_says_so():
         def _open(self):
             return None
 
-    view = _NoTopic("127.0.0.1:1", JOB).look()
+    view = _NoTopic("127.0.0.1:1", JOB, JobKey.derive("s" * 32, JOB)).look()
     assert view.problem == f"Kafka has no topic spark-abs.{JOB}.control" and view.in_progress == ()
 
 

@@ -1,0 +1,102 @@
+"""The job's key: what signs every control event, lease and barrier a job
+writes, so that a reader can tell them from records anyone else who can write
+to the job's Kafka topics appended (docs/operations/security.md).
+
+The operator holds one secret: ``SPARK_ABS_JOB_SECRET``, or a file named by
+``SPARK_ABS_JOB_SECRET_FILE`` that only its owner can read; the local runtime
+generates one (``<home>/runtime/job.secret``) and lists it in its connection
+file.  Each job signs with a key derived from it and the job's name (HMAC-SHA256),
+so a record signed for one job does not verify in another.  The secret never
+comes from Kafka or the store, and no repr, log line or error shows it."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streaming.errors import ConfigError
+
+__all__ = ["JobKey", "MIN_SECRET_CHARS", "generate_secret", "read_secret_file", "write_secret_file"]
+
+# a secret shorter than this is refused: it could be guessed
+MIN_SECRET_CHARS = 32
+_DERIVATION = b"spark-abs job key\0"
+
+
+def generate_secret() -> str:
+    """A new secret: 256 random bits as URL-safe text."""
+    return secrets.token_urlsafe(32)
+
+
+def read_secret_file(path: Path, what: str = "the job secret file") -> str:
+    """The secret in ``path``, which must be a regular file that only its
+    owner can read or write (a ``ConfigError`` that says how to fix it)."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise ConfigError(f"{what} {path} cannot be read: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{what} {path} is not a regular file")
+    if info.st_mode & 0o077:
+        raise ConfigError(
+            f"{what} {path} can be read by others (mode {stat.S_IMODE(info.st_mode):o}): "
+            f"`chmod 600 {path}`, and choose a new secret if others could read it"
+        )
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what} {path} cannot be read: {exc}") from None
+
+
+def write_secret_file(path: Path, secret: str) -> None:
+    """Write ``secret`` to ``path``, created readable by its owner only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(secret + "\n")
+    tmp.replace(path)
+
+
+@dataclass(frozen=True, slots=True)
+class JobKey:
+    """Job ``job``'s signing key; ``sign`` and ``verify`` take the parts of
+    a message (bytes), signed as one in order."""
+
+    job: str
+    key: bytes = field(repr=False)
+
+    @classmethod
+    def derive(cls, secret: str, job: str) -> JobKey:
+        """Job ``job``'s key from the operator's ``secret``."""
+        if len(secret) < MIN_SECRET_CHARS:
+            raise ConfigError(
+                f"the job secret has {len(secret)} characters, fewer than {MIN_SECRET_CHARS}: "
+                "generate one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
+        return cls(job, hmac.new(secret.encode(), _DERIVATION + job.encode(), hashlib.sha256).digest())
+
+    @property
+    def barriers(self) -> bytes:
+        """The key barriers and cancellations are signed with (``barriers.messages.encode``):
+        one of its own, so that no signature of one kind of record passes for another's."""
+        return hmac.new(self.key, b"barriers", hashlib.sha256).digest()
+
+    def sign(self, *parts: bytes) -> str:
+        digest = hmac.new(self.key, digestmod=hashlib.sha256)
+        for part in parts:
+            digest.update(len(part).to_bytes(8, "big") + part)
+        return digest.hexdigest()
+
+    def verify(self, signature: bytes | str | None, *parts: bytes) -> bool:
+        """Whether ``signature`` is this key's over ``parts`` (in constant time)."""
+        if signature is None:
+            return False
+        text = signature.decode("ascii", "replace") if isinstance(signature, bytes) else signature
+        return hmac.compare_digest(text, self.sign(*parts))
