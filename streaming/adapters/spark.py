@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 import re
 import shutil
 import sys
@@ -50,6 +51,11 @@ LOCAL_TASK_ATTEMPTS = 4
 # each (a batch waits on Kafka for at most the delivery timeout, then fails)
 STOP_BOUND_S = 150.0
 _LOCAL_MASTER = re.compile(r"local(\[(\d+|\*)\])?")
+# where the driver of a local master (local, local[...], local-cluster[...]) listens: its RPC and block
+# manager ports (spark.driver.port, spark.driver.blockManager.port) bind spark.driver.bindAddress and
+# are advertised as spark.driver.host.  With a cluster master (spark://) the executors must reach the
+# driver: where it binds is the deployment's (SparkSettings.extra_conf, or SPARK_LOCAL_IP)
+LOCAL_DRIVER_ADDRESS = "127.0.0.1"
 
 
 def master_url(master: str) -> str:
@@ -65,7 +71,9 @@ def master_url(master: str) -> str:
 
 
 def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
-    """Every option the factory sets, as a plain mapping (easy to read and test)."""
+    """Every option the factory sets, as a plain mapping (easy to read and test).
+    A local master's driver listens on loopback alone; ``extra_conf``, applied
+    last, may say otherwise."""
     conf = {
         "spark.jars": ",".join(str(j) for j in jars),
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
@@ -84,6 +92,8 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         # micro-batches, queries named late in the alphabet waited for minutes behind the others
         "spark.scheduler.mode": "FIFO",
     }
+    if settings.master.startswith("local"):
+        conf |= {"spark.driver.bindAddress": LOCAL_DRIVER_ADDRESS, "spark.driver.host": LOCAL_DRIVER_ADDRESS}
     if settings.master.startswith("spark://"):
         # a worker group is one application among others: it must leave them cores
         conf.update(
@@ -104,7 +114,9 @@ def spark_session(
     progress: Callable[[str], None] = log.info,
 ) -> SparkSession:
     """A session on ``settings.master`` with the Kafka connector jars for the
-    installed pyspark.  Reuses the active session when one exists."""
+    installed pyspark.  Reuses the active session when one exists.  On a
+    local master the driver listens on loopback, its UI too when enabled
+    (``SPARK_LOCAL_IP``, unless set, for the JVM this starts)."""
     settings = settings or SparkSettings()
     runtime = runtime or LocalRuntimeSettings()
     if runtime.spark_version != pyspark.__version__:
@@ -114,6 +126,9 @@ def spark_session(
         )
     require_tool("java")
     jars = connector_jars(runtime.spark_version, runtime.cache_dir, Path(pyspark.__file__).parent / "jars", progress)
+    if settings.ui_enabled and settings.master.startswith("local"):
+        # the Spark UI binds SPARK_LOCAL_IP, not spark.driver.bindAddress: every interface without it
+        os.environ.setdefault("SPARK_LOCAL_IP", LOCAL_DRIVER_ADDRESS)
     builder = SparkSession.builder.master(master_url(settings.master)).appName(settings.app_name)
     for key, value in spark_conf(settings, jars).items():
         builder = builder.config(key, value)

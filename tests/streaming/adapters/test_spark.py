@@ -13,7 +13,8 @@ from kafka import KafkaProducer
 from barriers.messages import ChannelId
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.records import header_values
-from streaming.adapters.spark import ChannelQuery, QuerySpec, master_url
+from streaming.adapters.spark import LOCAL_DRIVER_ADDRESS, ChannelQuery, QuerySpec, master_url, spark_conf
+from streaming.api.config import SparkSettings
 from streaming.errors import ConfigError
 
 
@@ -108,3 +109,34 @@ def test_a_local_master_retries_a_task_as_a_cluster_does():
     assert master_url("local") == "local[1,4]"
     # a failure count given, or a cluster, is left as it is
     assert master_url("local[2,1]") == "local[2,1]" and master_url("spark://h:7077") == "spark://h:7077"
+
+
+BIND = ("spark.driver.bindAddress", "spark.driver.host")
+
+
+@pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[2,4]", "local-cluster[2,1,1024]"])
+def test_a_local_masters_driver_listens_on_loopback_alone(master):
+    conf = spark_conf(SparkSettings(master=master), [])
+    assert [conf[key] for key in BIND] == ["127.0.0.1", "127.0.0.1"] == [LOCAL_DRIVER_ADDRESS] * 2
+    # its RPC and block manager ports bind that address: no other address is set for them
+    assert not {"spark.driver.port", "spark.driver.blockManager.port", "spark.blockManager.port"} & set(conf)
+    assert conf["spark.ui.enabled"] == "false"  # the Spark UI (which binds every interface) stays off
+
+
+def test_a_cluster_masters_driver_binds_where_the_deployment_says():
+    assert not set(BIND) & set(spark_conf(SparkSettings(master="spark://spark-master:7077"), []))
+    given = (("spark.driver.bindAddress", "0.0.0.0"), ("spark.driver.host", "pipeline"))
+    assert [spark_conf(SparkSettings(master="spark://spark-master:7077", extra_conf=given), [])[k] for k in BIND] == [
+        "0.0.0.0",
+        "pipeline",
+    ]
+    assert [spark_conf(SparkSettings(master="local[2]", extra_conf=given), [])[k] for k in BIND] == [
+        "0.0.0.0",
+        "pipeline",
+    ]
+
+
+def test_the_session_of_a_local_master_has_its_driver_on_loopback(spark, connection):
+    if not connection.spark_master.startswith("local"):
+        pytest.skip(f"the session runs on {connection.spark_master}")
+    assert [spark.conf.get(key) for key in BIND] == [LOCAL_DRIVER_ADDRESS] * 2
