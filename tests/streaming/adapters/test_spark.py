@@ -13,7 +13,7 @@ from kafka import KafkaProducer
 from barriers.messages import ChannelId
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.records import header_values
-from streaming.adapters.spark import LOCAL_DRIVER_ADDRESS, ChannelQuery, QuerySpec, master_url, spark_conf
+from streaming.adapters.spark import LOCAL_DRIVER_ADDRESS, ChannelQuery, QuerySpec, local_master, master_url, spark_conf
 from streaming.api.config import SparkSettings
 from streaming.errors import ConfigError
 
@@ -114,8 +114,13 @@ def test_a_local_master_retries_a_task_as_a_cluster_does():
 BIND = ("spark.driver.bindAddress", "spark.driver.host")
 
 
-@pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[2,4]", "local-cluster[2,1,1024]"])
-def test_a_local_masters_driver_listens_on_loopback_alone(master):
+LOCAL = ["local", "local[2]", "local[*]", "local[2,4]", "local-cluster[2,1,1024]", "spark://127.0.0.1:7077"]
+LOCAL += ["spark://localhost:7077", "spark://[::1]:7077", "spark://127.0.0.1:7077,127.0.0.1:7078"]
+
+
+@pytest.mark.parametrize("master", LOCAL)
+def test_the_driver_of_a_master_on_this_machine_listens_on_loopback_alone(master):
+    assert local_master(master)
     conf = spark_conf(SparkSettings(master=master), [])
     assert [conf[key] for key in BIND] == ["127.0.0.1", "127.0.0.1"] == [LOCAL_DRIVER_ADDRESS] * 2
     # its RPC and block manager ports bind that address: no other address is set for them
@@ -123,10 +128,14 @@ def test_a_local_masters_driver_listens_on_loopback_alone(master):
     assert conf["spark.ui.enabled"] == "false"  # the Spark UI (which binds every interface) stays off
 
 
-def test_a_cluster_masters_driver_binds_where_the_deployment_says():
-    assert not set(BIND) & set(spark_conf(SparkSettings(master="spark://spark-master:7077"), []))
+@pytest.mark.parametrize(
+    "master", ["spark://spark-master:7077", "spark://10.0.0.5:7077", "spark://127.0.0.1:7077,h:7077", "yarn"]
+)
+def test_a_driver_of_a_master_elsewhere_binds_where_the_deployment_says(master):
+    assert not local_master(master)
+    assert not set(BIND) & set(spark_conf(SparkSettings(master=master), []))
     given = (("spark.driver.bindAddress", "0.0.0.0"), ("spark.driver.host", "pipeline"))
-    assert [spark_conf(SparkSettings(master="spark://spark-master:7077", extra_conf=given), [])[k] for k in BIND] == [
+    assert [spark_conf(SparkSettings(master=master, extra_conf=given), [])[k] for k in BIND] == [
         "0.0.0.0",
         "pipeline",
     ]
@@ -136,7 +145,6 @@ def test_a_cluster_masters_driver_binds_where_the_deployment_says():
     ]
 
 
-def test_the_session_of_a_local_master_has_its_driver_on_loopback(spark, connection):
-    if not connection.spark_master.startswith("local"):
-        pytest.skip(f"the session runs on {connection.spark_master}")
+def test_the_session_of_the_local_runtime_has_its_driver_on_loopback(spark, connection):
+    assert local_master(connection.spark_master)
     assert [spark.conf.get(key) for key in BIND] == [LOCAL_DRIVER_ADDRESS] * 2
