@@ -35,6 +35,7 @@ from streaming.errors import ConfigError
 __all__ = [
     "TOKEN_ENV",
     "LOOPBACK_HOSTS",
+    "COOKIE",
     "Access",
     "RedactingRequestHandler",
     "guard",
