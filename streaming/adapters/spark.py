@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 import re
 import shutil
 import sys
@@ -38,7 +39,7 @@ from streaming.adapters.records import BATCH_BEGAN, BATCH_COLUMNS, records_in, s
 from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings
 from streaming.errors import ChannelQueryError, ConfigError
 
-__all__ = ["spark_session", "spark_conf", "QuerySpec", "ChannelQuery"]
+__all__ = ["spark_session", "spark_conf", "local_master", "QuerySpec", "ChannelQuery"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,25 @@ LOCAL_TASK_ATTEMPTS = 4
 # each (a batch waits on Kafka for at most the delivery timeout, then fails)
 STOP_BOUND_S = 150.0
 _LOCAL_MASTER = re.compile(r"local(\[(\d+|\*)\])?")
+# where the driver listens when every executor runs on this machine (local_master): its RPC and block
+# manager ports (spark.driver.port, spark.driver.blockManager.port) bind spark.driver.bindAddress and
+# are advertised as spark.driver.host.  With a master elsewhere the executors must reach the driver:
+# where it binds is the deployment's (SparkSettings.extra_conf, or SPARK_LOCAL_IP)
+LOCAL_DRIVER_ADDRESS = "127.0.0.1"
+_LOOPBACK_HOST = re.compile(r"localhost|127(\.\d{1,3}){3}|\[::1\]")
+
+
+def local_master(master: str) -> bool:
+    """Whether every executor of ``master`` runs on this machine: a local
+    master (``local``, ``local[...]``, ``local-cluster[...]``) or a standalone
+    master on loopback (``spark://127.0.0.1:7077``, the local runtime's
+    cluster), whose workers are on this machine too."""
+    if master.startswith("local"):
+        return True
+    if not master.startswith("spark://"):
+        return False
+    hosts = [address.rsplit(":", 1)[0] for address in master.removeprefix("spark://").split(",")]
+    return all(_LOOPBACK_HOST.fullmatch(host) for host in hosts)
 
 
 def master_url(master: str) -> str:
@@ -65,7 +85,9 @@ def master_url(master: str) -> str:
 
 
 def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
-    """Every option the factory sets, as a plain mapping (easy to read and test)."""
+    """Every option the factory sets, as a plain mapping (easy to read and test).
+    The driver of a master on this machine (``local_master``) listens on
+    loopback alone; ``extra_conf``, applied last, may say otherwise."""
     conf = {
         "spark.jars": ",".join(str(j) for j in jars),
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
@@ -84,6 +106,8 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         # micro-batches, queries named late in the alphabet waited for minutes behind the others
         "spark.scheduler.mode": "FIFO",
     }
+    if local_master(settings.master):
+        conf |= {"spark.driver.bindAddress": LOCAL_DRIVER_ADDRESS, "spark.driver.host": LOCAL_DRIVER_ADDRESS}
     if settings.master.startswith("spark://"):
         # a worker group is one application among others: it must leave them cores
         conf.update(
@@ -104,7 +128,10 @@ def spark_session(
     progress: Callable[[str], None] = log.info,
 ) -> SparkSession:
     """A session on ``settings.master`` with the Kafka connector jars for the
-    installed pyspark.  Reuses the active session when one exists."""
+    installed pyspark.  Reuses the active session when one exists.  On a
+    master on this machine (``local_master``) the driver listens on loopback,
+    its UI too when enabled (``SPARK_LOCAL_IP``, unless set, for the JVM this
+    starts)."""
     settings = settings or SparkSettings()
     runtime = runtime or LocalRuntimeSettings()
     if runtime.spark_version != pyspark.__version__:
@@ -114,6 +141,9 @@ def spark_session(
         )
     require_tool("java")
     jars = connector_jars(runtime.spark_version, runtime.cache_dir, Path(pyspark.__file__).parent / "jars", progress)
+    if settings.ui_enabled and local_master(settings.master):
+        # the Spark UI binds SPARK_LOCAL_IP, not spark.driver.bindAddress: every interface without it
+        os.environ.setdefault("SPARK_LOCAL_IP", LOCAL_DRIVER_ADDRESS)
     builder = SparkSession.builder.master(master_url(settings.master)).appName(settings.app_name)
     for key, value in spark_conf(settings, jars).items():
         builder = builder.config(key, value)

@@ -1,7 +1,12 @@
 """docker/compose.yaml runs the same stack as the local cluster on real
-services.  No Docker engine runs here, so this checks what can be checked:
-the file parses, names every service, its ``${NAME:-default}`` settings are
-the ones .env.example documents, and the pipeline gets every setting the code
+services.  No Docker engine runs here (nor ``docker compose``), so this checks
+what can be checked: the file parses, and its settings interpolate as compose
+interpolates them (a parser of compose's ``$`` syntax, below), names every
+service, its ``${NAME:-default}`` settings are the ones .env.example documents;
+its defaults are safe: every port is published on 127.0.0.1 alone, no
+credential has a value in the file, each is a ``${NAME:?message}`` that stops
+compose with the message while it is not set, and Grafana asks every viewer
+to log in; and the pipeline gets every setting the code
 reads, with values that point at the services it defines; Prometheus
 scrapes the ports the pipeline serves its metrics on and loads the alert
 rules, which name metrics the code defines, pass ``promtool check rules``
@@ -15,9 +20,11 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
+import pytest
 import yaml
 
 from streaming.adapters.kafka_admin import replication
@@ -32,7 +39,16 @@ ALERTS = DOCKER / "prometheus-alerts.yml"
 # a metric's name in a query; not a label's (spark_abs_role="runner")
 METRIC = re.compile(r"\bspark_abs_\w+\b(?!\s*(?:=|!=|=~|!~))")
 SETTING = re.compile(r"\$\{([A-Z0-9_]+):-([^}]*)\}")
+REQUIRED = re.compile(r"\$\{([A-Z0-9_]+):\?([^}]+)\}")
 BROKERS = ("kafka-1", "kafka-2", "kafka-3")
+# what a name of an environment variable that holds a credential looks like
+CREDENTIAL = re.compile(r"PASSWORD|SECRET|ACCESS_KEY|ROOT_USER|TOKEN|_USER$")
+# the credentials compose must be given, and values for them in these tests
+CREDENTIALS = {
+    "SPARK_ABS_S3_ACCESS_KEY": "test-user",
+    "SPARK_ABS_S3_SECRET_KEY": "test-secret-key",
+    "GRAFANA_ADMIN_PASSWORD": "test-password",
+}
 
 
 def _example() -> dict[str, str]:
@@ -40,10 +56,62 @@ def _example() -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
 
 
-def _compose() -> dict:
-    """The compose file with its settings resolved as compose would with no .env."""
-    text = (DOCKER / "compose.yaml").read_text()
-    return yaml.safe_load(SETTING.sub(lambda m: m.group(2), text))
+class MissingSetting(Exception):
+    """A ``${NAME:?message}`` (or ``${NAME?message}``) whose variable is not set: compose stops with the message."""
+
+
+# compose's interpolation: $$, $NAME, ${NAME}, ${NAME:-default}, ${NAME-default},
+# ${NAME:?message}, ${NAME?message}, ${NAME:+other}, ${NAME+other}
+_TEMPLATE = re.compile(
+    r"\$(?:(?P<escaped>\$)|(?P<bare>[A-Za-z_][A-Za-z0-9_]*)"
+    r"|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>[^}$]*))?\}|(?P<invalid>))"
+)
+
+
+def _interpolate(value: str, env: Mapping[str, str]) -> str:
+    """``value`` as compose interpolates it from ``env``."""
+
+    def one(match: re.Match) -> str:
+        if match["escaped"]:
+            return "$"
+        if match["bare"]:
+            return env.get(match["bare"], "")
+        if match["invalid"] is not None:
+            raise ValueError(f"invalid interpolation in {value!r} at {match.start()}")
+        name, op, arg = match["name"], match["op"], match["arg"]
+        given = env.get(name)
+        unset = given is None or (op is not None and op.startswith(":") and given == "")
+        if op in ("-", ":-"):
+            return arg if unset else given
+        if op in ("?", ":?"):
+            if unset:
+                raise MissingSetting(f"required variable {name} is missing a value: {arg}")
+            return given
+        if op in ("+", ":+"):
+            return "" if unset else arg
+        return given or ""
+
+    return _TEMPLATE.sub(one, value)
+
+
+def _resolved(node, env: Mapping[str, str]):
+    if isinstance(node, dict):
+        return {key: _resolved(value, env) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_resolved(value, env) for value in node]
+    return _interpolate(node, env) if isinstance(node, str) else node
+
+
+def _raw() -> dict:
+    """The compose file as YAML, not interpolated."""
+    return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+
+
+def _compose(env: Mapping[str, str] | None = None) -> dict:
+    """The compose file with its settings interpolated as compose does (the YAML
+    first, then each string), from ``env``: by default a .env copied from
+    the example, the credentials filled in."""
+    return _resolved(_raw(), {**_example(), **CREDENTIALS} if env is None else env)
 
 
 def test_compose_names_every_service():
@@ -61,9 +129,69 @@ def test_compose_names_every_service():
 
 
 def test_every_setting_is_in_the_env_example_with_the_same_default():
-    used = dict(SETTING.findall((DOCKER / "compose.yaml").read_text()))
+    text = (DOCKER / "compose.yaml").read_text()
+    used = dict(SETTING.findall(text))
     assert used == {name: value for name, value in _example().items() if name in used}
-    assert set(used) == set(_example()), "the example documents settings compose does not use"
+    required = {name for name, _ in REQUIRED.findall(text)}
+    assert required == set(CREDENTIALS)
+    assert {name: _example()[name] for name in required} == dict.fromkeys(required, "")  # to fill in, no default
+    assert set(used) | required == set(_example()), "the example documents settings compose does not use"
+
+
+def test_the_interpolation_parser_reads_composes_syntax():
+    env = {"SET": "v", "EMPTY": ""}
+    assert _interpolate("$$SET $SET ${SET} ${UNSET:-d} ${EMPTY:-d} ${EMPTY-d} ${SET:+alt} ${UNSET}.", env) == (
+        "$SET v v d d  alt ."
+    )
+    assert _interpolate("${SET:?say so}", env) == "v"
+    with pytest.raises(MissingSetting, match="UNSET is missing a value: say so"):
+        _interpolate("${UNSET:?say so}", env)
+    with pytest.raises(MissingSetting, match="EMPTY"):
+        _interpolate("${EMPTY:?say so}", env)
+    assert _interpolate("${EMPTY?say so}", env) == ""
+    with pytest.raises(ValueError, match="invalid interpolation"):
+        _interpolate("a $ sign", env)
+
+
+def test_every_port_is_published_on_loopback_alone():
+    published = {}
+    for name, service in _compose()["services"].items():
+        for port in service.get("ports", []):
+            assert isinstance(port, str) and re.fullmatch(r"127\.0\.0\.1:\d+:\d+", port), (name, port)
+            published[name] = published.get(name, 0) + 1
+    assert published == dict.fromkeys((*BROKERS, "spark-master", "prometheus", "grafana"), 1) | {"s3": 2}
+
+
+def test_no_credential_has_a_value_in_the_file_and_compose_stops_without_each():
+    """Every variable a service gets that holds a credential is a
+    ``${NAME:?message}`` (or an alias of one), and compose refuses to start
+    while one is unset or empty (as .env.example leaves them), saying what to set."""
+    credentials = {
+        (name, key): value
+        for name, service in _raw()["services"].items()
+        for key, value in (service.get("environment") or {}).items()
+        if CREDENTIAL.search(key)
+    }
+    assert len(credentials) >= 7
+    for where, value in credentials.items():
+        match = REQUIRED.fullmatch(str(value))
+        assert match and match[1] in CREDENTIALS, where
+        assert f"set {match[1]} in docker/.env" in match[2], where
+    text = (DOCKER / "compose.yaml").read_text()
+    assert [name for name, _ in SETTING.findall(text) if CREDENTIAL.search(name)] == []
+    for literal in ("sparkabs-secret", ":-sparkabs}", "PASSWORD:-"):  # the defaults it had
+        assert literal not in text
+    for name in CREDENTIALS:
+        for env in ({**_example(), **CREDENTIALS, name: ""}, {k: v for k, v in CREDENTIALS.items() if k != name}):
+            with pytest.raises(MissingSetting, match=rf"{name} is missing a value: set {name} in docker/\.env"):
+                _compose(env)
+    assert _compose()["services"]["s3"]["environment"]["MINIO_ROOT_PASSWORD"] == "test-secret-key"
+
+
+def test_grafana_asks_every_viewer_to_log_in():
+    env = _compose()["services"]["grafana"]["environment"]
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false" and env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == CREDENTIALS["GRAFANA_ADMIN_PASSWORD"]
 
 
 def test_the_pipeline_gets_every_connection_setting_and_they_parse():
@@ -86,6 +214,12 @@ def test_the_pipeline_gets_every_connection_setting_and_they_parse():
     minio_env = services[s3.hostname]["environment"]
     assert (conn.s3_access_key, conn.s3_secret_key) == (minio_env["MINIO_ROOT_USER"], minio_env["MINIO_ROOT_PASSWORD"])
     assert f"store/{conn.s3_bucket}" in " ".join(services["s3-bucket"]["command"])
+    bucket = services["s3-bucket"]
+    assert (bucket["environment"]["S3_USER"], bucket["environment"]["S3_PASSWORD"]) == (
+        conn.s3_access_key,
+        conn.s3_secret_key,
+    )
+    assert 'mc alias set store http://s3:9000 "$S3_USER" "$S3_PASSWORD"' in bucket["command"][0]
 
     master = urlparse(conn.spark_master)
     assert master.scheme == "spark" and master.hostname == "spark-master"

@@ -27,12 +27,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         "report of the job and `spark-abs compare` charts under the home. Every page reads the store "
         "afresh; the history reloads itself. Live, while the job runs, it also reads the job's control "
         "topic (Kafka of SPARK_ABS_* or the local runtime) for checkpoints in progress and aborted; "
-        "after the fact the store alone suffices. Read-only, and bound to loopback by default: the page "
-        "has no authentication.",
+        "after the fact the store alone suffices. Read-only, and bound to loopback by default, where it "
+        "answers only requests that name a loopback host (localhost, 127.0.0.1, [::1]; more with "
+        "--allow-host). Bound to any other address it asks every request for a token ($SPARK_ABS_UI_TOKEN "
+        "or --token-file) and does not start without one.",
     )
     add_store_options(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, loopback only)")
     parser.add_argument("--port", type=int, default=8050, help="port to listen on (default 8050; 0: a free one)")
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name requests may name besides localhost, 127.0.0.1 and [::1] (the name the page is "
+        "reached by off loopback; repeatable)",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="PATH",
+        help="read the token every request must carry from PATH (readable by its owner only), instead of "
+        "$SPARK_ABS_UI_TOKEN; required, one way or the other, to listen on an address that is not loopback",
+    )
     parser.add_argument(
         "--refresh",
         type=float,
@@ -49,11 +66,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import ipaddress
-
     from streaming.errors import ConfigError, RuntimeNotRunningError
     from streaming.tools.ui import app as ui
+    from streaming.tools.ui.access import TOKEN_ENV, Access, is_loopback, read_token
     from streaming.tools.ui.live import ControlWatch
+
+    token = read_token(os.environ, args.token_file)
+    loopback = is_loopback(args.host)
+    if not loopback and token is None:
+        raise ConfigError(
+            f"ui: serving on {args.host}, not loopback, needs a token every request must carry: set "
+            f"{TOKEN_ENV}, or give --token-file PATH (a file only you can read: chmod 600), e.g. "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))' > PATH; or serve on 127.0.0.1 "
+            "and reach it through an SSH tunnel"
+        )
+    # the address it listens on, when one, is a name it is reached by (0.0.0.0 and :: are not)
+    named = [] if args.host in ("0.0.0.0", "::") else [args.host]
+    access = Access(token=token).allowing([*args.allow_host, *named])
 
     if not args.verbose:  # the pages say what they could not read; requests are not logged
         logging.getLogger("streaming.adapters.snapshots").setLevel(logging.ERROR)
@@ -72,21 +101,20 @@ def run(args: argparse.Namespace) -> int:
         else None
     )
     home = Path(args.home).expanduser().resolve() if args.home else default_home()
-    app = ui.create_app(ui.JobSource(args.store, args.job, connection, home), refresh_s=args.refresh, watch=watch)
-    try:
-        loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
-    except ValueError:  # a host name
-        loopback = False
+    source = ui.JobSource(args.store, args.job, connection, home)
+    app = ui.create_app(source, refresh_s=args.refresh, watch=watch, access=access)
     if not loopback:
         log.warning(
-            f"serving on {args.host}, not loopback: the page has no authentication, anyone who reaches "
-            f"{args.host}:{args.port} reads the job's checkpoints and state"
+            f"serving on {args.host}, not loopback: every request must carry the token; requests may name "
+            f"{', '.join(sorted(access.hosts))} (more with --allow-host). Over plain HTTP the token crosses "
+            "the network as it is: prefer an SSH tunnel or a TLS proxy"
         )
     try:  # a port in use: werkzeug says so and exits (status 1)
         server = ui.serve(app, args.host, args.port)
     except OSError as exc:
         raise ConfigError(f"ui: cannot serve on {args.host}:{args.port}: {exc}") from exc
-    print(f"job {args.job} of {args.store}: http://{args.host}:{server.server_port}/ (read-only; Ctrl-C stops)")
+    asks = "; asks for the token" if token is not None else ""
+    print(f"job {args.job} of {args.store}: http://{args.host}:{server.server_port}/ (read-only{asks}; Ctrl-C stops)")
     try:
         server.serve_forever()
     finally:

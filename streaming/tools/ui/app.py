@@ -23,7 +23,9 @@ reads it with (``streaming.tools.checkpoints.inspection``) and as the same rows
 
 Only GET routes: nothing here writes to the store, Kafka or the home.  An
 unknown job, a store that does not answer or a checkpoint that is not
-there is a page that says so."""
+there is a page that says so.  Every request is checked first
+(``streaming.tools.ui.access``): the ``Host`` it names and, when the page is
+exposed, its token."""
 
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ from streaming.tools.tables import (
     restore_pick,
     state_parts,
 )
+from streaming.tools.ui.access import Access, RedactingRequestHandler, guard
 from streaming.tools.ui.live import ControlWatch, live_table
 from streaming.tools.ui.liveness import JobLiveness
 from streaming.tools.ui.templates import TEMPLATES
@@ -170,12 +173,16 @@ def create_app(
     refresh_s: float = 5.0,
     watch: ControlWatch | None = None,
     clock: Callable[[], float] = time.time,
+    access: Access | None = None,
 ) -> Flask:
     """The web app of ``source``'s job; ``watch`` follows its control topic
     (None: from the store alone); the history page reloads itself every
     ``refresh_s`` seconds (0: never); ``clock`` is the Unix time the
-    overview tells the age of the newest checkpoint by."""
+    overview tells the age of the newest checkpoint by; ``access`` the hosts
+    a request may name and the token it must carry (default: loopback's
+    names, no token)."""
     app = Flask(__name__, static_folder=None)
+    guard(app, access or Access())
     app.jinja_loader = DictLoader(TEMPLATES)
     mode = "live: the store and the control topic" if watch is not None else "from the store"
     refresh = f"{refresh_s:g}" if refresh_s > 0 else None
@@ -344,5 +351,6 @@ def _chained(manifest) -> set[str]:
 
 def serve(app: Flask, host: str = "127.0.0.1", port: int = 8050) -> BaseWSGIServer:
     """A threaded HTTP server of ``app`` on ``host:port`` (port 0: a free
-    one, ``server.server_port``), not started: ``serve_forever`` it."""
-    return make_server(host, port, app, threaded=True)
+    one, ``server.server_port``), not started: ``serve_forever`` it.  Its
+    request log never shows a ``?token=``."""
+    return make_server(host, port, app, threaded=True, request_handler=RedactingRequestHandler)

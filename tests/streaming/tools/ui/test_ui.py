@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import socket
 import subprocess
@@ -386,24 +387,26 @@ def test_a_job_without_a_control_topic_says_so():
     assert view.problem == f"Kafka has no topic spark-abs.{JOB}.control" and view.in_progress == ()
 
 
-def _ui(*args: str) -> subprocess.Popen:
+def _ui(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "streaming.tools.cli", "ui", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, **env} if env else None,
     )
 
 
 def test_the_command_serves_warns_off_loopback_and_fails_clearly_on_a_taken_port(store_dir):
+    """Off loopback with a token (tests/streaming/tools/ui/test_access.py: what it asks of requests)."""
     where = ("--store", f"file://{store_dir}", "--job", JOB, "--store-only")
-    served = _ui(*where, "--host", "0.0.0.0", "--port", "0")
+    served = _ui(*where, "--host", "0.0.0.0", "--port", "0", env={"SPARK_ABS_UI_TOKEN": "a-token"})
     try:
         said = [served.stdout.readline() for _ in range(2)]
     finally:
         served.terminate()
         served.wait(30)
-    assert any("not loopback: the page has no authentication" in line for line in said), said
+    assert any("not loopback: every request must carry the token" in line for line in said), said
     url = next(line for line in said if "http://" in line)
     assert "read-only" in url and re.search(r"http://0\.0\.0\.0:[1-9]\d*/", url), url
     with socket.socket() as taken:
