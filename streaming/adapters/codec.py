@@ -274,25 +274,25 @@ def decode_records(records: pa.Table, reading: ChannelReading) -> Decoded:
             rejected += [(i, ARROW_ON_INGRESS) for i in range(begin, end)]
         else:
             for i in range(begin, end):
-                table, reason = _read_batch(values[i].as_py(), reading.max_decoded_bytes)
-                if reason is not None:
-                    rejected.append((i, reason))
+                batch = _read_batch(values[i].as_py(), reading.max_decoded_bytes)
+                if isinstance(batch, str):
+                    rejected.append((i, batch))
                 else:
-                    parts.append((table, [i] * table.num_rows))
+                    parts.append((batch, [i] * batch.num_rows))
     if not parts:
         return Decoded(_empty(reading.schema), [], sorted(rejected))
     table, index, disagree = _combine(parts, "its rows do not fit the other records' columns")
     return Decoded(table, index, sorted(rejected + disagree))
 
 
-def _read_batch(value: bytes | None, max_decoded_bytes: int) -> tuple[pa.Table, None] | tuple[None, str]:
+def _read_batch(value: bytes | None, max_decoded_bytes: int) -> pa.Table | str:
     """The table of one Arrow record, or why there is none."""
     try:
-        return arrow_ipc.read(value, max_decoded_bytes), None
+        return arrow_ipc.read(value, max_decoded_bytes)
     except arrow_ipc.OverCap as exc:
-        return None, f"Arrow batch over the cap on decompressed bytes (max_decoded_bytes): {exc}"
+        return f"Arrow batch over the cap on decompressed bytes (max_decoded_bytes): {exc}"
     except Exception as exc:  # whatever reading it raised, this record alone is rejected
-        return None, f"value is not a readable Arrow IPC stream: {type(exc).__name__}: {exc}"
+        return f"value is not a readable Arrow IPC stream: {type(exc).__name__}: {exc}"
 
 
 def _combine(parts: list[tuple[pa.Table, list[int]]], why: str) -> tuple[pa.Table, list[int], list[tuple[int, str]]]:
