@@ -6,7 +6,8 @@
   ``spark_stage`` (a stage's Spark code), the two modules that import
   pyspark, and ``jars`` (the connector jars, resolved from Maven);
 - records: ``records`` (their shapes as Arrow), ``codec`` (JSON and Arrow
-  values), ``avro`` (Avro values);
+  values), ``arrow_ipc`` (Arrow batches read within a cap on their
+  decompressed bytes), ``avro`` (Avro values);
 - storage: ``objects`` (object storage), ``snapshots`` (the snapshot store);
 - ``sinks``: the exactly-once sinks.
 

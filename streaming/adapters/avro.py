@@ -43,10 +43,20 @@ def decode(values: pa.Array, schema: AvroSchema) -> tuple[pa.Table, list[int], l
             rows.append(row)
             index.append(i)
     try:
-        table = pa.Table.from_pylist(rows, schema=schema.arrow)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:  # fastavro checked the types
-        raise ValueError(f"Avro rows that fastavro read do not fit {schema.arrow}: {exc}") from exc
-    return table, index, rejected
+        return pa.Table.from_pylist(rows, schema=schema.arrow), index, rejected
+    except Exception:  # fastavro checked the types; a row Arrow cannot hold is found below
+        pass
+    kept: list[dict[str, Any]] = []
+    kept_index: list[int] = []
+    for i, row in zip(index, rows):
+        try:
+            pa.Table.from_pylist([row], schema=schema.arrow)
+        except Exception as exc:  # this record alone is rejected
+            rejected.append((i, f"value read as Avro does not fit the columns {schema.arrow}: {exc}"))
+        else:
+            kept.append(row)
+            kept_index.append(i)
+    return pa.Table.from_pylist(kept, schema=schema.arrow), kept_index, sorted(rejected)
 
 
 def _read(value: bytes | None, schema: AvroSchema) -> dict[str, Any] | str:
@@ -62,7 +72,7 @@ def _read(value: bytes | None, schema: AvroSchema) -> dict[str, Any] | str:
     stream.seek(start)
     try:
         row = fastavro.schemaless_reader(stream, schema.parsed, None)
-    except (EOFError, ValueError, IndexError, UnicodeDecodeError, OverflowError, TypeError) as exc:
+    except Exception as exc:  # whatever fastavro raised, the value is not a record of it
         return f"value is not an Avro record of the ingress schema: {type(exc).__name__}: {exc}"
     # a record schema reads a dict (avro_schema takes no other); as Spark's from_avro,
     # bytes after the record are not read

@@ -9,11 +9,23 @@ reason and none is dropped silently.  ``encode`` is the way back.
 
 Internal topics (stage to stage) carry columns: each Kafka record is one
 compressed Arrow IPC stream of many rows (``encode_batches``, split below
-the broker's message size), marked by the header ``abs.fmt: arrow``.
-``decode_records`` reads a run of records of either kind, in order."""
+the broker's message size and below ``DECODED_BATCH_BYTES`` once read),
+marked by the header ``abs.fmt: arrow``.  ``decode_records`` reads a run of
+records of either kind, in order, as the channel's ``ChannelReading`` says:
+an ingress channel takes no Arrow batch (producers of ingress topics write
+JSON or Avro; a record that says it is Arrow is rejected, not read), an
+internal one reads each batch within a cap on its decompressed bytes
+(``streaming.adapters.arrow_ipc``).
+
+Whatever goes wrong decoding one record (an exception of any kind, a batch
+whose columns do not fit the others') rejects that record alone, with the
+reason: when the records of a run cannot be one table, each record's rows
+are checked against the schema most of them share (``_combine``), so one
+bad record never takes its segment's good ones with it."""
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,10 +37,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from streaming.adapters import avro
+from streaming.adapters import arrow_ipc, avro
 from streaming.adapters.records import header_values
+from streaming.api.settings import DECODED_BATCH_BYTES, JobSettings
 
 __all__ = [
+    "ChannelReading",
     "Decoded",
     "decode",
     "encode",
@@ -37,6 +51,8 @@ __all__ = [
     "FORMAT_HEADER",
     "ARROW_FORMAT",
     "MAX_BATCH_BYTES",
+    "DECODED_BATCH_BYTES",
+    "ARROW_ON_INGRESS",
 ]
 
 # the header that marks a record whose value is an Arrow IPC stream
@@ -45,6 +61,11 @@ ARROW_FORMAT = b"arrow"
 # below the broker's and the producer's default message size (1 MiB), headers included
 MAX_BATCH_BYTES = 900_000
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+# why an ingress record marked as an Arrow batch is rejected
+ARROW_ON_INGRESS = (
+    "an Arrow batch (header abs.fmt: arrow) on an ingress topic: only the job's stages write Arrow batches, "
+    "to its internal topics; an ingress topic's records are read as its schema says"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +77,32 @@ class Decoded:
     table: pa.Table
     index: list[int]
     rejected: list[tuple[int, str]]
+
+
+# how an ingress's values are read: JSON (its rows' schema, or None: inferred), or Avro
+ValueSchema: TypeAlias = pa.Schema | avro.AvroSchema | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelReading:
+    """How the records of one channel are read: an ingress topic's as its
+    ``schema`` says (JSON or Avro, never an Arrow batch), an internal
+    topic's as Arrow batches, each at most ``max_decoded_bytes`` once
+    decompressed (``JobSettings.max_decoded_bytes``).  Made by ``ingress``
+    or ``internal``."""
+
+    schema: ValueSchema = None
+    # Arrow batches are read (an internal topic), each within this many decompressed bytes;
+    # None: they are rejected (an ingress topic)
+    max_decoded_bytes: int | None = None
+
+    @classmethod
+    def ingress(cls, schema: ValueSchema) -> ChannelReading:
+        return cls(schema, None)
+
+    @classmethod
+    def internal(cls, max_decoded_bytes: int = JobSettings.default("max_decoded_bytes")) -> ChannelReading:
+        return cls(None, max_decoded_bytes)
 
 
 def _bulk(values: pa.Array, schema: pa.Schema | None) -> pa.Table:
@@ -84,10 +131,6 @@ def _bulk_ok(values: pa.Array) -> bool:
     return not pc.any(pc.greater(pc.count_substring(values, "\n"), 0)).as_py()
 
 
-# how an ingress's values are read: JSON (its rows' schema, or None: inferred), or Avro
-ValueSchema: TypeAlias = pa.Schema | avro.AvroSchema | None
-
-
 def decode(values: Sequence[bytes | None] | pa.Array, schema: ValueSchema = None) -> Decoded:
     """Decode JSON object values; with ``schema`` the columns and types are
     fixed (missing fields are null, extra fields are ignored).  With an
@@ -105,7 +148,7 @@ def decode(values: Sequence[bytes | None] | pa.Array, schema: ValueSchema = None
             table = _bulk(array, schema)
             if table.num_rows == len(array):
                 return Decoded(table, list(range(len(array))), [])
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        except Exception:  # any failure of the bulk read: each record is read on its own
             pass
     rows: list[dict] = []
     index: list[int] = []
@@ -117,16 +160,21 @@ def decode(values: Sequence[bytes | None] | pa.Array, schema: ValueSchema = None
         else:
             rejected.append((i, reason))
     if schema is not None:
-        table = pa.Table.from_pylist(rows, schema=schema)
-    else:
+        return Decoded(pa.Table.from_pylist(rows, schema=schema), index, rejected)
+    try:
+        return Decoded(pa.Table.from_pylist(rows), index, rejected)
+    except Exception:  # without a schema, types that disagree: each row on its own
+        pass
+    parts: list[tuple[pa.Table, list[int]]] = []
+    for i, row in zip(index, rows):
         try:
-            table = pa.Table.from_pylist(rows)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            # without a schema, types that disagree between records cannot be one table
-            return Decoded(
-                pa.table({}), [], [(i, f"value types disagree within the batch: {exc}") for i in range(len(array))]
-            )
-    return Decoded(table, index, rejected)
+            parts.append((pa.Table.from_pylist([row]), [i]))
+        except Exception as exc:  # a row no Arrow type holds
+            rejected.append((i, f"value has no Arrow type: {type(exc).__name__}: {exc}"))
+    if not parts:
+        return Decoded(pa.table({}), [], rejected)
+    table, index, disagree = _combine(parts, "value types disagree with the other records'")
+    return Decoded(table, index, sorted(rejected + disagree))
 
 
 def _check(value: bytes | None, schema: pa.Schema | None, rows: list[dict]) -> str | None:
@@ -136,13 +184,15 @@ def _check(value: bytes | None, schema: pa.Schema | None, rows: list[dict]) -> s
         row = json.loads(value)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return f"value is not JSON: {exc}"
+    except RecursionError:
+        return "value is not JSON this reader takes: nested deeper than Python's recursion limit"
     if not isinstance(row, dict):
         return f"value is JSON {type(row).__name__}, not an object"
     if schema is not None:
         row = {name: row.get(name) for name in schema.names}
         try:
             pa.Table.from_pylist([row], schema=schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
+        except Exception as exc:  # whatever Arrow makes of it, the record does not fit
             return f"value does not fit the schema ({schema.to_string(show_schema_metadata=False)!r}): {exc}"
     rows.append(row)
     return None
@@ -166,12 +216,21 @@ def _ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def encode_batches(table: pa.Table, max_bytes: int = MAX_BATCH_BYTES) -> list[bytes]:
+def encode_batches(
+    table: pa.Table, max_bytes: int = MAX_BATCH_BYTES, max_decoded_bytes: int = DECODED_BATCH_BYTES
+) -> list[bytes]:
     """``table`` as compressed Arrow IPC streams, in row order, each at most
-    ``max_bytes`` (a single row larger than that is one value of its own)."""
+    ``max_bytes``, and at most ``max_decoded_bytes`` once read (below any
+    reader's cap, ``JobSettings.max_decoded_bytes``; a single row larger
+    than either is one value of its own)."""
     out: list[bytes] = []
 
     def write(part: pa.Table) -> None:
+        if part.nbytes > max_decoded_bytes and part.num_rows > 1:
+            half = part.num_rows // 2
+            write(part.slice(0, half))
+            write(part.slice(half))
+            return
         data = _ipc(part)
         if len(data) <= max_bytes or part.num_rows <= 1:
             out.append(data)
@@ -192,50 +251,84 @@ def _empty(schema: ValueSchema) -> pa.Table:
     return (schema.arrow if isinstance(schema, avro.AvroSchema) else schema).empty_table()
 
 
-def _read_ipc(value: bytes | None) -> pa.Table:
-    if not value:
-        raise pa.ArrowInvalid("record has no value")
-    with pa.ipc.open_stream(value) as reader:
-        return reader.read_all()
-
-
-def decode_records(records: pa.Table, schema: ValueSchema = None) -> Decoded:
+def decode_records(records: pa.Table, reading: ChannelReading) -> Decoded:
     """Decode the values of ``records`` (Kafka records with ``value`` and
-    ``headers`` columns): JSON objects, and Arrow IPC streams where the
-    ``abs.fmt`` header says so, each run in its own way, rows in record order."""
+    ``headers`` columns) as ``reading`` says: JSON objects (or Avro), and
+    Arrow IPC streams where the ``abs.fmt`` header says so (on an internal
+    channel; on an ingress one such a record is rejected), each run in its
+    own way, rows in record order."""
     arrow = pc.fill_null(pc.equal(header_values(records, FORMAT_HEADER), ARROW_FORMAT), False)
     values = records["value"].combine_chunks()
     if not pc.any(arrow).as_py():
-        return decode(values, schema)
+        return decode(values, reading.schema)
     flags = arrow.to_numpy(zero_copy_only=False)
     bounds = [0, *np.flatnonzero(flags[1:] != flags[:-1]) + 1, len(flags)]
-    tables: list[pa.Table] = []
-    index: list[int] = []
+    parts: list[tuple[pa.Table, list[int]]] = []
     rejected: list[tuple[int, str]] = []
     for begin, end in zip(bounds[:-1], bounds[1:]):
         if not flags[begin]:
-            part = decode(values.slice(begin, end - begin), schema)
-            tables.append(part.table)
-            index += [begin + i for i in part.index]
-            rejected += [(begin + i, reason) for i, reason in part.rejected]
-            continue
-        for i in range(begin, end):
-            try:
-                table = _read_ipc(values[i].as_py())
-            except (pa.ArrowInvalid, OSError) as exc:
-                rejected.append((i, f"value is not a readable Arrow IPC stream: {exc}"))
-                continue
-            tables.append(table)
-            index += [i] * table.num_rows
-    tables = [t for t in tables if t.num_rows] or tables[:1]
-    if not tables:
-        return Decoded(_empty(schema), [], rejected)
+            run = decode(values.slice(begin, end - begin), reading.schema)
+            parts.append((run.table, [begin + i for i in run.index]))
+            rejected += [(begin + i, reason) for i, reason in run.rejected]
+        elif reading.max_decoded_bytes is None:
+            rejected += [(i, ARROW_ON_INGRESS) for i in range(begin, end)]
+        else:
+            for i in range(begin, end):
+                batch = _read_batch(values[i].as_py(), reading.max_decoded_bytes)
+                if isinstance(batch, str):
+                    rejected.append((i, batch))
+                else:
+                    parts.append((batch, [i] * batch.num_rows))
+    if not parts:
+        return Decoded(_empty(reading.schema), [], sorted(rejected))
+    table, index, disagree = _combine(parts, "its rows do not fit the other records' columns")
+    return Decoded(table, index, sorted(rejected + disagree))
+
+
+def _read_batch(value: bytes | None, max_decoded_bytes: int) -> pa.Table | str:
+    """The table of one Arrow record, or why there is none."""
     try:
-        table = pa.concat_tables(tables, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        return Decoded(
-            pa.table({}),
-            [],
-            rejected + [(i, f"batch schemas disagree within the micro-batch: {exc}") for i in sorted(set(index))],
-        )
-    return Decoded(table, index, sorted(rejected))
+        return arrow_ipc.read(value, max_decoded_bytes)
+    except arrow_ipc.OverCap as exc:
+        return f"Arrow batch over the cap on decompressed bytes (max_decoded_bytes): {exc}"
+    except Exception as exc:  # whatever reading it raised, this record alone is rejected
+        return f"value is not a readable Arrow IPC stream: {type(exc).__name__}: {exc}"
+
+
+def _combine(parts: list[tuple[pa.Table, list[int]]], why: str) -> tuple[pa.Table, list[int], list[tuple[int, str]]]:
+    """``parts`` (each a table and the input index of each of its rows) as
+    one table, the index of its rows, and the records rejected: none when
+    the tables concatenate (types promoted as Arrow permits).  When they do
+    not, the schema most records share is the one the others must fit;
+    the records of a table that does not fit it are rejected with ``why``
+    and the reason, the rest kept in order."""
+    tables = [t for t, _ in parts if t.num_rows] or [parts[0][0]]
+    index = [i for _, rows in parts for i in rows]
+    try:
+        return pa.concat_tables(tables, promote_options="permissive"), index, []
+    except Exception:  # tables that cannot be one: found one by one below
+        pass
+    shared: collections.Counter[pa.Schema] = collections.Counter()
+    for table, rows in parts:
+        shared[table.schema] += len(set(rows))
+    schema = shared.most_common(1)[0][0]  # ties: the first seen
+    for table, _ in parts:
+        try:
+            schema = pa.unify_schemas([schema, table.schema], promote_options="permissive")
+        except Exception:  # rejected below
+            pass
+    kept: list[pa.Table] = []
+    index = []
+    rejected: list[tuple[int, str]] = []
+    for table, rows in parts:
+        try:
+            kept.append(pa.concat_tables([schema.empty_table(), table], promote_options="permissive"))
+        except Exception as exc:  # these records' rows cannot join the others'
+            rejected += [(i, f"{why} ({_columns(schema)}): {type(exc).__name__}: {exc}") for i in sorted(set(rows))]
+        else:
+            index += rows
+    return pa.concat_tables([schema.empty_table(), *kept], promote_options="permissive"), index, rejected
+
+
+def _columns(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name} {f.type}" for f in schema)

@@ -9,6 +9,7 @@ moves bytes and reports offsets."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -36,6 +37,7 @@ __all__ = [
     "close_producer",
     "retention_ms",
     "DeadLetters",
+    "fit_dead_letter",
     "append_markers",
     "write_records",
     "dead_letter_topic_name",
@@ -350,28 +352,73 @@ def write_records(
     return written
 
 
+# what a record takes in a request besides its key, value and headers' bytes (kafka-python's
+# DefaultRecordBatchBuilder: a batch header of 61 bytes, a record's varints), with room to spare
+_RECORD_OVERHEAD = 256
+# the longest reason a dead letter carries, in characters (a reason may quote a schema of many columns)
+_REASON_CHARS = 2000
+
+
+def _record_bytes(key: bytes | None, value: bytes | None, headers: Headers) -> int:
+    named = sum(len(name.encode()) + len(data or b"") + 10 for name, data in headers)
+    return _RECORD_OVERHEAD + len(key or b"") + len(value or b"") + named
+
+
+def fit_dead_letter(
+    key: bytes | None, value: bytes | None, headers: Headers, notes: Headers, max_bytes: int
+) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+    """A dead letter (the record's ``key``, ``value`` and ``headers``, then
+    the dead letter's own ``notes``) as it can be sent in ``max_bytes``: as
+    it is when it fits; otherwise its value cut to what fits (and, when its
+    key and headers alone are over, its headers left out and its key cut
+    too), saying so in ``spark-abs-truncated`` (what was cut),
+    ``spark-abs-original-bytes`` and ``spark-abs-original-sha256`` (of the
+    whole value), so the record is never lost, only shortened."""
+    headers, notes = list(headers), list(notes)
+    if _record_bytes(key, value, headers + notes) <= max_bytes:
+        return key, value, headers + notes
+    value = value or b""
+    cut = ["value"]
+    original = [
+        ("spark-abs-original-bytes", str(len(value)).encode()),
+        ("spark-abs-original-sha256", hashlib.sha256(value).hexdigest().encode()),
+    ]
+    room = max_bytes - _record_bytes(key, b"", headers + notes + original) - 64
+    if room < 0:  # the key and the record's headers alone are over
+        cut += ["headers", "key"] if headers else ["key"]
+        headers, key = [], (key or b"")[: max_bytes // 4]
+        room = max(0, max_bytes - _record_bytes(key, b"", notes + original) - 64)
+    truncated = [("spark-abs-truncated", ",".join(cut).encode())]
+    return key, value[:room], headers + notes + original + truncated
+
+
 class DeadLetters:
     """Malformed input, kept with its reason: the original key, value and
     headers, plus ``spark-abs-reason``, ``spark-abs-source`` (channel) and
-    ``spark-abs-source-offset`` headers.  ``count`` says how many were sent."""
+    ``spark-abs-source-offset`` headers; one larger than the producer may
+    send is truncated with a note (``fit_dead_letter``).  ``count`` says how
+    many were sent."""
 
     def __init__(self, bootstrap: str, job: str, *, delivery_timeout_s: float = DELIVERY_BOUND_S):
         self.topic = dead_letter_topic_name(job)
         create_topic(bootstrap, self.topic, 1)
-        self._sends = CheckedSends(
-            producer(bootstrap, delivery_timeout_s=delivery_timeout_s), "dead letters", delivery_timeout_s + 5
-        )
+        sender = producer(bootstrap, delivery_timeout_s=delivery_timeout_s)
+        # the most a record may take (the topic, created with the broker's default
+        # max.message.bytes, 1048588, takes what the producer may send)
+        self.max_bytes = int(sender.config["max_request_size"])
+        self._sends = CheckedSends(sender, "dead letters", delivery_timeout_s + 5)
         self.count = 0
 
     def send(
         self, channel: ChannelId, offset: int, key: bytes | None, value: bytes | None, headers: Headers, reason: str
     ) -> None:
-        extra = [
-            ("spark-abs-reason", reason.encode()),
+        notes = [
+            ("spark-abs-reason", reason[:_REASON_CHARS].encode()),
             ("spark-abs-source", str(channel).encode()),
             ("spark-abs-source-offset", str(offset).encode()),
         ]
-        self._sends.send(self.topic, key=key, value=value, headers=list(headers) + extra, partition=0)
+        key, value, sent = fit_dead_letter(key, value, headers, notes, self.max_bytes)
+        self._sends.send(self.topic, key=key, value=value, headers=sent, partition=0)
         self.count += 1
         log.warning("dead letter from %s offset %d: %s", channel, offset, reason)
 

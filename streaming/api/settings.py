@@ -15,7 +15,16 @@ from typing import Any
 from barriers.messages import CheckpointOptions, InFlightFormat
 from streaming.errors import ConfigError, parse_choice
 
-__all__ = ["JobSettings", "Mode", "MODES", "StateSnapshots", "STATE_SNAPSHOTS", "IN_FLIGHT_FORMATS", "WORKER_GROUPINGS"]
+__all__ = [
+    "JobSettings",
+    "DECODED_BATCH_BYTES",
+    "Mode",
+    "MODES",
+    "StateSnapshots",
+    "STATE_SNAPSHOTS",
+    "IN_FLIGHT_FORMATS",
+    "WORKER_GROUPINGS",
+]
 
 
 class Mode(enum.StrEnum):
@@ -39,6 +48,9 @@ STATE_SNAPSHOTS = tuple(s.value for s in StateSnapshots)
 IN_FLIGHT_FORMATS = tuple(f.value for f in InFlightFormat)
 # how a job's tasks are spread over worker processes (streaming.engine.job.runner.worker_groups)
 WORKER_GROUPINGS = ("one", "per-stage")
+# what one Arrow record a stage writes to an internal topic takes at most once read
+# (streaming.adapters.codec.encode_batches): the least max_decoded_bytes may be
+DECODED_BATCH_BYTES = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +106,11 @@ class JobSettings:
     # consecutive failed checkpoints (aborted: expired, declined, not triggered) a job takes
     # before it restores from its latest checkpoint, as Flink's tolerable failed checkpoints
     tolerable_failed_checkpoints: int = 3
+    # the most bytes one Arrow record of an internal topic may take once decompressed, read
+    # from its metadata before anything is decompressed: a record over it (a decompression
+    # bomb) goes to the dead letters with the reason.  The stages write records of at most
+    # DECODED_BATCH_BYTES (16 MiB), so this is at least that
+    max_decoded_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         if not self.store:
@@ -120,6 +137,11 @@ class JobSettings:
         if self.tolerable_failed_checkpoints < 0:
             raise ConfigError(
                 f"tolerable_failed_checkpoints must be 0 or more, got {self.tolerable_failed_checkpoints}"
+            )
+        if self.max_decoded_bytes < DECODED_BATCH_BYTES:
+            raise ConfigError(
+                f"max_decoded_bytes must be at least {DECODED_BATCH_BYTES} (what a stage writes in one Arrow "
+                f"record), got {self.max_decoded_bytes}"
             )
         if self.state_memory_bytes is not None and self.state_memory_bytes < 1:
             raise ConfigError(

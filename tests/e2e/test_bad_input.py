@@ -1,4 +1,5 @@
-"""Bad input and a failing store on the real runtime: malformed records and
+"""Bad input and a failing store on the real runtime: malformed records, an
+Arrow batch on an ingress topic, JSON nested past the recursion limit and
 forged barriers become dead letters with their reason, a barrier of another
 generation is ignored, an unreachable store declines checkpoints while the
 job goes on, and a damaged checkpoint is skipped on restore (the runner says
@@ -10,11 +11,13 @@ import json
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from barriers.messages import Barrier, encode
 from spark_abs_examples import money
+from streaming.adapters.codec import ARROW_FORMAT, ARROW_ON_INGRESS, FORMAT_HEADER, encode_batches
 from streaming.adapters.kafka_io import dead_letter_topic_name
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import read_committed_output, sink_location
@@ -62,6 +65,12 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
             value=json.dumps({"id": "x", "source": "a", "target": "b", "amount": "lots", "ts": 1}).encode(),
             partition=1,
         )
+        # rows past the ingress schema, marked as a stage's Arrow batch: were they read, the output would be off
+        forged = encode_batches(
+            pa.table({"id": [10**9], "source": ["a"], "target": ["b"], "amount": [10**6], "ts": [1]})
+        )
+        producer.send(topic, value=forged[0], headers=[(FORMAT_HEADER, ARROW_FORMAT)], partition=1)
+        producer.send(topic, value=b"[" * 100_000, partition=0)  # before: a RecursionError failed the task
         producer.send(topic, value=b"", headers=encode(Barrier(1, job="someone-else")), partition=0)
         producer.send(topic, value=b"", headers=encode(Barrier(99, generation=7, job=job)), partition=1)
         producer.flush()
@@ -108,8 +117,10 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
     assert output == money.expected_output(data)
     letters = _dead_letters(bootstrap, job)
     reasons = {value: reason for reason, value in letters}
-    assert len(letters) == 3, letters
+    assert len(letters) == 5, letters
     assert reasons[b"{not json"].startswith("value is not JSON")
+    assert reasons[forged[0]] == ARROW_ON_INGRESS
+    assert "nested deeper than Python's recursion limit" in reasons[b"[" * 100_000]
     assert [r for v, r in reasons.items() if b"lots" in v][0].startswith("value does not fit the schema")
     assert reasons[b""] == f"rejected control record: belongs to job 'someone-else', not '{job}'"
     worker_logs = "".join(p.read_text(errors="replace") for p in runner.log_dir.glob("worker-*.log"))

@@ -49,7 +49,7 @@ def _channel_state_rows(bootstrap: str, manifest, internal_topics) -> int:
             if channel.topic in internal_topics and end > start:
                 records = read_range(bootstrap, channel, start, end)
                 data = records.filter(pc.greater(pc.fill_null(pc.binary_length(records["value"]), 0), 0))
-                rows += codec.decode_records(data).table.num_rows
+                rows += codec.decode_records(data, codec.ChannelReading.internal()).table.num_rows
     return rows
 
 

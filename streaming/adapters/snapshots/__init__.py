@@ -17,6 +17,12 @@ storage is reached through ``pyarrow.fs`` (``file://`` or ``s3://``, see
 task, table and channel names are percent-encoded into file names
 (``transfers:0`` -> ``transfers%3A0``); JSON keeps the original names.
 
+A part's path, as ``_TASK.json`` and the manifest record it, is relative to
+its checkpoint's directory and one the layout writes (``<task>/state/...``
+or ``<task>/channels/...``, ``layout.check_part_path``); a document naming
+any other path (``..``, absolute, a scheme, another task's directory) is
+corrupt, so what a restore reads stays inside the checkpoint.
+
 Write order is the contract: parts, then ``_TASK.json``, then
 ``_MANIFEST.json``.  Only a checkpoint with a manifest is complete; anything
 else is in progress or was abandoned.  Every part is Parquet whose size and

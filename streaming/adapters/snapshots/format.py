@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from barriers.messages import Alignment, CheckpointOptions, InFlightFormat
+from streaming.adapters.snapshots.layout import check_part_path
 
 __all__ = [
     "FORMAT_VERSION",
@@ -236,7 +237,7 @@ class TaskSnapshot:
         in_flight = {}
         for channel, (start, end) in data.get("in_flight", {}).items():
             in_flight[str(channel)] = (int(start), int(end))
-        return cls(
+        snapshot = cls(
             task=str(data["task"]),
             checkpoint_id=int(data["checkpoint_id"]),
             generation=int(data["generation"]),
@@ -250,6 +251,12 @@ class TaskSnapshot:
                 for name, chain in data.get("state_chains", {}).items()
             },
         )
+        # what a restore reads is the layout's own: every part inside its checkpoint's directory
+        links = tuple(link.part for chain in snapshot.state_chains.values() for link in chain)
+        for kind, parts in (("state", snapshot.state_parts + links), ("channels", snapshot.channel_parts)):
+            for part in parts:
+                check_part_path(snapshot.task, kind, part.path)
+        return snapshot
 
 
 # where a checkpoint's first barrier got, in order, timed from the trigger: appended to its ingress

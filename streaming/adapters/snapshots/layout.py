@@ -9,12 +9,14 @@ from urllib.parse import quote
 
 from streaming.adapters.objects import StoreLocation
 
-__all__ = ["MANIFEST", "TASK", "JOB", "CHECKPOINT_DIR", "Layout", "checkpoint_dir_name", "escape"]
+__all__ = ["MANIFEST", "TASK", "JOB", "CHECKPOINT_DIR", "Layout", "check_part_path", "checkpoint_dir_name", "escape"]
 
 MANIFEST = "_MANIFEST.json"
 TASK = "_TASK.json"
 JOB = "_JOB.json"
 CHECKPOINT_DIR = re.compile(r"chk-(\d+)$")
+# a part's file name as ``escape`` makes it: percent-encoded, so no "/", "\\" or ":"
+_PART_FILE = re.compile(r"[A-Za-z0-9_.~%-]+\.parquet")
 
 
 def checkpoint_dir_name(checkpoint_id: int) -> str:
@@ -27,6 +29,20 @@ def escape(name: str, what: str) -> str:
     if not isinstance(name, str) or name in ("", ".", ".."):
         raise ValueError(f"{what} name {name!r} cannot be used as a file name")
     return quote(name, safe="")
+
+
+def check_part_path(task: str, kind: str, path: str) -> None:
+    """A ValueError naming ``path`` unless it is where this layout puts a
+    part of ``task`` of ``kind`` (``state`` or ``channels``):
+    ``<task>/<kind>/<file>.parquet``, relative to the checkpoint's directory
+    (so a manifest cannot make a restore read outside it: no ``..``, no
+    absolute path, no scheme, no other task's directory)."""
+    parts = path.split("/")
+    if len(parts) != 3 or parts[0] != escape(task, "task") or parts[1] != kind or not _PART_FILE.fullmatch(parts[2]):
+        raise ValueError(
+            f"part path {path!r} of task {task} is not one the layout writes "
+            f"({escape(task, 'task')}/{kind}/<file>.parquet, inside the checkpoint's directory)"
+        )
 
 
 class Layout:

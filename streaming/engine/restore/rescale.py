@@ -399,7 +399,7 @@ def _reroute(
             continue
         held = pa.concat_tables(data)
         held = held.filter(pc.greater(pc.fill_null(pc.binary_length(held["value"]), 0), 0))
-        decoded = codec.decode_records(held)
+        decoded = codec.decode_records(held, codec.ChannelReading.internal())
         for index, reason in decoded.rejected:
             undecodable.append((channel, int(held["offset"][index].as_py()), reason))
         rows = decoded.table

@@ -64,6 +64,7 @@ from streaming.adapters.records import (
     stamped,
 )
 from streaming.api.pipeline import Pipeline, TaskSpec
+from streaming.api.settings import JobSettings
 from streaming.engine.kafka_retention import AtRisk
 from streaming.engine.metrics import TaskMetrics
 from streaming.engine.task.controller import TaskController, TaskWiring
@@ -81,6 +82,9 @@ from streaming.errors import TaskError
 __all__ = ["StageTask", "TaskStart", "TaskIO", "TaskOptions"]
 
 log = logging.getLogger(__name__)
+
+# how records of a channel the task does not know are read: as an ingress's, no Arrow batch taken
+_UNKNOWN_CHANNEL = codec.ChannelReading.ingress(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +129,8 @@ class TaskOptions:
     replay_run_records: int = REPLAY_RUN_RECORDS
     # the job's key: barriers and control events signed and checked with it (None: unsigned)
     job_key: bytes | None = None
+    # the most bytes one Arrow record of an internal topic may take decompressed (JobSettings.max_decoded_bytes)
+    max_decoded_bytes: int = JobSettings.default("max_decoded_bytes")
 
 
 @dataclass
@@ -178,8 +184,9 @@ class StageTask:
         self.job_key = options.job_key
         self.operator = pipeline.stage(spec.stage).make_operator()
         self._multi_input = bool(getattr(self.operator, "inputs", None))
-        # how each ingress topic's values are read (JSON with its schema, or Avro)
-        self._schemas = {i.topic: i.value_schema for i in pipeline.ingress}
+        # how each input channel's records are read: an ingress topic's as its schema says (JSON
+        # or Avro, never an Arrow batch), a stage's output topic's as Arrow batches within the cap
+        self._readings = {channel: self._reading(name, options) for channel, name in spec.inputs.items()}
         self.lineage = self.start.lineage
         self.counters: collections.Counter = collections.Counter()
         # what Prometheus sees of the task's data path (streaming.engine.metrics)
@@ -213,6 +220,12 @@ class StageTask:
         self.replay_error: BaseException | None = None
         self.replay_records = 0
         self._recovered = False
+
+    def _reading(self, name: str, options: TaskOptions) -> codec.ChannelReading:
+        ingress = self.pipeline.ingress_named(name)
+        if ingress is not None:
+            return codec.ChannelReading.ingress(ingress.value_schema)
+        return codec.ChannelReading.internal(options.max_decoded_bytes)
 
     def _input_gate(self, options: TaskOptions, clock: Callable[[], float]) -> InputGate:
         max_segment_records, segment_ms = options.max_segment_records, options.segment_ms
@@ -428,7 +441,7 @@ class StageTask:
         if is_prepared(rows):
             self._process_prepared(channel, rows)
             return
-        decoded = codec.decode_records(rows, self._schemas.get(channel.topic))
+        decoded = codec.decode_records(rows, self._readings.get(channel, _UNKNOWN_CHANNEL))
         for index, reason in decoded.rejected:
             self.quarantine.record(channel, rows.slice(index, 1), reason)
         # outputs of this segment carry the watermark from before it: no record

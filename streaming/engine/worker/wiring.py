@@ -129,6 +129,7 @@ class TaskFactory:
                 max_concurrent=self.settings.max_concurrent,
                 copy_in_flight=self._must_copy(spec, kept),
                 max_segment_records=self.settings.max_segment_records,
+                max_decoded_bytes=self.settings.max_decoded_bytes,
                 segment_ms=segment_budget_ms(self.settings),
                 incremental=Incremental(self.settings.base_every)
                 if self.settings.state_snapshots is StateSnapshots.INCREMENTAL

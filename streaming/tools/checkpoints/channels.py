@@ -82,7 +82,8 @@ def channel_rows(described: pa.Table, problems: list[str]) -> pa.Table:
     held = described.filter(keep)
     if held.num_rows == 0:
         return pa.table({"task": pa.array([], pa.string()), "channel": pa.array([], pa.string())})
-    decoded = codec.decode_records(held)
+    # shown, not processed: Arrow batches are read on any channel, within the default cap
+    decoded = codec.decode_records(held, codec.ChannelReading.internal())
     for index, reason in decoded.rejected[:5]:
         problems.append(f"{held['channel'][index]} offset {held['offset'][index]}: {reason}")
     if len(decoded.rejected) > 5:

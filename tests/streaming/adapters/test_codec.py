@@ -1,12 +1,27 @@
-"""JSON values to Arrow and back; malformed records are named, never dropped."""
+"""JSON values to Arrow and back; malformed records are named, never dropped;
+Arrow batches read only on internal channels, each within a cap on its
+decompressed bytes, and a record that does not decode rejects itself alone."""
 
 from __future__ import annotations
 
 import json
+import resource
 
+import numpy as np
 import pyarrow as pa
+import pytest
 
-from streaming.adapters.codec import decode, decode_records, encode, encode_batches
+from streaming.adapters import arrow_ipc
+from streaming.adapters.codec import (
+    ARROW_ON_INGRESS,
+    ChannelReading,
+    decode,
+    decode_records,
+    encode,
+    encode_batches,
+)
+
+INTERNAL = ChannelReading.internal()
 
 SCHEMA = pa.schema([("account", pa.string()), ("amount", pa.int64())])
 
@@ -60,7 +75,7 @@ def test_arrow_batches_stay_below_the_size_limit_and_round_trip_in_order():
     table = pa.table({"k": [f"key-{i}" for i in range(50_000)], "n": list(range(50_000))})
     values = encode_batches(table, max_bytes=60_000)
     assert len(values) > 1 and all(len(v) <= 60_000 for v in values)
-    decoded = decode_records(_records(values, [True] * len(values)))
+    decoded = decode_records(_records(values, [True] * len(values)), INTERNAL)
     assert decoded.table.equals(table) and not decoded.rejected
     # every row knows the record it came from
     assert decoded.index[0] == 0 and decoded.index[-1] == len(values) - 1 and len(decoded.index) == 50_000
@@ -70,7 +85,7 @@ def test_json_and_arrow_records_decode_in_record_order_and_a_broken_batch_is_rej
     first = encode_batches(pa.table({"a": [1, 2]}))[0]
     last = encode_batches(pa.table({"a": [5]}))[0]
     records = _records([first, b'{"a": 3}', b'{"a": 4}', first[:20], last], [True, False, False, True, True])
-    decoded = decode_records(records)
+    decoded = decode_records(records, INTERNAL)
     assert decoded.table["a"].to_pylist() == [1, 2, 3, 4, 5]
     assert decoded.index == [0, 0, 1, 2, 4]
     assert [i for i, _ in decoded.rejected] == [3]
@@ -89,3 +104,104 @@ def test_json_rows_are_written_in_bulk_exactly_as_one_json_dumps_per_row():
     expected = [json.dumps(row, separators=(",", ":")).encode() for row in table.to_pylist()]
     assert encode(table) == expected
     assert encode(table.slice(0, 0)) == []
+
+
+def test_an_arrow_batch_on_an_ingress_channel_is_rejected_not_read():
+    """A producer of an ingress topic cannot hand the stage rows past its
+    schema by marking a record ``abs.fmt: arrow`` (before: the batch's rows,
+    extra column and all, were the stage's)."""
+    forged = encode_batches(pa.table({"account": ["mallory"], "amount": [10**12], "admin": [True]}))[0]
+    records = _records([b'{"account":"a","amount":1}', forged, b'{"account":"b","amount":2}'], [False, True, False])
+    decoded = decode_records(records, ChannelReading.ingress(SCHEMA))
+    assert decoded.table.schema == SCHEMA
+    assert decoded.table.to_pylist() == [{"account": "a", "amount": 1}, {"account": "b", "amount": 2}]
+    assert decoded.index == [0, 2] and decoded.rejected == [(1, ARROW_ON_INGRESS)]
+    # the same record on an internal channel is a batch like any other
+    assert decode_records(records.slice(1, 1), INTERNAL).table.column("admin").to_pylist() == [True]
+
+
+def _bomb(batches: int = 50, rows: int = 1_000_000) -> bytes:
+    """A stream of ``batches`` zstd batches of ``rows`` zeros: 22 KB that read to 400 MB."""
+    schema = pa.schema([("x", pa.int64())])
+    batch = pa.record_batch([pa.array(np.zeros(rows, np.int64))], schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        for _ in range(batches):
+            writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def test_a_decompression_bomb_is_rejected_from_its_metadata_without_being_decompressed():
+    """Before: the 22 KB record was decoded to 400 MB (the process's peak
+    memory grew by over 1 GB)."""
+    bomb = _bomb()
+    assert len(bomb) < 64_000 and arrow_ipc.decoded_bytes(bomb, 1 << 40) == 400_000_000
+    good = encode_batches(pa.table({"x": [1, 2]}))[0]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    decoded = decode_records(_records([good, bomb, good], [True] * 3), INTERNAL)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 64 << 10  # under 64 MiB more
+    assert decoded.table["x"].to_pylist() == [1, 2, 1, 2] and decoded.index == [0, 0, 2, 2]
+    ((index, reason),) = decoded.rejected
+    assert index == 1 and "over the cap on decompressed bytes (max_decoded_bytes)" in reason
+    assert f"over the cap of {64 << 20}" in reason
+    # under a cap it is read
+    smaller = _bomb(batches=2, rows=100_000)
+    assert decode_records(_records([smaller], [True]), ChannelReading.internal(2 << 20)).table.num_rows == 200_000
+
+
+def test_what_the_stages_write_stays_below_the_smallest_cap():
+    table = pa.table({"x": pa.array(np.zeros(3_000_000, np.int64)), "y": pa.array(np.ones(3_000_000, np.int64))})
+    values = encode_batches(table)
+    assert len(values) > 1 and all(arrow_ipc.decoded_bytes(v, 1 << 40) <= 16 << 20 for v in values)
+    decoded = decode_records(_records(values, [True] * len(values)), ChannelReading.internal(16 << 20))
+    assert decoded.table.equals(table) and not decoded.rejected
+
+
+def test_a_batch_of_conflicting_columns_rejects_itself_alone_and_the_rest_keep_their_order():
+    """Before: one batch whose column had another type sent every record of
+    the segment to the dead letters."""
+    good = [encode_batches(pa.table({"a": [i, i + 1]}))[0] for i in range(0, 6, 2)]
+    bad = encode_batches(pa.table({"a": ["x"]}))[0]
+    records = _records([good[0], b'{"a": 100}', bad, good[1], good[2]], [True, False, True, True, True])
+    decoded = decode_records(records, INTERNAL)
+    assert decoded.table["a"].to_pylist() == [0, 1, 100, 2, 3, 4, 5]
+    assert decoded.index == [0, 0, 1, 3, 3, 4, 4]
+    ((index, reason),) = decoded.rejected
+    assert index == 2 and "do not fit the other records' columns (a int64)" in reason and "string" in reason
+
+
+def test_json_without_a_schema_rejects_only_the_record_of_another_type():
+    """Before: one value of another type rejected the whole batch."""
+    decoded = decode([b'{"a":1}', b'{"a":"x"}', b'{"a":2}', b'{"a":3}'])
+    assert decoded.table["a"].to_pylist() == [1, 2, 3] and decoded.index == [0, 2, 3]
+    assert [i for i, _ in decoded.rejected] == [1] and "disagree" in decoded.rejected[0][1]
+
+
+def test_json_nested_past_the_recursion_limit_is_rejected_not_raised():
+    """Before: a RecursionError escaped the decoder and failed the task (and
+    the task of every restore after it)."""
+    decoded = decode([b'{"account":"a","amount":1}', b"[" * 100_000, b'{"a":' * 100_000], SCHEMA)
+    assert decoded.index == [0] and [i for i, _ in decoded.rejected] == [1, 2]
+    assert all("nested deeper" in reason for _, reason in decoded.rejected)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_any_error_reading_a_damaged_batch_rejects_that_record(seed):
+    """Bytes of a batch flipped at random raise all kinds of errors
+    (ArrowNotImplementedError, ArrowMemoryError, OSError, ArrowInvalid;
+    before, any but the last two escaped and failed the task): each is that
+    record's reason, and the good records around it decode."""
+    rng = np.random.default_rng(seed)
+    good = encode_batches(pa.table({"a": list(range(100)), "s": [str(i) for i in range(100)]}))[0]
+    damaged = []
+    for _ in range(200):
+        value = bytearray(good)
+        for place in rng.integers(0, len(value), rng.integers(1, 5)):
+            value[place] = int(rng.integers(0, 256))
+        damaged.append(bytes(value))
+    values = [good, *damaged, good]
+    decoded = decode_records(_records(values, [True] * len(values)), INTERNAL)
+    rejected = {i for i, _ in decoded.rejected}
+    assert 0 not in rejected and len(values) - 1 not in rejected
+    assert len(set(decoded.index)) + len(rejected) == len(values)
+    assert decoded.table.num_rows == len(decoded.index)

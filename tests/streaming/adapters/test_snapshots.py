@@ -455,3 +455,74 @@ def test_a_member_is_stored_by_its_name_and_read_from_its_name_or_older_value():
         parse_stored(CheckpointKind, "sideways")
     assert text_of(CheckpointKind, "timed_out_to_unaligned") == kind.value
     assert text_of(CheckpointKind, "rescaled") == "rescaled" and text_of(CheckpointKind, "") == ""
+
+
+def _point_part_at(store: SnapshotStore, cid: int, task: str, path: str, data: bytes) -> None:
+    """Rewrite ``task``'s first state part in checkpoint ``cid``'s manifest
+    and ``_TASK.json`` to ``path``, sized and checksummed as ``data``."""
+    import hashlib
+
+    for file in (_chk_dir(store, cid) / "_MANIFEST.json", _chk_dir(store, cid) / task / "_TASK.json"):
+        doc = json.loads(file.read_text())
+        snapshot = doc["tasks"][task] if "tasks" in doc else doc
+        snapshot["state_parts"][0].update(path=path, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        file.write_text(json.dumps(doc))
+
+
+def test_a_part_path_that_leaves_the_checkpoint_is_corrupt_and_a_restore_takes_an_older_one(store, tmp_path):
+    """Before: a manifest whose part path climbed out with ``../`` (size
+    and checksum of a file put there) verified, and a restore read the
+    planted state."""
+    import pyarrow.parquet as pq
+
+    _complete(store, 1)
+    _complete(store, 2)
+    planted = tmp_path / "planted.parquet"
+    pq.write_table(pa.table({"n": [666, 666]}), planted)
+    climb = "../../../../planted.parquet"
+    assert (_chk_dir(store, 2) / climb).resolve() == planted.resolve()
+    _point_part_at(store, 2, "A", climb, planted.read_bytes())
+
+    with pytest.raises(SnapshotCorruptError, match=r"checkpoint 2: manifest .* part path '\.\./\.\./\.\./\.\./planted"):
+        store.read_manifest(2)
+    with pytest.raises(SnapshotCorruptError, match=r"checkpoint 2 task A: .* part path '\.\./"):
+        store.load_task(2, "A")
+    (problem,) = store.verify(2)
+    assert "is not one the layout writes (A/state/<file>.parquet" in problem
+    manifest, skipped = store.latest_verified()
+    assert manifest.checkpoint_id == 1 and [cid for cid, _ in skipped] == [2]
+    assert store.load_task(1, "A").state["counts"]["n"].to_pylist() == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../planted.parquet",
+        "A/state/../../B/state/counts.parquet",
+        "/etc/passwd",
+        "s3://elsewhere/A/state/counts.parquet",
+        "file:///tmp/counts.parquet",
+        "B/state/counts.parquet",  # another task's
+        "A/channels/counts.parquet",  # a state part among channel parts
+        "A/state/sub/counts.parquet",
+        "A//state/counts.parquet",
+        "A/state/..",
+        "A/state/..\\..\\counts.parquet",
+        "./A/state/counts.parquet",
+        "A/state/counts.json",
+    ],
+)
+def test_only_the_layouts_own_part_paths_are_read(path):
+    snapshot = {
+        "task": "A",
+        "checkpoint_id": 1,
+        "generation": 0,
+        "state_parts": [{"name": "counts", "path": path, "rows": 1, "bytes": 1, "sha256": "x"}],
+    }
+    with pytest.raises(ValueError, match="is not one the layout writes"):
+        TaskSnapshot.from_json(json.dumps(snapshot))
+    link = {"checkpoint_id": 1, "kind": "base", "part": snapshot.pop("state_parts")[0]}
+    with pytest.raises(ValueError, match="is not one the layout writes"):
+        TaskSnapshot.from_json(json.dumps({**snapshot, "state_chains": {"counts": [link]}}))
+    good = {**link["part"], "path": "A/state/counts%3Av2.parquet"}
+    assert TaskSnapshot.from_json(json.dumps({**snapshot, "state_parts": [good]})).state_parts[0].path == good["path"]

@@ -18,6 +18,7 @@ from barriers.lineage import Lineage
 from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions, encode
 from operators import Chain, KeyedAggregate, count, filter_rows, map_batches, sum_
 from operators.windows import TumblingWindowAggregate
+from streaming.adapters import codec
 from streaming.adapters.control import ControlKind, Trigger, announced_barrier
 from streaming.adapters.records import BATCH_BEGAN, stamped
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
@@ -137,6 +138,33 @@ def test_malformed_records_and_forged_barriers_become_dead_letters_with_reasons(
     assert "rejected control record: belongs to job 'another-job'" in reasons[2]
     assert io.sent[-1][1]["total"] == 3
     assert task.handler.pending == () and task.handler.position(A) == 4
+
+
+def test_an_ingress_channel_takes_no_arrow_batch_and_an_internal_one_rejects_a_bad_batch_alone():
+    """The task reads a channel as the pipeline declares it: on ingress topic
+    ``in`` a record marked ``abs.fmt: arrow`` is a dead letter, not rows; on
+    the internal topic from ``count`` a batch over the cap, or of columns that
+    conflict with the others', is a dead letter alone."""
+    arrow = {"abs.fmt": b"arrow"}
+    forged = codec.encode_batches(pa.table({"account": ["x"], "amount": [10**9]}))[0]
+    task, io = make_task(counting_pipeline())
+    task.process_batch(batch(("in", 0, 0, forged, 0, arrow), ("in", 0, 1, {"account": "x", "amount": 3})))
+    assert io.dead == [("in:0", 0, codec.ARROW_ON_INGRESS)] and io.sent[-1][1]["total"] == 3
+
+    internal = counting_pipeline().topic_of("count")
+    good = codec.encode_batches(pa.table({"account": ["x", "y"], "n": [1, 1]}))[0]
+    conflicting = codec.encode_batches(pa.table({"account": ["x"], "n": ["one"]}))[0]
+    large = codec.encode_batches(pa.table({"account": ["z"] * 100_000, "n": [1] * 100_000}))[0]
+    task, io = make_task(counting_pipeline(), name="out-0", sink=True, max_decoded_bytes=1 << 20)
+    task.process_batch(batch(*((internal, 0, i, v, 0, arrow) for i, v in enumerate([good, conflicting, large, good]))))
+    reasons = {offset: reason for _, offset, reason in io.dead}
+    assert sorted(reasons) == [1, 2] and "do not fit the other records' columns" in reasons[1]
+    assert f"over the cap of {1 << 20}" in reasons[2]
+    assert task.counters["records"] == 4
+    assert sorted(pa.concat_tables(task.output.epoch_rows).to_pylist(), key=str) == [
+        {"account": "x", "n": 2},
+        {"account": "y", "n": 2},
+    ]
 
 
 def test_a_retried_batch_is_not_processed_twice():
