@@ -48,6 +48,7 @@ CREDENTIALS = {
     "SPARK_ABS_S3_ACCESS_KEY": "test-user",
     "SPARK_ABS_S3_SECRET_KEY": "test-secret-key",
     "GRAFANA_ADMIN_PASSWORD": "test-password",
+    "SPARK_ABS_JOB_SECRET": "test-job-secret-of-more-than-32-characters",
 }
 
 

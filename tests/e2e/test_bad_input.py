@@ -15,14 +15,16 @@ import pyarrow as pa
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from barriers.messages import Barrier, encode
+from barriers.messages import Barrier, CancelBarrier, encode
 from spark_abs_examples import money
 from streaming.adapters.codec import ARROW_FORMAT, ARROW_ON_INGRESS, FORMAT_HEADER, encode_batches
+from streaming.adapters.control import Ack, Committed, Complete, ControlTopic, control_topic_name
 from streaming.adapters.kafka_io import dead_letter_topic_name
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
+from streaming.engine import metrics
 from streaming.engine.job.operations import kill_worker, run_until_caught_up
 from streaming.engine.job.runner import JobRunner
 from streaming.errors import JobFailed
@@ -71,12 +73,33 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         )
         producer.send(topic, value=forged[0], headers=[(FORMAT_HEADER, ARROW_FORMAT)], partition=1)
         producer.send(topic, value=b"[" * 100_000, partition=0)  # before: a RecursionError failed the task
-        producer.send(topic, value=b"", headers=encode(Barrier(1, job="someone-else")), partition=0)
-        producer.send(topic, value=b"", headers=encode(Barrier(99, generation=7, job=job)), partition=1)
+        # another job's barrier, signed with its key; a barrier of this job's, of a generation to come
+        elsewhere = connection.job_key("someone-else").barriers
+        producer.send(topic, value=b"", headers=encode(Barrier(1, job="someone-else"), key=elsewhere), partition=0)
+        key = connection.job_key(job).barriers
+        producer.send(topic, value=b"", headers=encode(Barrier(99, generation=7, job=job), key=key), partition=1)
         producer.flush()
         producer.close()
         runner.start()
         _step_until(runner, lambda: runner.coordinator.completed(), 240, "a first checkpoint")
+
+        # a hostile writer, who can write to the job's topics but does not hold its key: a barrier far
+        # ahead and a cancellation on the ingress, acks without a snapshot of the next checkpoints and
+        # a complete of one to come on the control topic.  Before the job signed them, the barrier
+        # alone stopped every checkpoint for good, the acks failed the checkpoints they named, the
+        # complete made the sinks commit epochs of checkpoints that had not completed
+        done = runner.coordinator.completed()[-1].checkpoint_id
+        hostile = KafkaProducer(bootstrap_servers=bootstrap)
+        hostile.send(topic, value=b"", headers=encode(Barrier(done + 10_000, runner.generation, job=job)), partition=0)
+        hostile.send(topic, value=b"", headers=encode(CancelBarrier(done + 1, runner.generation, "", job)), partition=1)
+        victim = runner.pipeline.tasks()[-1].name
+        for checkpoint_id in range(done + 1, done + 20):
+            ack = Ack(checkpoint_id=checkpoint_id, task=victim, generation=runner.generation)
+            hostile.send(control_topic_name(job), value=ack.encode(), partition=0)
+        complete = Complete(checkpoint_id=done + 500, generation=runner.generation)
+        hostile.send(control_topic_name(job), value=complete.encode(), partition=0)
+        hostile.flush()
+        hostile.close()
 
         # the store becomes unusable: checkpoints are declined, processing goes on
         checkpoints = store_dir / job / "checkpoints"
@@ -116,15 +139,27 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
     output = money.normalise(read_committed_output(sink_location(settings, job, connection)))
     assert output == money.expected_output(data)
     letters = _dead_letters(bootstrap, job)
-    reasons = {value: reason for reason, value in letters}
-    assert len(letters) == 5, letters
+    reasons = {value: reason for reason, value in letters if value}
+    assert len(letters) == 7, letters
     assert reasons[b"{not json"].startswith("value is not JSON")
     assert reasons[forged[0]] == ARROW_ON_INGRESS
     assert "nested deeper than Python's recursion limit" in reasons[b"[" * 100_000]
     assert [r for v, r in reasons.items() if b"lots" in v][0].startswith("value does not fit the schema")
-    assert reasons[b""] == f"rejected control record: belongs to job 'someone-else', not '{job}'"
+    assert sorted(reason for reason, value in letters if not value) == [
+        "rejected control record: signature does not match the job's key",
+        "rejected control record: unsigned, but this job signs its barriers",
+        "rejected control record: unsigned, but this job signs its barriers",
+    ]
     worker_logs = "".join(p.read_text(errors="replace") for p in runner.log_dir.glob("worker-*.log"))
     assert "of a generation this task has not reached" in worker_logs
+    # the forged events were read, and not acted on: no sink committed through the forged complete
+    unsigned = {"job_name": job, "reader": "runner", "reason": "unsigned"}
+    assert metrics.REGISTRY.get_sample_value("spark_abs_control_rejected_total", unsigned) == 20
+    assert worker_logs.count("rejected: unsigned") >= 20
+    control = ControlTopic(bootstrap, job, connection.job_key(job))
+    committed = [e for e in control.wait_for(lambda e: False, 5) if isinstance(e, Committed)]
+    control.close()
+    assert committed and max(e.checkpoint_id for e in committed) < done + 500
 
 
 def test_an_error_in_the_pipeline_stops_the_job_at_once_with_the_reason(connection, unique_name, tmp_path):
