@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kafka.errors import KafkaError
@@ -69,6 +70,8 @@ class ControlView:
     problem: str | None = None
     failed_in_a_row: int | None = None
     tolerable_failed_checkpoints: int | None = None
+    # records of the tail read that the job's key does not vouch for, by reason (none shown)
+    rejected: Mapping[str, int] = field(default_factory=dict)
 
 
 class ControlWatch:
@@ -190,6 +193,7 @@ class ControlWatch:
             # a generation's coordinator counts from 0, and says every change in an abort or a complete
             failed_in_a_row=self._failed.get(current, 0) if current is not None else None,
             tolerable_failed_checkpoints=self._tolerable,
+            rejected=dict(self._topic.rejected) if self._topic is not None else {},
         )
 
 

@@ -13,8 +13,8 @@ checkpoint, the bound of the Prometheus alert ``SparkAbsCheckpointsStalled``
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from streaming.tools.checkpoints.inspection import CheckpointRow
@@ -45,6 +45,8 @@ class JobLiveness:
     since_s: float | None
     failed_in_a_row: int | None = None
     tolerable: int | None = None
+    # records on the control topic the job's key does not vouch for (not acted on), by reason
+    rejected: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, rows: Sequence[CheckpointRow], view: ControlView | None, now: float) -> JobLiveness:
@@ -63,6 +65,7 @@ class JobLiveness:
             since,
             read.failed_in_a_row if read else None,
             read.tolerable_failed_checkpoints if read else None,
+            dict(read.rejected) if read else {},
         )
 
     @property
@@ -97,6 +100,15 @@ class JobLiveness:
             else:
                 bound = f" (the job restores past {self.tolerable})" if self.tolerable is not None else ""
                 parts.append((Level.WARN if self.failed_in_a_row else Level.OK, said + bound))
+        if self.rejected:
+            counts = ", ".join(f"{n} {reason}" for reason, n in sorted(self.rejected.items()))
+            parts.append(
+                (
+                    Level.PROBLEM,
+                    f"{sum(self.rejected.values())} record(s) on the control topic not signed with the job's "
+                    f"key ({counts}), ignored: someone else writes to the job's topics; see the runner's log",
+                )
+            )
         return parts
 
 

@@ -296,10 +296,12 @@ def test_only_get_is_served_and_nothing_is_written(client, store_dir, home):
 
 
 class _Topic:
-    """A control topic that hands out events, a batch per poll."""
+    """A control topic that hands out events, a batch per poll, and has
+    rejected ``rejected`` records (by reason)."""
 
-    def __init__(self, *batches):
+    def __init__(self, *batches, rejected=None):
         self.batches = list(batches)
+        self.rejected = dict(rejected or {})
 
     def poll(self, timeout_s: float = 0.0):
         return self.batches.pop(0) if self.batches else []
@@ -376,6 +378,17 @@ def test_the_checkpoints_failed_in_a_row_are_the_coordinators_count(store_dir, h
     app = create_app(JobSource(f"file://{store_dir}", JOB, home=home), watch=_watching(_Topic(events), monkeypatch))
     parts = _liveness(app.test_client().get("/").get_data(as_text=True))
     assert parts[1:] == ([said] if said else [])
+
+
+def test_records_the_jobs_key_does_not_vouch_for_are_a_problem_on_the_page(store_dir, home, monkeypatch):
+    topic = _Topic([Trigger(6, 1)], rejected={"unsigned": 2, "signature": 1})
+    app = create_app(JobSource(f"file://{store_dir}", JOB, home=home), watch=_watching(topic, monkeypatch))
+    parts = _liveness(app.test_client().get("/").get_data(as_text=True))
+    assert parts[-1] == (
+        "problem",
+        "3 record(s) on the control topic not signed with the job's key (1 signature, 2 unsigned), ignored: "
+        "someone else writes to the job's topics; see the runner's log",
+    )
 
 
 def test_a_job_without_a_control_topic_says_so():
