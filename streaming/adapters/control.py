@@ -80,6 +80,8 @@ log = logging.getLogger(__name__)
 
 # the header that carries an event's signature
 SIGNATURE_HEADER = "abs.sig"
+# the rejected records of a kind a reader logs one by one, before it logs every hundredth
+LOGGED_REJECTIONS = 5
 
 
 def control_topic_name(job: str) -> str:
@@ -575,7 +577,18 @@ class ControlTopic:
         self.rejected[rejected.kind] += 1
         if self._on_rejected is not None:
             self._on_rejected(rejected.kind)
-        log.warning("control topic %s offset %d: rejected: %s", self.topic, offset, rejected)
+        count = self.rejected[rejected.kind]
+        # a flood of forged records is not a flood of log lines: the first few, then every hundredth
+        if count <= LOGGED_REJECTIONS or count % 100 == 0:
+            log.warning(
+                "control topic %s offset %d: rejected: %s (%d %s so far%s)",
+                self.topic,
+                offset,
+                rejected,
+                count,
+                rejected.kind,
+                "; every hundredth is logged from here on" if count == LOGGED_REJECTIONS else "",
+            )
 
     def wait_for(self, predicate: Callable[[ControlEvent], bool], timeout_s: float) -> list[ControlEvent]:
         """Poll until an event satisfies ``predicate``; return all events read."""
