@@ -34,14 +34,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 
 from barriers.failures import CheckpointFailure
-from streaming.adapters.kafka_admin import RECONNECT, create_topic
+from streaming.adapters import kafka_clients
+from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, patiently, producer
 from streaming.adapters.records import Headers
 from streaming.adapters.snapshots.format import TaskCheckpointMetrics, TaskSnapshot
+from streaming.api.config import KafkaAccess
 from streaming.errors import ConfigError, KafkaUnavailableError, parse_choice
 
 __all__ = [
@@ -471,18 +473,20 @@ class ControlTopic:
     ``poll`` returns the events after the last one read, skipping (and
     logging, and counting) messages that are not control events."""
 
-    def __init__(self, bootstrap: str, job: str, *, start_at: int = 0, delivery_timeout_s: float = DELIVERY_BOUND_S):
+    def __init__(
+        self, kafka: KafkaAccess, job: str, *, start_at: int = 0, delivery_timeout_s: float = DELIVERY_BOUND_S
+    ):
         self.topic = control_topic_name(job)
         self.delivery_timeout_s = delivery_timeout_s
-        create_topic(bootstrap, self.topic, 1)
-        self._producer = producer(bootstrap, delivery_timeout_s=delivery_timeout_s)
+        create_topic(kafka, self.topic, 1)
+        self._producer = producer(kafka, delivery_timeout_s=delivery_timeout_s)
         try:
-            self._consumer = KafkaConsumer(
-                bootstrap_servers=bootstrap, enable_auto_commit=False, client_id=f"spark-abs-control-{job}", **RECONNECT
+            self._consumer = kafka_clients.consumer(
+                kafka, enable_auto_commit=False, client_id=f"spark-abs-control-{job}"
             )
         except KafkaError as exc:
             close_producer(self._producer, f"control topic {self.topic}")
-            raise KafkaUnavailableError(f"cannot read the control topic {self.topic} on {bootstrap}: {exc}") from exc
+            raise KafkaUnavailableError(f"cannot read the control topic {self.topic} on {kafka}: {exc}") from exc
         self._tp = TopicPartition(self.topic, 0)
         self._consumer.assign([self._tp])
         self._consumer.seek(self._tp, start_at)

@@ -17,12 +17,14 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 import tenacity
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError
 
 from barriers.messages import ChannelId
-from streaming.adapters.kafka_admin import RECONNECT, create_topic
+from streaming.adapters import kafka_clients
+from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.records import RECORD_SCHEMA, Headers
+from streaming.api.config import KafkaAccess
 from streaming.errors import KafkaUnavailableError
 
 __all__ = [
@@ -47,17 +49,16 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def read_range(bootstrap: str, channel: ChannelId, start: int, end: int, *, timeout_s: float = 60.0) -> pa.Table:
+def read_range(kafka: KafkaAccess, channel: ChannelId, start: int, end: int, *, timeout_s: float = 60.0) -> pa.Table:
     """The records at offsets ``[start, end)`` of ``channel``, read in bulk
     (offsets without a record, e.g. transaction markers, are simply absent)."""
     if end <= start:
         return RECORD_SCHEMA.empty_table()
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
+    consumer = kafka_clients.consumer(
+        kafka,
         enable_auto_commit=False,
         max_poll_records=5000,
         client_id="spark-abs-range",
-        **RECONNECT,
     )
     tp = TopicPartition(channel.topic, channel.partition)
     rows: list[dict] = []
@@ -98,13 +99,13 @@ def read_range(bootstrap: str, channel: ChannelId, start: int, end: int, *, time
     return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA)
 
 
-def retention_ms(bootstrap: str, topic: str) -> int | None:
+def retention_ms(kafka: KafkaAccess, topic: str) -> int | None:
     """The topic's ``retention.ms`` (None: unlimited or unknown)."""
     from kafka.admin import ConfigResource, ConfigResourceType
 
     from streaming.adapters.kafka_admin import admin_client
 
-    admin = admin_client(bootstrap)
+    admin = admin_client(kafka)
     try:
         result = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="All")
         value = int(result["topic"][topic]["retention.ms"]["value"])
@@ -127,8 +128,8 @@ DELIVERY_BOUND_S = 120.0
 CLOSE_BOUND_S = 5.0
 
 
-def producer(bootstrap: str, *, delivery_timeout_s: float = DELIVERY_BOUND_S, **options: Any) -> KafkaProducer:
-    """A producer on ``bootstrap``: every replica acknowledges, no lingering,
+def producer(kafka: KafkaAccess, *, delivery_timeout_s: float = DELIVERY_BOUND_S, **options: Any) -> KafkaProducer:
+    """A producer on ``kafka``: every replica acknowledges, no lingering,
     unless ``options`` (KafkaProducer's) say otherwise; a send it has not
     delivered within ``delivery_timeout_s`` (retries included) fails; a
     clear error when Kafka cannot be reached."""
@@ -141,12 +142,11 @@ def producer(bootstrap: str, *, delivery_timeout_s: float = DELIVERY_BOUND_S, **
         "linger_ms": 0,
         "delivery_timeout_ms": max(delivery_ms, request_ms + linger_ms),
         "request_timeout_ms": request_ms,
-        **RECONNECT,
     }
     try:
-        return KafkaProducer(bootstrap_servers=bootstrap, **{**defaults, **options})
+        return kafka_clients.raw_producer(kafka, **{**defaults, **options})
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"cannot open a Kafka producer on {bootstrap}: {exc}") from exc
+        raise KafkaUnavailableError(f"cannot open a Kafka producer on {kafka}: {exc}") from exc
 
 
 # what a bound is called in the errors that name it, by default: the producers' own
@@ -355,11 +355,11 @@ class DeadLetters:
     headers, plus ``spark-abs-reason``, ``spark-abs-source`` (channel) and
     ``spark-abs-source-offset`` headers.  ``count`` says how many were sent."""
 
-    def __init__(self, bootstrap: str, job: str, *, delivery_timeout_s: float = DELIVERY_BOUND_S):
+    def __init__(self, kafka: KafkaAccess, job: str, *, delivery_timeout_s: float = DELIVERY_BOUND_S):
         self.topic = dead_letter_topic_name(job)
-        create_topic(bootstrap, self.topic, 1)
+        create_topic(kafka, self.topic, 1)
         self._sends = CheckedSends(
-            producer(bootstrap, delivery_timeout_s=delivery_timeout_s), "dead letters", delivery_timeout_s + 5
+            producer(kafka, delivery_timeout_s=delivery_timeout_s), "dead letters", delivery_timeout_s + 5
         )
         self.count = 0
 

@@ -24,6 +24,7 @@ from ui_browser import chromium, rows, screenshot, section, served, wait, xpath_
 
 from spark_abs_examples import money
 from streaming.adapters.kafka_admin import end_offsets
+from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import kill_worker, run_until_caught_up
 from streaming.engine.job.runner import JobRunner, RunOptions
@@ -36,9 +37,9 @@ from streaming.tools.ui.live import ControlWatch
 pytestmark = pytest.mark.integration
 
 
-def _committed(bootstrap: str, topic: str) -> list[dict]:
+def _committed(kafka: KafkaAccess, topic: str) -> list[dict]:
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **kafka.client_options(),
         isolation_level="read_committed",
         enable_auto_commit=False,
         consumer_timeout_ms=3000,
@@ -64,18 +65,18 @@ def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tm
             options=RunOptions(workers={"all": [t.name for t in money.kafka_pipeline(job).tasks()]}),
         )
 
-    bootstrap = connection.kafka_bootstrap
+    kafka = connection.kafka
     runner = job_runner(dataclasses.replace(settings, interval_s=3600))
     topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
     data = money.make_transfers(1000)
     try:
         runner.prepare()
-        money.produce_transfers(bootstrap, topic, data[:500], partitions, end=False)
+        money.produce_transfers(kafka, topic, data[:500], partitions, end=False)
         runner.start()
         # generation 0 writes records to every internal topic, then its runner stops before any checkpoint
         deadline = time.monotonic() + 180
         internal = runner.pipeline.internal_topics()
-        while not all(sum(end_offsets(bootstrap, t, n).values()) for t, n in internal.items()):
+        while not all(sum(end_offsets(kafka, t, n).values()) for t, n in internal.items()):
             assert time.monotonic() < deadline, "\n".join(lines)
             runner.step()
     finally:
@@ -92,13 +93,13 @@ def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tm
             assert time.monotonic() < deadline, "\n".join(lines)
             runner.step()
         kill_worker(runner, "all")
-        money.produce_transfers(bootstrap, topic, data[500:], partitions, end=True)
+        money.produce_transfers(kafka, topic, data[500:], partitions, end=True)
         run_until_caught_up(runner, 240)
         _the_ui_shows_the_running_job(runner, settings.store, connection)
     finally:
         runner.close()
     assert [r.generation for r in runner.restores] == [1, 2]
-    rows = _committed(connection.kafka_bootstrap, f"{job}.windows")
+    rows = _committed(connection.kafka, f"{job}.windows")
     assert money.normalise_rows(rows) == money.expected_output(data)
 
 
@@ -133,7 +134,7 @@ def _the_ui_shows_the_running_job(runner: JobRunner, store: str, connection) -> 
     """`spark-abs ui` of the job (live: its store and control topic) in headless Chromium."""
     job = runner.job
     newest = max(r.checkpoint_id for r in runner.coordinator.completed())
-    watch = ControlWatch(connection.kafka_bootstrap, job)
+    watch = ControlWatch(connection.kafka, job)
     app = create_app(JobSource(store, job, connection), refresh_s=2, watch=watch)
     with closing(watch), served(app) as url, chromium() as browser:
         # the history: every checkpoint the store holds complete, the runner's newest among them, charted

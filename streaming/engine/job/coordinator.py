@@ -54,6 +54,7 @@ from streaming.adapters.control import (
 from streaming.adapters.kafka_io import append_markers, close_producer, producer
 from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskSnapshot
 from streaming.adapters.snapshots.format import options_to_json, parse_stored, stored_name
+from streaming.api.config import KafkaAccess
 from streaming.api.pipeline import Pipeline
 from streaming.api.settings import JobSettings
 from streaming.engine import metrics
@@ -119,13 +120,13 @@ RUNNER_SEND_BOUND_S = 10.0
 
 
 def kafka_io(
-    bootstrap: str, job: str, *, control_start: int | None = None, bound_s: float = RUNNER_SEND_BOUND_S
+    kafka: KafkaAccess, job: str, *, control_start: int | None = None, bound_s: float = RUNNER_SEND_BOUND_S
 ) -> CoordinatorIO:
     """The coordinator's I/O on Kafka: a producer for the barriers and the
     control topic, read from ``control_start`` (None: from its end); a send
     Kafka has not taken within ``bound_s`` is a ``KafkaUnavailableError``."""
-    barriers = producer(bootstrap, delivery_timeout_s=bound_s)
-    control = ControlTopic(bootstrap, job, start_at=control_start or 0, delivery_timeout_s=bound_s)
+    barriers = producer(kafka, delivery_timeout_s=bound_s)
+    control = ControlTopic(kafka, job, start_at=control_start or 0, delivery_timeout_s=bound_s)
     if control_start is None:
         control.seek_to_end()
 

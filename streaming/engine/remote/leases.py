@@ -16,6 +16,7 @@ from typing import Any
 
 from streaming.adapters.control import ControlEvent, ControlTopic, Heartbeat, Lease, control_topic_name, send_event
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, producer
+from streaming.api.config import KafkaAccess
 from streaming.engine import metrics
 from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, LEASE_INTERVAL_S, HeartbeatOutcome, RemoteGroups
 from streaming.errors import SparkAbsError
@@ -34,9 +35,9 @@ class LeaseRenewal:
     send (a barrier after an outage) or a restore is still alive, and its
     remote workers must not take it for dead."""
 
-    def __init__(self, bootstrap: str, job: str):
+    def __init__(self, kafka: KafkaAccess, job: str):
         self.topic = control_topic_name(job)
-        self._producer = producer(bootstrap)
+        self._producer = producer(kafka)
         self._lease: Lease | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -202,7 +203,7 @@ class RemoteMembers:
 
     # ---- pausing
 
-    def pause(self, generation: int, why: str, poll: Callable[[float], Any] | None, bootstrap: str) -> None:
+    def pause(self, generation: int, why: str, poll: Callable[[float], Any] | None, kafka: KafkaAccess) -> None:
         """Stop the remote workers' tasks before a rescaled checkpoint is
         written (as the local workers are stopped): a lease of ``generation``
         naming no member, heartbeats listened to (through ``poll``, the
@@ -216,7 +217,7 @@ class RemoteMembers:
         self.renew()
         control = None
         if poll is None:
-            control = ControlTopic(bootstrap, self.job)
+            control = ControlTopic(kafka, self.job)
             control.seek_to_end()
             poll = lambda timeout_s: self.observe(control.poll(timeout_s))  # noqa: E731
         started = time.monotonic()

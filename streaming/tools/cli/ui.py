@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             if not args.store.startswith("file://"):
                 raise
             log.info(f"{exc}; the page shows the store alone")
-    watch = ControlWatch(connection.kafka_bootstrap, args.job) if connection and not args.store_only else None
+    watch = ControlWatch(connection.kafka, args.job) if connection and not args.store_only else None
     home = Path(args.home).expanduser().resolve() if args.home else default_home()
     app = ui.create_app(ui.JobSource(args.store, args.job, connection, home), refresh_s=args.refresh, watch=watch)
     try:

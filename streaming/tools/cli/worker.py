@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         log.info(f"worker: metrics on {served.url}")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    control = ControlTopic(connection.kafka_bootstrap, args.job)
+    control = ControlTopic(connection.kafka, args.job)
     try:
         control.seek_to_end()
         log.info(f"worker: waiting for the runner of job {args.job} (its lease on {control.topic})")

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from streaming.adapters.control import ControlTopic, Heartbeat, Lease, Progress
+from streaming.api.config import KafkaAccess
 from streaming.api.pipeline import Pipeline
 from streaming.tools.drill.workload import DrillWorkload
 
@@ -28,7 +29,7 @@ class WorkloadFeed:
 
     def __init__(
         self,
-        bootstrap: str,
+        kafka: KafkaAccess,
         workload: DrillWorkload,
         pipeline: Pipeline,
         *,
@@ -36,7 +37,7 @@ class WorkloadFeed:
         rate: float,
         stop: threading.Event,
     ):
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.workload = workload
         self.pipeline = pipeline
         self.seed = seed
@@ -48,10 +49,10 @@ class WorkloadFeed:
         self.thread = threading.Thread(target=self._feed, name="drill-feed", daemon=True)
 
     def _feed(self) -> None:
-        from kafka import KafkaProducer
+        from streaming.adapters import kafka_clients
 
-        producer = KafkaProducer(
-            bootstrap_servers=self.bootstrap,
+        producer = kafka_clients.raw_producer(
+            self.kafka,
             acks="all",
             linger_ms=20,
             retries=1_000_000,  # a broker outage is one of the failures: keep trying until it is back
@@ -104,9 +105,9 @@ class ProgressWatch:
     when it was read, on ``clock``)."""
 
     def __init__(
-        self, bootstrap: str, pipeline: Pipeline, stop: threading.Event, clock: Callable[[], float] = time.monotonic
+        self, kafka: KafkaAccess, pipeline: Pipeline, stop: threading.Event, clock: Callable[[], float] = time.monotonic
     ):
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.job = pipeline.job
         self.ingress = frozenset(f"{i.topic}:{p}" for i in pipeline.ingress for p in range(i.partitions))
         self.stop = stop
@@ -122,7 +123,7 @@ class ProgressWatch:
         while not self.stop.is_set() or control is None:
             try:
                 if control is None:
-                    control = ControlTopic(self.bootstrap, self.job)
+                    control = ControlTopic(self.kafka, self.job)
                 self.take(control.poll(0.5))
             except Exception:  # the broker may be down (a drill's outage): try again
                 time.sleep(1.0)

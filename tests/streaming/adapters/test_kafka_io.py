@@ -12,6 +12,7 @@ from streaming.adapters.control import Ack, ControlEvent, ControlTopic, Lease, P
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import DeadLetters, append_markers
 from streaming.adapters.snapshots import TaskCheckpointMetrics
+from streaming.api.config import KafkaAccess
 from streaming.errors import KafkaUnavailableError
 
 
@@ -40,8 +41,8 @@ def test_a_send_refused_at_once_is_a_clear_kafka_error_naming_what():
         send_event(NoMetadata(), "spark-abs.j.control", lease)
 
 
-def _read(bootstrap: str, topic: str, partition: int):
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
+def _read(kafka: KafkaAccess, topic: str, partition: int):
+    consumer = KafkaConsumer(**kafka.client_options(), enable_auto_commit=False, consumer_timeout_ms=3000)
     tp = TopicPartition(topic, partition)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
@@ -52,25 +53,23 @@ def _read(bootstrap: str, topic: str, partition: int):
 
 @pytest.mark.integration
 def test_markers_land_after_everything_sent_before_them(connection, unique_name):
-    create_topic(connection.kafka_bootstrap, unique_name, 2)
-    producer = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap)
+    create_topic(connection.kafka, unique_name, 2)
+    producer = KafkaProducer(**connection.kafka.client_options())
     for i in range(5):
         producer.send(unique_name, value=b"x", partition=i % 2)
     offsets = append_markers(producer, [ChannelId(unique_name, 0), ChannelId(unique_name, 1)], [("m", b"1")])
     producer.close()
     assert offsets == {ChannelId(unique_name, 0): 3, ChannelId(unique_name, 1): 2}
-    last = _read(connection.kafka_bootstrap, unique_name, 0)[-1]
+    last = _read(connection.kafka, unique_name, 0)[-1]
     assert (last.offset, last.headers) == (3, [("m", b"1")])
 
 
 @pytest.mark.integration
 def test_control_topic_delivers_events_in_order_and_counts_garbage(connection, unique_name):
-    control = ControlTopic(connection.kafka_bootstrap, unique_name)
-    reader = ControlTopic(connection.kafka_bootstrap, unique_name)
+    control = ControlTopic(connection.kafka, unique_name)
+    reader = ControlTopic(connection.kafka, unique_name)
     first = control.publish(Trigger(checkpoint_id=1, generation=0))
-    KafkaProducer(bootstrap_servers=connection.kafka_bootstrap).send(control.topic, value=b"garbage", partition=0).get(
-        10
-    )
+    KafkaProducer(**connection.kafka.client_options()).send(control.topic, value=b"garbage", partition=0).get(10)
     control.publish(Progress(task="t0", generation=0, positions={"a:0": 4}))
     seen = reader.wait_for(lambda e: e.kind == "progress", timeout_s=20)
     assert [(e.kind, e.offset) for e in seen] == [("trigger", first), ("progress", first + 2)]
@@ -82,11 +81,11 @@ def test_control_topic_delivers_events_in_order_and_counts_garbage(connection, u
 
 @pytest.mark.integration
 def test_dead_letters_keep_the_record_and_its_reason(connection, unique_name):
-    letters = DeadLetters(connection.kafka_bootstrap, unique_name)
+    letters = DeadLetters(connection.kafka, unique_name)
     letters.send(ChannelId("in", 1), 42, b"k", b"{broken", [("h", b"v")], "value is not JSON")
     letters.flush()
     assert letters.count == 1
-    (record,) = _read(connection.kafka_bootstrap, letters.topic, 0)
+    (record,) = _read(connection.kafka, letters.topic, 0)
     headers = dict(record.headers)
     assert (record.key, record.value) == (b"k", b"{broken")
     assert headers["spark-abs-reason"] == b"value is not JSON"
