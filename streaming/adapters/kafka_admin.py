@@ -111,6 +111,8 @@ def end_offsets(kafka: KafkaAccess, topic: str, partitions: int) -> dict[int, in
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()}
+    except KafkaError as exc:
+        raise refusal(kafka, exc, f"to describe topic {topic}", f"reading the end offsets of {topic} failed") from exc
     finally:
         consumer.close()
 

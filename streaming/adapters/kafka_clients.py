@@ -73,6 +73,19 @@ def _explained(kafka: KafkaAccess, doing: str) -> Iterator[None]:
         logger.removeHandler(watch)
 
 
+def _redacted(record: logging.LogRecord) -> bool:
+    """kafka-python's admin client logs its configuration (at DEBUG): the password out of it."""
+    if isinstance(record.args, tuple):
+        record.args = tuple(
+            {**a, "sasl_plain_password": "[redacted]"} if isinstance(a, dict) and a.get("sasl_plain_password") else a
+            for a in record.args
+        )
+    return True
+
+
+logging.getLogger("kafka.admin.client").addFilter(_redacted)
+
+
 def consumer(kafka: KafkaAccess, **options: Any) -> KafkaConsumer:
     """A consumer on ``kafka`` with KafkaConsumer's ``options``."""
     with _explained(kafka, "to open a consumer"):

@@ -18,14 +18,14 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import tenacity
 from kafka import KafkaProducer, TopicPartition
-from kafka.errors import KafkaError, KafkaTimeoutError
+from kafka.errors import AuthorizationError, KafkaError, KafkaTimeoutError
 
 from barriers.messages import ChannelId
 from streaming.adapters import kafka_clients
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.records import RECORD_SCHEMA, Headers
 from streaming.api.config import KafkaAccess
-from streaming.errors import KafkaUnavailableError
+from streaming.errors import KafkaAccessError, KafkaUnavailableError
 
 __all__ = [
     "CLOSE_BOUND_S",
@@ -93,7 +93,9 @@ def read_range(kafka: KafkaAccess, channel: ChannelId, start: int, end: int, *, 
                     }
                 )
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"{channel}: reading offsets [{start}, {end}) failed: {exc}") from exc
+        raise kafka_clients.refusal(
+            kafka, exc, f"to read topic {channel.topic}", f"{channel}: reading offsets [{start}, {end}) failed"
+        ) from exc
     finally:
         consumer.close()
     return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA)
@@ -184,8 +186,18 @@ def patiently(
         raise KafkaUnavailableError(
             f"Kafka did not take {what} within {bound_s:g} s ({bound}): is the broker reachable?"
         ) from exc
+    except AuthorizationError as exc:
+        raise _unauthorized(what, exc) from exc
     except KafkaError as exc:
         raise KafkaUnavailableError(f"{what} failed: {exc}") from exc
+
+
+def _unauthorized(what: str, exc: BaseException, topic: str | None = None) -> KafkaAccessError:
+    where = f" to {topic}" if topic else ""
+    return KafkaAccessError(
+        f"Kafka did not authorize {what}{where} ({type(exc).__name__}): grant the job's user the ACLs a job "
+        f"needs (see {kafka_clients.GRANT_DOC})"
+    )
 
 
 def close_producer(producer: KafkaProducer, what: str, timeout_s: float = CLOSE_BOUND_S) -> None:
@@ -269,6 +281,8 @@ class CheckedSends:
         """A ``KafkaUnavailableError`` if a send failed."""
         if self._failure is not None:
             topic, exc = self._failure
+            if isinstance(exc, AuthorizationError):
+                raise _unauthorized(f"a send of {self.what}", exc, topic)
             raise KafkaUnavailableError(
                 f"a send of {self.what} to {topic} failed ({type(exc).__name__}: {exc}); the task fails rather "
                 f"than go on without the record, and the job restores from its latest checkpoint"

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from kafka import TopicPartition
-from kafka.errors import KafkaError
+from kafka.errors import AuthorizationError, KafkaError
 
 from streaming.adapters import codec, kafka_clients
 from streaming.adapters.kafka_admin import create_topic
@@ -328,8 +328,10 @@ class KafkaSink(_TwoPhaseSink):
             )
             self._producer.init_transactions()
         except (KafkaError, KafkaUnavailableError) as exc:
+            denied = isinstance(exc, AuthorizationError)
+            why = kafka_clients.refusal(kafka, exc, f"to use transactional id {transactional_id}") if denied else exc
             raise SinkError(
-                f"Kafka sink {transactional_id}: cannot start a transactional producer on {kafka}: {exc}"
+                f"Kafka sink {transactional_id}: cannot start a transactional producer on {kafka}: {why}"
             ) from exc
         self._done = self._read_markers()
 

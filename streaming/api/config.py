@@ -60,6 +60,16 @@ ENV = {
 
 CONNECTION_ENV_FIELDS = (
     "kafka_bootstrap",
+    "s3_endpoint",
+    "s3_access_key",
+    "s3_secret_key",
+    "s3_bucket",
+    "s3_region",
+    "spark_master",
+)
+
+# Kafka's security, when it has any: optional, so not in docker/compose.yaml (its broker is PLAINTEXT)
+KAFKA_SECURITY_ENV_FIELDS = (
     "kafka_security_protocol",
     "kafka_sasl_mechanism",
     "kafka_username",
@@ -68,12 +78,6 @@ CONNECTION_ENV_FIELDS = (
     "kafka_ca_file",
     "kafka_cert_file",
     "kafka_key_file",
-    "s3_endpoint",
-    "s3_access_key",
-    "s3_secret_key",
-    "s3_bucket",
-    "s3_region",
-    "spark_master",
 )
 
 
@@ -423,7 +427,7 @@ class Connection:
     def as_env(self) -> dict[str, str]:
         """The ``SPARK_ABS_*`` variables that describe this connection."""
         data = {k: str(v) for k, v in self.to_dict().items()}
-        return {ENV[name]: data[name] for name in CONNECTION_ENV_FIELDS if name in data}
+        return {ENV[name]: data[name] for name in CONNECTION_ENV_FIELDS + KAFKA_SECURITY_ENV_FIELDS if name in data}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Connection:
@@ -441,7 +445,8 @@ class Connection:
         ``SPARK_ABS_KAFKA_BOOTSTRAP`` is not set."""
         if not environ.get(ENV["kafka_bootstrap"]):
             return None
-        data = {name: environ[ENV[name]] for name in CONNECTION_ENV_FIELDS if environ.get(ENV[name])}
+        names = CONNECTION_ENV_FIELDS + KAFKA_SECURITY_ENV_FIELDS
+        data = {name: environ[ENV[name]] for name in names if environ.get(ENV[name])}
         return cls.from_dict(data)
 
     @classmethod

@@ -1,0 +1,87 @@
+"""Kafka's refusals, on the secured runtime (``local up --secure``): the
+job's user reaches its topics; a client without credentials, with a wrong
+password, or a user without rights gets a spark-abs error that says what to
+set or grant, and never holds a password."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from streaming.adapters.kafka_admin import check_broker, create_topic, end_offsets
+from streaming.adapters.kafka_io import CheckedSends, producer, read_range
+from streaming.api.config import KafkaAccess
+from streaming.errors import KafkaAccessError, KafkaUnavailableError
+from streaming.local.kafka_security import OUTSIDER, BrokerSecurity
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def job_kafka(secure_connection) -> KafkaAccess:
+    return secure_connection.kafka
+
+
+@pytest.fixture(scope="module")
+def outsider(secure_runtime_settings, job_kafka) -> KafkaAccess:
+    """A user Kafka knows, with no ACL."""
+    return BrokerSecurity(secure_runtime_settings.runtime_dir / "secrets").access(job_kafka.servers, OUTSIDER)
+
+
+@pytest.fixture(scope="module")
+def topic(job_kafka) -> str:
+    """A topic of the job's, one record in it."""
+    name = "secured-topic"
+    create_topic(job_kafka, name, 1)
+    sends = CheckedSends(producer(job_kafka), "a record")
+    sends.send(name, value=b"x", partition=0)
+    sends.flush()
+    sends.close()
+    return name
+
+
+def _password(kafka: KafkaAccess) -> str:
+    return kafka.client_options()["sasl_plain_password"]
+
+
+def test_the_jobs_user_reaches_its_topics(job_kafka, topic):
+    assert end_offsets(job_kafka, topic, 1)[0] >= 1
+    assert read_range(job_kafka, _channel(topic), 0, 1).num_rows == 1
+
+
+def test_a_client_without_credentials_is_told_to_set_them(job_kafka):
+    with pytest.raises(
+        KafkaUnavailableError, match="if its listener is secured, set SPARK_ABS_KAFKA_SECURITY_PROTOCOL"
+    ):
+        check_broker(KafkaAccess(job_kafka.servers), 5)
+
+
+def test_a_wrong_password_is_an_authentication_error_without_it(job_kafka):
+    wrong = dataclasses.replace(job_kafka, password="not-the-password-0123", password_file=None)
+    with pytest.raises(KafkaAccessError, match="refused user 'spark-abs': SASL authentication") as caught:
+        check_broker(wrong, 10)
+    assert "SPARK_ABS_KAFKA_PASSWORD_FILE" in str(caught.value)
+    assert "not-the-password-0123" not in str(caught.value) and _password(job_kafka) not in str(caught.value)
+
+
+def test_a_user_without_rights_is_refused_what_a_job_does(outsider, topic):
+    check_broker(outsider, 5)  # it authenticates
+    with pytest.raises(KafkaAccessError, match="did not authorize user 'outsider' to create topic 'theirs'.*grant"):
+        create_topic(outsider, "theirs", 1)
+    with pytest.raises(KafkaAccessError, match=f"did not authorize user 'outsider' to describe topic {topic}"):
+        end_offsets(outsider, topic, 1)
+    with pytest.raises(KafkaAccessError, match=f"did not authorize user 'outsider' to read topic {topic}"):
+        read_range(outsider, _channel(topic), 0, 1)
+    sends = CheckedSends(producer(outsider, delivery_timeout_s=10), "a record")
+    with pytest.raises(KafkaAccessError, match=f"did not authorize a send of a record to {topic}.*grant") as caught:
+        sends.send(topic, value=b"y", partition=0)
+        sends.flush()
+    sends.close(1)
+    assert _password(outsider) not in str(caught.value)
+
+
+def _channel(topic: str):
+    from barriers.messages import ChannelId
+
+    return ChannelId(topic, 0)
