@@ -16,6 +16,7 @@ from kafka.errors import (
     AuthorizationError,
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
+    KafkaConnectionError,
     KafkaError,
     SaslAuthenticationFailedError,
     TopicAuthorizationFailedError,
@@ -46,18 +47,20 @@ _RESOURCES = {
 
 class _Refusals(logging.Handler):
     """What kafka-python logged, and otherwise swallowed, while bootstrapping:
-    a failed SASL authentication or TLS handshake (it retries, then reports a
-    mere timeout)."""
+    a failed SASL authentication or TLS handshake, or connections the broker
+    closed (it retries, then reports a mere timeout)."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.seen: list[BaseException] = []
+        self.closed = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         args = record.args if isinstance(record.args, tuple) else ()
         self.seen += [
             a for a in args if isinstance(a, SaslAuthenticationFailedError | AuthorizationError | ssl.SSLError)
         ]
+        self.closed += sum(isinstance(a, KafkaConnectionError) and "disconnected" in str(a) for a in args)
 
 
 @contextlib.contextmanager
@@ -68,7 +71,17 @@ def _explained(kafka: KafkaAccess, doing: str) -> Iterator[None]:
     try:
         yield
     except KafkaError as exc:
-        raise refusal(kafka, watch.seen[-1] if watch.seen else exc, doing) from exc
+        if watch.seen:
+            raise refusal(kafka, watch.seen[-1], doing) from exc
+        if watch.closed and kafka.sasl_mechanism is not None:
+            # a broker sends its SASL refusal as it closes the connection, and kafka-python drops what
+            # came with the close: a connection closed (after TLS, so not TLS) is most likely a refusal
+            raise KafkaAccessError(
+                f"Kafka at {kafka} closed every connection of user {kafka.username!r} {doing}: most likely "
+                f"SASL authentication ({kafka.sasl_mechanism}) failed — check {ENV['kafka_username']} and "
+                f"{ENV['kafka_password_file']} (or {ENV['kafka_password']}), and {ENV['kafka_sasl_mechanism']}"
+            ) from exc
+        raise refusal(kafka, exc, doing) from exc
     finally:
         logger.removeHandler(watch)
 

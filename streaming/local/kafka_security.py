@@ -188,9 +188,6 @@ class BrokerSecurity:
             "ssl.truststore.type=PEM",
             f"ssl.truststore.location={self.ca_file}",
             "ssl.client.auth=none",
-            # a refused client is told why before the broker closes the connection: kafka-python reads
-            # the refusal late when busy, and then saw only a closed socket
-            "connection.failed.authentication.delay.ms=1000",
             "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             "allow.everyone.if.no.acl.found=false",
             f"super.users=User:{ADMIN}",

@@ -54,13 +54,13 @@ def test_a_client_without_credentials_is_told_to_set_them(job_kafka):
     with pytest.raises(
         KafkaUnavailableError, match="if its listener is secured, set SPARK_ABS_KAFKA_SECURITY_PROTOCOL"
     ):
-        check_broker(KafkaAccess(job_kafka.servers), 5)
+        check_broker(KafkaAccess(job_kafka.servers), 3)
 
 
 def test_a_wrong_password_is_an_authentication_error_without_it(job_kafka):
     wrong = dataclasses.replace(job_kafka, password="not-the-password-0123", password_file=None)
-    with pytest.raises(KafkaAccessError, match="refused user 'spark-abs': SASL authentication") as caught:
-        check_broker(wrong, 10)
+    with pytest.raises(KafkaAccessError, match="user .spark-abs.*SASL authentication .SCRAM-SHA-512. failed") as caught:
+        check_broker(wrong, 4)
     assert "SPARK_ABS_KAFKA_PASSWORD_FILE" in str(caught.value)
     assert "not-the-password-0123" not in str(caught.value) and _password(job_kafka) not in str(caught.value)
 
