@@ -484,9 +484,9 @@ class ControlTopic:
             self._consumer = kafka_clients.consumer(
                 kafka, enable_auto_commit=False, client_id=f"spark-abs-control-{job}"
             )
-        except KafkaError as exc:
+        except KafkaUnavailableError:  # kafka_clients said why
             close_producer(self._producer, f"control topic {self.topic}")
-            raise KafkaUnavailableError(f"cannot read the control topic {self.topic} on {kafka}: {exc}") from exc
+            raise
         self._tp = TopicPartition(self.topic, 0)
         self._consumer.assign([self._tp])
         self._consumer.seek(self._tp, start_at)

@@ -145,10 +145,7 @@ def producer(kafka: KafkaAccess, *, delivery_timeout_s: float = DELIVERY_BOUND_S
         "delivery_timeout_ms": max(delivery_ms, request_ms + linger_ms),
         "request_timeout_ms": request_ms,
     }
-    try:
-        return kafka_clients.raw_producer(kafka, **{**defaults, **options})
-    except KafkaError as exc:
-        raise KafkaUnavailableError(f"cannot open a Kafka producer on {kafka}: {exc}") from exc
+    return kafka_clients.raw_producer(kafka, **{**defaults, **options})
 
 
 # what a bound is called in the errors that name it, by default: the producers' own
