@@ -158,6 +158,6 @@ def refusal(kafka: KafkaAccess, exc: BaseException, doing: str, otherwise: str |
     else:
         hint = f"; if its listener is secured, set {ENV['kafka_security_protocol']} and the credentials ({GRANT_DOC})"
     return KafkaUnavailableError(
-        f"no Kafka broker at {kafka} let {who} in {doing} ({type(exc).__name__}: {exc}); "
+        f"no Kafka broker answers at {kafka} ({who}, {doing}: {exc}); "
         f"is the runtime up (`spark-abs local status`)?{hint}"
     )

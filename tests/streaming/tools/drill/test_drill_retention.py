@@ -68,7 +68,7 @@ def test_records_are_deleted_up_to_the_newest_checkpoint_and_a_restore_before_it
     assert failure.describe() == "records only older checkpoints need deleted (DeleteRecords), a worker SIGKILLed"
     outcome = FailureOutcome(failure, 0.0)
     injector._retention(outcome)
-    assert deleted == [("broker:9092", {ChannelId("m.legs", 0): 30, ChannelId("m.legs", 2): 17})]
+    assert deleted == [(KafkaAccess("broker:9092"), {ChannelId("m.legs", 0): 30, ChannelId("m.legs", 2): 17})]
     assert outcome.kept_from == 7
     assert outcome.note == "37 records of 2 internal partitions deleted, up to what checkpoint 7 needs"
 
