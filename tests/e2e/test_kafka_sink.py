@@ -4,7 +4,7 @@ Spark's Kafka source given its credentials): a runner stopped before its first c
 (the next one restores from the beginning, as generation 1: what generation
 0 wrote is stale), windows committed in Kafka transactions, a worker killed
 after the first checkpoint, and read_committed readers see every window
-exactly once.  A fresh start under the same job name with another store is
+exactly once, as Spark SQL's reference says.  A fresh start under the same job name with another store is
 refused: Kafka holds the job's earlier run.  And `spark-abs ui` of the
 running job, in headless Chromium, shows its completed checkpoints, new ones
 as they complete, one checkpoint's per-task detail as `checkpoints show`
@@ -60,7 +60,7 @@ def _committed(kafka: KafkaAccess, topic: str) -> list[dict]:
 
 
 def test_kafka_sink_is_exactly_once_across_a_restore(
-    secure_connection, secure_runtime_settings, unique_name, tmp_path, lines, capfd
+    secure_connection, secure_runtime_settings, spark, unique_name, tmp_path, lines, capfd
 ):
     connection = secure_connection
     job = f"ks-{unique_name[-8:]}"
@@ -116,6 +116,9 @@ def test_kafka_sink_is_exactly_once_across_a_restore(
     assert [r.generation for r in runner.restores] == [1, 2]
     rows = _committed(connection.kafka, f"{job}.windows")
     assert money.normalise_rows(rows) == money.expected_output(data)
+    # and Spark SQL's reference, read from the secured broker as the job's user
+    reference = money.money_reference(spark, runner.pipeline, connection.kafka)
+    assert money.normalise_rows(rows) == money.normalise_rows(reference.to_dict("records"))
     printed = capfd.readouterr()
     _the_password_is_nowhere(
         connection.kafka.client_options()["sasl_plain_password"],
