@@ -88,11 +88,14 @@ def _explained(kafka: KafkaAccess, doing: str) -> Iterator[None]:
 
 def _redacted(record: logging.LogRecord) -> bool:
     """kafka-python's admin client logs its configuration (at DEBUG): the password out of it."""
-    if isinstance(record.args, tuple):
-        record.args = tuple(
-            {**a, "sasl_plain_password": "[redacted]"} if isinstance(a, dict) and a.get("sasl_plain_password") else a
-            for a in record.args
-        )
+
+    def clean(arg: object) -> object:
+        if isinstance(arg, dict) and arg.get("sasl_plain_password"):
+            return {**arg, "sasl_plain_password": "[redacted]"}
+        return arg
+
+    # a lone mapping argument is the record's args itself
+    record.args = tuple(map(clean, record.args)) if isinstance(record.args, tuple) else clean(record.args)  # type: ignore[assignment]
     return True
 
 

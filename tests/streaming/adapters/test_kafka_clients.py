@@ -1,4 +1,4 @@
-"""Kafka's refusals, on the secured runtime (``local up --secure``): the
+"""Kafka's refusals said as what to set or grant (unit), and on the secured runtime (``local up --secure``): the
 job's user reaches its topics; a client without credentials, with a wrong
 password, or a user without rights gets a spark-abs error that says what to
 set or grant, and never holds a password."""
@@ -15,7 +15,31 @@ from streaming.api.config import KafkaAccess
 from streaming.errors import KafkaAccessError, KafkaUnavailableError
 from streaming.local.kafka_security import OUTSIDER, BrokerSecurity
 
-pytestmark = pytest.mark.integration
+
+def test_kafka_pythons_logged_configuration_holds_no_password(caplog):
+    import logging
+
+    import streaming.adapters.kafka_clients  # noqa: F401  (installs the filter)
+
+    with caplog.at_level(logging.DEBUG, logger="kafka.admin.client"):
+        logging.getLogger("kafka.admin.client").debug("configuration: %s", {"sasl_plain_password": "pw-123456"})
+    assert "pw-123456" not in caplog.text and "[redacted]" in caplog.text
+
+
+def test_a_refusal_says_what_to_grant_and_no_secret():
+    from kafka.errors import SaslAuthenticationFailedError, TransactionalIdAuthorizationFailedError
+
+    from streaming.adapters.kafka_clients import refusal
+
+    access = KafkaAccess("b:9093", "SASL_PLAINTEXT", "PLAIN", "job", "pw-123456")
+    denied = refusal(access, TransactionalIdAuthorizationFailedError(), "to use transactional id t")
+    assert isinstance(denied, KafkaAccessError)
+    assert "did not authorize user 'job' to use transactional id t: grant it the ACLs on the transactional id" in str(
+        denied
+    )
+    failed = refusal(access, SaslAuthenticationFailedError("bad"), "to connect")
+    assert "refused user 'job': SASL authentication (PLAIN) failed" in str(failed)
+    assert all("pw-123456" not in str(e) for e in (denied, failed))
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +69,13 @@ def _password(kafka: KafkaAccess) -> str:
     return kafka.client_options()["sasl_plain_password"]
 
 
+@pytest.mark.integration
 def test_the_jobs_user_reaches_its_topics(job_kafka, topic):
     assert end_offsets(job_kafka, topic, 1)[0] >= 1
     assert read_range(job_kafka, _channel(topic), 0, 1).num_rows == 1
 
 
+@pytest.mark.integration
 def test_a_client_without_credentials_is_told_to_set_them(job_kafka):
     with pytest.raises(
         KafkaUnavailableError, match="if its listener is secured, set SPARK_ABS_KAFKA_SECURITY_PROTOCOL"
@@ -57,6 +83,7 @@ def test_a_client_without_credentials_is_told_to_set_them(job_kafka):
         check_broker(KafkaAccess(job_kafka.servers), 3)
 
 
+@pytest.mark.integration
 def test_a_wrong_password_is_an_authentication_error_without_it(job_kafka):
     wrong = dataclasses.replace(job_kafka, password="not-the-password-0123", password_file=None)
     with pytest.raises(KafkaAccessError, match="user .spark-abs.*SASL authentication .SCRAM-SHA-512. failed") as caught:
@@ -65,6 +92,7 @@ def test_a_wrong_password_is_an_authentication_error_without_it(job_kafka):
     assert "not-the-password-0123" not in str(caught.value) and _password(job_kafka) not in str(caught.value)
 
 
+@pytest.mark.integration
 def test_a_user_without_rights_is_refused_what_a_job_does(outsider, topic):
     check_broker(outsider, 5)  # it authenticates
     with pytest.raises(KafkaAccessError, match="did not authorize user 'outsider' to create topic 'theirs'.*grant"):
