@@ -239,5 +239,7 @@ class LocalRuntime:
                     log=spec.log_path,
                 )
             )
-        start = "spark-abs local up --cluster" if self.settings.is_cluster else "spark-abs local up"
+        start = "spark-abs local up" + (
+            " --cluster" if self.settings.is_cluster else " --secure" if self.settings.is_secure else ""
+        )
         return RuntimeStatus(tuple(services), self.settings.connection_file, connection, start)
