@@ -6,12 +6,15 @@ set or grant, and never holds a password."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 
 from streaming.adapters.kafka_admin import check_broker, create_topic, end_offsets
 from streaming.adapters.kafka_io import CheckedSends, producer, read_range
-from streaming.api.config import KafkaAccess
+from streaming.api.config import ENV, KafkaAccess
 from streaming.errors import KafkaAccessError, KafkaUnavailableError
 from streaming.local.kafka_security import OUTSIDER, BrokerSecurity
 
@@ -113,3 +116,20 @@ def _channel(topic: str):
     from barriers.messages import ChannelId
 
     return ChannelId(topic, 0)
+
+
+@pytest.mark.integration
+def test_a_command_given_a_wrong_password_fails_with_one_line_without_it(secure_connection, tmp_path):
+    env = {k: v for k, v in {**os.environ, **secure_connection.as_env()}.items() if k != ENV["kafka_password_file"]}
+    env[ENV["kafka_password"]] = "wrong-password-0123456789"
+    done = subprocess.run(
+        [sys.executable, "-m", "streaming.tools.cli", "smoke"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert "refused user 'spark-abs': SASL authentication (SCRAM-SHA-512) failed" in done.stderr
+    assert "wrong-password-0123456789" not in done.stderr
