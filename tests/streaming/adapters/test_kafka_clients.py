@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 
@@ -131,5 +132,6 @@ def test_a_command_given_a_wrong_password_fails_with_one_line_without_it(secure_
     )
     assert done.returncode == 2, done.stderr
     assert done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
-    assert "refused user 'spark-abs': SASL authentication (SCRAM-SHA-512) failed" in done.stderr
+    # said outright, or (kafka-python dropped the refusal that came with the close) as most likely
+    assert re.search(r"user 'spark-abs'.* SASL authentication \(SCRAM-SHA-512\) failed — check", done.stderr)
     assert "wrong-password-0123456789" not in done.stderr
