@@ -133,7 +133,7 @@ def _lease(members: dict[str, str], generation: int = 1) -> Lease:
 
 def test_the_watch_keeps_the_latest_lease_and_each_workers_latest_heartbeat():
     now = [10.0]
-    watch = ProgressWatch("b:9092", money.pipeline("w"), threading.Event(), clock=lambda: now[0])
+    watch = ProgressWatch(KafkaAccess("b:9092"), money.pipeline("w"), threading.Event(), clock=lambda: now[0])
     assert watch.members() == {}
     watch.take([_lease({"legs": "h:11:a"}), Heartbeat("legs", "h:11:a", "h", 1)])
     now[0] = 12.0
@@ -272,7 +272,7 @@ def _runner(hosts) -> subprocess.Popen:
 
 
 def _cluster(hosts, *, runtime=None, heartbeat_timeout_s=8.0, wait=None):
-    watch = ProgressWatch("b:9092", money.pipeline("w"), threading.Event())
+    watch = ProgressWatch(KafkaAccess("b:9092"), money.pipeline("w"), threading.Event())
     job = types.SimpleNamespace(
         job="drill-x",
         hosts=hosts,
