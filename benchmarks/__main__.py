@@ -124,7 +124,7 @@ def _run(variant: str, round_: int, context: dict):
         return runs.peer_run(
             variant,
             round_,
-            bootstrap=context["connection"].kafka_bootstrap,
+            kafka=context["connection"].kafka,
             topic=context["topic"],
             expected=context["expected"],
             cache_dir=context["cache_dir"],
@@ -348,21 +348,21 @@ def main(argv: list[str] | None = None) -> int:
 
     connection = Connection.from_env(os.environ) or LocalRuntime(progress=log.info).up()
     topic = f"bench-events-{uuid.uuid4().hex[:6]}"
-    create_topic(connection.kafka_bootstrap, topic, workloads.PARTITIONS)
+    create_topic(connection.kafka, topic, workloads.PARTITIONS)
     log.info(f"producing {profile.records:,} records to {topic}")
     began = time.monotonic()
     keys = args.keys or workloads.KEYS
-    expected = workloads.produce(connection.kafka_bootstrap, topic, profile.records, keys=keys)
+    expected = workloads.produce(connection.kafka, topic, profile.records, keys=keys)
     log.info(f"produced in {time.monotonic() - began:.1f} s")
     scaling_topic, scaling_expected = None, None
     if any(v.startswith("scaling-") for v in variants):
         scaling_topic = f"bench-scaling-{uuid.uuid4().hex[:6]}"
-        create_topic(connection.kafka_bootstrap, scaling_topic, workloads.SCALING_PARTITIONS)
+        create_topic(connection.kafka, scaling_topic, workloads.SCALING_PARTITIONS)
         log.info(
             f"producing {profile.records:,} records to {scaling_topic} ({workloads.SCALING_PARTITIONS} partitions)"
         )
         scaling_expected = workloads.produce(
-            connection.kafka_bootstrap, scaling_topic, profile.records, partitions=workloads.SCALING_PARTITIONS
+            connection.kafka, scaling_topic, profile.records, partitions=workloads.SCALING_PARTITIONS
         )
     context = {
         "connection": connection,

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     source = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", connection.kafka_bootstrap)
+        .options(**connection.kafka.spark_options())
         .option("subscribe", args.topic)
         .option("startingOffsets", "earliest")
         .load()

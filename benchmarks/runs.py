@@ -29,7 +29,7 @@ from barriers.coordinator import CheckpointStatus
 from benchmarks.profiles import Sampler, summarise
 from benchmarks.workloads import TOPIC_ENV
 from streaming.adapters.sinks import read_committed_output, sink_location
-from streaming.api.config import Connection
+from streaming.api.config import Connection, KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import committed_through, ingress_end_offsets, kill_worker
 from streaming.engine.job.runner import JobRunner, RunOptions
@@ -347,10 +347,10 @@ def demo_run(
 
     def feed() -> None:
         # one producer, the transfers made up front: the feeder should cost the machine little
-        from kafka import KafkaProducer
+        from streaming.adapters import kafka_clients
 
         transfers = money.make_transfers(int(rate * (seconds + 600)), seed=7)
-        producer = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap, acks="all", linger_ms=20)
+        producer = kafka_clients.raw_producer(connection.kafka, acks="all", linger_ms=20)
         produced = 0
         began = time.monotonic()
         try:
@@ -423,7 +423,7 @@ def flink_connector(cache_dir: Path) -> Path:
 
 
 def peer_run(
-    variant: str, round_: int, *, bootstrap: str, topic: str, expected: Mapping[str, int], cache_dir: Path
+    variant: str, round_: int, *, kafka: KafkaAccess, topic: str, expected: Mapping[str, int], cache_dir: Path
 ) -> Run:
     """A peer over the whole topic, in its own environment: the updates it
     commits to a topic of its own are checked, and its throughput runs from
@@ -434,8 +434,8 @@ def peer_run(
     env, script = PEERS[variant]
     out = f"{topic}-{variant}-{uuid.uuid4().hex[:6]}"
     # the broker stamps each record when it appends it (a peer may pass its input's time on)
-    create_topic(bootstrap, out, 2, config={"message.timestamp.type": "LogAppendTime"})
-    command = [str(ROOT / env / "bin" / "python"), str(ROOT / script), "--bootstrap", bootstrap, "--topic", topic]
+    create_topic(kafka, out, 2, config={"message.timestamp.type": "LogAppendTime"})
+    command = [str(ROOT / env / "bin" / "python"), str(ROOT / script), "--bootstrap", kafka.servers, "--topic", topic]
     command += ["--out", out]
     command += (
         ["--jar", str(flink_connector(cache_dir))]
@@ -447,18 +447,20 @@ def peer_run(
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
         raise SparkAbsError(f"{variant} failed (exit {done.returncode}):\n{tail}")
-    output, first, last = _committed_updates(bootstrap, out)
+    output, first, last = _committed_updates(kafka, out)
     run = Run(variant, round_, max(0.0, first - launched), seconds=last - first, records=int(expected["records"]))
     run.verified, run.detail = _verify(output, expected)
     return run
 
 
-def _committed_updates(bootstrap: str, topic: str) -> tuple[pa.Table | None, float, float]:
+def _committed_updates(kafka: KafkaAccess, topic: str) -> tuple[pa.Table | None, float, float]:
     """Every committed ``{"k", "n", "sum"}`` update on ``topic`` and the
     times of the first and last (seconds since the epoch)."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False)
+    from streaming.adapters import kafka_clients
+
+    consumer = kafka_clients.consumer(kafka, isolation_level="read_committed", enable_auto_commit=False)
     try:
         partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         consumer.assign(partitions)

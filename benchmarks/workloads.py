@@ -16,6 +16,7 @@ import zlib
 import pyarrow as pa
 
 from operators import KeyedAggregate, count, select, sum_
+from streaming.api.config import KafkaAccess
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 
 __all__ = [
@@ -114,13 +115,13 @@ def partition_of(key: str, partitions: int = PARTITIONS) -> int:
 
 
 def produce(
-    bootstrap: str, topic: str, records: int, *, keys: int = KEYS, partitions: int = PARTITIONS
+    kafka: KafkaAccess, topic: str, records: int, *, keys: int = KEYS, partitions: int = PARTITIONS
 ) -> dict[str, int]:
     """``records`` JSON records ``{"k": "key-<i mod keys>", "v": i mod 100}``;
     returns the expected ``{"records", "keys", "sum"}``."""
-    from kafka import KafkaProducer
+    from streaming.adapters import kafka_clients
 
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=50, batch_size=1 << 20, acks=1)
+    producer = kafka_clients.raw_producer(kafka, linger_ms=50, batch_size=1 << 20, acks=1)
     total = 0
     try:
         for i in range(records):

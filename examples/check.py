@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow as pa
 
 from streaming.api.avro import AvroSchema
+from streaming.api.config import KafkaAccess
 from streaming.api.pipeline import Ingress, Pipeline
 from streaming.api.producing import end_input
 
@@ -37,12 +38,12 @@ def spark_ddl(schema: pa.Schema) -> str:
     return ", ".join(f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in schema)
 
 
-def produce(bootstrap: str, records: Iterable[tuple[str, int, bytes]], *, end: Pipeline | None = None) -> int:
+def produce(kafka: KafkaAccess, records: Iterable[tuple[str, int, bytes]], *, end: Pipeline | None = None) -> int:
     """Send ``records`` (topic, partition, value) in order; with ``end``, then
     end the input of every partition of that pipeline's ingress topics."""
-    from kafka import KafkaProducer
+    from streaming.adapters import kafka_clients
 
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    producer = kafka_clients.raw_producer(kafka, acks="all", linger_ms=20)
     sent = 0
     try:
         for topic, partition, value in records:
@@ -57,14 +58,14 @@ def produce(bootstrap: str, records: Iterable[tuple[str, int, bytes]], *, end: P
     return sent
 
 
-def reference(spark, pipeline: Pipeline, sql: str, bootstrap: str) -> pd.DataFrame:
+def reference(spark, pipeline: Pipeline, sql: str, kafka: KafkaAccess) -> pd.DataFrame:
     """The example's ``sql`` over views of its ingress topics, read in batch."""
     from pyspark.sql import functions as F
 
     for ingress in pipeline.ingress:
         raw = (
             spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", bootstrap)
+            .options(**kafka.spark_options())
             .option("subscribe", ingress.topic)
             .option("startingOffsets", "earliest")
             .option("endingOffsets", "latest")
@@ -106,18 +107,18 @@ def drill_workload(records: Callable[..., list[tuple[str, int, bytes]]], sql: st
             for topic, partition, value in records(pipeline.job, seed=seed, round=round_):
                 yield InputRecord(topic, partition, value)
 
-    def expected(spark, pipeline: Pipeline, bootstrap: str) -> pd.DataFrame:
-        return reference(spark, pipeline, sql, bootstrap)
+    def expected(spark, pipeline: Pipeline, kafka: KafkaAccess) -> pd.DataFrame:
+        return reference(spark, pipeline, sql, kafka)
 
     return DrillWorkload(endless, expected, tuple(keys), sums=())
 
 
-def committed(bootstrap: str, topic: str) -> pd.DataFrame:
+def committed(kafka: KafkaAccess, topic: str) -> pd.DataFrame:
     """The rows a Kafka sink committed to ``topic`` (read_committed), without
     the epochs it marked superseded after a restore to an older checkpoint."""
     from streaming.adapters.sinks import read_kafka_output
 
-    return pd.DataFrame([json.loads(v) for v in read_kafka_output(bootstrap, topic, timeout_ms=1500).values])
+    return pd.DataFrame([json.loads(v) for v in read_kafka_output(kafka, topic, timeout_ms=1500).values])
 
 
 def differences(output: pd.DataFrame, expected: pd.DataFrame, keys: Sequence[str], *, limit: int = 10) -> list[str]:

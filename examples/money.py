@@ -54,6 +54,7 @@ from operators import (
     row_index,
     sum_,
 )
+from streaming.api.config import KafkaAccess
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.producing import end_input
 from streaming.tools.checkpoints.inspection import channel_rows, classify_channel_records
@@ -246,13 +247,15 @@ def make_transfers(count_: int, *, accounts: int = 10, seed: int = 7) -> list[di
     return transfers
 
 
-def produce_transfers(bootstrap: str, topic: str, transfers: list[dict], partitions: int, *, end: bool = True) -> None:
+def produce_transfers(
+    kafka: KafkaAccess, topic: str, transfers: list[dict], partitions: int, *, end: bool = True
+) -> None:
     """Write the transfers (transfer i to partition i mod ``partitions``, so
     event time grows within each partition), then, with ``end``, the end of
     the input on every partition (``streaming.end_input``)."""
-    from kafka import KafkaProducer
+    from streaming.adapters import kafka_clients
 
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    producer = kafka_clients.raw_producer(kafka, acks="all", linger_ms=20)
     try:
         for transfer in transfers:
             producer.send(
@@ -379,7 +382,7 @@ def drill_workload(*, accounts: int = 10, malformed_every: int = 997):
     )
 
 
-def money_reference(spark, pipeline: Pipeline, bootstrap: str):
+def money_reference(spark, pipeline: Pipeline, kafka: KafkaAccess):
     """The money pipeline's windows, computed in batch by Spark from the
     transfers topic: every JSON transfer's two legs, summed per account and
     one-second window (records that are not transfers are left out, as the
@@ -389,7 +392,7 @@ def money_reference(spark, pipeline: Pipeline, bootstrap: str):
     topic = pipeline.ingress[0].topic
     raw = (
         spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
+        .options(**kafka.spark_options())
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("endingOffsets", "latest")

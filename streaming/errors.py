@@ -18,6 +18,7 @@ __all__ = [
     "ServiceStartError",
     "RuntimeNotRunningError",
     "KafkaUnavailableError",
+    "KafkaAccessError",
     "ChannelQueryError",
     "TaskError",
     "StoreError",
@@ -89,8 +90,14 @@ class RuntimeNotRunningError(SparkAbsError):
 
 
 class KafkaUnavailableError(SparkAbsError):
-    """No broker answered at the configured bootstrap address, or it refused
+    """No broker answered at the configured kafka address, or it refused
     an operation (a topic, a send, a read of an offset range)."""
+
+
+class KafkaAccessError(KafkaUnavailableError):
+    """Kafka answered but refused this client: no or wrong credentials, a
+    certificate it does not trust, or a principal without the rights an
+    operation needs.  The message names what to set or grant, never a secret."""
 
 
 class ChannelQueryError(SparkAbsError):

@@ -66,6 +66,27 @@ def connection(runtime_settings: LocalRuntimeSettings) -> Iterator[Connection]:
 
 
 @pytest.fixture(scope="session")
+def secure_runtime_settings() -> LocalRuntimeSettings:
+    """The secured runtime (``local up --secure``): ``<home>/secure``, sharing the cache."""
+    return LocalRuntimeSettings.secure()
+
+
+@pytest.fixture(scope="session")
+def secure_connection(secure_runtime_settings: LocalRuntimeSettings) -> Iterator[Connection]:
+    """The secured runtime (SASL_SSL, SCRAM, ACLs on), brought up once, as the
+    job's user ``spark-abs``; stopped at the end only if this session started it."""
+    from streaming.local import LocalRuntime
+
+    runtime = LocalRuntime(secure_runtime_settings, progress=_say)
+    was_running = runtime.status().all_running
+    conn = runtime.up()
+    yield conn
+    if not was_running:
+        for line in runtime.down():
+            _say(line)
+
+
+@pytest.fixture(scope="session")
 def spark(connection: Connection, runtime_settings: LocalRuntimeSettings):
     from streaming.adapters.spark import spark_session
     from streaming.api.config import SparkSettings

@@ -1,7 +1,8 @@
 """The adapters to Kafka, Spark and storage:
 
-- Kafka: ``kafka_admin`` (topics), ``kafka_io`` (markers, ranges and dead
-  letters), ``control`` (the job's control topic);
+- Kafka: ``kafka_clients`` (every client, made from a ``KafkaAccess``, and
+  Kafka's refusals explained), ``kafka_admin`` (topics), ``kafka_io``
+  (markers, ranges and dead letters), ``control`` (the job's control topic);
 - Spark: ``spark`` (the session factory and a stage's query) and
   ``spark_stage`` (a stage's Spark code), the two modules that import
   pyspark, and ``jars`` (the connector jars, resolved from Maven);

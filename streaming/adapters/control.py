@@ -41,14 +41,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 
 from barriers.failures import CheckpointFailure
-from streaming.adapters.kafka_admin import RECONNECT, create_topic
+from streaming.adapters import kafka_clients
+from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, patiently, producer
 from streaming.adapters.records import Headers
 from streaming.adapters.snapshots.format import TaskCheckpointMetrics, TaskSnapshot
+from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
 from streaming.errors import ConfigError, KafkaUnavailableError, parse_choice
 
@@ -519,7 +521,7 @@ class ControlTopic:
 
     def __init__(
         self,
-        bootstrap: str,
+        kafka: KafkaAccess,
         job: str,
         key: JobKey,
         *,
@@ -534,15 +536,15 @@ class ControlTopic:
         self.delivery_timeout_s = delivery_timeout_s
         self.rejected: collections.Counter[str] = collections.Counter()
         self._on_rejected = on_rejected
-        create_topic(bootstrap, self.topic, 1)
-        self._producer = producer(bootstrap, delivery_timeout_s=delivery_timeout_s)
+        create_topic(kafka, self.topic, 1)
+        self._producer = producer(kafka, delivery_timeout_s=delivery_timeout_s)
         try:
-            self._consumer = KafkaConsumer(
-                bootstrap_servers=bootstrap, enable_auto_commit=False, client_id=f"spark-abs-control-{job}", **RECONNECT
+            self._consumer = kafka_clients.consumer(
+                kafka, enable_auto_commit=False, client_id=f"spark-abs-control-{job}"
             )
-        except KafkaError as exc:
+        except KafkaUnavailableError:  # kafka_clients said why
             close_producer(self._producer, f"control topic {self.topic}")
-            raise KafkaUnavailableError(f"cannot read the control topic {self.topic} on {bootstrap}: {exc}") from exc
+            raise
         self._tp = TopicPartition(self.topic, 0)
         self._consumer.assign([self._tp])
         self._consumer.seek(self._tp, start_at)

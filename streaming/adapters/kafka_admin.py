@@ -13,9 +13,12 @@ from collections.abc import Iterable
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from barriers.messages import ChannelId
+from streaming.adapters import kafka_clients
+from streaming.adapters.kafka_clients import RECONNECT, refusal
+from streaming.api.config import KafkaAccess
 from streaming.errors import ConfigError, KafkaUnavailableError
 
 __all__ = [
@@ -37,25 +40,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# every Kafka client of the engine: after a broker came back, try it again within a second (as Java
-# clients do); kafka-python's own default lets the wait grow to 30 s, so a 6-second broker outage kept
-# producers and tasks away for up to half a minute more
-RECONNECT = {"reconnect_backoff_max_ms": 1_000}
 
-
-def admin_client(bootstrap: str, timeout_s: float = 15.0) -> KafkaAdminClient:
-    try:
-        return KafkaAdminClient(
-            bootstrap_servers=bootstrap,
-            client_id="spark-abs-admin",
-            request_timeout_ms=int(timeout_s * 1000),
-            **RECONNECT,
-            bootstrap_timeout_ms=int(timeout_s * 1000),
-        )
-    except KafkaTimeoutError as exc:
-        raise KafkaUnavailableError(
-            f"no Kafka broker answers at {bootstrap}; is the runtime up (`spark-abs local status`)?"
-        ) from exc
+def admin_client(kafka: KafkaAccess, timeout_s: float = 15.0) -> KafkaAdminClient:
+    """An admin client on ``kafka`` (``kafka_clients.admin``)."""
+    return kafka_clients.admin(kafka, timeout_s)
 
 
 def replication(brokers: int) -> tuple[int, int]:
@@ -66,20 +54,20 @@ def replication(brokers: int) -> tuple[int, int]:
     return factor, max(1, factor - 1)
 
 
-def check_broker(bootstrap: str, timeout_s: float = 10.0) -> None:
+def check_broker(kafka: KafkaAccess, timeout_s: float = 10.0) -> None:
     """Fail fast, with KafkaUnavailableError, when no broker answers."""
-    admin_client(bootstrap, timeout_s).close()
+    admin_client(kafka, timeout_s).close()
 
 
 def create_topic(
-    bootstrap: str, name: str, partitions: int, *, config: dict[str, str] | None = None, timeout_s: float = 30.0
+    kafka: KafkaAccess, name: str, partitions: int, *, config: dict[str, str] | None = None, timeout_s: float = 30.0
 ) -> None:
     """Create ``name`` with ``partitions`` partitions, or accept it if it already
     has exactly that many; waits until its metadata is visible.  Replicated
     as ``replication`` says for the brokers the cluster has now."""
     if partitions < 1:
         raise ConfigError(f"topic {name!r}: partitions must be >= 1, got {partitions}")
-    admin = admin_client(bootstrap)
+    admin = admin_client(kafka)
     try:
         factor, min_isr = replication(len(admin.describe_cluster().get("brokers", [])))
         settings = {**({"min.insync.replicas": str(min_isr)} if factor > 1 else {}), **(config or {})}
@@ -99,16 +87,16 @@ def create_topic(
                 raise KafkaUnavailableError(f"topic {name!r} did not appear within {timeout_s:.0f} s")
             time.sleep(0.2)
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"creating topic {name!r} on {bootstrap} failed: {exc}") from exc
+        raise refusal(kafka, exc, f"to create topic {name!r}", f"creating topic {name!r} on {kafka} failed") from exc
     finally:
         admin.close()
 
 
-def delete_topics(bootstrap: str, names: Iterable[str]) -> None:
+def delete_topics(kafka: KafkaAccess, names: Iterable[str]) -> None:
     names = list(names)
     if not names:
         return
-    admin = admin_client(bootstrap)
+    admin = admin_client(kafka)
     try:
         admin.delete_topics(names)
     except KafkaError as exc:
@@ -117,31 +105,31 @@ def delete_topics(bootstrap: str, names: Iterable[str]) -> None:
         admin.close()
 
 
-def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+def end_offsets(kafka: KafkaAccess, topic: str, partitions: int) -> dict[int, int]:
     """The next offset to be written on each partition of ``topic``."""
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, client_id="spark-abs-offsets", enable_auto_commit=False, **RECONNECT
-    )
+    consumer = kafka_clients.consumer(kafka, client_id="spark-abs-offsets", enable_auto_commit=False)
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()}
+    except KafkaError as exc:
+        raise refusal(kafka, exc, f"to describe topic {topic}", f"reading the end offsets of {topic} failed") from exc
     finally:
         consumer.close()
 
 
-def earliest_offsets(bootstrap: str, channels: Iterable[ChannelId]) -> dict[ChannelId, int]:
+def earliest_offsets(kafka: KafkaAccess, channels: Iterable[ChannelId]) -> dict[ChannelId, int]:
     """Each channel's earliest offset (its log start: what retention and
     ``DeleteRecords`` left), in one request."""
     channels = list(channels)
     if not channels:
         return {}
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, client_id="spark-abs-offsets", enable_auto_commit=False, **RECONNECT
-    )
+    consumer = kafka_clients.consumer(kafka, client_id="spark-abs-offsets", enable_auto_commit=False)
     try:
         found = consumer.beginning_offsets([TopicPartition(c.topic, c.partition) for c in channels])
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"reading the earliest offsets of {len(channels)} channels failed: {exc}") from exc
+        raise refusal(
+            kafka, exc, "to read offsets", f"reading the earliest offsets of {len(channels)} channels failed"
+        ) from exc
     finally:
         consumer.close()
     return {ChannelId(tp.topic, tp.partition): offset for tp, offset in found.items()}
@@ -156,11 +144,11 @@ class OffsetsAtTime:
     one request per topic (an answer at most ``fresh_s`` old was found for a
     time that much earlier, which the callers' horizons dwarf)."""
 
-    _shared: dict[str, OffsetsAtTime] = {}
+    _shared: dict[KafkaAccess, OffsetsAtTime] = {}
     _sharing = threading.Lock()
 
-    def __init__(self, bootstrap: str, timeout_ms: int = 10_000, fresh_s: float = 1.0):
-        self.bootstrap = bootstrap
+    def __init__(self, kafka: KafkaAccess, timeout_ms: int = 10_000, fresh_s: float = 1.0):
+        self.kafka = kafka
         self.timeout_ms = timeout_ms  # a broker that does not answer: the upload goes on without the check
         self.fresh_s = fresh_s
         self._consumer: KafkaConsumer | None = None
@@ -169,10 +157,10 @@ class OffsetsAtTime:
         self._answers: dict[ChannelId, tuple[float, int | None]] = {}  # channel -> (when, offset)
 
     @classmethod
-    def shared(cls, bootstrap: str) -> OffsetsAtTime:
-        """The process's one for ``bootstrap``."""
+    def shared(cls, kafka: KafkaAccess) -> OffsetsAtTime:
+        """The process's one for ``kafka``."""
         with cls._sharing:
-            return cls._shared.setdefault(bootstrap, cls(bootstrap))
+            return cls._shared.setdefault(kafka, cls(kafka))
 
     def __call__(self, channels: list[ChannelId], timestamp_ms: int) -> dict[ChannelId, int | None]:
         with self._lock:
@@ -191,11 +179,10 @@ class OffsetsAtTime:
         wanted = {TopicPartition(c.topic, c.partition): max(0, timestamp_ms) for c in channels}
         try:
             if self._consumer is None:
-                self._consumer = KafkaConsumer(
-                    bootstrap_servers=self.bootstrap,
+                self._consumer = kafka_clients.consumer(
+                    self.kafka,
                     client_id="spark-abs-retention",
                     enable_auto_commit=False,
-                    **RECONNECT,
                 )
             found = self._consumer.offsets_for_times(wanted, timeout_ms=self.timeout_ms)
         except KafkaError as exc:
@@ -203,12 +190,12 @@ class OffsetsAtTime:
         return {ChannelId(tp.topic, tp.partition): None if at is None else at.offset for tp, at in found.items()}
 
 
-def delete_records(bootstrap: str, before: dict[ChannelId, int]) -> None:
+def delete_records(kafka: KafkaAccess, before: dict[ChannelId, int]) -> None:
     """Delete each channel's records before its offset (Kafka's
     ``DeleteRecords``: its earliest offset moves there), as retention would."""
     if not before:
         return
-    admin = admin_client(bootstrap)
+    admin = admin_client(kafka)
     try:
         admin.delete_records({TopicPartition(c.topic, c.partition): offset for c, offset in before.items()})
     except KafkaError as exc:
@@ -222,12 +209,12 @@ def delete_records(bootstrap: str, before: dict[ChannelId, int]) -> None:
 KAFKA_INTERNAL = ("__transaction_state", "__consumer_offsets")
 
 
-def out_of_sync(bootstrap: str, name_contains: str) -> list[str]:
+def out_of_sync(kafka: KafkaAccess, name_contains: str) -> list[str]:
     """``topic:partition`` of every partition with a replica not in sync (a
     broker that was down and is catching up), sorted, of the topics
     ``watched`` picks: those whose name holds ``name_contains`` and Kafka's
     own (``KAFKA_INTERNAL``)."""
-    admin = admin_client(bootstrap)
+    admin = admin_client(kafka)
     try:
         topics = watched(admin.list_topics(), name_contains)
         return lagging_replicas(admin.describe_topics(topics) if topics else [])

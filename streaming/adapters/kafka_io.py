@@ -18,13 +18,15 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 import tenacity
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import KafkaError, KafkaTimeoutError
+from kafka import KafkaProducer, TopicPartition
+from kafka.errors import AuthorizationError, KafkaError, KafkaTimeoutError
 
 from barriers.messages import ChannelId
-from streaming.adapters.kafka_admin import RECONNECT, create_topic
+from streaming.adapters import kafka_clients
+from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.records import RECORD_SCHEMA, Headers
-from streaming.errors import KafkaUnavailableError
+from streaming.api.config import KafkaAccess
+from streaming.errors import KafkaAccessError, KafkaUnavailableError
 
 __all__ = [
     "CLOSE_BOUND_S",
@@ -49,17 +51,16 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def read_range(bootstrap: str, channel: ChannelId, start: int, end: int, *, timeout_s: float = 60.0) -> pa.Table:
+def read_range(kafka: KafkaAccess, channel: ChannelId, start: int, end: int, *, timeout_s: float = 60.0) -> pa.Table:
     """The records at offsets ``[start, end)`` of ``channel``, read in bulk
     (offsets without a record, e.g. transaction markers, are simply absent)."""
     if end <= start:
         return RECORD_SCHEMA.empty_table()
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
+    consumer = kafka_clients.consumer(
+        kafka,
         enable_auto_commit=False,
         max_poll_records=5000,
         client_id="spark-abs-range",
-        **RECONNECT,
     )
     tp = TopicPartition(channel.topic, channel.partition)
     rows: list[dict] = []
@@ -94,19 +95,21 @@ def read_range(bootstrap: str, channel: ChannelId, start: int, end: int, *, time
                     }
                 )
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"{channel}: reading offsets [{start}, {end}) failed: {exc}") from exc
+        raise kafka_clients.refusal(
+            kafka, exc, f"to read topic {channel.topic}", f"{channel}: reading offsets [{start}, {end}) failed"
+        ) from exc
     finally:
         consumer.close()
     return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA)
 
 
-def retention_ms(bootstrap: str, topic: str) -> int | None:
+def retention_ms(kafka: KafkaAccess, topic: str) -> int | None:
     """The topic's ``retention.ms`` (None: unlimited or unknown)."""
     from kafka.admin import ConfigResource, ConfigResourceType
 
     from streaming.adapters.kafka_admin import admin_client
 
-    admin = admin_client(bootstrap)
+    admin = admin_client(kafka)
     try:
         result = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="All")
         value = int(result["topic"][topic]["retention.ms"]["value"])
@@ -129,8 +132,8 @@ DELIVERY_BOUND_S = 120.0
 CLOSE_BOUND_S = 5.0
 
 
-def producer(bootstrap: str, *, delivery_timeout_s: float = DELIVERY_BOUND_S, **options: Any) -> KafkaProducer:
-    """A producer on ``bootstrap``: every replica acknowledges, no lingering,
+def producer(kafka: KafkaAccess, *, delivery_timeout_s: float = DELIVERY_BOUND_S, **options: Any) -> KafkaProducer:
+    """A producer on ``kafka``: every replica acknowledges, no lingering,
     unless ``options`` (KafkaProducer's) say otherwise; a send it has not
     delivered within ``delivery_timeout_s`` (retries included) fails; a
     clear error when Kafka cannot be reached."""
@@ -143,12 +146,8 @@ def producer(bootstrap: str, *, delivery_timeout_s: float = DELIVERY_BOUND_S, **
         "linger_ms": 0,
         "delivery_timeout_ms": max(delivery_ms, request_ms + linger_ms),
         "request_timeout_ms": request_ms,
-        **RECONNECT,
     }
-    try:
-        return KafkaProducer(bootstrap_servers=bootstrap, **{**defaults, **options})
-    except KafkaError as exc:
-        raise KafkaUnavailableError(f"cannot open a Kafka producer on {bootstrap}: {exc}") from exc
+    return kafka_clients.raw_producer(kafka, **{**defaults, **options})
 
 
 # what a bound is called in the errors that name it, by default: the producers' own
@@ -186,8 +185,18 @@ def patiently(
         raise KafkaUnavailableError(
             f"Kafka did not take {what} within {bound_s:g} s ({bound}): is the broker reachable?"
         ) from exc
+    except AuthorizationError as exc:
+        raise _unauthorized(what, exc) from exc
     except KafkaError as exc:
         raise KafkaUnavailableError(f"{what} failed: {exc}") from exc
+
+
+def _unauthorized(what: str, exc: BaseException, topic: str | None = None) -> KafkaAccessError:
+    where = f" to {topic}" if topic else ""
+    return KafkaAccessError(
+        f"Kafka did not authorize {what}{where} ({type(exc).__name__}): grant the job's user the ACLs a job "
+        f"needs (see {kafka_clients.GRANT_DOC})"
+    )
 
 
 def close_producer(producer: KafkaProducer, what: str, timeout_s: float = CLOSE_BOUND_S) -> None:
@@ -271,6 +280,8 @@ class CheckedSends:
         """A ``KafkaUnavailableError`` if a send failed."""
         if self._failure is not None:
             topic, exc = self._failure
+            if isinstance(exc, AuthorizationError):
+                raise _unauthorized(f"a send of {self.what}", exc, topic)
             raise KafkaUnavailableError(
                 f"a send of {self.what} to {topic} failed ({type(exc).__name__}: {exc}); the task fails rather "
                 f"than go on without the record, and the job restores from its latest checkpoint"
@@ -399,10 +410,10 @@ class DeadLetters:
     send is truncated with a note (``fit_dead_letter``).  ``count`` says how
     many were sent."""
 
-    def __init__(self, bootstrap: str, job: str, *, delivery_timeout_s: float = DELIVERY_BOUND_S):
+    def __init__(self, kafka: KafkaAccess, job: str, *, delivery_timeout_s: float = DELIVERY_BOUND_S):
         self.topic = dead_letter_topic_name(job)
-        create_topic(bootstrap, self.topic, 1)
-        sender = producer(bootstrap, delivery_timeout_s=delivery_timeout_s)
+        create_topic(kafka, self.topic, 1)
+        sender = producer(kafka, delivery_timeout_s=delivery_timeout_s)
         # the most a record may take (the topic, created with the broker's default
         # max.message.bytes, 1048588, takes what the producer may send)
         self.max_bytes = int(sender.config["max_request_size"])

@@ -43,14 +43,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError
+from kafka import TopicPartition
+from kafka.errors import AuthorizationError, KafkaError
 
-from streaming.adapters import codec
+from streaming.adapters import codec, kafka_clients
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, producer, within
 from streaming.adapters.objects import ObjectFiles, StoreLocation, list_files, open_store
-from streaming.api.config import Connection
+from streaming.api.config import Connection, KafkaAccess
 from streaming.api.pipeline import Sink, SinkKind
 from streaming.api.settings import JobSettings
 from streaming.errors import ConfigError, KafkaUnavailableError, SinkError, SinkFencedError, StoreError
@@ -304,7 +304,7 @@ class KafkaSink(_TwoPhaseSink):
         staging: StoreLocation,
         task_id: str,
         *,
-        bootstrap: str,
+        kafka: KafkaAccess,
         topic: str,
         transactional_id: str,
         delivery_timeout_s: float = DELIVERY_BOUND_S,
@@ -314,13 +314,13 @@ class KafkaSink(_TwoPhaseSink):
         # a transaction's sends, commit and abort each end within it (kafka-python's wait for good)
         self.delivery_timeout_s = delivery_timeout_s
         self.commit_topic = f"{topic}.commits"
-        self._bootstrap = bootstrap
-        create_topic(bootstrap, self.commit_topic, 1, config={"cleanup.policy": "compact"})
+        self._kafka = kafka
+        create_topic(kafka, self.commit_topic, 1, config={"cleanup.policy": "compact"})
         try:
             # init_transactions fences any older instance with the same id and
             # aborts what it left open.
             self._producer = producer(
-                bootstrap,
+                kafka,
                 delivery_timeout_s=delivery_timeout_s,
                 transactional_id=transactional_id,
                 enable_idempotence=True,
@@ -328,8 +328,10 @@ class KafkaSink(_TwoPhaseSink):
             )
             self._producer.init_transactions()
         except (KafkaError, KafkaUnavailableError) as exc:
+            denied = isinstance(exc, AuthorizationError)
+            why = kafka_clients.refusal(kafka, exc, f"to use transactional id {transactional_id}") if denied else exc
             raise SinkError(
-                f"Kafka sink {transactional_id}: cannot start a transactional producer on {bootstrap}: {exc}"
+                f"Kafka sink {transactional_id}: cannot start a transactional producer on {kafka}: {why}"
             ) from exc
         self._done = self._read_markers()
 
@@ -337,7 +339,7 @@ class KafkaSink(_TwoPhaseSink):
         return f"{self.task_id}:{epoch}".encode()
 
     def _read_markers(self) -> set[bytes]:
-        return _commit_keys(self._bootstrap, self.commit_topic)
+        return _commit_keys(self._kafka, self.commit_topic)
 
     def _committed(self, epoch: int) -> bool:
         return self._marker(epoch) in self._done
@@ -448,19 +450,19 @@ class KafkaOutput:
     superseded: dict[str, int] = field(default_factory=dict)
 
 
-def read_kafka_output(bootstrap: str, topic: str, *, timeout_ms: int = 3000) -> KafkaOutput:
+def read_kafka_output(kafka: KafkaAccess, topic: str, *, timeout_ms: int = 3000) -> KafkaOutput:
     """The records a Kafka sink committed to ``topic`` (read_committed),
     without those of epochs its commit topic marks superseded: committed
     after the checkpoint a restore went back to, and written again by the
     restored job.  Records without an ``abs.epoch`` header are kept."""
     superseded = {
         key[: -len(_SUPERSEDED)]
-        for key in _commit_keys(bootstrap, f"{topic}.commits", timeout_ms)
+        for key in _commit_keys(kafka, f"{topic}.commits", timeout_ms)
         if key.endswith(_SUPERSEDED)
     }
     values: list[bytes] = []
     skipped: dict[str, int] = {}
-    for record in _read_to_end(bootstrap, topic, timeout_ms):
+    for record in _read_to_end(kafka, topic, timeout_ms):
         epoch = dict(record.headers or []).get(EPOCH_HEADER)
         if epoch is not None and epoch in superseded:
             skipped[epoch.decode()] = skipped.get(epoch.decode(), 0) + 1
@@ -469,21 +471,21 @@ def read_kafka_output(bootstrap: str, topic: str, *, timeout_ms: int = 3000) -> 
     return KafkaOutput(values, dict(sorted(skipped.items())))
 
 
-def _commit_keys(bootstrap: str, topic: str, timeout_ms: int = 2000) -> set[bytes]:
+def _commit_keys(kafka: KafkaAccess, topic: str, timeout_ms: int = 2000) -> set[bytes]:
     """The keys a sink's commit topic holds (a tombstone, a null value, takes its key away)."""
     latest: dict[bytes, bytes | None] = {}
-    for record in _read_to_end(bootstrap, topic, timeout_ms):
+    for record in _read_to_end(kafka, topic, timeout_ms):
         if record.key:
             latest[record.key] = record.value
     return {key for key, value in latest.items() if value is not None}
 
 
-def _read_to_end(bootstrap: str, topic: str, timeout_ms: int) -> list:
+def _read_to_end(kafka: KafkaAccess, topic: str, timeout_ms: int) -> list:
     """Every committed record of ``topic`` (read_committed), partition by
     partition in offset order, up to the end offsets when the read began;
     none when the topic does not exist."""
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
+    consumer = kafka_clients.consumer(
+        kafka,
         isolation_level="read_committed",
         enable_auto_commit=False,
     )
@@ -518,7 +520,7 @@ def open_sink(
     task: str,
     *,
     job: str,
-    bootstrap: str,
+    kafka: KafkaAccess,
     delivery_timeout_s: float = DELIVERY_BOUND_S,
 ) -> ObjectStoreSink | KafkaSink:
     """The sink of sink task ``task`` of job ``job``."""
@@ -528,7 +530,7 @@ def open_sink(
         return KafkaSink(
             location,
             task,
-            bootstrap=bootstrap,
+            kafka=kafka,
             topic=sink.topic,
             transactional_id=f"spark-abs-{job}-{task}",
             delivery_timeout_s=delivery_timeout_s,

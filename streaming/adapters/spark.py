@@ -241,7 +241,7 @@ class ChannelQuery:
             assign.setdefault(c.topic, []).append(c.partition)
             offsets.setdefault(c.topic, {})[str(c.partition)] = self._starting[c]
         options = {
-            "kafka.bootstrap.servers": self._connection.kafka_bootstrap,
+            **self._connection.kafka.spark_options(),
             "assign": json.dumps(assign),
             "startingOffsets": json.dumps(offsets),
             "includeHeaders": "true",
@@ -252,7 +252,7 @@ class ChannelQuery:
             # was most of a barrier's time through an idle stage)
             "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
         }
-        if "," in self._connection.kafka_bootstrap:
+        if self._connection.kafka.is_cluster:
             # with replicas, a lost broker's partitions get new leaders within seconds: give up on
             # the old one sooner than Kafka's 60 s and let Spark ask again (fetchOffset.numRetries).
             # One broker alone is waited for (an outage passes; nothing else could answer).

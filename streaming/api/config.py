@@ -23,7 +23,10 @@ from streaming.errors import ConfigError, RuntimeNotRunningError
 
 __all__ = [
     "ENV",
+    "KAFKA_PROTOCOLS",
+    "SASL_MECHANISMS",
     "Connection",
+    "KafkaAccess",
     "LocalRuntimeSettings",
     "MetricsSettings",
     "SparkSettings",
@@ -35,6 +38,15 @@ __all__ = [
 ENV = {
     "home": "SPARK_ABS_HOME",
     "kafka_bootstrap": "SPARK_ABS_KAFKA_BOOTSTRAP",
+    # Kafka's security (KafkaAccess): the password from a variable or, better, a file
+    "kafka_security_protocol": "SPARK_ABS_KAFKA_SECURITY_PROTOCOL",
+    "kafka_sasl_mechanism": "SPARK_ABS_KAFKA_SASL_MECHANISM",
+    "kafka_username": "SPARK_ABS_KAFKA_USERNAME",
+    "kafka_password": "SPARK_ABS_KAFKA_PASSWORD",
+    "kafka_password_file": "SPARK_ABS_KAFKA_PASSWORD_FILE",
+    "kafka_ca_file": "SPARK_ABS_KAFKA_CA_FILE",
+    "kafka_cert_file": "SPARK_ABS_KAFKA_CERT_FILE",
+    "kafka_key_file": "SPARK_ABS_KAFKA_KEY_FILE",
     "s3_endpoint": "SPARK_ABS_S3_ENDPOINT",
     "s3_access_key": "SPARK_ABS_S3_ACCESS_KEY",
     "s3_secret_key": "SPARK_ABS_S3_SECRET_KEY",
@@ -58,6 +70,18 @@ CONNECTION_ENV_FIELDS = (
     "s3_bucket",
     "s3_region",
     "spark_master",
+)
+
+# Kafka's security, when it has any: optional, so not in docker/compose.yaml (its broker is PLAINTEXT)
+KAFKA_SECURITY_ENV_FIELDS = (
+    "kafka_security_protocol",
+    "kafka_sasl_mechanism",
+    "kafka_username",
+    "kafka_password",
+    "kafka_password_file",
+    "kafka_ca_file",
+    "kafka_cert_file",
+    "kafka_key_file",
 )
 
 
@@ -97,7 +121,7 @@ class LocalRuntimeSettings:
     s3_port: int = 0
     # Credentials and bucket of the local S3 server (loopback only).
     s3_access_key: str = "sparkabs"
-    s3_secret_key: str = "sparkabs-secret"
+    s3_secret_key: str = field(default="sparkabs-secret", repr=False)
     s3_bucket: str = "spark-abs"
     # Heap of each broker JVM.
     kafka_heap: str = "512m"
@@ -108,6 +132,9 @@ class LocalRuntimeSettings:
     spark_workers: int = 0
     # Seconds a service may take to become ready before `up` fails with its log tail.
     start_timeout_s: float = 90.0
+    # "plaintext", or "sasl_ssl": the broker's listener takes SASL (SCRAM) over TLS
+    # only, ACLs on (streaming.local.kafka_security); one node only.
+    kafka_security: str = "plaintext"
 
     def __post_init__(self) -> None:
         if not isinstance(self.home, Path):
@@ -126,6 +153,10 @@ class LocalRuntimeSettings:
             raise ConfigError(
                 f"kafka_nodes must be >= 1 and spark_workers >= 0, got {self.kafka_nodes}, {self.spark_workers}"
             )
+        if self.kafka_security not in ("plaintext", "sasl_ssl"):
+            raise ConfigError(f"kafka_security {self.kafka_security!r}: use 'plaintext' or 'sasl_ssl'")
+        if self.kafka_security != "plaintext" and self.kafka_nodes > 1:
+            raise ConfigError("a secured broker (kafka_security sasl_ssl) is one node: not a cluster yet")
         if self.kafka_nodes > 1 and (self.kafka_port or self.kafka_controller_port):
             raise ConfigError("kafka_port and kafka_controller_port fix one node's ports: leave them 0 for a cluster")
 
@@ -138,9 +169,22 @@ class LocalRuntimeSettings:
         defaults = {"kafka_nodes": 3, "spark_workers": 2, "kafka_heap": "384m", "cache": home / "cache"}
         return cls(home=home / "cluster", **{**defaults, **changes})
 
+    @classmethod
+    def secure(cls, home: Path | None = None, **changes: Any) -> LocalRuntimeSettings:
+        """The secured runtime: its broker's listener SASL_SSL with ACLs on,
+        under ``<home>/secure`` (its own data, logs, secrets and connection
+        file), sharing ``<home>/cache``."""
+        home = home or default_home()
+        defaults = {"kafka_security": "sasl_ssl", "cache": home / "cache"}
+        return cls(home=home / "secure", **{**defaults, **changes})
+
     @property
     def is_cluster(self) -> bool:
         return self.kafka_nodes > 1 or self.spark_workers > 0
+
+    @property
+    def is_secure(self) -> bool:
+        return self.kafka_security != "plaintext"
 
     @property
     def cache_dir(self) -> Path:
@@ -160,15 +204,215 @@ class LocalRuntimeSettings:
         return self.runtime_dir / "job.secret"
 
 
+KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+_LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+def _readable(path: Path, name: str) -> None:
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise ConfigError(f"{ENV[name]}: {path} is not a readable file")
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaAccess:
+    """How every Kafka client of a job reaches Kafka: the bootstrap servers and
+    the security they use.  Passed wherever a client is made; the one place
+    that turns security into kafka-python keyword arguments
+    (``client_options``) and Spark's Kafka source and sink options
+    (``spark_options``).  ``str()`` gives the servers alone, so messages may
+    name it; the password appears in no repr.
+    """
+
+    # host:port[,host:port...]
+    servers: str
+    # PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL
+    security_protocol: str = "PLAINTEXT"
+    # with SASL_*: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, and a username and password
+    sasl_mechanism: str | None = None
+    username: str | None = None
+    # the password itself, or (better: it is read from there) a file holding it
+    password: str | None = field(default=None, repr=False)
+    password_file: Path | None = None
+    # with SSL / SASL_SSL: the CA certificates (PEM) the brokers' are checked against; None: the system's
+    ca_file: Path | None = None
+    # a client certificate (PEM), and its key (PEM, PKCS#8) when the certificate file does not hold it
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    # the password in force: given, or read from password_file
+    _secret: str | None = field(init=False, default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise ConfigError(f"kafka_bootstrap ({ENV['kafka_bootstrap']}) is empty")
+        protocol = str(self.security_protocol).upper()
+        object.__setattr__(self, "security_protocol", protocol)
+        if protocol not in KAFKA_PROTOCOLS:
+            raise ConfigError(
+                f"{ENV['kafka_security_protocol']} {self.security_protocol!r}: use one of {', '.join(KAFKA_PROTOCOLS)}"
+            )
+        for name in ("password_file", "ca_file", "cert_file", "key_file"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value) if value else None)
+        self._check_sasl(protocol)
+        self._check_tls(protocol)
+
+    def _check_sasl(self, protocol: str) -> None:
+        if self.password is not None and self.password_file is not None:
+            raise ConfigError(
+                f"give the Kafka password once: {ENV['kafka_password']} or {ENV['kafka_password_file']}, not both"
+            )
+        object.__setattr__(self, "_secret", self.password)
+        if self.password_file is not None:
+            _readable(self.password_file, "kafka_password_file")
+            object.__setattr__(self, "_secret", self.password_file.read_text().strip())
+        if not protocol.startswith("SASL_"):
+            given = [
+                ENV[n] for n in ("kafka_sasl_mechanism", "kafka_username", "kafka_password") if getattr(self, n[6:])
+            ]
+            if given:
+                raise ConfigError(
+                    f"{', '.join(given)} given, but {ENV['kafka_security_protocol']} is {protocol}: "
+                    "set it to SASL_SSL (or SASL_PLAINTEXT) to authenticate"
+                )
+            return
+        if self.sasl_mechanism is None:
+            raise ConfigError(
+                f"{ENV['kafka_security_protocol']} {protocol} needs {ENV['kafka_sasl_mechanism']} "
+                f"({', '.join(SASL_MECHANISMS)})"
+            )
+        mechanism = self.sasl_mechanism.upper()
+        object.__setattr__(self, "sasl_mechanism", mechanism)
+        if mechanism not in SASL_MECHANISMS:
+            raise ConfigError(
+                f"{ENV['kafka_sasl_mechanism']} {self.sasl_mechanism!r}: use one of {', '.join(SASL_MECHANISMS)}"
+            )
+        if not self.username or not self._secret:
+            raise ConfigError(
+                f"{ENV['kafka_security_protocol']} {protocol} needs {ENV['kafka_username']} and "
+                f"{ENV['kafka_password_file']} (or {ENV['kafka_password']})"
+            )
+
+    def _check_tls(self, protocol: str) -> None:
+        files = {n: getattr(self, n) for n in ("ca_file", "cert_file", "key_file") if getattr(self, n) is not None}
+        if files and not protocol.endswith("SSL"):
+            raise ConfigError(
+                f"{', '.join(ENV['kafka_' + n] for n in files)} given, but {ENV['kafka_security_protocol']} "
+                f"is {protocol}: TLS files need SSL or SASL_SSL"
+            )
+        if self.key_file is not None and self.cert_file is None:
+            raise ConfigError(f"{ENV['kafka_key_file']} given without {ENV['kafka_cert_file']}")
+        for name, path in files.items():
+            _readable(path, "kafka_" + name)
+
+    def __str__(self) -> str:
+        return self.servers
+
+    @property
+    def is_secured(self) -> bool:
+        return self.security_protocol != "PLAINTEXT"
+
+    @property
+    def is_cluster(self) -> bool:
+        """More than one bootstrap server."""
+        return "," in self.servers
+
+    def client_options(self) -> dict[str, Any]:
+        """The keyword arguments every kafka-python client (producer, consumer,
+        admin) gets: the servers and the security."""
+        options: dict[str, Any] = {"bootstrap_servers": self.servers, "security_protocol": self.security_protocol}
+        if self.sasl_mechanism is not None:
+            options |= {
+                "sasl_mechanism": self.sasl_mechanism,
+                "sasl_plain_username": self.username,
+                "sasl_plain_password": self._secret,
+            }
+        if self.ca_file is not None:
+            options["ssl_cafile"] = str(self.ca_file)
+        if self.cert_file is not None:
+            options["ssl_certfile"] = str(self.cert_file)
+        if self.key_file is not None:
+            options["ssl_keyfile"] = str(self.key_file)
+        return options
+
+    def spark_options(self) -> dict[str, str]:
+        """The options of Spark's Kafka source and sink (``kafka.``-prefixed
+        Java client settings): the servers and the security."""
+        options = {"kafka.bootstrap.servers": self.servers}
+        if not self.is_secured:
+            return options
+        options["kafka.security.protocol"] = self.security_protocol
+        if self.sasl_mechanism is not None:
+            quoted = [str(v).replace("\\", "\\\\").replace('"', '\\"') for v in (self.username, self._secret)]
+            options["kafka.sasl.mechanism"] = self.sasl_mechanism
+            options["kafka.sasl.jaas.config"] = (
+                f'{_LOGIN_MODULES[self.sasl_mechanism]} required username="{quoted[0]}" password="{quoted[1]}";'
+            )
+        if self.ca_file is not None:
+            options |= {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": str(self.ca_file)}
+        if self.cert_file is not None and self.key_file is None:
+            options |= {"kafka.ssl.keystore.type": "PEM", "kafka.ssl.keystore.location": str(self.cert_file)}
+        elif self.cert_file is not None and self.key_file is not None:
+            options |= {
+                "kafka.ssl.keystore.type": "PEM",
+                "kafka.ssl.keystore.certificate.chain": self.cert_file.read_text(),
+                "kafka.ssl.keystore.key": self.key_file.read_text(),
+            }
+        return options
+
+    def as_fields(self) -> dict[str, str]:
+        """The ``kafka_*`` fields of a connection file (the password only when
+        no file holds it), the set ones only."""
+        fields = {
+            "kafka_bootstrap": self.servers,
+            "kafka_security_protocol": self.security_protocol if self.is_secured else None,
+            "kafka_sasl_mechanism": self.sasl_mechanism,
+            "kafka_username": self.username,
+            "kafka_password": self.password,
+            "kafka_password_file": self.password_file,
+            "kafka_ca_file": self.ca_file,
+            "kafka_cert_file": self.cert_file,
+            "kafka_key_file": self.key_file,
+        }
+        return {k: str(v) for k, v in fields.items() if v is not None}
+
+    @classmethod
+    def from_fields(cls, data: Mapping[str, Any]) -> KafkaAccess:
+        """The access ``as_fields`` (or the ``SPARK_ABS_KAFKA_*`` variables, by role) describe."""
+        return cls(
+            servers=data.get("kafka_bootstrap") or "",
+            security_protocol=data.get("kafka_security_protocol") or "PLAINTEXT",
+            **{
+                name: data.get("kafka_" + name) or None
+                for name in (
+                    "sasl_mechanism",
+                    "username",
+                    "password",
+                    "password_file",
+                    "ca_file",
+                    "cert_file",
+                    "key_file",
+                )
+            },
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Connection:
     """How to reach Kafka, the S3 server and Spark: what the local runtime writes
-    to its connection file, or what a deployment passes in ``SPARK_ABS_*``."""
+    to its connection file, or what a deployment passes in ``SPARK_ABS_*``.
+    Secrets (the S3 secret key, Kafka's password) appear in no repr."""
 
-    kafka_bootstrap: str
+    kafka: KafkaAccess
     s3_endpoint: str
     s3_access_key: str
-    s3_secret_key: str
+    s3_secret_key: str = field(repr=False)
     s3_bucket: str
     s3_region: str = "us-east-1"
     spark_master: str = "local[2]"
@@ -176,8 +420,8 @@ class Connection:
     job_secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
-        if not self.kafka_bootstrap:
-            raise ConfigError(f"kafka_bootstrap ({ENV['kafka_bootstrap']}) is empty")
+        if not isinstance(self.kafka, KafkaAccess):
+            raise ConfigError(f"kafka must be a KafkaAccess, got {type(self.kafka).__name__}")
         endpoint = urlparse(self.s3_endpoint)
         if endpoint.scheme not in ("http", "https") or not endpoint.netloc:
             raise ConfigError(
@@ -187,11 +431,16 @@ class Connection:
             raise ConfigError(f"s3_bucket ({ENV['s3_bucket']}) is empty")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The connection file's fields (Kafka's flattened, ``kafka_*``)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "kafka"}
+        return {**self.kafka.as_fields(), **fields}
 
     def as_env(self) -> dict[str, str]:
         """The ``SPARK_ABS_*`` variables that describe this connection."""
-        variables = {ENV[name]: str(getattr(self, name)) for name in CONNECTION_ENV_FIELDS}
+        data = {k: str(v) for k, v in self.to_dict().items()}
+        variables = {
+            ENV[name]: data[name] for name in CONNECTION_ENV_FIELDS + KAFKA_SECURITY_ENV_FIELDS if name in data
+        }
         if self.job_secret:
             variables[ENV["job_secret"]] = self.job_secret
         return variables
@@ -207,11 +456,13 @@ class Connection:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Connection:
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in data]
+        fields = [f for f in dataclasses.fields(cls) if f.name != "kafka"]
+        missing = [f.name for f in fields if f.default is dataclasses.MISSING and f.name not in data]
+        if "kafka_bootstrap" not in data:
+            missing.insert(0, "kafka_bootstrap")
         if missing:
             raise ConfigError(f"connection details lack {', '.join(missing)}")
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(kafka=KafkaAccess.from_fields(data), **{f.name: data[f.name] for f in fields if f.name in data})
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Connection | None:
@@ -219,7 +470,8 @@ class Connection:
         ``SPARK_ABS_KAFKA_BOOTSTRAP`` is not set."""
         if not environ.get(ENV["kafka_bootstrap"]):
             return None
-        data = {name: environ[ENV[name]] for name in CONNECTION_ENV_FIELDS if environ.get(ENV[name])}
+        names = CONNECTION_ENV_FIELDS + KAFKA_SECURITY_ENV_FIELDS
+        data: dict[str, Any] = {name: environ[ENV[name]] for name in names if environ.get(ENV[name])}
         if environ.get(ENV["job_secret"]):
             data["job_secret"] = environ[ENV["job_secret"]]
         elif environ.get(ENV["job_secret_file"]):

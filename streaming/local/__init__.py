@@ -8,6 +8,7 @@ the Spark Kafka connector jars for the session factory.
 - ``processes``: background processes, started detached and found again;
 - ``artifacts``: what is fetched once into the cache;
 - ``kafka_broker``: the Kafka nodes (KRaft);
+- ``kafka_security``: a secured broker's certificates, SCRAM users and ACLs (``--secure``);
 - ``s3_server``: the S3 API server;
 - ``spark_cluster``: a Spark standalone master and workers (``--cluster``)."""
 

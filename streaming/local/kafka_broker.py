@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafka import KafkaAdminClient
-
+from streaming.adapters import kafka_clients
 from streaming.adapters.kafka_admin import replication
+from streaming.api.config import KafkaAccess
+from streaming.local.kafka_security import BrokerSecurity, write_private
 from streaming.local.processes import ServiceSpec
 
 __all__ = [
@@ -54,22 +55,36 @@ class Voter:
 
 
 def broker_properties(
-    data_dir: Path, port: int, controller_port: int, *, node_id: int = 1, voters: Sequence[Voter] = ()
+    data_dir: Path,
+    port: int,
+    controller_port: int,
+    *,
+    node_id: int = 1,
+    voters: Sequence[Voter] = (),
+    security: BrokerSecurity | None = None,
 ) -> str:
     """server.properties of a combined KRaft node on loopback: alone, or one
-    of ``voters`` (which must include it)."""
+    of ``voters`` (which must include it); with ``security``, its listeners
+    secured and ACLs on (``kafka_security``)."""
     voters = tuple(voters) or (Voter(node_id, controller_port),)
     factor, min_isr = replication(len(voters))
     quorum = ",".join(f"{v.node_id}@127.0.0.1:{v.controller_port}" for v in voters)
-    return "\n".join(
-        [
-            "process.roles=broker,controller",
-            f"node.id={node_id}",
+    listeners = (
+        security.listener_properties(port, controller_port)
+        if security is not None
+        else [
             f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
             f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        ]
+    )
+    return "\n".join(
+        [
+            "process.roles=broker,controller",
+            f"node.id={node_id}",
+            *listeners,
             # A static voter set, so the ports may change between starts.
             f"controller.quorum.voters={quorum}",
             f"log.dirs={data_dir}",
@@ -113,9 +128,16 @@ def cluster_id() -> str:
 
 
 def format_command(
-    java: str, jars_dir: Path, config: Path, log4j_xml: Path, logs_dir: Path, cid: str | None = None
+    java: str,
+    jars_dir: Path,
+    config: Path,
+    log4j_xml: Path,
+    logs_dir: Path,
+    cid: str | None = None,
+    security: BrokerSecurity | None = None,
 ) -> list[str]:
-    """``kafka.tools.StorageTool format`` for a fresh data dir (static quorum)."""
+    """``kafka.tools.StorageTool format`` for a fresh data dir (static quorum);
+    with ``security``, its SCRAM users added."""
     cid = cid or cluster_id()
     return _java_argv(java, jars_dir, log4j_xml, "256m", logs_dir) + [
         "kafka.tools.StorageTool",
@@ -125,6 +147,7 @@ def format_command(
         "-c",
         str(config),
         "--ignore-formatted",
+        *(security.scram_arguments() if security is not None else []),
     ]
 
 
@@ -149,13 +172,17 @@ def write_config(
     name: str = "kafka",
     node_id: int = 1,
     voters: Sequence[Voter] = (),
+    security: BrokerSecurity | None = None,
 ) -> tuple[Path, Path]:
-    """Write node ``name``'s server.properties and log4j2.xml; return their paths."""
+    """Write node ``name``'s server.properties (its owner's alone: it may hold
+    the admin's password) and log4j2.xml; return their paths."""
     kafka_dir = runtime_dir / name
     data_dir = kafka_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     config = kafka_dir / "server.properties"
-    config.write_text(broker_properties(data_dir, port, controller_port, node_id=node_id, voters=voters))
+    write_private(
+        config, broker_properties(data_dir, port, controller_port, node_id=node_id, voters=voters, security=security)
+    )
     log4j = kafka_dir / "log4j2.xml"
     log4j.write_text(LOG4J2_XML.format(log=runtime_dir / "logs" / f"{name}.log"))
     return config, log4j
@@ -165,14 +192,9 @@ def is_formatted(runtime_dir: Path, name: str = "kafka") -> bool:
     return (runtime_dir / name / "data" / "meta.properties").exists()
 
 
-def brokers_up(bootstrap: str) -> int:
+def brokers_up(kafka: KafkaAccess) -> int:
     """How many brokers the cluster reports (0 when none answers yet)."""
-    admin = KafkaAdminClient(
-        bootstrap_servers=bootstrap,
-        request_timeout_ms=3000,
-        bootstrap_timeout_ms=3000,
-        client_id="spark-abs-local-probe",
-    )
+    admin = kafka_clients.admin(kafka, 3.0, client_id="spark-abs-local-probe")
     try:
         return len(admin.describe_cluster().get("brokers", []))
     finally:

@@ -31,6 +31,7 @@ from streaming.api.job_key import generate_secret, read_secret_file, write_secre
 from streaming.errors import ConfigError
 from streaming.local import artifacts, processes
 from streaming.local.artifacts import FETCHABLE
+from streaming.local.kafka_security import JOB_USER, write_private
 from streaming.local.services import RuntimeServices
 from streaming.local.starters import KafkaStarter, S3Starter, SparkStarter
 
@@ -94,7 +95,9 @@ class LocalRuntime:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self._dir.mkdir(parents=True, exist_ok=True)
+        # the runtime's own: its connection file and secrets name credentials
+        self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._dir.chmod(0o700)
         with open(self._dir / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -146,8 +149,9 @@ class LocalRuntime:
             spark_ports = SparkStarter(self.services, self._progress).up(ports, {*kafka_ports.values(), s3_port})
             ports = {**kafka_ports, "s3": s3_port, **spark_ports}
             self.services.ports_file.write_text(json.dumps(ports))
+            servers = ",".join(f"127.0.0.1:{ports[n]}" for n in self.services.kafka_names())
             connection = Connection(
-                kafka_bootstrap=",".join(f"127.0.0.1:{ports[n]}" for n in self.services.kafka_names()),
+                kafka=self.services.kafka_access(servers, JOB_USER),
                 s3_endpoint=f"http://127.0.0.1:{ports['s3']}",
                 s3_access_key=s.s3_access_key,
                 s3_secret_key=s.s3_secret_key,
@@ -159,7 +163,7 @@ class LocalRuntime:
             self._write_connection(connection, ports)
         self._progress(
             f"local {'cluster' if s.is_cluster else 'runtime'} up in {time.monotonic() - started:.1f} s: "
-            f"kafka {connection.kafka_bootstrap}, s3 {connection.s3_endpoint} "
+            f"kafka {connection.kafka}{' (SASL_SSL, ACLs on)' if s.is_secure else ''}, s3 {connection.s3_endpoint} "
             f"(bucket {connection.s3_bucket})" + (f", spark {connection.spark_master}" if spark_ports else "")
         )
         return connection
@@ -172,9 +176,9 @@ class LocalRuntime:
         return read_secret_file(path)
 
     def _write_connection(self, connection: Connection, ports: dict[str, int]) -> None:
-        path = self.settings.connection_file
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(
+        """The connection file, its owner's alone (it names credentials)."""
+        write_private(
+            self.settings.connection_file,
             json.dumps(
                 {
                     "connection": connection.to_dict(),
@@ -184,9 +188,8 @@ class LocalRuntime:
                 },
                 indent=2,
             )
-            + "\n"
+            + "\n",
         )
-        tmp.replace(path)
 
     def down(self, purge: bool = False) -> list[str]:
         """Stop the services ``up`` started (by pid file, checked against their
@@ -206,7 +209,7 @@ class LocalRuntime:
                 report.append(f"{spec.name}: stopped pid {pid}" if pid else f"{spec.name}: was not running")
             self.settings.connection_file.unlink(missing_ok=True)
             if purge:
-                for sub in (*self.services.kafka_names(), "s3", "spark", "logs", "pids"):
+                for sub in (*self.services.kafka_names(), "s3", "spark", "logs", "pids", "secrets"):
                     shutil.rmtree(self._dir / sub, ignore_errors=True)
                 self.services.ports_file.unlink(missing_ok=True)
                 report.append(f"purged data and logs under {self._dir}")
@@ -245,5 +248,7 @@ class LocalRuntime:
                     log=spec.log_path,
                 )
             )
-        start = "spark-abs local up --cluster" if self.settings.is_cluster else "spark-abs local up"
+        start = "spark-abs local up" + (
+            " --cluster" if self.settings.is_cluster else " --secure" if self.settings.is_secure else ""
+        )
         return RuntimeStatus(tuple(services), self.settings.connection_file, connection, start)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streaming.api.config import LocalRuntimeSettings
+from streaming.api.config import KafkaAccess, LocalRuntimeSettings
 from streaming.local import kafka_broker, processes, s3_server, spark_cluster
+from streaming.local.kafka_security import BrokerSecurity
 
 __all__ = ["RuntimeServices"]
 
@@ -56,6 +57,15 @@ class RuntimeServices:
         binary = binary or Path("versitygw")
         s = self.settings
         return s3_server.server_spec(binary, self.dir, port, s.s3_access_key, s.s3_secret_key)
+
+    def kafka_security(self) -> BrokerSecurity | None:
+        """The secrets of a secured broker (made on first use), else None."""
+        return BrokerSecurity.prepare(self.dir) if self.settings.is_secure else None
+
+    def kafka_access(self, servers: str, user: str = "admin") -> KafkaAccess:
+        """How ``user`` (of a secured broker; the runtime's probes are ``admin``) reaches ``servers``."""
+        security = self.kafka_security()
+        return KafkaAccess(servers) if security is None else security.access(servers, user)
 
     def kafka_jars_dir(self) -> Path:
         return self.settings.cache_dir / "jars" / f"kafka-{self.settings.kafka_version}"

@@ -74,27 +74,34 @@ class KafkaStarter:
         home, settings = self.services.dir, self.services.settings
         voters = [kafka_broker.Voter(i, ports[f"{n}_controller"]) for i, n in enumerate(names, 1)] if not single else []
         cid = self._cluster_id(names) if not single else None
+        security = self.services.kafka_security()
         started: list[tuple[str, processes.ServiceSpec, subprocess.Popen[bytes]]] = []
         for node_id, name in enumerate(names, 1):
             if name in running:
                 continue
             config, log4j = kafka_broker.write_config(
-                home, ports[name], ports[f"{name}_controller"], name=name, node_id=node_id, voters=voters
+                home,
+                ports[name],
+                ports[f"{name}_controller"],
+                name=name,
+                node_id=node_id,
+                voters=voters,
+                security=security,
             )
             if not kafka_broker.is_formatted(home, name):
                 cmd = kafka_broker.format_command(
-                    java, self.services.kafka_jars_dir(), config, log4j, home / "logs", cid
+                    java, self.services.kafka_jars_dir(), config, log4j, home / "logs", cid, security
                 )
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
                 if done.returncode != 0:
                     raise ServiceStartError(f"formatting the data dir of {name} failed:\n{done.stdout}{done.stderr}")
             self._progress(f"starting Kafka {settings.kafka_version} (KRaft) {name} on 127.0.0.1:{ports[name]}")
             started.append((name, specs[name], processes.start(specs[name])))
-        bootstrap = ",".join(f"127.0.0.1:{ports[n]}" for n in names)
+        kafka = self.services.kafka_access(",".join(f"127.0.0.1:{ports[n]}" for n in names))
         for name, spec, proc in started:
 
             def ready(n: str = name) -> bool:
-                return processes.port_open(ports[n]) and kafka_broker.brokers_up(bootstrap) >= len(names)
+                return processes.port_open(ports[n]) and kafka_broker.brokers_up(kafka) >= len(names)
 
             took = processes.wait_ready(
                 spec,
@@ -104,6 +111,8 @@ class KafkaStarter:
                 extra_logs=[home / "logs" / f"{name}.log"],
             )
             self._progress(f"Kafka {name} ready after {took:.1f} s")
+        if security is not None and started:
+            security.grant_job_user(kafka.servers)
 
     def _cluster_id(self, names: list[str]) -> str:
         """The id the formatted nodes have (a node formatted again must match), else a new one."""

@@ -158,9 +158,7 @@ class _MoneyCheck:
         from streaming.adapters.kafka_io import read_range
 
         connection = self.connection
-        m = money_in_checkpoint(
-            self.reader, checkpoint_id, lambda c, a, b: read_range(connection.kafka_bootstrap, c, a, b)
-        )
+        m = money_in_checkpoint(self.reader, checkpoint_id, lambda c, a, b: read_range(connection.kafka, c, a, b))
         self.money.append(m)
         log.info(
             f"checkpoint {checkpoint_id}: balances {m.balances:+d}, in flight {m.in_flight:+d} -> "
@@ -203,7 +201,7 @@ def _feed_in_chunks(
     for index, part in enumerate(parts):
         last = index == len(parts) - 1
         log.info(f"producing {len(part)} transfers to {ingress.topic}" + (" and the end of input" if last else ""))
-        produce_transfers(connection.kafka_bootstrap, ingress.topic, part, ingress.partitions, end=last)
+        produce_transfers(connection.kafka, ingress.topic, part, ingress.partitions, end=last)
         if index == 0:
             log.info(f"starting job {runner.job}: {len(runner.groups)} worker processes ({checkpoints})")
             runner.start()
@@ -227,7 +225,7 @@ def _demo_report(runner, connection, job_settings: JobSettings, data: list[dict]
     job = runner.job
     output = normalise(read_committed_output(sink_location(job_settings, job, connection)))
     expected = expected_output(data)
-    dead = sum(end_offsets(connection.kafka_bootstrap, dead_letter_topic_name(job), 1).values())
+    dead = sum(end_offsets(connection.kafka, dead_letter_topic_name(job), 1).values())
     check.reader.close()
     got = {row_key(r): r["legs"] for r in output}
     lost = sum(1 for r in expected if got.get(row_key(r), 0) < r["legs"])

@@ -18,15 +18,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from kafka import KafkaProducer
 from pyspark.sql import SparkSession
 
 from barriers.messages import ChannelId
+from streaming.adapters import kafka_clients
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.objects import open_store
 from streaming.adapters.records import header_values
 from streaming.adapters.spark import ChannelQuery, QuerySpec
-from streaming.api.config import Connection
+from streaming.api.config import Connection, KafkaAccess
 from streaming.errors import ChannelQueryError, SmokeFailure
 
 __all__ = ["SmokeRun", "SmokeReport", "check_round_trip", "produce_records", "run_smoke"]
@@ -61,10 +61,10 @@ class SmokeReport:
         )
 
 
-def produce_records(bootstrap: str, topic: str, count: int, partitions: int) -> None:
+def produce_records(kafka: KafkaAccess, topic: str, count: int, partitions: int) -> None:
     """``count`` JSON records round-robin over the partitions, each carrying its
     sequence number in a header."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    producer = kafka_clients.raw_producer(kafka, acks="all", linger_ms=5)
     try:
         for i in range(count):
             producer.send(
@@ -103,8 +103,8 @@ def run_smoke(
 ) -> SmokeReport:
     """Produce, stream through foreachBatch to Parquet on S3, read back, compare."""
     started = time.monotonic()
-    create_topic(connection.kafka_bootstrap, run.topic, run.partitions)
-    produce_records(connection.kafka_bootstrap, run.topic, run.records, run.partitions)
+    create_topic(connection.kafka, run.topic, run.partitions)
+    produce_records(connection.kafka, run.topic, run.records, run.partitions)
     progress(f"produced {run.records} records with headers to {run.topic}")
     store = open_store(f"s3://{connection.s3_bucket}/{run.prefix.strip('/')}", connection)
     batches = _ParquetBatches(store, progress)

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.integration
 
 def test_topics_are_replicated_on_three_brokers(cluster, unique_name):
     _, connection = cluster
-    create_topic(connection.kafka_bootstrap, unique_name, 2)
-    admin = admin_client(connection.kafka_bootstrap)
+    create_topic(connection.kafka, unique_name, 2)
+    admin = admin_client(connection.kafka)
     try:
         (described,) = admin.describe_topics([unique_name])
         resource = ConfigResource(ConfigResourceType.TOPIC, unique_name, configs=["min.insync.replicas"])

@@ -203,7 +203,7 @@ def test_the_pipeline_gets_every_connection_setting_and_they_parse():
     assert conn is not None
 
     hosts = []
-    for address in conn.kafka_bootstrap.split(","):
+    for address in conn.kafka.servers.split(","):
         host, port = address.split(":")
         assert f"PLAINTEXT://{host}:{port}" in services[host]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
         hosts.append(host)

@@ -14,6 +14,7 @@ from kafka import KafkaProducer
 
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.runner import JobRunner
 from streaming.testing import LineCollector
@@ -21,8 +22,8 @@ from streaming.testing import LineCollector
 pytestmark = pytest.mark.integration
 
 
-def _produce(bootstrap: str, topic: str, partition: int, first: int, count: int) -> None:
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
+def _produce(kafka: KafkaAccess, topic: str, partition: int, first: int, count: int) -> None:
+    producer = KafkaProducer(**kafka.client_options(), linger_ms=20)
     for i in range(first, first + count):
         producer.send(topic, value=json.dumps({"id": i, "key": f"k{i % 7}"}).encode(), partition=partition)
     producer.flush()
@@ -41,7 +42,7 @@ def _checkpoint(connection, tmp_path, job: str, mode: str, before: dict[int, int
     try:
         runner.prepare()
         for partition, count in before.items():
-            _produce(connection.kafka_bootstrap, topic, partition, partition * 100_000, count)
+            _produce(connection.kafka, topic, partition, partition * 100_000, count)
         runner.start()
         deadline = time.monotonic() + 180
         while not runner.coordinator.all_ready:
@@ -49,7 +50,7 @@ def _checkpoint(connection, tmp_path, job: str, mode: str, before: dict[int, int
             runner.step(trigger=False)
         barrier = runner.coordinator.trigger()
         for partition, count in after.items():
-            _produce(connection.kafka_bootstrap, topic, partition, partition * 100_000 + 50_000, count)
+            _produce(connection.kafka, topic, partition, partition * 100_000 + 50_000, count)
         record = runner.coordinator.records[barrier.checkpoint_id]
         while record.status == "pending":
             assert time.monotonic() < deadline, "\n".join(lines)

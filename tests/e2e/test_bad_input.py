@@ -23,6 +23,7 @@ from streaming.adapters.kafka_io import dead_letter_topic_name
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine import metrics
 from streaming.engine.job.operations import kill_worker, run_until_caught_up
@@ -39,8 +40,8 @@ def _step_until(runner, condition, timeout_s: float, what: str) -> None:
         runner.step()
 
 
-def _dead_letters(bootstrap: str, job: str) -> list[tuple[str, bytes]]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
+def _dead_letters(kafka: KafkaAccess, job: str) -> list[tuple[str, bytes]]:
+    consumer = KafkaConsumer(**kafka.client_options(), enable_auto_commit=False, consumer_timeout_ms=3000)
     tp = TopicPartition(dead_letter_topic_name(job), 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
@@ -56,11 +57,11 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
     runner = JobRunner("spark_abs_examples.money:pipeline", settings, connection, job=job)
     topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
     data = money.make_transfers(1200)
-    bootstrap = connection.kafka_bootstrap
+    kafka = connection.kafka
     try:
         runner.prepare()
-        money.produce_transfers(bootstrap, topic, data[:400], partitions, end=False)
-        producer = KafkaProducer(bootstrap_servers=bootstrap)
+        money.produce_transfers(kafka, topic, data[:400], partitions, end=False)
+        producer = KafkaProducer(**kafka.client_options())
         producer.send(topic, value=b"{not json", partition=0)
         producer.send(
             topic,
@@ -89,7 +90,7 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         # alone stopped every checkpoint for good, the acks failed the checkpoints they named, the
         # complete made the sinks commit epochs of checkpoints that had not completed
         done = runner.coordinator.completed()[-1].checkpoint_id
-        hostile = KafkaProducer(bootstrap_servers=bootstrap)
+        hostile = KafkaProducer(**kafka.client_options())
         hostile.send(topic, value=b"", headers=encode(Barrier(done + 10_000, runner.generation, job=job)), partition=0)
         hostile.send(topic, value=b"", headers=encode(CancelBarrier(done + 1, runner.generation, "", job)), partition=1)
         victim = runner.pipeline.tasks()[-1].name
@@ -113,7 +114,7 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
 
         _step_until(runner, declined, 60, "a checkpoint declined for the store")
         assert declined()[0].status == "aborted" and "not a directory" in declined()[0].reason.lower()
-        money.produce_transfers(bootstrap, topic, data[400:800], partitions, end=False)
+        money.produce_transfers(kafka, topic, data[400:800], partitions, end=False)
         checkpoints.unlink()
         moved.rename(checkpoints)
         _step_until(runner, lambda: len(runner.coordinator.completed()) >= before + 2, 120, "checkpoints again")
@@ -132,13 +133,13 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         assert restore.skipped and restore.skipped[0][0] == newest
         assert any(f"checkpoint {newest} skipped" in line and "checksum" in line for line in lines), lines
 
-        money.produce_transfers(bootstrap, topic, data[800:], partitions, end=True)
+        money.produce_transfers(kafka, topic, data[800:], partitions, end=True)
         run_until_caught_up(runner, 240)
     finally:
         runner.close()
     output = money.normalise(read_committed_output(sink_location(settings, job, connection)))
     assert output == money.expected_output(data)
-    letters = _dead_letters(bootstrap, job)
+    letters = _dead_letters(kafka, job)
     reasons = {value: reason for reason, value in letters if value}
     assert len(letters) == 7, letters
     assert reasons[b"{not json"].startswith("value is not JSON")
@@ -156,7 +157,7 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
     unsigned = {"job_name": job, "reader": "runner", "reason": "unsigned"}
     assert metrics.REGISTRY.get_sample_value("spark_abs_control_rejected_total", unsigned) == 20
     assert "rejected: unsigned" in worker_logs and "every hundredth is logged from here on" in worker_logs
-    control = ControlTopic(bootstrap, job, connection.job_key(job))
+    control = ControlTopic(kafka, job, connection.job_key(job))
     committed = [e for e in control.wait_for(lambda e: False, 5) if isinstance(e, Committed)]
     control.close()
     assert committed and max(e.checkpoint_id for e in committed) < done + 500

@@ -28,6 +28,7 @@ from kafka import KafkaProducer
 from streaming.adapters.objects import ensure_bucket, open_store
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import run_until_caught_up
 from streaming.engine.job.runner import JobRunner, RunOptions
@@ -43,8 +44,8 @@ def _reference(shape: str) -> str:
     return f"spark_abs_examples.changing:pipeline?shape={shape}"
 
 
-def _produce(bootstrap: str, topic: str, ids: range) -> None:
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+def _produce(kafka: KafkaAccess, topic: str, ids: range) -> None:
+    producer = KafkaProducer(**kafka.client_options(), acks="all", linger_ms=20)
     try:
         for i in ids:
             producer.send(topic, value=json.dumps({"id": i, "key": f"k{i % KEYS}"}).encode(), partition=0)
@@ -67,7 +68,7 @@ def test_one_checkpoint_restored_into_a_stage_replaced_and_a_changed_state_schem
     job = f"change-{unique_name[-8:]}"
     store = f"s3://{connection.s3_bucket}/{unique_name}"
     settings = JobSettings(store=store, mode="aligned", interval_s=0.5, timeout_s=60)
-    bootstrap, topic = connection.kafka_bootstrap, f"{job}.events"
+    kafka, topic = connection.kafka, f"{job}.events"
     reader = SnapshotStore(open_store(store, connection), job)
 
     def runner(shape: str, options: RunOptions | None = None) -> JobRunner:
@@ -77,7 +78,7 @@ def test_one_checkpoint_restored_into_a_stage_replaced_and_a_changed_state_schem
         """Start (a fresh start, or a restore into the job's pipeline), feed ``ids``, stop once committed."""
         try:
             job_runner.start()
-            _produce(bootstrap, topic, ids)
+            _produce(kafka, topic, ids)
             return run_until_caught_up(job_runner, 90)
         finally:
             job_runner.close()

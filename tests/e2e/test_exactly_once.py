@@ -74,9 +74,9 @@ def _run(
     money = []
 
     def in_flight(channel, start, end):
-        return read_range(connection.kafka_bootstrap, channel, start, end)
+        return read_range(connection.kafka, channel, start, end)
 
-    inspector = Checkpoints(reader, bootstrap=connection.kafka_bootstrap)
+    inspector = Checkpoints(reader, kafka=connection.kafka)
     scrapes = []  # at the first completed checkpoint, and at the end
 
     def on_complete(cid: int) -> None:
@@ -107,16 +107,14 @@ def _run(
         # feed chunks until every fault fired, then two more
         while sent < len(data) and after < 2 and time.monotonic() < deadline:
             after += len(runner.restores) >= len(faults)
-            money_example.produce_transfers(
-                connection.kafka_bootstrap, topic, data[sent : sent + chunk], partitions, end=False
-            )
+            money_example.produce_transfers(connection.kafka, topic, data[sent : sent + chunk], partitions, end=False)
             sent += chunk
             if runner.coordinator is None:
                 runner.start()
             seen, restores = len(money), len(runner.restores)
             while len(money) == seen and len(runner.restores) == restores and time.monotonic() < deadline:
                 runner.step()
-        money_example.produce_transfers(connection.kafka_bootstrap, topic, [], partitions, end=True)
+        money_example.produce_transfers(connection.kafka, topic, [], partitions, end=True)
         run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
         scrapes.append(_scrape(runner))
     finally:
@@ -167,7 +165,7 @@ def test_kills_at_chosen_points_then_output_equals_a_failure_free_run(connection
     expected = money_example.expected_output(sent)
     assert len(output) == len(expected)
     assert output == expected
-    dead = sum(end_offsets(connection.kafka_bootstrap, dead_letter_topic_name(job), 1).values())
+    dead = sum(end_offsets(connection.kafka, dead_letter_topic_name(job), 1).values())
     assert dead == 0
     kinds = {kind for record in runner.checkpoints() for kind in record.kinds}
     if mode.startswith("unaligned"):

@@ -20,6 +20,7 @@ from spark_abs_examples import check
 from streaming.adapters.kafka_admin import end_offsets
 from streaming.adapters.kafka_io import dead_letter_topic_name
 from streaming.adapters.objects import ensure_bucket
+from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine import faults
 from streaming.engine.job.operations import run_until_caught_up
@@ -37,10 +38,10 @@ MODES = {
 KILLED = "enriched-orders-1"
 
 
-def _feed(bootstrap: str, records: list, chunk: int, pause_s: float) -> None:
+def _feed(kafka: KafkaAccess, records: list, chunk: int, pause_s: float) -> None:
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    producer = KafkaProducer(**kafka.client_options(), acks="all", linger_ms=20)
     try:
         for start in range(0, len(records), chunk):
             for topic, partition, value in records[start : start + chunk]:
@@ -57,7 +58,7 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
 ):
     ensure_bucket(connection)
     job = f"ex-{unique_name[-8:]}"
-    bootstrap = connection.kafka_bootstrap
+    kafka = connection.kafka
     settings = JobSettings(
         store=f"s3://{connection.s3_bucket}/{unique_name}",
         interval_s=1.0,
@@ -76,7 +77,7 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
     records = examples.combined_records(job)
     deadline = time.monotonic() + 300
     # the input comes as producers send it, a chunk every half second, while the job runs and dies
-    feed = threading.Thread(target=_feed, args=(bootstrap, records, 250, 0.4), daemon=True)
+    feed = threading.Thread(target=_feed, args=(kafka, records, 250, 0.4), daemon=True)
     windows = f"{job}.country-totals"
     try:
         runner.prepare()
@@ -89,12 +90,12 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
         while not runner.restores and time.monotonic() < deadline:
             runner.step()
         # before any input ends, windows close: the quiet orders partition and the table hold nothing back
-        while check.committed(bootstrap, windows).empty and time.monotonic() < deadline:
+        while check.committed(kafka, windows).empty and time.monotonic() < deadline:
             for _ in range(20):
                 runner.step()
-        early = len(check.committed(bootstrap, windows))
+        early = len(check.committed(kafka, windows))
         feed.join(max(1.0, deadline - time.monotonic()))
-        check.produce(bootstrap, [], end=runner.pipeline)
+        check.produce(kafka, [], end=runner.pipeline)
         run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
     finally:
         runner.close()
@@ -108,13 +109,13 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
         last = [r for r in runner.checkpoints() if r.completed_at][-1].checkpoint_id
         spilled = [t.metadata.get("state_spilled_bytes") or 0 for t in runner.store.read_manifest(last).tasks.values()]
         assert max(spilled) > 0, f"no keyed-state rows were spilled past the budget: {spilled}"
-    dead = sum(end_offsets(bootstrap, dead_letter_topic_name(job), 1).values())
+    dead = sum(end_offsets(kafka, dead_letter_topic_name(job), 1).values())
     assert dead == 0, f"{dead} dead letters (late or malformed rows)\n{log}"
     for name in examples.NAMES:
         module = examples.example(name)
         pipeline = module.pipeline(job)
         sink = next(s.sink for s in pipeline.stages if s.sink is not None)
-        expected = check.reference(spark, pipeline, module.REFERENCE, bootstrap)
-        output = check.committed(bootstrap, sink.topic)
+        expected = check.reference(spark, pipeline, module.REFERENCE, kafka)
+        output = check.committed(kafka, sink.topic)
         assert len(expected) > 10, f"{name}: a reference of {len(expected)} rows proves little"
         assert check.differences(output, expected, module.KEYS) == [], name

@@ -1,12 +1,17 @@
-"""The Kafka sink end to end: a runner stopped before its first checkpoint
+"""The Kafka sink end to end, on the secured runtime (``local up --secure``:
+SASL_SSL, SCRAM, ACLs on; the job as user ``spark-abs``, every client and
+Spark's Kafka source given its credentials): a runner stopped before its first checkpoint
 (the next one restores from the beginning, as generation 1: what generation
 0 wrote is stale), windows committed in Kafka transactions, a worker killed
 after the first checkpoint, and read_committed readers see every window
-exactly once.  A fresh start under the same job name with another store is
+exactly once, as Spark SQL's reference says.  A fresh start under the same job name with another store is
 refused: Kafka holds the job's earlier run.  And `spark-abs ui` of the
 running job, in headless Chromium, shows its completed checkpoints, new ones
 as they complete, one checkpoint's per-task detail as `checkpoints show`
-computes it, and the generations its restores started."""
+computes it, and the generations its restores started.  The job's password
+appears nowhere the job printed, logged or stored (its output, the
+runtime's and the workers' logs, the store, the metrics page, the UI's
+pages)."""
 
 from __future__ import annotations
 
@@ -14,8 +19,10 @@ import dataclasses
 import json
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
+from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
@@ -24,6 +31,7 @@ from ui_browser import chromium, rows, screenshot, section, served, wait, xpath_
 
 from spark_abs_examples import money
 from streaming.adapters.kafka_admin import end_offsets
+from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import kill_worker, run_until_caught_up
 from streaming.engine.job.runner import JobRunner, RunOptions
@@ -36,9 +44,9 @@ from streaming.tools.ui.live import ControlWatch
 pytestmark = pytest.mark.integration
 
 
-def _committed(bootstrap: str, topic: str) -> list[dict]:
+def _committed(kafka: KafkaAccess, topic: str) -> list[dict]:
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **kafka.client_options(),
         isolation_level="read_committed",
         enable_auto_commit=False,
         consumer_timeout_ms=3000,
@@ -51,7 +59,10 @@ def _committed(bootstrap: str, topic: str) -> list[dict]:
     return rows
 
 
-def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tmp_path, lines):
+def test_kafka_sink_is_exactly_once_across_a_restore(
+    secure_connection, secure_runtime_settings, spark, unique_name, tmp_path, lines, capfd
+):
+    connection = secure_connection
     job = f"ks-{unique_name[-8:]}"
     settings = JobSettings(store=f"file://{tmp_path}/store", interval_s=0.7, max_records_per_batch=200)
 
@@ -61,21 +72,23 @@ def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tm
             settings,
             connection,
             job=job,
-            options=RunOptions(workers={"all": [t.name for t in money.kafka_pipeline(job).tasks()]}),
+            options=RunOptions(
+                workers={"all": [t.name for t in money.kafka_pipeline(job).tasks()]}, log_dir=tmp_path / "runs"
+            ),
         )
 
-    bootstrap = connection.kafka_bootstrap
+    kafka = connection.kafka
     runner = job_runner(dataclasses.replace(settings, interval_s=3600))
     topic, partitions = runner.pipeline.ingress[0].topic, runner.pipeline.ingress[0].partitions
     data = money.make_transfers(1000)
     try:
         runner.prepare()
-        money.produce_transfers(bootstrap, topic, data[:500], partitions, end=False)
+        money.produce_transfers(kafka, topic, data[:500], partitions, end=False)
         runner.start()
         # generation 0 writes records to every internal topic, then its runner stops before any checkpoint
         deadline = time.monotonic() + 180
         internal = runner.pipeline.internal_topics()
-        while not all(sum(end_offsets(bootstrap, t, n).values()) for t, n in internal.items()):
+        while not all(sum(end_offsets(kafka, t, n).values()) for t, n in internal.items()):
             assert time.monotonic() < deadline, "\n".join(lines)
             runner.step()
     finally:
@@ -92,14 +105,36 @@ def test_kafka_sink_is_exactly_once_across_a_restore(connection, unique_name, tm
             assert time.monotonic() < deadline, "\n".join(lines)
             runner.step()
         kill_worker(runner, "all")
-        money.produce_transfers(bootstrap, topic, data[500:], partitions, end=True)
+        money.produce_transfers(kafka, topic, data[500:], partitions, end=True)
         run_until_caught_up(runner, 240)
-        _the_ui_shows_the_running_job(runner, settings.store, connection)
+        pages = _the_ui_shows_the_running_job(runner, settings.store, connection)
+        assert runner.metrics_server is not None
+        with urllib.request.urlopen(f"http://{runner.metrics_server.address}/metrics", timeout=10) as page:
+            pages.append(page.read().decode())
     finally:
         runner.close()
     assert [r.generation for r in runner.restores] == [1, 2]
-    rows = _committed(connection.kafka_bootstrap, f"{job}.windows")
+    rows = _committed(connection.kafka, f"{job}.windows")
     assert money.normalise_rows(rows) == money.expected_output(data)
+    # and Spark SQL's reference, read from the secured broker as the job's user
+    reference = money.money_reference(spark, runner.pipeline, connection.kafka)
+    assert money.normalise_rows(rows) == money.normalise_rows(reference.to_dict("records"))
+    printed = capfd.readouterr()
+    _the_password_is_nowhere(
+        connection.kafka.client_options()["sasl_plain_password"],
+        texts=[printed.out, printed.err, "\n".join(lines), *pages],
+        dirs=[tmp_path / "runs", tmp_path / "store", secure_runtime_settings.runtime_dir / "logs"],
+    )
+
+
+def _the_password_is_nowhere(password: str, texts: list[str], dirs: list[Path]) -> None:
+    """Neither ``texts`` nor any file under ``dirs`` holds ``password``."""
+    assert len(password) >= 16
+    assert all(password not in text for text in texts)
+    files = [f for d in dirs for f in d.rglob("*") if f.is_file()]
+    assert len(files) > 10, files
+    holding = [f for f in files if password.encode() in f.read_bytes()]
+    assert not holding, holding
 
 
 @contextmanager
@@ -129,11 +164,11 @@ def _complete(history: list[list[str]]) -> set[int]:
     return {int(row[0]) for row in history if row[7].startswith("yes")}
 
 
-def _the_ui_shows_the_running_job(runner: JobRunner, store: str, connection) -> None:
-    """`spark-abs ui` of the job (live: its store and control topic) in headless Chromium."""
+def _the_ui_shows_the_running_job(runner: JobRunner, store: str, connection) -> list[str]:
+    """`spark-abs ui` of the job (live: its store and control topic) in headless Chromium; the pages it showed."""
     job = runner.job
     newest = max(r.checkpoint_id for r in runner.coordinator.completed())
-    watch = ControlWatch(connection.kafka_bootstrap, job, connection.job_key(job))
+    watch, pages = ControlWatch(connection.kafka, job, connection.job_key(job)), []
     app = create_app(JobSource(store, job, connection), refresh_s=2, watch=watch)
     with closing(watch), served(app) as url, chromium() as browser:
         # the history: every checkpoint the store holds complete, the runner's newest among them, charted
@@ -153,6 +188,7 @@ def _the_ui_shows_the_running_job(runner: JobRunner, store: str, connection) -> 
             )
         wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#history-chart .main-svg"))
         screenshot(browser, "ui-checkpoints.png")
+        pages.append(browser.page_source)
         # one checkpoint's per-task detail, opened from the history: its tasks, and the barrier's
         # path through each as `checkpoints show` computes it
         shown = max(_complete(rows(browser, "#history tbody tr")))
@@ -168,11 +204,14 @@ def _the_ui_shows_the_running_job(runner: JobRunner, store: str, connection) -> 
         seen, acked = (computed.columns.index(c) for c in ("seen", "acked"))
         assert all(0 <= float(row[seen]) <= float(row[acked]) for row in path), path
         screenshot(browser, "ui-checkpoint-detail.png")
+        pages.append(browser.page_source)
         # the generations: the fresh start, the restart before any checkpoint, the restore after the kill
         browser.get(url + "/generations")
         generations = rows(browser, "#generations tbody tr")
+        pages.append(browser.page_source)
         assert [(g[0], g[2].split(" (")[0], g[4]) for g in generations] == [
             ("0", "fresh start", "-"),
             ("1", "restored from the beginning", "a runner started on the job"),
             ("2", f"restored from checkpoint {runner.restores[-1].checkpoint_id}", "a worker process died"),
         ], generations
+    return pages

@@ -22,6 +22,7 @@ from streaming.adapters.kafka_admin import end_offsets
 from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
 from streaming.adapters.objects import ensure_bucket
 from streaming.adapters.sinks import read_committed_output, sink_location
+from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import run_until_caught_up
 from streaming.engine.job.runner import RunOptions
@@ -37,7 +38,7 @@ SEEK_CHECKPOINTS = 10
 BURST, SEEK_BURST = 300, 1200
 
 
-def _channel_state_rows(bootstrap: str, manifest, internal_topics) -> int:
+def _channel_state_rows(kafka: KafkaAccess, manifest, internal_topics) -> int:
     """The rows checkpoint ``manifest`` holds as channel state on the internal
     topics (what an upstream task sent before the barrier and its downstream
     task had not processed): what a rescale from it must route again.
@@ -47,16 +48,16 @@ def _channel_state_rows(bootstrap: str, manifest, internal_topics) -> int:
         for name, (start, end) in snapshot.in_flight.items():
             channel = ChannelId.parse(name)
             if channel.topic in internal_topics and end > start:
-                records = read_range(bootstrap, channel, start, end)
+                records = read_range(kafka, channel, start, end)
                 data = records.filter(pc.greater(pc.fill_null(pc.binary_length(records["value"]), 0), 0))
                 rows += codec.decode_records(data, codec.ChannelReading.internal()).table.num_rows
     return rows
 
 
-def _legs_written(bootstrap: str, pipeline) -> int:
+def _legs_written(kafka: KafkaAccess, pipeline) -> int:
     """Records written so far to the topic from the legs stage to the accounts stage."""
     topic = pipeline.topic_of("legs")
-    return sum(end_offsets(bootstrap, topic, pipeline.internal_topics()[topic]).values())
+    return sum(end_offsets(kafka, topic, pipeline.internal_topics()[topic]).values())
 
 
 @pytest.mark.parametrize(("mode", "remote"), [("aligned", True), ("unaligned", False)], ids=["aligned", "unaligned"])
@@ -82,7 +83,7 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
     wanted = 6000 if mode == "unaligned" else 2400
     transfers = money_example.make_transfers(wanted + 2 * SEEK_CHECKPOINTS * SEEK_BURST)
     topic, partitions = runner.pipeline.ingress[0].topic, 3
-    bootstrap = connection.kafka_bootstrap
+    kafka = connection.kafka
     # rescale after this many checkpoints (unaligned: from the first one then that holds channel state)
     steps = [(TO_THREE, 2), (TO_ONE, 4)]
     looked: list[int] = []  # checkpoints without channel state since the due rescale
@@ -94,13 +95,13 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
         assert {s.name: s.parallelism for s in runner.pipeline.stages} == {"legs": 2, "accounts": 2, "windows": 2}
         while (steps or sent < wanted) and time.monotonic() < deadline:
             seeking = mode == "unaligned" and bool(steps) and len(money) >= steps[0][1]
-            written = _legs_written(bootstrap, runner.pipeline) if seeking else 0
+            written = _legs_written(kafka, runner.pipeline) if seeking else 0
             burst = transfers[sent : sent + (SEEK_BURST if seeking else BURST)]
-            money_example.produce_transfers(bootstrap, topic, burst, partitions, end=False)
+            money_example.produce_transfers(kafka, topic, burst, partitions, end=False)
             sent += len(burst)
             # seeking: no barrier before legs works on the burst; its output before the barrier
             # is then what the accounts tasks have not processed yet, their channel state
-            while seeking and _legs_written(bootstrap, runner.pipeline) == written and time.monotonic() < deadline:
+            while seeking and _legs_written(kafka, runner.pipeline) == written and time.monotonic() < deadline:
                 runner.step(trigger=False)
             seen = len(money)
             while len(money) == seen and time.monotonic() < deadline:
@@ -111,7 +112,7 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
             if mode == "unaligned":
                 internal = runner.pipeline.internal_topics()
                 found = [
-                    (m.checkpoint_id, _channel_state_rows(bootstrap, reader.read_manifest(m.checkpoint_id), internal))
+                    (m.checkpoint_id, _channel_state_rows(kafka, reader.read_manifest(m.checkpoint_id), internal))
                     for m in money[seen:]
                 ]
                 looked += [c for c, _ in found]
@@ -130,7 +131,7 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
             manifests.append(reader.read_manifest(record.checkpoint_id))
             money_job.count(record.checkpoint_id)
         assert not steps, f"rescales left undone after 300 s: {steps}; looked at {looked}\n" + "\n".join(lines)
-        money_example.produce_transfers(bootstrap, topic, [], partitions, end=True)
+        money_example.produce_transfers(kafka, topic, [], partitions, end=True)
         run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
     finally:
         runner.close()
@@ -163,4 +164,4 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
     expected = money_example.expected_output(transfers[:sent])
     assert len(output) == len(expected), log
     assert output == expected
-    assert sum(end_offsets(connection.kafka_bootstrap, dead_letter_topic_name(job), 1).values()) == 0
+    assert sum(end_offsets(connection.kafka, dead_letter_topic_name(job), 1).values()) == 0

@@ -67,7 +67,7 @@ def test_roll_back_to_a_named_checkpoint(connection, spark, capsys, tmp_path, un
     )
     runner.prepare()
     ingress = runner.pipeline.ingress[0]
-    money.produce_transfers(connection.kafka_bootstrap, ingress.topic, data, ingress.partitions, end=True)
+    money.produce_transfers(connection.kafka, ingress.topic, data, ingress.partitions, end=True)
     try:
         runner.start()
         deadline = time.monotonic() + 240

@@ -25,6 +25,7 @@ from streaming.adapters.kafka_admin import create_topic, delete_records, earlies
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import read_committed_output, sink_location
 from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import run_until_caught_up
 from streaming.engine.job.runner import JobRunner
@@ -35,8 +36,8 @@ pytestmark = pytest.mark.integration
 HOUR_MS = 3_600_000
 
 
-def _produce(bootstrap: str, topic: str, partition: int, ids: range, *, timestamp_ms: int | None = None) -> None:
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
+def _produce(kafka: KafkaAccess, topic: str, partition: int, ids: range, *, timestamp_ms: int | None = None) -> None:
+    producer = KafkaProducer(**kafka.client_options(), linger_ms=20)
     for i in ids:
         value = json.dumps({"id": i, "key": f"k{i % 7}"}).encode()
         producer.send(topic, value=value, partition=partition, timestamp_ms=timestamp_ms)
@@ -60,7 +61,7 @@ def _checkpoint(runner: JobRunner, options: CheckpointOptions, deadline: float) 
 
 def test_a_range_retention_deleted_is_named_and_the_restore_falls_back(connection, tmp_path, unique_name):
     job = f"rt-{unique_name[-8:]}"
-    bootstrap = connection.kafka_bootstrap
+    kafka = connection.kafka
     # retention.ms an hour: far above what makes a task copy all its channel state (10 x (retain x interval + timeout))
     settings = JobSettings(
         store=f"file://{tmp_path}/store",
@@ -73,11 +74,11 @@ def test_a_range_retention_deleted_is_named_and_the_restore_falls_back(connectio
     runner = JobRunner("streaming.tools.compare.slow:slow_pipeline?ms_per_record=5", settings, connection, job=job)
     topic = runner.pipeline.ingress[0].topic
     p0, p1 = f"{topic}:0", f"{topic}:1"
-    create_topic(bootstrap, topic, 2, config={"retention.ms": str(HOUR_MS)})
+    create_topic(kafka, topic, 2, config={"retention.ms": str(HOUR_MS)})
     runner.prepare()
     # partition 0's backlog is 59 minutes old (time retention may take it any moment), partition 1's is new
-    _produce(bootstrap, topic, 0, range(0, 600), timestamp_ms=int(time.time() * 1000) - HOUR_MS + 60_000)
-    _produce(bootstrap, topic, 1, range(100_000, 100_600))
+    _produce(kafka, topic, 0, range(0, 600), timestamp_ms=int(time.time() * 1000) - HOUR_MS + 60_000)
+    _produce(kafka, topic, 1, range(100_000, 100_600))
     store = SnapshotStore(open_store(settings.store, connection), job)
     deadline = time.monotonic() + 240  # a bound for a stuck run (about 70 s on a quiet machine)
     try:
@@ -85,8 +86,8 @@ def test_a_range_retention_deleted_is_named_and_the_restore_falls_back(connectio
         _until(runner, lambda: runner.coordinator.all_ready, "the task's start", deadline)
         # checkpoint 1 copies its channel state; checkpoint 2 keeps ranges, but for what retention may delete
         first = _checkpoint(runner, CheckpointOptions.unaligned(InFlightFormat.RECORDS), deadline)
-        _produce(bootstrap, topic, 0, range(600, 900))
-        _produce(bootstrap, topic, 1, range(100_600, 100_900))
+        _produce(kafka, topic, 0, range(600, 900))
+        _produce(kafka, topic, 1, range(100_600, 100_900))
         second = _checkpoint(runner, CheckpointOptions.unaligned(), deadline)
         older = store.read_manifest(first).tasks["slow-0"]
         newer = store.read_manifest(second).tasks["slow-0"]
@@ -107,8 +108,8 @@ def test_a_range_retention_deleted_is_named_and_the_restore_falls_back(connectio
         assert start1 < older.positions[p1], (newer.in_flight, older.positions)
 
         # retention under the running job: partition 1's records up to and including that range's start
-        delete_records(bootstrap, {ChannelId(topic, 1): start1 + 1})
-        assert earliest_offsets(bootstrap, [ChannelId(topic, 1)]) == {ChannelId(topic, 1): start1 + 1}
+        delete_records(kafka, {ChannelId(topic, 1): start1 + 1})
+        assert earliest_offsets(kafka, [ChannelId(topic, 1)]) == {ChannelId(topic, 1): start1 + 1}
         gone = (
             f"task slow-0 needs {p1} from offset {start1} (its channel state starts there), "
             f"Kafka's earliest offset is {start1 + 1}"
@@ -137,9 +138,9 @@ def test_a_range_retention_deleted_is_named_and_the_restore_falls_back(connectio
 
         # retention past what every checkpoint needs (one more record, then partition 1 up to its end):
         # the restore stops, naming it, and records no generation (no silent start from the beginning)
-        _produce(bootstrap, topic, 1, range(100_900, 100_901))
-        end = end_offsets(bootstrap, topic, 2)[1]
-        delete_records(bootstrap, {ChannelId(topic, 1): end})
+        _produce(kafka, topic, 1, range(100_900, 100_901))
+        end = end_offsets(kafka, topic, 2)[1]
+        delete_records(kafka, {ChannelId(topic, 1): end})
         generation = store.read_job().generation
         with pytest.raises(OffsetsGoneError, match=r"no checkpoint can be restored: checkpoints \d+(, \d+)* need"):
             runner.recovery.pick(None)

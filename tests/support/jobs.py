@@ -15,6 +15,7 @@ from spark_abs_examples import money
 from streaming.adapters.kafka_io import read_range
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import KafkaAccess
 from streaming.engine.job.runner import JobRunner, RunOptions
 from streaming.testing import LineCollector
 
@@ -33,12 +34,12 @@ class MoneyJob:
 
     def count(self, checkpoint_id: int) -> None:
         """Count checkpoint ``checkpoint_id`` too (one the coordinator did not complete, e.g. a rescaled one)."""
-        bootstrap = self.runner.connection.kafka_bootstrap
-        self.money.append(money.money_in_checkpoint(self.store, checkpoint_id, _range_reader(bootstrap)))
+        kafka = self.runner.connection.kafka
+        self.money.append(money.money_in_checkpoint(self.store, checkpoint_id, _range_reader(kafka)))
 
 
-def _range_reader(bootstrap: str):
-    return lambda channel, start, end: read_range(bootstrap, channel, start, end)
+def _range_reader(kafka: KafkaAccess):
+    return lambda channel, start, end: read_range(kafka, channel, start, end)
 
 
 def money_job(pipeline_ref: str, settings, connection, job: str, options: RunOptions | None = None) -> MoneyJob:

@@ -55,6 +55,7 @@ from streaming.adapters.control import (
 from streaming.adapters.kafka_io import append_markers, close_producer, producer
 from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskSnapshot
 from streaming.adapters.snapshots.format import options_to_json, parse_stored, stored_name
+from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Pipeline
 from streaming.api.settings import JobSettings
@@ -121,16 +122,16 @@ RUNNER_SEND_BOUND_S = 10.0
 
 
 def kafka_io(
-    bootstrap: str, key: JobKey, *, control_start: int | None = None, bound_s: float = RUNNER_SEND_BOUND_S
+    kafka: KafkaAccess, key: JobKey, *, control_start: int | None = None, bound_s: float = RUNNER_SEND_BOUND_S
 ) -> CoordinatorIO:
     """The coordinator's I/O on Kafka for job ``key.job``: a producer for the
     barriers and the control topic (events signed with ``key``), read from
     ``control_start`` (None: from its end); a send Kafka has not taken within
     ``bound_s`` is a ``KafkaUnavailableError``."""
     job = key.job
-    barriers = producer(bootstrap, delivery_timeout_s=bound_s)
+    barriers = producer(kafka, delivery_timeout_s=bound_s)
     control = ControlTopic(
-        bootstrap,
+        kafka,
         job,
         key,
         start_at=control_start or 0,

@@ -25,9 +25,7 @@ def ingress_end_offsets(runner: JobRunner) -> dict[str, int]:
     """The end of every ingress channel of the job now (``topic:partition`` -> offset)."""
     offsets = {}
     for ingress in runner.pipeline.ingress:
-        for partition, offset in end_offsets(
-            runner.connection.kafka_bootstrap, ingress.topic, ingress.partitions
-        ).items():
+        for partition, offset in end_offsets(runner.connection.kafka, ingress.topic, ingress.partitions).items():
             offsets[f"{ingress.topic}:{partition}"] = offset
     return offsets
 

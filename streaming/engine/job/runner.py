@@ -185,7 +185,7 @@ class JobRunner:
             settings.to_json(),
             settings.heartbeat_timeout_s,
             self._remote_groups(),
-            lambda: LeaseRenewal(connection.kafka_bootstrap, self.key),
+            lambda: LeaseRenewal(connection.kafka, self.key),
         )
         self.log_dir = options.log_dir or default_home() / "runs" / self.job
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -203,7 +203,7 @@ class JobRunner:
         self.liveness = Liveness(
             settings.tolerable_failed_checkpoints,
             settings.heartbeat_timeout_s,
-            lambda: check_broker(connection.kafka_bootstrap, _PROBE_TIMEOUT_S),
+            lambda: check_broker(connection.kafka, _PROBE_TIMEOUT_S),
             failing_for_s=settings.timeout_s,
         )
         self._last_step_end = time.monotonic()
@@ -257,18 +257,18 @@ class JobRunner:
 
     def prepare(self) -> None:
         """Create the job's topics (idempotent)."""
-        bootstrap = self.connection.kafka_bootstrap
+        kafka = self.connection.kafka
         for ingress in self.pipeline.ingress:
-            create_topic(bootstrap, ingress.topic, ingress.partitions)
+            create_topic(kafka, ingress.topic, ingress.partitions)
         for topic, partitions in self.pipeline.internal_topics().items():
-            create_topic(bootstrap, topic, partitions)
+            create_topic(kafka, topic, partitions)
         for stage in self.pipeline.stages:
             if (
                 stage.sink is not None and stage.sink.kind is SinkKind.KAFKA and stage.sink.topic
             ):  # Sink checks it has one
-                create_topic(bootstrap, stage.sink.topic, 1)
-        create_topic(bootstrap, control_topic_name(self.job), 1)
-        create_topic(bootstrap, dead_letter_topic_name(self.job), 1)
+                create_topic(kafka, stage.sink.topic, 1)
+        create_topic(kafka, control_topic_name(self.job), 1)
+        create_topic(kafka, dead_letter_topic_name(self.job), 1)
 
     def start(self, restore: int | None = None) -> None:
         """Start fresh, or from checkpoint ``restore`` (a new generation)."""
@@ -297,9 +297,9 @@ class JobRunner:
         control events, but the store has no record of it (another store, or
         one emptied since): its barriers in the ingress topics and its
         records in the internal ones would be taken for this run's."""
-        bootstrap, topic = self.connection.kafka_bootstrap, control_topic_name(self.job)
-        create_topic(bootstrap, topic, 1)
-        events = sum(end_offsets(bootstrap, topic, 1).values())
+        kafka, topic = self.connection.kafka, control_topic_name(self.job)
+        create_topic(kafka, topic, 1)
+        events = sum(end_offsets(kafka, topic, 1).values())
         if events:
             raise ConfigError(
                 f"job {self.job}: Kafka holds an earlier run of this job ({events} events on {topic}, "
@@ -323,7 +323,7 @@ class JobRunner:
             self.coordinator.close()
             self.coordinator = None
         next_id = self._next_checkpoint_id()
-        io = kafka_io(self.connection.kafka_bootstrap, self.key)
+        io = kafka_io(self.connection.kafka, self.key)
         if self.remote_names:
             poll = io.poll
             io.poll = lambda timeout_s: self.remote.observe(poll(timeout_s))
@@ -451,7 +451,7 @@ class JobRunner:
         now = time.monotonic()
         try:
             if not self.liveness.hears(fresh=True):
-                raise KafkaUnavailableError(f"Kafka at {self.connection.kafka_bootstrap} does not answer")
+                raise KafkaUnavailableError(f"Kafka at {self.connection.kafka} does not answer")
             self.restore(verdict.reason, cause=verdict.cause)
         except (KafkaUnavailableError, StoreError) as exc:
             self.supervisor.kill_all()
@@ -515,7 +515,7 @@ class JobRunner:
                     if plan.rescale is not None
                     else f"checkpoint {plan.changed_from} is being restored into a changed pipeline"
                 )
-                self.remote.pause(plan.generation, why, poll, self.connection.kafka_bootstrap, self.key)
+                self.remote.pause(plan.generation, why, poll, self.connection.kafka, self.key)
             self.stop_workers()
             self.recovery.write(plan)
         self.log.info(

@@ -17,6 +17,7 @@ from typing import Any
 
 from streaming.adapters.control import ControlEvent, ControlTopic, Heartbeat, Lease, control_topic_name, send_event
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, producer
+from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
 from streaming.engine import metrics
 from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, LEASE_INTERVAL_S, HeartbeatOutcome, RemoteGroups
@@ -36,10 +37,10 @@ class LeaseRenewal:
     send (a barrier after an outage) or a restore is still alive, and its
     remote workers must not take it for dead."""
 
-    def __init__(self, bootstrap: str, key: JobKey):
+    def __init__(self, kafka: KafkaAccess, key: JobKey):
         self.topic = control_topic_name(key.job)
         self.key = key
-        self._producer = producer(bootstrap)
+        self._producer = producer(kafka)
         self._lease: Lease | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -206,7 +207,7 @@ class RemoteMembers:
     # ---- pausing
 
     def pause(
-        self, generation: int, why: str, poll: Callable[[float], Any] | None, bootstrap: str, key: JobKey
+        self, generation: int, why: str, poll: Callable[[float], Any] | None, kafka: KafkaAccess, key: JobKey
     ) -> None:
         """Stop the remote workers' tasks before a rescaled checkpoint is
         written (as the local workers are stopped): a lease of ``generation``
@@ -222,7 +223,7 @@ class RemoteMembers:
         control = None
         if poll is None:
             control = ControlTopic(
-                bootstrap, self.job, key, on_rejected=functools.partial(metrics.control_rejected, self.job, "runner")
+                kafka, self.job, key, on_rejected=functools.partial(metrics.control_rejected, self.job, "runner")
             )
             control.seek_to_end()
             poll = lambda timeout_s: self.observe(control.poll(timeout_s))  # noqa: E731

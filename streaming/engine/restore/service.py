@@ -161,7 +161,7 @@ class RestoreService:
         the latest checkpoint that verifies (None: there is none), and the
         newer checkpoints skipped with their problems."""
         # Kafka must still hold what the checkpoint reads again (kafka_retention): one query per restore
-        kept = KafkaKept(lambda channels: earliest_offsets(self.connection.kafka_bootstrap, channels))
+        kept = KafkaKept(lambda channels: earliest_offsets(self.connection.kafka, channels))
         if checkpoint_id is None:
             manifest, skipped = patiently(
                 lambda: pick_restorable(self.store.latest_verified, kept), "picking a checkpoint"
@@ -265,7 +265,7 @@ class RestoreService:
             name: patiently(functools.partial(self.store.load_task, source, name), f"reading task {name}")
             for name in manifest.tasks
         }
-        bootstrap = self.connection.kafka_bootstrap
+        kafka = self.connection.kafka
         return plan_rescale(
             self.declared,
             source,
@@ -273,7 +273,7 @@ class RestoreService:
             old,
             new,
             generation,
-            lambda channel, start, end: read_range(bootstrap, channel, start, end),
+            lambda channel, start, end: read_range(kafka, channel, start, end),
         )
 
     # ---- step 4: writing a rescaled or changed checkpoint (every worker stopped)
@@ -338,7 +338,7 @@ class RestoreService:
                 location,
                 spec.name,
                 job=self.job,
-                bootstrap=self.connection.kafka_bootstrap,
+                kafka=self.connection.kafka,
                 delivery_timeout_s=self.settings.delivery_timeout_s,
             )
             try:
@@ -351,9 +351,7 @@ class RestoreService:
             return
         values = {c: [v for t in tables for v in codec.encode_batches(t)] for c, tables in rescale.rerouted.items()}
         bound_s = self.settings.delivery_timeout_s
-        writer = producer(
-            self.connection.kafka_bootstrap, delivery_timeout_s=bound_s, max_in_flight_requests_per_connection=1
-        )
+        writer = producer(self.connection.kafka, delivery_timeout_s=bound_s, max_in_flight_requests_per_connection=1)
         try:
             rescale.place(write_records(writer, values, rerouted_headers(rescale.generation), bound_s + 5.0))
         finally:
@@ -362,9 +360,7 @@ class RestoreService:
     def _dead_letter_undecodable(self, rescale: RescalePlan) -> None:
         if not rescale.undecodable:
             return
-        letters = DeadLetters(
-            self.connection.kafka_bootstrap, self.job, delivery_timeout_s=self.settings.delivery_timeout_s
-        )
+        letters = DeadLetters(self.connection.kafka, self.job, delivery_timeout_s=self.settings.delivery_timeout_s)
         try:
             for channel, offset, why in rescale.undecodable:
                 letters.send(channel, offset, None, None, [], f"channel state not decodable when rescaling: {why}")

@@ -116,10 +116,7 @@ class TaskFactory:
         plan = plan_start(self.generation, self.restore, loaded)
         sink = None if stage.sink is None else self._open_sink(name, stage.sink)
         # each input topic's retention.ms, read once for the task
-        kept = {
-            topic: retention_ms(self.connection.kafka_bootstrap, topic)
-            for topic in sorted({c.topic for c in spec.inputs})
-        }
+        kept = {topic: retention_ms(self.connection.kafka, topic) for topic in sorted({c.topic for c in spec.inputs})}
         task = StageTask(
             self.pipeline,
             spec,
@@ -150,7 +147,7 @@ class TaskFactory:
             location,
             name,
             job=self.pipeline.job,
-            bootstrap=self.connection.kafka_bootstrap,
+            kafka=self.connection.kafka,
             delivery_timeout_s=self.settings.delivery_timeout_s,
         )
         recovery = sink.recover(self.restore or 0)
@@ -175,7 +172,7 @@ class TaskFactory:
         checkpoint."""
         watch = RetentionWatch(
             kept,
-            OffsetsAtTime.shared(self.connection.kafka_bootstrap),
+            OffsetsAtTime.shared(self.connection.kafka),
             relied_on_ms(self.settings.interval_s, self.settings.timeout_s),
         )
         if sink is None:
@@ -192,7 +189,7 @@ class TaskFactory:
             publish=self.control.publish,
             dead_letter=self.dead_letters.send,
             write_snapshot=self._write_snapshot(name),
-            read_range=lambda c, a, b: read_range(self.connection.kafka_bootstrap, c, a, b),
+            read_range=lambda c, a, b: read_range(self.connection.kafka, c, a, b),
             stage_epoch=stage_epoch,
             flush=self._flush,
             prepare=self.prepare.get(stage.name),

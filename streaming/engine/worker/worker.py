@@ -160,11 +160,11 @@ class Worker:
         from streaming.adapters.spark import spark_session  # pyspark loads here, in the worker process
 
         job = self.pipeline.job
-        bootstrap = self.connection.kafka_bootstrap
+        kafka = self.connection.kafka
         self.store = SnapshotStore(open_store(self.settings.store, self.connection), job)
         delivery_s = self.settings.delivery_timeout_s
         self.control = ControlTopic(
-            bootstrap,
+            kafka,
             job,
             self.connection.job_key(job),
             delivery_timeout_s=delivery_s,
@@ -174,11 +174,11 @@ class Worker:
         # one in-flight request per connection keeps each partition in send order; every send
         # is checked before a barrier goes on after it (a failed one fails the worker)
         self.producer = CheckedSends(
-            producer(bootstrap, delivery_timeout_s=delivery_s, linger_ms=5, max_in_flight_requests_per_connection=1),
+            producer(kafka, delivery_timeout_s=delivery_s, linger_ms=5, max_in_flight_requests_per_connection=1),
             "the tasks' records",
             delivery_s + _FLUSH_MARGIN_S,
         )
-        self.dead_letters = DeadLetters(bootstrap, job, delivery_timeout_s=delivery_s)
+        self.dead_letters = DeadLetters(kafka, job, delivery_timeout_s=delivery_s)
         self._spark = self._spark or spark_session(
             SparkSettings(master=self.connection.spark_master, app_name=f"spark-abs-{job}")
         )

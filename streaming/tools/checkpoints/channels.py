@@ -18,6 +18,7 @@ from streaming.adapters import codec
 from streaming.adapters.kafka_io import read_range
 from streaming.adapters.records import RECORD_SCHEMA, header_values
 from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import KafkaAccess
 from streaming.errors import KafkaUnavailableError
 from streaming.tools.checkpoints.state import loaded_tasks
 
@@ -98,13 +99,13 @@ def channel_rows(described: pa.Table, problems: list[str]) -> pa.Table:
 
 
 class ChannelStateReader:
-    """The channel state of ``store``'s checkpoints; ``bootstrap`` is the
+    """The channel state of ``store``'s checkpoints; ``kafka`` is the
     Kafka cluster ranges are read back from (without it, ranges are
     reported, not read)."""
 
-    def __init__(self, store: SnapshotStore, bootstrap: str | None = None):
+    def __init__(self, store: SnapshotStore, kafka: KafkaAccess | None = None):
         self.store = store
-        self.bootstrap = bootstrap
+        self.kafka = kafka
 
     def read(
         self, checkpoint_id: int, *, task: str | None = None, progress: Callable[[str], None] = lambda _: None
@@ -120,13 +121,13 @@ class ChannelStateReader:
                 channel = ChannelId.parse(name)
                 if name in loaded.channel_records:
                     records, held = loaded.channel_records[name], "copied"
-                elif self.bootstrap is None:
+                elif self.kafka is None:
                     problems.append(f"{snapshot.task} {name}: [{start}, {end}) kept as a range; no Kafka to read it")
                     continue
                 else:
                     progress(f"reading {snapshot.task} {name} [{start}, {end}) from Kafka")
                     try:
-                        records, held = read_range(self.bootstrap, channel, start, end), "kafka"
+                        records, held = read_range(self.kafka, channel, start, end), "kafka"
                     except KafkaUnavailableError as exc:
                         problems.append(f"{snapshot.task} {name}: {exc}")
                         continue

@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
-from streaming.api.config import Connection
+from streaming.api.config import Connection, KafkaAccess
 from streaming.api.pipeline import Pipeline
 from streaming.engine.restore.changes import AllowDropped, PipelineChange
 from streaming.engine.restore.rescale import RescalePlan
@@ -73,21 +73,21 @@ __all__ = [
 
 class Checkpoints:
     """The checkpoints of job ``job`` in ``store`` (a ``SnapshotStore``);
-    ``bootstrap`` is the Kafka cluster channel-state ranges are read back
+    ``kafka`` is the Kafka cluster channel-state ranges are read back
     from (without it, ranges are reported, not read).
 
     One job: the handle the command line and users hold.  Each method hands
     its work to the part that does it: ``listing``, ``tables`` (state),
     ``channels`` (channel state) and ``planner`` (restores)."""
 
-    def __init__(self, store: SnapshotStore, *, bootstrap: str | None = None):
+    def __init__(self, store: SnapshotStore, *, kafka: KafkaAccess | None = None):
         self.store = store
         self.job = store.job
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.listing = CheckpointList(store)
         self.tables = StateTables(store)
-        self.channels = ChannelStateReader(store, bootstrap)
-        self.planner = RestorePlanner(store, bootstrap)
+        self.channels = ChannelStateReader(store, kafka)
+        self.planner = RestorePlanner(store, kafka)
 
     @classmethod
     def open(cls, uri: str, job: str, connection: Connection | None = None) -> Checkpoints:
@@ -95,7 +95,7 @@ class Checkpoints:
         ``connection`` reaches S3 and Kafka."""
         return cls(
             SnapshotStore(open_store(uri, connection), job),
-            bootstrap=connection.kafka_bootstrap if connection else None,
+            kafka=connection.kafka if connection else None,
         )
 
     def close(self) -> None:

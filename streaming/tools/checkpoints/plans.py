@@ -16,6 +16,7 @@ from barriers.messages import ChannelId
 from streaming.adapters.kafka_admin import earliest_offsets
 from streaming.adapters.kafka_io import read_range
 from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import KafkaAccess
 from streaming.api.pipeline import Pipeline
 from streaming.engine.kafka_retention import KafkaKept, pick_restorable
 from streaming.engine.restore.changes import AllowDropped, PipelineChange, plan_change
@@ -54,13 +55,13 @@ class RestorePlan:
 
 
 class RestorePlanner:
-    """Plans restores of ``store``'s job; ``bootstrap`` is the Kafka cluster
+    """Plans restores of ``store``'s job; ``kafka`` is the Kafka cluster
     a rescale reads channel-state ranges from."""
 
-    def __init__(self, store: SnapshotStore, bootstrap: str | None = None):
+    def __init__(self, store: SnapshotStore, kafka: KafkaAccess | None = None):
         self.store = store
         self.job = store.job
-        self.bootstrap = bootstrap
+        self.kafka = kafka
 
     def restore_plan(
         self, checkpoint_id: int | None = None, *, progress: Callable[[str], None] = lambda _: None
@@ -68,10 +69,10 @@ class RestorePlanner:
         """What ``run --restore`` would do now: the checkpoint it picks
         (``checkpoint_id`` if it verifies, else the newest that does), the
         generation it starts and what every task loads and replays.  With a
-        ``bootstrap``, as the restore does, only while Kafka still holds
+        ``kafka``, as the restore does, only while Kafka still holds
         what the checkpoint reads again (``kafka_retention``: an
         ``OffsetsGoneError`` when the restore would stop on it)."""
-        kept = None if self.bootstrap is None else KafkaKept(partial(earliest_offsets, self.bootstrap))
+        kept = None if self.kafka is None else KafkaKept(partial(earliest_offsets, self.kafka))
         if checkpoint_id is not None:
             manifest, problems = self.store.verifier.verify(checkpoint_id)
             if problems:
@@ -127,9 +128,9 @@ class RestorePlanner:
             loaded[name] = self.store.load_task(manifest.checkpoint_id, name)
 
         def ranges(channel: ChannelId, start: int, end: int) -> pa.Table:
-            if self.bootstrap is None:
+            if self.kafka is None:
                 raise KafkaUnavailableError(f"channel state of {channel} is a range in Kafka: no broker given")
-            return read_range(self.bootstrap, channel, start, end)
+            return read_range(self.kafka, channel, start, end)
 
         return plan_rescale(pipeline, manifest.checkpoint_id, loaded, old, new, generation, ranges)
 

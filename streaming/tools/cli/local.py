@@ -39,6 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "installed pyspark; jobs run as applications on it",
     )
     parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="the secured runtime instead, under <home>/secure: the broker takes SASL_SSL (SCRAM) only, "
+        "with ACLs; its CA, certificates and password files in <home>/secure/runtime/secrets, the job "
+        "user's credentials named (by file) in its connection file",
+    )
+    parser.add_argument(
         "--only", action="append", choices=FETCHABLE, help="with fetch: just this artifact (repeatable)"
     )
     parser.add_argument("--kafka-port", type=int, default=0, help="broker port (default: a free one, kept)")

@@ -57,13 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _no_kafka_chatter(record: logging.LogRecord) -> bool:
+    return not record.name.startswith("kafka") or record.levelno >= logging.CRITICAL
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     console.install("[spark-abs] ", verbose=args.verbose)
     if not args.verbose:
         # kafka-python logs every lost connection and retry of its own (a line every few ms while a
-        # broker is down); spark-abs says itself what it waits for and fails with a clear error
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+        # broker is down); spark-abs says itself what it waits for and fails with a clear error.  Kept
+        # off the console, not silenced: streaming.adapters.kafka_clients reads Kafka's refusals there
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_no_kafka_chatter)
     try:
         return args.func(args)
     except SparkAbsError as exc:

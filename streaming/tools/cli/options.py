@@ -43,6 +43,10 @@ def runtime_settings(args: argparse.Namespace) -> LocalRuntimeSettings:
     home = Path(args.home).expanduser().resolve() if args.home else default_home()
     if getattr(args, "cluster", False):
         return LocalRuntimeSettings.cluster(home, s3_port=getattr(args, "s3_port", 0) or 0)
+    if getattr(args, "secure", False):
+        return LocalRuntimeSettings.secure(
+            home, kafka_port=getattr(args, "kafka_port", 0) or 0, s3_port=getattr(args, "s3_port", 0) or 0
+        )
     return LocalRuntimeSettings(
         home=home,
         kafka_port=getattr(args, "kafka_port", 0) or 0,

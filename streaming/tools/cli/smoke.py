@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = runtime_settings(args)
     connection = Connection.from_env(os.environ) or LocalRuntime(settings, progress=log.info).up()
-    check_broker(connection.kafka_bootstrap)
+    check_broker(connection.kafka)
     log.info("starting Spark (local master) with the Kafka connector")
     started = time.monotonic()
     spark = spark_session(SparkSettings(master=connection.spark_master), settings, progress=log.info)

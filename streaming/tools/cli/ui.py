@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                 raise
             log.info(f"{exc}; the page shows the store alone")
     watch = (
-        ControlWatch(connection.kafka_bootstrap, args.job, connection.job_key(args.job))
+        ControlWatch(connection.kafka, args.job, connection.job_key(args.job))
         if connection and not args.store_only
         else None
     )

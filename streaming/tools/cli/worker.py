@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     control = ControlTopic(
-        connection.kafka_bootstrap,
+        connection.kafka,
         args.job,
         connection.job_key(args.job),
         on_rejected=functools.partial(metrics.control_rejected, args.job, "worker"),

@@ -18,6 +18,7 @@ import numpy as np
 from barriers.coordinator import CheckpointStatus
 from barriers.handler import CheckpointKind
 from streaming.adapters.snapshots.format import text_of
+from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings, Mode
 from streaming.errors import ConfigError, SparkAbsError
 from streaming.tools.compare.model import Comparison, Restore, Run, Sample
@@ -103,7 +104,7 @@ def _side_by_side(
     restored, stopped.  The runs measured."""
     jobs: list[_Job] = []
     runs: list[Run] = []
-    feed = _Feed(connection.kafka_bootstrap, workload)
+    feed = _Feed(connection.kafka, workload)
     labels = _JobLabels().attach()
     try:
         for variant in variants:
@@ -210,14 +211,14 @@ class _JobLabels(logging.Filter, dict):
 class _Feed:
     """The records every job gets: the same ones, in the same order."""
 
-    def __init__(self, bootstrap: str, workload: Workload):
-        from kafka import KafkaProducer
+    def __init__(self, kafka: KafkaAccess, workload: Workload):
+        from streaming.adapters import kafka_clients
 
         self.workload = workload
         self.produced: dict[str, int] = {}
         self.bytes: dict[str, int] = {}
         self.sent: dict[tuple[str, int], int] = {}  # (job, partition) -> records
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=10)
+        self._producer = kafka_clients.raw_producer(kafka, linger_ms=10)
         self._transfers: list[dict] = []
 
     def send(self, job: _Job, count: int, partitions: Sequence[int] | None = None) -> None:

@@ -147,12 +147,12 @@ class ClusterFailures:
     def _in_sync(self, outcome: FailureOutcome) -> bool:
         """Wait until every replica of the job's topics and of Kafka's own
         (``out_of_sync``) is in sync again; a problem when one is not within ``IN_SYNC_S``."""
-        bootstrap = self.job.connection.kafka_bootstrap
+        kafka = self.job.connection.kafka
         lagging: list[str] = []
 
         def in_sync() -> bool:
             try:
-                lagging[:] = out_of_sync(bootstrap, self.job.job)
+                lagging[:] = out_of_sync(kafka, self.job.job)
             except SparkAbsError as exc:  # the cluster settling: ask again
                 lagging[:] = [str(exc)]
             return not lagging

@@ -214,9 +214,9 @@ class FailureInjector:
             return
         newest = done[-1]
         cut = retention_cut(self.job.store.read_manifest(newest), set(self.watch.ingress))
-        bootstrap = self.job.connection.kafka_bootstrap
-        earliest = earliest_offsets(bootstrap, cut)
-        delete_records(bootstrap, cut)
+        kafka = self.job.connection.kafka
+        earliest = earliest_offsets(kafka, cut)
+        delete_records(kafka, cut)
         deleted = sum(max(0, offset - earliest.get(channel, 0)) for channel, offset in cut.items())
         outcome.kept_from = newest
         outcome.note = (

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from streaming.adapters.control import ControlTopic, Heartbeat, Lease, Progress
+from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Pipeline
 from streaming.tools.drill.workload import DrillWorkload
@@ -29,7 +30,7 @@ class WorkloadFeed:
 
     def __init__(
         self,
-        bootstrap: str,
+        kafka: KafkaAccess,
         workload: DrillWorkload,
         pipeline: Pipeline,
         *,
@@ -37,7 +38,7 @@ class WorkloadFeed:
         rate: float,
         stop: threading.Event,
     ):
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.workload = workload
         self.pipeline = pipeline
         self.seed = seed
@@ -49,10 +50,10 @@ class WorkloadFeed:
         self.thread = threading.Thread(target=self._feed, name="drill-feed", daemon=True)
 
     def _feed(self) -> None:
-        from kafka import KafkaProducer
+        from streaming.adapters import kafka_clients
 
-        producer = KafkaProducer(
-            bootstrap_servers=self.bootstrap,
+        producer = kafka_clients.raw_producer(
+            self.kafka,
             acks="all",
             linger_ms=20,
             retries=1_000_000,  # a broker outage is one of the failures: keep trying until it is back
@@ -106,13 +107,13 @@ class ProgressWatch:
 
     def __init__(
         self,
-        bootstrap: str,
+        kafka: KafkaAccess,
         pipeline: Pipeline,
         key: JobKey,
         stop: threading.Event,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.job = pipeline.job
         self.key = key
         self.ingress = frozenset(f"{i.topic}:{p}" for i in pipeline.ingress for p in range(i.partitions))
@@ -129,7 +130,7 @@ class ProgressWatch:
         while not self.stop.is_set() or control is None:
             try:
                 if control is None:
-                    control = ControlTopic(self.bootstrap, self.job, self.key)
+                    control = ControlTopic(self.kafka, self.job, self.key)
                 self.take(control.poll(0.5))
             except Exception:  # the broker may be down (a drill's outage): try again
                 time.sleep(1.0)

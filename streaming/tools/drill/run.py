@@ -198,11 +198,9 @@ class Drill:
         self.started = time.monotonic()
         self.outcomes: list[FailureOutcome] = []
         self._stop = threading.Event()  # the workload's end, and the progress watch's
-        self.watch = ProgressWatch(
-            connection.kafka_bootstrap, self.pipeline, connection.job_key(self.pipeline.job), self._stop
-        )
+        self.watch = ProgressWatch(connection.kafka, self.pipeline, connection.job_key(self.pipeline.job), self._stop)
         self.feed = WorkloadFeed(
-            connection.kafka_bootstrap, self.workload, self.pipeline, seed=seed, rate=self.rate, stop=self._stop
+            connection.kafka, self.workload, self.pipeline, seed=seed, rate=self.rate, stop=self._stop
         )
         self.failures = FailureInjector(
             self.drilled,

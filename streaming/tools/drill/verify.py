@@ -53,7 +53,7 @@ class DrillVerification:
         from streaming.tools.drill import checks as drill_checks
 
         self.log("checking: the reference in batch with Spark, the output, every checkpoint, the dead letters")
-        reference = self.workload.reference(self._spark(), self.pipeline, self.connection.kafka_bootstrap)
+        reference = self.workload.reference(self._spark(), self.pipeline, self.connection.kafka)
         keys = self.workload.keys
         sums = self.workload.sums or tuple(c for c in reference.columns if c not in keys)
         joined = drill_checks.output_frame(self._output(reference), reference, keys)
@@ -118,7 +118,7 @@ class DrillVerification:
         rows = []
 
         def reader(channel, start: int, end: int):
-            return read_range(self.connection.kafka_bootstrap, channel, start, end)
+            return read_range(self.connection.kafka, channel, start, end)
 
         for checkpoint_id in self._reported_complete():
             try:
@@ -153,13 +153,12 @@ class DrillVerification:
         return sorted(done)
 
     def _dead_letter_frame(self) -> pd.DataFrame:
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import TopicPartition
 
+        from streaming.adapters import kafka_clients
         from streaming.adapters.kafka_io import dead_letter_topic_name
 
-        consumer = KafkaConsumer(
-            bootstrap_servers=self.connection.kafka_bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000
-        )
+        consumer = kafka_clients.consumer(self.connection.kafka, enable_auto_commit=False, consumer_timeout_ms=3000)
         tp = TopicPartition(dead_letter_topic_name(self.job.job), 0)
         consumer.assign([tp])
         consumer.seek_to_beginning(tp)
@@ -201,7 +200,7 @@ class DrillVerification:
 
         from streaming.adapters.sinks import read_kafka_output
 
-        output = read_kafka_output(self.connection.kafka_bootstrap, topic)
+        output = read_kafka_output(self.connection.kafka, topic)
         if output.superseded:
             self.log(
                 f"output: {sum(output.superseded.values())} records of {len(output.superseded)} epochs the Kafka "

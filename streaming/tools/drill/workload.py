@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 
 from streaming.adapters.snapshots import SnapshotStore
+from streaming.api.config import KafkaAccess
 from streaming.api.pipeline import Pipeline
 from streaming.api.producing import MAX_WATERMARK, watermark_record_headers
 from streaming.errors import ConfigError
@@ -63,7 +64,7 @@ class DrillWorkload:
     sends them at its rate while failures go on), in the order a producer
     sends them; ``end(pipeline)`` the records that close the input (by
     default ``end_of_input``: every ingress partition's watermark to the
-    end); ``reference(spark, pipeline, bootstrap)`` the expected output,
+    end); ``reference(spark, pipeline, kafka)`` the expected output,
     computed in batch by Spark from the ingress topics, never by the
     pipeline's operators, as a pandas frame with the ``keys`` columns (they
     name a row) and the ``sums`` columns (each compared with the output's
@@ -78,7 +79,7 @@ class DrillWorkload:
     reference must leave those records out as well."""
 
     records: Callable[[Pipeline, random.Random], Iterator[InputRecord]]
-    reference: Callable[[Any, Pipeline, str], pd.DataFrame]
+    reference: Callable[[Any, Pipeline, KafkaAccess], pd.DataFrame]
     keys: tuple[str, ...]
     sums: tuple[str, ...]
     end: Callable[[Pipeline], list[InputRecord]] | None = None

@@ -31,6 +31,7 @@ from streaming.adapters.control import (
     control_topic_name,
 )
 from streaming.adapters.kafka_admin import admin_client, end_offsets
+from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
 from streaming.errors import SparkAbsError
 from streaming.tools.tables import Table
@@ -75,13 +76,13 @@ class ControlView:
 
 
 class ControlWatch:
-    """The control topic of ``job`` on ``bootstrap``, followed from its last
+    """The control topic of ``job`` on ``kafka``, followed from its last
     ``tail`` events on (those that verify with the job's ``key``: what
     anyone else wrote there is not shown); ``look`` may be called from any
     thread."""
 
-    def __init__(self, bootstrap: str, job: str, key: JobKey, *, tail: int = 5000, timeout_s: float = 3.0):
-        self.bootstrap = bootstrap
+    def __init__(self, kafka: KafkaAccess, job: str, key: JobKey, *, tail: int = 5000, timeout_s: float = 3.0):
+        self.kafka = kafka
         self.job = job
         self.key = key
         self.topic_name = control_topic_name(job)
@@ -119,14 +120,14 @@ class ControlWatch:
     def _open(self) -> tuple[ControlTopic, int] | None:
         """The topic, positioned ``tail`` events before its end, and that end
         (the first look reads up to it); None when it does not exist."""
-        admin = admin_client(self.bootstrap, self.timeout_s)
+        admin = admin_client(self.kafka, self.timeout_s)
         try:
             if self.topic_name not in admin.list_topics():
                 return None
         finally:
             admin.close()
-        end = end_offsets(self.bootstrap, self.topic_name, 1)[0]
-        return ControlTopic(self.bootstrap, self.job, self.key, start_at=max(0, end - self.tail)), end
+        end = end_offsets(self.kafka, self.topic_name, 1)[0]
+        return ControlTopic(self.kafka, self.job, self.key, start_at=max(0, end - self.tail)), end
 
     def _read(self, topic: ControlTopic) -> None:
         """The events at hand; on the first look, every event up to the end

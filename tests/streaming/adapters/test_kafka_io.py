@@ -26,6 +26,7 @@ from streaming.adapters.control import (
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import DeadLetters, append_markers, fit_dead_letter
 from streaming.adapters.snapshots import TaskCheckpointMetrics
+from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
 from streaming.errors import ConfigError, KafkaUnavailableError
 
@@ -84,8 +85,8 @@ def test_only_events_signed_with_the_jobs_key_verify():
         verified_event("spark-abs.k.control", KEY, value, signed)
 
 
-def _read(bootstrap: str, topic: str, partition: int):
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
+def _read(kafka: KafkaAccess, topic: str, partition: int):
+    consumer = KafkaConsumer(**kafka.client_options(), enable_auto_commit=False, consumer_timeout_ms=3000)
     tp = TopicPartition(topic, partition)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
@@ -96,26 +97,26 @@ def _read(bootstrap: str, topic: str, partition: int):
 
 @pytest.mark.integration
 def test_markers_land_after_everything_sent_before_them(connection, unique_name):
-    create_topic(connection.kafka_bootstrap, unique_name, 2)
-    producer = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap)
+    create_topic(connection.kafka, unique_name, 2)
+    producer = KafkaProducer(**connection.kafka.client_options())
     for i in range(5):
         producer.send(unique_name, value=b"x", partition=i % 2)
     offsets = append_markers(producer, [ChannelId(unique_name, 0), ChannelId(unique_name, 1)], [("m", b"1")])
     producer.close()
     assert offsets == {ChannelId(unique_name, 0): 3, ChannelId(unique_name, 1): 2}
-    last = _read(connection.kafka_bootstrap, unique_name, 0)[-1]
+    last = _read(connection.kafka, unique_name, 0)[-1]
     assert (last.offset, last.headers) == (3, [("m", b"1")])
 
 
 @pytest.mark.integration
 def test_control_topic_delivers_signed_events_in_order_and_counts_the_rest(connection, unique_name):
     key = connection.job_key(unique_name)
-    control = ControlTopic(connection.kafka_bootstrap, unique_name, key)
+    control = ControlTopic(connection.kafka, unique_name, key)
     heard: list[str] = []
-    reader = ControlTopic(connection.kafka_bootstrap, unique_name, key, on_rejected=heard.append)
+    reader = ControlTopic(connection.kafka, unique_name, key, on_rejected=heard.append)
     first = control.publish(Trigger(checkpoint_id=1, generation=0))
     # anyone else who can write to the topic: garbage, and a well-formed event without the job's key
-    forger = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap)
+    forger = KafkaProducer(**connection.kafka.client_options())
     forger.send(control.topic, value=b"garbage", partition=0).get(10)
     forger.send(control.topic, value=Complete(checkpoint_id=1, generation=0).encode(), partition=0).get(10)
     stranger = JobKey.derive("not the secret of this job's operator", unique_name)
@@ -133,14 +134,14 @@ def test_control_topic_delivers_signed_events_in_order_and_counts_the_rest(conne
     assert reader.rejected == {"unsigned": 2, "signature": 1}
     assert sorted(heard) == ["signature", "unsigned", "unsigned"]
     with pytest.raises(ConfigError, match="needs that job's key"):
-        ControlTopic(connection.kafka_bootstrap, unique_name, stranger.derive("x" * 40, "another"))
+        ControlTopic(connection.kafka, unique_name, stranger.derive("x" * 40, "another"))
     control.close()
     reader.close()
 
 
 @pytest.mark.integration
 def test_dead_letters_keep_the_record_and_its_reason(connection, unique_name):
-    letters = DeadLetters(connection.kafka_bootstrap, unique_name)
+    letters = DeadLetters(connection.kafka, unique_name)
     letters.send(ChannelId("in", 1), 42, b"k", b"{broken", [("h", b"v")], "value is not JSON")
     # a record larger than the producer may send is kept truncated, with a note, not lost and
     # not failing the task (before: kafka-python refused it, MessageSizeTooLargeError)
@@ -148,7 +149,7 @@ def test_dead_letters_keep_the_record_and_its_reason(connection, unique_name):
     letters.send(ChannelId("in", 0), 7, b"k", huge, [("h", b"v")], "value is not JSON")
     letters.flush()
     assert letters.count == 2
-    record, cut = _read(connection.kafka_bootstrap, letters.topic, 0)
+    record, cut = _read(connection.kafka, letters.topic, 0)
     headers = dict(record.headers)
     assert (record.key, record.value) == (b"k", b"{broken")
     assert headers["spark-abs-reason"] == b"value is not JSON" and "spark-abs-truncated" not in headers

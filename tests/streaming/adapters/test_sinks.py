@@ -13,6 +13,7 @@ from kafka import KafkaConsumer, TopicPartition
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, Recovery, read_committed_output, read_kafka_output
+from streaming.api.config import KafkaAccess
 from streaming.errors import SinkError, SinkFencedError
 
 
@@ -101,9 +102,9 @@ def test_committing_an_epoch_never_staged_is_a_clear_error(location):
         ObjectStoreSink(location, "task-0").commit(7)
 
 
-def _read_committed(bootstrap: str, topic: str) -> list[str]:
+def _read_committed(kafka: KafkaAccess, topic: str) -> list[str]:
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **kafka.client_options(),
         isolation_level="read_committed",
         enable_auto_commit=False,
         consumer_timeout_ms=3000,
@@ -120,45 +121,45 @@ def _read_committed(bootstrap: str, topic: str) -> list[str]:
 @pytest.mark.integration
 def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name):
     topic = f"{unique_name}-out"
-    create_topic(connection.kafka_bootstrap, topic, 1)
+    create_topic(connection.kafka, topic, 1)
     staging = open_store(f"s3://{connection.s3_bucket}/tests/{unique_name}", connection)
     txid = f"{unique_name}-sink-0"
 
-    first = KafkaSink(staging, "task-0", bootstrap=connection.kafka_bootstrap, topic=topic, transactional_id=txid)
+    first = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid)
     for epoch in (1, 2, 3):
         first.stage(epoch, _rows(epoch, 2))
     assert first.commit(1) is True
-    assert _read_committed(connection.kafka_bootstrap, topic) == ["1:0", "1:1"]
+    assert _read_committed(connection.kafka, topic) == ["1:0", "1:1"]
 
     # A new instance (the restored generation) fences the old one, finds
     # epoch 1 committed, commits epoch 2 (checkpoint 2 completed before the
     # crash) and discards epoch 3.
-    second = KafkaSink(staging, "task-0", bootstrap=connection.kafka_bootstrap, topic=topic, transactional_id=txid)
+    second = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid)
     assert second.recover(completed_checkpoint=2) == Recovery(committed=[2], discarded=[3])
     assert not second.recover(completed_checkpoint=2)
     assert first.commit(2) is False  # the old instance finds epoch 2 committed by the new one: nothing twice
     first.stage(4, _rows(4, 1))  # the old instance runs on and tries to commit what it staged
     with pytest.raises(SinkFencedError):
         first.commit(4)
-    assert _read_committed(connection.kafka_bootstrap, topic) == ["1:0", "1:1", "2:0", "2:1"]
+    assert _read_committed(connection.kafka, topic) == ["1:0", "1:1", "2:0", "2:1"]
     second.close()
     # a restore to checkpoint 1 cannot take epoch 2 back from Kafka: it says so
-    third = KafkaSink(staging, "task-0", bootstrap=connection.kafka_bootstrap, topic=topic, transactional_id=txid)
+    third = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid)
     # (committed epochs leave nothing staged; the old instance's epoch 4 is discarded)
     assert third.recover(completed_checkpoint=1) == Recovery(discarded=[4], irrevocable=[2])
     # ... but marks it superseded: a reader that skips superseded epochs reads each result once
-    output = read_kafka_output(connection.kafka_bootstrap, topic)
+    output = read_kafka_output(connection.kafka, topic)
     assert [v.decode() for v in output.values] == ["1:0", "1:1"] and output.superseded == {"task-0:2": 2}
     third.stage(5, _rows(5, 2))  # the restored job writes epoch 2's results again
     assert third.commit(5) is True
-    output = read_kafka_output(connection.kafka_bootstrap, topic)
+    output = read_kafka_output(connection.kafka, topic)
     assert [v.decode() for v in output.values] == ["1:0", "1:1", "5:0", "5:1"]
-    assert _read_committed(connection.kafka_bootstrap, topic) == ["1:0", "1:1", "2:0", "2:1", "5:0", "5:1"]
+    assert _read_committed(connection.kafka, topic) == ["1:0", "1:1", "2:0", "2:1", "5:0", "5:1"]
     third.close()
     # a later restore, to checkpoint 5 of the new history: epoch 2, numbered below it, is not of that
     # history (the generation after the fallback went on with higher numbers): it stays superseded
-    fourth = KafkaSink(staging, "task-0", bootstrap=connection.kafka_bootstrap, topic=topic, transactional_id=txid)
+    fourth = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid)
     assert fourth.recover(completed_checkpoint=5) == Recovery()
-    output = read_kafka_output(connection.kafka_bootstrap, topic)
+    output = read_kafka_output(connection.kafka, topic)
     assert [v.decode() for v in output.values] == ["1:0", "1:1", "5:0", "5:1"] and output.superseded == {"task-0:2": 2}
     fourth.close()

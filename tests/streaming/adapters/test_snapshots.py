@@ -31,7 +31,7 @@ from streaming.adapters.snapshots.format import (
     stored_name,
     text_of,
 )
-from streaming.api.config import Connection
+from streaming.api.config import Connection, KafkaAccess
 from streaming.errors import ConfigError, SnapshotCorruptError, SnapshotMissingError, StoreError
 
 JOB = "money"
@@ -345,7 +345,7 @@ def test_unreachable_s3_endpoint_is_a_store_error():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     connection = Connection(
-        kafka_bootstrap="127.0.0.1:9",
+        kafka=KafkaAccess("127.0.0.1:9"),
         s3_endpoint=f"http://127.0.0.1:{port}",
         s3_access_key="k",
         s3_secret_key="s",

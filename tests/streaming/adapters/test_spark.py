@@ -20,8 +20,8 @@ from streaming.errors import ConfigError
 
 @pytest.mark.integration
 def test_query_reads_assigned_channels_from_their_offsets_in_order(spark, connection, unique_name):
-    create_topic(connection.kafka_bootstrap, unique_name, 3)
-    producer = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap)
+    create_topic(connection.kafka, unique_name, 3)
+    producer = KafkaProducer(**connection.kafka.client_options())
     for i in range(60):
         producer.send(
             unique_name, value=f"{i % 3}:{i // 3}".encode(), partition=i % 3, headers=[("n", str(i).encode())]
@@ -65,8 +65,8 @@ def test_starting_offsets_for_unread_channels_are_refused(spark, connection):
 
 @pytest.mark.integration
 def test_batches_are_handled_in_order_one_at_a_time_and_a_failing_one_fails_the_query(spark, connection, unique_name):
-    create_topic(connection.kafka_bootstrap, unique_name, 1)
-    producer = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap)
+    create_topic(connection.kafka, unique_name, 1)
+    producer = KafkaProducer(**connection.kafka.client_options())
     for i in range(40):
         producer.send(unique_name, value=str(i).encode(), partition=0)
     producer.flush()

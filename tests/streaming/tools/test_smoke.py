@@ -11,15 +11,16 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from streaming.adapters.objects import open_store
+from streaming.api.config import KafkaAccess
 from streaming.errors import SmokeFailure
 from streaming.tools.smoke import SEQ_HEADER, SmokeRun, check_round_trip, run_smoke
 
 pytestmark = pytest.mark.integration
 
 
-def _consume_all(bootstrap: str, topic: str, partitions: int) -> dict[tuple[int, int], tuple]:
+def _consume_all(kafka: KafkaAccess, topic: str, partitions: int) -> dict[tuple[int, int], tuple]:
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000, auto_offset_reset="earliest"
+        **kafka.client_options(), enable_auto_commit=False, consumer_timeout_ms=5000, auto_offset_reset="earliest"
     )
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     consumer.assign(tps)
@@ -50,7 +51,7 @@ def test_smoke_pipeline_round_trips_every_record(spark, connection, unique_name)
     store = open_store(f"s3://{connection.s3_bucket}/tests/{unique_name}", connection)
     table = pq.read_table(store.root, filesystem=store.filesystem)
     from_parquet = {(r["partition"], r["offset"]): (r["key"], r["value"], r["seq_header"]) for r in table.to_pylist()}
-    from_kafka = _consume_all(connection.kafka_bootstrap, unique_name, 3)
+    from_kafka = _consume_all(connection.kafka, unique_name, 3)
     assert len(from_kafka) == 700
     assert from_parquet == from_kafka
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from spark_abs_examples.money import pipeline
+from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.runner import worker_groups
 from streaming.engine.job.supervisor import WorkerProcess, WorkerSupervisor
@@ -50,7 +51,7 @@ def test_remote_groups_are_the_jobs_own_and_are_not_started_or_killed_here(tmp_p
     from streaming.engine.job.operations import kill_worker
     from streaming.engine.job.runner import JobRunner, RunOptions
 
-    connection = Connection("127.0.0.1:9", "http://127.0.0.1:9", "a", "b", "bucket", job_secret="s" * 32)
+    connection = Connection(KafkaAccess("127.0.0.1:9"), "http://127.0.0.1:9", "a", "b", "bucket", job_secret="s" * 32)
     settings = JobSettings(store=f"file://{tmp_path}/store")
     with pytest.raises(ConfigError, match="remote worker groups sums: the job's groups are accounts, legs, windows"):
         JobRunner(
@@ -88,7 +89,7 @@ def test_a_worker_that_joins_while_the_runner_pauses_its_groups_is_told_to_pause
         def renew(self, lease):
             self.published.append(lease)
 
-    connection = Connection("127.0.0.1:9", "http://127.0.0.1:9", "a", "b", "bucket", job_secret="s" * 32)
+    connection = Connection(KafkaAccess("127.0.0.1:9"), "http://127.0.0.1:9", "a", "b", "bucket", job_secret="s" * 32)
     settings = JobSettings(store=f"file://{tmp_path}/store")
     runner = JobRunner(
         "spark_abs_examples.money:pipeline",

@@ -34,17 +34,17 @@ def test_a_lease_for_another_job_or_pipeline_is_refused_saying_what_to_run():
 @pytest.mark.integration
 def test_a_worker_waiting_for_its_runner_takes_no_lease_the_jobs_key_did_not_sign(connection, unique_name, tmp_path):
     job, marker = unique_name, tmp_path / "ran"
-    control = ControlTopic(connection.kafka_bootstrap, job, connection.job_key(job))
+    control = ControlTopic(connection.kafka, job, connection.job_key(job))
     control.seek_to_end()
     # anyone who can write to the topic: a lease that would run a command, for no job in particular
     forged = _lease("", f'subprocess:run?args=["touch","{marker}"]')
-    forger = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap)
+    forger = KafkaProducer(**connection.kafka.client_options())
     forger.send(control.topic, value=forged.encode(), partition=0).get(10)
     forger.close()
     assert wait_for_lease(control, job, PIPELINE, stop=threading.Event(), timeout_s=4) is None
     assert control.rejected == {"unsigned": 1} and not marker.exists()
     # the runner's own lease, for another pipeline than this worker's: refused, nothing run
-    runner = KafkaProducer(bootstrap_servers=connection.kafka_bootstrap)
+    runner = KafkaProducer(**connection.kafka.client_options())
     send_event(runner, control.topic, _lease(job, "money?partitions=3"), connection.job_key(job))
     runner.close()
     with pytest.raises(LeaseRefused, match="start it with the runner's pipeline"):

@@ -13,7 +13,7 @@ from operators import KeyedAggregate, count
 from spark_abs_examples.changing import pipeline as changing_pipeline
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
-from streaming.api.config import Connection
+from streaming.api.config import Connection, KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.restore import service as recovery
 from streaming.engine.restore.changes import AllowDropped
@@ -22,7 +22,7 @@ from streaming.errors import PipelineChangeError
 from support.checkpoints import write_checkpoint
 
 JOB = "j"
-CONNECTION = Connection("localhost:1", "http://localhost:1", "key", "secret", "bucket")
+CONNECTION = Connection(KafkaAccess("localhost:1"), "http://localhost:1", "key", "secret", "bucket")
 
 
 def counted(keys: list[str], column: str = "n") -> dict[str, pa.Table]:
@@ -33,7 +33,7 @@ def counted(keys: list[str], column: str = "n") -> dict[str, pa.Table]:
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    monkeypatch.setattr(recovery, "earliest_offsets", lambda bootstrap, channels: {c: 0 for c in channels})
+    monkeypatch.setattr(recovery, "earliest_offsets", lambda kafka, channels: {c: 0 for c in channels})
     store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB)
     store.first_generation(scale=changing_pipeline(JOB, "added").scale.to_json())
     state = {"seen-0": counted(["a", "b"], "seen"), "counts-0": counted(["a", "a", "b"])}

@@ -20,7 +20,7 @@ import pytest
 from spark_abs_examples import money
 from streaming.adapters.control import Heartbeat, Lease
 from streaming.adapters.kafka_admin import lagging_replicas, watched
-from streaming.api.config import Connection, LocalRuntimeSettings
+from streaming.api.config import Connection, KafkaAccess, LocalRuntimeSettings
 from streaming.api.job_key import JobKey
 from streaming.api.settings import Mode
 from streaming.engine import faults
@@ -135,7 +135,11 @@ def _lease(members: dict[str, str], generation: int = 1) -> Lease:
 def test_the_watch_keeps_the_latest_lease_and_each_workers_latest_heartbeat():
     now = [10.0]
     watch = ProgressWatch(
-        "b:9092", money.pipeline("w"), JobKey.derive("s" * 32, "w"), threading.Event(), clock=lambda: now[0]
+        KafkaAccess("b:9092"),
+        money.pipeline("w"),
+        JobKey.derive("s" * 32, "w"),
+        threading.Event(),
+        clock=lambda: now[0],
     )
     assert watch.members() == {}
     watch.take([_lease({"legs": "h:11:a"}), Heartbeat("legs", "h:11:a", "h", 1)])
@@ -198,7 +202,7 @@ def test_the_drill_starts_a_worker_for_a_group_left_with_none_as_a_process_manag
 
 
 def test_with_remote_groups_the_runner_starts_no_worker_and_the_workers_see_the_fault_file(tmp_path):
-    connection = Connection("b:9092", "http://127.0.0.1:9000", "k", "s", "bucket", job_secret="s" * 32)
+    connection = Connection(KafkaAccess("b:9092"), "http://127.0.0.1:9000", "k", "s", "bucket", job_secret="s" * 32)
     settings = DrillSettings(
         pipeline="spark_abs_examples.money:pipeline",
         mode=Mode.ALIGNED,
@@ -284,14 +288,14 @@ def _runner(hosts) -> subprocess.Popen:
 
 
 def _cluster(hosts, *, runtime=None, heartbeat_timeout_s=8.0, wait=None):
-    watch = ProgressWatch("b:9092", money.pipeline("w"), JobKey.derive("s" * 32, "w"), threading.Event())
+    watch = ProgressWatch(KafkaAccess("b:9092"), money.pipeline("w"), JobKey.derive("s" * 32, "w"), threading.Event())
     job = types.SimpleNamespace(
         job="drill-x",
         hosts=hosts,
         completed=lambda: [3],
         runner=_runner(hosts),
         heartbeat_timeout_s=heartbeat_timeout_s,
-        connection=types.SimpleNamespace(kafka_bootstrap="b:9092"),
+        connection=types.SimpleNamespace(kafka=KafkaAccess("b:9092")),
         started=[],
         generation=lambda: 1,
         restores=lambda: [],
@@ -394,7 +398,7 @@ def test_a_kafka_node_stays_down_until_the_job_went_on_then_its_replicas_catch_u
     )
     lagging = [KafkaUnavailableError("no broker answers"), ["drill-x.legs:1"], []]  # settling, catching up, in sync
 
-    def out_of_sync(bootstrap, job):
+    def out_of_sync(kafka, job):
         answer = lagging.pop(0)
         if isinstance(answer, Exception):
             raise answer
@@ -458,7 +462,7 @@ def test_a_node_killed_starts_again_when_the_drill_fails_before_it_recovered(hos
 def test_a_node_not_running_is_a_problem_and_no_replicas_are_said_in_sync(hosts, monkeypatch):
     calls = []
     runtime = types.SimpleNamespace(stop_service=lambda name, kill: None, up=lambda: calls.append("up"))
-    monkeypatch.setattr(drill_cluster, "out_of_sync", lambda bootstrap, job: [])
+    monkeypatch.setattr(drill_cluster, "out_of_sync", lambda kafka, job: [])
     cluster, _, _, problems = _cluster(hosts, runtime=runtime)
     outcome = FailureOutcome(Failure(0, FailureKind.BROKER_NODE, 1.0, outage_s=0.0, target="kafka-3"), 0.0)
     hit = cluster.strike(outcome)
@@ -572,7 +576,7 @@ def test_a_drill_off_the_cluster_runs_the_job_as_spark_abs_run_does_and_on_it_as
     hands it to each phase's Drill, which lays out remote groups only on
     the cluster: off it, the runner starts its one worker as `spark-abs
     run` does."""
-    connection = Connection("127.0.0.1:9", "http://127.0.0.1:9", "a", "b", "bucket", job_secret="s" * 32)
+    connection = Connection(KafkaAccess("127.0.0.1:9"), "http://127.0.0.1:9", "a", "b", "bucket", job_secret="s" * 32)
     options = dict(
         pipeline="spark_abs_examples.money:pipeline",
         workload=drill.workload_for("spark_abs_examples.money:pipeline"),

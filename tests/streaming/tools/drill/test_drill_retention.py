@@ -12,6 +12,7 @@ import pytest
 from barriers.messages import ChannelId
 from spark_abs_examples import money as money_example
 from streaming.adapters.snapshots import Manifest, PartInfo, TaskSnapshot
+from streaming.api.config import KafkaAccess
 from streaming.api.settings import Mode
 from streaming.errors import KafkaUnavailableError
 from streaming.tools.drill import checks as drill_checks
@@ -54,12 +55,12 @@ def _injector(problems: list[str], job=None, watch=None) -> FailureInjector:
 
 def test_records_are_deleted_up_to_the_newest_checkpoint_and_a_restore_before_it_is_a_problem(monkeypatch):
     deleted = []
-    monkeypatch.setattr(drill_failures, "earliest_offsets", lambda bootstrap, channels: {c: 5 for c in channels})
-    monkeypatch.setattr(drill_failures, "delete_records", lambda bootstrap, cut: deleted.append((bootstrap, cut)))
+    monkeypatch.setattr(drill_failures, "earliest_offsets", lambda kafka, channels: {c: 5 for c in channels})
+    monkeypatch.setattr(drill_failures, "delete_records", lambda kafka, cut: deleted.append((kafka, cut)))
     job = types.SimpleNamespace(
         completed=lambda: [6, 7],
         store=types.SimpleNamespace(read_manifest=_manifest),
-        connection=types.SimpleNamespace(kafka_bootstrap="broker:9092"),
+        connection=types.SimpleNamespace(kafka=KafkaAccess("broker:9092")),
     )
     problems: list[str] = []
     injector = _injector(problems, job, types.SimpleNamespace(ingress=frozenset(INGRESS)))
@@ -67,7 +68,7 @@ def test_records_are_deleted_up_to_the_newest_checkpoint_and_a_restore_before_it
     assert failure.describe() == "records only older checkpoints need deleted (DeleteRecords), a worker SIGKILLed"
     outcome = FailureOutcome(failure, 0.0)
     injector._retention(outcome)
-    assert deleted == [("broker:9092", {ChannelId("m.legs", 0): 30, ChannelId("m.legs", 2): 17})]
+    assert deleted == [(KafkaAccess("broker:9092"), {ChannelId("m.legs", 0): 30, ChannelId("m.legs", 2): 17})]
     assert outcome.kept_from == 7
     assert outcome.note == "37 records of 2 internal partitions deleted, up to what checkpoint 7 needs"
 
@@ -110,7 +111,7 @@ def test_checkpoints_older_than_the_one_kept_count_as_deleted_by_the_drill_when_
     job = types.SimpleNamespace(store=types.SimpleNamespace(verify=lambda c: []), log_dir=tmp_path)
     outcome = FailureOutcome(drill.plan_failures(1, 1, [FailureKind.RETENTION], {}, 1.0)[0], 0.0, kept_from=7)
     verification = DrillVerification(
-        types.SimpleNamespace(kafka_bootstrap="broker:9092"),
+        types.SimpleNamespace(kafka=KafkaAccess("broker:9092")),
         job,
         pipeline=money_example.pipeline("m"),
         workload=types.SimpleNamespace(conserved=conserved),

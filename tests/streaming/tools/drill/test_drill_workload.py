@@ -143,7 +143,7 @@ def test_a_workload_names_the_reasons_its_pipeline_quarantines_by_design():
     def records(pipeline, rng):
         yield from ()
 
-    def reference(spark, pipeline, bootstrap):
+    def reference(spark, pipeline, kafka):
         return None
 
     plain = DrillWorkload(records, reference, keys=("k",), sums=("n",))

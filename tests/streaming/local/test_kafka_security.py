@@ -1,0 +1,65 @@
+"""The secured broker's pieces, without a broker: secrets created its
+owner's alone, server.properties with SASL_SSL, PEM stores and ACLs on, and
+no password on the format command line."""
+
+from __future__ import annotations
+
+import stat
+
+from cryptography import x509
+
+from streaming.local.kafka_broker import broker_properties, format_command
+from streaming.local.kafka_security import ADMIN, JOB_USER, OUTSIDER, BrokerSecurity, write_private
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_secrets_are_made_once_and_only_their_owner_reads_them(tmp_path):
+    security = BrokerSecurity.prepare(tmp_path)
+    assert _mode(security.dir) == 0o700
+    for user in (ADMIN, JOB_USER, OUTSIDER):
+        assert _mode(security.password_file(user)) == 0o600 and len(security.password(user)) >= 24
+    assert _mode(security.broker_pem) == 0o600
+    assert len({security.password(u) for u in (ADMIN, JOB_USER, OUTSIDER)}) == 3
+    again = BrokerSecurity.prepare(tmp_path)
+    assert again.password(JOB_USER) == security.password(JOB_USER)
+    cert = x509.load_pem_x509_certificates(security.broker_pem.read_bytes())[0]
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in names.get_values_for_type(x509.DNSName)
+    assert not list(security.dir.glob("*key*")), "the CA's key is not kept"
+
+
+def test_write_private_creates_the_file_0600_and_never_widens_one(tmp_path):
+    path = tmp_path / "secret"
+    write_private(path, "a")
+    assert _mode(path) == 0o600 and path.read_text() == "a"
+    write_private(path, b"b")
+    assert _mode(path) == 0o600 and path.read_text() == "b"
+
+
+def test_the_secured_node_takes_sasl_ssl_with_acls_and_its_controller_stays_on_loopback(tmp_path):
+    security = BrokerSecurity.prepare(tmp_path)
+    props = dict(
+        line.split("=", 1)
+        for line in broker_properties(tmp_path / "data", 9093, 9094, security=security).splitlines()
+        if line
+    )
+    assert props["listeners"] == "SASL_SSL://127.0.0.1:9093,CONTROLLER://127.0.0.1:9094"
+    assert props["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,CONTROLLER:SASL_PLAINTEXT"
+    assert props["ssl.keystore.type"] == props["ssl.truststore.type"] == "PEM"
+    assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert props["allow.everyone.if.no.acl.found"] == "false" and props["super.users"] == f"User:{ADMIN}"
+    assert security.password(JOB_USER) not in "".join(props.values())
+    plain = broker_properties(tmp_path / "data", 9093, 9094)
+    assert "PLAINTEXT://127.0.0.1:9093" in plain and "authorizer" not in plain
+
+
+def test_the_format_command_adds_salted_scram_users_and_no_password(tmp_path):
+    security = BrokerSecurity.prepare(tmp_path)
+    argv = format_command("java", tmp_path, tmp_path / "c", tmp_path / "l", tmp_path, "cid", security)
+    scram = [argv[i + 1] for i, a in enumerate(argv) if a == "--add-scram"]
+    assert len(scram) == 6 and all("saltedpassword=" in s for s in scram)
+    assert {s.split("name=")[1].split(",")[0] for s in scram} == {ADMIN, JOB_USER, OUTSIDER}
+    assert not any(security.password(u) in " ".join(argv) for u in (ADMIN, JOB_USER, OUTSIDER))
