@@ -416,8 +416,10 @@ class Connection:
     s3_bucket: str
     s3_region: str = "us-east-1"
     spark_master: str = "local[2]"
-    # what the job's key is derived from (``job_key``); "" when none was given
+    # what the job's key is derived from (``job_key``): the secret, or a file holding it (which
+    # only its owner may read; worker processes are given its name); "" when not given
     job_secret: str = field(default="", repr=False)
+    job_secret_file: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.kafka, KafkaAccess):
@@ -443,16 +445,20 @@ class Connection:
         }
         if self.job_secret:
             variables[ENV["job_secret"]] = self.job_secret
+        elif self.job_secret_file:
+            variables[ENV["job_secret_file"]] = self.job_secret_file
         return variables
 
     def job_key(self, job: str) -> JobKey:
         """The key job ``job`` signs its control events, leases and barriers with."""
-        if not self.job_secret:
-            raise ConfigError(
-                f"no job secret: set {ENV['job_secret']}, or {ENV['job_secret_file']} to a file only "
-                "its owner can read (the local runtime generates one: `spark-abs local up`)"
-            )
-        return JobKey.derive(self.job_secret, job)
+        if self.job_secret:
+            return JobKey.derive(self.job_secret, job)
+        if self.job_secret_file:
+            return JobKey.derive(read_secret_file(Path(self.job_secret_file), ENV["job_secret_file"]), job)
+        raise ConfigError(
+            f"no job secret: set {ENV['job_secret']}, or {ENV['job_secret_file']} to a file only "
+            "its owner can read (the local runtime generates one: `spark-abs local up`)"
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Connection:
@@ -475,7 +481,7 @@ class Connection:
         if environ.get(ENV["job_secret"]):
             data["job_secret"] = environ[ENV["job_secret"]]
         elif environ.get(ENV["job_secret_file"]):
-            data["job_secret"] = read_secret_file(Path(environ[ENV["job_secret_file"]]), ENV["job_secret_file"])
+            data["job_secret_file"] = environ[ENV["job_secret_file"]]
         return cls.from_dict(data)
 
     @classmethod

@@ -123,8 +123,13 @@ def _java_argv(java: str, classpath: Path, log4j_xml: Path, heap: str, logs_dir:
 
 
 def cluster_id() -> str:
-    """A new KRaft cluster id (every node of one cluster is formatted with the same)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A new KRaft cluster id (every node of one cluster is formatted with the same).  Never one
+    that starts with ``-``, which the format command would read as an option (Kafka's own
+    ``Uuid.randomUuid`` draws again for the same reason)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def format_command(

@@ -157,7 +157,7 @@ class LocalRuntime:
                 s3_secret_key=s.s3_secret_key,
                 s3_bucket=s.s3_bucket,
                 spark_master=f"spark://127.0.0.1:{ports['spark']}" if spark_ports else "local[2]",
-                job_secret=self._job_secret(),
+                job_secret_file=str(self._job_secret()),
             )
             ensure_bucket(connection)
             self._write_connection(connection, ports)
@@ -168,12 +168,14 @@ class LocalRuntime:
         )
         return connection
 
-    def _job_secret(self) -> str:
-        """The runtime's job secret: generated on first start (readable by its owner only), then kept."""
+    def _job_secret(self) -> Path:
+        """The file of the runtime's job secret: generated on first start (readable by its owner only),
+        then kept; checked."""
         path = self.settings.job_secret_file
         if not path.exists():
             write_secret_file(path, generate_secret())
-        return read_secret_file(path)
+        read_secret_file(path)
+        return path
 
     def _write_connection(self, connection: Connection, ports: dict[str, int]) -> None:
         """The connection file, its owner's alone (it names credentials)."""

@@ -120,11 +120,16 @@ def test_kafka_sink_is_exactly_once_across_a_restore(
     reference = money.money_reference(spark, runner.pipeline, connection.kafka)
     assert money.normalise_rows(rows) == money.normalise_rows(reference.to_dict("records"))
     printed = capfd.readouterr()
-    _the_password_is_nowhere(
+    # neither Kafka's password nor the job secret its key comes from
+    for secret in (
         connection.kafka.client_options()["sasl_plain_password"],
-        texts=[printed.out, printed.err, "\n".join(lines), *pages],
-        dirs=[tmp_path / "runs", tmp_path / "store", secure_runtime_settings.runtime_dir / "logs"],
-    )
+        secure_runtime_settings.job_secret_file.read_text().strip(),
+    ):
+        _the_password_is_nowhere(
+            secret,
+            texts=[printed.out, printed.err, "\n".join(lines), *pages],
+            dirs=[tmp_path / "runs", tmp_path / "store", secure_runtime_settings.runtime_dir / "logs"],
+        )
 
 
 def _the_password_is_nowhere(password: str, texts: list[str], dirs: list[Path]) -> None:

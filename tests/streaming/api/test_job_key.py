@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from streaming.api.config import ENV, Connection
+from streaming.api.config import ENV, Connection, KafkaAccess
 from streaming.api.job_key import JobKey, generate_secret, read_secret_file, write_secret_file
 from streaming.errors import ConfigError
 
@@ -25,7 +25,7 @@ def test_each_job_signs_with_a_key_of_its_own_and_nothing_shows_it():
     assert not orders.verify(signature, b"topi", b"cvalue")
     assert not orders.verify(None, b"topic", b"value")
     assert repr(orders) == "JobKey(job='orders')"
-    connection = Connection("k:9092", "http://s3:9000", "access", "s3-secret-value", "b", job_secret=SECRET)
+    connection = Connection(KafkaAccess("k:9092"), "http://s3:9000", "access", "s3-secret-value", "b", job_secret=SECRET)
     assert SECRET not in repr(connection) and connection.job_key("orders") == orders
 
 
@@ -33,7 +33,7 @@ def test_a_short_or_missing_secret_is_refused_saying_what_to_set():
     with pytest.raises(ConfigError, match="fewer than 32"):
         JobKey.derive("short", "orders")
     with pytest.raises(ConfigError, match=f"no job secret: set {ENV['job_secret']}"):
-        Connection("k:9092", "http://s3:9000", "a", "s", "b").job_key("orders")
+        Connection(KafkaAccess("k:9092"), "http://s3:9000", "a", "s", "b").job_key("orders")
     assert len(generate_secret()) >= 32 and generate_secret() != generate_secret()
 
 
@@ -48,8 +48,12 @@ def test_the_secret_comes_from_a_variable_or_a_file_only_its_owner_can_read(tmp_
     write_secret_file(path, SECRET)
     assert os.stat(path).st_mode & 0o777 == 0o600
     from_file = Connection.from_env(base | {ENV["job_secret_file"]: str(path)})
-    assert from_file is not None and from_file.job_secret == SECRET
+    assert from_file is not None and from_file.job_key("orders") == JobKey.derive(SECRET, "orders")
+    # a worker process is given the file's name, not the secret
+    assert from_file.as_env()[ENV["job_secret_file"]] == str(path) and ENV["job_secret"] not in from_file.as_env()
     path.chmod(0o640)
+    with pytest.raises(ConfigError, match=r"SPARK_ABS_JOB_SECRET_FILE .* can be read by others"):
+        from_file.job_key("orders")
     with pytest.raises(ConfigError, match=r"can be read by others \(mode 640\): `chmod 600"):
         read_secret_file(path)
     with pytest.raises(ConfigError, match="cannot be read"):

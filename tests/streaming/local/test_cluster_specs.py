@@ -115,3 +115,14 @@ def test_live_workers_are_none_while_the_masters_page_is_not_served_yet():
         server.shutdown()
         server.server_close()
     assert spark_cluster.alive_workers(port) == 0  # nothing listens any more
+
+
+def test_a_cluster_id_never_reads_as_an_option(monkeypatch):
+    import uuid
+
+    from streaming.local import kafka_broker
+
+    # the first draw encodes to "-" first (0xf8 >> 2 is 62, base64url's "-"), the second does not
+    draws = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=b"\x01" * 16)])
+    monkeypatch.setattr(kafka_broker.uuid, "uuid4", lambda: next(draws))
+    assert kafka_broker.cluster_id() == "AQEBAQEBAQEBAQEBAQEBAQ"
