@@ -25,7 +25,9 @@ def test_each_job_signs_with_a_key_of_its_own_and_nothing_shows_it():
     assert not orders.verify(signature, b"topi", b"cvalue")
     assert not orders.verify(None, b"topic", b"value")
     assert repr(orders) == "JobKey(job='orders')"
-    connection = Connection(KafkaAccess("k:9092"), "http://s3:9000", "access", "s3-secret-value", "b", job_secret=SECRET)
+    connection = Connection(
+        KafkaAccess("k:9092"), "http://s3:9000", "access", "s3-secret-value", "b", job_secret=SECRET
+    )
     assert SECRET not in repr(connection) and connection.job_key("orders") == orders
 
 
