@@ -1,0 +1,56 @@
+"""A worker's sink tasks commit on a ``complete`` event only when the store
+holds the checkpoint's manifest: what a restore could start from."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from spark_abs_examples import money
+from streaming.adapters.control import Committed, Complete
+from streaming.api.config import Connection, KafkaAccess
+from streaming.api.settings import JobSettings
+from streaming.engine.worker.wiring import RunningTask
+from streaming.engine.worker.worker import Worker
+from streaming.errors import SnapshotMissingError
+
+
+class _Store:
+    """The manifests of ``complete`` checkpoints, and how often each was read."""
+
+    def __init__(self, complete: set[int]):
+        self.complete = complete
+        self.reads: list[int] = []
+
+    def read_manifest(self, checkpoint_id: int):
+        self.reads.append(checkpoint_id)
+        if checkpoint_id not in self.complete:
+            raise SnapshotMissingError(f"checkpoint {checkpoint_id} has no manifest")
+        return object()
+
+
+class _Sink:
+    def __init__(self):
+        self.through: list[int] = []
+
+    def commit_through(self, checkpoint_id: int) -> list[int]:
+        self.through.append(checkpoint_id)
+        return [checkpoint_id]
+
+
+def test_a_complete_without_a_manifest_in_the_store_commits_nothing():
+    pipeline = money.pipeline("sinks")
+    connection = Connection(KafkaAccess("127.0.0.1:9"), "http://127.0.0.1:9", "a", "b", "bucket")
+    worker = Worker(pipeline, ["windows-0"], JobSettings(store="file:///x"), connection, generation=3, restore=None)
+    worker.store = _Store({7})  # type: ignore[assignment]
+    published: list = []
+    worker.control = SimpleNamespace(publish=published.append)  # type: ignore[assignment]
+    sinks = [_Sink(), _Sink()]
+    task = SimpleNamespace(on_control=lambda event: None, spec=SimpleNamespace(name="windows-0"))
+    worker.running = [RunningTask(task, sink) for sink in sinks]  # type: ignore[arg-type]
+
+    worker._on_control(Complete(checkpoint_id=9, generation=3))  # no manifest of 9: nothing commits
+    assert [s.through for s in sinks] == [[], []] and published == []
+    worker._on_control(Complete(checkpoint_id=7, generation=3))
+    assert [s.through for s in sinks] == [[7], [7]]
+    assert [(e.checkpoint_id, e.epochs) for e in published if isinstance(e, Committed)] == [(7, (7,)), (7, (7,))]
+    assert worker.store.reads == [9, 7]  # once per event, not per sink task
