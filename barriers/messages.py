@@ -248,7 +248,8 @@ def decode(
         if signature is None:
             raise BarrierRejected("unsigned, but this job signs its barriers")
         unsigned = [(n, v or b"") for n, v in items if n.startswith(HEADER_PREFIX) and n != _SIGNATURE_HEADER]
-        if not hmac.compare_digest(signature, _sign(unsigned, key)):
+        # bytes on both sides: compare_digest refuses str that is not ASCII, and a writer chooses the header
+        if not hmac.compare_digest(signature.encode(), _sign(unsigned, key).encode()):
             raise BarrierRejected("signature does not match the job's key")
     record_job = fields.get("abs.job", "")
     if job is not None and record_job != job:

@@ -381,6 +381,9 @@ class Lease(ControlEvent):
     timeout_s: float
     ended: bool = False  # the runner stopped: members stop their tasks now
     note: str = ""  # why a lease names no members (a pause), for the workers' messages
+    # counts the runner's publications of leases up: a copy of an earlier one, appended again
+    # by someone who can write to the topic, is not taken for news (0: not counted)
+    sequence: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,6 +397,8 @@ class Heartbeat(ControlEvent):
     incarnation: str
     host: str
     running: int | None
+    # counts this incarnation's heartbeats up: a copy of an earlier one is not taken for news
+    sequence: int = 0
 
 
 def _failure(default: CheckpointFailure) -> Callable[[object], CheckpointFailure]:
@@ -446,6 +451,7 @@ _READERS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "timeout_s": (float, _REQUIRED),
     "ended": (bool, False),
     "note": (str, ""),
+    "sequence": (int, 0),
     "group": (str, ""),
     "incarnation": (str, _REQUIRED),
     "host": (str, "?"),

@@ -438,16 +438,13 @@ class Connection:
         return {**self.kafka.as_fields(), **fields}
 
     def as_env(self) -> dict[str, str]:
-        """The ``SPARK_ABS_*`` variables that describe this connection."""
-        data = {k: str(v) for k, v in self.to_dict().items()}
-        variables = {
-            ENV[name]: data[name] for name in CONNECTION_ENV_FIELDS + KAFKA_SECURITY_ENV_FIELDS if name in data
-        }
-        if self.job_secret:
-            variables[ENV["job_secret"]] = self.job_secret
-        elif self.job_secret_file:
-            variables[ENV["job_secret_file"]] = self.job_secret_file
-        return variables
+        """The ``SPARK_ABS_*`` variables that describe this connection: every
+        one, those it does not use empty (``from_env`` reads an empty one as
+        unset), so that a process given them over an environment of its own
+        (a worker the runner starts) has this connection, not a mix."""
+        data = {k: str(v) for k, v in self.to_dict().items() if v not in (None, "")}
+        names = CONNECTION_ENV_FIELDS + KAFKA_SECURITY_ENV_FIELDS + ("job_secret", "job_secret_file")
+        return {ENV[name]: data.get(name, "") for name in names}
 
     def job_key(self, job: str) -> JobKey:
         """The key job ``job`` signs its control events, leases and barriers with."""

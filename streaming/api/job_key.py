@@ -98,5 +98,6 @@ class JobKey:
         """Whether ``signature`` is this key's over ``parts`` (in constant time)."""
         if signature is None:
             return False
-        text = signature.decode("ascii", "replace") if isinstance(signature, bytes) else signature
-        return hmac.compare_digest(text, self.sign(*parts))
+        given = signature.encode("utf-8", "replace") if isinstance(signature, str) else signature
+        # bytes on both sides: compare_digest refuses str that is not ASCII, and a writer chooses the header
+        return hmac.compare_digest(given, self.sign(*parts).encode())

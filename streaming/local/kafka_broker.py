@@ -142,18 +142,28 @@ def format_command(
     security: BrokerSecurity | None = None,
 ) -> list[str]:
     """``kafka.tools.StorageTool format`` for a fresh data dir (static quorum);
-    with ``security``, its SCRAM users added."""
+    with ``security``, its SCRAM users added.  Their salted passwords would
+    let anyone who sees them log in, and a command line is visible to every
+    user of the host (``ps``): with ``security`` the tool and its arguments
+    are in an argument file beside ``config`` that only its owner can read
+    (``java @file``; ``FORMAT_ARGS``), which the caller deletes after the run."""
     cid = cid or cluster_id()
-    return _java_argv(java, jars_dir, log4j_xml, "256m", logs_dir) + [
-        "kafka.tools.StorageTool",
-        "format",
-        "-t",
-        cid,
-        "-c",
-        str(config),
-        "--ignore-formatted",
-        *(security.scram_arguments() if security is not None else []),
-    ]
+    command = ["kafka.tools.StorageTool", "format", "-t", cid, "-c", str(config), "--ignore-formatted"]
+    java_argv = _java_argv(java, jars_dir, log4j_xml, "256m", logs_dir)
+    if security is None:
+        return java_argv + command
+    argfile = config.parent / FORMAT_ARGS
+    write_private(argfile, "\n".join(_quoted(a) for a in command + security.scram_arguments()) + "\n")
+    return java_argv + [f"@{argfile}"]
+
+
+# the argument file of a secured node's format command (its SCRAM users' salted passwords)
+FORMAT_ARGS = "format.args"
+
+
+def _quoted(argument: str) -> str:
+    """``argument`` as a java launcher's argument file reads it back whole."""
+    return '"' + argument.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def broker_spec(java: str, jars_dir: Path, runtime_dir: Path, heap: str, name: str = "kafka") -> ServiceSpec:

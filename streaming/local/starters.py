@@ -92,7 +92,10 @@ class KafkaStarter:
                 cmd = kafka_broker.format_command(
                     java, self.services.kafka_jars_dir(), config, log4j, home / "logs", cid, security
                 )
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+                try:
+                    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+                finally:
+                    (config.parent / kafka_broker.FORMAT_ARGS).unlink(missing_ok=True)
                 if done.returncode != 0:
                     raise ServiceStartError(f"formatting the data dir of {name} failed:\n{done.stdout}{done.stderr}")
             self._progress(f"starting Kafka {settings.kafka_version} (KRaft) {name} on 127.0.0.1:{ports[name]}")

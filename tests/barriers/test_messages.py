@@ -59,6 +59,11 @@ def test_signed_barriers_verify_and_forgeries_are_rejected():
         decode(tampered, key=key)
     with pytest.raises(BarrierRejected, match="signature"):
         decode(encode(barrier, key=b"other"), key=key)
+    # a signature a writer made up of any bytes is rejected, never an error of another kind
+    for made_up in ("é".encode(), b"", ("0" * 64 + "é").encode(), b"\xff"):
+        forged = [(k, v) for k, v in encode(barrier) if k != "abs.sig"] + [("abs.sig", made_up)]
+        with pytest.raises(BarrierRejected, match="signature|not UTF-8"):
+            decode(forged, key=key)
 
 
 @pytest.mark.parametrize(

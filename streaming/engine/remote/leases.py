@@ -8,6 +8,7 @@ protocol)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -42,6 +43,7 @@ class LeaseRenewal:
         self.key = key
         self._producer = producer(kafka)
         self._lease: Lease | None = None
+        self._sequence = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spark-abs-lease", daemon=True)
@@ -53,7 +55,11 @@ class LeaseRenewal:
         self._wake.set()
 
     def _publish(self, lease: Lease, bound_s: float = DELIVERY_BOUND_S) -> None:
-        send_event(self._producer, self.topic, lease, self.key, bound_s, f"the lease of generation {lease.generation}")
+        self._sequence += 1  # each publication its own number: a copy of one is no news (Membership)
+        numbered = dataclasses.replace(lease, sequence=self._sequence)
+        send_event(
+            self._producer, self.topic, numbered, self.key, bound_s, f"the lease of generation {lease.generation}"
+        )
 
     def _run(self) -> None:
         while not self._stop.is_set():

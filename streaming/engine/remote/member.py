@@ -117,8 +117,10 @@ class RemoteWorker(Worker):
         self._apply(self.membership.on_lease(self._first))
 
     def _heartbeats(self) -> None:
+        sequence = 0
         while not self._stop.is_set():
-            beat = Heartbeat(self.group, self.incarnation, socket.gethostname(), self.membership.running)
+            sequence += 1  # a copy of an earlier heartbeat is no news to the runner (RemoteGroups)
+            beat = Heartbeat(self.group, self.incarnation, socket.gethostname(), self.membership.running, sequence)
             try:
                 self.control.publish(beat)
             except SparkAbsError as exc:  # the broker is away: the next one tries again

@@ -133,6 +133,8 @@ class RemoteGroups:
     _ran: dict[str, int] = field(default_factory=dict)  # group -> the generation its member ran tasks in
     # group -> what its member's latest heartbeat said it runs (since ``forget_reports``)
     reported: dict[str, int | None] = field(default_factory=dict)
+    # incarnation -> the sequence of its latest heartbeat read
+    _sequences: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.liveness = Liveness(self.timeout_s, clock=self.clock)
@@ -145,6 +147,10 @@ class RemoteGroups:
         made its sender a member (the lease should say so at once), ``LOST``
         when a member that ran the generation's tasks says it no longer does
         (it stopped them: the job must restore), else None."""
+        if beat.sequence:  # a copy of an earlier heartbeat (appended again by another writer) is no news
+            if beat.sequence <= self._sequences.get(beat.incarnation, 0):
+                return None
+            self._sequences[beat.incarnation] = beat.sequence
         self.hosts[beat.incarnation] = beat.host
         if beat.group not in self.groups:
             if beat.group not in self._refused:
@@ -266,7 +272,7 @@ class Membership:
             self._liveness.own()
 
     def on_lease(self, lease: Lease) -> Action | None:
-        if lease.job != self.job:
+        if lease.job != self.job or self._stale(lease):
             return None
         self.lease = lease
         if self._liveness is None or self._liveness.timeout_s != lease.timeout_s:
@@ -290,6 +296,18 @@ class Membership:
             why = f"{member} runs group {self.group}" if member else f"group {self.group} has no member yet"
             return Action(ActionKind.STOP, lease.note or f"not the member in generation {lease.generation} ({why})")
         return None
+
+    def _stale(self, lease: Lease) -> bool:
+        """A lease of an earlier generation than the newest seen, or a copy of
+        one of its runner's already seen (its ``sequence`` not higher): no news
+        from a runner, whoever appended it again."""
+        newest = self.lease
+        if newest is None:
+            return False
+        if lease.generation < newest.generation:
+            return True
+        same_runner = lease.runner == newest.runner and lease.generation == newest.generation
+        return same_runner and 0 < lease.sequence <= newest.sequence
 
     def check(self) -> Action | None:
         """A ``stop`` once the runner's lease lapsed while this worker runs tasks."""

@@ -380,8 +380,13 @@ class Worker:
     def _in_store(self, complete: Complete) -> bool:
         """Whether the store holds the manifest of the checkpoint ``complete``
         says is complete: a sink commits only what a restore could start from."""
+        checkpoint_id = complete.checkpoint_id
         try:
-            self.store.read_manifest(complete.checkpoint_id)
+            # the store may be away a while (an outage): wait for it, as the commit does
+            patiently(
+                functools.partial(self.store.read_manifest, checkpoint_id),
+                f"reading the manifest of checkpoint {checkpoint_id}",
+            )
         except (SnapshotMissingError, SnapshotCorruptError) as exc:
             log.warning(
                 f"checkpoint {complete.checkpoint_id}: complete, says the control topic, but the store has no "

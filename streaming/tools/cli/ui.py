@@ -95,11 +95,12 @@ def run(args: argparse.Namespace) -> int:
             if not args.store.startswith("file://"):
                 raise
             log.info(f"{exc}; the page shows the store alone")
-    watch = (
-        ControlWatch(connection.kafka, args.job, connection.job_key(args.job))
-        if connection and not args.store_only
-        else None
-    )
+    watch = None
+    if connection and not args.store_only:
+        try:  # the page shows only control events the job's key vouches for
+            watch = ControlWatch(connection.kafka, args.job, connection.job_key(args.job))
+        except ConfigError as exc:  # no job secret here: the store alone
+            log.warning(f"{exc}; the page shows the store alone (no live view of the control topic)")
     home = Path(args.home).expanduser().resolve() if args.home else default_home()
     source = ui.JobSource(args.store, args.job, connection, home)
     app = ui.create_app(source, refresh_s=args.refresh, watch=watch, access=access)

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "job's control topic, becomes the group's member (a second worker of a group waits as its "
         "standby), runs the group's tasks as one Spark application on this host's SPARK_ABS_* "
         "deployment (its Spark master, Kafka and store), restores in place when the job restores, and "
-        "stops its tasks when the runner stops or goes silent, waiting for the next one. The pipeline "
+        "stops its tasks when the runner stops or goes silent, waiting for the next one. "
         "The job's settings come from the runner's lease, which the job's key signs (the job secret: "
         "SPARK_ABS_JOB_SECRET or SPARK_ABS_JOB_SECRET_FILE, as the runner's); the pipeline is the one "
         "--pipeline names, whose module must be importable here (e.g. from the current directory), and a "

@@ -74,6 +74,10 @@ def test_only_events_signed_with_the_jobs_key_verify():
         (value, [(SIGNATURE_HEADER, other_job.sign(topic.encode(), value).encode())], "signature", "does not match"),
         (value, [(SIGNATURE_HEADER, other_secret.sign(topic.encode(), value).encode())], "signature", "does not"),
         (value, signed + signed, "signature", "does not match"),
+        # a made-up signature of any bytes is rejected, never an error of another kind
+        (value, [(SIGNATURE_HEADER, b"\xff")], "signature", "does not match"),
+        (value, [(SIGNATURE_HEADER, "é".encode())], "signature", "does not match"),
+        (value, [(SIGNATURE_HEADER, None)], "signature", "does not match"),
         (b"{}", [(SIGNATURE_HEADER, KEY.sign(topic.encode(), b"{}").encode())], "malformed", "checkpoint_id"),
     ]
     for data, headers, kind, reason in cases:

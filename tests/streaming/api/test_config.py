@@ -206,8 +206,10 @@ def test_security_round_trips_through_the_environment_with_the_password_file(tls
     conn = _conn(kafka=_sasl(tls_files))
     env = conn.as_env()
     assert env[ENV["kafka_password_file"]] == str(tls_files["password"])
-    assert ENV["kafka_password"] not in env and 's3cr3t"pw' not in json.dumps(conn.to_dict())
+    assert env[ENV["kafka_password"]] == "" and 's3cr3t"pw' not in json.dumps(conn.to_dict())
     assert Connection.from_env(env) == conn
+    # over an environment that gives the password the other way (a worker's, inherited), the same connection
+    assert Connection.from_env({ENV["kafka_password"]: "inherited", **env}) == conn
     assert Connection.from_dict(conn.to_dict()) == conn
     # a password given in a variable travels on in one (to the job's workers)
     direct = _conn(kafka=_sasl(tls_files, password="pw", password_file=None))

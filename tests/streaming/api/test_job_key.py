@@ -52,7 +52,10 @@ def test_the_secret_comes_from_a_variable_or_a_file_only_its_owner_can_read(tmp_
     from_file = Connection.from_env(base | {ENV["job_secret_file"]: str(path)})
     assert from_file is not None and from_file.job_key("orders") == JobKey.derive(SECRET, "orders")
     # a worker process is given the file's name, not the secret
-    assert from_file.as_env()[ENV["job_secret_file"]] == str(path) and ENV["job_secret"] not in from_file.as_env()
+    assert from_file.as_env()[ENV["job_secret_file"]] == str(path) and from_file.as_env()[ENV["job_secret"]] == ""
+    # a worker started over an environment that names another secret gets its runner's
+    inherited = base | {ENV["job_secret"]: "another secret, of more than 32 characters"}
+    assert Connection.from_env(inherited | from_file.as_env()) == from_file
     path.chmod(0o640)
     with pytest.raises(ConfigError, match=r"SPARK_ABS_JOB_SECRET_FILE .* can be read by others"):
         from_file.job_key("orders")

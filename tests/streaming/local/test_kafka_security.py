@@ -4,11 +4,13 @@ no password on the format command line."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import stat
 
 from cryptography import x509
 
-from streaming.local.kafka_broker import broker_properties, format_command
+from streaming.local.kafka_broker import FORMAT_ARGS, broker_properties, format_command
 from streaming.local.kafka_security import ADMIN, JOB_USER, OUTSIDER, BrokerSecurity, write_private
 
 
@@ -35,6 +37,7 @@ def test_write_private_creates_the_file_0600_and_never_widens_one(tmp_path):
     path = tmp_path / "secret"
     write_private(path, "a")
     assert _mode(path) == 0o600 and path.read_text() == "a"
+    path.chmod(0o644)  # a file others could read is replaced by one they cannot, not written in place
     write_private(path, b"b")
     assert _mode(path) == 0o600 and path.read_text() == "b"
 
@@ -56,10 +59,28 @@ def test_the_secured_node_takes_sasl_ssl_with_acls_and_its_controller_stays_on_l
     assert "PLAINTEXT://127.0.0.1:9093" in plain and "authorizer" not in plain
 
 
-def test_the_format_command_adds_salted_scram_users_and_no_password(tmp_path):
+def test_the_format_command_adds_salted_scram_users_off_its_command_line(tmp_path):
+    """The salted passwords log one in as well as the passwords: they are in
+    an argument file only its owner can read, not on the command line (``ps``)."""
     security = BrokerSecurity.prepare(tmp_path)
     argv = format_command("java", tmp_path, tmp_path / "c", tmp_path / "l", tmp_path, "cid", security)
-    scram = [argv[i + 1] for i, a in enumerate(argv) if a == "--add-scram"]
-    assert len(scram) == 6 and all("saltedpassword=" in s for s in scram)
+    argfile = tmp_path / FORMAT_ARGS
+    assert argv[-1] == f"@{argfile}" and "--add-scram" not in argv and "kafka.tools.StorageTool" not in argv
+    assert os.stat(argfile).st_mode & 0o777 == 0o600
+    # read back as the java launcher reads it: whitespace-separated, double quotes with backslash escapes
+    lexer = shlex.shlex(argfile.read_text(), posix=True)
+    lexer.whitespace_split, lexer.escapedquotes = True, '"'
+    args = list(lexer)
+    assert args[:7] == [
+        "kafka.tools.StorageTool",
+        "format",
+        "-t",
+        "cid",
+        "-c",
+        str(tmp_path / "c"),
+        "--ignore-formatted",
+    ]
+    scram = [args[i + 1] for i, a in enumerate(args) if a == "--add-scram"]
+    assert len(scram) == 6 and all('saltedpassword="' in s for s in scram)
     assert {s.split("name=")[1].split(",")[0] for s in scram} == {ADMIN, JOB_USER, OUTSIDER}
-    assert not any(security.password(u) in " ".join(argv) for u in (ADMIN, JOB_USER, OUTSIDER))
+    assert not any(security.password(u) in argfile.read_text() for u in (ADMIN, JOB_USER, OUTSIDER))

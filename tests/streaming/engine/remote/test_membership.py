@@ -140,6 +140,25 @@ def test_a_member_that_stopped_the_generations_tasks_is_lost():
     assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", 4), 5) is None
 
 
+def test_a_copy_of_an_earlier_heartbeat_is_no_news():
+    """Someone who can write to the control topic appends a member's earlier
+    heartbeat again: it says neither that the member stopped its tasks (the
+    job would restore) nor that a silent one is alive."""
+    clock = Clock()
+    groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=clock)
+    idle = Heartbeat("legs", "w1", "a", None, 1)
+    groups.on_heartbeat(idle, 4)
+    running = Heartbeat("legs", "w1", "a", 4, 2)
+    assert groups.on_heartbeat(running, 4) is None
+    assert groups.on_heartbeat(idle, 4) is None  # the copy: not LOST
+    groups.own()
+    clock.advance(11, own=groups)
+    assert groups.on_heartbeat(running, 4) is None  # the copy again: the member stays silent
+    assert groups.liveness.silent() == ["legs"]
+    # its next heartbeat, stopped, is news
+    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", None, 3), 4) is HeartbeatOutcome.LOST
+
+
 def test_heartbeats_of_a_group_the_job_does_not_run_remotely_are_refused_once(caplog):
     caplog.set_level(logging.INFO, logger="streaming")
     groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=Clock())
@@ -205,6 +224,25 @@ def test_a_worker_stops_its_tasks_when_the_runners_lease_lapses_while_the_topic_
     clock.advance(2, own=member)
     action = member.check()
     assert action is not None and action.kind is ActionKind.STOP and "no lease from the job runner" in action.reason
+
+
+def test_a_copy_of_an_earlier_lease_is_no_news():
+    """Copies of the runner's leases appended again by another writer: an
+    ended one of an earlier generation stops nothing, and the current one
+    again does not keep a lapsed runner alive."""
+    clock = Clock()
+    member = Membership("money", "legs", "w1", clock=clock)
+    first = dataclasses.replace(lease(1, {"legs": "w1"}, ended=True), sequence=9)
+    current = dataclasses.replace(lease(2, {"legs": "w1"}), sequence=3)
+    assert member.on_lease(current).kind is ActionKind.START
+    member.running = 2
+    assert member.on_lease(first) is None  # an ended lease of generation 1: not this runner's end
+    member.own()
+    clock.advance(11, own=member)
+    assert member.on_lease(current) is None  # the same lease again: no renewal
+    assert member.check().kind is ActionKind.STOP
+    # the runner's own next renewal is
+    assert member.on_lease(dataclasses.replace(current, sequence=4)) is None and member.check() is None
 
 
 def test_leases_of_another_job_are_not_followed():

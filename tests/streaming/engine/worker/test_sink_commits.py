@@ -1,5 +1,7 @@
 """A worker's sink tasks commit on a ``complete`` event only when the store
-holds the checkpoint's manifest: what a restore could start from."""
+holds the checkpoint's manifest: what a restore could start from.  A store
+that does not answer for a while is waited for, not taken for a missing
+manifest."""
 
 from __future__ import annotations
 
@@ -11,18 +13,22 @@ from streaming.api.config import Connection, KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.worker.wiring import RunningTask
 from streaming.engine.worker.worker import Worker
-from streaming.errors import SnapshotMissingError
+from streaming.errors import SnapshotMissingError, StoreError
 
 
 class _Store:
     """The manifests of ``complete`` checkpoints, and how often each was read."""
 
-    def __init__(self, complete: set[int]):
+    def __init__(self, complete: set[int], away: int = 0):
         self.complete = complete
+        self.away = away  # reads that find the store unreachable first
         self.reads: list[int] = []
 
     def read_manifest(self, checkpoint_id: int):
         self.reads.append(checkpoint_id)
+        if self.away:
+            self.away -= 1
+            raise StoreError("the store did not answer (connection refused)")
         if checkpoint_id not in self.complete:
             raise SnapshotMissingError(f"checkpoint {checkpoint_id} has no manifest")
         return object()
@@ -41,7 +47,7 @@ def test_a_complete_without_a_manifest_in_the_store_commits_nothing():
     pipeline = money.pipeline("sinks")
     connection = Connection(KafkaAccess("127.0.0.1:9"), "http://127.0.0.1:9", "a", "b", "bucket")
     worker = Worker(pipeline, ["windows-0"], JobSettings(store="file:///x"), connection, generation=3, restore=None)
-    worker.store = _Store({7})  # type: ignore[assignment]
+    worker.store = _Store({7}, away=1)  # type: ignore[assignment]
     published: list = []
     worker.control = SimpleNamespace(publish=published.append)  # type: ignore[assignment]
     sinks = [_Sink(), _Sink()]
@@ -53,4 +59,5 @@ def test_a_complete_without_a_manifest_in_the_store_commits_nothing():
     worker._on_control(Complete(checkpoint_id=7, generation=3))
     assert [s.through for s in sinks] == [[7], [7]]
     assert [(e.checkpoint_id, e.epochs) for e in published if isinstance(e, Committed)] == [(7, (7,)), (7, (7,))]
-    assert worker.store.reads == [9, 7]  # once per event, not per sink task
+    # once per event, not per sink task; the store away at first is waited for, as a commit waits
+    assert worker.store.reads == [9, 9, 7]
