@@ -42,8 +42,12 @@ log = logging.getLogger(__name__)
 COUNTED = frozenset({CheckpointFailure.DECLINED, CheckpointFailure.TIMEOUT, CheckpointFailure.STORE_FAILURE})
 # how long a worker's tasks may take to be ready after it started (a Spark application, a restore's loads)
 READY_BOUND_S = 300.0
-# how often the runner asks Kafka whether it answers, while a worker looks silent
+# how often the runner asks Kafka whether it answers, while a worker is quiet
 _PROBE_EVERY_S = 5.0
+# a worker none of whose tasks was heard for this long is quiet (each says its progress twice a
+# second): the runner starts asking Kafka, so that an outage shorter than the heartbeat timeout is
+# seen, and the worker's silence counted from Kafka's return, not from before the outage
+QUIET_S = 3.0
 # the pauses between the attempts of a restore that must wait: growing from the first to the last
 _RETRY_FIRST_S, _RETRY_MAX_S = 2.0, 30.0
 
@@ -119,7 +123,7 @@ class WorkerSilence:
                     waiting = ", ".join(t for t in tasks if t not in ready)
                     found.append((name, f"tasks {waiting} not ready {READY_BOUND_S:.0f} s after the worker started"))
                 continue
-            last = max([heard_at.get(t, self.launched_at) for t in tasks] + [self.launched_at, hearing_since])
+            last = self._last_heard(tasks, heard_at, hearing_since)
             if now - last > self.timeout_s:
                 found.append(
                     (
@@ -129,6 +133,26 @@ class WorkerSilence:
                     )
                 )
         return found
+
+    def quiet(
+        self,
+        workers: Mapping[str, Sequence[str]],
+        heard_at: Mapping[str, float],
+        ready: set[str],
+        hearing_since: float,
+    ) -> bool:
+        """Whether a worker whose tasks are all ready has not been heard for ``QUIET_S``."""
+        now = self.clock()
+        return any(
+            tasks
+            and all(t in ready for t in tasks)
+            and now - self._last_heard(tasks, heard_at, hearing_since) > QUIET_S
+            for tasks in workers.values()
+        )
+
+    def _last_heard(self, tasks: Sequence[str], heard_at: Mapping[str, float], hearing_since: float) -> float:
+        """When one of ``tasks`` was last heard, counted from the launch and from ``hearing_since`` at the earliest."""
+        return max([heard_at.get(t, self.launched_at) for t in tasks] + [self.launched_at, hearing_since])
 
 
 @dataclass
@@ -224,6 +248,9 @@ class Liveness:
             )
         if self.hearing_since is None and not self.hears():
             return None  # Kafka is away from the runner too: silence blames nobody
+        # a quiet worker: is Kafka away? (asked every few seconds; an outage found restarts the count)
+        if self.silence.quiet(workers, heard_at, ready, self.hearing_since or self.clock()) and not self.hears():
+            return None
         silent = self.silence.silent(workers, heard_at, ready, self.hearing_since or self.clock())
         # Kafka is asked (every few seconds at most) only when a worker looks silent: does it answer?
         if silent and self.hears():

@@ -94,6 +94,27 @@ def test_a_short_broker_outage_the_runner_only_met_in_its_own_sends_blames_nobod
     assert verdict is not None and verdict.cause == "worker_stuck"
 
 
+def test_an_outage_the_runner_sent_nothing_through_is_found_by_asking_kafka_once_a_worker_is_quiet(clock):
+    """Kafka away 13 s while a checkpoint is pending (the runner sends
+    nothing, so no send of its own finds Kafka away): a worker quiet for a
+    few seconds makes the runner ask Kafka, which finds the outage; the
+    worker's silence counts from Kafka's return, and its first progress 5 s
+    after it is in time.  Asked only once the worker was quiet: it had
+    blamed the worker 15 s after its last progress, Kafka answering by then."""
+    kafka = Kafka()
+    liveness = _liveness(clock, kafka)
+    ready = {"a-0", "b-0"}
+    heard = {"a-0": clock.now, "b-0": clock.now}
+    for second in range(1, 19):  # a step a second
+        kafka.up = not 1 <= second <= 13
+        clock.now += 1
+        assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None, second
+    assert kafka.asked >= 3  # while the worker was quiet, every few seconds
+    heard["a-0"] = clock.now  # its producer back, 5 s after Kafka
+    clock.now += 10
+    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+
+
 def test_a_runner_that_did_not_listen_for_a_while_counts_silence_from_when_it_does_again(clock):
     liveness = _liveness(clock, Kafka())
     ready = {"a-0", "b-0"}
