@@ -19,14 +19,28 @@ from streaming.errors import KafkaAccessError, KafkaUnavailableError
 from streaming.local.kafka_security import OUTSIDER, BrokerSecurity
 
 
-def test_kafka_pythons_logged_configuration_holds_no_password(caplog):
+def test_kafka_pythons_logged_configuration_holds_no_password():
     import logging
 
     import streaming.adapters.kafka_clients  # noqa: F401  (installs the filter)
 
-    with caplog.at_level(logging.DEBUG, logger="kafka.admin.client"):
-        logging.getLogger("kafka.admin.client").debug("configuration: %s", {"sasl_plain_password": "pw-123456"})
-    assert "pw-123456" not in caplog.text and "[redacted]" in caplog.text
+    # a handler on the logger itself: what any handler gets, whatever else the session did to logging
+    logger = logging.getLogger("kafka.admin.client")
+    seen: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    level, disabled = logger.level, logger.disabled
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.disabled = False
+    try:
+        logger.debug("configuration: %s", {"sasl_plain_password": "pw-123456"})
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.disabled = disabled
+    text = "\n".join(seen)
+    assert "pw-123456" not in text and "[redacted]" in text
 
 
 def test_a_refusal_says_what_to_grant_and_no_secret():
