@@ -21,7 +21,7 @@ from pathlib import Path
 
 from streaming.errors import ConfigError
 
-__all__ = ["JobKey", "MIN_SECRET_CHARS", "generate_secret", "read_secret_file", "write_secret_file"]
+__all__ = ["JobKey", "MIN_SECRET_CHARS", "generate_secret", "read_secret_file", "write_private", "write_secret_file"]
 
 # a secret shorter than this is refused: it could be guessed
 MIN_SECRET_CHARS = 32
@@ -53,15 +53,22 @@ def read_secret_file(path: Path, what: str = "the job secret file") -> str:
         raise ConfigError(f"{what} {path} cannot be read: {exc}") from None
 
 
-def write_secret_file(path: Path, secret: str) -> None:
-    """Write ``secret`` to ``path``, created readable by its owner only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_private(path: Path, data: bytes | str) -> None:
+    """Write ``path`` readable by its owner alone: created 0600 (a file
+    already there is replaced, never widened)."""
+    data = data.encode() if isinstance(data, str) else data
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(secret + "\n")
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(data)
     tmp.replace(path)
+
+
+def write_secret_file(path: Path, secret: str) -> None:
+    """Write ``secret`` to ``path``, created readable by its owner only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_private(path, secret + "\n")
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ from pathlib import Path
 from streaming.adapters import kafka_clients
 from streaming.adapters.kafka_admin import replication
 from streaming.api.config import KafkaAccess
-from streaming.local.kafka_security import BrokerSecurity, write_private
+from streaming.api.job_key import write_private
+from streaming.local.kafka_security import BrokerSecurity
 from streaming.local.processes import ServiceSpec
 
 __all__ = [

@@ -25,7 +25,6 @@ import base64
 import datetime
 import hashlib
 import ipaddress
-import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,26 +36,15 @@ from cryptography.x509.oid import NameOID
 
 from streaming.adapters import kafka_clients
 from streaming.api.config import KafkaAccess
+from streaming.api.job_key import write_private
 from streaming.errors import ServiceStartError
 
-__all__ = ["ADMIN", "JOB_USER", "OUTSIDER", "MECHANISM", "BrokerSecurity", "write_private"]
+__all__ = ["ADMIN", "JOB_USER", "OUTSIDER", "MECHANISM", "BrokerSecurity"]
 
 ADMIN, JOB_USER, OUTSIDER = "admin", "spark-abs", "outsider"
 MECHANISM = "SCRAM-SHA-512"
 _ITERATIONS = 8192
 _HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
-
-
-def write_private(path: Path, data: bytes | str) -> None:
-    """Write ``path`` readable by its owner alone: created 0600 (a file
-    already there is replaced, never widened)."""
-    data = data.encode() if isinstance(data, str) else data
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-    tmp.replace(path)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,11 +27,11 @@ import pyspark
 from streaming.adapters import jars
 from streaming.adapters.objects import ensure_bucket
 from streaming.api.config import Connection, LocalRuntimeSettings
-from streaming.api.job_key import generate_secret, read_secret_file, write_secret_file
+from streaming.api.job_key import generate_secret, read_secret_file, write_private, write_secret_file
 from streaming.errors import ConfigError
 from streaming.local import artifacts, processes
 from streaming.local.artifacts import FETCHABLE
-from streaming.local.kafka_security import JOB_USER, write_private
+from streaming.local.kafka_security import JOB_USER
 from streaming.local.services import RuntimeServices
 from streaming.local.starters import KafkaStarter, S3Starter, SparkStarter
 

@@ -10,8 +10,9 @@ import stat
 
 from cryptography import x509
 
+from streaming.api.job_key import write_private
 from streaming.local.kafka_broker import FORMAT_ARGS, broker_properties, format_command
-from streaming.local.kafka_security import ADMIN, JOB_USER, OUTSIDER, BrokerSecurity, write_private
+from streaming.local.kafka_security import ADMIN, JOB_USER, OUTSIDER, BrokerSecurity
 
 
 def _mode(path) -> int:
