@@ -24,7 +24,7 @@ PAGES = {
 ARCHITECTURE = PAGES["docs/architecture/layers.md"]
 PACKAGES = ("barriers", "operators", "streaming")
 # classes of other libraries the pages name members of
-FOREIGN = {"ParquetWriter": "pyarrow.parquet.ParquetWriter"}
+FOREIGN = {"ParquetWriter": "pyarrow.parquet.ParquetWriter", "DataFrame": "pyspark.sql.DataFrame"}
 
 
 def _spans(text: str) -> list[str]:

@@ -41,6 +41,7 @@ COMPLETE = ".complete"
 
 _INSTALL_HINTS = {
     "java": "install a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)",
+    "javac": "install a Java 17 JDK (Debian: apt-get install openjdk-17-jdk-headless)",
     "mvn": "install Maven (Debian: apt-get install maven)",
     "go": "install Go 1.22 or newer (Debian: apt-get install golang)",
 }

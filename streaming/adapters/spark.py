@@ -35,6 +35,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from barriers.messages import ChannelId
 from streaming.adapters.jars import connector_jars, require_tool
+from streaming.adapters.jvm_helpers import helper_jar
 from streaming.adapters.records import BATCH_BEGAN, BATCH_COLUMNS, records_in, stamped
 from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings
 from streaming.errors import ChannelQueryError, ConfigError
@@ -140,7 +141,11 @@ def spark_session(
             f"pyspark {pyspark.__version__}; the Kafka connector must match it"
         )
     require_tool("java")
-    jars = connector_jars(runtime.spark_version, runtime.cache_dir, Path(pyspark.__file__).parent / "jars", progress)
+    spark_jars = Path(pyspark.__file__).parent / "jars"
+    jars = [
+        *connector_jars(runtime.spark_version, runtime.cache_dir, spark_jars, progress),
+        helper_jar(runtime.spark_version, runtime.cache_dir, spark_jars, progress),
+    ]
     if settings.ui_enabled and local_master(settings.master):
         # the Spark UI binds SPARK_LOCAL_IP, not spark.driver.bindAddress: every interface without it
         os.environ.setdefault("SPARK_LOCAL_IP", LOCAL_DRIVER_ADDRESS)

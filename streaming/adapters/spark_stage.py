@@ -38,20 +38,23 @@ operator, which receives the code's rows."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import itertools
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 from operator import and_, or_
-from typing import cast
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.errors import PySparkException
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
-from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from barriers.messages import KIND_HEADER
@@ -69,7 +72,6 @@ from streaming.adapters.records import (
     RECORDS,
     ROW,
     Part,
-    part_of,
 )
 from streaming.api.pipeline import Ingress, Stage
 from streaming.errors import ChannelQueryError, ConfigError
@@ -80,10 +82,17 @@ log = logging.getLogger(__name__)
 
 # the column every row of a stage's Spark code carries: the record it came from
 POSITION = "_position"
+# and its run: how many control records of its channel came before it in the micro-batch
 POSITION_TYPE = StructType(
-    [StructField("topic", StringType()), StructField("partition", IntegerType()), StructField("offset", LongType())]
+    [
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("_abs_run", IntegerType(), nullable=False),
+    ]
 )
 
+_BAD = "_abs_bad"
 _CORRUPT = "_abs_corrupt"
 _CONTROL = "_abs_control"
 _DECODED = "_abs_decoded"
@@ -110,7 +119,32 @@ _SPARK_AGGREGATES = {
     AggregateFunction.MIN: F.min,
     AggregateFunction.MAX: F.max,
 }
+# how long Spark may take to hand over what a micro-batch's observations saw, once its job ended
+OBSERVED_BOUND_S = 60.0
+_OBSERVATIONS = itertools.count()
 _NODE = re.compile(r"^[\s:+\-!]*([A-Za-z]+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Steps:
+    """The column expressions of a prepared micro-batch's plan
+    (``SparkStage._plan``): made once per stage, as pyspark makes each
+    expression with a call into the JVM."""
+
+    decode: list[Column | str]
+    flag: list[Column | str]
+    side: list[Column]
+    good: Column
+    view: list[Column]
+    out: list[Column | str]
+    rows: list[Column | str]
+    # with a keyed aggregate after the code
+    keyed: Column | None = None
+    unkeyed: Column | None = None
+    unkeyed_count: Column | None = None
+    group: list[str] = dataclasses.field(default_factory=list)
+    aggregates: list[Column] = dataclasses.field(default_factory=list)
+    partials: list[Column | str] | None = None
 
 
 class SparkStage:
@@ -145,6 +179,8 @@ class SparkStage:
         self.columns = self.check()
         # a keyed aggregate after the code: Spark computes its partials per key and run of records
         self._partial = _partial_spec(stage.make_operator(), self.columns)
+        self._steps = self._plan()
+        self._no_rows: pa.Table | None = None
 
     def _event_time_column(self, ingress: Ingress) -> Column | None:
         """The records' event time in milliseconds, as Spark computes it."""
@@ -210,25 +246,119 @@ class SparkStage:
 
     def __call__(self, batch: DataFrame) -> pa.Table:
         """A micro-batch of Kafka records (Spark's Kafka source columns),
-        prepared (see the module docstring): two Spark jobs over the records
-        decoded once (cached), the control and undecodable records first
-        (their offsets cut the runs), then everything else."""
+        prepared (see the module docstring) in one pass over the records:
+        ``spark_abs.Runs`` numbers the runs of each channel and ends each with
+        a marker, the markers and the raw records leave by an observation
+        on the way, and the good records go on through the code (and the
+        partial aggregates) to the result.  A second job runs only when the
+        code gave rows without a key for the operator's partials."""
+        steps = self._steps
+        numbered = _numbered(batch.select(*steps.decode).select(*steps.flag))
+        side = Observation(f"abs-side-{next(_OBSERVATIONS)}")
+        view = numbered.observe(side, *steps.side).filter(steps.good).select(*steps.view)
+        out = self._apply(view).select(*steps.out)
+        results = self._with_partials(out, steps) if steps.partials else [out.select(*steps.rows).toArrow()]
+        seen = _observed(side, self.name)
+        markers = _markers(seen["markers"])
+        placed = [_at_run_ends(t, markers) if _RUN in t.column_names else t for t in results]
+        prepared = pa.concat_tables([*placed, markers.drop_columns([_RUN])], promote_options="permissive")
+        return _assemble(prepared, _raw(seen["raw"]), self._schema)
+
+    def _with_partials(self, out: DataFrame, steps: _Steps) -> list[pa.Table]:
+        """The operator's partial aggregates of the code's rows per channel,
+        run and key (``KeyedAggregate.merge_partials`` folds them into its
+        state), and the rows whose key is null (the operator names them dead
+        letters), fetched by a second job only when there are any."""
+        assert steps.keyed is not None and steps.unkeyed is not None and steps.unkeyed_count is not None
+        unkeyed = Observation(f"abs-unkeyed-{next(_OBSERVATIONS)}")
+        partials = (
+            out.observe(unkeyed, steps.unkeyed_count)
+            .filter(steps.keyed)
+            .groupBy(*steps.group)
+            .agg(*steps.aggregates)
+            .select(*(steps.partials or ()))
+            .toArrow()
+        )
+        rows = out.filter(steps.unkeyed).select(*steps.rows)
+        if not _observed(unkeyed, self.name)["rows"]:
+            return [partials, self._empty_rows(rows)]
+        return [partials, rows.toArrow()]
+
+    def _empty_rows(self, rows: DataFrame) -> pa.Table:
+        if self._no_rows is None:
+            self._no_rows = to_arrow_schema(rows.schema).empty_table()
+        return self._no_rows
+
+    def _plan(self) -> _Steps:
+        """The column expressions of every micro-batch's plan, made once."""
+        control = F.col(_CONTROL)
         # a record without headers has none: not a control record
-        control = F.coalesce(F.array_contains(F.col("headers.key"), KIND_HEADER), F.lit(False))
-        decoded = batch.select(*BATCH_COLUMNS, control.alias(_CONTROL), self._decode().alias(_DECODED)).persist()
-        try:
-            bad = self._undecoded()
-            raw = decoded.filter(F.col(_CONTROL) | bad).select(*BATCH_COLUMNS, F.col(_CONTROL)).toArrow()
-            runs = _runs(raw)
-            data = decoded.filter(~F.col(_CONTROL))
-            parts = [*self._rows(data.filter(~bad), runs), self._markers(data, runs, bad)]
-            prepared = parts[0]
-            for part in parts[1:]:
-                prepared = prepared.unionByName(part, allowMissingColumns=True)
-            prepared = _at_run_ends(prepared.toArrow())
-        finally:
-            decoded.unpersist()
-        return _assemble(prepared, raw, self._schema)
+        is_control = F.coalesce(F.array_contains(F.col("headers.key"), KIND_HEADER), F.lit(False))
+        bad = ~control & self._undecoded()
+        good_time = F.when(~control & ~bad, self._event_time) if self._event_time is not None else F.lit(None)
+        marker = F.col(RECORDS).isNotNull()
+        raw = F.struct(
+            *(F.col(name) for name in BATCH_COLUMNS[:-1]), F.unix_millis("timestamp").alias("timestamp"), control
+        )
+        position = [F.col(f"{POSITION}.{name}").alias(name) for name in ("topic", "partition", "offset", _RUN)]
+        row_part = F.lit(int(Part.ROW)).cast("tinyint").alias(PART)
+        steps = _Steps(
+            decode=[*BATCH_COLUMNS, is_control.alias(_CONTROL), self._decode().alias(_DECODED)],
+            flag=[
+                "topic",
+                "partition",
+                "offset",
+                _CONTROL,
+                good_time.cast("long").alias(EVENT_TIME),
+                bad.alias(_BAD),
+                # the raw columns only where the record goes to Python as it came: rows stay narrow
+                *(F.when(control | bad, F.col(name)).alias(name) for name in BATCH_COLUMNS[3:]),
+                _DECODED,
+            ],
+            side=[
+                F.collect_list(
+                    F.when(marker, F.struct("topic", "partition", "offset", _RUN, RECORDS, EVENT_TIME))
+                ).alias("markers"),
+                F.collect_list(F.when(~marker & (control | F.col(_BAD)), raw)).alias("raw"),
+            ],
+            good=~marker & ~control & ~F.col(_BAD),
+            view=[
+                *(F.col(f"{_DECODED}.{name}").alias(name) for name in self._fields.names),
+                F.struct("topic", "partition", "offset", _RUN).alias(POSITION),
+            ],
+            out=[*position, *self.columns],
+            # without partials the rows stay at their records (no run is taken whole)
+            rows=[
+                "topic",
+                "partition",
+                "offset",
+                *([_RUN] if self._partial is not None else []),
+                row_part,
+                _struct(self.columns).alias(ROW),
+            ],
+        )
+        if self._partial is None:
+            return steps
+        key, aggregations = self._partial
+        aggregates = []
+        for name, aggregation in aggregations.items():
+            column = F.lit(1) if aggregation.column is None else F.col(aggregation.column)
+            aggregates.append(_SPARK_AGGREGATES[aggregation.function](column).alias(name))
+        return dataclasses.replace(
+            steps,
+            keyed=F.col(key).isNotNull(),
+            unkeyed=F.col(key).isNull(),
+            unkeyed_count=F.count(F.when(F.col(key).isNull(), F.lit(1))).alias("rows"),
+            group=["topic", "partition", _RUN, key],
+            aggregates=aggregates,
+            partials=[
+                "topic",
+                "partition",
+                _RUN,
+                F.lit(int(Part.PARTIAL)).cast("tinyint").alias(PART),
+                _struct([key, *aggregations]).alias(PARTIAL),
+            ],
+        )
 
     def _decode(self) -> Column:
         """A record's value decoded with the ingress schema: a struct, null
@@ -255,87 +385,19 @@ class SparkStage:
         names, combine = (self._avro.required, or_) if self._avro.required else (self._fields.names, and_)
         return decoded.isNull() | functools.reduce(combine, [F.col(f"{_DECODED}.{name}").isNull() for name in names])
 
-    def _rows(self, good: DataFrame, runs: Column) -> list[DataFrame]:
-        """The code's rows (``ROW``), or with a keyed aggregate after the code
-        its partials (``PARTIAL``) and the rows whose key is null (the
-        operator names them dead letters)."""
-        view = good.select(
-            *(F.col(f"{_DECODED}.{name}").alias(name) for name in self._fields.names),
-            F.struct("topic", "partition", "offset").alias(POSITION),
-        )
-        out = self._apply(view).select(
-            F.col(f"{POSITION}.topic").alias("topic"),
-            F.col(f"{POSITION}.partition").alias("partition"),
-            F.col(f"{POSITION}.offset").alias("offset"),
-            *self.columns,
-        )
-        partials = []
-        if self._partial is not None:
-            key, _ = self._partial
-            out = out.withColumn(_RUN, runs)
-            partials = [self._partials(out.filter(F.col(key).isNotNull()), self._partial)]
-            out = out.filter(F.col(key).isNull())
-        rows = out.select(
-            "topic",
-            "partition",
-            "offset",
-            *([_RUN] if self._partial is not None else []),
-            F.lit(int(Part.ROW)).cast("tinyint").alias(PART),
-            _struct(self.columns).alias(ROW),
-        )
-        return [rows, *partials]
-
-    def _markers(self, data: DataFrame, runs: Column, bad: Column) -> DataFrame:
-        """A ``MARKER`` per channel and run of data records: its last offset,
-        its records, the highest event time of those that decoded."""
-        event_time = F.when(~bad, self._event_time) if self._event_time is not None else F.lit(None)
-        return (
-            data.withColumn(_RUN, runs)
-            .groupBy("topic", "partition", _RUN)
-            .agg(
-                F.max("offset").alias("offset"),
-                F.count(F.lit(1)).alias(RECORDS),
-                F.max(event_time).cast("long").alias(EVENT_TIME),
-            )
-            .select(
-                "topic",
-                "partition",
-                "offset",
-                _RUN,
-                F.lit(int(Part.MARKER)).cast("tinyint").alias(PART),
-                RECORDS,
-                EVENT_TIME,
-            )
-        )
-
-    def _partials(self, rows: DataFrame, partial: tuple[str, dict[str, Aggregation]]) -> DataFrame:
-        """The operator's partial aggregates of ``rows`` per channel, run and
-        key (``KeyedAggregate.merge_partials`` folds them into its state)."""
-        key, aggregations = partial
-        specs = []
-        for name, aggregation in aggregations.items():
-            column = F.lit(1) if aggregation.column is None else F.col(aggregation.column)
-            specs.append(_SPARK_AGGREGATES[aggregation.function](column).alias(name))
-        return (
-            rows.groupBy("topic", "partition", _RUN, key)
-            .agg(*specs)
-            .select(
-                "topic",
-                "partition",
-                _RUN,
-                F.lit(int(Part.PARTIAL)).cast("tinyint").alias(PART),
-                _struct([key, *aggregations]).alias(PARTIAL),
-            )
-        )
-
     def records(self, records: pa.Table) -> pa.Table:
         """Kafka records read in Python (``RECORD_SCHEMA``: channel state
         copied into a snapshot, held records read back), prepared as the
         query would have prepared them."""
         if records.num_rows == 0:
             return records
-        frame = self._spark.createDataFrame(records.select(list(BATCH_COLUMNS)).cast(RECORD_SCHEMA))
-        # in channel and offset order, as a query hands a micro-batch over (``ChannelQuery``)
+        ordered = (
+            records.select(list(BATCH_COLUMNS))
+            .cast(RECORD_SCHEMA)
+            .sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
+        )
+        # in one partition, in channel and offset order, as a query hands each channel over
+        frame = self._spark.createDataFrame(ordered).coalesce(1)
         return self(frame).sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
 
 
@@ -372,53 +434,92 @@ def _struct(columns: list[str]) -> Column:
     return F.struct(*(F.when(F.col(c).isNotNull(), F.col(c)).alias(c) for c in columns))
 
 
-def _at_run_ends(prepared: pa.Table) -> pa.Table:
-    """With partial aggregates, every row of a run placed at the run's end
-    (its marker's offset): a partial stands for records all through the run,
-    so the task takes a run whole, after it, and a checkpoint never falls
-    inside it (where the records before would be in neither the state nor
-    the channel state)."""
-    if _RUN not in prepared.column_names:
-        return prepared
-    parts = prepared[PART]
-    moved = pc.and_(
-        pc.is_in(parts, pa.array([int(Part.ROW), int(Part.PARTIAL)], pa.int8())), pc.is_valid(prepared[_RUN])
-    )
-    if not pc.any(moved).as_py():
-        return prepared.drop_columns([_RUN])
-    markers = part_of(prepared, Part.MARKER)
-    ends = markers.select(["topic", "partition", _RUN, "offset"]).rename_columns(["topic", "partition", _RUN, "_end"])
-    rows = prepared.filter(moved)
-    where = rows.select(["topic", "partition", _RUN]).append_column("_i", pa.array(range(rows.num_rows)))
-    found = where.join(ends, ["topic", "partition", _RUN]).sort_by("_i")
-    if found.num_rows != rows.num_rows:  # every run with a row has its marker
-        raise ChannelQueryError(f"{found.num_rows} of {rows.num_rows} rows found the end of their run")
-    rows = rows.set_column(rows.schema.get_field_index("offset"), "offset", found["_end"])
-    return pa.concat_tables([prepared.filter(pc.invert(moved)), rows]).drop_columns([_RUN])
+def _at_run_ends(rows: pa.Table, markers: pa.Table) -> pa.Table:
+    """``rows`` (partials, and with partials the code's rows) each placed at
+    the end of its run (its marker's offset): a partial stands for records
+    all through the run, so the task takes a run whole, after it, and a
+    checkpoint never falls inside it (where the records before would be in
+    neither the state nor the channel state)."""
+    at = pc.index_in(_run_keys(rows, markers), value_set=_run_keys(markers, markers))
+    if at.null_count:  # every run with a row has its marker
+        raise ChannelQueryError(f"{at.null_count} of {rows.num_rows} rows found no end of their run")
+    ends = pc.take(markers["offset"], at)
+    rows = rows.drop_columns([name for name in ("offset", _RUN) if name in rows.column_names])
+    return rows.add_column(2, "offset", ends)
 
 
-def _runs(raw: pa.Table) -> Column:
-    """Each data record's run: how many control records of its channel come
-    before it in the micro-batch."""
-    control = raw.filter(raw[_CONTROL])
-    if control.num_rows == 0:
-        return F.lit(0)
-    by_channel: dict[str, list[int]] = {}
-    for topic, partition, offset in zip(
-        control["topic"].to_pylist(), control["partition"].to_pylist(), control["offset"].to_pylist()
-    ):
-        by_channel.setdefault(f"{topic}/{partition}", []).append(offset)
-    offsets = F.create_map(
-        *(
-            part
-            for name, found in sorted(by_channel.items())
-            for part in (F.lit(name), F.array(*(F.lit(o).cast("long") for o in found)))
+def _run_keys(table: pa.Table, markers: pa.Table) -> pa.Array:
+    """A number per row of ``table`` for its channel and run (topics
+    numbered in the order ``markers`` names them)."""
+    topic = pc.index_in(table["topic"], value_set=pc.unique(markers["topic"])).fill_null(-1)
+    key = pc.add(pc.multiply(topic.cast(pa.int64()), 1 << 24), table["partition"].cast(pa.int64()))
+    return pc.add(pc.multiply(key, 1 << 24), table[_RUN].cast(pa.int64()))
+
+
+def _numbered(flagged: DataFrame) -> DataFrame:
+    """``flagged`` (topic, partition, offset, control, event time, ...) with
+    each record's run and a marker row after each run (``spark_abs.Runs``,
+    streaming/adapters/jvm/Runs.java), in the pass that reads it."""
+    session = flagged.sparkSession
+    jvm = session.sparkContext._jvm
+    assert jvm is not None
+    return DataFrame(jvm.spark_abs.Runs.number(flagged._jdf), session)
+
+
+def _observed(observation: Observation, stage: str) -> dict[str, Any]:
+    """What ``observation`` saw in the job that just ran, waiting at most
+    ``OBSERVED_BOUND_S`` for Spark to hand it over."""
+    future = observation._jo.future() if observation._jo is not None else None
+    deadline = time.monotonic() + OBSERVED_BOUND_S
+    while future is not None and not future.isCompleted():
+        if time.monotonic() > deadline:
+            raise ChannelQueryError(
+                f"stage {stage}: Spark did not report the micro-batch's markers and control records "
+                f"within {OBSERVED_BOUND_S:.0f} s of its end (observation {observation._name})"
+            )
+        time.sleep(0.005)
+    return observation.get
+
+
+_MARKER_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        (_RUN, pa.int32()),
+        (RECORDS, pa.int64()),
+        (EVENT_TIME, pa.int64()),
+    ]
+)
+_RAW_SCHEMA = pa.schema(
+    [*(RECORD_SCHEMA.field(n) for n in BATCH_COLUMNS[:-1]), ("timestamp", pa.int64()), (_CONTROL, pa.bool_())]
+)
+
+
+def _markers(found: list[Row]) -> pa.Table:
+    """The markers an observation collected, as ``MARKER`` parts; a channel
+    split across partitions (its runs numbered twice) is an error."""
+    markers = pa.Table.from_pylist([row.asDict() for row in found], schema=_MARKER_SCHEMA)
+    runs = {(m["topic"], m["partition"], m[_RUN]) for m in markers.select(["topic", "partition", _RUN]).to_pylist()}
+    if len(runs) != markers.num_rows:
+        raise ChannelQueryError(
+            "a micro-batch read a channel in more than one partition: its runs of records cannot be numbered"
         )
+    return markers.append_column(PART, pa.array([int(Part.MARKER)] * markers.num_rows, pa.int8()))
+
+
+def _raw(found: list[Row]) -> pa.Table:
+    """The control and undecodable records an observation collected, in
+    channel and offset order, with Kafka's timestamp."""
+    rows = []
+    for row in found:
+        record = row.asDict()
+        record["headers"] = [h.asDict() for h in record["headers"] or ()]
+        rows.append(record)
+    raw = pa.Table.from_pylist(rows, schema=_RAW_SCHEMA).sort_by(
+        [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
     )
-    before = F.coalesce(
-        offsets[F.concat_ws("/", "topic", F.col("partition").cast("string"))], F.array().cast("array<bigint>")
-    )
-    return F.size(F.filter(before, lambda o: o < F.col("offset")))
+    return raw.set_column(6, "timestamp", raw["timestamp"].cast(pa.timestamp("ms")))
 
 
 def _assemble(prepared: pa.Table, raw: pa.Table, schema: codec.ValueSchema) -> pa.Table:

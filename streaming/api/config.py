@@ -112,7 +112,7 @@ class LocalRuntimeSettings:
     # Broker: org.apache.kafka:kafka_2.13 from Maven Central, KRaft combined node.
     kafka_version: str = "4.1.1"
     # Spark's Kafka connector; must equal the installed pyspark version.
-    spark_version: str = "4.1.1"
+    spark_version: str = "4.2.0"
     # S3 API server: versitygw (POSIX backend), built once with `go install`.
     s3_server_version: str = "v1.8.0"
     # 0 = pick a free loopback port on first start and keep it afterwards.

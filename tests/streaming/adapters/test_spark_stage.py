@@ -18,7 +18,7 @@ from streaming.adapters import avro
 from streaming.adapters.records import EVENT_TIME, PARTIAL, REASON, RECORD_SCHEMA, RECORDS, ROW, Part, part_of
 from streaming.adapters.spark_stage import POSITION, SparkStage
 from streaming.api.pipeline import Ingress, Stage
-from streaming.errors import ConfigError
+from streaming.errors import ChannelQueryError, ConfigError
 
 pytestmark = pytest.mark.integration
 
@@ -213,3 +213,44 @@ def test_a_keyed_aggregate_after_the_code_gets_partials_per_key_and_run_at_the_r
     assert rows["offset"].to_pylist() == [4] and rows[ROW].to_pylist() == [{"user": None, "amount": 2}]
     # what crosses to Python: one row per key and run, not one per record
     assert prepared.num_rows == 3 + 1 + 2 + 1  # partials, the null key's row, a marker per run, the barrier
+
+
+def test_runs_are_numbered_per_channel_and_a_run_without_data_records_has_no_marker(spark):
+    code = SparkStage(spark, _stage("SELECT _position, user FROM {input}"), INGRESS)
+    prepared = _sorted(
+        code.records(
+            _records(
+                (0, 0, {"user": "a", "amount": 1, "ts": 10}),
+                (0, 1, Barrier(1, job="job")),
+                (0, 2, Barrier(2, job="job")),  # two control records in a row: no run between them
+                (0, 3, {"user": "b", "amount": 1, "ts": 30}),
+                (1, 7, {"user": "c", "amount": 1, "ts": 20}),
+                (1, 8, {"user": "d", "amount": 1, "ts": 5}),
+            )
+        )
+    )
+    markers = part_of(prepared, Part.MARKER)
+    assert list(
+        zip(
+            markers["partition"].to_pylist(),
+            markers["offset"].to_pylist(),
+            markers[RECORDS].to_pylist(),
+            markers[EVENT_TIME].to_pylist(),
+        )
+    ) == [(0, 0, 1, 10), (0, 3, 1, 30), (1, 8, 2, 20)]
+    assert part_of(prepared, Part.CONTROL)["offset"].to_pylist() == [1, 2]
+
+
+def test_a_channel_read_out_of_offset_order_fails_the_micro_batch_with_the_reason(spark):
+    code = SparkStage(spark, _stage("SELECT _position, user FROM {input}"), INGRESS)
+    records = _records((0, 5, {"user": "a", "amount": 1, "ts": 1}), (0, 4, {"user": "b", "amount": 1, "ts": 1}))
+    with pytest.raises(Exception, match="clicks/0 came out of offset order"):
+        code(spark.createDataFrame(records).coalesce(1))
+
+
+def test_a_channel_read_in_two_partitions_fails_the_micro_batch_with_the_reason(spark):
+    code = SparkStage(spark, _stage("SELECT _position, user FROM {input}"), INGRESS)
+    records = _records(*((0, offset, {"user": "a", "amount": 1, "ts": 1}) for offset in range(4, 8)))
+    # round robin: offsets 4 and 6 in one partition, 5 and 7 in the other, each in order
+    with pytest.raises(ChannelQueryError, match="read a channel in more than one partition"):
+        code(spark.createDataFrame(records).coalesce(1).repartition(2))

@@ -1,0 +1,180 @@
+package spark_abs;
+
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.Iterator;
+import java.util.List;
+import java.util.NoSuchElementException;
+
+import org.apache.spark.api.java.function.FlatMapFunction;
+import org.apache.spark.rdd.RDD;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.JoinedRow;
+import org.apache.spark.sql.classic.Dataset;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
+
+/**
+ * Runs of data records between control records, numbered in the one pass Spark makes over a
+ * micro-batch of Kafka records (streaming.adapters.spark_stage).
+ *
+ * <p>The input's first five columns are a record's topic (string), partition (int), offset
+ * (long), whether it is a control record (boolean, never null) and its event time in
+ * milliseconds (long, null where it has none). Every row comes out with two more columns: its
+ * run ({@code _abs_run}: how many control records of its channel came before it in the
+ * partition) and {@code _abs_records}, null on a record. After the last data record of each run
+ * comes a marker row: the channel, the run's last offset, its highest event time, the run and
+ * {@code _abs_records}, the run's number of data records; its other columns are null.
+ *
+ * <p>Spark's Kafka source reads each channel's offset range in one partition, in offset order;
+ * a channel whose offsets go back within a partition fails the task.
+ */
+public final class Runs {
+    public static final String RUN = "_abs_run";
+    public static final String RECORDS = "_abs_records";
+
+    private Runs() {}
+
+    /** {@code records} numbered by run, with a marker row after each run of data records. */
+    public static Dataset<Row> number(Dataset<Row> records) {
+        StructType in = records.schema();
+        StructType out = in.asNullable().add(RUN, DataTypes.IntegerType, false).add(RECORDS, DataTypes.LongType, true);
+        RDD<InternalRow> rows = records.queryExecution().toRdd();
+        RDD<InternalRow> numbered = rows.toJavaRDD().mapPartitions(new Numbering(in.length()), true).rdd();
+        return records.sparkSession().internalCreateDataFrame(numbered, out, false);
+    }
+
+    private static final class Numbering implements FlatMapFunction<Iterator<InternalRow>, InternalRow> {
+        private static final long serialVersionUID = 1L;
+        private final int width;
+
+        Numbering(int width) {
+            this.width = width;
+        }
+
+        @Override
+        public Iterator<InternalRow> call(Iterator<InternalRow> rows) {
+            return new Numbered(rows, width);
+        }
+    }
+
+    /** One channel's place in a partition. */
+    private static final class Channel {
+        final UTF8String topic;
+        final int partition;
+        int run;
+        long records;
+        long lastData = -1;
+        long lastSeen = -1;
+        boolean timed;
+        long maxTime;
+
+        Channel(UTF8String topic, int partition) {
+            this.topic = topic;
+            this.partition = partition;
+        }
+    }
+
+    private static final class Numbered implements Iterator<InternalRow> {
+        private final Iterator<InternalRow> rows;
+        private final int width;
+        private final List<Channel> channels = new ArrayList<>();
+        private final ArrayDeque<InternalRow> markers = new ArrayDeque<>();
+        private final GenericInternalRow extra = new GenericInternalRow(2);
+        private final JoinedRow joined = new JoinedRow();
+        private Channel current;
+        private boolean ended;
+
+        Numbered(Iterator<InternalRow> rows, int width) {
+            this.rows = rows;
+            this.width = width;
+        }
+
+        @Override
+        public boolean hasNext() {
+            if (!markers.isEmpty() || rows.hasNext()) {
+                return true;
+            }
+            if (!ended) {
+                ended = true;
+                for (Channel channel : channels) {
+                    endRun(channel);
+                }
+            }
+            return !markers.isEmpty();
+        }
+
+        @Override
+        public InternalRow next() {
+            if (!hasNext()) {
+                throw new NoSuchElementException();
+            }
+            if (!markers.isEmpty()) {
+                return markers.poll();
+            }
+            InternalRow row = rows.next();
+            Channel channel = channelOf(row);
+            long offset = row.getLong(2);
+            if (offset <= channel.lastSeen) {
+                throw new IllegalStateException(
+                    "spark-abs: the records of " + channel.topic + "/" + channel.partition + " came out of offset order ("
+                        + offset + " after " + channel.lastSeen + "); a stage query reads each channel in one partition");
+            }
+            channel.lastSeen = offset;
+            extra.setInt(0, channel.run);
+            extra.setNullAt(1);
+            if (row.getBoolean(3)) {
+                endRun(channel);
+                channel.run++;
+            } else {
+                channel.records++;
+                channel.lastData = offset;
+                if (!row.isNullAt(4)) {
+                    long time = row.getLong(4);
+                    if (!channel.timed || time > channel.maxTime) {
+                        channel.maxTime = time;
+                        channel.timed = true;
+                    }
+                }
+            }
+            return joined.apply(row, extra);
+        }
+
+        private Channel channelOf(InternalRow row) {
+            UTF8String topic = row.getUTF8String(0);
+            int partition = row.getInt(1);
+            if (current != null && current.partition == partition && current.topic.equals(topic)) {
+                return current;
+            }
+            for (Channel channel : channels) {
+                if (channel.partition == partition && channel.topic.equals(topic)) {
+                    current = channel;
+                    return channel;
+                }
+            }
+            current = new Channel(topic.clone(), partition);
+            channels.add(current);
+            return current;
+        }
+
+        private void endRun(Channel channel) {
+            if (channel.records == 0) {
+                return;
+            }
+            Object[] values = new Object[width + 2];
+            values[0] = channel.topic;
+            values[1] = channel.partition;
+            values[2] = channel.lastData;
+            values[3] = false;
+            values[4] = channel.timed ? channel.maxTime : null;
+            values[width] = channel.run;
+            values[width + 1] = channel.records;
+            markers.add(new GenericInternalRow(values));
+            channel.records = 0;
+            channel.timed = false;
+        }
+    }
+}
