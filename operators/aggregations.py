@@ -14,7 +14,7 @@ counts non-null values, ``count()`` counts rows."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -138,6 +138,35 @@ def combine(rows: pa.Table, keys: Sequence[str], aggregations: Mapping[str, Aggr
     for i, (name, spec) in enumerate(zip(aggregations, specs)):
         out[name] = grouped[f"a{i}_{spec[1]}"]
     return pa.table(out).cast(rows.schema)
+
+
+def _add(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
+    # a sum or count skips nulls: null only where both are
+    return pc.coalesce(pc.add(a, b), a, b)
+
+
+# how combine's grouping folds two values of a key, element by element
+_FOLD: dict[AggregateFunction, Callable[[pa.ChunkedArray, pa.ChunkedArray], pa.ChunkedArray]] = {
+    AggregateFunction.COUNT: _add,
+    AggregateFunction.SUM: _add,
+    AggregateFunction.MIN: lambda a, b: pc.min_element_wise(a, b, skip_nulls=True),
+    AggregateFunction.MAX: lambda a, b: pc.max_element_wise(a, b, skip_nulls=True),
+}
+
+
+def fold(partial: pa.Table, held: pa.Table, aggregations: Mapping[str, Aggregation]) -> pa.Table | None:
+    """What ``combine`` gives for ``partial`` and ``held`` (the same keys, in
+    the same order, one row each), computed row by row without grouping: the
+    aggregate columns folded.  None where a column is not a number (its
+    values are then combined by grouping)."""
+    out: dict[str, pa.ChunkedArray] = {}
+    for name, aggregation in aggregations.items():
+        a, b = partial[name], held[name]
+        kind = a.type
+        if kind != b.type or not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+            return None
+        out[name] = _FOLD[aggregation.function](a, b).cast(kind)
+    return pa.table(out)
 
 
 def state_type_ok(aggregation: Aggregation, type_: pa.DataType) -> bool:

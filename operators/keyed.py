@@ -78,7 +78,7 @@ class KeyedAggregate:
         require_columns(batch, [self.key, *agg.input_columns(self.aggregations)], name)
         batch = split_null_keys(batch, self.key, self.dead_letters, name)
         partial = agg.partial(batch, [self.key], self.aggregations)
-        return self._state.merge(partial, lambda rows: agg.combine(rows, [self.key], self.aggregations))
+        return self._state.merge(partial, self._combine, self._fold)
 
     def merge_partials(self, partials: pa.Table) -> pa.Table:
         """Partial aggregates computed elsewhere (a stage's Spark code
@@ -88,7 +88,15 @@ class KeyedAggregate:
         name = type(self).__name__
         require_columns(partials, [self.key, *self.aggregations], name)
         partials = split_null_keys(partials.select([self.key, *self.aggregations]), self.key, self.dead_letters, name)
-        return self._state.merge(partials, lambda rows: agg.combine(rows, [self.key], self.aggregations))
+        if pc.count_distinct(partials[self.key]).as_py() < partials.num_rows:  # a key of several runs
+            partials = self._combine(partials)
+        return self._state.merge(partials, self._combine, self._fold)
+
+    def _combine(self, rows: pa.Table) -> pa.Table:
+        return agg.combine(rows, [self.key], self.aggregations)
+
+    def _fold(self, partial: pa.Table, held: pa.Table) -> pa.Table | None:
+        return agg.fold(partial, held, self.aggregations)
 
     def snapshot(self) -> dict[str, pa.Table]:
         return {self.TABLE: self._state.snapshot()}

@@ -119,7 +119,7 @@ def apply_changes(table: pa.Table, removed: pa.Table | None, upserts: pa.Table |
     new keys after the rest in ``upserts``' order.  That is the order a
     ``KeyedState`` keeps (first arrival), so a state rebuilt from a base and
     its changes is the state that was."""
-    if removed is not None and removed.num_rows:
+    if removed is not None and removed.num_rows and table.num_rows:  # (an empty state's types do not count)
         table = table.filter(pc.is_null(_match(table, removed, keys)))
     if upserts is None or not upserts.num_rows:
         return table
@@ -408,20 +408,32 @@ class KeyedState:
 
     # ---- writing
 
-    def merge(self, partial: pa.Table, combine: Callable[[pa.Table], pa.Table]) -> pa.Table:
+    def merge(
+        self,
+        partial: pa.Table,
+        combine: Callable[[pa.Table], pa.Table],
+        fold: Callable[[pa.Table, pa.Table], pa.Table | None] | None = None,
+    ) -> pa.Table:
         """Fold ``partial`` (at most one row per key, the state's columns) into
         the state and return the new rows of the keys it holds, in its order.
 
         ``combine`` gets the partial rows followed by the state's rows for the
-        same keys and returns one row per key (in any order)."""
+        same keys and returns one row per key (in any order).  ``fold``, if
+        given, does the same row by row: it gets the partial rows of keys the
+        state holds and the state's rows of the same keys in the same order,
+        and returns the columns it combined (None: let ``combine`` do it)."""
         if not self._live:
             self._start_over(partial)
             return partial
         partial = conform(partial, self._schema, self.operator, "batch")
         slots = self._slots_of(partial, create=True)
         positions = self._positions[slots]
-        combined = combine(pa.concat_tables([partial, self._take(positions[positions >= 0])]))
-        combined = self._in_order_of(partial, conform(combined, self._schema, self.operator, "combined rows"))
+        # row by row only with one row per key (a key twice would be folded into its old row twice)
+        one_each = fold is not None and np.unique(slots).size == len(slots)
+        combined = self._folded(partial, positions, fold) if fold is not None and one_each else None
+        if combined is None:
+            combined = combine(pa.concat_tables([partial, self._take(positions[positions >= 0])]))
+            combined = self._in_order_of(partial, conform(combined, self._schema, self.operator, "combined rows"))
         if combined.num_rows:
             self._append(combined, slots)
         return combined
@@ -584,6 +596,27 @@ class KeyedState:
         self._hash.map_keys_to_values(hashes, np.full(len(hashes), -1, np.int64))
         self._positions[slots] = -1
         self._live -= len(slots)
+
+    def _folded(
+        self, partial: pa.Table, positions: np.ndarray, fold: Callable[[pa.Table, pa.Table], pa.Table | None]
+    ) -> pa.Table | None:
+        """``partial`` with the rows of keys the state holds folded into the
+        state's (``fold``), in ``partial``'s order: no grouping, no reordering."""
+        held = positions >= 0
+        if not held.any():
+            return partial
+        at = np.flatnonzero(held)
+        folded = fold(partial.take(at), self._take(positions[at]))
+        if folded is None:
+            return None
+        mask = pa.array(held)
+        columns = [
+            pc.replace_with_mask(partial[name].combine_chunks(), mask, folded[name].combine_chunks())
+            if name in folded.column_names
+            else partial[name]
+            for name in partial.column_names
+        ]
+        return pa.Table.from_arrays(columns, schema=partial.schema)
 
     def _in_order_of(self, partial: pa.Table, combined: pa.Table) -> pa.Table:
         """``combined`` (one row per key of ``partial``) in ``partial``'s order:

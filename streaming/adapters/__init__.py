@@ -5,7 +5,9 @@
   (markers, ranges and dead letters), ``control`` (the job's control topic);
 - Spark: ``spark`` (the session factory and a stage's query) and
   ``spark_stage`` (a stage's Spark code), the two modules that import
-  pyspark, and ``jars`` (the connector jars, resolved from Maven);
+  pyspark, ``jars`` (the connector jars, resolved from Maven) and
+  ``jvm_helpers`` (the engine's own Spark classes, ``jvm/*.java``, compiled
+  with javac);
 - records: ``records`` (their shapes as Arrow), ``codec`` (JSON and Arrow
   values), ``arrow_ipc`` (Arrow batches read within a cap on their
   decompressed bytes), ``avro`` (Avro values);

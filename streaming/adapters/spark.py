@@ -14,6 +14,7 @@ truth for where each channel resumes.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyspark
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -40,7 +42,7 @@ from streaming.adapters.records import BATCH_BEGAN, BATCH_COLUMNS, records_in, s
 from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings
 from streaming.errors import ChannelQueryError, ConfigError
 
-__all__ = ["spark_session", "spark_conf", "local_master", "QuerySpec", "ChannelQuery"]
+__all__ = ["spark_session", "spark_conf", "local_master", "in_channel_order", "QuerySpec", "ChannelQuery"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,29 @@ _LOCAL_MASTER = re.compile(r"local(\[(\d+|\*)\])?")
 # where it binds is the deployment's (SparkSettings.extra_conf, or SPARK_LOCAL_IP)
 LOCAL_DRIVER_ADDRESS = "127.0.0.1"
 _LOOPBACK_HOST = re.compile(r"localhost|127(\.\d{1,3}){3}|\[::1\]")
+
+
+def _as_it_is(table: pa.Table) -> pa.Table:
+    return table
+
+
+def in_channel_order(table: pa.Table) -> pa.Table:
+    """``table`` ordered by topic, partition and offset (a stable sort: rows
+    of one offset keep their order), left as it is when it already is, as
+    a micro-batch read channel after channel usually is."""
+    if table.num_rows < 2:
+        return table
+    ahead, behind = table.slice(1), table.slice(0, table.num_rows - 1)
+    same_topic = pc.equal(ahead["topic"], behind["topic"])
+    same_channel = pc.and_(same_topic, pc.equal(ahead["partition"], behind["partition"]))
+    channel_ahead = pc.or_(
+        pc.greater(ahead["topic"], behind["topic"]),
+        pc.and_(same_topic, pc.greater(ahead["partition"], behind["partition"])),
+    )
+    in_order = pc.or_(channel_ahead, pc.and_(same_channel, pc.greater_equal(ahead["offset"], behind["offset"])))
+    if pc.all(in_order).as_py():
+        return table
+    return table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
 
 
 def local_master(master: str) -> bool:
@@ -161,6 +186,8 @@ EARLIEST = -2
 
 
 BatchHandler = Callable[[pa.Table, int], None]
+# what a stage query does with a micro-batch before Python: Spark's part, returning Python's part
+Prepare = Callable[[DataFrame], Callable[[], pa.Table]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +229,9 @@ class ChannelQuery:
 
     With ``prepare`` (a stage's Spark code, ``streaming.adapters.spark_stage``)
     each micro-batch is prepared by Spark first and ``on_batch`` gets what
-    that gives.
+    that gives: ``prepare(df)`` runs Spark's jobs on the micro-batch's thread
+    and returns the rest of the work, Python's, which runs on the query's
+    processing thread before ``on_batch``.
 
     ``on_batch`` runs on a thread of the query's own, one batch at a time and in
     order, while Spark reads the next micro-batch: the JVM's Kafka read and
@@ -217,7 +246,7 @@ class ChannelQuery:
         spec: QuerySpec,
         *,
         on_batch: BatchHandler,
-        prepare: Callable[[DataFrame], pa.Table] | None = None,
+        prepare: Prepare | None = None,
         work_dir: Path | None = None,
     ):
         self.spec = spec
@@ -267,20 +296,22 @@ class ChannelQuery:
     def _handle(self, df: DataFrame, batch_id: int) -> None:
         began = time.time()
         try:
-            table = self._prepare(df) if self._prepare is not None else df.select(*BATCH_COLUMNS).toArrow()
+            if self._prepare is not None:
+                finish = self._prepare(df)
+            else:
+                finish = functools.partial(_as_it_is, df.select(*BATCH_COLUMNS).toArrow())
         except ConfigError as exc:
             self.pipeline_error = exc
             raise
-        table = stamped(table, BATCH_BEGAN, began)
+        self._finish_in_hand()
+        self._in_hand = self._require_processing().submit(self._process, finish, began, batch_id)
+
+    def _process(self, finish: Callable[[], pa.Table], began: float, batch_id: int) -> None:
+        table = stamped(finish(), BATCH_BEGAN, began)
         self.handed["records"] += records_in(table)
         self.handed["bytes"] += table.nbytes
-        self._finish_in_hand()
         if table.num_rows:
-            self._in_hand = self._require_processing().submit(self._process, table, batch_id)
-
-    def _process(self, table: pa.Table, batch_id: int) -> None:
-        table = table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
-        self._on_batch(table, batch_id)
+            self._on_batch(in_channel_order(table), batch_id)
 
     def _finish_in_hand(self, timeout_s: float | None = None) -> None:
         """Wait for the batch in hand; raise what it raised."""

@@ -246,12 +246,19 @@ class SparkStage:
 
     def __call__(self, batch: DataFrame) -> pa.Table:
         """A micro-batch of Kafka records (Spark's Kafka source columns),
-        prepared (see the module docstring) in one pass over the records:
-        ``spark_abs.Runs`` numbers the runs of each channel and ends each with
-        a marker, the markers and the raw records leave by an observation
-        on the way, and the good records go on through the code (and the
-        partial aggregates) to the result.  A second job runs only when the
-        code gave rows without a key for the operator's partials."""
+        prepared (see the module docstring)."""
+        return self.collect(batch)()
+
+    def collect(self, batch: DataFrame) -> Callable[[], pa.Table]:
+        """Spark's part of preparing ``batch``, done now, in one pass over
+        the records: ``spark_abs.Runs`` numbers the runs of each channel and
+        ends each with a marker, the markers and the raw records leave by an
+        observation on the way, and the good records go on through the code
+        (and the partial aggregates) to the result.  A second job runs only
+        when the code gave rows without a key for the operator's partials.
+        Returns Python's part, which puts the pieces together (a stage
+        query runs it on its processing thread, while Spark reads the next
+        micro-batch)."""
         steps = self._steps
         numbered = _numbered(batch.select(*steps.decode).select(*steps.flag))
         side = Observation(f"abs-side-{next(_OBSERVATIONS)}")
@@ -259,10 +266,7 @@ class SparkStage:
         out = self._apply(view).select(*steps.out)
         results = self._with_partials(out, steps) if steps.partials else [out.select(*steps.rows).toArrow()]
         seen = _observed(side, self.name)
-        markers = _markers(seen["markers"])
-        placed = [_at_run_ends(t, markers) if _RUN in t.column_names else t for t in results]
-        prepared = pa.concat_tables([*placed, markers.drop_columns([_RUN])], promote_options="permissive")
-        return _assemble(prepared, _raw(seen["raw"]), self._schema)
+        return functools.partial(_prepared, results, seen["markers"], seen["raw"], self._schema)
 
     def _with_partials(self, out: DataFrame, steps: _Steps) -> list[pa.Table]:
         """The operator's partial aggregates of the code's rows per channel,
@@ -454,6 +458,15 @@ def _run_keys(table: pa.Table, markers: pa.Table) -> pa.Array:
     topic = pc.index_in(table["topic"], value_set=pc.unique(markers["topic"])).fill_null(-1)
     key = pc.add(pc.multiply(topic.cast(pa.int64()), 1 << 24), table["partition"].cast(pa.int64()))
     return pc.add(pc.multiply(key, 1 << 24), table[_RUN].cast(pa.int64()))
+
+
+def _prepared(results: list[pa.Table], markers: list[Row], raw: list[Row], schema: codec.ValueSchema) -> pa.Table:
+    """A prepared micro-batch from what Spark's job gave: its results (rows,
+    partials), and the markers and raw records it observed."""
+    ends = _markers(markers)
+    placed = [_at_run_ends(t, ends) if _RUN in t.column_names else t for t in results]
+    prepared = pa.concat_tables([*placed, ends.drop_columns([_RUN])], promote_options="permissive")
+    return _assemble(prepared, _raw(raw), schema)
 
 
 def _numbered(flagged: DataFrame) -> DataFrame:

@@ -4,8 +4,10 @@ model, emission of touched keys, null keys to the dead letters, types."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from operator_cases import account_batches, keyed_aggregate_model
 
 from operators import (
@@ -17,6 +19,7 @@ from operators import (
     min_,
     sum_,
 )
+from operators import aggregations as agg
 from operators.testing import run
 
 PROFILE = settings.get_profile("operators")
@@ -130,3 +133,59 @@ def test_aggregation_specs_are_frozen_and_validated() -> None:
     assert str(spec) == "sum(amount)" and str(count()) == "count()"
     with pytest.raises(OperatorConfigError):
         sum_("")
+
+
+def test_partials_computed_elsewhere_fold_in_as_their_rows_would_a_key_of_two_runs_too() -> None:
+    rows = pa.table({"account": ["a", "b", "a", "c", "a"], "amount": [1, 2, None, 4, 5]})
+    by_rows = KeyedAggregate("account", SPEC)
+    by_rows.process(rows.slice(0, 2))
+    by_rows.process(rows.slice(2))
+    by_partials = KeyedAggregate("account", SPEC)
+    by_partials.process(rows.slice(0, 2))
+    # the partials of two runs of records: "a" in both
+    partials = pa.table(
+        {
+            "account": ["a", "c", "a"],
+            "count": [1, 1, 1],
+            "total": [None, 4, 5],
+            "lo": [None, 4, 5],
+            "hi": [None, 4, 5],
+            "valid": [0, 1, 1],
+        }
+    )
+    by_partials.merge_partials(partials)
+    assert by_partials.state.sort_by("account").to_pylist() == by_rows.state.sort_by("account").to_pylist()
+
+
+@PROFILE
+@given(
+    st.lists(
+        st.tuples(st.one_of(st.none(), st.integers(-(2**40), 2**40)), st.one_of(st.none(), st.integers(-9, 9))),
+        min_size=1,
+        max_size=30,
+    ),
+    st.booleans(),
+)
+def test_folding_row_by_row_gives_what_grouping_gives(pairs, floats) -> None:
+    kind = pa.float64() if floats else pa.int64()
+    spec = {"count": count(), "total": sum_("amount"), "lo": min_("amount"), "hi": max_("amount")}
+    columns = {
+        name: pa.array([p if name != "count" else (p or 0) for p, _ in pairs], kind if name != "count" else pa.int64())
+        for name in spec
+    }
+    held = {
+        name: pa.array([h if name != "count" else (h or 0) for _, h in pairs], kind if name != "count" else pa.int64())
+        for name in spec
+    }
+    keys = pa.array([f"k{i}" for i in range(len(pairs))])
+    partial = pa.table({"account": keys, **columns})
+    state = pa.table({"account": keys, **held})
+    folded = agg.fold(partial, state, spec)
+    assert folded is not None
+    grouped = agg.combine(pa.concat_tables([partial, state]), ["account"], spec)
+    assert folded.to_pylist() == _in_key_order(grouped, keys)
+
+
+def _in_key_order(table: pa.Table, keys: pa.Array) -> list[dict]:
+    at = pc.index_in(keys, value_set=table["account"])
+    return table.take(at).drop_columns(["account"]).to_pylist()

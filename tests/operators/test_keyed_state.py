@@ -325,3 +325,15 @@ def test_changes_of_a_merge_hold_only_the_keys_it_touched() -> None:
     assert changes.upserts.to_pylist() == [{"k": "k5", "v": 2}, {"k": "k7", "v": 2}]
     assert changes.removed.num_rows == 0 and not changes.full
     assert json.loads(changes.upserts.schema.metadata[KEYS_METADATA]) == ["k"]
+
+
+def test_a_chain_on_an_empty_base_applies_whatever_types_the_empty_base_was_stored_with():
+    # a base taken before the task's first row: an empty table whose types were guessed
+    base = pa.table({"k": pa.array([], pa.int64()), "n": pa.array([], pa.int64())})
+    removed = pa.table({"k": ["a", "b"]})
+    upserts = pa.table({"k": ["c", "a"], "n": [3, 1]})
+    assert apply_chain(base, [("removed", removed), ("upserts", upserts)], ["k"]).to_pylist() == [
+        {"k": "c", "n": 3},
+        {"k": "a", "n": 1},
+    ]
+    assert apply_changes(base, removed, None, ["k"]).num_rows == 0

@@ -59,7 +59,8 @@ from streaming.engine.worker.wiring import RunningTask, TaskFactory, WorkerClien
 from streaming.errors import ConfigError, SnapshotCorruptError, SnapshotMissingError, SparkAbsError, TaskError
 
 if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this module is imported
-    from streaming.adapters.spark import ChannelQuery
+    from streaming.adapters.spark import ChannelQuery, Prepare
+    from streaming.adapters.spark_stage import SparkStage
 
 __all__ = ["Worker", "main", "HANDED_PER_RECORD", "EXIT_PIPELINE_ERROR"]
 
@@ -100,6 +101,11 @@ class _Dispatch:
             parts.setdefault(self._readers[channel], []).append(rows)
         for name, tables in parts.items():
             self._handlers[name](pa.concat_tables(tables), batch_id)
+
+
+def _collect(code: SparkStage | None) -> Prepare | None:
+    """What a stage query does with each micro-batch before Python: the stage's Spark code, if any."""
+    return code.collect if code is not None else None
 
 
 def _by_channel(table: pa.Table) -> list[tuple[ChannelId, pa.Table]]:
@@ -215,7 +221,11 @@ class Worker:
                 max_records_per_batch=self.settings.max_records_per_batch,
             )
             query = ChannelQuery(
-                self._spark, self.connection, spec, on_batch=_Dispatch(handlers, readers), prepare=code.get(stage)
+                self._spark,
+                self.connection,
+                spec,
+                on_batch=_Dispatch(handlers, readers),
+                prepare=_collect(code.get(stage)),
             )
             query.start(interval=self.settings.trigger_interval)
             self.queries.append(query)
