@@ -428,9 +428,7 @@ class KeyedState:
         partial = conform(partial, self._schema, self.operator, "batch")
         slots = self._slots_of(partial, create=True)
         positions = self._positions[slots]
-        # row by row only with one row per key (a key twice would be folded into its old row twice)
-        one_each = fold is not None and np.unique(slots).size == len(slots)
-        combined = self._folded(partial, positions, fold) if fold is not None and one_each else None
+        combined = self._folded(partial, positions, fold) if fold is not None else None
         if combined is None:
             combined = combine(pa.concat_tables([partial, self._take(positions[positions >= 0])]))
             combined = self._in_order_of(partial, conform(combined, self._schema, self.operator, "combined rows"))

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
 from streaming import console
@@ -110,13 +111,15 @@ def _collect(code: SparkStage | None) -> Prepare | None:
 
 def _by_channel(table: pa.Table) -> list[tuple[ChannelId, pa.Table]]:
     """The runs of one channel in a table ordered by channel and offset."""
-    topics = table["topic"].to_numpy(zero_copy_only=False)
-    partitions = table["partition"].to_numpy()
-    new = np.ones(table.num_rows, dtype=bool)
-    new[1:] = (topics[1:] != topics[:-1]) | (partitions[1:] != partitions[:-1])
-    bounds = [*np.flatnonzero(new), table.num_rows]
+    n = table.num_rows
+    if n == 0:
+        return []
+    ahead, behind = table.slice(1), table.slice(0, n - 1)
+    new = pc.or_(pc.not_equal(ahead["topic"], behind["topic"]), pc.not_equal(ahead["partition"], behind["partition"]))
+    bounds = [0, *(np.flatnonzero(new.to_numpy(zero_copy_only=False)) + 1).tolist(), n]
     return [
-        (ChannelId(str(topics[a]), int(partitions[a])), table.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:])
+        (ChannelId(table["topic"][a].as_py(), table["partition"][a].as_py()), table.slice(a, b - a))
+        for a, b in zip(bounds[:-1], bounds[1:])
     ]
 
 
