@@ -6,7 +6,8 @@ For each micro-batch of the stage's Kafka query, Spark:
 
 1. tells control records (barriers, cancellations, watermark records: the
    ``abs.kind`` header) from data records, and decodes the data records with
-   the ingress schema (``from_json``, or ``from_avro`` for an Avro ingress);
+   the ingress schema (``from_json``, or ``from_avro`` for an Avro ingress;
+   after other stages, ``spark_abs.Runs`` reads their Arrow batches);
    control records, and the records that
    do not decode, go to the task as they came (the latter to the dead
    letters, with their reason);
@@ -159,8 +160,8 @@ class StageRows:
 
 
 class SparkStage:
-    """The Spark code of stage ``stage`` reading ``ingress``, on session
-    ``spark``: checked when made (``check``), then called with each
+    """The Spark code of stage ``stage`` reading ``source`` (an ingress
+    topic, or other stages' rows), on session ``spark``: checked when made (``check``), then called with each
     micro-batch of the stage's query (``__call__``) or with Kafka records
     read back in Python (``records``), giving a prepared micro-batch."""
 

@@ -17,8 +17,8 @@ from operators import KeyedAggregate, count, max_, sum_
 from streaming.adapters import avro
 from streaming.adapters.codec import ARROW_FORMAT, FORMAT_HEADER
 from streaming.adapters.records import EVENT_TIME, PARTIAL, REASON, RECORD_SCHEMA, RECORDS, ROW, Part, part_of
-from streaming.adapters.spark_stage import POSITION, SparkStage, StageRows
-from streaming.api.pipeline import Ingress, Stage
+from streaming.adapters.spark_stage import POSITION, SparkStage, StageRows, spark_stages
+from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.errors import ChannelQueryError, ConfigError
 
 pytestmark = pytest.mark.integration
@@ -334,3 +334,19 @@ def test_a_value_over_the_cap_on_arrow_memory_is_refused_while_it_is_read(spark)
     assert rejected["offset"].to_pylist() == [0]
     assert "over the cap" in rejected[REASON][0].as_py()
     assert part_of(prepared, Part.ROW).num_rows == 0
+
+
+def test_spark_code_after_spark_code_without_an_operator_reads_the_rows_its_code_gives(spark):
+    pipeline = Pipeline(
+        "job",
+        (INGRESS,),
+        (
+            Stage("clean", ("clicks",), spark="SELECT _position, user, amount FROM {input} WHERE amount > 0"),
+            Stage("doubled", ("clean",), spark="SELECT _position, user, amount * 2 AS twice FROM {input}", sink=Sink()),
+        ),
+    )
+    made = spark_stages(spark, pipeline, ["doubled"], 1 << 20)
+    assert list(made) == ["doubled"]  # the stage it reads was checked for its schema, not run here
+    rows = pa.table({"user": ["a"], "amount": [4]})
+    prepared = made["doubled"].records(_arrow_records((0, 0, rows)))
+    assert part_of(prepared, Part.ROW)[ROW].to_pylist() == [{"user": "a", "twice": 8}]
