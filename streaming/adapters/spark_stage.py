@@ -290,7 +290,7 @@ class SparkStage:
 
     def _empty_rows(self, rows: DataFrame) -> pa.Table:
         if self._no_rows is None:
-            self._no_rows = to_arrow_schema(rows.schema).empty_table()
+            self._no_rows = to_arrow_schema(rows.schema, timezone=_time_zone(rows)).empty_table()
         return self._no_rows
 
     def _plan(self) -> _Steps:
@@ -428,6 +428,11 @@ def _partial_spec(operator: object, columns: list[str]) -> tuple[str, dict[str, 
     if not {operator.key, *input_columns(operator.aggregations)} <= set(columns):
         return None  # the operator will say what it misses
     return operator.key, dict(operator.aggregations)
+
+
+def _time_zone(frame: DataFrame) -> str:
+    """The zone ``toArrow`` gives a timestamp column (the session's)."""
+    return frame.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
 
 
 def _struct(columns: list[str]) -> Column:

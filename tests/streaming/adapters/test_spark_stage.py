@@ -254,3 +254,16 @@ def test_a_channel_read_in_two_partitions_fails_the_micro_batch_with_the_reason(
     # round robin: offsets 4 and 6 in one partition, 5 and 7 in the other, each in order
     with pytest.raises(ChannelQueryError, match="read a channel in more than one partition"):
         code(spark.createDataFrame(records).coalesce(1).repartition(2))
+
+
+def test_partials_with_a_timestamp_among_the_codes_columns_and_no_null_key(spark):
+    stage = Stage(
+        "totals",
+        ("clicks",),
+        lambda: KeyedAggregate("user", {"n": count()}),
+        spark="SELECT _position, user, timestamp_millis(ts) AS at FROM {input}",
+    )
+    code = SparkStage(spark, stage, INGRESS)
+    prepared = code.records(_records((0, 0, {"user": "a", "amount": 5, "ts": 1}), (0, 1, {"user": "a", "ts": 2})))
+    assert part_of(prepared, Part.PARTIAL)[PARTIAL].to_pylist() == [{"user": "a", "n": 2}]
+    assert part_of(prepared, Part.ROW).num_rows == 0
