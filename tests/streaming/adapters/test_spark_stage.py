@@ -350,3 +350,16 @@ def test_spark_code_after_spark_code_without_an_operator_reads_the_rows_its_code
     rows = pa.table({"user": ["a"], "amount": [4]})
     prepared = made["doubled"].records(_arrow_records((0, 0, rows)))
     assert part_of(prepared, Part.ROW)[ROW].to_pylist() == [{"user": "a", "twice": 8}]
+
+
+def test_partials_with_a_timestamp_among_the_codes_columns_and_no_null_key(spark):
+    stage = Stage(
+        "totals",
+        ("clicks",),
+        lambda: KeyedAggregate("user", {"n": count()}),
+        spark="SELECT _position, user, timestamp_millis(ts) AS at FROM {input}",
+    )
+    code = SparkStage(spark, stage, INGRESS)
+    prepared = code.records(_records((0, 0, {"user": "a", "amount": 5, "ts": 1}), (0, 1, {"user": "a", "ts": 2})))
+    assert part_of(prepared, Part.PARTIAL)[PARTIAL].to_pylist() == [{"user": "a", "n": 2}]
+    assert part_of(prepared, Part.ROW).num_rows == 0
