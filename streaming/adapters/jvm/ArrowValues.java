@@ -51,7 +51,7 @@ final class ArrowValues implements Serializable {
             try {
                 read(record, run, out);
                 return;
-            } catch (Exception | OutOfMemoryError unreadable) {
+            } catch (Exception unreadable) { // Arrow's cap included (OutOfMemoryException); a full heap is not the value's fault
                 out.subList(before, out.size()).clear();
             }
         }
