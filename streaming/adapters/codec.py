@@ -48,7 +48,6 @@ __all__ = [
     "encode",
     "encode_batches",
     "decode_records",
-    "read_batch",
     "FORMAT_HEADER",
     "ARROW_FORMAT",
     "MAX_BATCH_BYTES",
@@ -275,7 +274,7 @@ def decode_records(records: pa.Table, reading: ChannelReading) -> Decoded:
             rejected += [(i, ARROW_ON_INGRESS) for i in range(begin, end)]
         else:
             for i in range(begin, end):
-                batch = read_batch(values[i].as_py(), reading.max_decoded_bytes)
+                batch = _read_batch(values[i].as_py(), reading.max_decoded_bytes)
                 if isinstance(batch, str):
                     rejected.append((i, batch))
                 else:
@@ -286,7 +285,7 @@ def decode_records(records: pa.Table, reading: ChannelReading) -> Decoded:
     return Decoded(table, index, sorted(rejected + disagree))
 
 
-def read_batch(value: bytes | None, max_decoded_bytes: int) -> pa.Table | str:
+def _read_batch(value: bytes | None, max_decoded_bytes: int) -> pa.Table | str:
     """The table of one Arrow record, or why there is none."""
     try:
         return arrow_ipc.read(value, max_decoded_bytes)
