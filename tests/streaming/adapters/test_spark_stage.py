@@ -53,6 +53,13 @@ def _records(*rows) -> pa.Table:
     return pa.Table.from_pylist(out, schema=RECORD_SCHEMA)
 
 
+def _markers(prepared: pa.Table) -> list[tuple]:
+    """Each marker of a prepared micro-batch: (partition, offset, records, highest event time)."""
+    markers = part_of(prepared, Part.MARKER)
+    columns = ("partition", "offset", RECORDS, EVENT_TIME)
+    return list(zip(*(markers[name].to_pylist() for name in columns)))
+
+
 def _sorted(table: pa.Table) -> pa.Table:
     return table.sort_by([("partition", "ascending"), ("offset", "ascending"), ("_abs_part", "ascending")])
 
@@ -98,15 +105,7 @@ def test_spark_decodes_runs_the_code_and_keeps_the_record_of_every_row(spark):
     assert control["offset"].to_pylist() == [4] and control["headers"][0].as_py()
     # a run per channel and barrier: its last offset, its records (filtered and undecodable
     # ones too) and its highest event time (of records the code filtered out too)
-    markers = part_of(prepared, Part.MARKER)
-    assert list(
-        zip(
-            markers["partition"].to_pylist(),
-            markers["offset"].to_pylist(),
-            markers[RECORDS].to_pylist(),
-            markers[EVENT_TIME].to_pylist(),
-        )
-    ) == [(0, 3, 4, 9_000), (0, 5, 1, 3_000), (1, 1, 2, 4_000)]
+    assert _markers(prepared) == [(0, 3, 4, 9_000), (0, 5, 1, 3_000), (1, 1, 2, 4_000)]
 
 
 def test_sql_over_the_input_view(spark):
@@ -229,15 +228,7 @@ def test_runs_are_numbered_per_channel_and_a_run_without_data_records_has_no_mar
             )
         )
     )
-    markers = part_of(prepared, Part.MARKER)
-    assert list(
-        zip(
-            markers["partition"].to_pylist(),
-            markers["offset"].to_pylist(),
-            markers[RECORDS].to_pylist(),
-            markers[EVENT_TIME].to_pylist(),
-        )
-    ) == [(0, 0, 1, 10), (0, 3, 1, 30), (1, 8, 2, 20)]
+    assert _markers(prepared) == [(0, 0, 1, 10), (0, 3, 1, 30), (1, 8, 2, 20)]
     assert part_of(prepared, Part.CONTROL)["offset"].to_pylist() == [1, 2]
 
 
