@@ -23,6 +23,9 @@ values, two partitions, every record already in the topic).  Variants:
   the executors (the stage's Spark code ``SELECT _position, k, v``): only
   the two columns cross to Python;
 - abs-2stage: a stateless stage keyed by k in front of the count;
+  abs-2stage-spark-after: the same with the count's stage Spark code (Spark
+  reads the first stage's Arrow batches and computes the partial counts);
+  abs-2stage-spark-first: with the first stage Spark code instead;
 - flink-sql, quix: the peers a user would pick instead, on the same topic
   (``benchmarks.peers``): Flink SQL (PyFlink 2.2, a local mini-cluster of
   two slots, the Kafka SQL connector, ``GROUP BY k`` with mini-batches,
@@ -99,6 +102,8 @@ RATIOS = [
     ("incremental checkpoints every 1 s / off", "abs-1stage-ckpt1s-incremental", "abs-1stage"),
     ("incremental / full checkpoints every 1 s", "abs-1stage-ckpt1s-incremental", "abs-1stage-ckpt1s"),
     ("two stages / one stage", "abs-2stage", "abs-1stage"),
+    ("two stages, Spark code after Python / one stage", "abs-2stage-spark-after", "abs-1stage"),
+    ("two stages, Spark code then Python / one stage", "abs-2stage-spark-first", "abs-1stage"),
     ("2 tasks per stage / 1", "scaling-2", "scaling-1"),
     ("4 tasks per stage / 1", "scaling-4", "scaling-1"),
 ]
@@ -111,7 +116,7 @@ def _variants(profile: Profile, scaling: bool = False, peers: tuple[str, ...] = 
     return (
         ["native-hdfs", "native-rocksdb", *peers, "abs-1stage", "abs-1stage-spark"]
         + [f"abs-1stage-ckpt{i:g}s" for i in profile.intervals]
-        + ["abs-1stage-ckpt1s-incremental", "abs-2stage"]
+        + ["abs-1stage-ckpt1s-incremental", "abs-2stage", "abs-2stage-spark-after", "abs-2stage-spark-first"]
         + ([f"scaling-{n}" for n in SCALING] if scaling else [])
     )
 
@@ -158,6 +163,8 @@ def _run(variant: str, round_: int, context: dict):
         settings["state_snapshots"] = StateSnapshots.INCREMENTAL
     pipeline = {
         "abs-2stage": "benchmarks.workloads:two_stage",
+        "abs-2stage-spark-after": "benchmarks.workloads:two_stage_spark_after",
+        "abs-2stage-spark-first": "benchmarks.workloads:two_stage_spark_first",
         "abs-1stage-spark": "benchmarks.workloads:one_stage_spark",
     }.get(variant, "benchmarks.workloads:one_stage")
     job = runs.AbsJob(

@@ -28,6 +28,8 @@ __all__ = [
     "one_stage",
     "one_stage_spark",
     "two_stage",
+    "two_stage_spark_after",
+    "two_stage_spark_first",
     "scaling",
     "produce",
     "partition_of",
@@ -88,6 +90,41 @@ def two_stage(job: str = "bench-two-stage") -> Pipeline:
         (Ingress(topic, PARTITIONS, EVENTS),),
         (
             Stage("pass", (topic,), lambda: select("k", "v"), parallelism=PARTITIONS, key="k"),
+            Stage("count", ("pass",), _count, parallelism=PARTITIONS, sink=Sink()),
+        ),
+    )
+
+
+def two_stage_spark_after(job: str = "bench-two-stage-spark-after") -> Pipeline:
+    """``two_stage`` with the count's stage given Spark code: Spark reads the
+    Arrow batches the Python stage writes, and computes the partial counts."""
+    topic = _topic()
+    return Pipeline(
+        job,
+        (Ingress(topic, PARTITIONS, EVENTS),),
+        (
+            Stage("pass", (topic,), lambda: select("k", "v"), parallelism=PARTITIONS, key="k", schema=EVENTS),
+            Stage(
+                "count",
+                ("pass",),
+                _count,
+                parallelism=PARTITIONS,
+                sink=Sink(),
+                spark="SELECT _position, k, v FROM {input}",
+            ),
+        ),
+    )
+
+
+def two_stage_spark_first(job: str = "bench-two-stage-spark-first") -> Pipeline:
+    """``two_stage`` with its first stage Spark code (Spark decodes the
+    records, Python routes its rows by ``k``), the count in Python."""
+    topic = _topic()
+    return Pipeline(
+        job,
+        (Ingress(topic, PARTITIONS, EVENTS),),
+        (
+            Stage("pass", (topic,), spark="SELECT _position, k, v FROM {input}", parallelism=PARTITIONS, key="k"),
             Stage("count", ("pass",), _count, parallelism=PARTITIONS, sink=Sink()),
         ),
     )

@@ -6,6 +6,7 @@ every twenty seconds: devices send again what they are not sure arrived
 
     <job>.events (2 partitions, event time ts) ─► events-by-id (2 tasks, by event_id)
         ─► unique-events (2 tasks, Deduplicate within 1 min, by device)
+        ─► calibrated (2 tasks, Spark SQL over the deduplicated rows, by device)
         ─► device-minutes (1-minute windows sliding by 20 s, per device) ─► Kafka topic <job>.device-minutes
 
 What it shows: Avro values as Confluent's serializers write them (the
@@ -13,7 +14,9 @@ schema below, after a zero byte and a schema id), decoded by Spark on the
 executors; a stage of Spark code given as a DataFrame function
 (``readings``); deduplication within a watermark (Spark's
 ``dropDuplicatesWithinWatermark``), fed by a stage that routes by the event
-id so that every copy of an event meets in one task; sliding windows
+id so that every copy of an event meets in one task; Spark code after a
+stage of Python (``calibrated``: Spark reads the rows ``unique-events``
+writes, Arrow batches of the ``schema`` it declares); sliding windows
 (Spark's ``window(ts, size, slide)``); records out of order within the
 ingress's declared bound (a resent event is up to 4 s behind), never late.
 
@@ -26,11 +29,13 @@ from __future__ import annotations
 
 import random
 
+import pyarrow as pa
+
 from operators import Deduplicate, SlidingWindowAggregate, count, sum_
 from streaming import Ingress, Pipeline, Sink, Stage
 from streaming.adapters import avro
 
-__all__ = ["EVENTS", "pipeline", "readings", "records", "REFERENCE", "KEYS", "drill_workload"]
+__all__ = ["EVENTS", "UNIQUE", "CALIBRATE", "pipeline", "readings", "records", "REFERENCE", "KEYS", "drill_workload"]
 
 # the devices' Avro schema (event time ts in milliseconds)
 EVENTS = {
@@ -45,6 +50,10 @@ EVENTS = {
         {"name": "ts", "type": "long"},
     ],
 }
+# the rows unique-events passes on (what readings keeps), which Spark reads after it
+UNIQUE = pa.schema([("event_id", pa.string()), ("device", pa.string()), ("value", pa.int64()), ("ts", pa.int64())])
+# readings are sent in tenths of the unit the totals are kept in
+CALIBRATE = "SELECT _position, event_id, device, value * 10 AS value, ts FROM {input}"
 MINUTE_MS = 60_000
 SLIDE_MS = 20_000
 
@@ -63,10 +72,13 @@ def pipeline(job: str = "device-events") -> Pipeline:
                 lambda: Deduplicate("event_id", "ts", within=MINUTE_MS),
                 parallelism=2,
                 key="device",
+                schema=UNIQUE,
             ),
+            # Spark code after a stage of Python: Spark SQL over the rows unique-events writes
+            Stage("calibrated", ("unique-events",), spark=CALIBRATE, parallelism=2, key="device"),
             Stage(
                 "device-minutes",
-                ("unique-events",),
+                ("calibrated",),
                 lambda: SlidingWindowAggregate(
                     "device", "ts", MINUTE_MS, SLIDE_MS, {"events": count(), "total": sum_("value")}
                 ),
@@ -132,7 +144,7 @@ SELECT device,
        unix_millis(w.start) AS window_start,
        unix_millis(w.end) AS window_end,
        COUNT(*) AS events,
-       SUM(value) AS total
+       SUM(value * 10) AS total
 FROM (SELECT device, value, window(timestamp_millis(ts), '{MINUTE_MS // 1000} seconds', '{SLIDE_MS // 1000} seconds') AS w
       FROM (SELECT DISTINCT event_id, device, value, ts FROM events))
 GROUP BY device, w

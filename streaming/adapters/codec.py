@@ -48,6 +48,7 @@ __all__ = [
     "encode",
     "encode_batches",
     "decode_records",
+    "read_batch",
     "FORMAT_HEADER",
     "ARROW_FORMAT",
     "MAX_BATCH_BYTES",
@@ -274,7 +275,7 @@ def decode_records(records: pa.Table, reading: ChannelReading) -> Decoded:
             rejected += [(i, ARROW_ON_INGRESS) for i in range(begin, end)]
         else:
             for i in range(begin, end):
-                batch = _read_batch(values[i].as_py(), reading.max_decoded_bytes)
+                batch = read_batch(values[i].as_py(), reading.max_decoded_bytes)
                 if isinstance(batch, str):
                     rejected.append((i, batch))
                 else:
@@ -285,7 +286,7 @@ def decode_records(records: pa.Table, reading: ChannelReading) -> Decoded:
     return Decoded(table, index, sorted(rejected + disagree))
 
 
-def _read_batch(value: bytes | None, max_decoded_bytes: int) -> pa.Table | str:
+def read_batch(value: bytes | None, max_decoded_bytes: int) -> pa.Table | str:
     """The table of one Arrow record, or why there is none."""
     try:
         return arrow_ipc.read(value, max_decoded_bytes)

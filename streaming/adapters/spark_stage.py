@@ -6,7 +6,8 @@ For each micro-batch of the stage's Kafka query, Spark:
 
 1. tells control records (barriers, cancellations, watermark records: the
    ``abs.kind`` header) from data records, and decodes the data records with
-   the ingress schema (``from_json``, or ``from_avro`` for an Avro ingress);
+   the ingress schema (``from_json``, or ``from_avro`` for an Avro ingress;
+   after other stages, ``spark_abs.Runs`` reads their Arrow batches);
    control records, and the records that
    do not decode, go to the task as they came (the latter to the dead
    letters, with their reason);
@@ -73,10 +74,10 @@ from streaming.adapters.records import (
     ROW,
     Part,
 )
-from streaming.api.pipeline import Ingress, Stage
+from streaming.api.pipeline import Ingress, Pipeline, Stage
 from streaming.errors import ChannelQueryError, ConfigError
 
-__all__ = ["POSITION", "SparkStage", "spark_stages"]
+__all__ = ["POSITION", "SparkStage", "StageRows", "spark_stages"]
 
 log = logging.getLogger(__name__)
 
@@ -147,36 +148,59 @@ class _Steps:
     partials: list[Column | str] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class StageRows:
+    """What Spark code after other stages reads: the Arrow batches of their
+    output topics, rows of ``schema``, each value read within
+    ``max_decoded_bytes`` of Arrow memory."""
+
+    names: tuple[str, ...]
+    schema: pa.Schema
+    max_decoded_bytes: int
+
+
 class SparkStage:
-    """The Spark code of stage ``stage`` reading ``ingress``, on session
-    ``spark``: checked when made (``check``), then called with each
+    """The Spark code of stage ``stage`` reading ``source`` (an ingress
+    topic, or other stages' rows), on session ``spark``: checked when made (``check``), then called with each
     micro-batch of the stage's query (``__call__``) or with Kafka records
     read back in Python (``records``), giving a prepared micro-batch."""
 
-    def __init__(self, spark: SparkSession, stage: Stage, ingress: Ingress):
-        if stage.spark is None or ingress.schema is None:
-            raise ConfigError(f"stage {stage.name}: no Spark code, or its ingress {ingress.topic} has no schema")
+    def __init__(self, spark: SparkSession, stage: Stage, source: Ingress | StageRows):
+        if stage.spark is None or source.schema is None:
+            raise ConfigError(f"stage {stage.name}: no Spark code, or its input has no schema")
         self.name = stage.name
         self._spark = spark
         self._code = stage.spark
+        what = (
+            f"the schema of {source.topic}" if isinstance(source, Ingress) else f"the rows of {', '.join(source.names)}"
+        )
         try:
-            self._fields = from_arrow_schema(ingress.schema)
+            self._fields = from_arrow_schema(source.schema)
         except (TypeError, PySparkException) as exc:
-            raise ConfigError(
-                f"stage {stage.name}: the schema of {ingress.topic} has no Spark equivalent: {exc}"
-            ) from exc
+            raise ConfigError(f"stage {stage.name}: {what} has no Spark equivalent: {exc}") from exc
         clash = sorted({POSITION, _CORRUPT} & set(self._fields.names))
         if clash:
-            raise ConfigError(
-                f"ingress {ingress.topic}: the schema uses names Spark stages keep for themselves: {clash}"
-            )
+            raise ConfigError(f"stage {stage.name}: {what} uses names Spark stages keep for themselves: {clash}")
         self._json = StructType([*self._fields.fields, StructField(_CORRUPT, StringType())])
-        # Ingress parsed avro= into an AvroSchema when it was made
-        self._avro = cast(AvroSchema | None, ingress.avro)
-        # how the Python decoder reads the values, for the reason a record did not decode
-        self._schema = ingress.value_schema
-        self._event_time = self._event_time_column(ingress)
+        self._reasons: Callable[[pa.ChunkedArray], list[str]]
+        if isinstance(source, StageRows):
+            # Arrow batches of other stages, read by spark_abs.Runs within this many bytes
+            self._arrow_cap: int | None = source.max_decoded_bytes
+            self._avro: AvroSchema | None = None
+            self._reasons = functools.partial(
+                _arrow_reasons, schema=source.schema, max_decoded_bytes=source.max_decoded_bytes
+            )
+            self._event_time: Column | None = None
+        else:
+            self._arrow_cap = None
+            # Ingress parsed avro= into an AvroSchema when it was made
+            self._avro = cast(AvroSchema | None, source.avro)
+            # how the Python decoder reads the values, for the reason a record did not decode
+            self._reasons = functools.partial(_reasons, schema=source.value_schema)
+            self._event_time = self._event_time_column(source)
         self.columns = self.check()
+        # the code's rows as Arrow gets them (what Spark code after this stage reads, no operator between)
+        self.output_schema: pa.Schema = self._output_schema
         # a keyed aggregate after the code: Spark computes its partials per key and run of records
         self._partial = _partial_spec(stage.make_operator(), self.columns)
         self._steps = self._plan()
@@ -240,6 +264,7 @@ class SparkStage:
         columns = [name for name in out.columns if name != POSITION]
         if not columns:
             raise ConfigError(f"stage {self.name}: its Spark code keeps no column besides {POSITION}")
+        self._output_schema = to_arrow_schema(out.select(*columns).schema, timezone=_time_zone(out))
         return columns
 
     # -------------------------------------------------------- micro-batches
@@ -260,13 +285,16 @@ class SparkStage:
         query runs it on its processing thread, while Spark reads the next
         micro-batch)."""
         steps = self._steps
-        numbered = _numbered(batch.select(*steps.decode).select(*steps.flag))
+        if self._arrow_cap is not None:
+            numbered = _numbered_arrow(batch.select(*steps.decode), self._fields, self._arrow_cap)
+        else:
+            numbered = _numbered(batch.select(*steps.decode).select(*steps.flag))
         side = Observation(f"abs-side-{next(_OBSERVATIONS)}")
         view = numbered.observe(side, *steps.side).filter(steps.good).select(*steps.view)
         out = self._apply(view).select(*steps.out)
         results = self._with_partials(out, steps) if steps.partials else [out.select(*steps.rows).toArrow()]
         seen = _observed(side, self.name)
-        return functools.partial(_prepared, results, seen["markers"], seen["raw"], self._schema)
+        return functools.partial(_prepared, results, seen["markers"], seen["raw"], self._reasons)
 
     def _with_partials(self, out: DataFrame, steps: _Steps) -> list[pa.Table]:
         """The operator's partial aggregates of the code's rows per channel,
@@ -298,7 +326,8 @@ class SparkStage:
         control = F.col(_CONTROL)
         # a record without headers has none: not a control record
         is_control = F.coalesce(F.array_contains(F.col("headers.key"), KIND_HEADER), F.lit(False))
-        bad = ~control & self._undecoded()
+        # Arrow batches: spark_abs.Runs reads them and says which it could not read
+        bad = ~control & (self._undecoded() if self._arrow_cap is None else F.lit(False))
         good_time = F.when(~control & ~bad, self._event_time) if self._event_time is not None else F.lit(None)
         marker = F.col(RECORDS).isNotNull()
         raw = F.struct(
@@ -307,7 +336,11 @@ class SparkStage:
         position = [F.col(f"{POSITION}.{name}").alias(name) for name in ("topic", "partition", "offset", _RUN)]
         row_part = F.lit(int(Part.ROW)).cast("tinyint").alias(PART)
         steps = _Steps(
-            decode=[*BATCH_COLUMNS, is_control.alias(_CONTROL), self._decode().alias(_DECODED)],
+            decode=(
+                [*BATCH_COLUMNS, is_control.alias(_CONTROL), self._decode().alias(_DECODED)]
+                if self._arrow_cap is None
+                else ["topic", "partition", "offset", is_control.alias(_CONTROL), *BATCH_COLUMNS[3:]]
+            ),
             flag=[
                 "topic",
                 "partition",
@@ -465,13 +498,55 @@ def _run_keys(table: pa.Table, markers: pa.Table) -> pa.Array:
     return pc.add(pc.multiply(key, 1 << 24), table[_RUN].cast(pa.int64()))
 
 
-def _prepared(results: list[pa.Table], markers: list[Row], raw: list[Row], schema: codec.ValueSchema) -> pa.Table:
+def _prepared(
+    results: list[pa.Table], markers: list[Row], raw: list[Row], reasons: Callable[[pa.ChunkedArray], list[str]]
+) -> pa.Table:
     """A prepared micro-batch from what Spark's job gave: its results (rows,
     partials), and the markers and raw records it observed."""
     ends = _markers(markers)
     placed = [_at_run_ends(t, ends) if _RUN in t.column_names else t for t in results]
     prepared = pa.concat_tables([*placed, ends.drop_columns([_RUN])], promote_options="permissive")
-    return _assemble(prepared, _raw(raw), schema)
+    return _assemble(prepared, _raw(raw), reasons)
+
+
+def _numbered_arrow(records: DataFrame, fields: StructType, max_decoded_bytes: int) -> DataFrame:
+    """Kafka records of other stages' output topics (topic, partition,
+    offset, control, then the raw columns), numbered by run, each data
+    record's Arrow batch read into its rows (``spark_abs.Runs.numberArrow``),
+    in the layout ``_numbered`` gives."""
+    session = records.sparkSession
+    jvm = session.sparkContext._jvm
+    assert jvm is not None
+    return DataFrame(jvm.spark_abs.Runs.numberArrow(records._jdf, fields.json(), max_decoded_bytes), session)
+
+
+def _arrow_reasons(values: pa.ChunkedArray, schema: pa.Schema, max_decoded_bytes: int) -> list[str]:
+    """Why each of ``values`` (Arrow batches Spark could not read) is no
+    rows: Python's reader's reason, or what its columns lack."""
+    said = []
+    for value in values.to_pylist():
+        read = codec.read_batch(value, max_decoded_bytes)
+        if isinstance(read, str):
+            said.append(read)
+            continue
+        missing = [f"{f.name} {f.type}" for f in schema if f.name not in read.column_names]
+        other = [
+            f"{f.name} is {read.schema.field(f.name).type}, not {f.type}"
+            for f in schema
+            if f.name in read.column_names and not _same_in_spark(read.schema.field(f.name).type, f.type)
+        ]
+        said.append(
+            "Spark could not read the Arrow batch as the rows of the stage's input ("
+            + "; ".join([*(["no column " + ", ".join(missing)] if missing else []), *other] or ["its columns"])
+            + ")"
+        )
+    return said
+
+
+def _same_in_spark(found: pa.DataType, wanted: pa.DataType) -> bool:
+    if pa.types.is_timestamp(found) and pa.types.is_timestamp(wanted):
+        return True  # read in any unit
+    return found == wanted
 
 
 def _numbered(flagged: DataFrame) -> DataFrame:
@@ -540,15 +615,15 @@ def _raw(found: list[Row]) -> pa.Table:
     return raw.set_column(6, "timestamp", raw["timestamp"].cast(pa.timestamp("ms")))
 
 
-def _assemble(prepared: pa.Table, raw: pa.Table, schema: codec.ValueSchema) -> pa.Table:
+def _assemble(prepared: pa.Table, raw: pa.Table, reasons: Callable[[pa.ChunkedArray], list[str]]) -> pa.Table:
     """The Spark side's two results as one table: the code's rows with the
     markers, and the raw records (control records, and undecodable ones
     with the reason the Python decoder gives, or Spark's)."""
     control = raw[_CONTROL].to_pylist()
     records = raw.drop_columns([_CONTROL]).cast(RECORD_SCHEMA, safe=False)
-    reasons = iter(_reasons(records.filter(pc.invert(raw[_CONTROL]))["value"], schema))
+    said = iter(reasons(records.filter(pc.invert(raw[_CONTROL]))["value"]))
     parts = pa.array([Part.CONTROL if c else Part.REJECTED for c in control], pa.int8())
-    why = pa.array([None if c else next(reasons) for c in control], pa.string())
+    why = pa.array([None if c else next(said) for c in control], pa.string())
     return pa.concat_tables(
         [prepared, records.append_column(PART, parts).append_column(REASON, why)], promote_options="permissive"
     )
@@ -588,14 +663,34 @@ def _losing_steps(out: DataFrame) -> list[str]:
 
 
 def spark_stages(
-    spark: SparkSession, stages: list[Stage], ingress_of: Callable[[str], Ingress | None]
+    spark: SparkSession, pipeline: Pipeline, names: list[str], max_decoded_bytes: int
 ) -> dict[str, SparkStage]:
-    """The ``SparkStage`` of every stage among ``stages`` that has Spark code."""
+    """The ``SparkStage`` of every stage of ``pipeline`` among ``names``
+    that has Spark code.  Spark code after other stages reads their rows
+    with the schema each declares, or the one its own Spark code gives."""
     made: dict[str, SparkStage] = {}
-    for stage in stages:
-        if stage.spark is not None:
-            ingress = ingress_of(stage.inputs[0])
-            if ingress is None:  # a pipeline's check refuses it (Pipeline._validate_spark_stage)
-                raise ConfigError(f"stage {stage.name}: Spark code reads an ingress topic, not {stage.inputs[0]}")
-            made[stage.name] = SparkStage(spark, stage, ingress)
-    return made
+
+    def rows_of(name: str) -> pa.Schema:
+        upstream = pipeline.stage(name)
+        if upstream.schema is not None:
+            return upstream.schema
+        if name not in made:  # a stage of Spark code without an operator (Pipeline's check)
+            made[name] = SparkStage(spark, upstream, source_of(upstream))
+        return made[name].output_schema
+
+    def source_of(stage: Stage) -> Ingress | StageRows:
+        ingress = pipeline.ingress_named(stage.inputs[0])
+        if ingress is not None:
+            return ingress
+        schemas = {name: rows_of(name) for name in stage.inputs}
+        first = next(iter(schemas.values()))
+        if any(not schema.equals(first) for schema in schemas.values()):
+            said = "; ".join(f"{n}: {s.to_string(show_schema_metadata=False)}" for n, s in schemas.items())
+            raise ConfigError(f"stage {stage.name}: Spark code over several stages needs one schema ({said})")
+        return StageRows(stage.inputs, first, max_decoded_bytes)
+
+    for name in names:
+        stage = pipeline.stage(name)
+        if stage.spark is not None and name not in made:
+            made[name] = SparkStage(spark, stage, source_of(stage))
+    return {name: made[name] for name in names if name in made}

@@ -214,7 +214,14 @@ class Stage:
     ingress records decoded by Spark with the ingress schema, plus
     ``_position`` (the record's topic, partition and offset), which every
     output row must keep; its output rows are what ``operator`` receives
-    (no operator: they go on as they are)."""
+    (no operator: they go on as they are).  Spark code may read other
+    stages' outputs too (several of them: their union), when each says
+    what its rows are: ``schema`` declared, or derived from a stage of
+    Spark code without an operator.
+
+    ``schema``: the columns of this stage's output rows, for a stage of
+    Spark code that reads them (Spark reads the Arrow batches of the
+    output topic with it)."""
 
     name: str
     inputs: tuple[str, ...]
@@ -226,6 +233,7 @@ class Stage:
     # records of one key reach one task however the inputs are partitioned
     trust_partitioning: bool = False
     spark: SparkCode | None = None
+    schema: pa.Schema | None = None
 
     def make_operator(self) -> Any:
         """A fresh operator for one task (rows as they are, for a stage of Spark code alone)."""
@@ -360,15 +368,44 @@ class Pipeline:
                 f"got {stage.spark!r}"
             )
         ingress = [self.ingress_named(name) for name in stage.inputs]
+        if any(i is None for i in ingress):
+            self._validate_spark_after_stages(stage, ingress)
+            return
         if len(ingress) != 1 or ingress[0] is None:
             raise ConfigError(
-                f"stage {stage.name}: Spark code reads exactly one input, an ingress topic "
-                f"(it reads {', '.join(stage.inputs)}); put it in a stage of its own in front of the others"
+                f"stage {stage.name}: Spark code reads one ingress topic or the outputs of other stages, not "
+                f"both and not two topics (it reads {', '.join(stage.inputs)}); put it in a stage of its own"
             )
         if ingress[0].schema is None:
             raise ConfigError(
                 f"stage {stage.name}: Spark decodes {ingress[0].topic} with its schema: give "
                 f"Ingress({ingress[0].topic!r}, schema=...)"
+            )
+
+    def _validate_spark_after_stages(self, stage: Stage, ingress: list[Ingress | None]) -> None:
+        """Spark code after other stages reads their output rows with the
+        schema each declares (or that their own Spark code gives); several
+        inputs are one union, so their schemas are one."""
+        if any(i is not None for i in ingress):
+            raise ConfigError(
+                f"stage {stage.name}: Spark code reads one ingress topic or the outputs of other stages, not "
+                f"both (it reads {', '.join(stage.inputs)}); put the ingress in a stage of its own in front"
+            )
+        schemas = []
+        for name in stage.inputs:
+            upstream = self.stage(name)
+            if upstream.schema is None and (upstream.spark is None or upstream.operator is not None):
+                raise ConfigError(
+                    f"stage {stage.name}: Spark reads the rows of stage {name} as Arrow batches, and needs to "
+                    f"know their columns: give Stage({name!r}, ..., schema=pa.schema([...]))"
+                )
+            if upstream.schema is not None:
+                schemas.append((name, upstream.schema))
+        if len({schema for _, schema in schemas}) > 1:
+            said = "; ".join(f"{name}: {schema.to_string(show_schema_metadata=False)}" for name, schema in schemas)
+            raise ConfigError(
+                f"stage {stage.name}: Spark code over several stages reads their union, so their rows must "
+                f"have one schema ({said})"
             )
 
     def _validate_inputs(self, names: dict[str, str]) -> None:

@@ -67,6 +67,8 @@ def test_profiles_list_their_variants():
         "abs-1stage-ckpt1s",
         "abs-1stage-ckpt1s-incremental",
         "abs-2stage",
+        "abs-2stage-spark-after",
+        "abs-2stage-spark-first",
     ]
     assert "abs-1stage-ckpt0.5s" in _variants(PROFILES["full"]) and "abs-1stage-ckpt5s" in _variants(PROFILES["full"])
 

@@ -13,6 +13,7 @@ import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.JoinedRow;
 import org.apache.spark.sql.classic.Dataset;
+import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
@@ -35,6 +36,9 @@ import org.apache.spark.unsafe.types.UTF8String;
 public final class Runs {
     public static final String RUN = "_abs_run";
     public static final String RECORDS = "_abs_records";
+    public static final String EVENT_TIME = "_abs_event_time";
+    public static final String BAD = "_abs_bad";
+    public static final String DECODED = "_abs_decoded";
 
     private Runs() {}
 
@@ -47,17 +51,61 @@ public final class Runs {
         return records.sparkSession().internalCreateDataFrame(numbered, out, false);
     }
 
+    /**
+     * Kafka records whose values are Arrow IPC streams (an internal topic), numbered by run as
+     * {@link #number} numbers them, each data record's value read into its rows.
+     *
+     * <p>The input's columns are topic, partition, offset, whether the record is a control record,
+     * then key, value, headers and timestamp. The output has the columns {@link #number} gives
+     * after the decoding a stage of Spark code does (topic, partition, offset, control, event time
+     * (null), whether the record could not be read, key, value, headers, timestamp, the decoded
+     * row, then run and records): a control record or one that could not be read is one row with
+     * its raw columns and no decoded row; a data record read is one row per row of its value,
+     * without raw columns. A value is read only if its rows have every column of {@code
+     * decodedJson} (a Spark struct type, as JSON) with its type (timestamps in any unit), and
+     * only within {@code maxDecodedBytes} of Arrow memory, so a small value that would decompress
+     * to much more is refused while it is read. Markers count records, not rows.
+     */
+    public static Dataset<Row> numberArrow(Dataset<Row> records, String decodedJson, long maxDecodedBytes) {
+        StructType decoded = (StructType) DataType.fromJson(decodedJson);
+        StructType in = records.schema();
+        StructType flagged = new StructType()
+            .add(in.fields()[0].name(), DataTypes.StringType, true)
+            .add(in.fields()[1].name(), DataTypes.IntegerType, true)
+            .add(in.fields()[2].name(), DataTypes.LongType, true)
+            .add(in.fields()[3].name(), DataTypes.BooleanType, true)
+            .add(EVENT_TIME, DataTypes.LongType, true)
+            .add(BAD, DataTypes.BooleanType, true)
+            .add(in.fields()[4].copy(in.fields()[4].name(), in.fields()[4].dataType(), true, in.fields()[4].metadata()))
+            .add(in.fields()[5].copy(in.fields()[5].name(), in.fields()[5].dataType(), true, in.fields()[5].metadata()))
+            .add(in.fields()[6].copy(in.fields()[6].name(), in.fields()[6].dataType(), true, in.fields()[6].metadata()))
+            .add(in.fields()[7].copy(in.fields()[7].name(), in.fields()[7].dataType(), true, in.fields()[7].metadata()))
+            .add(DECODED, decoded, true);
+        StructType out = flagged.add(RUN, DataTypes.IntegerType, false).add(RECORDS, DataTypes.LongType, true);
+        RDD<InternalRow> rows = records.queryExecution().toRdd();
+        RDD<InternalRow> numbered = rows.toJavaRDD()
+            .mapPartitions(new Numbering(flagged.length(), new ArrowValues(decoded, maxDecodedBytes)), true)
+            .rdd();
+        return records.sparkSession().internalCreateDataFrame(numbered, out, false);
+    }
+
     private static final class Numbering implements FlatMapFunction<Iterator<InternalRow>, InternalRow> {
         private static final long serialVersionUID = 1L;
         private final int width;
+        private final ArrowValues values;
 
         Numbering(int width) {
+            this(width, null);
+        }
+
+        Numbering(int width, ArrowValues values) {
             this.width = width;
+            this.values = values;
         }
 
         @Override
         public Iterator<InternalRow> call(Iterator<InternalRow> rows) {
-            return new Numbered(rows, width);
+            return new Numbered(rows, width, values);
         }
     }
 
@@ -85,12 +133,15 @@ public final class Runs {
         private final ArrayDeque<InternalRow> markers = new ArrayDeque<>();
         private final GenericInternalRow extra = new GenericInternalRow(2);
         private final JoinedRow joined = new JoinedRow();
+        private final ArrowValues values;
+        private final List<InternalRow> expanded = new ArrayList<>();
         private Channel current;
         private boolean ended;
 
-        Numbered(Iterator<InternalRow> rows, int width) {
+        Numbered(Iterator<InternalRow> rows, int width, ArrowValues values) {
             this.rows = rows;
             this.width = width;
+            this.values = values;
         }
 
         @Override
@@ -109,38 +160,47 @@ public final class Runs {
 
         @Override
         public InternalRow next() {
-            if (!hasNext()) {
-                throw new NoSuchElementException();
-            }
-            if (!markers.isEmpty()) {
-                return markers.poll();
-            }
-            InternalRow row = rows.next();
-            Channel channel = channelOf(row);
-            long offset = row.getLong(2);
-            if (offset <= channel.lastSeen) {
-                throw new IllegalStateException(
-                    "spark-abs: the records of " + channel.topic + "/" + channel.partition + " came out of offset order ("
-                        + offset + " after " + channel.lastSeen + "); a stage query reads each channel in one partition");
-            }
-            channel.lastSeen = offset;
-            extra.setInt(0, channel.run);
-            extra.setNullAt(1);
-            if (row.getBoolean(3)) {
-                endRun(channel);
-                channel.run++;
-            } else {
-                channel.records++;
-                channel.lastData = offset;
-                if (!row.isNullAt(4)) {
-                    long time = row.getLong(4);
-                    if (!channel.timed || time > channel.maxTime) {
-                        channel.maxTime = time;
-                        channel.timed = true;
+            // a data record whose value holds no rows gives none: read on (its run's marker counts it)
+            while (hasNext()) {
+                if (!markers.isEmpty()) {
+                    return markers.poll();
+                }
+                InternalRow row = rows.next();
+                Channel channel = channelOf(row);
+                long offset = row.getLong(2);
+                if (offset <= channel.lastSeen) {
+                    throw new IllegalStateException(
+                        "spark-abs: the records of " + channel.topic + "/" + channel.partition
+                            + " came out of offset order (" + offset + " after " + channel.lastSeen
+                            + "); a stage query reads each channel in one partition");
+                }
+                channel.lastSeen = offset;
+                int run = channel.run;
+                boolean control = row.getBoolean(3);
+                if (control) {
+                    endRun(channel);
+                    channel.run++;
+                } else {
+                    channel.records++;
+                    channel.lastData = offset;
+                    if (values == null && !row.isNullAt(4)) {
+                        long time = row.getLong(4);
+                        if (!channel.timed || time > channel.maxTime) {
+                            channel.maxTime = time;
+                            channel.timed = true;
+                        }
                     }
                 }
+                if (values == null) {
+                    extra.setInt(0, run);
+                    extra.setNullAt(1);
+                    return joined.apply(row, extra);
+                }
+                expanded.clear();
+                values.rowsOf(row, control, run, expanded);
+                markers.addAll(expanded);
             }
-            return joined.apply(row, extra);
+            throw new NoSuchElementException();
         }
 
         private Channel channelOf(InternalRow row) {

@@ -199,7 +199,7 @@ class Worker:
         from streaming.adapters.spark_stage import spark_stages
 
         stages = sorted({self.pipeline.task(name).stage for name in self.task_names})
-        code = spark_stages(self._spark, [self.pipeline.stage(s) for s in stages], self.pipeline.ingress_named)
+        code = spark_stages(self._spark, self.pipeline, list(stages), self.settings.max_decoded_bytes)
         factory = TaskFactory(
             self.pipeline,
             self.settings,

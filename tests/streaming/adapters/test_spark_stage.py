@@ -15,9 +15,10 @@ from pyspark.sql import functions as F
 from barriers.messages import Barrier, encode
 from operators import KeyedAggregate, count, max_, sum_
 from streaming.adapters import avro
+from streaming.adapters.codec import ARROW_FORMAT, FORMAT_HEADER
 from streaming.adapters.records import EVENT_TIME, PARTIAL, REASON, RECORD_SCHEMA, RECORDS, ROW, Part, part_of
-from streaming.adapters.spark_stage import POSITION, SparkStage
-from streaming.api.pipeline import Ingress, Stage
+from streaming.adapters.spark_stage import POSITION, SparkStage, StageRows, spark_stages
+from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.errors import ChannelQueryError, ConfigError
 
 pytestmark = pytest.mark.integration
@@ -245,6 +246,101 @@ def test_a_channel_read_in_two_partitions_fails_the_micro_batch_with_the_reason(
     # round robin: offsets 4 and 6 in one partition, 5 and 7 in the other, each in order
     with pytest.raises(ChannelQueryError, match="read a channel in more than one partition"):
         code(spark.createDataFrame(records).coalesce(1).repartition(2))
+
+
+ROWS_SCHEMA = pa.schema([("user", pa.string()), ("amount", pa.int64()), ("at", pa.timestamp("us", tz="UTC"))])
+
+
+def _arrow_records(*rows) -> pa.Table:
+    """(partition, offset, value: a table | bytes | Barrier) on a stage's output topic."""
+    out = []
+    for partition, offset, value in rows:
+        headers = [{"key": FORMAT_HEADER, "value": ARROW_FORMAT}]
+        if isinstance(value, Barrier):
+            headers, value = [{"key": k, "value": v} for k, v in encode(value)], b""
+        elif isinstance(value, pa.Table):
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, value.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+                writer.write_table(value)  # as a stage writes its rows (codec.encode_batches)
+            value = sink.getvalue().to_pybytes()
+        out.append(
+            {
+                "topic": "job.clean",
+                "partition": partition,
+                "offset": offset,
+                "key": None,
+                "value": value,
+                "headers": headers,
+                "timestamp": None,
+            }
+        )
+    return pa.Table.from_pylist(out, schema=RECORD_SCHEMA)
+
+
+def test_spark_code_after_a_stage_reads_its_arrow_batches_and_names_those_it_cannot_read(spark):
+    after = Stage("after", ("clean",), spark="SELECT _position, user, amount * 2 AS doubled, at FROM {input}")
+    code = SparkStage(spark, after, StageRows(("clean",), ROWS_SCHEMA, 1 << 20))
+    when = dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC)
+    two = pa.table({"user": ["a", "b"], "amount": [1, 2], "at": [when, None]}, schema=ROWS_SCHEMA)
+    in_millis = pa.table(
+        {"amount": pa.array([5], pa.int64()), "user": ["c"], "at": pa.array([when], pa.timestamp("ms"))}
+    )  # columns in another order, time in another unit
+    no_amount = pa.table({"user": ["d"], "at": pa.array([when], pa.timestamp("us", tz="UTC"))})
+    prepared = _sorted(
+        code.records(
+            _arrow_records(
+                (0, 0, two),
+                (0, 1, Barrier(1, job="job")),
+                (0, 2, b"not an arrow stream"),
+                (0, 3, in_millis),
+                (0, 4, no_amount),
+                (0, 5, two.slice(0, 0)),  # a batch of no rows: a record all the same
+            )
+        )
+    )
+    rows = part_of(prepared, Part.ROW)
+    assert list(zip(rows["offset"].to_pylist(), rows[ROW].to_pylist())) == [
+        (0, {"user": "a", "doubled": 2, "at": when}),
+        (0, {"user": "b", "doubled": 4, "at": None}),
+        (3, {"user": "c", "doubled": 10, "at": when}),
+    ]
+    rejected = part_of(prepared, Part.REJECTED)
+    reasons = dict(zip(rejected["offset"].to_pylist(), rejected[REASON].to_pylist()))
+    assert set(reasons) == {2, 4}
+    assert "not a readable Arrow IPC stream" in reasons[2]
+    assert "no column amount int64" in reasons[4]
+    assert part_of(prepared, Part.CONTROL)["offset"].to_pylist() == [1]
+    markers = part_of(prepared, Part.MARKER)
+    assert list(zip(markers["offset"].to_pylist(), markers[RECORDS].to_pylist())) == [(0, 1), (5, 4)]
+
+
+def test_a_value_over_the_cap_on_arrow_memory_is_refused_while_it_is_read(spark):
+    after = Stage("after", ("clean",), spark="SELECT _position, user FROM {input}")
+    code = SparkStage(spark, after, StageRows(("clean",), ROWS_SCHEMA, 64 << 10))
+    big = pa.table(
+        {"user": ["x" * 1000] * 500, "amount": list(range(500)), "at": [None] * 500}, schema=ROWS_SCHEMA
+    )  # half a megabyte of rows, compressed to a few kilobytes
+    prepared = code.records(_arrow_records((0, 0, big)))
+    rejected = part_of(prepared, Part.REJECTED)
+    assert rejected["offset"].to_pylist() == [0]
+    assert "over the cap" in rejected[REASON][0].as_py()
+    assert part_of(prepared, Part.ROW).num_rows == 0
+
+
+def test_spark_code_after_spark_code_without_an_operator_reads_the_rows_its_code_gives(spark):
+    pipeline = Pipeline(
+        "job",
+        (INGRESS,),
+        (
+            Stage("clean", ("clicks",), spark="SELECT _position, user, amount FROM {input} WHERE amount > 0"),
+            Stage("doubled", ("clean",), spark="SELECT _position, user, amount * 2 AS twice FROM {input}", sink=Sink()),
+        ),
+    )
+    made = spark_stages(spark, pipeline, ["doubled"], 1 << 20)
+    assert list(made) == ["doubled"]  # the stage it reads was checked for its schema, not run here
+    rows = pa.table({"user": ["a"], "amount": [4]})
+    prepared = made["doubled"].records(_arrow_records((0, 0, rows)))
+    assert part_of(prepared, Part.ROW)[ROW].to_pylist() == [{"user": "a", "twice": 8}]
 
 
 def test_partials_with_a_timestamp_among_the_codes_columns_and_no_null_key(spark):

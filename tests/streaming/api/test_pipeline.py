@@ -112,7 +112,7 @@ SQL = "SELECT _position, user FROM {input}"
         (
             (Ingress("a", 1, SCHEMA), Ingress("b", 1, SCHEMA)),
             Stage("s", ("a", "b"), spark=SQL, sink=Sink()),
-            "Spark code reads exactly one input, an ingress topic",
+            "not both and not two topics",
         ),
     ],
 )
@@ -120,6 +120,48 @@ def test_a_stage_of_spark_code_reads_one_ingress_topic_with_a_schema(ingress, st
     with pytest.raises(ConfigError, match="stage s") as refused:
         Pipeline("job", ingress, (stage,))
     assert message in str(refused.value)
+
+
+def _op():
+    from operators.stateless import Passthrough
+
+    return Passthrough()
+
+
+OTHER = pa.schema([("user", pa.string()), ("amount", pa.float64())])
+
+
+@pytest.mark.parametrize(
+    ("upstream", "inputs", "message"),
+    [
+        ((Stage("u", ("a",), _op),), ("u",), "give Stage('u', ..., schema=pa.schema([...]))"),
+        ((Stage("u", ("a",), _op, spark=SQL),), ("u",), "give Stage('u', ..., schema=pa.schema([...]))"),
+        ((Stage("u", ("a",), _op, schema=SCHEMA),), ("u", "a"), "not both"),
+        (
+            (Stage("u", ("a",), _op, schema=SCHEMA), Stage("v", ("a",), _op, schema=OTHER)),
+            ("u", "v"),
+            "their rows must have one schema",
+        ),
+    ],
+)
+def test_spark_code_after_stages_needs_their_rows_schema_and_one_for_a_union(upstream, inputs, message):
+    with pytest.raises(ConfigError, match="stage s") as refused:
+        Pipeline("job", (Ingress("a", 1, SCHEMA),), (*upstream, Stage("s", inputs, spark=SQL, sink=Sink())))
+    assert message in str(refused.value)
+
+
+def test_spark_code_may_follow_declared_stages_and_spark_code_without_an_operator():
+    Pipeline(
+        "job",
+        (Ingress("a", 1, SCHEMA),),
+        (
+            Stage("u", ("a",), _op, schema=SCHEMA),
+            Stage("v", ("a",), _op, schema=SCHEMA),
+            Stage("w", ("a",), spark=SQL),
+            Stage("s", ("u", "v"), spark=SQL, sink=Sink()),
+            Stage("t", ("w",), spark=SQL, sink=Sink()),
+        ),
+    )
 
 
 def test_a_stage_of_spark_code_alone_passes_its_rows_on():
