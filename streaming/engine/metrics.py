@@ -192,6 +192,16 @@ CHANNEL_LAG = _gauge(
 HELD_BYTES = _gauge(
     "spark_abs_task_held_bytes", "Bytes of the records alignment holds, after each micro-batch.", ("job_name", "task")
 )
+WATERMARK = _gauge(
+    "spark_abs_task_watermark_ms",
+    "The task's event-time watermark (ms since the epoch), after each micro-batch; no series before its first.",
+    ("job_name", "task"),
+)
+IDLE_INPUTS = _gauge(
+    "spark_abs_task_idle_inputs",
+    "Event-time input channels of the task left out of its watermark as idle, after each micro-batch.",
+    ("job_name", "task"),
+)
 BATCH_SECONDS = _histogram(
     "spark_abs_task_batch_seconds", "The time a task took over each micro-batch it was handed.", ("job_name", "task")
 )
@@ -203,7 +213,16 @@ DEAD_LETTERS = _counter(
 )
 
 # the task's metrics whose value is a level, not a count: dropped with the task
-_TASK_LEVELS = (STATE_BYTES, CHANNEL_STATE_RECORDS, CHANNEL_STATE_BYTES, HELD_BYTES_MAX, CHANNEL_LAG, HELD_BYTES)
+_TASK_LEVELS = (
+    STATE_BYTES,
+    CHANNEL_STATE_RECORDS,
+    CHANNEL_STATE_BYTES,
+    HELD_BYTES_MAX,
+    CHANNEL_LAG,
+    HELD_BYTES,
+    WATERMARK,
+    IDLE_INPUTS,
+)
 
 
 def mode_of(options: CheckpointOptions) -> str:
@@ -314,11 +333,17 @@ class TaskMetrics:
         self.records_to_sink = None if outputs else RECORDS_OUT.labels(job, task, "sink")
         self.held_bytes = HELD_BYTES.labels(job, task)
         self.batch_seconds = BATCH_SECONDS.labels(job, task)
+        self.idle_inputs = IDLE_INPUTS.labels(job, task)
 
-    def batch(self, seconds: float, held_bytes: int) -> None:
-        """A micro-batch took ``seconds``; alignment holds ``held_bytes`` after it."""
+    def batch(self, seconds: float, held_bytes: int, watermark: int | None = None, idle_inputs: int = 0) -> None:
+        """A micro-batch took ``seconds``; alignment holds ``held_bytes``
+        after it, event time reached ``watermark`` (None: not yet, or the
+        task has none) with ``idle_inputs`` event-time channels left out."""
         self.batch_seconds.observe(seconds)
         self.held_bytes.set(held_bytes)
+        if watermark is not None:
+            WATERMARK.labels(self.job, self.task).set(watermark)
+        self.idle_inputs.set(idle_inputs)
 
     def dead_letter(self, reason: str) -> None:
         DEAD_LETTERS.labels(self.job, self.task, reason).inc()

@@ -341,7 +341,10 @@ class StageTask:
             self.watermarks.batch(self.gate.add(table))
             self.gate.drain(self.handler.is_blocked, self._handle, self._between_segments)
             self._follow_event_time()
-            self.metrics.batch(time.perf_counter() - began, self.held_bytes)
+            watermarks = self.watermarks
+            self.metrics.batch(
+                time.perf_counter() - began, self.held_bytes, watermarks.current, watermarks.idle_inputs(self._inputs)
+            )
 
     def _between_segments(self) -> None:
         """Control events that came in, and the handler's clock (timeouts, budget)."""
@@ -496,7 +499,8 @@ class StageTask:
         if partials.num_rows:
             self.output.emit(self.operator.merge_partials(pa.Table.from_struct_array(partials[PARTIAL])), watermark)
         markers = part_of(rows, Part.MARKER)
-        self.watermarks.observe_event_time(channel, pc.max(markers[EVENT_TIME]).as_py())
+        times = markers[EVENT_TIME]
+        self.watermarks.observe_event_time(channel, pc.max(times).as_py(), pc.min(times).as_py())
         self._watermark_moved(channel)
         records = pc.sum(markers[RECORDS]).as_py() or 0
         self.counters["records"] += records

@@ -257,6 +257,23 @@ def test_a_task_counts_records_per_channel_dead_letters_by_reason_and_batches(jo
     assert _value("spark_abs_channel_lag_records", channel="in:0", **labels) == 5
 
 
+def test_a_task_reports_its_watermark_and_its_idle_inputs(job):
+    schema = pa.schema([("k", pa.string()), ("ts", pa.int64())])
+    pipeline = Pipeline(
+        job,
+        (Ingress("in", 2, schema, event_time="ts", idle_after_event_time=100),),
+        (Stage("count", ("in",), count_by_k, sink=Sink()),),
+    )
+    task, _ = make_task(pipeline, sink=True)
+    labels = {"job_name": job, "task": "count-0"}
+    task.process_batch(batch(("in", 0, 0, {"k": "a", "ts": 10}), ("in", 1, 0, {"k": "b", "ts": 20})))
+    assert _value("spark_abs_task_watermark_ms", **labels) == 10
+    assert _value("spark_abs_task_idle_inputs", **labels) == 0
+    task.process_batch(batch(("in", 0, 1, {"k": "a", "ts": 500})))  # partition 1 left behind
+    assert _value("spark_abs_task_watermark_ms", **labels) == 500
+    assert _value("spark_abs_task_idle_inputs", **labels) == 1
+
+
 def test_the_metrics_page_lists_every_metric_and_no_other():
     page = (Path(__file__).resolve().parents[3] / "docs" / "operations" / "metrics.md").read_text()
     listed = set(re.findall(r"^\| `(spark_abs_\w+)` \|", page, re.M))

@@ -15,7 +15,7 @@ from barriers.messages import Barrier, ChannelId
 from operators import Chain, LatestValueJoin, TumblingWindowAggregate, count, filter_rows, sum_
 from streaming import end_input
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
-from streaming.engine.task.watermarks import MAX_WATERMARK
+from streaming.engine.task.watermarks import MAX_WATERMARK, EventTimeInput, WatermarkTracker
 
 ORDERS = pa.schema([("account", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
 
@@ -166,6 +166,34 @@ def test_a_partition_left_behind_by_event_time_is_idle_and_a_pause_of_every_part
     task.process_batch(batch(row(1, 4, 130)))  # it speaks again and holds event time back
     task.process_batch(batch(row(0, 7, 200)))  # 80 past where it was when partition 1 spoke
     assert task.watermark == 130
+
+
+def test_a_partition_that_never_spoke_is_left_behind_when_the_others_whole_input_comes_in_one_batch():
+    pipeline = Pipeline(
+        "job",
+        (Ingress("in", 2, ORDERS, event_time="ts", idle_after_event_time=100),),
+        (Stage("w", ("in",), windows, sink=Sink()),),
+    )
+    task, _ = make_task(pipeline, "w-0", sink=True, clock=Clock())
+    # all of partition 0's input at once, partition 1 silent: it counts from partition 0's first event time
+    task.process_batch(batch(*[("in", 0, i, {"account": "a", "amount": 1, "ts": 50 * i}) for i in range(6)]))
+    assert task.watermarks.idle(ChannelId("in", 1))
+    assert task.watermark == 250 and closed(task) == [("a", 0, 2), ("a", 100, 2)]
+
+
+def test_after_a_restore_a_partition_that_never_spoke_counts_from_the_restored_watermarks():
+    inputs = {ChannelId("in", p): EventTimeInput("ts", idle_after_ms=3_000) for p in (0, 2)}
+    # restored: partition 0 had reached 10 s; every record after it comes in the first batch (a restore that
+    # found them all waiting), Spark code reporting its runs' highest event times
+    tracker = WatermarkTracker(inputs, {ChannelId("in", 0): 10_000}, clock=Clock())
+    tracker.batch([ChannelId("in", 0)])
+    tracker.observe_event_time(ChannelId("in", 0), 22_000, 22_000)
+    assert tracker.update(inputs) == 22_000 and tracker.idle(ChannelId("in", 2))
+    # less than that on from the restored watermark: partition 2 may still speak
+    held = WatermarkTracker(inputs, {ChannelId("in", 0): 10_000}, clock=Clock())
+    held.batch([ChannelId("in", 0)])
+    held.observe_event_time(ChannelId("in", 0), 12_000, 12_000)
+    assert held.update(inputs) is None and not held.idle(ChannelId("in", 2))
 
 
 def test_records_after_a_pause_of_every_producer_are_not_late_with_idleness_by_event_time():
