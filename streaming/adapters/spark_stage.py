@@ -45,7 +45,7 @@ import itertools
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from operator import and_, or_
 from typing import Any, cast
 
@@ -58,7 +58,8 @@ from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from barriers.messages import KIND_HEADER
+from barriers.lineage import Lineage
+from barriers.messages import GENERATION_HEADER, KIND_HEADER, ChannelId
 from operators.aggregations import AggregateFunction, Aggregation, input_columns
 from operators.keyed import KeyedAggregate
 from streaming.adapters import codec
@@ -98,6 +99,8 @@ _CORRUPT = "_abs_corrupt"
 _CONTROL = "_abs_control"
 _DECODED = "_abs_decoded"
 _RUN = "_abs_run"
+# a record an older generation wrote after its channel's restored barrier (spark_abs.Runs skips it)
+_STALE = "_abs_stale"
 
 # logical plan nodes whose output rows no longer stand for one input record each
 _LOSES_POSITIONS = {
@@ -198,6 +201,8 @@ class SparkStage:
             # how the Python decoder reads the values, for the reason a record did not decode
             self._reasons = functools.partial(_reasons, schema=source.value_schema)
             self._event_time = self._event_time_column(source)
+        # what older generations wrote after their channels' restored barriers (``skip_stale``)
+        self._stale: Column | None = None
         self.columns = self.check()
         # the code's rows as Arrow gets them (what Spark code after this stage reads, no operator between)
         self.output_schema: pa.Schema = self._output_schema
@@ -286,7 +291,8 @@ class SparkStage:
         micro-batch)."""
         steps = self._steps
         if self._arrow_cap is not None:
-            numbered = _numbered_arrow(batch.select(*steps.decode), self._fields, self._arrow_cap)
+            decode = steps.decode if self._stale is None else [*steps.decode, self._stale.alias(_STALE)]
+            numbered = _numbered_arrow(batch.select(*decode), self._fields, self._arrow_cap)
         else:
             numbered = _numbered(batch.select(*steps.decode).select(*steps.flag))
         side = Observation(f"abs-side-{next(_OBSERVATIONS)}")
@@ -295,6 +301,16 @@ class SparkStage:
         results = self._with_partials(out, steps) if steps.partials else [out.select(*steps.rows).toArrow()]
         seen = _observed(side, self.name)
         return functools.partial(_prepared, results, seen["markers"], seen["raw"], self._reasons)
+
+    def skip_stale(self, lineages: Mapping[ChannelId, Lineage]) -> None:
+        """Skip, on the channels of ``lineages`` (each with its task's
+        lineage), what older generations wrote after the barrier the channel
+        was restored at: the new generation writes it again.  Each such
+        record counts for its channel's position and gives no rows (as
+        Python's ``SKIP`` segments, streaming.engine.task.segments).  Only
+        Spark code after other stages reads records that can be stale."""
+        if self._arrow_cap is not None:
+            self._stale = _stale_records(lineages)
 
     def _with_partials(self, out: DataFrame, steps: _Steps) -> list[pa.Table]:
         """The operator's partial aggregates of the code's rows per channel,
@@ -518,6 +534,27 @@ def _numbered_arrow(records: DataFrame, fields: StructType, max_decoded_bytes: i
     jvm = session.sparkContext._jvm
     assert jvm is not None
     return DataFrame(jvm.spark_abs.Runs.numberArrow(records._jdf, fields.json(), max_decoded_bytes), session)
+
+
+def _stale_records(lineages: Mapping[ChannelId, Lineage]) -> Column | None:
+    """Whether a record is stale (``Lineage.is_stale``), as a column over
+    a Kafka micro-batch: written (``abs.gen`` header) by a generation older
+    than a restore of its channel, at or after the position it restored;
+    None when no channel was restored."""
+    written = F.get(F.filter("headers", lambda h: h["key"] == GENERATION_HEADER), 0)["value"]
+    generation = written.cast("string").try_cast("bigint")
+    offset = F.col("offset")
+    channels = []
+    for channel, lineage in lineages.items():
+        after = [
+            (generation < restored) & (offset >= positions.get(channel, 0))
+            for restored, positions in lineage.restores
+            if restored > 0
+        ]
+        if after:
+            here = (F.col("topic") == channel.topic) & (F.col("partition") == channel.partition)
+            channels.append(here & functools.reduce(or_, after))
+    return F.coalesce(functools.reduce(or_, channels), F.lit(False)) if channels else None
 
 
 def _arrow_reasons(values: pa.ChunkedArray, schema: pa.Schema, max_decoded_bytes: int) -> list[str]:

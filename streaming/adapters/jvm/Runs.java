@@ -39,6 +39,8 @@ public final class Runs {
     public static final String EVENT_TIME = "_abs_event_time";
     public static final String BAD = "_abs_bad";
     public static final String DECODED = "_abs_decoded";
+    // numberArrow's optional ninth input column: the record is stale (an older generation wrote it)
+    private static final int STALE_AT = 8;
 
     private Runs() {}
 
@@ -64,7 +66,10 @@ public final class Runs {
      * without raw columns. A value is read only if its rows have every column of {@code
      * decodedJson} (a Spark struct type, as JSON) with its type (timestamps in any unit), and
      * only within {@code maxDecodedBytes} of Arrow memory, so a small value that would decompress
-     * to much more is refused while it is read. Markers count records, not rows.
+     * to much more is refused while it is read. Markers count records, not rows. A ninth input
+     * column, when there is one, says a data record is stale (written by a generation that failed,
+     * after the barrier its channel was restored at): it counts in its run's marker (its position)
+     * but gives no rows, as the new generation writes it again.
      */
     public static Dataset<Row> numberArrow(Dataset<Row> records, String decodedJson, long maxDecodedBytes) {
         StructType decoded = (StructType) DataType.fromJson(decodedJson);
@@ -195,6 +200,9 @@ public final class Runs {
                     extra.setInt(0, run);
                     extra.setNullAt(1);
                     return joined.apply(row, extra);
+                }
+                if (!control && row.numFields() > STALE_AT && !row.isNullAt(STALE_AT) && row.getBoolean(STALE_AT)) {
+                    continue; // written by a generation that failed, after its channel's restored barrier: counted, not read
                 }
                 expanded.clear();
                 values.rowsOf(row, control, run, expanded);

@@ -217,6 +217,8 @@ class Worker:
         for stage, tasks in by_stage.items():
             handlers = {t.spec.name: faults.wrap_batch(t.spec.name, t) for t, _ in tasks}
             readers = {c: t.spec.name for t, _ in tasks for c in t.spec.inputs}
+            if stage in code:  # what a failed generation wrote after a restored barrier: Spark code skips it too
+                code[stage].skip_stale({c: t.lineage for t, _ in tasks for c in t.spec.inputs})
             spec = QuerySpec(
                 name=f"{self.pipeline.job}-{stage}-g{self.generation}",
                 channels=tuple(readers),

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from barriers.messages import Barrier, encode
+from barriers.lineage import Lineage
+from barriers.messages import GENERATION_HEADER, Barrier, ChannelId, encode
 from operators import KeyedAggregate, count, max_, sum_
 from streaming.adapters import avro
 from streaming.adapters.codec import ARROW_FORMAT, FORMAT_HEADER
@@ -252,10 +253,12 @@ ROWS_SCHEMA = pa.schema([("user", pa.string()), ("amount", pa.int64()), ("at", p
 
 
 def _arrow_records(*rows) -> pa.Table:
-    """(partition, offset, value: a table | bytes | Barrier) on a stage's output topic."""
+    """(partition, offset, value: a table | bytes | Barrier[, the generation that wrote it]) on a
+    stage's output topic."""
     out = []
-    for partition, offset, value in rows:
+    for partition, offset, value, *written in rows:
         headers = [{"key": FORMAT_HEADER, "value": ARROW_FORMAT}]
+        headers += [{"key": GENERATION_HEADER, "value": str(g).encode()} for g in written]
         if isinstance(value, Barrier):
             headers, value = [{"key": k, "value": v} for k, v in encode(value)], b""
         elif isinstance(value, pa.Table):
@@ -312,6 +315,34 @@ def test_spark_code_after_a_stage_reads_its_arrow_batches_and_names_those_it_can
     assert part_of(prepared, Part.CONTROL)["offset"].to_pylist() == [1]
     markers = part_of(prepared, Part.MARKER)
     assert list(zip(markers["offset"].to_pylist(), markers[RECORDS].to_pylist())) == [(0, 1), (5, 4)]
+
+
+def test_what_a_failed_generation_wrote_after_the_restored_barrier_counts_and_gives_no_rows(spark):
+    after = Stage("after", ("clean",), spark="SELECT _position, user FROM {input}")
+    code = SparkStage(spark, after, StageRows(("clean",), ROWS_SCHEMA, 1 << 20))
+    one = lambda user: pa.table({"user": [user], "amount": [1], "at": [None]}, schema=ROWS_SCHEMA)  # noqa: E731
+    # generation 1 restored partition 0 at offset 2 and partition 1 not at all (from its start)
+    restored = Lineage().after_restore(1, {ChannelId("job.clean", 0): 2})
+    code.skip_stale({ChannelId("job.clean", p): restored for p in (0, 1)})
+    prepared = _sorted(
+        code.records(
+            _arrow_records(
+                (0, 0, one("kept: before the barrier"), 0),
+                (0, 1, one("kept: before the barrier"), 0),
+                (0, 2, one("stale"), 0),
+                (0, 3, one("kept: written again"), 1),
+                (0, 4, one("stale"), 0),  # a failed generation's record may come after the new one's
+                (1, 0, one("stale"), 0),
+                (1, 1, one("kept: no header")),
+            )
+        )
+    )
+    rows = part_of(prepared, Part.ROW)
+    users = list(zip(rows["partition"].to_pylist(), rows["offset"].to_pylist(), rows[ROW].to_pylist()))
+    assert [(p, o) for p, o, _ in users] == [(0, 0), (0, 1), (0, 3), (1, 1)]
+    assert all(row["user"].startswith("kept") for _, _, row in users)
+    # every record counts: positions move past the stale ones
+    assert _markers(prepared) == [(0, 4, 5, None), (1, 1, 2, None)]
 
 
 def test_a_value_over_the_cap_on_arrow_memory_is_refused_while_it_is_read(spark):
