@@ -5,6 +5,11 @@ of their directory."""
 from setuptools import find_packages, setup
 
 setup(
-    packages=[*find_packages(include=["streaming*", "operators*", "barriers*"]), "spark_abs_examples"],
+    # streaming.adapters.jvm holds Java sources only (package data, compiled on first use)
+    packages=[
+        *find_packages(include=["streaming*", "operators*", "barriers*"]),
+        "streaming.adapters.jvm",
+        "spark_abs_examples",
+    ],
     package_dir={"spark_abs_examples": "examples"},
 )
