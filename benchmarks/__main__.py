@@ -7,7 +7,10 @@ The workload is a keyed count (count and sum per key over 100,000 keys, JSON
 values, two partitions, every record already in the topic).  Variants:
 
 - native-hdfs, native-rocksdb: the same query in plain Structured Streaming
-  (groupBy().agg(), update mode, Spark's own checkpoint, each state store);
+  (groupBy().agg(), update mode, Spark's own checkpoint, each state store),
+  reading the whole topic in one micro-batch; native-hdfs-batched: in
+  micro-batches of at most the spark-abs job's ``max_records_per_batch``
+  (``maxOffsetsPerTrigger``), as the spark-abs variants read it;
 - abs-1stage: the spark-abs pipeline, checkpoints off (one checkpoint whose
   barriers follow the whole input commits the output);
 - abs-1stage-ckpt1s (full profile: 0.5 s and 5 s too): unaligned checkpoints
@@ -94,6 +97,12 @@ RATIOS = [
     ("spark-abs / Flink SQL", "abs-1stage", "flink-sql"),
     ("spark-abs / Quix Streams", "abs-1stage", "quix"),
     ("spark-abs, Spark decoding / native (HDFS state store)", "abs-1stage-spark", "native-hdfs"),
+    ("spark-abs / native, both in batches of max_records_per_batch (HDFS)", "abs-1stage", "native-hdfs-batched"),
+    (
+        "spark-abs, Spark decoding / native, both in batches of max_records_per_batch (HDFS)",
+        "abs-1stage-spark",
+        "native-hdfs-batched",
+    ),
     ("spark-abs, Spark decoding / Flink SQL", "abs-1stage-spark", "flink-sql"),
     ("Spark decoding / Python decoding", "abs-1stage-spark", "abs-1stage"),
     ("checkpoints every 0.5 s / off", "abs-1stage-ckpt0.5s", "abs-1stage"),
@@ -114,7 +123,7 @@ SCALING = (1, 2, 4)
 
 def _variants(profile: Profile, scaling: bool = False, peers: tuple[str, ...] = ()) -> list[str]:
     return (
-        ["native-hdfs", "native-rocksdb", *peers, "abs-1stage", "abs-1stage-spark"]
+        ["native-hdfs", "native-hdfs-batched", "native-rocksdb", *peers, "abs-1stage", "abs-1stage-spark"]
         + [f"abs-1stage-ckpt{i:g}s" for i in profile.intervals]
         + ["abs-1stage-ckpt1s-incremental", "abs-2stage", "abs-2stage-spark-after", "abs-2stage-spark-first"]
         + ([f"scaling-{n}" for n in SCALING] if scaling else [])
@@ -136,13 +145,15 @@ def _run(variant: str, round_: int, context: dict):
         )
     profile_dir = context["out"] / "profiles" if context["profile"] else None
     if variant.startswith("native-"):
+        batched = variant.endswith("-batched")
         return runs.native_run(
             variant,
             round_,
             topic=context["topic"],
-            state_store=variant.split("-", 1)[1],
+            state_store=variant.split("-")[1],
             expected=context["expected"],
             profile_dir=profile_dir,
+            max_offsets_per_trigger=context["max_records_per_batch"] if batched else None,
         )
     storage = runs.RunStorage(store=context["store"], log_dir=context["out"] / "logs", profile_dir=profile_dir)
     if variant.startswith("scaling-"):
@@ -327,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     from streaming import console
     from streaming.adapters.kafka_admin import create_topic
     from streaming.api.config import Connection, LocalRuntimeSettings, default_home
+    from streaming.api.settings import JobSettings
     from streaming.errors import SparkAbsError
     from streaming.local import LocalRuntime
 
@@ -382,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
         "scaling_topic": scaling_topic,
         "scaling_expected": scaling_expected,
         "cache_dir": LocalRuntimeSettings().cache_dir,
+        # native-hdfs-batched reads in batches of this bound, as the jobs do
+        "max_records_per_batch": int(
+            settings.get("max_records_per_batch") or JobSettings.__dataclass_fields__["max_records_per_batch"].default
+        ),
     }
     all_runs = []
     for round_ in range(1, profile.rounds + 1):

@@ -4,7 +4,9 @@ own (its own Spark application, as a spark-abs job's workers are):
 HDFS-backed or RocksDB state store, each micro-batch's updates written as
 Parquet.  It reads what the topic holds (``availableNow``) and prints one
 JSON line: start-up seconds, then seconds from the first batch to the end
-(everything read, aggregated, written and checkpointed).
+(everything read, aggregated, written and checkpointed).  By default it
+reads it all in one micro-batch; ``--max-offsets-per-trigger`` bounds its
+batches as a spark-abs job's ``max_records_per_batch`` bounds its own.
 
     python -m benchmarks.native --topic T --state-store hdfs --out DIR"""
 
@@ -26,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topic", required=True)
     parser.add_argument("--state-store", choices=sorted(STATE_STORES), default="hdfs")
     parser.add_argument("--out", required=True, help="a directory for Spark's checkpoint and the output")
+    parser.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        help="Spark's maxOffsetsPerTrigger: micro-batches of at most this many records (default: one batch of all)",
+    )
     args = parser.parse_args(argv)
     began = time.monotonic()
 
@@ -54,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         .options(**connection.kafka.spark_options())
         .option("subscribe", args.topic)
         .option("startingOffsets", "earliest")
+        .options(
+            **({"maxOffsetsPerTrigger": str(args.max_offsets_per_trigger)} if args.max_offsets_per_trigger else {})
+        )
         .load()
     )
     # spark-abs runs of the same invocation append their barriers (header-only

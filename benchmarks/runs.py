@@ -286,9 +286,12 @@ def native_run(
     state_store: str,
     expected: Mapping[str, int],
     profile_dir: Path | None = None,
+    max_offsets_per_trigger: int | None = None,
 ) -> Run:
-    """The native query in a process of its own (see ``benchmarks.native``);
-    with ``profile_dir``, Spark writes its event log there."""
+    """The native query in a process of its own (see ``benchmarks.native``),
+    in micro-batches of at most ``max_offsets_per_trigger`` records (None:
+    one of everything); with ``profile_dir``, Spark writes its event log
+    there."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     event_logs = _event_logs(profile_dir, variant, round_)
     if event_logs is not None:
@@ -296,7 +299,11 @@ def native_run(
     with tempfile.TemporaryDirectory(prefix="bench-native-") as out:
         began = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.native", "--topic", topic, "--state-store", state_store, "--out", out],
+            [
+                *(sys.executable, "-m", "benchmarks.native", "--topic", topic, "--state-store", state_store),
+                *("--out", out),
+                *(("--max-offsets-per-trigger", str(max_offsets_per_trigger)) if max_offsets_per_trigger else ()),
+            ],
             capture_output=True,
             text=True,
             env=env,

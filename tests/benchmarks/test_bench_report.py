@@ -61,6 +61,7 @@ def test_the_table_names_every_variant_and_says_whether_its_output_verified():
 def test_profiles_list_their_variants():
     assert _variants(PROFILES["quick"]) == [
         "native-hdfs",
+        "native-hdfs-batched",
         "native-rocksdb",
         "abs-1stage",
         "abs-1stage-spark",
