@@ -401,7 +401,7 @@ class Pipeline:
                 )
             if upstream.schema is not None:
                 schemas.append((name, upstream.schema))
-        if len({schema for _, schema in schemas}) > 1:
+        if any(not schema.equals(schemas[0][1]) for _, schema in schemas[1:]):  # metadata aside
             said = "; ".join(f"{name}: {schema.to_string(show_schema_metadata=False)}" for name, schema in schemas)
             raise ConfigError(
                 f"stage {stage.name}: Spark code over several stages reads their union, so their rows must "

@@ -338,7 +338,11 @@ class StageTask:
         began = time.perf_counter()
         table = stamped(table, HANDED, time.time())  # for the barrier path of a checkpoint it carries
         with self._lock:
-            self.watermarks.batch(self.gate.add(table))
+            brought = self.gate.add(table)
+            if self.copied is not None and self.copied.handing:
+                # a replay of copied channel state hands its channels over one by one: none is idle meanwhile
+                brought = {*brought, *self.copied.ends}
+            self.watermarks.batch(brought)
             self.gate.drain(self.handler.is_blocked, self._handle, self._between_segments)
             self._follow_event_time()
             watermarks = self.watermarks
@@ -499,8 +503,7 @@ class StageTask:
         if partials.num_rows:
             self.output.emit(self.operator.merge_partials(pa.Table.from_struct_array(partials[PARTIAL])), watermark)
         markers = part_of(rows, Part.MARKER)
-        times = markers[EVENT_TIME]
-        self.watermarks.observe_event_time(channel, pc.max(times).as_py(), pc.min(times).as_py())
+        self.watermarks.observe_event_time(channel, pc.max(markers[EVENT_TIME]).as_py())
         self._watermark_moved(channel)
         records = pc.sum(markers[RECORDS]).as_py() or 0
         self.counters["records"] += records

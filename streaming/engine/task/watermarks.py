@@ -21,10 +21,13 @@ silence), or once a batch comes without its records after the task's other
 event-time inputs moved on by its ``idle_after_event_time`` since it last
 brought one (no clock: a pause of every input makes nothing idle), until
 its next record.  One that brought none yet counts from where the others
-were when the task started: their restored watermarks, or else the lowest
-event time they first read (so a partition that never speaks is left
-behind even when the others' whole input comes in one micro-batch, as
-after a restore that found it all waiting).  An internal channel is idle from a
+were when the task started: their restored watermarks (so a partition that
+never speaks is left behind even when the rest of the others' input comes
+in the first micro-batch after a restore), or, on a first start, where the
+batch that gave them their first watermark took them.  Once the others'
+input ended (``MAX_WATERMARK``) it is left behind at once; while the task
+replays copied channel state, the channels still to replay count as
+bringing records.  An internal channel is idle from a
 watermark record of its writer that says so (``abs.idle``) to its next
 record.  Idle channels are left out of the minimum.
 
@@ -109,12 +112,12 @@ def event_time_inputs(pipeline: Pipeline, spec: TaskSpec) -> dict[ChannelId, Eve
     return inputs
 
 
-def _millis(values: pa.ChunkedArray | pa.Array, *, lowest: bool = False) -> int | None:
-    """The highest of ``values`` (int ms or a timestamp) in milliseconds, or the lowest."""
+def _millis(values: pa.ChunkedArray | pa.Array) -> int | None:
+    """The highest of ``values`` (int ms or a timestamp) in milliseconds."""
     if pa.types.is_timestamp(values.type):
         values = values.cast(pa.timestamp("ms", values.type.tz)).cast(pa.int64())
-    found = (pc.min if lowest else pc.max)(values).as_py()
-    return None if found is None else int(found)
+    highest = pc.max(values).as_py()
+    return None if highest is None else int(highest)
 
 
 class WatermarkTracker:
@@ -137,11 +140,10 @@ class WatermarkTracker:
         self._timed_out: set[ChannelId] = set()
         # idle_after_event_time: its channels, and how far the other inputs had got when one last brought records
         self._behind_after = {c: s.idle_after_ms for c, s in self._inputs.items() if s.idle_after_ms is not None}
-        # a channel that brought none yet counts from the others' start: restored watermarks, else first event times
+        # a channel that brought none yet counts from where the others were restored (an ended input aside)
         self._anchor: dict[ChannelId, int] = {}
-        self._first: dict[ChannelId, int] = {}
         for channel in self._behind_after:
-            others = [w for c, w in self._by_channel.items() if c != channel]
+            others = [w for c, w in self._by_channel.items() if c != channel and w < MAX_WATERMARK]
             if others:
                 self._anchor[channel] = max(others)
         self._left_behind: set[ChannelId] = set()
@@ -190,12 +192,8 @@ class WatermarkTracker:
                 continue
             if channel in self._brought:
                 self._anchor[channel] = others
-                continue
-            if channel not in self._anchor:
-                # it brought none yet: from where the others began
-                self._anchor[channel] = max((w for c, w in self._first.items() if c != channel), default=others)
-            if others - self._anchor[channel] >= after_ms:
-                self._left_behind.add(channel)
+            elif others >= MAX_WATERMARK or others - self._anchor.setdefault(channel, others) >= after_ms:
+                self._left_behind.add(channel)  # the others moved on that much, or their input ended
 
     def observe(self, channel: ChannelId, rows: pa.Table, decoded: pa.Table | None) -> None:
         """Take what the processed ``rows`` of ``channel`` say about event
@@ -216,26 +214,17 @@ class WatermarkTracker:
         elif decoded is not None and decoded.num_rows and source.column in decoded.column_names:
             highest = _millis(decoded[source.column])
             if highest is not None:
-                self._begin(channel, _millis(decoded[source.column], lowest=True), source.delay_ms)
                 highest -= source.delay_ms
                 latest = highest if latest is None else max(latest, highest)
         self._move(channel, latest)
 
-    def observe_event_time(self, channel: ChannelId, highest: int | None, lowest: int | None = None) -> None:
+    def observe_event_time(self, channel: ChannelId, highest: int | None) -> None:
         """Records of ingress channel ``channel`` were processed whose highest
         event time is ``highest`` ms (None: none had one), as a stage's Spark
-        code reports it; ``lowest``, when known, bounds the earliest of them
-        from above (the lowest of its runs' highest)."""
+        code reports it."""
         source = self._inputs.get(channel)
         if source is not None and source.column is not None and highest is not None:
-            self._begin(channel, highest if lowest is None else lowest, source.delay_ms)
             self._move(channel, highest - source.delay_ms)
-
-    def _begin(self, channel: ChannelId, lowest: int | None, delay_ms: int) -> None:
-        """Where ``channel``'s event time began, from its first records
-        (what a channel that never brought one is left behind from)."""
-        if lowest is not None and channel not in self._first and channel not in self._by_channel:
-            self._first[channel] = lowest - delay_ms
 
     def _move(self, channel: ChannelId, latest: int | None) -> None:
         if latest is not None and latest > self._by_channel.get(channel, latest - 1):

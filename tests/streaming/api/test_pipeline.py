@@ -156,7 +156,7 @@ def test_spark_code_may_follow_declared_stages_and_spark_code_without_an_operato
         (Ingress("a", 1, SCHEMA),),
         (
             Stage("u", ("a",), _op, schema=SCHEMA),
-            Stage("v", ("a",), _op, schema=SCHEMA),
+            Stage("v", ("a",), _op, schema=SCHEMA.with_metadata({"from": "v"})),  # metadata is not the rows
             Stage("w", ("a",), spark=SQL),
             Stage("s", ("u", "v"), spark=SQL, sink=Sink()),
             Stage("t", ("w",), spark=SQL, sink=Sink()),

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from task_cases import batch, make_task
+from task_cases import HEADER_TYPE, batch, make_task
 
 from barriers.messages import Barrier, ChannelId
 from operators import Chain, LatestValueJoin, TumblingWindowAggregate, count, filter_rows, sum_
 from streaming import end_input
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
-from streaming.engine.task.watermarks import MAX_WATERMARK, EventTimeInput, WatermarkTracker
+from streaming.engine.task.stage_task import TaskStart
+from streaming.engine.task.watermarks import MAX_WATERMARK, EventTimeInput, WatermarkTracker, watermark_headers
 
 ORDERS = pa.schema([("account", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
 
@@ -168,32 +169,69 @@ def test_a_partition_left_behind_by_event_time_is_idle_and_a_pause_of_every_part
     assert task.watermark == 130
 
 
-def test_a_partition_that_never_spoke_is_left_behind_when_the_others_whole_input_comes_in_one_batch():
-    pipeline = Pipeline(
+def _left_behind_pipeline() -> Pipeline:
+    return Pipeline(
         "job",
         (Ingress("in", 2, ORDERS, event_time="ts", idle_after_event_time=100),),
         (Stage("w", ("in",), windows, sink=Sink()),),
     )
-    task, _ = make_task(pipeline, "w-0", sink=True, clock=Clock())
-    # all of partition 0's input at once, partition 1 silent: it counts from partition 0's first event time
-    task.process_batch(batch(*[("in", 0, i, {"account": "a", "amount": 1, "ts": 50 * i}) for i in range(6)]))
-    assert task.watermarks.idle(ChannelId("in", 1))
-    assert task.watermark == 250 and closed(task) == [("a", 0, 2), ("a", 100, 2)]
 
 
 def test_after_a_restore_a_partition_that_never_spoke_counts_from_the_restored_watermarks():
     inputs = {ChannelId("in", p): EventTimeInput("ts", idle_after_ms=3_000) for p in (0, 2)}
     # restored: partition 0 had reached 10 s; every record after it comes in the first batch (a restore that
-    # found them all waiting), Spark code reporting its runs' highest event times
+    # found them all waiting)
     tracker = WatermarkTracker(inputs, {ChannelId("in", 0): 10_000}, clock=Clock())
     tracker.batch([ChannelId("in", 0)])
-    tracker.observe_event_time(ChannelId("in", 0), 22_000, 22_000)
+    tracker.observe_event_time(ChannelId("in", 0), 22_000)
     assert tracker.update(inputs) == 22_000 and tracker.idle(ChannelId("in", 2))
     # less than that on from the restored watermark: partition 2 may still speak
     held = WatermarkTracker(inputs, {ChannelId("in", 0): 10_000}, clock=Clock())
     held.batch([ChannelId("in", 0)])
-    held.observe_event_time(ChannelId("in", 0), 12_000, 12_000)
+    held.observe_event_time(ChannelId("in", 0), 12_000)
     assert held.update(inputs) is None and not held.idle(ChannelId("in", 2))
+
+
+def test_a_partition_that_never_spoke_holds_nothing_back_once_the_others_input_ended():
+    task, _ = make_task(_left_behind_pipeline(), "w-0", sink=True, clock=Clock())
+    task.process_batch(batch(("in", 0, 0, {"account": "a", "amount": 1, "ts": 20})))  # its first and only batch
+    assert task.watermark is None
+    end_input_record = batch(("in", 0, 1, b""))
+    end_input_record = end_input_record.set_column(
+        end_input_record.schema.get_field_index("headers"),
+        "headers",
+        pa.array([[{"key": k, "value": v} for k, v in watermark_headers(MAX_WATERMARK)]], HEADER_TYPE),
+    )
+    task.process_batch(end_input_record)
+    assert task.watermark == MAX_WATERMARK and closed(task) == [("a", 0, 1)]
+    # restored with that input ended: the same at once
+    start = TaskStart(
+        generation=1,
+        checkpoint_id=1,
+        positions={ChannelId("in", 0): 2, ChannelId("in", 1): 0},
+        watermarks={ChannelId("in", 0): MAX_WATERMARK},
+    )
+    restored, _ = make_task(_left_behind_pipeline(), "w-0", sink=True, clock=Clock(), start=start)
+    restored.process_batch(batch(("in", 0, 2, Barrier(2, job="job"))))
+    assert restored.watermark == MAX_WATERMARK
+
+
+def test_a_replay_of_copied_channel_state_leaves_no_partition_behind_before_its_own_records():
+    a, b = ChannelId("in", 0), ChannelId("in", 1)
+    row = lambda p, o, ts: ("in", p, o, {"account": "a", "amount": 1, "ts": ts})  # noqa: E731
+    # restored at 0 on both; the copied records of partition 0 go 500 on before partition 1's are handed over
+    start = TaskStart(
+        generation=1,
+        checkpoint_id=1,
+        positions={a: 0, b: 0},
+        watermarks={a: 0, b: 0},
+        replay={a: batch(*[row(0, o, 100 * o) for o in range(6)]), b: batch(row(1, 0, 50))},
+    )
+    task, _ = make_task(_left_behind_pipeline(), "w-0", sink=True, clock=Clock(), start=start)
+    while task.replay_run():
+        pass
+    assert not task.watermarks.idle(b) and task.watermark == 50
+    assert closed(task) == []  # partition 1's record at 50 was on time for window 0
 
 
 def test_records_after_a_pause_of_every_producer_are_not_late_with_idleness_by_event_time():
