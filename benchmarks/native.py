@@ -46,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         SparkSettings(
             master=connection.spark_master,
             app_name="bench-native",
-            extra_conf=(("spark.sql.streaming.stateStore.providerClass", STATE_STORES[args.state_store]),),
+            extra_conf=(
+                ("spark.sql.streaming.stateStore.providerClass", STATE_STORES[args.state_store]),
+                # Spark's own local file system (checksums) for its checkpoint and state store
+                ("spark.hadoop.fs.AbstractFileSystem.file.impl", "org.apache.hadoop.fs.local.LocalFs"),
+            ),
         )
     )
     first_batch: list[float] = []
