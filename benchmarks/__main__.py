@@ -48,8 +48,9 @@ least as many records, ``--records``); the table gives the state bytes each
 checkpoint stored (median).
 
 Each round runs every variant once, in an order that alternates between
-rounds, on the same topic.  Throughput counts from the first record read (all
-of a spark-abs job's tasks ready; the native query's first batch) to
+rounds, on the same topic.  Throughput counts from the queries' start (all of
+a spark-abs job's tasks ready, their queries started; the native query
+started), so each pays its first micro-batch's offsets and planning, to
 everything committed; start-up is reported apart.  Ratios are taken within
 a round and their median reported.  ``--demo`` adds the demo's three stages
 at steady state (transfers arriving at ``DEMO_RATE`` per second, checkpoints
