@@ -6,10 +6,13 @@ bases; see docs/architecture/invariants.md, "Errors and names"."""
 
 from __future__ import annotations
 
+import difflib
 import enum
+from collections.abc import Sequence
 from typing import TypeVar
 
 __all__ = [
+    "names_like",
     "SparkAbsError",
     "ConfigError",
     "ToolMissingError",
@@ -51,6 +54,19 @@ def parse_choice(kind: type[E], value: object, what: str) -> E:
         choices = [repr(k.value) for k in kind]
         listed = " or ".join(choices) if len(choices) == 2 else "one of " + ", ".join(choices)
         raise ConfigError(f"{what} {value!r}: use {listed}") from None
+
+
+def names_like(name: str, names: Sequence[str], what: str, *, listed: int = 8) -> str:
+    """What an error about ``name`` says of the ``names`` there are (``what``:
+    "jobs in the store"): the ones spelt like it first, then all of them,
+    or their count when there are more than ``listed``."""
+    if not names:
+        return f"there are no {what}"
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    meant = f"did you mean {' or '.join(repr(n) for n in close)}? " if close else ""
+    if len(names) <= listed:
+        return f"{meant}{what}: {', '.join(names)}"
+    return f"{meant}{len(names)} {what}, the first: {', '.join(names[:listed])}, ..."
 
 
 class SparkAbsError(Exception):

@@ -46,7 +46,7 @@ from kafka.errors import KafkaError
 
 from barriers.failures import CheckpointFailure
 from streaming.adapters import kafka_clients
-from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.kafka_admin import admin_client, create_topic
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, patiently, producer
 from streaming.adapters.records import Headers
 from streaming.adapters.snapshots.format import TaskCheckpointMetrics, TaskSnapshot
@@ -71,6 +71,7 @@ __all__ = [
     "Heartbeat",
     "ControlTopic",
     "control_topic_name",
+    "control_jobs",
     "send_event",
     "announced_barrier",
     "SIGNATURE_HEADER",
@@ -86,8 +87,26 @@ SIGNATURE_HEADER = "abs.sig"
 LOGGED_REJECTIONS = 5
 
 
+# a job's control topic: spark-abs.<job>.control
+_CONTROL_TOPIC = ("spark-abs.", ".control")
+
+
 def control_topic_name(job: str) -> str:
-    return f"spark-abs.{job}.control"
+    prefix, suffix = _CONTROL_TOPIC
+    return f"{prefix}{job}{suffix}"
+
+
+def control_jobs(kafka: KafkaAccess) -> list[str]:
+    """The jobs with a control topic on ``kafka`` (each started once there), by name."""
+    admin = admin_client(kafka)
+    try:
+        topics = admin.list_topics()
+    except KafkaError as exc:
+        raise KafkaUnavailableError(f"listing the topics failed: {exc}") from exc
+    finally:
+        admin.close()
+    prefix, suffix = _CONTROL_TOPIC
+    return sorted(t[len(prefix) : -len(suffix)] for t in topics if t.startswith(prefix) and t.endswith(suffix))
 
 
 class ControlKind(enum.StrEnum):

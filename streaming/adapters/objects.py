@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 import tenacity
 
 from streaming.api.config import Connection
+from streaming.api.settings import check_store_uri
 from streaming.errors import ConfigError, SnapshotCorruptError, SnapshotMissingError, StoreError
 
 __all__ = [
@@ -77,13 +78,18 @@ def s3_filesystem(
     )
 
 
-def open_store(uri: str, connection: Connection | None = None) -> StoreLocation:
+def open_store(uri: str, connection: Connection | None = None, *, create: bool = True) -> StoreLocation:
     """``file:///abs/dir`` or a plain path -> local filesystem; ``s3://bucket/prefix``
-    -> the S3 server of ``connection``."""
+    -> the S3 server of ``connection``.  A local directory that does not exist
+    is made, or with ``create=False`` (a command that only reads) an error."""
+    check_store_uri(uri)
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):
         root = Path(parsed.path if parsed.scheme else uri).expanduser().resolve()
-        root.mkdir(parents=True, exist_ok=True)
+        if create:
+            root.mkdir(parents=True, exist_ok=True)
+        elif not root.is_dir():
+            raise StoreError(f"store {uri!r}: there is no directory {root} (is --store right?)")
         return StoreLocation(pafs.LocalFileSystem(), str(root), f"file://{root}")
     if parsed.scheme == "s3":
         if connection is None:

@@ -11,12 +11,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 from barriers.messages import CheckpointOptions, InFlightFormat
 from streaming.errors import ConfigError, parse_choice
 
 __all__ = [
     "JobSettings",
+    "check_store_uri",
     "DECODED_BATCH_BYTES",
     "Mode",
     "MODES",
@@ -115,6 +117,7 @@ class JobSettings:
     def __post_init__(self) -> None:
         if not self.store:
             raise ConfigError("store: give a file:// or s3:// URI for snapshots")
+        check_store_uri(self.store)
         object.__setattr__(self, "mode", parse_choice(Mode, self.mode, "mode"))
         object.__setattr__(self, "in_flight", parse_choice(InFlightFormat, self.in_flight, "in_flight"))
         object.__setattr__(
@@ -190,3 +193,16 @@ class JobSettings:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"job settings are not JSON: {exc}") from exc
         return cls.from_dict(data)
+
+
+def check_store_uri(uri: str) -> None:
+    """A ``ConfigError`` saying what to give instead, for a store URI that
+    cannot mean what its writer meant: ``file://name`` reads ``name`` as a
+    host and would be the current directory."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
+        meant = f"{parsed.netloc}{parsed.path}"
+        raise ConfigError(
+            f"store {uri!r}: after file:// comes a host, so {parsed.netloc!r} is not read as a directory; "
+            f"give an absolute path with three slashes (file:///path/to/{meant}) or a plain path ({meant})"
+        )

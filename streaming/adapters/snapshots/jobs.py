@@ -9,15 +9,33 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote
 
-from streaming.adapters.objects import ObjectFiles
+import pyarrow.fs as pafs
+
+from streaming.adapters.objects import ObjectFiles, StoreLocation
 from streaming.adapters.snapshots.format import GenerationStart, JobMeta, now
-from streaming.adapters.snapshots.layout import Layout, checkpoint_dir_name
+from streaming.adapters.snapshots.layout import JOB, Layout, checkpoint_dir_name
 from streaming.errors import SnapshotCorruptError
 
-__all__ = ["JobHistory"]
+__all__ = ["JobHistory", "jobs_in"]
 
 log = logging.getLogger(__name__)
+
+
+def jobs_in(location: StoreLocation) -> list[str]:
+    """The jobs with a history or checkpoints in ``location``, by name (none
+    when its root does not exist)."""
+    files = ObjectFiles(location, "snapshot store")
+    jobs = []
+    with files.io("listing its jobs"):
+        for entry in files.fs.get_file_info(pafs.FileSelector(location.root, allow_not_found=True)):
+            if entry.type != pafs.FileType.Directory:
+                continue
+            inside = files.fs.get_file_info(pafs.FileSelector(entry.path, allow_not_found=True))
+            if any(i.base_name in (JOB, "checkpoints") for i in inside):
+                jobs.append(unquote(entry.base_name))
+    return sorted(jobs)
 
 
 class JobHistory:

@@ -39,11 +39,12 @@ import pyarrow as pa
 
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots.jobs import jobs_in
 from streaming.api.config import Connection, KafkaAccess
 from streaming.api.pipeline import Pipeline
 from streaming.engine.restore.changes import AllowDropped, PipelineChange
 from streaming.engine.restore.rescale import RescalePlan
-from streaming.errors import SnapshotCorruptError
+from streaming.errors import ConfigError, SnapshotCorruptError, names_like
 from streaming.tools.checkpoints.channels import (
     ChannelState,
     ChannelStateReader,
@@ -90,13 +91,20 @@ class Checkpoints:
         self.planner = RestorePlanner(store, kafka)
 
     @classmethod
-    def open(cls, uri: str, job: str, connection: Connection | None = None) -> Checkpoints:
+    def open(cls, uri: str, job: str, connection: Connection | None = None, *, existing: bool = False) -> Checkpoints:
         """``uri`` is the store (``file:///dir`` or ``s3://bucket/prefix``);
-        ``connection`` reaches S3 and Kafka."""
-        return cls(
-            SnapshotStore(open_store(uri, connection), job),
-            kafka=connection.kafka if connection else None,
-        )
+        ``connection`` reaches S3 and Kafka.  With ``existing`` (the commands
+        that look at a job) a store or job that does not exist is a
+        ``ConfigError`` naming the jobs the store has, and nothing is made."""
+        location = open_store(uri, connection, create=not existing)
+        if existing:
+            jobs = jobs_in(location)
+            if job not in jobs:
+                has = (
+                    names_like(job, jobs, "jobs in the store") if jobs else "it holds no job at all (is --store right?)"
+                )
+                raise ConfigError(f"job {job!r} has no history or checkpoints in store {location.uri}; {has}")
+        return cls(SnapshotStore(location, job), kafka=connection.kafka if connection else None)
 
     def close(self) -> None:
         self.store.close()

@@ -75,7 +75,7 @@ def open_checkpoints(args: argparse.Namespace, *, kafka: bool = False):
     connection = None
     if kafka or not args.store.startswith("file://"):
         connection = Connection.from_env(os.environ) or Connection.load(runtime_settings(args))
-    return Checkpoints.open(args.store, args.job, connection), connection
+    return Checkpoints.open(args.store, args.job, connection, existing=True), connection
 
 
 def allow_dropped(args: argparse.Namespace):
@@ -205,7 +205,8 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
         "--drain",
         action="store_true",
         help="stop once everything the input topics hold when the job starts is processed and committed "
-        "(a final aligned checkpoint covers it); a bounded input's last run",
+        "(a final aligned checkpoint covers it); a bounded input's last run. SIGUSR1 drains a running job "
+        "likewise, to what the topics hold when the signal comes",
     )
     changed = parser.add_argument_group("a restore into a changed pipeline")
     changed.add_argument(

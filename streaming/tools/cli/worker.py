@@ -15,6 +15,9 @@ __all__ = ["register", "run"]
 
 log = logging.getLogger(__name__)
 
+# how long a worker waits for its job's runner to publish a lease, by default
+RUNNER_WAIT_S = 600.0
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -42,6 +45,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         required=True,
         help="the worker group: `all` with the runner's --workers one, a stage's name with per-stage",
     )
+    parser.add_argument(
+        "--wait-for-runner",
+        type=float,
+        default=RUNNER_WAIT_S,
+        metavar="SECONDS",
+        help="give up (exit status 2) when no runner of the job has published its lease this long after the "
+        f"worker started: a mistyped --job, or a runner never started (default {RUNNER_WAIT_S:g}; 0: wait "
+        "until stopped)",
+    )
 
     metrics.add_options(parser, "this worker's")
     parser.set_defaults(func=run)
@@ -51,8 +63,10 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from streaming.adapters.control import ControlTopic
+    from streaming.adapters.control import ControlTopic, control_jobs
+    from streaming.adapters.kafka_admin import delete_topics, end_offsets
     from streaming.engine.remote.member import RemoteWorker, wait_for_lease
+    from streaming.errors import ConfigError, names_like
     from streaming.local import LocalRuntime
 
     export_home(args)
@@ -63,18 +77,35 @@ def run(args: argparse.Namespace) -> int:
         log.info(f"worker: metrics on {served.url}")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    known = control_jobs(connection.kafka)
+    if args.job not in known:
+        log.warning(
+            f"worker: job {args.job!r} has no control topic on this Kafka: no runner of it has started here yet "
+            f"({names_like(args.job, known, 'jobs with a control topic here')})"
+        )
     control = ControlTopic(
         connection.kafka,
         args.job,
         connection.job_key(args.job),
         on_rejected=functools.partial(metrics.control_rejected, args.job, "worker"),
     )
+    bound = args.wait_for_runner or None
     try:
         control.seek_to_end()
-        log.info(f"worker: waiting for the runner of job {args.job} (its lease on {control.topic})")
-        lease = wait_for_lease(control, args.job, args.pipeline, stop=stop)
+        waiting = f"up to {bound:g} s (--wait-for-runner)" if bound else "until stopped"
+        log.info(f"worker: waiting {waiting} for the runner of job {args.job} (its lease on {control.topic})")
+        lease = wait_for_lease(control, args.job, args.pipeline, stop=stop, timeout_s=bound)
     finally:
         control.close()
+    if lease is None and not stop.is_set():
+        if args.job not in known and not sum(end_offsets(connection.kafka, control.topic, 1).values()):
+            delete_topics(connection.kafka, [control.topic])  # made by this wait alone: no trace of a typo
+        raise ConfigError(
+            f"no runner of job {args.job!r} published its lease on {control.topic} in {bound:g} s "
+            f"(--wait-for-runner): start the job with `spark-abs run PIPELINE --remote-workers` under that name, "
+            f"or give --job the runner's job name "
+            f"({names_like(args.job, [j for j in control_jobs(connection.kafka) if j != args.job], 'jobs with a control topic here')})"
+        )
     if lease is None:
         return 0
     worker = RemoteWorker(lease, args.group, connection, args.pipeline)

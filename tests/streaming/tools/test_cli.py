@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from streaming.local.processes import free_port
 
 
@@ -81,7 +83,6 @@ def test_the_job_options_default_to_the_job_settings_defaults():
 
 
 def test_a_memory_budget_or_segment_time_that_cannot_work_is_refused_with_its_name():
-    import pytest
 
     from streaming.api.settings import JobSettings
     from streaming.errors import ConfigError
@@ -109,3 +110,100 @@ def test_runs_are_paced_in_time_only_where_checkpoints_are_announced():
         for mode in ("aligned", "unaligned", "aligned-timeout", "at-least-once")
     }
     assert paced == {"aligned": None, "unaligned": 25, "aligned-timeout": 25, "at-least-once": None}
+
+
+def _store_with_jobs(tmp_path, *jobs: str) -> str:
+    from streaming.adapters.objects import open_store
+    from streaming.adapters.snapshots import SnapshotStore
+
+    uri = f"file://{tmp_path}/store"
+    for job in jobs:
+        with SnapshotStore(open_store(uri), job) as store:
+            store.first_generation()
+    return uri
+
+
+def test_a_job_the_store_does_not_have_is_an_error_that_lists_the_jobs_it_has(tmp_path):
+    uri = _store_with_jobs(tmp_path, "orders", "payments")
+    for command in (("checkpoints", "list"), ("checkpoints", "verify"), ("checkpoints", "gc"), ("state", "1")):
+        done = _run("--home", str(tmp_path), *command, "--store", uri, "--job", "ordres")
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert "job 'ordres' has no history or checkpoints" in done.stderr
+        assert (
+            "jobs in the store: orders, payments" in done.stderr
+            and "did you mean 'orders'?" in done.stderr
+            and "Traceback" not in done.stderr
+        )
+    assert not (tmp_path / "store" / "ordres").exists()
+    assert _run("--home", str(tmp_path), "checkpoints", "list", "--store", uri, "--job", "orders").returncode == 0
+
+
+def test_a_store_that_does_not_exist_is_an_error_and_is_not_made(tmp_path):
+    missing = tmp_path / "no-such-store"
+    done = _run("--home", str(tmp_path), "checkpoints", "list", "--store", f"file://{missing}", "--job", "orders")
+    assert done.returncode == 2
+    assert f"there is no directory {missing}" in done.stderr and "--store" in done.stderr
+    assert not missing.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = _run("--home", str(tmp_path), "checkpoints", "verify", "--store", f"file://{empty}", "--job", "orders")
+    assert done.returncode == 2 and "it holds no job at all (is --store right?)" in done.stderr
+
+
+def test_file_scheme_with_two_slashes_is_refused_with_the_fix(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "streaming.tools.cli", "--home", str(tmp_path), "checkpoints", "list"]
+        + ["--store", "file://mystore", "--job", "orders"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,  # where file://mystore would have put it
+        env={**os.environ, "PYTHONPATH": os.pathsep.join((os.getcwd(), os.environ.get("PYTHONPATH", "")))},
+    )
+    assert done.returncode == 2
+    assert "'mystore' is not read as a directory" in done.stderr
+    assert "file:///path/to/mystore" in done.stderr and "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing made in the current directory
+
+
+def test_job_settings_refuse_a_file_store_that_names_a_host():
+
+    from streaming.api.settings import JobSettings
+    from streaming.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="three slashes"):
+        JobSettings(store="file://checkpoints")
+    assert JobSettings(store="file://localhost/tmp/x").store == "file://localhost/tmp/x"
+    assert JobSettings(store="file:///tmp/x").store == "file:///tmp/x"
+
+
+@pytest.mark.integration
+def test_a_worker_whose_runner_never_comes_gives_up_after_its_bound_and_leaves_no_topic(connection, unique_name):
+    from streaming.adapters.control import control_jobs, control_topic_name
+    from streaming.adapters.kafka_admin import admin_client
+
+    job = f"typo-{unique_name}"
+    done = _run(
+        "worker",
+        "--job",
+        job,
+        "--pipeline",
+        "support.pipelines:bad_spark_pipeline",
+        "--group",
+        "all",
+        "--wait-for-runner",
+        "3",
+        env=connection.as_env(),
+    )
+    assert done.returncode == 2, done.stderr
+    said = done.stdout + done.stderr
+    assert f"job {job!r} has no control topic on this Kafka" in said
+    assert "waiting up to 3 s (--wait-for-runner)" in said
+    assert f"no runner of job {job!r} published its lease on {control_topic_name(job)} in 3 s" in done.stderr
+    assert "Traceback" not in said
+    admin = admin_client(connection.kafka)
+    try:
+        assert control_topic_name(job) not in admin.list_topics()  # the wait made it, and took it away again
+    finally:
+        admin.close()
+    assert job not in control_jobs(connection.kafka)

@@ -313,6 +313,10 @@ def test_channels_of_different_stages_decode_each_with_its_own_columns(tmp_path)
 def test_a_restore_with_nothing_to_restore_from_says_so(tmp_path):
     SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB).close()
     done = _cli("restore", "--store", f"file://{tmp_path}/s", "--job", JOB, "--pipeline", "x:y")
+    assert done.returncode == 2 and "it holds no job at all" in done.stderr, done.stderr  # a job never run here
+    with SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB) as store:
+        store.first_generation()  # a job that started, and never completed a checkpoint
+    done = _cli("restore", "--store", f"file://{tmp_path}/s", "--job", JOB, "--pipeline", "x:y")
     assert done.returncode == 2 and "no checkpoint verifies, nothing to restore from" in done.stderr, done.stderr
 
 
