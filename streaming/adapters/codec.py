@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias, cast
@@ -45,6 +46,7 @@ __all__ = [
     "ChannelReading",
     "Decoded",
     "decode",
+    "required_fields",
     "encode",
     "encode_batches",
     "decode_records",
@@ -134,7 +136,8 @@ def _bulk_ok(values: pa.Array) -> bool:
 
 def decode(values: Sequence[bytes | None] | pa.Array, schema: ValueSchema = None) -> Decoded:
     """Decode JSON object values; with ``schema`` the columns and types are
-    fixed (missing fields are null, extra fields are ignored).  With an
+    fixed (missing fields are null, extra fields are ignored; a record
+    without a field the schema declares not null is rejected).  With an
     ``AvroSchema``, Avro records of it."""
     array = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values, pa.binary())
     if isinstance(array, pa.ChunkedArray):
@@ -148,7 +151,7 @@ def decode(values: Sequence[bytes | None] | pa.Array, schema: ValueSchema = None
         try:
             table = _bulk(array, schema)
             if table.num_rows == len(array):
-                return Decoded(table, list(range(len(array))), [])
+                return _without_missing(table, schema)
         except Exception:  # any failure of the bulk read: each record is read on its own
             pass
     rows: list[dict] = []
@@ -182,21 +185,68 @@ def _check(value: bytes | None, schema: pa.Schema | None, rows: list[dict]) -> s
     if value is None:
         return "record has no value"
     try:
-        row = json.loads(value)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return f"value is not JSON: {exc}"
+        # as UTF-8, as JSON on Kafka is: json.loads would guess UTF-16 or -32 from zero bytes
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return _binary(value, exc.start)
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as exc:
+        control = _CONTROL_BYTE.search(value)  # never in JSON text, raw: binary
+        return f"value is not JSON: {exc}" if control is None else _binary(value, control.start())
     except RecursionError:
         return "value is not JSON this reader takes: nested deeper than Python's recursion limit"
     if not isinstance(row, dict):
         return f"value is JSON {type(row).__name__}, not an object"
     if schema is not None:
         row = {name: row.get(name) for name in schema.names}
+        missing = [name for name in required_fields(schema) if row[name] is None]
+        if missing:
+            return _lacks(missing)
         try:
             pa.Table.from_pylist([row], schema=schema)
         except Exception as exc:  # whatever Arrow makes of it, the record does not fit
             return f"value does not fit the schema ({schema.to_string(show_schema_metadata=False)!r}): {exc}"
     rows.append(row)
     return None
+
+
+# a byte JSON text never holds raw (control characters but tab, newline and carriage return)
+_CONTROL_BYTE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def required_fields(schema: pa.Schema) -> list[str]:
+    """The fields a JSON value must give: those the schema declares not
+    null (``pa.field(name, type, nullable=False)``)."""
+    return [field.name for field in schema if not field.nullable]
+
+
+def _lacks(names: Sequence[str]) -> str:
+    listed = ", ".join(repr(n) for n in names)
+    return f"value lacks required field(s) {listed}: missing or null, and the schema declares them not null"
+
+
+def _without_missing(table: pa.Table, schema: pa.Schema | None) -> Decoded:
+    """The bulk read's rows, less those that lack a required field (rejected, each with its reason)."""
+    required = required_fields(schema) if schema is not None else []
+    nulls = {name: table.column(name).is_null().to_numpy(zero_copy_only=False) for name in required}
+    if not any(flags.any() for flags in nulls.values()):
+        return Decoded(table, list(range(table.num_rows)), [])
+    lacking = np.logical_or.reduce(list(nulls.values()))
+    rejected = [(int(i), _lacks([n for n in required if nulls[n][i]])) for i in np.flatnonzero(lacking)]
+    kept = np.flatnonzero(~lacking)
+    return Decoded(table.take(pa.array(kept)), kept.tolist(), rejected)
+
+
+def _binary(value: bytes, at: int) -> str:
+    """Why a value that is not text (not UTF-8, or a control byte at ``at``)
+    is no JSON record: what it starts with, where it stops being text, and
+    what reads binary values."""
+    start = value[:16].hex(" ")
+    return (
+        f"value is binary, not JSON text: {len(value)} bytes starting {start}{' ...' if len(value) > 16 else ''}, "
+        f"not text at byte {at} ({value[at]:#04x}); an ingress of Avro values takes avro=SCHEMA"
+    )
 
 
 def encode(table: pa.Table) -> list[bytes]:

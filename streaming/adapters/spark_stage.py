@@ -185,6 +185,7 @@ class SparkStage:
         if clash:
             raise ConfigError(f"stage {stage.name}: {what} uses names Spark stages keep for themselves: {clash}")
         self._json = StructType([*self._fields.fields, StructField(_CORRUPT, StringType())])
+        self._required = codec.required_fields(source.schema)  # JSON: a record without one is no row
         self._reasons: Callable[[pa.ChunkedArray], list[str]]
         if isinstance(source, StageRows):
             # Arrow batches of other stages, read by spark_abs.Runs within this many bytes
@@ -429,12 +430,14 @@ class SparkStage:
 
     def _undecoded(self) -> Column:
         """Whether a record's value did not decode: JSON that Spark's reader
-        marks corrupt; Avro that Spark read as a row of nulls (what
+        marks corrupt or that lacks a field the schema declares not null; Avro that Spark read as a row of nulls (what
         ``from_avro`` gives for a value it cannot read) where a field is never
         null, or with every field null when the schema has no such field."""
         decoded = F.col(_DECODED)
         if self._avro is None:
-            return decoded.isNull() | F.col(f"{_DECODED}.{_CORRUPT}").isNotNull()
+            # a field the schema declares not null, missing or null: Python's decoder says so (codec._lacks)
+            lacking = [F.col(f"{_DECODED}.{name}").isNull() for name in self._required]
+            return functools.reduce(or_, lacking, decoded.isNull() | F.col(f"{_DECODED}.{_CORRUPT}").isNotNull())
         names, combine = (self._avro.required, or_) if self._avro.required else (self._fields.names, and_)
         return decoded.isNull() | functools.reduce(combine, [F.col(f"{_DECODED}.{name}").isNull() for name in names])
 

@@ -80,8 +80,10 @@ class Ingress:
     """An ingress topic fed by external producers: JSON values, or Avro.
 
     - ``schema``: the Arrow schema of its rows (JSON values are decoded to
-      it: missing fields are null, extra ones ignored).  None: inferred per
-      batch.
+      it: missing fields are null, extra ones ignored).  A field declared
+      not null (``pa.field("amount", pa.int64(), nullable=False)``) is
+      required: a record without it, or with it null, is a dead letter
+      naming the field.  None: inferred per batch.
     - ``avro``: an Avro record schema (JSON text or a dict): the values are
       Avro records of it (``streaming.adapters.avro``) and ``schema`` is
       taken from it.  ``confluent_wire``: each value starts with the five
@@ -136,6 +138,11 @@ class Ingress:
     confluent_wire: bool = False
 
     def __post_init__(self) -> None:
+        if self.schema is not None and not isinstance(self.schema, pa.Schema):  # {name: type} or [(name, type)]
+            try:
+                object.__setattr__(self, "schema", pa.schema(self.schema))
+            except (TypeError, ValueError, pa.ArrowException) as exc:
+                raise ConfigError(f"ingress {self.topic}: schema is not an Arrow schema: {exc}") from exc
         self._avro_schema()
         delay = duration_ms(self.max_out_of_orderness, f"ingress {self.topic}: max_out_of_orderness")
         idle = duration_ms(self.idle_timeout, f"ingress {self.topic}: idle_timeout")

@@ -55,6 +55,37 @@ def test_each_malformed_record_is_rejected_with_its_reason():
     assert "not an object" in reasons[3] and "does not fit the schema" in reasons[4]
 
 
+def test_a_binary_value_is_named_binary_with_its_first_bytes_not_a_text_encoding_error():
+    avro = b"\x00\x00\x00\x00\x07\x02a\x04"  # Confluent's wire format: magic byte, schema id, then Avro
+    utf16 = '{"account":"a"}'.encode("utf-16-le")  # zero bytes: json.loads would guess UTF-16
+    decoded = decode([avro, utf16, b"\xff\xfe" + b"x" * 40], SCHEMA)
+    reasons = dict(decoded.rejected)
+    assert sorted(reasons) == [0, 1, 2] and decoded.index == []
+    assert reasons[0] == (
+        "value is binary, not JSON text: 8 bytes starting 00 00 00 00 07 02 61 04, not text at byte 0 (0x00); "
+        "an ingress of Avro values takes avro=SCHEMA"
+    )
+    assert reasons[1].startswith("value is binary, not JSON text: 30 bytes starting 7b 00 22 00")
+    assert reasons[2].startswith("value is binary, not JSON text: 42 bytes starting ff fe 78") and " ...," in reasons[2]
+    assert "not text at byte 0 (0xff)" in reasons[2]
+    # text that is not JSON is still said so, tabs and newlines being text
+    assert dict(decode([b"{\tnot json\n"], SCHEMA).rejected)[0].startswith("value is not JSON: ")
+
+
+def test_a_field_declared_not_null_is_required_in_bulk_and_record_by_record():
+    schema = pa.schema([pa.field("account", pa.string(), nullable=False), pa.field("amount", pa.int64())])
+    good, lacking, null = b'{"account":"a","amount":1}', b'{"amount":2}', b'{"account":null}'
+    # one line each: the bulk reader; a value with a newline: record by record
+    for values in ([good, lacking, null, good], [good, lacking, null, b'{"account":\n"b"}']):
+        decoded = decode(values, schema)
+        assert decoded.index == [0, 3] and decoded.table.column("account").null_count == 0
+        assert dict(decoded.rejected) == {
+            1: "value lacks required field(s) 'account': missing or null, and the schema declares them not null",
+            2: "value lacks required field(s) 'account': missing or null, and the schema declares them not null",
+        }
+    assert decode([good, lacking], SCHEMA).index == [0, 1]  # nullable fields: a missing one is null
+
+
 def test_without_a_schema_types_are_inferred():
     decoded = decode([b'{"k":"x","n":1}', b'{"k":"y","n":2}'])
     assert decoded.table.column("n").to_pylist() == [1, 2]

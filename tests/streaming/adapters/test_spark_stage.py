@@ -66,6 +66,29 @@ def _sorted(table: pa.Table) -> pa.Table:
     return table.sort_by([("partition", "ascending"), ("offset", "ascending"), ("_abs_part", "ascending")])
 
 
+def test_a_record_without_a_field_declared_not_null_is_rejected_naming_it_as_python_does(spark):
+    from streaming.adapters import codec
+
+    required = pa.schema([pa.field("user", pa.string(), nullable=False), ("amount", pa.int64()), ("ts", pa.int64())])
+    stage = SparkStage(spark, _stage("SELECT _position, user, amount FROM {input}"), Ingress("clicks", 2, required))
+    values = [{"user": "a", "amount": 1, "ts": 1}, {"amount": 2, "ts": 2}, {"user": None, "ts": 3}, {"user": "d"}]
+    prepared = _sorted(stage.records(_records(*((0, i, v) for i, v in enumerate(values)))))
+    rows = part_of(prepared, Part.ROW)
+    assert list(zip(rows["offset"].to_pylist(), rows[ROW].to_pylist())) == [
+        (0, {"user": "a", "amount": 1}),
+        (3, {"user": "d", "amount": None}),  # only user is required
+    ]
+    rejected = part_of(prepared, Part.REJECTED)
+    reasons = dict(zip(rejected["offset"].to_pylist(), rejected[REASON].to_pylist()))
+    assert reasons == {
+        1: "value lacks required field(s) 'user': missing or null, and the schema declares them not null",
+        2: "value lacks required field(s) 'user': missing or null, and the schema declares them not null",
+    }
+    # the same records decoded in Python: the same rows and reasons
+    python = codec.decode([json.dumps(v).encode() for v in values], required)
+    assert python.index == [0, 3] and dict(python.rejected) == reasons
+
+
 def test_spark_decodes_runs_the_code_and_keeps_the_record_of_every_row(spark):
     def code(df):
         return df.filter(F.col("amount") > 0).select(
