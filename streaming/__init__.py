@@ -4,6 +4,10 @@ one of ``operators``)::
 
     from streaming import Connection, Ingress, JobRunner, JobSettings, Pipeline, Sink, Stage
 
+and reads a job's output back, each result once: ``read_kafka_output`` (a
+Kafka sink's topic, without the epochs its commits topic marks superseded)
+and ``read_committed_output`` (an object-store sink's committed Parquet).
+
 The sub-packages, from the top down (docs/architecture/layers.md has the layers):
 
 - ``streaming.testing``: helpers for users' tests;
@@ -39,6 +43,9 @@ __all__ = [
     "SparkSettings",
     "Stage",
     "end_input",
+    "KafkaOutput",
+    "read_kafka_output",
+    "read_committed_output",
 ]
 
 _WHERE = {
@@ -55,6 +62,9 @@ _WHERE = {
     "JobRunner": "streaming.engine.job.runner",
     "RunOptions": "streaming.engine.job.runner",
     "SparkAbsError": "streaming.errors",
+    "KafkaOutput": "streaming.adapters.sinks",
+    "read_kafka_output": "streaming.adapters.sinks",
+    "read_committed_output": "streaming.adapters.sinks",
 }
 
 

@@ -110,7 +110,7 @@ class LocalRuntimeSettings:
     # homes may share one cache.
     cache: Path | None = None
     # Broker: org.apache.kafka:kafka_2.13 from Maven Central, KRaft combined node.
-    kafka_version: str = "4.1.1"
+    kafka_version: str = "4.4.0"
     # Spark's Kafka connector; must equal the installed pyspark version.
     spark_version: str = "4.2.0"
     # S3 API server: versitygw (POSIX backend), built once with `go install`.

@@ -525,11 +525,33 @@ class JobRunner:
             written,
             reason,
         )
+        self._warn_of_a_rollback(plan.checkpoint_id)
         # workers that still run restore in place (their Spark stays up); dead ones start again
         self._launch(plan.generation, plan.checkpoint_id)
         self.restores.append(record)  # a restore that could not start (Kafka away) is not counted
         metrics.restored(self.job, cause)
         return record
+
+    def _warn_of_a_rollback(self, checkpoint_id: int | None) -> None:
+        """Say on the console, not only in a worker's log, what going back
+        past completed checkpoints means for Kafka sinks: their transactions
+        for those checkpoints cannot be taken back."""
+        sinks = [s.sink for s in self.pipeline.stages if s.sink is not None and s.sink.kind is SinkKind.KAFKA]
+        topics = [sink.topic for sink in sinks if sink.topic]
+        newer = [c for c in patiently(self.store.completed, "listing checkpoints") if c > (checkpoint_id or 0)]
+        if not topics or not newer:
+            return
+        self.log.warning(
+            "job %s: going back to %s, while checkpoint(s) up to %d completed: Kafka sink topic(s) %s may hold "
+            "what was committed after it (a transaction cannot be taken back). The restored job writes those "
+            "results again and marks the earlier epochs superseded in <topic>.commits: read_committed consumers "
+            "see them twice; streaming.read_kafka_output, or skipping superseded epochs by the abs.epoch header, "
+            "reads each result once (docs/operations/sinks.md)",
+            self.job,
+            f"checkpoint {checkpoint_id}" if checkpoint_id else "the beginning",
+            newer[-1],
+            ", ".join(topics),
+        )
 
     def rescale(self, parallelism: Mapping[str, int], checkpoint_id: int | None = None) -> RestoreRecord:
         """Restore the running job with ``parallelism`` (stage -> tasks; stages

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,10 +19,10 @@ from pathlib import Path
 from streaming.api.config import MetricsSettings
 from streaming.api.pipeline import Scale
 from streaming.api.settings import JobSettings
-from streaming.engine.worker.worker import EXIT_PIPELINE_ERROR
+from streaming.engine.worker.worker import EXIT_PIPELINE_ERROR, WORKER_PREFIX
 from streaming.errors import ConfigError, SparkAbsError
 
-__all__ = ["WorkerProcess", "WorkerSupervisor"]
+__all__ = ["WorkerProcess", "WorkerSupervisor", "last_words"]
 
 
 @dataclass
@@ -49,12 +50,38 @@ class WorkerProcess:
         return f"status {code}"
 
     def tail(self, lines: int = 8) -> str:
-        """The last lines of the worker's log, indented for a message."""
+        """The last words of the worker's log (``last_words``), indented for a message."""
         try:
-            text = self.log_path.read_text(errors="replace").splitlines()
+            with open(self.log_path, "rb") as log_file:
+                log_file.seek(max(0, log_file.seek(0, os.SEEK_END) - _TAIL_BYTES))
+                text = log_file.read().decode(errors="replace").splitlines()
         except OSError:
             return "  (no log)"
-        return "\n".join(f"  | {line}" for line in text[-lines:])
+        return "\n".join(f"  | {line}" for line in last_words(text, lines))
+
+
+# how much of the end of a worker's log its last words are looked for in
+_TAIL_BYTES = 256 << 10
+# a line of a Java stack trace: "\tat org.apache...(File.java:12)", "\t... 12 more"
+_JAVA_FRAME = re.compile(r"^\s+(at \S.*|\.\.\. \d+ more)$")
+# an exception: Python's last traceback line, Java's first line of a trace or its cause
+_EXCEPTION = re.compile(
+    r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*|Exception in thread .*|Caused by: .*|: [\w.]+Exception.*)$"
+)
+
+
+def last_words(lines: list[str], count: int = 8) -> list[str]:
+    """What a person needs of a dead worker's log: its last ``count``
+    lines up to and ending with the last exception (Java stack frames left
+    out, saying how many lines followed it), after the last line the worker
+    itself said (``[worker] ...``) when that is further up."""
+    kept = [line for line in lines if not _JAVA_FRAME.match(line)]
+    end = next((i + 1 for i in range(len(kept) - 1, -1, -1) if _EXCEPTION.match(kept[i])), len(kept))
+    start = max(0, end - count)
+    said = next((i for i in range(start - 1, -1, -1) if kept[i].startswith(WORKER_PREFIX)), None)
+    shown = ([kept[said], "..."] if said is not None else []) + kept[start:end]
+    after = len(kept) - end
+    return shown + ([f"({after} more line(s) after it in the log)"] if after else [])
 
 
 class WorkerSupervisor:

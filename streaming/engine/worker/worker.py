@@ -63,11 +63,13 @@ if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this
     from streaming.adapters.spark import ChannelQuery, Prepare
     from streaming.adapters.spark_stage import SparkStage
 
-__all__ = ["Worker", "main", "HANDED_PER_RECORD", "EXIT_PIPELINE_ERROR"]
+__all__ = ["Worker", "main", "HANDED_PER_RECORD", "EXIT_PIPELINE_ERROR", "WORKER_PREFIX"]
 
 # a worker's exit status when the pipeline itself is wrong (a ``ConfigError``: Spark code
 # that fails on its input, an operator that cannot be built): a restore would fail the same way
 EXIT_PIPELINE_ERROR = 3
+# what starts each line the worker itself logs
+WORKER_PREFIX = "[worker] "
 
 # named, not __name__: run as `python -m streaming.engine.worker.worker` this module is __main__
 log = logging.getLogger("streaming.engine.worker.worker")
@@ -496,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     metrics.add_options(parser, "this worker's")
     args = parser.parse_args(argv)
-    console.install("[worker] ")
+    console.install(WORKER_PREFIX)
     try:
         served = _serve_metrics(metrics.settings_from(args), args.runner_pipe)
         if served is not None:

@@ -10,9 +10,10 @@ import pyarrow as pa
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from streaming import read_committed_output, read_kafka_output  # what a user reads output with
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.objects import open_store
-from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, Recovery, read_committed_output, read_kafka_output
+from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, Recovery
 from streaming.api.config import KafkaAccess
 from streaming.errors import SinkError, SinkFencedError
 
