@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias, cast
@@ -185,15 +184,16 @@ def _check(value: bytes | None, schema: pa.Schema | None, rows: list[dict]) -> s
     if value is None:
         return "record has no value"
     try:
-        # as UTF-8, as JSON on Kafka is: json.loads would guess UTF-16 or -32 from zero bytes
-        text = value.decode("utf-8")
+        # as UTF-8 (a byte-order mark allowed, as json.loads allows it), as JSON on Kafka is:
+        # json.loads would guess UTF-16 or -32 from zero bytes
+        text = value.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         return _binary(value, exc.start)
     try:
         row = json.loads(text)
     except json.JSONDecodeError as exc:
-        control = _CONTROL_BYTE.search(value)  # never in JSON text, raw: binary
-        return f"value is not JSON: {exc}" if control is None else _binary(value, control.start())
+        zero = value.find(b"\x00")  # no text holds one: binary (Avro, Confluent's wire format, ...)
+        return f"value is not JSON: {exc}" if zero < 0 else _binary(value, zero)
     except RecursionError:
         return "value is not JSON this reader takes: nested deeper than Python's recursion limit"
     if not isinstance(row, dict):
@@ -209,10 +209,6 @@ def _check(value: bytes | None, schema: pa.Schema | None, rows: list[dict]) -> s
             return f"value does not fit the schema ({schema.to_string(show_schema_metadata=False)!r}): {exc}"
     rows.append(row)
     return None
-
-
-# a byte JSON text never holds raw (control characters but tab, newline and carriage return)
-_CONTROL_BYTE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 
 
 def required_fields(schema: pa.Schema) -> list[str]:
@@ -239,7 +235,7 @@ def _without_missing(table: pa.Table, schema: pa.Schema | None) -> Decoded:
 
 
 def _binary(value: bytes, at: int) -> str:
-    """Why a value that is not text (not UTF-8, or a control byte at ``at``)
+    """Why a value that is not text (not UTF-8, or a zero byte at ``at``)
     is no JSON record: what it starts with, where it stops being text, and
     what reads binary values."""
     start = value[:16].hex(" ")

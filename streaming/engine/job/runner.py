@@ -525,21 +525,33 @@ class JobRunner:
             written,
             reason,
         )
-        self._warn_of_a_rollback(plan.checkpoint_id)
+        # a rescale or a change writes the checkpoint again under a new id: what it came from is what counts
+        self._warn_of_a_rollback(plan.rescaled_from or plan.changed_from or plan.checkpoint_id, plan.generation)
         # workers that still run restore in place (their Spark stays up); dead ones start again
         self._launch(plan.generation, plan.checkpoint_id)
         self.restores.append(record)  # a restore that could not start (Kafka away) is not counted
         metrics.restored(self.job, cause)
         return record
 
-    def _warn_of_a_rollback(self, checkpoint_id: int | None) -> None:
+    def _warn_of_a_rollback(self, checkpoint_id: int | None, generation: int) -> None:
         """Say on the console, not only in a worker's log, what going back
-        past completed checkpoints means for Kafka sinks: their transactions
-        for those checkpoints cannot be taken back."""
+        past completed checkpoints of the job's line means for Kafka sinks:
+        their transactions for those checkpoints cannot be taken back.  A
+        checkpoint an earlier restore already left behind does not count
+        (its epochs were superseded then); a store that cannot say is
+        logged, never a failed restore."""
         sinks = [s.sink for s in self.pipeline.stages if s.sink is not None and s.sink.kind is SinkKind.KAFKA]
         topics = [sink.topic for sink in sinks if sink.topic]
-        newer = [c for c in patiently(self.store.completed, "listing checkpoints") if c > (checkpoint_id or 0)]
-        if not topics or not newer:
+        if not topics:
+            return
+        try:
+            newer = self._on_the_line_after(checkpoint_id or 0, generation)
+        except (SparkAbsError, ValueError, OSError) as exc:
+            self.log.warning(
+                "job %s: cannot tell whether this restore goes back past committed output: %s", self.job, exc
+            )
+            return
+        if not newer:
             return
         self.log.warning(
             "job %s: going back to %s, while checkpoint(s) up to %d completed: Kafka sink topic(s) %s may hold "
@@ -552,6 +564,22 @@ class JobRunner:
             newer[-1],
             ", ".join(topics),
         )
+
+    def _on_the_line_after(self, checkpoint_id: int, generation: int) -> list[int]:
+        """The completed checkpoints after ``checkpoint_id`` that the job's
+        line still held before generation ``generation`` started: none an
+        earlier generation's restore left behind."""
+        meta = self.store.read_job()
+        earlier = [r for r in (meta.restores if meta is not None else ()) if r.generation != generation]
+        newer = []
+        for later in (c for c in self.store.completed() if c > checkpoint_id):
+            taken_by = self.store.read_manifest(later).generation
+            left = any(
+                r.generation > taken_by and (r.from_checkpoint is None or r.from_checkpoint < later) for r in earlier
+            )
+            if not left:
+                newer.append(later)
+        return newer
 
     def rescale(self, parallelism: Mapping[str, int], checkpoint_id: int | None = None) -> RestoreRecord:
         """Restore the running job with ``parallelism`` (stage -> tasks; stages

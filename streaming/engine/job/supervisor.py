@@ -62,6 +62,8 @@ class WorkerProcess:
 
 # how much of the end of a worker's log its last words are looked for in
 _TAIL_BYTES = 256 << 10
+# what starts a line the worker itself said: its log's, or its last words on stderr
+_WORKER_SAID = (WORKER_PREFIX, "worker: ")
 # a line of a Java stack trace: "\tat org.apache...(File.java:12)", "\t... 12 more"
 _JAVA_FRAME = re.compile(r"^\s+(at \S.*|\.\.\. \d+ more)$")
 # an exception: Python's last traceback line, Java's first line of a trace or its cause
@@ -72,16 +74,39 @@ _EXCEPTION = re.compile(
 
 def last_words(lines: list[str], count: int = 8) -> list[str]:
     """What a person needs of a dead worker's log: its last ``count``
-    lines up to and ending with the last exception (Java stack frames left
-    out, saying how many lines followed it), after the last line the worker
-    itself said (``[worker] ...``) when that is further up."""
+    lines up to and ending with the last exception (Python's, whatever its
+    class, or Java's; Java stack frames left out), after the last line the
+    worker itself said when that is further up, and then what the worker
+    itself said after it (``worker: <why>``, ``worker: exiting ...``),
+    counting the other lines that followed."""
     kept = [line for line in lines if not _JAVA_FRAME.match(line)]
-    end = next((i + 1 for i in range(len(kept) - 1, -1, -1) if _EXCEPTION.match(kept[i])), len(kept))
+    raised = _exceptions(kept)
+    end = raised[-1] + 1 if raised else len(kept)
     start = max(0, end - count)
-    said = next((i for i in range(start - 1, -1, -1) if kept[i].startswith(WORKER_PREFIX)), None)
-    shown = ([kept[said], "..."] if said is not None else []) + kept[start:end]
-    after = len(kept) - end
-    return shown + ([f"({after} more line(s) after it in the log)"] if after else [])
+    before = next((i for i in range(start - 1, -1, -1) if kept[i].startswith(_WORKER_SAID)), None)
+    after = [i for i in range(end, len(kept)) if kept[i].startswith(_WORKER_SAID)][-3:]
+    shown = ([kept[before], "..."] if before is not None else []) + kept[start:end]
+    if after:
+        shown += (["..."] if after[0] > end else []) + [kept[i] for i in after]
+    rest = len(kept) - end - len(after)
+    return shown + ([f"({rest} more line(s) after it in the log)"] if rest else [])
+
+
+def _exceptions(lines: list[str]) -> list[int]:
+    """Where ``lines`` say an exception: Java's first line of a trace or a
+    cause, a line that names an ...Error or ...Exception, and the line that
+    ends a Python traceback (its first line not indented), whatever the class."""
+    found = []
+    in_traceback = False
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last):"):
+            in_traceback = True
+        elif in_traceback and line and not line[0].isspace():
+            in_traceback = False
+            found.append(i)
+        elif _EXCEPTION.match(line):
+            found.append(i)
+    return found
 
 
 class WorkerSupervisor:

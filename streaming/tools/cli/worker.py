@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=RUNNER_WAIT_S,
         metavar="SECONDS",
         help="give up (exit status 2) when no runner of the job has published its lease this long after the "
-        f"worker started: a mistyped --job, or a runner never started (default {RUNNER_WAIT_S:g}; 0: wait "
+        f"worker began to wait: a mistyped --job, or a runner never started (default {RUNNER_WAIT_S:g}; 0: wait "
         "until stopped)",
     )
 
@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     from streaming.errors import ConfigError, names_like
     from streaming.local import LocalRuntime
 
+    if args.wait_for_runner < 0:
+        raise ConfigError(f"--wait-for-runner {args.wait_for_runner:g}: give seconds >= 0 (0: wait until stopped)")
     export_home(args)
     import_from_here()
     connection = Connection.from_env(os.environ) or LocalRuntime(runtime_settings(args), progress=log.info).up()

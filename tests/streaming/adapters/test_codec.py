@@ -68,8 +68,16 @@ def test_a_binary_value_is_named_binary_with_its_first_bytes_not_a_text_encoding
     assert reasons[1].startswith("value is binary, not JSON text: 30 bytes starting 7b 00 22 00")
     assert reasons[2].startswith("value is binary, not JSON text: 42 bytes starting ff fe 78") and " ...," in reasons[2]
     assert "not text at byte 0 (0xff)" in reasons[2]
-    # text that is not JSON is still said so, tabs and newlines being text
-    assert dict(decode([b"{\tnot json\n"], SCHEMA).rejected)[0].startswith("value is not JSON: ")
+    # text that is not JSON is still said so, a stray control character too
+    assert dict(decode([b"{\tnot json\n", b'{"account":"a\x01"}'], SCHEMA).rejected)[0].startswith("value is not JSON")
+    assert dict(decode([b'{"account":"a\x01"}'], SCHEMA).rejected)[0].startswith("value is not JSON: ")
+
+
+def test_a_byte_order_mark_before_json_is_read_in_bulk_and_record_by_record():
+    marked = b'\xef\xbb\xbf{"account":"a","amount":1}'
+    for values in ([marked], [marked, None]):  # a missing value makes the batch go record by record
+        decoded = decode(values, SCHEMA)
+        assert decoded.table.to_pylist()[0] == {"account": "a", "amount": 1}, values
 
 
 def test_a_field_declared_not_null_is_required_in_bulk_and_record_by_record():

@@ -60,3 +60,38 @@ def test_a_dead_workers_tail_reads_its_log(tmp_path):
     tail = WorkerProcess("all", ["legs-0"], process, log).tail(3)
     assert tail.splitlines()[-1] == "  | java.lang.InterruptedException"
     assert WorkerProcess("all", [], process, tmp_path / "missing.log").tail() == "  (no log)"
+
+
+def test_what_the_worker_said_after_the_exception_ends_its_last_words():
+    lines = [
+        "[worker] worker g1: tasks legs-0 running",
+        "org.apache.kafka.common.errors.TimeoutException: Timeout of 60000ms expired",
+        "26/11/27 09:12:42 INFO SparkContext: Invoking stop()",
+        "26/11/27 09:12:42 INFO SparkContext: Successfully stopped SparkContext",
+        "worker: Kafka answered no send to spark-abs.money.control in 120 s (delivery_timeout_s)",
+        "worker: exiting with status 1; the job runner restores the job",
+    ]
+    words = last_words(lines, 2)
+    assert words == [
+        "[worker] worker g1: tasks legs-0 running",
+        "org.apache.kafka.common.errors.TimeoutException: Timeout of 60000ms expired",
+        "...",
+        "worker: Kafka answered no send to spark-abs.money.control in 120 s (delivery_timeout_s)",
+        "worker: exiting with status 1; the job runner restores the job",
+        "(2 more line(s) after it in the log)",
+    ]
+
+
+def test_a_python_traceback_ends_at_its_exception_whatever_its_class():
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "/app/streaming/engine/job/coordinator.py", line 10, in complete',
+        "    raise ManifestNotWritten(why)",
+        "streaming.errors.ManifestNotWritten: checkpoint 7: the store refused the manifest",
+        "26/11/27 09:12:42 INFO ShutdownHookManager: Shutdown hook called",
+    ]
+    assert last_words(lines, 2) == [
+        "    raise ManifestNotWritten(why)",
+        "streaming.errors.ManifestNotWritten: checkpoint 7: the store refused the manifest",
+        "(1 more line(s) after it in the log)",
+    ]
