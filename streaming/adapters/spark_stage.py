@@ -430,9 +430,10 @@ class SparkStage:
 
     def _undecoded(self) -> Column:
         """Whether a record's value did not decode: JSON that Spark's reader
-        marks corrupt or that lacks a field the schema declares not null; Avro that Spark read as a row of nulls (what
-        ``from_avro`` gives for a value it cannot read) where a field is never
-        null, or with every field null when the schema has no such field."""
+        marks corrupt or that lacks a field the schema declares not null;
+        Avro that Spark read as a row of nulls (what ``from_avro`` gives for
+        a value it cannot read) where a field is never null, or with every
+        field null when the schema has no such field."""
         decoded = F.col(_DECODED)
         if self._avro is None:
             # a field the schema declares not null, missing or null: Python's decoder says so (codec._lacks)

@@ -53,6 +53,7 @@ each worker its own; the runner lists every endpoint in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -570,16 +571,15 @@ class JobRunner:
         line still held before generation ``generation`` started: none an
         earlier generation's restore left behind."""
         meta = self.store.read_job()
-        earlier = [r for r in (meta.restores if meta is not None else ()) if r.generation != generation]
-        newer = []
-        for later in (c for c in self.store.completed() if c > checkpoint_id):
-            taken_by = self.store.read_manifest(later).generation
-            left = any(
-                r.generation > taken_by and (r.from_checkpoint is None or r.from_checkpoint < later) for r in earlier
-            )
-            if not left:
-                newer.append(later)
-        return newer
+        if meta is None:
+            return [c for c in self.store.completed() if c > checkpoint_id]
+        # the job's history as it stood before this generation: JobMeta.abandoned, the rule a restore picks by
+        before = dataclasses.replace(meta, restores=tuple(r for r in meta.restores if r.generation != generation))
+        return [
+            c
+            for c in self.store.completed()
+            if c > checkpoint_id and before.abandoned(c, self.store.read_manifest(c).generation) is None
+        ]
 
     def rescale(self, parallelism: Mapping[str, int], checkpoint_id: int | None = None) -> RestoreRecord:
         """Restore the running job with ``parallelism`` (stage -> tasks; stages
