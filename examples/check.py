@@ -18,11 +18,20 @@ import pandas as pd
 import pyarrow as pa
 
 from streaming.api.avro import AvroSchema
-from streaming.api.config import KafkaAccess
+from streaming.api.config import Connection, KafkaAccess
 from streaming.api.pipeline import Ingress, Pipeline
 from streaming.api.producing import end_input
 
-__all__ = ["produce", "reference", "committed", "differences", "drill_workload", "spark_ddl"]
+__all__ = [
+    "produce",
+    "reference",
+    "committed",
+    "committed_delta",
+    "output",
+    "differences",
+    "drill_workload",
+    "spark_ddl",
+]
 
 _SPARK_TYPES = {
     pa.int64(): "BIGINT",
@@ -119,6 +128,50 @@ def committed(kafka: KafkaAccess, topic: str) -> pd.DataFrame:
     from streaming.adapters.sinks import read_kafka_output
 
     return pd.DataFrame([json.loads(v) for v in read_kafka_output(kafka, topic, timeout_ms=1500).values])
+
+
+def committed_delta(spark, table_uri: str, connection: Connection) -> pd.DataFrame:
+    """The rows a Delta sink committed to ``table_uri``, read by Spark's Delta
+    reader (a session with ``SparkSettings(delta=True)``), without the sink's
+    own columns.  A table on S3 is copied object by object to a local
+    directory first: the session reads ``s3://`` without hadoop-aws."""
+    import tempfile
+    from urllib.parse import urlparse
+
+    import pyarrow.fs as pafs
+
+    from streaming.adapters.objects import s3_filesystem
+    from streaming.adapters.sinks import DELTA_COLUMNS
+
+    with tempfile.TemporaryDirectory(prefix="delta-read-") as local:
+        path = table_uri
+        if table_uri.startswith("s3://"):
+            parsed = urlparse(table_uri)
+            path = f"{local}/table"
+            pafs.copy_files(
+                f"{parsed.netloc}{parsed.path}",
+                path,
+                source_filesystem=s3_filesystem(connection),
+                destination_filesystem=pafs.LocalFileSystem(),
+            )
+        frame = spark.read.format("delta").load(path).drop(*DELTA_COLUMNS).toPandas()
+    return frame
+
+
+def output(spark, pipeline: Pipeline, store: str, connection: Connection) -> pd.DataFrame:
+    """What the pipeline's sink committed, each result once: a Kafka sink's
+    topic (``committed``) or a Delta sink's table (``committed_delta``)."""
+    from streaming.adapters.sinks import delta_table_uri, sink_location
+    from streaming.api.pipeline import SinkKind
+    from streaming.api.settings import JobSettings
+
+    sink = next(s.sink for s in pipeline.stages if s.sink is not None)
+    if sink.kind is SinkKind.DELTA:
+        location = sink_location(JobSettings(store=store), pipeline.job, connection)
+        return committed_delta(spark, delta_table_uri(sink, location), connection)
+    if sink.topic is None:
+        raise ValueError(f"{pipeline.job}: output() reads a Kafka or Delta sink, not {sink.kind}")
+    return committed(connection.kafka, sink.topic)
 
 
 def differences(output: pd.DataFrame, expected: pd.DataFrame, keys: Sequence[str], *, limit: int = 10) -> list[str]:

@@ -1,10 +1,10 @@
 """Clickstream sessions: each user's clicks grouped into sessions that end
 after 30 seconds without a click, with the clicks and the money spent in
-each, committed to a Kafka topic.
+each, committed to a Delta Lake table.
 
 ::
 
-    <job>.clicks (2 partitions by user, event time ts) ─► user-sessions (2 tasks) ─► Kafka topic <job>.user-sessions
+    <job>.clicks (2 partitions by user, event time ts) ─► user-sessions (2 tasks) ─► Delta table <store>/<job>/sink/table
 
 What it shows: session windows (Spark's ``session_window``), and keyed
 state read straight from an ingress topic with several tasks, which is
@@ -12,7 +12,10 @@ right only because the producers partition the topic by user and the
 ingress says so (``Ingress(key="user")``): the pipeline check refuses it
 otherwise; and Spark code in front of a stateful operator in one stage
 (``session_columns``: Spark decodes the clicks and keeps the columns the
-sessions need), the sessions following event time the Spark side reports.
+sessions need), the sessions following event time the Spark side reports;
+and the Delta sink: each task appends an epoch's sessions in one Delta
+commit, read back with Spark (``spark.read.format("delta")``) or
+``streaming.read_delta_output``.
 
 Run it on the local runtime (``spark-abs local up``)::
 
@@ -52,7 +55,7 @@ def pipeline(job: str = "clickstream") -> Pipeline:
                     "user", "ts", GAP_MS, {"clicks": count(), "spent": sum_("amount"), "biggest": max_("amount")}
                 ),
                 parallelism=2,
-                sink=Sink("kafka", f"{job}.user-sessions"),
+                sink=Sink("delta"),
                 spark=session_columns,
             ),
         ),

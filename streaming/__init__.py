@@ -5,8 +5,9 @@ one of ``operators``)::
     from streaming import Connection, Ingress, JobRunner, JobSettings, Pipeline, Sink, Stage
 
 and reads a job's output back, each result once: ``read_kafka_output`` (a
-Kafka sink's topic, without the epochs its commits topic marks superseded)
-and ``read_committed_output`` (an object-store sink's committed Parquet).
+Kafka sink's topic, without the epochs its commits topic marks superseded),
+``read_committed_output`` (an object-store sink's committed Parquet) and
+``read_delta_output`` (a Delta sink's table, without the sink's columns).
 
 The sub-packages, from the top down (docs/architecture/layers.md has the layers):
 
@@ -46,6 +47,7 @@ __all__ = [
     "KafkaOutput",
     "read_kafka_output",
     "read_committed_output",
+    "read_delta_output",
 ]
 
 _WHERE = {
@@ -65,6 +67,7 @@ _WHERE = {
     "KafkaOutput": "streaming.adapters.sinks",
     "read_kafka_output": "streaming.adapters.sinks",
     "read_committed_output": "streaming.adapters.sinks",
+    "read_delta_output": "streaming.adapters.sinks",
 }
 
 

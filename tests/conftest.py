@@ -91,7 +91,8 @@ def spark(connection: Connection, runtime_settings: LocalRuntimeSettings):
     from streaming.adapters.spark import spark_session
     from streaming.api.config import SparkSettings
 
-    session = spark_session(SparkSettings(master=connection.spark_master), runtime_settings, progress=_say)
+    # with Spark's Delta reader: the examples' Delta table is read back through it
+    session = spark_session(SparkSettings(master=connection.spark_master, delta=True), runtime_settings, progress=_say)
     yield session
     session.stop()
 

@@ -30,6 +30,7 @@ __all__ = [
     "require_tool",
     "resolve_jars",
     "connector_jars",
+    "delta_jars",
 ]
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,18 @@ def _artifact_id(jar: Path) -> str:
     return match.group("artifact") if match else jar.stem
 
 
+def _not_shipped(resolved: list[Path], spark_jars_dir: Path) -> list[Path]:
+    shipped = {_artifact_id(j) for j in spark_jars_dir.glob("*.jar")}
+    return [j for j in resolved if _artifact_id(j) not in shipped]
+
+
+def delta_jars(delta_version: str, cache_dir: Path, spark_jars_dir: Path, progress: Progress = log.info) -> list[Path]:
+    """delta-spark (Spark's Delta Lake reader and writer) and what it needs
+    beyond the jars Spark ships."""
+    artifact = Artifact("io.delta", "delta-spark_2.13", delta_version)
+    return _not_shipped(resolve_jars(f"delta-spark-{delta_version}", [artifact], cache_dir, progress), spark_jars_dir)
+
+
 def connector_jars(
     spark_version: str, cache_dir: Path, spark_jars_dir: Path, progress: Progress = log.info
 ) -> list[Path]:
@@ -172,5 +185,4 @@ def connector_jars(
     resolved = resolve_jars(
         f"spark-connectors-{spark_version}", spark_kafka_connector_artifacts(spark_version), cache_dir, progress
     )
-    shipped = {_artifact_id(j) for j in spark_jars_dir.glob("*.jar")}
-    return [j for j in resolved if _artifact_id(j) not in shipped]
+    return _not_shipped(resolved, spark_jars_dir)

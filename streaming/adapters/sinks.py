@@ -38,11 +38,15 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, SchemaMismatchError
 from kafka import TopicPartition
 from kafka.errors import AuthorizationError, KafkaError
 
@@ -65,7 +69,12 @@ __all__ = [
     "read_committed_output",
     "read_kafka_output",
     "KafkaOutput",
+    "DeltaSink",
+    "delta_storage_options",
+    "delta_table_uri",
+    "read_delta_output",
     "EPOCH_HEADER",
+    "DELTA_COLUMNS",
 ]
 
 log = logging.getLogger(__name__)
@@ -509,6 +518,171 @@ def _read_to_end(kafka: KafkaAccess, topic: str, timeout_ms: int) -> list:
         consumer.close()
 
 
+# the columns a Delta sink adds to every row: the sink task and the epoch that wrote it
+DELTA_COLUMNS = ("_abs_task", "_abs_epoch")
+# Delta commits that lose a race with another task's commit (delta-rs retries plain appends
+# itself; a delete meeting a concurrent append is refused) are tried again this often
+_DELTA_ATTEMPTS = 5
+
+
+def delta_storage_options(connection: Connection | None) -> dict[str, str]:
+    """How delta-rs reaches the job's S3 server (``s3://`` tables).  Commits
+    are put-if-absent (``If-None-Match``), which the local S3 server honours:
+    tasks committing at once each get their own table version."""
+    if connection is None:
+        return {}
+    endpoint = urlparse(connection.s3_endpoint)
+    return {
+        "AWS_ENDPOINT_URL": connection.s3_endpoint,
+        "AWS_ACCESS_KEY_ID": connection.s3_access_key,
+        "AWS_SECRET_ACCESS_KEY": connection.s3_secret_key,
+        "AWS_REGION": connection.s3_region,
+        "AWS_ALLOW_HTTP": str(endpoint.scheme == "http").lower(),
+    }
+
+
+def delta_table_uri(sink: Sink, location: StoreLocation) -> str:
+    """Where a Delta sink writes: its ``table``, or ``<sink location>/table``.
+    A local path is made absolute (delta-rs and Spark read it alike)."""
+    uri = sink.table or f"{location.uri}/table"
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return str(Path(parsed.path if parsed.scheme else uri).expanduser().resolve())
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise ConfigError(f"delta sink table {uri!r}: give s3://bucket/path or a local path")
+    return uri
+
+
+class DeltaSink(_TwoPhaseSink):
+    """Each epoch's rows appended to the Delta table at ``table_uri`` in one
+    commit carrying the application transaction ``app_id`` at the epoch's
+    number; ``_abs_task`` and ``_abs_epoch`` added to every row."""
+
+    def __init__(
+        self, staging: StoreLocation, task_id: str, *, table_uri: str, app_id: str, storage_options: dict[str, str]
+    ):
+        super().__init__(staging, task_id)
+        self.table_uri = table_uri
+        self.app_id = app_id
+        self._options = storage_options
+        self._table: DeltaTable | None = None
+
+    def _loaded(self) -> DeltaTable | None:
+        """The table at its latest version, or None while nothing made it."""
+        try:
+            if self._table is None:
+                if not DeltaTable.is_deltatable(self.table_uri, storage_options=self._options):
+                    return None
+                self._table = DeltaTable(self.table_uri, storage_options=self._options)
+            else:
+                self._table.update_incremental()
+        except (OSError, DeltaError) as exc:
+            raise StoreError(f"sink task {self.task_id}: reading Delta table {self.table_uri} failed: {exc}") from exc
+        return self._table
+
+    def committed_version(self) -> int | None:
+        """The last epoch this task committed to the table (its application transaction's version)."""
+        table = self._loaded()
+        return None if table is None else table.transaction_version(self.app_id)
+
+    def _committed(self, epoch: int) -> bool:
+        version = self.committed_version()
+        return version is not None and version >= epoch
+
+    def _publish(self, epoch: int) -> None:
+        rows = self._staging.read(epoch)
+        if rows.num_rows == 0:  # nothing to add: no commit (the table's log grows only with output)
+            return
+        rows = rows.append_column(DELTA_COLUMNS[0], pa.array([self.task_id] * rows.num_rows, pa.string()))
+        rows = rows.append_column(DELTA_COLUMNS[1], pa.array([epoch] * rows.num_rows, pa.int64()))
+        properties = CommitProperties(
+            app_transactions=[Transaction(self.app_id, epoch)],
+            custom_metadata={EPOCH_HEADER: self._marker(epoch)},
+        )
+        self._with_retries(
+            lambda: write_deltalake(
+                self._loaded() or self.table_uri,
+                rows,
+                mode="append",
+                storage_options=self._options,
+                commit_properties=properties,
+            ),
+            f"committing epoch {epoch}",
+            again=lambda: self._committed(epoch),
+        )
+
+    def _retract_after(self, checkpoint: int) -> tuple[list[int], list[int]]:
+        """Delete this task's rows of epochs after ``checkpoint`` from the table."""
+        table = self._loaded()
+        if table is None or DELTA_COLUMNS[1] not in table.schema().to_arrow().names:
+            return [], []
+        task = self.task_id.replace("'", "''")
+        predicate = f"{DELTA_COLUMNS[0]} = '{task}' AND {DELTA_COLUMNS[1]} > {int(checkpoint)}"
+        epochs = self._epochs_after(table, checkpoint)
+        if not epochs:
+            return [], []
+        self._with_retries(lambda: self._loaded().delete(predicate), f"deleting epochs {epochs}")  # type: ignore[union-attr]
+        log.warning(
+            "sink task %s: epochs %s were committed to %s after checkpoint %d, the restored one; "
+            "their rows are deleted from the table (the new generation writes them again)",
+            self.task_id,
+            epochs,
+            self.table_uri,
+            checkpoint,
+        )
+        return epochs, []
+
+    def _epochs_after(self, table: DeltaTable, checkpoint: int) -> list[int]:
+        dataset = table.to_pyarrow_dataset()
+        found = dataset.to_table(
+            columns=[DELTA_COLUMNS[1]],
+            filter=(pc.field(DELTA_COLUMNS[0]) == self.task_id) & (pc.field(DELTA_COLUMNS[1]) > checkpoint),
+        )
+        return sorted(pc.unique(found[DELTA_COLUMNS[1]]).to_pylist())
+
+    def _marker(self, epoch: int) -> str:
+        return f"{self.task_id}:{epoch}"
+
+    def _with_retries(self, commit: Callable[[], object], what: str, again: Callable[[], bool] = lambda: False) -> None:
+        """``commit()``, again while another writer's commit wins the race for
+        a table version (at most ``_DELTA_ATTEMPTS`` times; ``again()`` says
+        whether a commit that failed went in after all)."""
+        for attempt in range(1, _DELTA_ATTEMPTS + 1):
+            try:
+                commit()
+                return
+            except CommitFailedError as exc:
+                if attempt == _DELTA_ATTEMPTS:
+                    raise SinkError(
+                        f"sink task {self.task_id}: {what} to Delta table {self.table_uri} lost to other writers "
+                        f"{attempt} times: {exc}"
+                    ) from exc
+                log.info("sink task %s: %s: %s; trying again", self.task_id, what, exc)
+                self._table = None
+                if again():
+                    return
+            except SchemaMismatchError as exc:
+                raise SinkError(
+                    f"sink task {self.task_id}: {what}: the output's columns do not match Delta table "
+                    f"{self.table_uri}'s ({exc}); a pipeline whose output changes writes to a new table"
+                ) from exc
+            except (OSError, DeltaError) as exc:
+                self._table = None
+                raise StoreError(
+                    f"sink task {self.task_id}: {what} to Delta table {self.table_uri} failed: {exc}"
+                ) from exc
+
+
+def read_delta_output(table_uri: str, connection: Connection | None = None) -> pa.Table | None:
+    """What a Delta sink committed to ``table_uri``, without the sink's own
+    columns (``DELTA_COLUMNS``), or None when no table is there yet."""
+    options = delta_storage_options(connection) if table_uri.startswith("s3://") else {}
+    if not DeltaTable.is_deltatable(table_uri, storage_options=options):
+        return None
+    table = DeltaTable(table_uri, storage_options=options).to_pyarrow_table()
+    return table.drop_columns([c for c in DELTA_COLUMNS if c in table.column_names])
+
+
 def sink_location(settings: JobSettings, job: str, connection: Connection | None) -> StoreLocation:
     """Where job ``job``'s sinks keep their epochs: ``<store>/<job>/sink``."""
     return open_store(f"{settings.store.rstrip('/')}/{job}/sink", connection)
@@ -521,9 +695,20 @@ def open_sink(
     *,
     job: str,
     kafka: KafkaAccess,
+    connection: Connection | None = None,
     delivery_timeout_s: float = DELIVERY_BOUND_S,
-) -> ObjectStoreSink | KafkaSink:
-    """The sink of sink task ``task`` of job ``job``."""
+) -> ObjectStoreSink | KafkaSink | DeltaSink:
+    """The sink of sink task ``task`` of job ``job`` (``connection``: the S3
+    server of a Delta sink's ``s3://`` table)."""
+    if sink.kind is SinkKind.DELTA:
+        uri = delta_table_uri(sink, location)
+        return DeltaSink(
+            location,
+            task,
+            table_uri=uri,
+            app_id=f"spark-abs/{job}/{task}",
+            storage_options=delta_storage_options(connection) if uri.startswith("s3://") else {},
+        )
     if sink.kind is SinkKind.KAFKA:
         if sink.topic is None:  # Sink refuses a Kafka sink without one
             raise ConfigError(f"sink task {task}: a Kafka sink names no topic")

@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from barriers.messages import ChannelId
-from streaming.adapters.jars import connector_jars, require_tool
+from streaming.adapters.jars import connector_jars, delta_jars, require_tool
 from streaming.adapters.jvm_helpers import helper_jar
 from streaming.adapters.records import BATCH_BEGAN, BATCH_COLUMNS, records_in, stamped
 from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings
@@ -148,6 +148,11 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
                 "spark.pyspark.python": sys.executable,
             }
         )
+    if settings.delta:
+        conf |= {
+            "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        }
     conf.update(dict(settings.extra_conf))
     return conf
 
@@ -175,6 +180,8 @@ def spark_session(
         *connector_jars(runtime.spark_version, runtime.cache_dir, spark_jars, progress),
         helper_jar(runtime.spark_version, runtime.cache_dir, spark_jars, progress),
     ]
+    if settings.delta:
+        jars += delta_jars(runtime.delta_version, runtime.cache_dir, spark_jars, progress)
     if settings.ui_enabled and local_master(settings.master):
         # the Spark UI binds SPARK_LOCAL_IP, not spark.driver.bindAddress: every interface without it
         os.environ.setdefault("SPARK_LOCAL_IP", LOCAL_DRIVER_ADDRESS)

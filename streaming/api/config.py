@@ -113,6 +113,8 @@ class LocalRuntimeSettings:
     kafka_version: str = "4.4.0"
     # Spark's Kafka connector; must equal the installed pyspark version.
     spark_version: str = "4.2.0"
+    # delta-spark, for sessions with SparkSettings.delta: 4.4.0 is built on Spark 4.2.0.
+    delta_version: str = "4.4.0"
     # S3 API server: versitygw (POSIX backend), built once with `go install`.
     s3_server_version: str = "v1.8.0"
     # 0 = pick a free loopback port on first start and keep it afterwards.
@@ -519,6 +521,9 @@ class SparkSettings:
     # (a worker group) takes at most, one per executor, and each executor's memory.
     cores_max: int = 2
     executor_memory: str = "1g"
+    # Spark's Delta Lake reader and writer in the session (delta-spark's jars, its SQL extension and
+    # catalog): to read a Delta sink's table with Spark (``spark.read.format("delta")``).
+    delta: bool = False
     # Extra spark.* options, applied last.
     extra_conf: tuple[tuple[str, str], ...] = ()
 

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
 from streaming.api.avro import AvroSchema, avro_schema
+from streaming.api.settings import check_store_uri
 from streaming.errors import ConfigError, parse_choice
 
 __all__ = [
@@ -188,20 +189,28 @@ class Ingress:
 class SinkKind(enum.StrEnum):
     OBJECT_STORE = "object-store"  # Parquet files under <store>/<job>/sink/output
     KAFKA = "kafka"  # a topic, written in transactions (read with read_committed)
+    DELTA = "delta"  # a Delta Lake table, one commit per epoch and task (application transactions)
 
 
 @dataclass(frozen=True, slots=True)
 class Sink:
     """Where the last stage's output goes, exactly once (see ``SinkKind``;
-    a name such as ``"kafka"`` is taken too)."""
+    a name such as ``"kafka"`` is taken too).  ``topic``: a Kafka sink's
+    topic.  ``table``: a Delta sink's table, ``s3://bucket/path`` on the
+    job's S3 server or a local path; None: ``<store>/<job>/sink/table``."""
 
     kind: SinkKind | str = SinkKind.OBJECT_STORE  # a name becomes its SinkKind
     topic: str | None = None
+    table: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", parse_choice(SinkKind, self.kind, "sink kind"))
         if (self.kind is SinkKind.KAFKA) != bool(self.topic):
-            raise ConfigError("a kafka sink needs a topic, an object-store sink takes none")
+            raise ConfigError("a kafka sink needs a topic; an object-store or delta sink takes none")
+        if self.table is not None and self.kind is not SinkKind.DELTA:
+            raise ConfigError(f"a {self.kind} sink takes no table: only a delta sink writes to one")
+        if self.table is not None:
+            check_store_uri(self.table)
 
 
 # Spark code of a stage: a function from DataFrame to DataFrame, or a SQL query over ``{input}``

@@ -3,9 +3,12 @@ server and Spark: all of them in one job, in aligned mode with full
 snapshots and in unaligned mode with incremental ones (and keyed-state rows
 spilled past a small memory budget), with the worker
 killed mid-run (SIGKILL) and the job restored (from a checkpoint of state
-changes linked to a base, when incremental); each one's
-committed output must equal its reference, computed independently in batch
-by Spark SQL from the same ingress topics, with nothing sent to the dead
+changes linked to a base, when incremental), then killed again in the
+commit phase (a checkpoint complete, its sinks' epochs staged and not
+committed: the restore commits them); each one's
+committed output (Kafka topics, and the clickstream's Delta table read by
+Spark's Delta reader) must equal its reference, computed independently in batch
+by Spark SQL from the same ingress topics, each row once, with nothing sent to the dead
 letters (no row late, none lost)."""
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ MODES = {
     "unaligned-incremental": {"mode": "unaligned", "state_snapshots": "incremental", "state_memory_bytes": 16 << 10},
 }
 # armed once a checkpoint is complete: the worker dies halfway through this task's next micro-batch
-# (the worker runs every task, the Spark SQL stage in front of this one too)
+# (the worker runs every task, the Spark SQL stage in front of this one too); the restored
+# generation dies when a checkpoint completes, before this Delta sink task commits its epoch
 KILLED = "enriched-orders-1"
+KILLED_IN_COMMIT = "user-sessions-0"
 
 
 def _feed(kafka: KafkaAccess, records: list, chunk: int, pause_s: float) -> None:
@@ -86,8 +91,12 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
         # a few checkpoints first: incremental, the one restored holds changes on the first one's base
         while sum(1 for r in runner.checkpoints() if r.completed_at) < 3 and time.monotonic() < deadline:
             runner.step()
-        faults.arm(str(fault_file), [f"{KILLED}:mid_batch:*:0"])
+        faults.arm(str(fault_file), [f"{KILLED}:mid_batch:*:0", f"{KILLED_IN_COMMIT}:before_sink_commit:*:1"])
         while not runner.restores and time.monotonic() < deadline:
+            runner.step()
+        # what the first restore read (retention may delete it before the end)
+        restored = runner.store.read_manifest(runner.restores[0].checkpoint_id) if runner.restores else None
+        while len(runner.restores) < 2 and time.monotonic() < deadline:
             runner.step()
         # before any input ends, windows close: the quiet orders partition and the table hold nothing back
         while check.committed(kafka, windows).empty and time.monotonic() < deadline:
@@ -101,9 +110,10 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
         runner.close()
     log = "\n".join(lines[-40:])
     assert early > 0, f"no window was committed before the end of the input\n{log}"
-    assert [(r.generation, r.checkpoint_id > 0) for r in runner.restores] == [(1, True)], f"{runner.restores}\n{log}"
+    restores = [(r.generation, r.checkpoint_id > 0) for r in runner.restores]
+    assert restores == [(1, True), (2, True)], f"{runner.restores}\n{log}"
     if "incremental" in mode:
-        restored = runner.store.read_manifest(runner.restores[0].checkpoint_id)
+        assert restored is not None
         kinds = {task: snapshot.state_kind for task, snapshot in restored.tasks.items()}
         assert "changes" in kinds.values(), f"the restore read no chain: {kinds}"
         last = [r for r in runner.checkpoints() if r.completed_at][-1].checkpoint_id
@@ -114,8 +124,7 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
     for name in examples.NAMES:
         module = examples.example(name)
         pipeline = module.pipeline(job)
-        sink = next(s.sink for s in pipeline.stages if s.sink is not None)
         expected = check.reference(spark, pipeline, module.REFERENCE, kafka)
-        output = check.committed(kafka, sink.topic)
+        output = check.output(spark, pipeline, settings.store, connection)
         assert len(expected) > 10, f"{name}: a reference of {len(expected)} rows proves little"
         assert check.differences(output, expected, module.KEYS) == [], name

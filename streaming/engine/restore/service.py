@@ -339,6 +339,7 @@ class RestoreService:
                 spec.name,
                 job=self.job,
                 kafka=self.connection.kafka,
+                connection=self.connection,
                 delivery_timeout_s=self.settings.delivery_timeout_s,
             )
             try:

@@ -19,7 +19,7 @@ from operators.state import StateMemory, use_memory
 from streaming.adapters.control import ControlTopic
 from streaming.adapters.kafka_admin import OffsetsAtTime
 from streaming.adapters.kafka_io import CheckedSends, DeadLetters, append_markers, read_range, retention_ms
-from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, kafka_records, open_sink, sink_location
+from streaming.adapters.sinks import DeltaSink, KafkaSink, ObjectStoreSink, kafka_records, open_sink, sink_location
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import Pipeline, Sink, Stage, TaskSpec
@@ -52,7 +52,7 @@ class RunningTask:
     """A task a worker runs, and its stage's sink (None for a stage without one)."""
 
     task: StageTask
-    sink: ObjectStoreSink | KafkaSink | None
+    sink: ObjectStoreSink | KafkaSink | DeltaSink | None
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class TaskFactory:
         task.recover()
         return RunningTask(task, sink), dict(plan.query_start)
 
-    def _open_sink(self, name: str, declared: Sink) -> ObjectStoreSink | KafkaSink:
+    def _open_sink(self, name: str, declared: Sink) -> ObjectStoreSink | KafkaSink | DeltaSink:
         """The stage's sink (``declared``), recovered to the restored checkpoint
         (staged epochs up to it committed, later ones discarded, later output
         taken back)."""
@@ -148,6 +148,7 @@ class TaskFactory:
             name,
             job=self.pipeline.job,
             kafka=self.connection.kafka,
+            connection=self.connection,
             delivery_timeout_s=self.settings.delivery_timeout_s,
         )
         recovery = sink.recover(self.restore or 0)
@@ -164,7 +165,11 @@ class TaskFactory:
         return sink
 
     def _task_io(
-        self, name: str, stage: Stage, sink: ObjectStoreSink | KafkaSink | None, kept: Mapping[str, int | None]
+        self,
+        name: str,
+        stage: Stage,
+        sink: ObjectStoreSink | KafkaSink | DeltaSink | None,
+        kept: Mapping[str, int | None],
     ) -> TaskIO:
         """The task's I/O on the worker's Kafka clients, store and sink; what
         its checkpoints need that time retention may delete soon (``kept``:

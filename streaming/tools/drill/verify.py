@@ -89,21 +89,22 @@ class DrillVerification:
 
     def _output(self, reference: pd.DataFrame) -> pd.DataFrame:
         """The committed output as a frame (empty, with the reference's
-        columns, when there is none): an object-store sink's epochs, or the
-        JSON values a Kafka sink committed to its topic."""
-        from streaming.adapters.sinks import read_committed_output, sink_location
+        columns, when there is none): an object-store sink's epochs, a Delta
+        sink's table, or the JSON values a Kafka sink committed to its topic."""
+        from streaming.adapters.sinks import delta_table_uri, read_committed_output, read_delta_output, sink_location
         from streaming.api.pipeline import SinkKind
         from streaming.api.settings import JobSettings
 
         sink = next(s.sink for s in self.pipeline.stages if s.sink is not None)
+        location = sink_location(JobSettings(store=self.job.store_uri), self.job.job, self.connection)
         if sink.kind is SinkKind.KAFKA:
             if sink.topic is None:  # Sink refuses a Kafka sink without one
                 raise ConfigError("the pipeline's Kafka sink names no topic")
             table = self._kafka_output(sink.topic)
+        elif sink.kind is SinkKind.DELTA:
+            table = read_delta_output(delta_table_uri(sink, location), self.connection)
         else:
-            table = read_committed_output(
-                sink_location(JobSettings(store=self.job.store_uri), self.job.job, self.connection)
-            )
+            table = read_committed_output(location)
         to_frame = self.workload.output or (lambda t: t.to_pandas())
         return to_frame(table) if table is not None else reference.iloc[0:0]
 

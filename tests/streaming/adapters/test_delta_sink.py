@@ -1,0 +1,143 @@
+"""The Delta Lake sink on a local table and on the real S3 server: an
+epoch appears only on commit, in one Delta commit that records the task's
+application transaction at the epoch's number; a commit again (after a
+crash between the Delta commit and the clean-up of its staged file) writes
+nothing twice; a restore to an older checkpoint deletes what was committed
+after it; tasks committing at once each get their own table version."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from streaming import read_delta_output  # what a user reads output with
+from streaming.adapters.objects import open_store
+from streaming.adapters.sinks import DELTA_COLUMNS, DeltaSink, Recovery, delta_storage_options, open_sink
+from streaming.api.config import KafkaAccess
+from streaming.api.pipeline import Sink
+from streaming.errors import SinkError
+
+
+def _rows(epoch: int, n: int = 3) -> pa.Table:
+    return pa.table({"key": [f"e{epoch}-k{i}" for i in range(n)], "value": [f"{epoch}:{i}" for i in range(n)]})
+
+
+@pytest.fixture(params=["file", "s3"])
+def place(request, tmp_path, unique_name):
+    """(the sink's staging location, its table, the S3 connection or None)."""
+    if request.param == "file":
+        return open_store(str(tmp_path / "sink")), str(tmp_path / "table"), None
+    connection = request.getfixturevalue("connection")
+    root = f"s3://{connection.s3_bucket}/tests/{unique_name}"
+    return open_store(f"{root}/sink", connection), f"{root}/table", connection
+
+
+def _sink(place, task: str = "task-0") -> DeltaSink:
+    location, table, connection = place
+    sink = open_sink(
+        Sink("delta", table=table), location, task, job="j", kafka=KafkaAccess("unused:9092"), connection=connection
+    )
+    assert isinstance(sink, DeltaSink)
+    return sink
+
+
+def _values(place) -> list[str]:
+    _, table, connection = place
+    output = read_delta_output(table, connection)
+    return [] if output is None else sorted(output["value"].to_pylist())
+
+
+def test_an_epoch_is_in_the_table_only_after_its_commit_and_once(place):
+    sink = _sink(place)
+    sink.stage(1, _rows(1))
+    sink.stage(2, _rows(2))
+    assert _values(place) == []
+    assert sink.commit(1) is True
+    assert _values(place) == ["1:0", "1:1", "1:2"]
+    assert sink.staged_epochs() == [2]
+    assert sink.commit(1) is False
+    assert sink.committed_version() == 1
+    _, table, connection = place
+    delta = DeltaTable(table, storage_options=delta_storage_options(connection) if connection else None)
+    assert delta.transaction_version("spark-abs/j/task-0") == 1
+    rows = delta.to_pyarrow_table()
+    assert set(rows[DELTA_COLUMNS[0]].to_pylist()) == {"task-0"} and set(rows[DELTA_COLUMNS[1]].to_pylist()) == {1}
+    assert [h.get("abs.epoch") for h in delta.history() if h.get("operation") == "WRITE"] == ["task-0:1"]
+
+
+def test_a_commit_cut_short_before_its_staged_file_went_is_not_written_again(place):
+    sink = _sink(place)
+    sink.stage(1, _rows(1))
+    sink.commit(1)
+    sink.stage(1, _rows(1))  # as the crash left it: the Delta commit made, the staged file still there
+    restarted = _sink(place)
+    assert restarted.recover(completed_checkpoint=1) == Recovery()
+    assert restarted.staged_epochs() == []
+    assert _values(place) == ["1:0", "1:1", "1:2"]
+
+
+def test_recovery_commits_up_to_the_checkpoint_and_a_restore_deletes_what_came_after(place):
+    crashed, other = _sink(place), _sink(place, "task-1")
+    for epoch in (1, 2, 3):
+        crashed.stage(epoch, _rows(epoch, 1))
+    crashed.commit(1)
+    other.stage(3, _rows(30, 1))
+    other.commit(3)
+    # checkpoint 2 completed but the crash came before the sink's commit; epoch 3 is of the failed run
+    assert _sink(place).recover(completed_checkpoint=2) == Recovery(committed=[2], discarded=[3])
+    assert _values(place) == ["1:0", "2:0", "30:0"]
+    # restored from checkpoint 1: task-0's epoch 2 and task-1's epoch 3 are deleted, each by its own task
+    assert _sink(place).recover(completed_checkpoint=1) == Recovery(retracted=[2])
+    assert _values(place) == ["1:0", "30:0"]
+    assert _sink(place, "task-1").recover(completed_checkpoint=1) == Recovery(retracted=[3])
+    assert _values(place) == ["1:0"]
+    # the replay writes them again under the new generation's (higher) epochs
+    again = _sink(place)
+    again.stage(4, _rows(2, 1))
+    assert again.commit(4) is True
+    assert _values(place) == ["1:0", "2:0"]
+
+
+def test_tasks_committing_at_once_each_get_their_own_version(place):
+    sinks = [_sink(place, f"task-{i}") for i in range(4)]
+    for i, sink in enumerate(sinks):
+        sink.stage(1, _rows(10 + i, 2))
+    failures: list[BaseException] = []
+
+    def commit(sink: DeltaSink) -> None:
+        try:
+            sink.commit(1)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=commit, args=(s,)) for s in sinks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert failures == []
+    assert len(_values(place)) == 8
+    assert all(s.committed_version() == 1 for s in sinks)
+
+
+def test_an_empty_epoch_adds_no_commit_and_output_of_other_columns_is_a_clear_error(place):
+    sink = _sink(place)
+    sink.stage(1, _rows(1, 1))
+    sink.commit(1)
+    sink.stage(2, _rows(2, 0))
+    assert sink.commit(2) is True
+    assert sink.committed_version() == 1 and sink.staged_epochs() == []
+    sink.stage(3, pa.table({"other": [1]}))
+    with pytest.raises(SinkError, match="do not match Delta table"):
+        sink.commit(3)
+    assert _values(place) == ["1:0"]
+
+
+def test_a_table_elsewhere_than_s3_or_a_path_is_refused(tmp_path):
+    from streaming.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="give s3://bucket/path or a local path"):
+        open_sink(Sink("delta", table="gs://b/t"), open_store(str(tmp_path)), "t", job="j", kafka=KafkaAccess("x:1"))
