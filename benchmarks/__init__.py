@@ -9,4 +9,6 @@ with medians; the raw runs are kept as JSON beside a Markdown table.
 - ``native``: the same count as plain Structured Streaming;
 - ``peers``: the same count on Flink and Quix Streams;
 - ``state``: keyed state at 100 thousand to 10 million keys;
-- ``profiles``: py-spy profiles of the hot path."""
+- ``profiles``: py-spy profiles of the hot path;
+- ``delta_sink``: one epoch's commit to Delta Lake by delta-rs against
+  delta-spark (``python -m benchmarks.delta_sink``)."""

@@ -97,7 +97,20 @@ def _decoded(ingress: Ingress):
     avro = cast(AvroSchema, ingress.avro)  # Ingress parsed avro= into an AvroSchema when it was made
     # Confluent's serializers put five bytes first: a zero and the schema id
     value = F.expr("substring(value, 6)") if avro.confluent_wire else F.col("value")
-    return from_avro(value, avro.json)
+    if not avro.registry:
+        return from_avro(value, avro.json)
+    # each value read with the schema its id names in the registry, resolved to the ingress's
+    from streaming.adapters.registry import current_registry, subject_of
+
+    registry = current_registry(f"the reference of {ingress.topic}")
+    schema_id = F.conv(F.hex(F.expr("substring(value, 2, 4)")), 16, 10).cast("long")
+    decoded = None
+    for number in registry.ids(subject_of(ingress.topic)):
+        read = from_avro(value, registry.schema(number), {"avroSchema": avro.json})
+        decoded = F.when(schema_id == number, read) if decoded is None else decoded.when(schema_id == number, read)
+    if decoded is None:
+        raise ValueError(f"the registry has no schema of {subject_of(ingress.topic)}: nothing was produced")
+    return decoded
 
 
 def drill_workload(records: Callable[..., list[tuple[str, int, bytes]]], sql: str, keys: Sequence[str]):

@@ -9,9 +9,15 @@ every twenty seconds: devices send again what they are not sure arrived
         ─► calibrated (2 tasks, Spark SQL over the deduplicated rows, by device)
         ─► device-minutes (1-minute windows sliding by 20 s, per device) ─► Kafka topic <job>.device-minutes
 
-What it shows: Avro values as Confluent's serializers write them (the
-schema below, after a zero byte and a schema id), decoded by Spark on the
-executors; a stage of Spark code given as a DataFrame function
+What it shows: Avro values as Confluent's serializers write them (after a
+zero byte and a schema id), their schemas in a schema registry, and a
+producer that evolves its schema mid-stream: the first half of the events
+is written with ``EVENTS_V1`` (no ``kind``, ``value`` an int), the rest
+with ``EVENTS_V2`` (a ``firmware`` field added), each value resolved by its
+writer schema's id to ``EVENTS``, the schema the pipeline reads with
+(``Ingress(registry=True)``: ``kind`` defaults to ``temp``, an int
+widens to a long, ``firmware`` is not read); the values decoded by Spark on
+the executors; a stage of Spark code given as a DataFrame function
 (``readings``); deduplication within a watermark (Spark's
 ``dropDuplicatesWithinWatermark``), fed by a stage that routes by the event
 id so that every copy of an event meets in one task; Spark code after a
@@ -34,10 +40,24 @@ import pyarrow as pa
 from operators import Deduplicate, SlidingWindowAggregate, count, sum_
 from streaming import Ingress, Pipeline, Sink, Stage
 from streaming.adapters import avro
+from streaming.adapters.registry import current_registry, subject_of
 
-__all__ = ["EVENTS", "UNIQUE", "CALIBRATE", "pipeline", "readings", "records", "REFERENCE", "KEYS", "drill_workload"]
+__all__ = [
+    "EVENTS",
+    "EVENTS_V1",
+    "EVENTS_V2",
+    "UNIQUE",
+    "CALIBRATE",
+    "pipeline",
+    "readings",
+    "records",
+    "REFERENCE",
+    "KEYS",
+    "drill_workload",
+]
 
-# the devices' Avro schema (event time ts in milliseconds)
+_KIND = {"type": "enum", "name": "Kind", "symbols": ["temp", "door"]}
+# the Avro schema the pipeline reads the devices' events with (event time ts in milliseconds)
 EVENTS = {
     "type": "record",
     "name": "DeviceEvent",
@@ -45,9 +65,35 @@ EVENTS = {
     "fields": [
         {"name": "event_id", "type": "string"},
         {"name": "device", "type": "string"},
-        {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["temp", "door"]}},
+        {"name": "kind", "type": _KIND, "default": "temp"},
         {"name": "value", "type": "long"},
         {"name": "ts", "type": "long"},
+    ],
+}
+# what the devices' firmware wrote first: no kind, the value an int
+EVENTS_V1 = {
+    "type": "record",
+    "name": "DeviceEvent",
+    "namespace": "examples.devices",
+    "fields": [
+        {"name": "event_id", "type": "string"},
+        {"name": "device", "type": "string"},
+        {"name": "value", "type": "int"},
+        {"name": "ts", "type": "long"},
+    ],
+}
+# and after an update, mid-stream: the kind, a long value, and the firmware's version
+EVENTS_V2 = {
+    "type": "record",
+    "name": "DeviceEvent",
+    "namespace": "examples.devices",
+    "fields": [
+        {"name": "event_id", "type": "string"},
+        {"name": "device", "type": "string"},
+        {"name": "kind", "type": _KIND},
+        {"name": "value", "type": "long"},
+        {"name": "ts", "type": "long"},
+        {"name": "firmware", "type": ["null", "string"], "default": None},
     ],
 }
 # the rows unique-events passes on (what readings keeps), which Spark reads after it
@@ -62,7 +108,17 @@ def pipeline(job: str = "device-events") -> Pipeline:
     events = f"{job}.events"
     return Pipeline(
         job,
-        (Ingress(events, 2, avro=EVENTS, confluent_wire=True, event_time="ts", max_out_of_orderness=5_000),),
+        (
+            Ingress(
+                events,
+                2,
+                avro=EVENTS,
+                confluent_wire=True,
+                registry=True,
+                event_time="ts",
+                max_out_of_orderness=5_000,
+            ),
+        ),
         (
             # Spark code, a DataFrame function: Spark decodes the events and keeps four columns
             Stage("events-by-id", (events,), spark=readings, parallelism=2, key="event_id"),
@@ -94,14 +150,17 @@ def readings(events):
 
 
 def records(
-    job: str = "device-events", *, events: int = 2_500, seed: int = 9, round: int = 0
+    job: str = "device-events", *, events: int = 2_500, seed: int = 9, round: int = 0, registry=None
 ) -> list[tuple[str, int, bytes]]:
     """Events of 25 devices, 50 ms of event time apart, spread over two
     partitions; one in eight is sent again 1 to 4 s later on its partition
     (the same record: its event time is the original's).  Round ``n`` is
     the ``n``-th ``events`` events, their ids and event time after the
     rounds before (a resend of one round may come after the next round's
-    first events, within the ingress's bound)."""
+    first events, within the ingress's bound).  Each round's first half is
+    written with ``EVENTS_V1``, the rest with ``EVENTS_V2``, both registered
+    in ``registry`` (None: the schema registry of this process,
+    ``streaming.adapters.registry.use_registry``) under ``<topic>-value``."""
     rng = random.Random(seed if round == 0 else f"{seed}-{round}")
     partitions: list[list[tuple[int, dict]]] = [[], []]
     for i in range(round * events, (round + 1) * events):
@@ -118,7 +177,11 @@ def records(
         if rng.random() < 0.125:
             partitions[partition].append((ts + rng.randint(1_000, 4_000), event))  # sent again later
     topic = f"{job}.events"
-    schema = avro.avro_schema(EVENTS, confluent_wire=True, what=topic)
+    registry = registry or current_registry("the devices example's producer")
+    writers = [
+        (avro.avro_schema(v, confluent_wire=True, what=topic), v is EVENTS_V1) for v in (EVENTS_V1, EVENTS_V2)
+    ]
+    ids = [registry.register(subject_of(topic), schema.json) for schema, _ in writers]
     sent = sorted(
         (
             (at, p, n, row)
@@ -127,7 +190,12 @@ def records(
         ),
         key=lambda r: (r[0], r[1], r[2]),
     )
-    values = avro.encode((row for _, _, _, row in sent), schema, schema_id=7)
+    values = []
+    for n, (_, _, _, row) in enumerate(sent):
+        version = 0 if n < len(sent) // 2 else 1  # the update comes mid-stream, on both partitions
+        schema, first = writers[version]
+        written = {k: v for k, v in row.items() if k != "kind"} if first else {**row, "firmware": "2.1"}
+        values += avro.encode([written], schema, schema_id=ids[version])
     return [(topic, p, value) for (_, p, _, _), value in zip(sent, values)]
 
 

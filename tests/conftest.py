@@ -59,6 +59,10 @@ def connection(runtime_settings: LocalRuntimeSettings) -> Iterator[Connection]:
     runtime = LocalRuntime(runtime_settings, progress=_say)
     was_running = runtime.status().all_running
     conn = runtime.up()
+    # the test process's producers and references find Avro schemas in the runtime's registry
+    from streaming.adapters.registry import use_registry
+
+    use_registry(conn.schema_registry)
     yield conn
     if not was_running:
         for line in runtime.down():

@@ -8,6 +8,12 @@ id).  The schema fixes the columns: ``AvroSchema.arrow`` is the Arrow schema
 the rows have in Python, and Spark decodes the same records with ``from_avro``
 and the same schema (``streaming.adapters.spark_stage``).
 
+With ``registry`` (``Ingress(..., registry=True)``) the schema id names the
+schema the value was written with: it is fetched from the schema registry
+this process uses (``streaming.adapters.registry``) and the value read with
+it as the writer's schema and the ingress schema as the reader's, by Avro's
+resolution rules (fields added with defaults, fields dropped, types widened).
+
 ``decode`` reads values one by one with fastavro; a value that is not a
 record of the schema is rejected with its reason, never dropped.  As with
 Spark's ``from_avro``, bytes after a record are not read (a writer's schema
@@ -23,6 +29,7 @@ from typing import Any, cast
 import fastavro
 import pyarrow as pa
 
+from streaming.adapters import registry as schema_registry
 from streaming.api.avro import MAGIC, WIRE_HEADER_BYTES, AvroSchema, avro_schema
 
 __all__ = ["AvroSchema", "avro_schema", "decode", "encode", "WIRE_HEADER_BYTES"]
@@ -70,9 +77,22 @@ def _read(value: bytes | None, schema: AvroSchema) -> dict[str, Any] | str:
         start = WIRE_HEADER_BYTES
     stream = io.BytesIO(value)
     stream.seek(start)
+    writer, written_as = schema.parsed, "the ingress schema"
+    if schema.registry:
+        schema_id = int.from_bytes(value[1:WIRE_HEADER_BYTES], "big")
+        try:
+            writer = schema_registry.current_registry("an ingress with registry=True").parsed(schema_id)
+        except schema_registry.UnknownSchemaError as exc:
+            return f"value names schema id {schema_id}: {exc}"
+        written_as = f"writer schema id {schema_id}"
     try:
-        row = fastavro.schemaless_reader(stream, schema.parsed, None)
+        row = fastavro.schemaless_reader(stream, writer, schema.parsed if schema.registry else None)
     except Exception as exc:  # whatever fastavro raised, the value is not a record of it
+        if schema.registry:
+            return (
+                f"value is not an Avro record of {written_as}, or that schema does not resolve to the "
+                f"ingress schema: {type(exc).__name__}: {exc}"
+            )
         return f"value is not an Avro record of the ingress schema: {type(exc).__name__}: {exc}"
     # a record schema reads a dict (avro_schema takes no other); as Spark's from_avro,
     # bytes after the record are not read

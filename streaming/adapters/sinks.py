@@ -50,10 +50,12 @@ from deltalake.exceptions import CommitFailedError, DeltaError, SchemaMismatchEr
 from kafka import TopicPartition
 from kafka.errors import AuthorizationError, KafkaError
 
-from streaming.adapters import codec, kafka_clients
+from streaming.adapters import avro, codec, kafka_clients
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, producer, within
 from streaming.adapters.objects import ObjectFiles, StoreLocation, list_files, open_store
+from streaming.adapters.registry import SchemaRegistry, subject_of
+from streaming.api.avro import AvroSchema
 from streaming.api.config import Connection, KafkaAccess
 from streaming.api.pipeline import Sink, SinkKind
 from streaming.api.settings import JobSettings
@@ -63,6 +65,7 @@ __all__ = [
     "open_sink",
     "sink_location",
     "kafka_records",
+    "registered_avro",
     "ObjectStoreSink",
     "KafkaSink",
     "Recovery",
@@ -723,14 +726,39 @@ def open_sink(
     return ObjectStoreSink(location, task)
 
 
-def kafka_records(table: pa.Table, key: str | None) -> pa.Table:
-    """A sink epoch as the Kafka sink takes it: ``key`` (the stage's key column) and ``value`` (JSON)."""
+def kafka_records(
+    table: pa.Table, key: str | None, avro_values: Callable[[pa.Table], list[bytes]] | None = None
+) -> pa.Table:
+    """A sink epoch as the Kafka sink takes it: ``key`` (the stage's key
+    column) and ``value`` (JSON, or what ``avro_values`` makes of the rows)."""
     keys = (
         pc.cast(pc.cast(table[key], pa.string()), pa.binary())
         if key and key in table.column_names
         else pa.nulls(table.num_rows, pa.binary())
     )
-    return pa.table({"key": keys, "value": pa.array(codec.encode(table), pa.binary())})
+    values = codec.encode(table) if avro_values is None else avro_values(table)
+    return pa.table({"key": keys, "value": pa.array(values, pa.binary())})
+
+
+def registered_avro(sink: Sink, registry: SchemaRegistry) -> Callable[[pa.Table], list[bytes]]:
+    """How a Kafka sink with ``avro`` writes rows: Avro records of its schema
+    after Confluent's header with the schema's id, registered under
+    ``<topic>-value`` (once; the registry's compatibility rule decides
+    whether a changed schema may be)."""
+    if sink.topic is None or not isinstance(sink.avro, AvroSchema):
+        raise ConfigError("registered_avro: a Kafka sink with an avro schema")
+    schema, subject = sink.avro, subject_of(sink.topic)
+
+    def values(table: pa.Table) -> list[bytes]:
+        schema_id = registry.register(subject, schema.json)
+        try:
+            return avro.encode(table.to_pylist(), schema, schema_id=schema_id)
+        except (ValueError, TypeError) as exc:
+            raise SinkError(
+                f"sink {sink.topic}: a row is not a record of the sink's Avro schema ({subject}, id {schema_id}): {exc}"
+            ) from exc
+
+    return values
 
 
 def _bytes(value: object) -> bytes | None:

@@ -75,6 +75,7 @@ from streaming.adapters.records import (
     ROW,
     Part,
 )
+from streaming.adapters.registry import current_registry, subject_of
 from streaming.api.pipeline import Ingress, Pipeline, Stage
 from streaming.errors import ChannelQueryError, ConfigError
 
@@ -199,6 +200,9 @@ class SparkStage:
             self._arrow_cap = None
             # Ingress parsed avro= into an AvroSchema when it was made
             self._avro = cast(AvroSchema | None, source.avro)
+            # registry=True: the writer schema ids of the topic's subject the plan decodes
+            self._subject = subject_of(source.topic)
+            self._writer_ids: list[int] = []
             # how the Python decoder reads the values, for the reason a record did not decode
             self._reasons = functools.partial(_reasons, schema=source.value_schema)
             self._event_time = self._event_time_column(source)
@@ -290,6 +294,8 @@ class SparkStage:
         Returns Python's part, which puts the pieces together (a stage
         query runs it on its processing thread, while Spark reads the next
         micro-batch)."""
+        if self._avro is not None and self._avro.registry:
+            self._plan_writers()
         steps = self._steps
         if self._arrow_cap is not None:
             decode = steps.decode if self._stale is None else [*steps.decode, self._stale.alias(_STALE)]
@@ -414,9 +420,21 @@ class SparkStage:
             ],
         )
 
+    def _plan_writers(self) -> None:
+        """With ``registry=True``: the plan again when the registry holds
+        writer schemas of the topic's subject that it does not decode yet."""
+        registry = current_registry(f"stage {self.name}")
+        ids = registry.ids(self._subject)
+        if ids != self._writer_ids:
+            self._writer_ids = ids
+            self._steps = self._plan()
+
     def _decode(self) -> Column:
         """A record's value decoded with the ingress schema: a struct, null
-        where the value is not a record of it (JSON with ``_CORRUPT`` set)."""
+        where the value is not a record of it (JSON with ``_CORRUPT`` set).
+        With ``registry=True``, each value with the writer schema its id
+        names (one of the subject's), resolved to the ingress schema by
+        Spark's ``from_avro`` (its ``avroSchema`` option)."""
         value = F.col("value")
         if self._avro is None:
             return F.from_json(
@@ -426,7 +444,15 @@ class SparkStage:
             return from_avro(value, self._avro.json, {"mode": "PERMISSIVE"})
         framed = (F.length(value) > WIRE_HEADER_BYTES) & (F.substring(value, 1, 1) == F.lit(b"\x00"))
         body = F.expr(f"substring(value, {WIRE_HEADER_BYTES + 1})")
-        return F.when(framed, from_avro(body, self._avro.json, {"mode": "PERMISSIVE"}))
+        if not self._avro.registry:
+            return F.when(framed, from_avro(body, self._avro.json, {"mode": "PERMISSIVE"}))
+        return F.when(framed, resolved_avro(body, F.expr("substring(value, 2, 4)"), self._writers(), self._avro.json))
+
+    def _writers(self) -> dict[int, str]:
+        if not self._writer_ids:
+            return {}
+        registry = current_registry(f"stage {self.name}")
+        return {schema_id: registry.schema(schema_id) for schema_id in self._writer_ids}
 
     def _undecoded(self) -> Column:
         """Whether a record's value did not decode: JSON that Spark's reader
@@ -668,6 +694,19 @@ def _assemble(prepared: pa.Table, raw: pa.Table, reasons: Callable[[pa.ChunkedAr
     return pa.concat_tables(
         [prepared, records.append_column(PART, parts).append_column(REASON, why)], promote_options="permissive"
     )
+
+
+def resolved_avro(body: Column, schema_id: Column, writers: Mapping[int, str], reader: str) -> Column:
+    """Avro values ``body`` decoded with the writer schema their ``schema_id``
+    (4 bytes, big-endian) names among ``writers`` and resolved to ``reader``
+    (``from_avro``'s ``avroSchema``); null for an id not among them."""
+    as_number = F.conv(F.hex(schema_id), 16, 10).cast("long")
+    options = {"mode": "PERMISSIVE", "avroSchema": reader}
+    # no writer yet: the reader's shape, for no value
+    decoded = F.when(F.lit(False), from_avro(body, reader, {"mode": "PERMISSIVE"}))
+    for number, writer in sorted(writers.items()):
+        decoded = decoded.when(as_number == number, from_avro(body, writer, options))
+    return decoded
 
 
 def _reasons(values: pa.ChunkedArray, schema: codec.ValueSchema) -> list[str]:

@@ -41,7 +41,10 @@ _LOGICAL = {
 class AvroSchema:
     """An ingress's Avro record schema: as JSON (what Spark's ``from_avro``
     takes), parsed by fastavro, and the Arrow schema of its rows; with
-    ``confluent_wire`` its values start with Confluent's five bytes."""
+    ``confluent_wire`` its values start with Confluent's five bytes, and
+    with ``registry`` the schema id in them names the schema each value was
+    written with, looked up in the schema registry and resolved to this one
+    (the reader's schema) by Avro's rules."""
 
     json: str
     arrow: pa.Schema
@@ -50,9 +53,12 @@ class AvroSchema:
     # the fields that are never null (not a union with null): Spark reads a value it cannot
     # decode as a row of nulls, so a null there says the value was not a record of the schema
     required: tuple[str, ...] = ()
+    registry: bool = False
 
 
-def avro_schema(schema: str | Mapping[str, Any], *, confluent_wire: bool = False, what: str) -> AvroSchema:
+def avro_schema(
+    schema: str | Mapping[str, Any], *, confluent_wire: bool = False, registry: bool = False, what: str
+) -> AvroSchema:
     """``schema`` (an Avro record schema, as JSON text or a mapping) checked
     and mapped to Arrow; a ``ConfigError`` naming ``what`` otherwise."""
     try:
@@ -69,7 +75,11 @@ def avro_schema(schema: str | Mapping[str, Any], *, confluent_wire: bool = False
     # columns may all be null, as those of JSON values are: the rest of a pipeline sees no difference
     arrow = pa.schema([pa.field(name, kind) for name, (kind, _) in typed.items()])
     required = tuple(name for name, (_, nullable) in typed.items() if not nullable)
-    return AvroSchema(json.dumps(loaded, sort_keys=True), arrow, bool(confluent_wire), parsed, required)
+    if registry and not confluent_wire:
+        raise ConfigError(
+            f"{what}: registry=True reads the schema id of Confluent's wire format: set confluent_wire too"
+        )
+    return AvroSchema(json.dumps(loaded, sort_keys=True), arrow, bool(confluent_wire), parsed, required, bool(registry))
 
 
 def _arrow_type(avro: Any, what: str) -> tuple[pa.DataType, bool]:

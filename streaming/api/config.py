@@ -53,6 +53,8 @@ ENV = {
     "s3_bucket": "SPARK_ABS_S3_BUCKET",
     "s3_region": "SPARK_ABS_S3_REGION",
     "spark_master": "SPARK_ABS_SPARK_MASTER",
+    # a Confluent-compatible schema registry's API (Avro ingress resolved by schema id)
+    "schema_registry": "SPARK_ABS_SCHEMA_REGISTRY",
     "maven_repo": "SPARK_ABS_MAVEN_REPO",
     # the secret the job's key is derived from (streaming.api.job_key), or a file holding it
     "job_secret": "SPARK_ABS_JOB_SECRET",
@@ -83,6 +85,9 @@ KAFKA_SECURITY_ENV_FIELDS = (
     "kafka_cert_file",
     "kafka_key_file",
 )
+
+# optional services: a job that uses none of them needs none
+OPTIONAL_ENV_FIELDS = ("schema_registry",)
 
 
 def default_home(environ: Mapping[str, str] | None = None) -> Path:
@@ -117,10 +122,13 @@ class LocalRuntimeSettings:
     delta_version: str = "4.4.0"
     # S3 API server: versitygw (POSIX backend), built once with `go install`.
     s3_server_version: str = "v1.8.0"
+    # Schema registry: Apicurio Registry (Confluent-compatible API), built once from Maven Central.
+    schema_registry_version: str = "2.4.2.Final"
     # 0 = pick a free loopback port on first start and keep it afterwards.
     kafka_port: int = 0
     kafka_controller_port: int = 0
     s3_port: int = 0
+    registry_port: int = 0
     # Credentials and bucket of the local S3 server (loopback only).
     s3_access_key: str = "sparkabs"
     s3_secret_key: str = field(default="sparkabs-secret", repr=False)
@@ -141,13 +149,13 @@ class LocalRuntimeSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.home, Path):
             raise ConfigError(f"home must be a pathlib.Path, got {type(self.home).__name__}")
-        for name in ("kafka_port", "kafka_controller_port", "s3_port"):
+        for name in ("kafka_port", "kafka_controller_port", "s3_port", "registry_port"):
             _check_port(name, getattr(self, name))
-        nonzero = [p for p in (self.kafka_port, self.kafka_controller_port, self.s3_port) if p]
+        nonzero = [p for p in (self.kafka_port, self.kafka_controller_port, self.s3_port, self.registry_port) if p]
         if len(nonzero) != len(set(nonzero)):
             raise ConfigError(
-                "kafka_port, kafka_controller_port and s3_port must differ, "
-                f"got {self.kafka_port}, {self.kafka_controller_port}, {self.s3_port}"
+                "kafka_port, kafka_controller_port, s3_port and registry_port must differ, "
+                f"got {self.kafka_port}, {self.kafka_controller_port}, {self.s3_port}, {self.registry_port}"
             )
         if self.start_timeout_s <= 0:
             raise ConfigError(f"start_timeout_s must be positive, got {self.start_timeout_s}")
@@ -418,6 +426,9 @@ class Connection:
     s3_bucket: str
     s3_region: str = "us-east-1"
     spark_master: str = "local[2]"
+    # a Confluent-compatible schema registry's API base (http://host:port/apis/ccompat/v7 for
+    # Apicurio's, the local runtime's); "" when there is none
+    schema_registry: str = ""
     # what the job's key is derived from (``job_key``): the secret, or a file holding it (which
     # only its owner may read; worker processes are given its name); "" when not given
     job_secret: str = field(default="", repr=False)
@@ -445,7 +456,9 @@ class Connection:
         unset), so that a process given them over an environment of its own
         (a worker the runner starts) has this connection, not a mix."""
         data = {k: str(v) for k, v in self.to_dict().items() if v not in (None, "")}
-        names = CONNECTION_ENV_FIELDS + KAFKA_SECURITY_ENV_FIELDS + ("job_secret", "job_secret_file")
+        names = (
+            CONNECTION_ENV_FIELDS + KAFKA_SECURITY_ENV_FIELDS + OPTIONAL_ENV_FIELDS + ("job_secret", "job_secret_file")
+        )
         return {ENV[name]: data.get(name, "") for name in names}
 
     def job_key(self, job: str) -> JobKey:
@@ -475,7 +488,7 @@ class Connection:
         ``SPARK_ABS_KAFKA_BOOTSTRAP`` is not set."""
         if not environ.get(ENV["kafka_bootstrap"]):
             return None
-        names = CONNECTION_ENV_FIELDS + KAFKA_SECURITY_ENV_FIELDS
+        names = CONNECTION_ENV_FIELDS + KAFKA_SECURITY_ENV_FIELDS + OPTIONAL_ENV_FIELDS
         data: dict[str, Any] = {name: environ[ENV[name]] for name in names if environ.get(ENV[name])}
         if environ.get(ENV["job_secret"]):
             data["job_secret"] = environ[ENV["job_secret"]]

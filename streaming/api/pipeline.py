@@ -89,6 +89,13 @@ class Ingress:
       Avro records of it (``streaming.adapters.avro``) and ``schema`` is
       taken from it.  ``confluent_wire``: each value starts with the five
       bytes of Confluent's serializers (a zero, the schema id).
+      ``registry``: that id names the schema the producer wrote the value
+      with, looked up in the job's schema registry (``Connection.schema_registry``)
+      and resolved to ``avro``, the reader's schema, by Avro's rules: a
+      producer may evolve its schema compatibly mid-stream (add a field
+      with a default, drop one, widen a type).  A value whose id the
+      registry does not have, or whose schema does not resolve, is a dead
+      letter saying so.
 
     Event time is declared here, where the data enters, as Flink's
     ``WatermarkStrategy`` and Spark's ``withWatermark`` declare it:
@@ -137,6 +144,7 @@ class Ingress:
     key: str | None = None
     avro: str | Mapping[str, Any] | AvroSchema | None = None
     confluent_wire: bool = False
+    registry: bool = False
 
     def __post_init__(self) -> None:
         if self.schema is not None and not isinstance(self.schema, pa.Schema):  # {name: type} or [(name, type)]
@@ -171,12 +179,14 @@ class Ingress:
         """``avro`` parsed (an ``AvroSchema``), and ``schema`` taken from it."""
         what = f"ingress {self.topic}"
         if self.avro is None:
-            if self.confluent_wire:
-                raise ConfigError(f"{what}: confluent_wire describes Avro values; give the Avro schema too (avro=...)")
+            if self.confluent_wire or self.registry:
+                raise ConfigError(
+                    f"{what}: confluent_wire and registry describe Avro values; give the Avro schema too (avro=...)"
+                )
             return
         parsed = self.avro
         if not isinstance(parsed, AvroSchema):
-            parsed = avro_schema(parsed, confluent_wire=self.confluent_wire, what=what)
+            parsed = avro_schema(parsed, confluent_wire=self.confluent_wire, registry=self.registry, what=what)
         if self.schema is not None and not self.schema.equals(parsed.arrow):
             raise ConfigError(
                 f"{what}: the schema is taken from the Avro schema ({parsed.arrow.to_string()!r}); "
@@ -196,12 +206,16 @@ class SinkKind(enum.StrEnum):
 class Sink:
     """Where the last stage's output goes, exactly once (see ``SinkKind``;
     a name such as ``"kafka"`` is taken too).  ``topic``: a Kafka sink's
-    topic.  ``table``: a Delta sink's table, ``s3://bucket/path`` on the
+    topic.  ``avro``: a Kafka sink's values as Avro records of this schema
+    (JSON text or a dict) in Confluent's wire format, the schema registered
+    under ``<topic>-value`` in the job's schema registry (None: JSON).
+    ``table``: a Delta sink's table, ``s3://bucket/path`` on the
     job's S3 server or a local path; None: ``<store>/<job>/sink/table``."""
 
     kind: SinkKind | str = SinkKind.OBJECT_STORE  # a name becomes its SinkKind
     topic: str | None = None
     table: str | None = None
+    avro: str | Mapping[str, Any] | AvroSchema | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", parse_choice(SinkKind, self.kind, "sink kind"))
@@ -211,6 +225,12 @@ class Sink:
             raise ConfigError(f"a {self.kind} sink takes no table: only a delta sink writes to one")
         if self.table is not None:
             check_store_uri(self.table)
+        if self.avro is not None:
+            if self.kind is not SinkKind.KAFKA:
+                raise ConfigError(f"a {self.kind} sink takes no avro schema: only a kafka sink writes Avro values")
+            if not isinstance(self.avro, AvroSchema):
+                parsed = avro_schema(self.avro, confluent_wire=True, registry=True, what=f"sink {self.topic}")
+                object.__setattr__(self, "avro", parsed)
 
 
 # Spark code of a stage: a function from DataFrame to DataFrame, or a SQL query over ``{input}``

@@ -32,8 +32,9 @@ from streaming.errors import ConfigError
 from streaming.local import artifacts, processes
 from streaming.local.artifacts import FETCHABLE
 from streaming.local.kafka_security import JOB_USER
+from streaming.local.schema_registry import api_url
 from streaming.local.services import RuntimeServices
-from streaming.local.starters import KafkaStarter, S3Starter, SparkStarter
+from streaming.local.starters import KafkaStarter, RegistryStarter, S3Starter, SparkStarter
 
 __all__ = ["LocalRuntime", "RuntimeStatus", "ServiceStatus"]
 
@@ -109,7 +110,8 @@ class LocalRuntime:
 
     def fetch(self, only: Sequence[str] = FETCHABLE) -> dict[str, list[Path]]:
         """Resolve (once, into the cache) the artifacts named in ``only``:
-        ``kafka`` jars, the ``s3-server`` binary, the ``spark-connector`` jars."""
+        ``kafka`` jars, the ``s3-server`` binary, the ``spark-connector`` jars,
+        the ``schema-registry``'s runnable jar."""
         unknown = sorted(set(only) - set(FETCHABLE))
         if unknown:
             raise ConfigError(f"cannot fetch {', '.join(unknown)}; choose from {', '.join(FETCHABLE)}")
@@ -124,6 +126,10 @@ class LocalRuntime:
             )
         if "s3-server" in only:
             fetched["s3-server"] = [artifacts.build_versitygw(s.s3_server_version, s.cache_dir, self._progress)]
+        if "schema-registry" in only:
+            fetched["schema-registry"] = [
+                artifacts.build_schema_registry(s.schema_registry_version, s.cache_dir, self._progress)
+            ]
         if "spark-connector" in only:
             fetched["spark-connector"] = jars.connector_jars(
                 s.spark_version, s.cache_dir, Path(pyspark.__file__).parent / "jars", self._progress
@@ -140,14 +146,17 @@ class LocalRuntime:
                 f"{pyspark.__version__}; the Kafka connector must match pyspark exactly"
             )
         java = jars.require_tool("java")
-        binary = self.fetch()["s3-server"][0]
+        fetched = self.fetch()
+        binary, registry = fetched["s3-server"][0], fetched["schema-registry"][0]
         with self._locked():
             self.services.stop_unrecorded(self._progress)
             ports = self.services.load_ports()
             kafka_ports = KafkaStarter(self.services, self._progress).up(java, ports)
             s3_port = S3Starter(self.services, self._progress).up(binary, ports, set(kafka_ports.values()))
-            spark_ports = SparkStarter(self.services, self._progress).up(ports, {*kafka_ports.values(), s3_port})
-            ports = {**kafka_ports, "s3": s3_port, **spark_ports}
+            taken = {*kafka_ports.values(), s3_port}
+            registry_port = RegistryStarter(self.services, self._progress).up(java, registry, ports, taken)
+            spark_ports = SparkStarter(self.services, self._progress).up(ports, {*taken, registry_port})
+            ports = {**kafka_ports, "s3": s3_port, "registry": registry_port, **spark_ports}
             self.services.ports_file.write_text(json.dumps(ports))
             servers = ",".join(f"127.0.0.1:{ports[n]}" for n in self.services.kafka_names())
             connection = Connection(
@@ -157,6 +166,7 @@ class LocalRuntime:
                 s3_secret_key=s.s3_secret_key,
                 s3_bucket=s.s3_bucket,
                 spark_master=f"spark://127.0.0.1:{ports['spark']}" if spark_ports else "local[2]",
+                schema_registry=api_url(registry_port),
                 job_secret_file=str(self._job_secret()),
             )
             ensure_bucket(connection)
@@ -164,7 +174,8 @@ class LocalRuntime:
         self._progress(
             f"local {'cluster' if s.is_cluster else 'runtime'} up in {time.monotonic() - started:.1f} s: "
             f"kafka {connection.kafka}{' (SASL_SSL, ACLs on)' if s.is_secure else ''}, s3 {connection.s3_endpoint} "
-            f"(bucket {connection.s3_bucket})" + (f", spark {connection.spark_master}" if spark_ports else "")
+            f"(bucket {connection.s3_bucket}), schema registry {connection.schema_registry}"
+            + (f", spark {connection.spark_master}" if spark_ports else "")
         )
         return connection
 
@@ -204,21 +215,25 @@ class LocalRuntime:
             nodes = [self.services.kafka_spec(name=n) for n in self.services.kafka_names()]
             with ThreadPoolExecutor(len(nodes)) as pool:
                 stopped = list(pool.map(lambda spec: processes.stop(spec.pid_path, spec.marker), nodes))
-            for spec in [self.services.s3_spec(), *reversed(spark)]:  # Spark workers before their master
+            for spec in [
+                self.services.s3_spec(),
+                self.services.registry_spec(),
+                *reversed(spark),
+            ]:  # Spark workers before their master
                 nodes.append(spec)
                 stopped.append(processes.stop(spec.pid_path, spec.marker))
             for spec, pid in zip(nodes, stopped):
                 report.append(f"{spec.name}: stopped pid {pid}" if pid else f"{spec.name}: was not running")
             self.settings.connection_file.unlink(missing_ok=True)
             if purge:
-                for sub in (*self.services.kafka_names(), "s3", "spark", "logs", "pids", "secrets"):
+                for sub in (*self.services.kafka_names(), "s3", "registry", "spark", "logs", "pids", "secrets"):
                     shutil.rmtree(self._dir / sub, ignore_errors=True)
                 self.services.ports_file.unlink(missing_ok=True)
                 report.append(f"purged data and logs under {self._dir}")
         return report
 
     def stop_service(self, name: str, *, kill: bool = False) -> int | None:
-        """Stop one service (``kafka`` or ``s3``; on a cluster ``kafka-1``,
+        """Stop one service (``kafka``, ``s3`` or ``registry``; on a cluster ``kafka-1``,
         ``spark-worker-2``, ...), keeping its data and port (an outage, as a
         drill makes one); ``up`` starts it again where it was.  ``kill``:
         SIGKILL at once, as a crash.  Returns the pid stopped, or None when it

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from streaming.api.config import KafkaAccess, LocalRuntimeSettings
-from streaming.local import kafka_broker, processes, s3_server, spark_cluster
+from streaming.local import kafka_broker, processes, s3_server, schema_registry, spark_cluster
 from streaming.local.kafka_security import BrokerSecurity
 
 __all__ = ["RuntimeServices"]
@@ -16,8 +16,8 @@ __all__ = ["RuntimeServices"]
 
 class RuntimeServices:
     """The services of one runtime home (``settings.runtime_dir``) and their
-    ports: one Kafka node or several, the S3 server, on a cluster the Spark
-    master and workers."""
+    ports: one Kafka node or several, the S3 server, the schema registry, on
+    a cluster the Spark master and workers."""
 
     def __init__(self, settings: LocalRuntimeSettings):
         self.settings = settings
@@ -51,12 +51,20 @@ class RuntimeServices:
 
     def specs(self) -> list[processes.ServiceSpec]:
         """Every service, as ``down``, ``status`` and ``stop_service`` find them."""
-        return [*(self.kafka_spec(name=n) for n in self.kafka_names()), self.s3_spec(), *self.spark_specs()]
+        return [
+            *(self.kafka_spec(name=n) for n in self.kafka_names()),
+            self.s3_spec(),
+            self.registry_spec(),
+            *self.spark_specs(),
+        ]
 
     def s3_spec(self, binary: Path | None = None, port: int = 0) -> processes.ServiceSpec:
         binary = binary or Path("versitygw")
         s = self.settings
         return s3_server.server_spec(binary, self.dir, port, s.s3_access_key, s.s3_secret_key)
+
+    def registry_spec(self, java: str = "java", runner: Path | None = None, port: int = 0) -> processes.ServiceSpec:
+        return schema_registry.server_spec(java, runner or Path("registry-runner.jar"), self.dir, port)
 
     def kafka_security(self) -> BrokerSecurity | None:
         """The secrets of a secured broker (made on first use), else None."""

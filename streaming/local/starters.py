@@ -1,6 +1,7 @@
 """Starting the local runtime's processes, one class per service: each
 keeps what runs (and its ports), starts what does not and waits until it is
-ready.  ``LocalRuntime.up`` runs them in order: Kafka, S3, Spark."""
+ready.  ``LocalRuntime.up`` runs them in order: Kafka, S3, the schema
+registry, Spark."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from streaming.errors import ServiceStartError
-from streaming.local import kafka_broker, processes, spark_cluster
+from streaming.local import kafka_broker, processes, schema_registry, spark_cluster
 from streaming.local.services import RuntimeServices
 
-__all__ = ["KafkaStarter", "S3Starter", "SparkStarter"]
+__all__ = ["KafkaStarter", "S3Starter", "RegistryStarter", "SparkStarter"]
 
 Progress = Callable[[str], None]
 
@@ -194,4 +195,27 @@ class S3Starter:
         proc = processes.start(spec)
         took = processes.wait_ready(spec, proc, lambda: processes.port_open(port), settings.start_timeout_s)
         self._progress(f"S3 server ready after {took:.1f} s")
+        return port
+
+
+class RegistryStarter:
+    """The schema registry (Apicurio): kept with its port when it runs, else
+    started on the configured or a free port; ready once its health check
+    says so."""
+
+    def __init__(self, services: RuntimeServices, progress: Progress):
+        self.services = services
+        self._progress = progress
+
+    def up(self, java: str, runner: Path, remembered: dict[str, int], taken: set[int]) -> int:
+        settings = self.services.settings
+        probe = self.services.registry_spec(java, runner)
+        if processes.running_pid(probe.pid_path, probe.marker) is not None and "registry" in remembered:
+            return remembered["registry"]
+        port = self.services.choose_port("registry", settings.registry_port, remembered, taken, "the schema registry")
+        spec = self.services.registry_spec(java, runner, port)
+        self._progress(f"starting the schema registry Apicurio {settings.schema_registry_version} on 127.0.0.1:{port}")
+        proc = processes.start(spec)
+        took = processes.wait_ready(spec, proc, lambda: schema_registry.ready(port), settings.start_timeout_s)
+        self._progress(f"schema registry ready after {took:.1f} s")
         return port

@@ -259,6 +259,13 @@ class JobRunner:
     def prepare(self) -> None:
         """Create the job's topics (idempotent)."""
         kafka = self.connection.kafka
+        resolved = [i.topic for i in self.pipeline.ingress if i.registry]
+        if resolved and not self.connection.schema_registry:
+            raise ConfigError(
+                f"ingress {', '.join(resolved)} read their writers' schemas from a schema registry (registry=True), "
+                "but the connection names none: set SPARK_ABS_SCHEMA_REGISTRY to its API "
+                "(http://host:port/apis/ccompat/v7), or use the local runtime's (spark-abs local up)"
+            )
         for ingress in self.pipeline.ingress:
             create_topic(kafka, ingress.topic, ingress.partitions)
         for topic, partitions in self.pipeline.internal_topics().items():

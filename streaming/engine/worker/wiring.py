@@ -19,7 +19,16 @@ from operators.state import StateMemory, use_memory
 from streaming.adapters.control import ControlTopic
 from streaming.adapters.kafka_admin import OffsetsAtTime
 from streaming.adapters.kafka_io import CheckedSends, DeadLetters, append_markers, read_range, retention_ms
-from streaming.adapters.sinks import DeltaSink, KafkaSink, ObjectStoreSink, kafka_records, open_sink, sink_location
+from streaming.adapters.registry import current_registry, use_registry
+from streaming.adapters.sinks import (
+    DeltaSink,
+    KafkaSink,
+    ObjectStoreSink,
+    kafka_records,
+    open_sink,
+    registered_avro,
+    sink_location,
+)
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import Pipeline, Sink, Stage, TaskSpec
@@ -104,6 +113,8 @@ class TaskFactory:
         previous = use_memory(memory)
         if previous is not None:
             previous.close()
+        # where Avro ingress with registry=True finds its writers' schemas
+        use_registry(connection.schema_registry or None)
 
     def build(self, name: str) -> tuple[RunningTask, dict[ChannelId, int]]:
         """Task ``name``, recovered, and the offsets its channels start at."""
@@ -183,9 +194,15 @@ class TaskFactory:
         if sink is None:
             stage_epoch = None
         elif isinstance(sink, KafkaSink):
+            declared = stage.sink
+            avro_values = (
+                registered_avro(declared, current_registry(f"sink {declared.topic}"))
+                if declared is not None and declared.avro is not None
+                else None
+            )
 
             def stage_epoch(epoch, table):
-                return sink.stage(epoch, kafka_records(table, stage.key))
+                return sink.stage(epoch, kafka_records(table, stage.key, avro_values))
         else:
             stage_epoch = sink.stage
         return TaskIO(

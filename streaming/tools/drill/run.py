@@ -477,6 +477,10 @@ def run_drill(
         runtime_settings = LocalRuntimeSettings.cluster(default_home()) if cluster else None
         runtime = runtime or LocalRuntime(runtime_settings, progress=log.info)
         connection = runtime.up()
+    # a workload's producer and reference find Avro schemas in the job's registry
+    from streaming.adapters.registry import use_registry
+
+    use_registry(connection.schema_registry or None)
     store_uri = settings.store_uri or f"s3://{connection.s3_bucket}/drills"
     report_dir = Path(settings.report_dir or default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S"))
     phases: list[DrillReport] = []

@@ -70,8 +70,13 @@ def test_more_tasks_than_ingress_partitions_is_an_error():
 def test_sinks_validate_their_options():
     with pytest.raises(ConfigError, match="needs a topic"):
         Sink("kafka")
-    with pytest.raises(ConfigError, match="use 'object-store' or 'kafka'"):
+    with pytest.raises(ConfigError, match="use one of 'object-store', 'kafka', 'delta'"):
         Sink("ftp")
+    with pytest.raises(ConfigError, match="a kafka sink takes no table"):
+        Sink("kafka", "t", table="/tmp/t")
+    with pytest.raises(ConfigError, match="three slashes"):
+        Sink("delta", table="file://tables/t")
+    assert Sink("delta").table is None and Sink("delta", table="s3://lake/t").table == "s3://lake/t"
 
 
 def test_route_is_a_stable_hash_of_the_key():

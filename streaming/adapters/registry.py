@@ -1,0 +1,203 @@
+"""A client of a Confluent-compatible schema registry (the local runtime's
+is Apicurio Registry, ``streaming.local.schema_registry``): Avro schemas by
+id for ingress values in Confluent's wire format, and schemas registered
+under a subject for the values a Kafka sink writes.
+
+Subjects follow Confluent's default strategy: ``<topic>-value``.  A schema
+fetched by id never changes (an id names one schema for good), so it is
+cached for the life of the process; a subject's ids are asked again when a
+value names an id the cache does not have.
+
+Every request waits a bounded time: while the registry is unreachable it is
+tried again for up to ``bound_s`` (60 s), then a ``RegistryUnavailableError``
+names the registry and the bound.  An id the registry does not have is an
+``UnknownSchemaError``: a record naming it is a dead letter, not a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+import fastavro
+import tenacity
+
+from streaming.errors import ConfigError, SparkAbsError
+
+__all__ = [
+    "SchemaRegistry",
+    "RegistryUnavailableError",
+    "UnknownSchemaError",
+    "subject_of",
+    "use_registry",
+    "current_registry",
+    "REGISTRY_BOUND_S",
+]
+
+log = logging.getLogger(__name__)
+
+# how long a request waits for an unreachable registry, in all
+REGISTRY_BOUND_S = 60.0
+_CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+
+
+class RegistryUnavailableError(SparkAbsError):
+    """The schema registry did not answer within its bound."""
+
+
+class UnknownSchemaError(SparkAbsError):
+    """The registry has no schema of that id."""
+
+
+def subject_of(topic: str) -> str:
+    """The subject of ``topic``'s values (Confluent's ``TopicNameStrategy``)."""
+    return f"{topic}-value"
+
+
+class SchemaRegistry:
+    """The registry whose Confluent-compatible API is at ``url``
+    (``http://host:port/apis/ccompat/v7`` for Apicurio's)."""
+
+    def __init__(self, url: str, *, bound_s: float = REGISTRY_BOUND_S, timeout_s: float = 10.0):
+        parsed = urllib.parse.urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigError(f"schema registry {url!r}: give its API's URL, http://host:port/apis/ccompat/v7")
+        self.url = url.rstrip("/")
+        self.bound_s = bound_s
+        self.timeout_s = timeout_s
+        self._schemas: dict[int, str] = {}
+        self._parsed: dict[int, Any] = {}
+        self._registered: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SchemaRegistry({self.url!r})"
+
+    # -- reading -------------------------------------------------------------
+
+    def schema(self, schema_id: int) -> str:
+        """The schema of ``schema_id``, as JSON text."""
+        with self._lock:
+            if schema_id in self._schemas:
+                return self._schemas[schema_id]
+        answer = self._request("GET", f"/schemas/ids/{int(schema_id)}", missing=f"schema id {schema_id}")
+        text = str(answer["schema"])
+        with self._lock:
+            self._schemas[schema_id] = text
+        return text
+
+    def parsed(self, schema_id: int) -> Any:
+        """The schema of ``schema_id`` parsed by fastavro (a writer schema to read values with)."""
+        with self._lock:
+            if schema_id in self._parsed:
+                return self._parsed[schema_id]
+        parsed = fastavro.parse_schema(json.loads(self.schema(schema_id)))
+        with self._lock:
+            self._parsed[schema_id] = parsed
+        return parsed
+
+    def ids(self, subject: str) -> list[int]:
+        """The ids of every version of ``subject``, oldest first (none when it has none)."""
+        try:
+            versions = self._request("GET", f"/subjects/{_quote(subject)}/versions", missing=f"subject {subject}")
+        except UnknownSchemaError:
+            return []
+        ids = []
+        for version in versions:
+            answer = self._request("GET", f"/subjects/{_quote(subject)}/versions/{int(version)}", missing=subject)
+            ids.append(int(answer["id"]))
+            with self._lock:
+                self._schemas.setdefault(int(answer["id"]), str(answer["schema"]))
+        return ids
+
+    # -- writing -------------------------------------------------------------
+
+    def register(self, subject: str, schema: str | dict) -> int:
+        """The id of ``schema`` under ``subject``, registered if it is not yet
+        (the registry's compatibility rule decides whether it may be)."""
+        text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+        with self._lock:
+            if (subject, text) in self._registered:
+                return self._registered[(subject, text)]
+        answer = self._request("POST", f"/subjects/{_quote(subject)}/versions", body={"schema": text})
+        schema_id = int(answer["id"])
+        with self._lock:
+            self._registered[(subject, text)] = schema_id
+            self._schemas.setdefault(schema_id, text)
+        return schema_id
+
+    # -- the wire ------------------------------------------------------------
+
+    def _request(self, method: str, path: str, *, body: Any = None, missing: str = "") -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": _CONTENT_TYPE, "Accept": _CONTENT_TYPE}
+        )
+
+        def once() -> Any:
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    return json.loads(response.read() or b"null")
+            except urllib.error.HTTPError as exc:
+                said = exc.read().decode(errors="replace")[:300]
+                if exc.code == 404 and missing:
+                    raise UnknownSchemaError(f"{missing} is not in the schema registry at {self.url}") from exc
+                if exc.code >= 500:
+                    raise ConnectionError(f"HTTP {exc.code}: {said}") from exc
+                raise ConfigError(
+                    f"schema registry {self.url}: {method} {path} refused (HTTP {exc.code}): {said}"
+                ) from exc
+
+        def say(state: tenacity.RetryCallState) -> None:
+            log.warning(
+                "schema registry %s: %s; trying again (for up to %.0f s)",
+                self.url,
+                state.outcome.exception() if state.outcome else "no answer",
+                self.bound_s,
+            )
+
+        try:
+            return tenacity.Retrying(
+                retry=tenacity.retry_if_exception_type((urllib.error.URLError, ConnectionError, TimeoutError)),
+                stop=tenacity.stop_after_delay(self.bound_s),
+                wait=tenacity.wait_exponential(multiplier=0.5, max=8.0),
+                before_sleep=say,
+                reraise=True,
+            )(once)
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            raise RegistryUnavailableError(
+                f"the schema registry at {self.url} did not answer {method} {path} within {self.bound_s:g} s "
+                f"(REGISTRY_BOUND_S): {exc}; is it running (spark-abs local status)?"
+            ) from exc
+
+
+def _quote(subject: str) -> str:
+    return urllib.parse.quote(subject, safe="")
+
+
+_current: SchemaRegistry | None = None
+
+
+def use_registry(url: str | None) -> SchemaRegistry | None:
+    """Make the registry at ``url`` (None or "": none) the one this process's
+    decoders read writer schemas from; returns it."""
+    global _current
+    _current = SchemaRegistry(url) if url else None
+    return _current
+
+
+def current_registry(what: str) -> SchemaRegistry:
+    """The registry this process uses, or a ``ConfigError`` saying that
+    ``what`` needs one."""
+    if _current is None:
+        raise ConfigError(
+            f"{what} reads its writers' schemas from a schema registry, but none is configured: "
+            "set SPARK_ABS_SCHEMA_REGISTRY to its API (http://host:port/apis/ccompat/v7), or start the "
+            "local runtime, which runs one (spark-abs local up)"
+        )
+    return _current
