@@ -10,8 +10,9 @@
   with javac);
 - records: ``records`` (their shapes as Arrow), ``codec`` (JSON and Arrow
   values), ``arrow_ipc`` (Arrow batches read within a cap on their
-  decompressed bytes), ``avro`` (Avro values);
+  decompressed bytes), ``avro`` (Avro values), ``registry`` (a schema
+  registry's client: Avro schemas by id);
 - storage: ``objects`` (object storage), ``snapshots`` (the snapshot store);
-- ``sinks``: the exactly-once sinks.
+- ``sinks``: the exactly-once sinks (object store, Kafka, Delta Lake).
 
 They never import the engine or the local runtime."""

@@ -80,10 +80,11 @@ def _read(value: bytes | None, schema: AvroSchema) -> dict[str, Any] | str:
     writer, written_as = schema.parsed, "the ingress schema"
     if schema.registry:
         schema_id = int.from_bytes(value[1:WIRE_HEADER_BYTES], "big")
+        registry = schema_registry.current_registry("an ingress with registry=True")
         try:
-            writer = schema_registry.current_registry("an ingress with registry=True").parsed(schema_id)
-        except schema_registry.UnknownSchemaError as exc:
-            return f"value names schema id {schema_id}: {exc}"
+            writer = registry.parsed(schema_id)
+        except schema_registry.UnknownSchemaError:
+            return f"value names schema id {schema_id}, which the schema registry at {registry.url} does not have"
         written_as = f"writer schema id {schema_id}"
     try:
         row = fastavro.schemaless_reader(stream, writer, schema.parsed if schema.registry else None)

@@ -27,6 +27,7 @@ from typing import Any
 import fastavro
 import tenacity
 
+from streaming.api.pipeline import Pipeline
 from streaming.errors import ConfigError, SparkAbsError
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "use_registry",
     "current_registry",
     "REGISTRY_BOUND_S",
+    "check_registry",
 ]
 
 log = logging.getLogger(__name__)
@@ -196,8 +198,22 @@ def current_registry(what: str) -> SchemaRegistry:
     ``what`` needs one."""
     if _current is None:
         raise ConfigError(
-            f"{what} reads its writers' schemas from a schema registry, but none is configured: "
+            f"{what} needs a schema registry, but none is configured: "
             "set SPARK_ABS_SCHEMA_REGISTRY to its API (http://host:port/apis/ccompat/v7), or start the "
             "local runtime, which runs one (spark-abs local up)"
         )
     return _current
+
+
+def check_registry(pipeline: Pipeline, url: str) -> None:
+    """A ``ConfigError`` when ``pipeline`` reads or writes Avro through a
+    schema registry (an ingress with ``registry=True``, a Kafka sink with
+    ``avro``) and ``url``, the connection's registry, is empty."""
+    users = [f"ingress {i.topic}" for i in pipeline.ingress if i.registry]
+    users += [f"sink {s.sink.topic}" for s in pipeline.stages if s.sink is not None and s.sink.avro is not None]
+    if users and not url:
+        raise ConfigError(
+            f"{', '.join(users)} of job {pipeline.job} use a schema registry, but the connection names none: "
+            "set SPARK_ABS_SCHEMA_REGISTRY to its API (http://host:port/apis/ccompat/v7), or use the local "
+            "runtime's (spark-abs local up)"
+        )

@@ -1,5 +1,5 @@
-"""The embedded runtime on loopback: a KRaft Kafka broker and an S3 API server
-(versitygw), started from artifacts the project resolves and caches itself, and
+"""The embedded runtime on loopback: a KRaft Kafka broker, an S3 API server
+(versitygw) and a schema registry (Apicurio), started from artifacts the project resolves and caches itself, and
 the Spark Kafka connector jars for the session factory.
 
 - ``runtime``: ``LocalRuntime``, ``spark-abs local up | down | status``;
@@ -10,6 +10,7 @@ the Spark Kafka connector jars for the session factory.
 - ``kafka_broker``: the Kafka nodes (KRaft);
 - ``kafka_security``: a secured broker's certificates, SCRAM users and ACLs (``--secure``);
 - ``s3_server``: the S3 API server;
+- ``schema_registry``: the schema registry;
 - ``spark_cluster``: a Spark standalone master and workers (``--cluster``)."""
 
 from streaming.local.runtime import LocalRuntime, RuntimeStatus, ServiceStatus

@@ -67,6 +67,7 @@ from streaming.adapters.control import control_topic_name
 from streaming.adapters.kafka_admin import check_broker, create_topic, end_offsets
 from streaming.adapters.kafka_io import dead_letter_topic_name
 from streaming.adapters.objects import open_store, patiently
+from streaming.adapters.registry import check_registry
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api import partitioning
 from streaming.api.config import Connection, MetricsSettings, default_home
@@ -259,13 +260,7 @@ class JobRunner:
     def prepare(self) -> None:
         """Create the job's topics (idempotent)."""
         kafka = self.connection.kafka
-        resolved = [i.topic for i in self.pipeline.ingress if i.registry]
-        if resolved and not self.connection.schema_registry:
-            raise ConfigError(
-                f"ingress {', '.join(resolved)} read their writers' schemas from a schema registry (registry=True), "
-                "but the connection names none: set SPARK_ABS_SCHEMA_REGISTRY to its API "
-                "(http://host:port/apis/ccompat/v7), or use the local runtime's (spark-abs local up)"
-            )
+        check_registry(self.pipeline, self.connection.schema_registry)
         for ingress in self.pipeline.ingress:
             create_topic(kafka, ingress.topic, ingress.partitions)
         for topic, partitions in self.pipeline.internal_topics().items():

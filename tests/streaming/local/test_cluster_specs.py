@@ -48,8 +48,21 @@ def test_the_cluster_lives_under_its_own_home_and_shares_the_cache(tmp_path):
     assert settings.home == tmp_path / "cluster" and settings.cache_dir == tmp_path / "cache"
     assert (settings.kafka_nodes, settings.spark_workers, settings.is_cluster) == (3, 2, True)
     names = [spec.name for spec in LocalRuntime(settings).services.specs()]
-    assert names == ["kafka-1", "kafka-2", "kafka-3", "s3", "spark-master", "spark-worker-1", "spark-worker-2"]
-    assert [spec.name for spec in LocalRuntime(LocalRuntimeSettings(home=tmp_path)).services.specs()] == ["kafka", "s3"]
+    assert names == [
+        "kafka-1",
+        "kafka-2",
+        "kafka-3",
+        "s3",
+        "registry",
+        "spark-master",
+        "spark-worker-1",
+        "spark-worker-2",
+    ]
+    assert [spec.name for spec in LocalRuntime(LocalRuntimeSettings(home=tmp_path)).services.specs()] == [
+        "kafka",
+        "s3",
+        "registry",
+    ]
     with pytest.raises(ConfigError, match="leave them 0 for a cluster"):
         LocalRuntimeSettings.cluster(tmp_path, kafka_port=9092)
 

@@ -87,8 +87,36 @@ def test_a_workload_named_module_colon_function_must_be_a_drill_workload():
         drill.load_workload("spark_abs_examples.money:pipeline")
 
 
+class _SchemasInMemory:
+    """What the devices example's producer and the Avro decoder ask of a
+    schema registry, kept in this process (the real one is the local
+    runtime's, in the integration tests)."""
+
+    def __init__(self):
+        self.schemas: list[str] = []
+
+    def register(self, subject: str, schema: str) -> int:
+        if schema not in self.schemas:
+            self.schemas.append(schema)
+        return self.schemas.index(schema) + 1
+
+    def parsed(self, schema_id: int):
+        import fastavro
+
+        return fastavro.parse_schema(json.loads(self.schemas[schema_id - 1]))
+
+
+@pytest.fixture
+def schemas(monkeypatch):
+    from streaming.adapters import registry
+
+    kept = _SchemasInMemory()
+    monkeypatch.setattr(registry, "_current", kept)
+    return kept
+
+
 @pytest.mark.parametrize("name", examples.NAMES)
-def test_an_example_workload_goes_on_in_rounds_in_event_time_order_with_new_ids(name):
+def test_an_example_workload_goes_on_in_rounds_in_event_time_order_with_new_ids(name, schemas):
     module = examples.example(name)
     pipeline = load_pipeline(PIPELINES[name], "drillw")
     seed = random.Random(4).randrange(1 << 30)  # the seed the workload draws from the drill's
