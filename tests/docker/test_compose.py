@@ -120,6 +120,7 @@ def test_compose_names_every_service():
         *BROKERS,
         "s3",
         "s3-bucket",
+        "schema-registry",
         "spark-master",
         "spark-worker-1",
         "spark-worker-2",
@@ -160,7 +161,7 @@ def test_every_port_is_published_on_loopback_alone():
         for port in service.get("ports", []):
             assert isinstance(port, str) and re.fullmatch(r"127\.0\.0\.1:\d+:\d+", port), (name, port)
             published[name] = published.get(name, 0) + 1
-    assert published == dict.fromkeys((*BROKERS, "spark-master", "prometheus", "grafana"), 1) | {"s3": 2}
+    assert published == dict.fromkeys((*BROKERS, "schema-registry", "spark-master", "prometheus", "grafana"), 1) | {"s3": 2}
 
 
 def test_no_credential_has_a_value_in_the_file_and_compose_stops_without_each():
@@ -221,6 +222,10 @@ def test_the_pipeline_gets_every_connection_setting_and_they_parse():
         conn.s3_secret_key,
     )
     assert 'mc alias set store http://s3:9000 "$S3_USER" "$S3_PASSWORD"' in bucket["command"][0]
+
+    registry = urlparse(conn.schema_registry)
+    assert registry.hostname in services and registry.path == "/apis/ccompat/v7"
+    assert registry.hostname in services["pipeline"]["depends_on"]
 
     master = urlparse(conn.spark_master)
     assert master.scheme == "spark" and master.hostname == "spark-master"
