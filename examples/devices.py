@@ -178,9 +178,7 @@ def records(
             partitions[partition].append((ts + rng.randint(1_000, 4_000), event))  # sent again later
     topic = f"{job}.events"
     registry = registry or current_registry("the devices example's producer")
-    writers = [
-        (avro.avro_schema(v, confluent_wire=True, what=topic), v is EVENTS_V1) for v in (EVENTS_V1, EVENTS_V2)
-    ]
+    writers = [(avro.avro_schema(v, confluent_wire=True, what=topic), v is EVENTS_V1) for v in (EVENTS_V1, EVENTS_V2)]
     ids = [registry.register(subject_of(topic), schema.json) for schema, _ in writers]
     sent = sorted(
         (

@@ -57,6 +57,7 @@ from streaming.adapters.objects import ObjectFiles, StoreLocation, list_files, o
 from streaming.adapters.registry import SchemaRegistry, subject_of
 from streaming.api.avro import AvroSchema
 from streaming.api.config import Connection, KafkaAccess
+from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Sink, SinkKind
 from streaming.api.settings import JobSettings
 from streaming.errors import ConfigError, KafkaUnavailableError, SinkError, SinkFencedError, StoreError
@@ -86,6 +87,8 @@ _EPOCH_DIR = re.compile(r"epoch-(\d+)$")
 
 # the header of every record a Kafka sink publishes: ``<task>:<epoch>``
 EPOCH_HEADER = "abs.epoch"
+# the header of a commits-topic marker: the job key's signature of the sink topic, the marker and its value
+SIGNATURE_HEADER = "abs.signature"
 # a commit-topic key: the epoch it follows was committed after the checkpoint a restore went back to
 _SUPERSEDED = b":superseded"
 
@@ -320,9 +323,12 @@ class KafkaSink(_TwoPhaseSink):
         topic: str,
         transactional_id: str,
         delivery_timeout_s: float = DELIVERY_BOUND_S,
+        key: JobKey | None = None,
     ):
         super().__init__(staging, task_id)
         self.topic = topic
+        # signs the markers of the commits topic; the markers read back must carry its signature
+        self._key = key
         # a transaction's sends, commit and abort each end within it (kafka-python's wait for good)
         self.delivery_timeout_s = delivery_timeout_s
         self.commit_topic = f"{topic}.commits"
@@ -351,7 +357,14 @@ class KafkaSink(_TwoPhaseSink):
         return f"{self.task_id}:{epoch}".encode()
 
     def _read_markers(self) -> set[bytes]:
-        return _commit_keys(self._kafka, self.commit_topic)
+        return _commit_keys(self._kafka, self.commit_topic, key=self._key, topic_of=self.topic)
+
+    def _marker_record(self, marker: bytes, value: bytes) -> dict:
+        """A commits-topic record: ``marker``, ``value``, signed with the job's key when the sink has it."""
+        headers = (
+            [] if self._key is None else [(SIGNATURE_HEADER, _marker_signature(self._key, self.topic, marker, value))]
+        )
+        return {"key": marker, "value": value, "headers": headers}
 
     def _committed(self, epoch: int) -> bool:
         return self._marker(epoch) in self._done
@@ -393,7 +406,7 @@ class KafkaSink(_TwoPhaseSink):
             self._producer.begin_transaction()
             for epoch in epochs:
                 value = f"restored to checkpoint {checkpoint}".encode()
-                self._producer.send(self.commit_topic, key=self._marker(epoch) + _SUPERSEDED, value=value)
+                self._producer.send(self.commit_topic, **self._marker_record(self._marker(epoch) + _SUPERSEDED, value))
             self._end_transaction(self._producer.commit_transaction, "marking epochs superseded")
         except KafkaError as exc:
             self._abort_quietly()
@@ -415,7 +428,7 @@ class KafkaSink(_TwoPhaseSink):
                     partition=row.get("partition"),
                     headers=headers,
                 )
-            self._producer.send(self.commit_topic, key=self._marker(epoch), value=str(len(rows)).encode())
+            self._producer.send(self.commit_topic, **self._marker_record(self._marker(epoch), str(len(rows)).encode()))
             self._end_transaction(self._producer.commit_transaction, f"committing epoch {epoch}")
         except KafkaError as exc:
             if "Fenced" in type(exc).__name__:
@@ -462,15 +475,19 @@ class KafkaOutput:
     superseded: dict[str, int] = field(default_factory=dict)
 
 
-def read_kafka_output(kafka: KafkaAccess, topic: str, *, timeout_ms: int = 3000) -> KafkaOutput:
+def read_kafka_output(
+    kafka: KafkaAccess, topic: str, *, timeout_ms: int = 3000, key: JobKey | None = None
+) -> KafkaOutput:
     """The records a Kafka sink committed to ``topic`` (read_committed),
     without those of epochs its commit topic marks superseded: committed
     after the checkpoint a restore went back to, and written again by the
-    restored job.  Records without an ``abs.epoch`` header are kept."""
+    restored job.  Records without an ``abs.epoch`` header are kept.  With
+    the job's ``key`` (``Connection.job_key(job)``), a superseded mark
+    counts only when the job signed it: a forged one hides nothing."""
     superseded = {
-        key[: -len(_SUPERSEDED)]
-        for key in _commit_keys(kafka, f"{topic}.commits", timeout_ms)
-        if key.endswith(_SUPERSEDED)
+        marker[: -len(_SUPERSEDED)]
+        for marker in _commit_keys(kafka, f"{topic}.commits", timeout_ms, key=key, topic_of=topic)
+        if marker.endswith(_SUPERSEDED)
     }
     values: list[bytes] = []
     skipped: dict[str, int] = {}
@@ -483,13 +500,38 @@ def read_kafka_output(kafka: KafkaAccess, topic: str, *, timeout_ms: int = 3000)
     return KafkaOutput(values, dict(sorted(skipped.items())))
 
 
-def _commit_keys(kafka: KafkaAccess, topic: str, timeout_ms: int = 2000) -> set[bytes]:
-    """The keys a sink's commit topic holds (a tombstone, a null value, takes its key away)."""
+def _marker_signature(key: JobKey, sink_topic: str, marker: bytes, value: bytes) -> bytes:
+    return key.sign(b"sink-commit", sink_topic.encode(), marker, value).encode()
+
+
+def _commit_keys(
+    kafka: KafkaAccess, topic: str, timeout_ms: int = 2000, *, key: JobKey | None = None, topic_of: str = ""
+) -> set[bytes]:
+    """The markers a sink's commit topic holds.  With the job's ``key``,
+    only those the job signed (for the sink topic ``topic_of``) count: a
+    record anyone else wrote there, a tombstone included, is logged and
+    left out.  Without it every marker counts and a tombstone, a null
+    value, takes its marker away."""
     latest: dict[bytes, bytes | None] = {}
     for record in _read_to_end(kafka, topic, timeout_ms):
-        if record.key:
-            latest[record.key] = record.value
-    return {key for key, value in latest.items() if value is not None}
+        if not record.key:
+            continue
+        if key is not None:
+            signature = dict(record.headers or []).get(SIGNATURE_HEADER)
+            signed = record.value is not None and key.verify(
+                signature, b"sink-commit", topic_of.encode(), record.key, record.value
+            )
+            if not signed:
+                log.warning(
+                    "%s offset %d: marker %r not signed by job %s; left out (someone else can write to the topic)",
+                    topic,
+                    record.offset,
+                    record.key[:80],
+                    key.job,
+                )
+                continue
+        latest[record.key] = record.value
+    return {marker for marker, value in latest.items() if value is not None}
 
 
 def _read_to_end(kafka: KafkaAccess, topic: str, timeout_ms: int) -> list:
@@ -700,6 +742,7 @@ def open_sink(
     kafka: KafkaAccess,
     connection: Connection | None = None,
     delivery_timeout_s: float = DELIVERY_BOUND_S,
+    key: JobKey | None = None,
 ) -> ObjectStoreSink | KafkaSink | DeltaSink:
     """The sink of sink task ``task`` of job ``job`` (``connection``: the S3
     server of a Delta sink's ``s3://`` table)."""
@@ -722,6 +765,7 @@ def open_sink(
             topic=sink.topic,
             transactional_id=f"spark-abs-{job}-{task}",
             delivery_timeout_s=delivery_timeout_s,
+            key=key,
         )
     return ObjectStoreSink(location, task)
 

@@ -161,7 +161,9 @@ def test_every_port_is_published_on_loopback_alone():
         for port in service.get("ports", []):
             assert isinstance(port, str) and re.fullmatch(r"127\.0\.0\.1:\d+:\d+", port), (name, port)
             published[name] = published.get(name, 0) + 1
-    assert published == dict.fromkeys((*BROKERS, "schema-registry", "spark-master", "prometheus", "grafana"), 1) | {"s3": 2}
+    assert published == dict.fromkeys((*BROKERS, "schema-registry", "spark-master", "prometheus", "grafana"), 1) | {
+        "s3": 2
+    }
 
 
 def test_no_credential_has_a_value_in_the_file_and_compose_stops_without_each():

@@ -48,7 +48,7 @@ from streaming.adapters.sinks import open_sink, sink_location
 from streaming.adapters.snapshots import JobMeta, Manifest, SnapshotStore, TaskParts
 from streaming.adapters.snapshots.format import options_as_stored, stored_name
 from streaming.api.config import Connection
-from streaming.api.pipeline import Pipeline, Scale
+from streaming.api.pipeline import Pipeline, Scale, SinkKind
 from streaming.api.settings import JobSettings
 from streaming.engine.kafka_retention import KafkaKept, pick_restorable
 from streaming.engine.restore.changes import AllowDropped, PipelineChange, plan_change
@@ -341,6 +341,8 @@ class RestoreService:
                 kafka=self.connection.kafka,
                 connection=self.connection,
                 delivery_timeout_s=self.settings.delivery_timeout_s,
+                # a Kafka sink's commit markers are signed with the job's key
+                key=self.connection.job_key(self.job) if stage.sink.kind is SinkKind.KAFKA else None,
             )
             try:
                 sink.recover(source)

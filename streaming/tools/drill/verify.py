@@ -201,7 +201,8 @@ class DrillVerification:
 
         from streaming.adapters.sinks import read_kafka_output
 
-        output = read_kafka_output(self.connection.kafka, topic)
+        # only the superseded marks the job signed count
+        output = read_kafka_output(self.connection.kafka, topic, key=self.connection.job_key(self.job.job))
         if output.superseded:
             self.log(
                 f"output: {sum(output.superseded.values())} records of {len(output.superseded)} epochs the Kafka "

@@ -8,7 +8,7 @@ import time
 
 import pyarrow as pa
 import pytest
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from streaming import read_committed_output, read_kafka_output  # what a user reads output with
 from streaming.adapters.kafka_admin import create_topic
@@ -125,8 +125,20 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name):
     create_topic(connection.kafka, topic, 1)
     staging = open_store(f"s3://{connection.s3_bucket}/tests/{unique_name}", connection)
     txid = f"{unique_name}-sink-0"
+    key = connection.job_key(unique_name)
+    # someone who can write to the commits topic forges markers: epoch 1 committed, epoch 1 superseded
+    create_topic(connection.kafka, f"{topic}.commits", 1, config={"cleanup.policy": "compact"})
+    forger = KafkaProducer(**connection.kafka.client_options())
+    for forged in (b"task-0:1", b"task-0:1:superseded"):
+        forger.send(f"{topic}.commits", key=forged, value=b"2", headers=[("abs.signature", b"0" * 64)])
+    forger.flush(30)
+    forger.close()
+    forged_markers = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid)
+    assert forged_markers._committed(1)  # without the job's key a forged marker passes ...
+    forged_markers.close()
 
-    first = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid)
+    first = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, key=key)
+    assert not first._committed(1)  # ... with it, it does not
     for epoch in (1, 2, 3):
         first.stage(epoch, _rows(epoch, 2))
     assert first.commit(1) is True
@@ -135,7 +147,7 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name):
     # A new instance (the restored generation) fences the old one, finds
     # epoch 1 committed, commits epoch 2 (checkpoint 2 completed before the
     # crash) and discards epoch 3.
-    second = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid)
+    second = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, key=key)
     assert second.recover(completed_checkpoint=2) == Recovery(committed=[2], discarded=[3])
     assert not second.recover(completed_checkpoint=2)
     assert first.commit(2) is False  # the old instance finds epoch 2 committed by the new one: nothing twice
@@ -145,22 +157,24 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name):
     assert _read_committed(connection.kafka, topic) == ["1:0", "1:1", "2:0", "2:1"]
     second.close()
     # a restore to checkpoint 1 cannot take epoch 2 back from Kafka: it says so
-    third = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid)
+    third = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, key=key)
     # (committed epochs leave nothing staged; the old instance's epoch 4 is discarded)
     assert third.recover(completed_checkpoint=1) == Recovery(discarded=[4], irrevocable=[2])
     # ... but marks it superseded: a reader that skips superseded epochs reads each result once
-    output = read_kafka_output(connection.kafka, topic)
+    output = read_kafka_output(connection.kafka, topic, key=key)
     assert [v.decode() for v in output.values] == ["1:0", "1:1"] and output.superseded == {"task-0:2": 2}
+    # without the key, the forged mark hides epoch 1 from the reader
+    assert read_kafka_output(connection.kafka, topic).superseded == {"task-0:1": 2, "task-0:2": 2}
     third.stage(5, _rows(5, 2))  # the restored job writes epoch 2's results again
     assert third.commit(5) is True
-    output = read_kafka_output(connection.kafka, topic)
+    output = read_kafka_output(connection.kafka, topic, key=key)
     assert [v.decode() for v in output.values] == ["1:0", "1:1", "5:0", "5:1"]
     assert _read_committed(connection.kafka, topic) == ["1:0", "1:1", "2:0", "2:1", "5:0", "5:1"]
     third.close()
     # a later restore, to checkpoint 5 of the new history: epoch 2, numbered below it, is not of that
     # history (the generation after the fallback went on with higher numbers): it stays superseded
-    fourth = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid)
+    fourth = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, key=key)
     assert fourth.recover(completed_checkpoint=5) == Recovery()
-    output = read_kafka_output(connection.kafka, topic)
+    output = read_kafka_output(connection.kafka, topic, key=key)
     assert [v.decode() for v in output.values] == ["1:0", "1:1", "5:0", "5:1"] and output.superseded == {"task-0:2": 2}
     fourth.close()
