@@ -9,7 +9,8 @@ the rows have in Python, and Spark decodes the same records with ``from_avro``
 and the same schema (``streaming.adapters.spark_stage``).
 
 With ``registry`` (``Ingress(..., registry=True)``) the schema id names the
-schema the value was written with: it is fetched from the schema registry
+schema the value was written with, a version of the topic's subject
+(``<topic>-value``): it is fetched from the schema registry
 this process uses (``streaming.adapters.registry``) and the value read with
 it as the writer's schema and the ingress schema as the reader's, by Avro's
 resolution rules (fields added with defaults, fields dropped, types widened).
@@ -31,6 +32,7 @@ import pyarrow as pa
 
 from streaming.adapters import registry as schema_registry
 from streaming.api.avro import MAGIC, WIRE_HEADER_BYTES, AvroSchema, avro_schema
+from streaming.errors import ConfigError
 
 __all__ = ["AvroSchema", "avro_schema", "decode", "encode", "WIRE_HEADER_BYTES"]
 
@@ -82,9 +84,11 @@ def _read(value: bytes | None, schema: AvroSchema) -> dict[str, Any] | str:
         schema_id = int.from_bytes(value[1:WIRE_HEADER_BYTES], "big")
         registry = schema_registry.current_registry("an ingress with registry=True")
         try:
-            writer = registry.parsed(schema_id)
-        except schema_registry.UnknownSchemaError:
-            return f"value names schema id {schema_id}, which the schema registry at {registry.url} does not have"
+            writer = registry.writer(schema_id, schema.subject)
+        except schema_registry.UnknownSchemaError as exc:
+            return f"value names schema id {schema_id}: {exc}"
+        except (ValueError, ConfigError) as exc:  # not Avro, or the registry refused to say (an outage is raised)
+            return f"value names schema id {schema_id}, which cannot be read with: {exc}"
         written_as = f"writer schema id {schema_id}"
     try:
         row = fastavro.schemaless_reader(stream, writer, schema.parsed if schema.registry else None)

@@ -27,6 +27,7 @@ from typing import Any
 import fastavro
 import tenacity
 
+from streaming.api.avro import subject_of
 from streaming.api.pipeline import Pipeline
 from streaming.errors import ConfigError, SparkAbsError
 
@@ -56,11 +57,6 @@ class UnknownSchemaError(SparkAbsError):
     """The registry has no schema of that id."""
 
 
-def subject_of(topic: str) -> str:
-    """The subject of ``topic``'s values (Confluent's ``TopicNameStrategy``)."""
-    return f"{topic}-value"
-
-
 class SchemaRegistry:
     """The registry whose Confluent-compatible API is at ``url``
     (``http://host:port/apis/ccompat/v7`` for Apicurio's)."""
@@ -75,6 +71,9 @@ class SchemaRegistry:
         self._schemas: dict[int, str] = {}
         self._parsed: dict[int, Any] = {}
         self._registered: dict[tuple[str, str], int] = {}
+        # per subject, the id of each version seen; ids the registry said it does not have
+        self._versions: dict[str, dict[int, int]] = {}
+        self._missing: set[int] = set()
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -83,39 +82,78 @@ class SchemaRegistry:
     # -- reading -------------------------------------------------------------
 
     def schema(self, schema_id: int) -> str:
-        """The schema of ``schema_id``, as JSON text."""
+        """The schema of ``schema_id``, as JSON text (an ``UnknownSchemaError``
+        when the registry does not have it: asked once per process)."""
         with self._lock:
             if schema_id in self._schemas:
                 return self._schemas[schema_id]
-        answer = self._request("GET", f"/schemas/ids/{int(schema_id)}", missing=f"schema id {schema_id}")
+            if schema_id in self._missing:
+                raise UnknownSchemaError(f"schema id {schema_id} is not in the schema registry at {self.url}")
+        try:
+            answer = self._request("GET", f"/schemas/ids/{int(schema_id)}", missing=f"schema id {schema_id}")
+        except UnknownSchemaError:
+            with self._lock:
+                self._missing.add(schema_id)
+            raise
         text = str(answer["schema"])
         with self._lock:
             self._schemas[schema_id] = text
         return text
 
     def parsed(self, schema_id: int) -> Any:
-        """The schema of ``schema_id`` parsed by fastavro (a writer schema to read values with)."""
+        """The schema of ``schema_id`` parsed by fastavro (a writer schema to
+        read values with); a ``ValueError`` when it is not an Avro schema (a
+        registry keeps JSON Schema and Protobuf too)."""
         with self._lock:
             if schema_id in self._parsed:
                 return self._parsed[schema_id]
-        parsed = fastavro.parse_schema(json.loads(self.schema(schema_id)))
+        text = self.schema(schema_id)
+        try:
+            parsed = fastavro.parse_schema(json.loads(text))
+        except Exception as exc:  # JSON that is not Avro, or not JSON at all
+            raise ValueError(f"schema id {schema_id} is not an Avro schema: {type(exc).__name__}: {exc}") from exc
         with self._lock:
             self._parsed[schema_id] = parsed
         return parsed
 
-    def ids(self, subject: str) -> list[int]:
-        """The ids of every version of ``subject``, oldest first (none when it has none)."""
+    def ids(self, subject: str, *, bound_s: float | None = None) -> list[int]:
+        """The ids of every version of ``subject``, oldest first (none when it
+        has none): one request for its versions, one more per version not
+        seen before.  ``bound_s``: how long to wait for an unreachable
+        registry (default: the client's bound)."""
         try:
-            versions = self._request("GET", f"/subjects/{_quote(subject)}/versions", missing=f"subject {subject}")
+            versions = self._request(
+                "GET", f"/subjects/{_quote(subject)}/versions", missing=f"subject {subject}", bound_s=bound_s
+            )
         except UnknownSchemaError:
             return []
-        ids = []
+        with self._lock:
+            known = dict(self._versions.get(subject, {}))
         for version in versions:
-            answer = self._request("GET", f"/subjects/{_quote(subject)}/versions/{int(version)}", missing=subject)
-            ids.append(int(answer["id"]))
+            if int(version) in known:
+                continue
+            answer = self._request(
+                "GET", f"/subjects/{_quote(subject)}/versions/{int(version)}", missing=subject, bound_s=bound_s
+            )
+            known[int(version)] = int(answer["id"])
             with self._lock:
                 self._schemas.setdefault(int(answer["id"]), str(answer["schema"]))
-        return ids
+        with self._lock:
+            self._versions[subject] = known
+        return [known[int(v)] for v in versions]
+
+    def writer(self, schema_id: int, subject: str) -> Any:
+        """The parsed writer schema of ``schema_id``, which must be a version
+        of ``subject`` (its versions asked again once when it is not among
+        those seen): an ``UnknownSchemaError`` saying which it is not, a
+        ``ValueError`` when it is not Avro."""
+        with self._lock:
+            seen = schema_id in self._versions.get(subject, {}).values()
+        if not seen and schema_id not in self.ids(subject):
+            raise UnknownSchemaError(
+                f"schema id {schema_id} is not a version of subject {subject} in the schema registry at {self.url}"
+            )
+        return self.parsed(schema_id)
 
     # -- writing -------------------------------------------------------------
 
@@ -135,7 +173,10 @@ class SchemaRegistry:
 
     # -- the wire ------------------------------------------------------------
 
-    def _request(self, method: str, path: str, *, body: Any = None, missing: str = "") -> Any:
+    def _request(
+        self, method: str, path: str, *, body: Any = None, missing: str = "", bound_s: float | None = None
+    ) -> Any:
+        bound_s = self.bound_s if bound_s is None else bound_s
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
             self.url + path, data=data, method=method, headers={"Content-Type": _CONTENT_TYPE, "Accept": _CONTENT_TYPE}
@@ -160,20 +201,20 @@ class SchemaRegistry:
                 "schema registry %s: %s; trying again (for up to %.0f s)",
                 self.url,
                 state.outcome.exception() if state.outcome else "no answer",
-                self.bound_s,
+                bound_s,
             )
 
         try:
             return tenacity.Retrying(
                 retry=tenacity.retry_if_exception_type((urllib.error.URLError, ConnectionError, TimeoutError)),
-                stop=tenacity.stop_after_delay(self.bound_s),
+                stop=tenacity.stop_after_delay(bound_s),
                 wait=tenacity.wait_exponential(multiplier=0.5, max=8.0),
                 before_sleep=say,
                 reraise=True,
             )(once)
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
             raise RegistryUnavailableError(
-                f"the schema registry at {self.url} did not answer {method} {path} within {self.bound_s:g} s "
+                f"the schema registry at {self.url} did not answer {method} {path} within {bound_s:g} s "
                 f"(REGISTRY_BOUND_S): {exc}; is it running (spark-abs local status)?"
             ) from exc
 

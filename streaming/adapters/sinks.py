@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -601,14 +603,23 @@ def delta_table_uri(sink: Sink, location: StoreLocation) -> str:
 class DeltaSink(_TwoPhaseSink):
     """Each epoch's rows appended to the Delta table at ``table_uri`` in one
     commit carrying the application transaction ``app_id`` at the epoch's
-    number; ``_abs_task`` and ``_abs_epoch`` added to every row."""
+    number; ``_abs_task`` (``<job>/<task>``) and ``_abs_epoch`` added to every row."""
 
     def __init__(
-        self, staging: StoreLocation, task_id: str, *, table_uri: str, app_id: str, storage_options: dict[str, str]
+        self,
+        staging: StoreLocation,
+        task_id: str,
+        *,
+        table_uri: str,
+        app_id: str,
+        storage_options: dict[str, str],
+        writer: str | None = None,
     ):
         super().__init__(staging, task_id)
         self.table_uri = table_uri
         self.app_id = app_id
+        # what the rows' _abs_task says: the job and the task, so that tables shared by jobs keep them apart
+        self.writer = writer or task_id
         self._options = storage_options
         self._table: DeltaTable | None = None
 
@@ -622,6 +633,7 @@ class DeltaSink(_TwoPhaseSink):
             else:
                 self._table.update_incremental()
         except (OSError, DeltaError) as exc:
+            self._table = None
             raise StoreError(f"sink task {self.task_id}: reading Delta table {self.table_uri} failed: {exc}") from exc
         return self._table
 
@@ -634,54 +646,76 @@ class DeltaSink(_TwoPhaseSink):
         version = self.committed_version()
         return version is not None and version >= epoch
 
+    def _committed_elsewhere(self, epoch: int) -> bool:
+        return self._committed(epoch)
+
     def _publish(self, epoch: int) -> None:
         rows = self._staging.read(epoch)
         if rows.num_rows == 0:  # nothing to add: no commit (the table's log grows only with output)
             return
-        rows = rows.append_column(DELTA_COLUMNS[0], pa.array([self.task_id] * rows.num_rows, pa.string()))
+        rows = rows.append_column(DELTA_COLUMNS[0], pa.array([self.writer] * rows.num_rows, pa.string()))
         rows = rows.append_column(DELTA_COLUMNS[1], pa.array([epoch] * rows.num_rows, pa.int64()))
         properties = CommitProperties(
             app_transactions=[Transaction(self.app_id, epoch)],
             custom_metadata={EPOCH_HEADER: self._marker(epoch)},
         )
-        self._with_retries(
-            lambda: write_deltalake(
-                self._loaded() or self.table_uri,
-                rows,
+
+        def append() -> None:
+            table = self._loaded()
+            written = rows if table is None else _as_table_columns(rows, pa.schema(table.schema().to_arrow()), self)
+            if table is None:
+                _typed_columns(written, self)
+            write_deltalake(
+                table or self.table_uri,
+                written,
                 mode="append",
                 storage_options=self._options,
                 commit_properties=properties,
-            ),
-            f"committing epoch {epoch}",
-            again=lambda: self._committed(epoch),
-        )
+            )
+
+        self._with_retries(append, f"committing epoch {epoch}", again=lambda: self._committed(epoch))
 
     def _retract_after(self, checkpoint: int) -> tuple[list[int], list[int]]:
-        """Delete this task's rows of epochs after ``checkpoint`` from the table."""
+        """This task's rows of epochs after ``checkpoint`` deleted from the
+        table, its transaction's version set back to ``checkpoint`` in the
+        same commit (so epochs numbered again after it are written again)."""
         table = self._loaded()
-        if table is None or DELTA_COLUMNS[1] not in table.schema().to_arrow().names:
+        version = None if table is None else table.transaction_version(self.app_id)
+        if table is None or version is None or version <= checkpoint:
             return [], []
-        task = self.task_id.replace("'", "''")
-        predicate = f"{DELTA_COLUMNS[0]} = '{task}' AND {DELTA_COLUMNS[1]} > {int(checkpoint)}"
         epochs = self._epochs_after(table, checkpoint)
-        if not epochs:
-            return [], []
-        self._with_retries(lambda: self._loaded().delete(predicate), f"deleting epochs {epochs}")  # type: ignore[union-attr]
-        log.warning(
-            "sink task %s: epochs %s were committed to %s after checkpoint %d, the restored one; "
-            "their rows are deleted from the table (the new generation writes them again)",
-            self.task_id,
-            epochs,
-            self.table_uri,
-            checkpoint,
-        )
+        back = CommitProperties(app_transactions=[Transaction(self.app_id, checkpoint)])
+        writer = self.writer.replace("'", "''")
+        predicate = f"{DELTA_COLUMNS[0]} = '{writer}' AND {DELTA_COLUMNS[1]} > {int(checkpoint)}"
+
+        def take_back() -> None:
+            current = self._loaded()
+            if current is None:
+                return
+            if epochs:
+                current.delete(predicate, commit_properties=back)
+            else:  # nothing to delete (the later epochs had no rows): a commit of no rows sets the version back
+                empty = pa.schema(current.schema().to_arrow()).empty_table()
+                write_deltalake(current, empty, mode="append", storage_options=self._options, commit_properties=back)
+
+        self._with_retries(take_back, f"taking back epochs after {checkpoint}")
+        if epochs:
+            log.warning(
+                "sink task %s: epochs %s were committed to %s after checkpoint %d, the restored one; "
+                "their rows are deleted from the table (the new generation writes them again)",
+                self.task_id,
+                epochs,
+                self.table_uri,
+                checkpoint,
+            )
         return epochs, []
 
     def _epochs_after(self, table: DeltaTable, checkpoint: int) -> list[int]:
-        dataset = table.to_pyarrow_dataset()
-        found = dataset.to_table(
+        if not set(DELTA_COLUMNS) <= set(pa.schema(table.schema().to_arrow()).names):
+            return []
+        found = table.to_pyarrow_dataset().to_table(
             columns=[DELTA_COLUMNS[1]],
-            filter=(pc.field(DELTA_COLUMNS[0]) == self.task_id) & (pc.field(DELTA_COLUMNS[1]) > checkpoint),
+            filter=(pc.field(DELTA_COLUMNS[0]) == self.writer) & (pc.field(DELTA_COLUMNS[1]) > checkpoint),
         )
         return sorted(pc.unique(found[DELTA_COLUMNS[1]]).to_pylist())
 
@@ -689,21 +723,23 @@ class DeltaSink(_TwoPhaseSink):
         return f"{self.task_id}:{epoch}"
 
     def _with_retries(self, commit: Callable[[], object], what: str, again: Callable[[], bool] = lambda: False) -> None:
-        """``commit()``, again while another writer's commit wins the race for
-        a table version (at most ``_DELTA_ATTEMPTS`` times; ``again()`` says
-        whether a commit that failed went in after all)."""
+        """``commit()``, again after a pause while another writer's commit
+        wins the race for a table version (at most ``_DELTA_ATTEMPTS`` times;
+        ``again()`` says whether a commit that failed went in after all).
+        Any other failure is a ``SinkError`` or, when the store is, a ``StoreError``."""
         for attempt in range(1, _DELTA_ATTEMPTS + 1):
             try:
                 commit()
                 return
             except CommitFailedError as exc:
+                self._table = None
                 if attempt == _DELTA_ATTEMPTS:
                     raise SinkError(
                         f"sink task {self.task_id}: {what} to Delta table {self.table_uri} lost to other writers "
                         f"{attempt} times: {exc}"
                     ) from exc
                 log.info("sink task %s: %s: %s; trying again", self.task_id, what, exc)
-                self._table = None
+                time.sleep(random.uniform(0.05, 0.25) * attempt)
                 if again():
                     return
             except SchemaMismatchError as exc:
@@ -716,6 +752,65 @@ class DeltaSink(_TwoPhaseSink):
                 raise StoreError(
                     f"sink task {self.task_id}: {what} to Delta table {self.table_uri} failed: {exc}"
                 ) from exc
+            except (SinkError, StoreError):
+                raise
+            except Exception as exc:  # delta-rs raises plain exceptions too (an Arrow cast, a write)
+                raise SinkError(
+                    f"sink task {self.task_id}: {what} to Delta table {self.table_uri} failed: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+
+
+def _as_table_columns(rows: pa.Table, columns: pa.Schema, sink: DeltaSink) -> pa.Table:
+    """``rows`` with the table's columns: the same names and types (a column
+    of nothing but nulls takes the table's type), else a ``SinkError`` that
+    says what differs: nothing is cast silently."""
+    if set(rows.column_names) != set(columns.names):
+        missing, extra = (
+            sorted(set(columns.names) - set(rows.column_names)),
+            sorted(set(rows.column_names) - set(columns.names)),
+        )
+        raise SinkError(
+            f"sink task {sink.task_id}: the output's columns do not match Delta table {sink.table_uri}'s "
+            f"(missing {missing}, not in the table {extra}); a pipeline whose output changes writes to a new table"
+        )
+    out = []
+    for target in columns:
+        column = rows[target.name]
+        if column.type == pa.null():
+            column = pa.nulls(rows.num_rows, target.type)
+        elif not column.type.equals(target.type) and not _same_kind(column.type, target.type):
+            raise SinkError(
+                f"sink task {sink.task_id}: column {target.name!r} of the output is {column.type}, Delta table "
+                f"{sink.table_uri} has {target.type}; a pipeline whose output changes writes to a new table"
+            )
+        out.append(column.cast(target.type) if not column.type.equals(target.type) else column)
+    return pa.table(out, schema=columns)
+
+
+def _same_kind(given: pa.DataType, kept: pa.DataType) -> bool:
+    """Types Delta stores alike (strings and timestamps in their large or zoned forms)."""
+
+    def kind(t: pa.DataType) -> str:
+        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+            return "string"
+        if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+            return "binary"
+        if pa.types.is_timestamp(t):
+            return "timestamp"
+        return str(t)
+
+    return kind(given) == kind(kept)
+
+
+def _typed_columns(rows: pa.Table, sink: DeltaSink) -> None:
+    """The first epoch makes the table: a column of nothing but nulls has no type to give it."""
+    untyped = [f.name for f in rows.schema if f.type == pa.null()]
+    if untyped:
+        raise SinkError(
+            f"sink task {sink.task_id}: the first epoch written to Delta table {sink.table_uri} has only nulls in "
+            f"{untyped}, so they have no type; give them one in the stage's output (a cast in its operator or Spark code)"
+        )
 
 
 def read_delta_output(table_uri: str, connection: Connection | None = None) -> pa.Table | None:
@@ -754,6 +849,7 @@ def open_sink(
             table_uri=uri,
             app_id=f"spark-abs/{job}/{task}",
             storage_options=delta_storage_options(connection) if uri.startswith("s3://") else {},
+            writer=f"{job}/{task}",
         )
     if sink.kind is SinkKind.KAFKA:
         if sink.topic is None:  # Sink refuses a Kafka sink without one

@@ -75,7 +75,7 @@ from streaming.adapters.records import (
     ROW,
     Part,
 )
-from streaming.adapters.registry import current_registry, subject_of
+from streaming.adapters.registry import RegistryUnavailableError, current_registry, subject_of
 from streaming.api.pipeline import Ingress, Pipeline, Stage
 from streaming.errors import ChannelQueryError, ConfigError
 
@@ -422,12 +422,31 @@ class SparkStage:
 
     def _plan_writers(self) -> None:
         """With ``registry=True``: the plan again when the registry holds
-        writer schemas of the topic's subject that it does not decode yet."""
+        writer schemas of the topic's subject that it does not decode yet
+        (those that are not Avro left out).  A registry that does not answer
+        within 5 s leaves the plan as it is: values of the writers it
+        decodes go on, any other is read in Python, which waits for it."""
         registry = current_registry(f"stage {self.name}")
-        ids = registry.ids(self._subject)
-        if ids != self._writer_ids:
-            self._writer_ids = ids
-            self._steps = self._plan()
+        try:
+            ids = registry.ids(self._subject, bound_s=5.0)
+        except RegistryUnavailableError as exc:
+            log.warning("stage %s: writer schemas of %s not refreshed: %s", self.name, self._subject, exc)
+            return
+        readable = []
+        for schema_id in ids:
+            try:
+                registry.parsed(schema_id)
+            except ValueError as exc:
+                log.warning("stage %s: %s: left out of the plan: %s", self.name, self._subject, exc)
+                continue
+            readable.append(schema_id)
+        if readable != self._writer_ids:
+            previous, self._writer_ids = self._writer_ids, readable
+            try:
+                self._steps = self._plan()
+            except Exception:
+                self._writer_ids = previous
+                raise
 
     def _decode(self) -> Column:
         """A record's value decoded with the ingress schema: a struct, null

@@ -15,7 +15,7 @@ from fastavro.schema import SchemaParseException
 
 from streaming.errors import ConfigError
 
-__all__ = ["AvroSchema", "avro_schema", "WIRE_HEADER_BYTES", "MAGIC"]
+__all__ = ["AvroSchema", "avro_schema", "subject_of", "WIRE_HEADER_BYTES", "MAGIC"]
 
 # Confluent's wire format: magic byte 0, then the schema id (4 bytes, big-endian)
 WIRE_HEADER_BYTES = 5
@@ -54,10 +54,22 @@ class AvroSchema:
     # decode as a row of nulls, so a null there says the value was not a record of the schema
     required: tuple[str, ...] = ()
     registry: bool = False
+    # with registry: the subject whose versions the values' ids must be (``<topic>-value``)
+    subject: str = ""
+
+
+def subject_of(topic: str) -> str:
+    """The subject of ``topic``'s values in a schema registry (Confluent's ``TopicNameStrategy``)."""
+    return f"{topic}-value"
 
 
 def avro_schema(
-    schema: str | Mapping[str, Any], *, confluent_wire: bool = False, registry: bool = False, what: str
+    schema: str | Mapping[str, Any],
+    *,
+    confluent_wire: bool = False,
+    registry: bool = False,
+    subject: str = "",
+    what: str,
 ) -> AvroSchema:
     """``schema`` (an Avro record schema, as JSON text or a mapping) checked
     and mapped to Arrow; a ``ConfigError`` naming ``what`` otherwise."""
@@ -79,7 +91,11 @@ def avro_schema(
         raise ConfigError(
             f"{what}: registry=True reads the schema id of Confluent's wire format: set confluent_wire too"
         )
-    return AvroSchema(json.dumps(loaded, sort_keys=True), arrow, bool(confluent_wire), parsed, required, bool(registry))
+    if registry and not subject:
+        raise ConfigError(f"{what}: registry=True reads ids of one subject's versions: name the subject")
+    return AvroSchema(
+        json.dumps(loaded, sort_keys=True), arrow, bool(confluent_wire), parsed, required, bool(registry), subject
+    )
 
 
 def _arrow_type(avro: Any, what: str) -> tuple[pa.DataType, bool]:

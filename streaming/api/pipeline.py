@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
-from streaming.api.avro import AvroSchema, avro_schema
+from streaming.api.avro import AvroSchema, avro_schema, subject_of
 from streaming.api.settings import check_store_uri
 from streaming.errors import ConfigError, parse_choice
 
@@ -186,7 +186,13 @@ class Ingress:
             return
         parsed = self.avro
         if not isinstance(parsed, AvroSchema):
-            parsed = avro_schema(parsed, confluent_wire=self.confluent_wire, registry=self.registry, what=what)
+            parsed = avro_schema(
+                parsed,
+                confluent_wire=self.confluent_wire,
+                registry=self.registry,
+                subject=subject_of(self.topic),
+                what=what,
+            )
         if self.schema is not None and not self.schema.equals(parsed.arrow):
             raise ConfigError(
                 f"{what}: the schema is taken from the Avro schema ({parsed.arrow.to_string()!r}); "
@@ -229,7 +235,13 @@ class Sink:
             if self.kind is not SinkKind.KAFKA:
                 raise ConfigError(f"a {self.kind} sink takes no avro schema: only a kafka sink writes Avro values")
             if not isinstance(self.avro, AvroSchema):
-                parsed = avro_schema(self.avro, confluent_wire=True, registry=True, what=f"sink {self.topic}")
+                parsed = avro_schema(
+                    self.avro,
+                    confluent_wire=True,
+                    registry=True,
+                    subject=subject_of(self.topic or ""),
+                    what=f"sink {self.topic}",
+                )
                 object.__setattr__(self, "avro", parsed)
 
 

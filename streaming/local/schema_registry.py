@@ -4,10 +4,11 @@ and Kafka sinks (``streaming.adapters.registry``).
 
 Apicurio was chosen as the registry Maven Central serves (Confluent's own and
 Karapace are on none of the registries this runtime installs from).  It
-listens on loopback only, keeps its schemas in an H2 database file under the
+listens on loopback only and keeps its schemas in an H2 database file under the
 runtime directory (an id stays the same schema across restarts: records in
-Kafka name it), and needs no credentials: like the S3 server, it is this
-machine's alone.
+Kafka name it).  It asks for no credentials: any process of this machine
+may register schemas in it, so a secured deployment runs a registry of its
+own that does.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from pathlib import Path
 
 from streaming.local.processes import ServiceSpec
 
-__all__ = ["server_spec", "api_url", "ready"]
+__all__ = ["server_spec", "data_dir_of", "api_url", "ready"]
 
 API_PATH = "/apis/ccompat/v7"
 
 
 def server_spec(java: str, runner: Path, runtime_dir: Path, port: int) -> ServiceSpec:
-    data_dir = runtime_dir / "registry" / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = data_dir_of(runtime_dir)
     return ServiceSpec(
         name="registry",
         argv=[
@@ -41,6 +41,11 @@ def server_spec(java: str, runner: Path, runtime_dir: Path, port: int) -> Servic
         pid_path=runtime_dir / "pids" / "registry.pid",
         marker=str(data_dir),
     )
+
+
+def data_dir_of(runtime_dir: Path) -> Path:
+    """Where the registry keeps its schemas (made when it starts)."""
+    return runtime_dir / "registry" / "data"
 
 
 def api_url(port: int) -> str:

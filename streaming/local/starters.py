@@ -214,6 +214,7 @@ class RegistryStarter:
             return remembered["registry"]
         port = self.services.choose_port("registry", settings.registry_port, remembered, taken, "the schema registry")
         spec = self.services.registry_spec(java, runner, port)
+        schema_registry.data_dir_of(self.services.dir).mkdir(parents=True, exist_ok=True)
         self._progress(f"starting the schema registry Apicurio {settings.schema_registry_version} on 127.0.0.1:{port}")
         proc = processes.start(spec)
         took = processes.wait_ready(spec, proc, lambda: schema_registry.ready(port), settings.start_timeout_s)

@@ -35,10 +35,10 @@ def place(request, tmp_path, unique_name):
     return open_store(f"{root}/sink", connection), f"{root}/table", connection
 
 
-def _sink(place, task: str = "task-0") -> DeltaSink:
+def _sink(place, task: str = "task-0", job: str = "j") -> DeltaSink:
     location, table, connection = place
     sink = open_sink(
-        Sink("delta", table=table), location, task, job="j", kafka=KafkaAccess("unused:9092"), connection=connection
+        Sink("delta", table=table), location, task, job=job, kafka=KafkaAccess("unused:9092"), connection=connection
     )
     assert isinstance(sink, DeltaSink)
     return sink
@@ -64,7 +64,7 @@ def test_an_epoch_is_in_the_table_only_after_its_commit_and_once(place):
     delta = DeltaTable(table, storage_options=delta_storage_options(connection) if connection else None)
     assert delta.transaction_version("spark-abs/j/task-0") == 1
     rows = delta.to_pyarrow_table()
-    assert set(rows[DELTA_COLUMNS[0]].to_pylist()) == {"task-0"} and set(rows[DELTA_COLUMNS[1]].to_pylist()) == {1}
+    assert set(rows[DELTA_COLUMNS[0]].to_pylist()) == {"j/task-0"} and set(rows[DELTA_COLUMNS[1]].to_pylist()) == {1}
     assert [h.get("abs.epoch") for h in delta.history() if h.get("operation") == "WRITE"] == ["task-0:1"]
 
 
@@ -99,6 +99,44 @@ def test_recovery_commits_up_to_the_checkpoint_and_a_restore_deletes_what_came_a
     again.stage(4, _rows(2, 1))
     assert again.commit(4) is True
     assert _values(place) == ["1:0", "2:0"]
+
+
+def test_a_restore_sets_the_version_back_and_leaves_other_jobs_rows_alone(place, tmp_path):
+    ours, theirs = _sink(place), _sink((open_store(str(tmp_path / "other")), *place[1:]), job="other")
+    for epoch in (1, 2, 3):
+        ours.stage(epoch, _rows(epoch, 1))
+        ours.commit(epoch)
+    theirs.stage(2, _rows(200, 1))
+    theirs.commit(2)
+    # the job's store was wiped and it starts afresh, its checkpoints numbered from 1 again
+    fresh = _sink(place)
+    assert fresh.recover(completed_checkpoint=0) == Recovery(retracted=[1, 2, 3])
+    assert fresh.committed_version() == 0 and _values(place) == ["200:0"]  # the other job's row stays
+    fresh.stage(1, _rows(7, 1))
+    assert fresh.commit(1) is True  # numbered 1 again, written again
+    assert _values(place) == ["200:0", "7:0"]
+    # later epochs without rows: the version goes back all the same
+    fresh.stage(2, _rows(2, 0))
+    fresh.commit(2)
+    fresh.stage(3, _rows(3, 0))
+    fresh.commit(3)
+    assert _sink(place).recover(completed_checkpoint=1) == Recovery() and fresh.committed_version() == 1
+
+
+def test_output_of_other_types_is_a_clear_error_not_a_cast(place):
+    sink = _sink(place)
+    sink.stage(1, pa.table({"key": ["a"], "value": [1]}))
+    sink.commit(1)
+    sink.stage(2, pa.table({"key": ["b"], "value": [1.5]}))
+    with pytest.raises(SinkError, match="column 'value' of the output is double, Delta table .* has int64"):
+        sink.commit(2)
+    sink.stage(3, pa.table({"key": ["c"], "value": pa.nulls(1)}))  # nulls take the table's type
+    assert sink.commit(3) is True
+    fresh = _sink(place, job="nulls-first")
+    fresh.table_uri += "-2"
+    fresh.stage(1, pa.table({"key": ["a"], "value": pa.nulls(1)}))
+    with pytest.raises(SinkError, match=r"only nulls in \['value'\]"):
+        fresh.commit(1)
 
 
 def test_tasks_committing_at_once_each_get_their_own_version(place):

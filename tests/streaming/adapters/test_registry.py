@@ -124,13 +124,38 @@ def test_an_evolving_producer_is_read_with_the_ingress_schema_in_python_and_by_s
         ],
     )
     values.append(b"\x00\x00\x0f\x12\x06" + values[0][5:])  # an id the registry does not have
+    # a version of the subject that is not Avro (a registry keeps JSON Schema too)
+    json_schema = registry._request(
+        "POST",
+        f"/subjects/{subject_of(topic)}/versions",
+        body={
+            "schema": json.dumps(
+                {
+                    "$schema": "http://json-schema.org/draft-07/schema#",
+                    "type": "object",
+                    "properties": {"sensor": {"type": "string"}},
+                }
+            ),
+            "schemaType": "JSON",
+        },
+    )["id"]
+    values.append(b"\x00" + int(json_schema).to_bytes(4, "big") + values[0][5:])
+    # an Avro schema of another subject
+    other = {**V1, "doc": "the same fields, registered under another subject only"}
+    elsewhere = _written(f"{topic}-other", registry, [(other, {"sensor": "e", "value": 5})])[0]
+    values.append(elsewhere)
     ingress = Ingress(topic, 1, avro=READER, confluent_wire=True, registry=True)
     rows = [{"sensor": "a", "value": 1, "unit": "C"}, {"sensor": "b", "value": 2, "unit": "F"}]
     python = codec.decode(values, ingress.avro)
     assert python.table.to_pylist() == rows and python.index == [0, 1]
     reasons = dict(python.rejected)
     assert "does not resolve to the ingress schema" in reasons[2]
-    assert reasons[3] == f"value names schema id 987654, which the schema registry at {registry.url} does not have"
+    assert reasons[3] == (
+        f"value names schema id 987654: schema id 987654 is not a version of subject {topic}-value "
+        f"in the schema registry at {registry.url}"
+    )
+    assert reasons[4].startswith(f"value names schema id {json_schema}, which cannot be read with:")
+    assert "is not a version of subject" in reasons[5]
     # Spark reads the same values with each writer's schema and from_avro's resolution
     stage = SparkStage(
         spark, Stage("clean", (topic,), spark="SELECT _position, sensor, value, unit FROM {input}"), ingress
@@ -182,7 +207,7 @@ def test_a_kafka_sink_writes_avro_registered_under_its_topic(connection, unique_
     values = read_kafka_output(connection.kafka, topic).values
     ids = registry.ids(subject_of(topic))
     assert len(ids) == 1 and all(v[0] == 0 and int.from_bytes(v[1:5], "big") == ids[0] for v in values)
-    read_as = avro_schema(READER, confluent_wire=True, registry=True, what=topic)
+    read_as = avro_schema(READER, confluent_wire=True, registry=True, subject=subject_of(topic), what=topic)
     decoded = codec.decode(values, read_as)
     assert decoded.table.to_pylist() == rows.to_pylist() and decoded.rejected == []
     with pytest.raises(Exception, match="not a record of the sink's Avro schema"):

@@ -62,7 +62,7 @@ def test_a_broker_that_is_not_ready_in_time_fails_with_its_log(tmp_path, runtime
 
 def test_down_without_up_stops_nothing(tmp_path, runtime_settings):
     runtime = _second_runtime(tmp_path, runtime_settings)
-    assert runtime.down() == ["kafka: was not running", "s3: was not running"]
+    assert runtime.down() == ["kafka: was not running", "s3: was not running", "registry: was not running"]
     assert not runtime.status().all_running
 
 
