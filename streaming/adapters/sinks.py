@@ -67,6 +67,7 @@ from streaming.errors import ConfigError, KafkaUnavailableError, SinkError, Sink
 __all__ = [
     "open_sink",
     "sink_location",
+    "sink_place",
     "kafka_records",
     "registered_avro",
     "ObjectStoreSink",
@@ -821,6 +822,17 @@ def read_delta_output(table_uri: str, connection: Connection | None = None) -> p
         return None
     table = DeltaTable(table_uri, storage_options=options).to_pyarrow_table()
     return table.drop_columns([c for c in DELTA_COLUMNS if c in table.column_names])
+
+
+def sink_place(sink: Sink, settings: JobSettings, job: str, connection: Connection | None) -> str:
+    """Where ``sink`` of job ``job`` makes its output visible, in words a user can follow."""
+    if sink.kind is SinkKind.KAFKA:
+        avro = " as Avro registered under " + subject_of(sink.topic or "") if sink.avro is not None else ""
+        return f"Kafka topic {sink.topic}{avro} (read it with isolation.level=read_committed)"
+    location = sink_location(settings, job, connection)
+    if sink.kind is SinkKind.DELTA:
+        return f"Delta table {delta_table_uri(sink, location)} (spark.read.format('delta'), or read_delta_output)"
+    return f"Parquet under {location.uri}/output (read_committed_output)"
 
 
 def sink_location(settings: JobSettings, job: str, connection: Connection | None) -> StoreLocation:

@@ -23,6 +23,15 @@ __all__ = ["run_job"]
 log = logging.getLogger(__name__)
 
 
+def _say_where_output_goes(runner) -> None:
+    from streaming.adapters.sinks import sink_place
+
+    for stage in runner.pipeline.stages:
+        if stage.sink is not None:
+            place = sink_place(stage.sink, runner.settings, runner.job, runner.connection)
+            log.info(f"job {runner.job}: stage {stage.name} commits its output to {place}")
+
+
 def run_job(
     runner,
     *,
@@ -54,6 +63,7 @@ def run_job(
             + (f", {len(runner.remote_names)} remote group(s) to join" if runner.remote_names else "")
             + f", generation {runner.generation} (Ctrl-C or SIGTERM stops it; SIGUSR1 drains it)"
         )
+        _say_where_output_goes(runner)
         while not (drain or asked.is_set()) and (deadline is None or time.monotonic() < deadline):
             runner.step()
             if (

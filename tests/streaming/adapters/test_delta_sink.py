@@ -179,3 +179,24 @@ def test_a_table_elsewhere_than_s3_or_a_path_is_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="give s3://bucket/path or a local path"):
         open_sink(Sink("delta", table="gs://b/t"), open_store(str(tmp_path)), "t", job="j", kafka=KafkaAccess("x:1"))
+
+
+def test_where_each_sink_commits_its_output_is_said(tmp_path):
+    from streaming.adapters.sinks import sink_place
+    from streaming.api.settings import JobSettings
+
+    settings = JobSettings(store=str(tmp_path))
+    assert sink_place(Sink("delta"), settings, "j", None) == (
+        f"Delta table {tmp_path}/j/sink/table (spark.read.format('delta'), or read_delta_output)"
+    )
+    assert sink_place(Sink("kafka", "j.out"), settings, "j", None).startswith("Kafka topic j.out (read it with")
+    assert "registered under j.out-value" in sink_place(
+        Sink("kafka", "j.out", avro=READER_FOR_SAY), settings, "j", None
+    )
+    assert (
+        sink_place(Sink(), settings, "j", None)
+        == f"Parquet under file://{tmp_path}/j/sink/output (read_committed_output)"
+    )
+
+
+READER_FOR_SAY = {"type": "record", "name": "Out", "fields": [{"name": "k", "type": "string"}]}
