@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 # how long a request waits for an unreachable registry, in all
 REGISTRY_BOUND_S = 60.0
+# how long an id found not to be a version of a subject is taken as such before the registry is asked again
+_ASK_AGAIN_S = 30.0
 _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
 
@@ -74,6 +77,7 @@ class SchemaRegistry:
         # per subject, the id of each version seen; ids the registry said it does not have
         self._versions: dict[str, dict[int, int]] = {}
         self._missing: set[int] = set()
+        self._outside: dict[tuple[str, int], float] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -147,12 +151,20 @@ class SchemaRegistry:
         of ``subject`` (its versions asked again once when it is not among
         those seen): an ``UnknownSchemaError`` saying which it is not, a
         ``ValueError`` when it is not Avro."""
+        outside = UnknownSchemaError(
+            f"schema id {schema_id} is not a version of subject {subject} in the schema registry at {self.url}"
+        )
         with self._lock:
             seen = schema_id in self._versions.get(subject, {}).values()
-        if not seen and schema_id not in self.ids(subject):
-            raise UnknownSchemaError(
-                f"schema id {schema_id} is not a version of subject {subject} in the schema registry at {self.url}"
-            )
+            # an id found outside the subject is asked about again only after a while, not per value
+            asked_at = self._outside.get((subject, schema_id))
+        if not seen:
+            if asked_at is not None and time.monotonic() - asked_at < _ASK_AGAIN_S:
+                raise outside
+            if schema_id not in self.ids(subject):
+                with self._lock:
+                    self._outside[(subject, schema_id)] = time.monotonic()
+                raise outside
         return self.parsed(schema_id)
 
     # -- writing -------------------------------------------------------------
