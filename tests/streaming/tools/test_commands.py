@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore, TaskParts
+from streaming.api.pipeline import Sink
 from streaming.tools import commands
 from streaming.tools.checkpoints.inspection import Checkpoints
 from streaming.tools.commands import run_job
@@ -112,6 +113,10 @@ class _Runner:
         self.job, self.groups, self.generation = "orders", {"w": ["t"]}, 0
         self.remote_names: set[str] = set()
         self.settings = SimpleNamespace(interval_s=1.0)
+        self.connection = None
+        self.pipeline = SimpleNamespace(
+            stages=[SimpleNamespace(name="country-totals", sink=Sink("kafka", "orders.country-totals"))]
+        )
         self.coordinator = SimpleNamespace(all_ready=False)
         self.ready_after, self.every, self.interrupt_at = ready_after, every, interrupt_at
         self.steps, self.done, self.started_from, self.closed = 0, [], "not started", False
@@ -142,6 +147,11 @@ def test_run_stops_after_the_checkpoints_asked_for_and_closes_the_job(lines):
     assert runner.started_from == 4 and runner.closed
     assert len(runner.done) == 2 and runner.steps == 5 + 2 * 3 - 1
     assert any(s.startswith("all tasks ready after") for s in lines)
+    # where the output goes, said once the job starts
+    assert (
+        "job orders: stage country-totals commits its output to Kafka topic orders.country-totals (read it with"
+        in "\n".join(lines)
+    )
     assert lines[-1] == "stopped; 2 checkpoint(s) completed in this run, the last 2"
 
 

@@ -105,6 +105,9 @@ class _SchemasInMemory:
 
         return fastavro.parse_schema(json.loads(self.schemas[schema_id - 1]))
 
+    def writer(self, schema_id: int, subject: str):
+        return self.parsed(schema_id)
+
 
 @pytest.fixture
 def schemas(monkeypatch):
