@@ -29,6 +29,8 @@ __all__ = [
     "spark_kafka_connector_artifacts",
     "require_tool",
     "resolve_jars",
+    "maven_settings",
+    "maven_errors",
     "connector_jars",
     "delta_jars",
 ]
@@ -93,7 +95,7 @@ def _pom(name: str, artifacts: Iterable[Artifact]) -> str:
     )
 
 
-def _settings(repo: str) -> str:
+def maven_settings(repo: str) -> str:
     # A mirror of everything onto one repository: some poms (Spark's) declare
     # extra repositories that are unreachable from closed networks.
     return (
@@ -102,7 +104,7 @@ def _settings(repo: str) -> str:
     )
 
 
-def _maven_errors(output: str) -> str:
+def maven_errors(output: str) -> str:
     lines = [ln.strip() for ln in output.splitlines() if "[ERROR]" in ln and ln.strip() != "[ERROR]"]
     return "\n".join(lines[:6]) or output.strip()[-2000:]
 
@@ -122,7 +124,7 @@ def resolve_jars(
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
         work = Path(tmp)
         (work / "pom.xml").write_text(_pom(name, artifacts))
-        (work / "settings.xml").write_text(_settings(repo))
+        (work / "settings.xml").write_text(maven_settings(repo))
         out = work / "jars"
         cmd = [
             mvn,
@@ -145,7 +147,7 @@ def resolve_jars(
         if done.returncode != 0 or not out.is_dir():
             raise ArtifactResolutionError(
                 f"mvn could not resolve {', '.join(map(str, artifacts))} "
-                f"(exit {done.returncode}):\n{_maven_errors(done.stdout + done.stderr)}"
+                f"(exit {done.returncode}):\n{maven_errors(done.stdout + done.stderr)}"
             )
         (out / COMPLETE).write_text("\n".join(sorted(p.name for p in out.glob("*.jar"))) + "\n")
         if target.exists():

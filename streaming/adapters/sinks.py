@@ -573,11 +573,12 @@ DELTA_COLUMNS = ("_abs_task", "_abs_epoch")
 _DELTA_ATTEMPTS = 5
 
 
-def delta_storage_options(connection: Connection | None) -> dict[str, str]:
-    """How delta-rs reaches the job's S3 server (``s3://`` tables).  Commits
+def delta_storage_options(table_uri: str, connection: Connection | None) -> dict[str, str]:
+    """How delta-rs reaches the table at ``table_uri``: on the job's S3
+    server for an ``s3://`` table (none needed for a local path).  Commits
     are put-if-absent (``If-None-Match``), which the local S3 server honours:
     tasks committing at once each get their own table version."""
-    if connection is None:
+    if connection is None or not table_uri.startswith("s3://"):
         return {}
     endpoint = urlparse(connection.s3_endpoint)
     return {
@@ -663,7 +664,7 @@ class DeltaSink(_TwoPhaseSink):
 
         def append() -> None:
             table = self._loaded()
-            written = rows if table is None else _as_table_columns(rows, pa.schema(table.schema().to_arrow()), self)
+            written = rows if table is None else _as_table_columns(rows, _columns(table), self)
             if table is None:
                 _typed_columns(written, self)
             write_deltalake(
@@ -696,7 +697,7 @@ class DeltaSink(_TwoPhaseSink):
             if epochs:
                 current.delete(predicate, commit_properties=back)
             else:  # nothing to delete (the later epochs had no rows): a commit of no rows sets the version back
-                empty = pa.schema(current.schema().to_arrow()).empty_table()
+                empty = _columns(current).empty_table()
                 write_deltalake(current, empty, mode="append", storage_options=self._options, commit_properties=back)
 
         self._with_retries(take_back, f"taking back epochs after {checkpoint}")
@@ -712,7 +713,7 @@ class DeltaSink(_TwoPhaseSink):
         return epochs, []
 
     def _epochs_after(self, table: DeltaTable, checkpoint: int) -> list[int]:
-        if not set(DELTA_COLUMNS) <= set(pa.schema(table.schema().to_arrow()).names):
+        if not set(DELTA_COLUMNS) <= set(_columns(table).names):
             return []
         found = table.to_pyarrow_dataset().to_table(
             columns=[DELTA_COLUMNS[1]],
@@ -760,6 +761,11 @@ class DeltaSink(_TwoPhaseSink):
                     f"sink task {self.task_id}: {what} to Delta table {self.table_uri} failed: "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
+
+
+def _columns(table: DeltaTable) -> pa.Schema:
+    """The table's columns as an Arrow schema."""
+    return pa.schema(table.schema().to_arrow())
 
 
 def _as_table_columns(rows: pa.Table, columns: pa.Schema, sink: DeltaSink) -> pa.Table:
@@ -817,7 +823,7 @@ def _typed_columns(rows: pa.Table, sink: DeltaSink) -> None:
 def read_delta_output(table_uri: str, connection: Connection | None = None) -> pa.Table | None:
     """What a Delta sink committed to ``table_uri``, without the sink's own
     columns (``DELTA_COLUMNS``), or None when no table is there yet."""
-    options = delta_storage_options(connection) if table_uri.startswith("s3://") else {}
+    options = delta_storage_options(table_uri, connection)
     if not DeltaTable.is_deltatable(table_uri, storage_options=options):
         return None
     table = DeltaTable(table_uri, storage_options=options).to_pyarrow_table()
@@ -860,7 +866,7 @@ def open_sink(
             task,
             table_uri=uri,
             app_id=f"spark-abs/{job}/{task}",
-            storage_options=delta_storage_options(connection) if uri.startswith("s3://") else {},
+            storage_options=delta_storage_options(uri, connection),
             writer=f"{job}/{task}",
         )
     if sink.kind is SinkKind.KAFKA:

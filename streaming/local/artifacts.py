@@ -18,7 +18,15 @@ import zipfile
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from streaming.adapters.jars import COMPLETE, MAVEN_CENTRAL, Artifact, Progress, require_tool
+from streaming.adapters.jars import (
+    COMPLETE,
+    MAVEN_CENTRAL,
+    Artifact,
+    Progress,
+    maven_errors,
+    maven_settings,
+    require_tool,
+)
 from streaming.api.config import ENV
 from streaming.errors import ArtifactResolutionError
 
@@ -118,10 +126,7 @@ def build_schema_registry(version: str, cache_dir: Path, progress: Progress = lo
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".registry-") as tmp:
         work = Path(tmp)
         (work / "pom.xml").write_text(_REGISTRY_POM.format(version=escape(version), quarkus=escape(quarkus)))
-        (work / "settings.xml").write_text(
-            "<settings><mirrors><mirror><id>spark-abs-central</id><mirrorOf>*</mirrorOf>"
-            f"<url>{escape(repo)}</url></mirror></mirrors></settings>\n"
-        )
+        (work / "settings.xml").write_text(maven_settings(repo))
         base = [mvn, "-B", "-q", "-s", str(work / "settings.xml"), "-f", str(work / "pom.xml")]
         app = f"io.apicurio:apicurio-registry-app:{version}"
         _maven(base + ["dependency:copy", f"-Dartifact={app}", f"-DoutputDirectory={work / 'app'}"], app)
@@ -147,7 +152,6 @@ def _maven(cmd: list[str], what: str) -> None:
     except subprocess.TimeoutExpired as exc:
         raise ArtifactResolutionError(f"mvn took over 20 minutes on {what}; is the Maven registry reachable?") from exc
     if done.returncode != 0:
-        lines = [ln.strip() for ln in (done.stdout + done.stderr).splitlines() if "[ERROR]" in ln]
         raise ArtifactResolutionError(
-            f"mvn failed on {what} (exit {done.returncode}):\n" + "\n".join(lines[:6] or [done.stderr[-2000:]])
+            f"mvn failed on {what} (exit {done.returncode}):\n{maven_errors(done.stdout + done.stderr)}"
         )

@@ -61,7 +61,7 @@ def test_an_epoch_is_in_the_table_only_after_its_commit_and_once(place):
     assert sink.commit(1) is False
     assert sink.committed_version() == 1
     _, table, connection = place
-    delta = DeltaTable(table, storage_options=delta_storage_options(connection) if connection else None)
+    delta = DeltaTable(table, storage_options=delta_storage_options(table, connection))
     assert delta.transaction_version("spark-abs/j/task-0") == 1
     rows = delta.to_pyarrow_table()
     assert set(rows[DELTA_COLUMNS[0]].to_pylist()) == {"j/task-0"} and set(rows[DELTA_COLUMNS[1]].to_pylist()) == {1}
