@@ -90,6 +90,9 @@ class Balances(KeyedAggregate):
 
     State: ``{"state": table of (key, balance)}``."""
 
+    # its dead letters are its input rows, which name the transfer they came from
+    keeps_origin = True
+
     def __init__(
         self,
         key: str = "account",
@@ -144,6 +147,9 @@ class TransferLegs(Stateless):
     ``-amount``, then ``key`` = target account with ``+amount``, and a
     ``leg`` column (``"debit"``/``"credit"``).  Other columns are kept; the
     source and target columns are dropped."""
+
+    # each leg keeps its transfer's origin: a dead letter of a leg names the transfer
+    keeps_origin = True
 
     def __init__(
         self,

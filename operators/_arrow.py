@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.acero as acero
 import pyarrow.compute as pc
 
+from operators.dead_letters import ORIGIN
 from operators.errors import InputSchemaError, OperatorError, StateRestoreError
 
 __all__ = [
@@ -30,8 +31,10 @@ def require_columns(batch: pa.Table, columns: Iterable[str], operator: str) -> N
     names = set(batch.column_names)
     for column in columns:
         if column not in names:
+            # the rows' origin is the engine's, not the input's (operators.dead_letters)
+            shown = [name for name in batch.column_names if name != ORIGIN]
             raise InputSchemaError(
-                f"{operator}: input has no column {column!r} (columns: {', '.join(batch.column_names) or 'none'})"
+                f"{operator}: input has no column {column!r} (columns: {', '.join(shown) or 'none'})"
             )
 
 

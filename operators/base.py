@@ -62,7 +62,7 @@ from typing import Protocol, runtime_checkable
 import pyarrow as pa
 
 from operators._arrow import concat
-from operators.dead_letters import DeadLetters
+from operators.dead_letters import DeadLetters, without_origin
 from operators.errors import OperatorConfigError, OperatorError, StateRestoreError
 from operators.state import StateChanges, whole
 
@@ -76,6 +76,7 @@ __all__ = [
     "snapshot_later_of",
     "gathered",
     "LaterTables",
+    "takes_origin",
 ]
 
 # snapshot_later()'s tables: a table, or a function that gives it
@@ -170,6 +171,19 @@ def _overrides_snapshot_only(cls: type) -> bool:
 def gathered(tables: Mapping[str, pa.Table | Callable[[], pa.Table]]) -> dict[str, pa.Table]:
     """``snapshot_later()``'s tables, each function called."""
     return {name: table if isinstance(table, pa.Table) else table() for name, table in tables.items()}
+
+
+def takes_origin(operator: object) -> bool:
+    """Whether ``operator`` takes rows with their origin (the column
+    ``operators.dead_letters.ORIGIN``): the built-in operators do, and keep
+    it where an output row is one input row; an operator of one's own gets
+    rows without it, as the stage's input has them, unless its class says
+    ``keeps_origin = True`` (it passes the column on with the rows it keeps,
+    as ``pa.Table.filter``, ``take`` and ``append_column`` do)."""
+    declared = getattr(type(operator), "keeps_origin", None)
+    if declared is not None:
+        return bool(declared)
+    return type(operator).__module__.split(".")[0] == "operators"
 
 
 def _hold_of(operator: object) -> int | None:
@@ -300,6 +314,12 @@ class Chain:
         for operator in self.operators[start:]:
             if isinstance(data, pa.Table) and data.num_rows == 0:
                 break  # nothing for the rest to do (and an empty table may lack their columns)
+            if not takes_origin(operator):
+                data = (
+                    without_origin(data)
+                    if isinstance(data, pa.Table)
+                    else {name: without_origin(table) for name, table in data.items()}
+                )
             data = operator.process(data)
             self._collect(operator)
         return data

@@ -4,7 +4,16 @@ process, each with its reason (null key, late for a closed window, ...).
 Rows are never dropped silently.  A dead letter is output, like the table
 ``process()`` returns, not state: it is not part of any snapshot.  The stage
 task drains the collector after every ``process()`` call and sends what it
-drained on (to the job's dead-letter topic, a log, a test's assertion)."""
+drained on (to the job's dead-letter topic, a log, a test's assertion).
+
+Rows may carry the input record they came from in the column ``_abs_origin``
+(``ORIGIN``: a struct of the ingress ``topic``, ``partition`` and
+``offset``), which the stage task adds to the rows it reads.  A dead letter
+taken from an operator's input keeps it, so the task can send the original
+record with it.  The operators keep the column wherever an output row is one
+input row (filters, projections, de-duplication, the probe side of a join)
+and drop it where a row is made from many (aggregates, windows);
+``KeyedProcess`` hands its function rows without it."""
 
 from __future__ import annotations
 
@@ -15,7 +24,16 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["Reason", "DeadLetter", "DeadLetterBatch", "DeadLetters"]
+__all__ = ["Reason", "DeadLetter", "DeadLetterBatch", "DeadLetters", "ORIGIN", "ORIGIN_TYPE", "without_origin"]
+
+# the column naming the input record a row came from, and its type
+ORIGIN = "_abs_origin"
+ORIGIN_TYPE = pa.struct([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())])
+
+
+def without_origin(table: pa.Table) -> pa.Table:
+    """``table`` without the ``ORIGIN`` column (itself when it has none)."""
+    return table.drop_columns([ORIGIN]) if ORIGIN in table.column_names else table
 
 
 class Reason(StrEnum):

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from operators import _time as et
 from operators._arrow import check_inputs, expect_tables, require_columns, row_index, storable
-from operators.dead_letters import DeadLetters, Reason
+from operators.dead_letters import DeadLetters, Reason, without_origin
 from operators.errors import InputSchemaError, OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
 from operators.rescale import RESCALE_METADATA, rows_by
@@ -214,6 +214,8 @@ class IntervalJoin:
             left = self._admit(rows, self.left_key, self.left_time, "left")
         if self.right in batches:
             right = self._admit(batches[self.right], self.right_key, self.right_time, "right")
+            # an output row keeps its left row's origin: the right rows' is not kept
+            right = (without_origin(right[0]), right[1])
         out: list[pa.Table] = []
         if left is not None:
             rows, millis = left

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from operators._arrow import check_inputs, concat, expect_tables, require_columns, storable
 from operators.base import Stateless
-from operators.dead_letters import DeadLetters, Reason
+from operators.dead_letters import DeadLetters, Reason, without_origin
 from operators.errors import InputSchemaError, OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
 from operators.rescale import RESCALE_METADATA, rows_by
@@ -170,7 +170,8 @@ class LatestValueJoin:
         if self.right in batches:
             rows = batches[self.right]
             require_columns(rows, [self.right_key], f"{name} (right input)")
-            rows = split_null_keys(rows, self.right_key, self.dead_letters, name)
+            # an output row is its left row: the right row's origin is not kept
+            rows = without_origin(split_null_keys(rows, self.right_key, self.dead_letters, name))
             self._latest.upsert(latest_per_key(rows, [self.right_key]))
             if self._pending.num_rows:
                 joined, matched = self._join(self._pending)

@@ -71,7 +71,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators._arrow import expect_columns, expect_tables, plain, require_columns, storable
-from operators.dead_letters import DeadLetters, Reason
+from operators.dead_letters import DeadLetters, Reason, without_origin
 from operators.errors import InputSchemaError, OperatorConfigError, OperatorError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
 from operators.rescale import MIN, RESCALE_METADATA, rows_by
@@ -311,6 +311,7 @@ class KeyedProcess:
         batch = self._keys_as_held(batch)
         if self.time_column is not None:
             batch = self._on_time(batch, letters)
+        batch = without_origin(batch)  # the function sees the rows as the stage's input has them
         groups: dict[Any, list[dict[str, Any]]] = {}
         for key, row in zip(batch[self.key].to_pylist(), batch.to_pylist()):
             groups.setdefault(key, []).append(row)

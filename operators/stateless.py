@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from operators._arrow import evaluate, require_columns
 from operators.base import Stateless
+from operators.dead_letters import ORIGIN
 from operators.errors import InputSchemaError, OperatorConfigError, OperatorError
 
 __all__ = [
@@ -147,7 +148,9 @@ class _Select(Stateless):
 
     def process(self, batch: pa.Table) -> pa.Table:
         require_columns(batch, self.columns, repr(self))
-        return batch.select(list(self.columns))
+        # the row's origin stays with it (operators.dead_letters)
+        keep = [ORIGIN] if ORIGIN in batch.column_names and ORIGIN not in self.columns else []
+        return batch.select([*self.columns, *keep])
 
     def __repr__(self) -> str:
         return f"select({', '.join(map(repr, self.columns))})"
@@ -192,7 +195,8 @@ def flat_map(explode: str | Callable[[pa.Table], pa.Table]) -> FlatMap:
 
 
 def select(*columns: str) -> Stateless:
-    """Keep only ``columns``, in that order."""
+    """Keep only ``columns``, in that order (and the rows' origin,
+    ``operators.dead_letters.ORIGIN``, when they have one)."""
     return _Select(columns)
 
 

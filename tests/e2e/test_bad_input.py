@@ -40,14 +40,18 @@ def _step_until(runner, condition, timeout_s: float, what: str) -> None:
         runner.step()
 
 
-def _dead_letters(kafka: KafkaAccess, job: str) -> list[tuple[str, bytes]]:
+def _dead_letter_records(kafka: KafkaAccess, job: str) -> list:
     consumer = KafkaConsumer(**kafka.client_options(), enable_auto_commit=False, consumer_timeout_ms=3000)
     tp = TopicPartition(dead_letter_topic_name(job), 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
-    letters = [(dict(r.headers)["spark-abs-reason"].decode(), r.value) for r in consumer]
+    records = list(consumer)
     consumer.close()
-    return letters
+    return records
+
+
+def _dead_letters(kafka: KafkaAccess, job: str) -> list[tuple[str, bytes]]:
+    return [(dict(r.headers)["spark-abs-reason"].decode(), r.value) for r in _dead_letter_records(kafka, job)]
 
 
 def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique_name, tmp_path, lines):
@@ -74,6 +78,10 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         )
         producer.send(topic, value=forged[0], headers=[(FORMAT_HEADER, ARROW_FORMAT)], partition=1)
         producer.send(topic, value=b"[" * 100_000, partition=0)  # before: a RecursionError failed the task
+        # a transfer between no accounts: each of its legs is given up on by the accounts stage and by
+        # the windows stage after it, and each dead letter names this record and carries its value
+        nowhere = json.dumps({"id": -1, "source": None, "target": None, "amount": 5, "ts": 1}).encode()
+        sent_nowhere = producer.send(topic, value=nowhere, headers=[("trace", b"me")], partition=1).get(timeout=30)
         # another job's barrier, signed with its key; a barrier of this job's, of a generation to come
         elsewhere = connection.job_key("someone-else").barriers
         producer.send(topic, value=b"", headers=encode(Barrier(1, job="someone-else"), key=elsewhere), partition=0)
@@ -139,7 +147,22 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         runner.close()
     output = money.normalise(read_committed_output(sink_location(settings, job, connection)))
     assert output == money.expected_output(data)
-    letters = _dead_letters(kafka, job)
+    records = _dead_letter_records(kafka, job)
+    traced = [r for r in records if r.value == nowhere]
+    letters = [(dict(r.headers)["spark-abs-reason"].decode(), r.value) for r in records if r.value != nowhere]
+    # both legs, in two stages after the one that read the record: its source, offset, value and headers
+    assert sorted(dict(r.headers)["spark-abs-reason"].decode().split(":")[-1] for r in traced) == [" null_key"] * 4
+    assert {dict(r.headers)["spark-abs-reason"].decode().split(":")[0] for r in traced} == {
+        "ApplyLegs",
+        "TumblingWindowAggregate",
+    }
+    for record in traced:
+        headers = dict(record.headers)
+        assert headers["spark-abs-source"] == f"{topic}:1".encode()
+        assert int(headers["spark-abs-source-offset"]) == sent_nowhere.offset
+        assert headers["trace"] == b"me"
+        assert json.loads(headers["spark-abs-row"])["leg"] in ("debit", "credit")
+        assert headers["spark-abs-read-from"].startswith(f"spark-abs.{job}.".encode())
     reasons = {value: reason for reason, value in letters if value}
     assert len(letters) == 7, letters
     assert reasons[b"{not json"].startswith("value is not JSON")

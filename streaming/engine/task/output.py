@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from barriers.messages import GENERATION_HEADER
+from operators.dead_letters import without_origin
 from streaming.adapters import codec
 from streaming.api.pipeline import Pipeline, TaskSpec, route
 from streaming.engine.metrics import TaskMetrics
@@ -35,7 +36,11 @@ class TaskOutput:
     ):
         self.spec = spec
         self.stage = pipeline.stage(spec.stage)
-        self.to_sink = pipeline.downstream(spec.stage) is None
+        downstream = pipeline.downstream(spec.stage)
+        self.to_sink = downstream is None
+        # the rows' origins (operators.dead_letters.ORIGIN) go on to a stage that reads them
+        # in Python, never to a sink or to Spark code
+        self._origins = downstream is not None and downstream.spark is None
         self._io = io
         self.generation = generation
         self.counters = counters
@@ -48,6 +53,8 @@ class TaskOutput:
         if output is None or output.num_rows == 0:
             return
         self.counters["output_rows"] += output.num_rows
+        if not self._origins:
+            output = without_origin(output)
         if self.to_sink:
             self.epoch_rows.append(output)
             if self.metrics.records_to_sink is not None:

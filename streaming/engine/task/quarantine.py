@@ -9,21 +9,33 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import time
+from collections.abc import Collection
 from typing import Any
 
 import pyarrow as pa
 
 from barriers.messages import BarrierRejected, ChannelId
+from operators.dead_letters import ORIGIN
 from operators.dead_letters import DeadLetters as OperatorDeadLetters
 from streaming.engine.metrics import TaskMetrics
 
-__all__ = ["Quarantine", "REASONS"]
+__all__ = ["Quarantine", "REASONS", "ORIGINAL_READ_S", "ORIGINALS_READ"]
 
 # what the dead letters are counted by: input that does not decode, input or rows the operator
 # refuses, rows an operator gave up on (late, unmatched), control records that fail their checks
 REASONS = ("malformed", "refused", "given_up", "rejected_control")
 
+# how long reading back the ingress records of one batch's dead letters may take, and how many
+# ranges it reads at most (a burst of rejected rows must not stall the task)
+ORIGINAL_READ_S = 10.0
+ORIGINALS_READ = 20
+# the widest offset range read back in one go
+_WIDEST_RANGE = 5_000
+
 log = logging.getLogger(__name__)
+
+Original = tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]
 
 
 def _headers(row: pa.Table) -> list[tuple[str, bytes]]:
@@ -32,13 +44,24 @@ def _headers(row: pa.Table) -> list[tuple[str, bytes]]:
 
 class Quarantine:
     """The dead letters of task ``task``, sent with ``io.dead_letter(channel,
-    offset, key, value, headers, reason)`` (a ``TaskIO``'s), counted in ``metrics``."""
+    offset, key, value, headers, reason)`` (a ``TaskIO``'s), counted in
+    ``metrics``; a row an operator gave up on is sent as the ingress record
+    it came from (one of ``ingress_topics``), read back by ``io.read_range``."""
 
-    def __init__(self, task: str, io: Any, counters: collections.Counter, metrics: TaskMetrics):
+    def __init__(
+        self,
+        task: str,
+        io: Any,
+        counters: collections.Counter,
+        metrics: TaskMetrics,
+        *,
+        ingress_topics: Collection[str] = (),
+    ):
         self.task = task
         self.io = io
         self.counters = counters
         self.metrics = metrics
+        self.ingress_topics = frozenset(ingress_topics)
 
     def record(self, channel: ChannelId, row: pa.Table, reason: str, *, counted_as: str = "malformed") -> None:
         """One input record (a one-row batch table), with ``reason``
@@ -76,11 +99,129 @@ class Quarantine:
             f"rejected control record: {rejected.reason}",
         )
 
-    def from_operator(self, channel: ChannelId, operator: Any) -> None:
-        """The rows ``operator`` gave up on since the last call (its ``dead_letters``)."""
+    def from_operator(self, channel: ChannelId, operator: Any, records: pa.Table | None = None) -> None:
+        """The rows ``operator`` gave up on since the last call (its
+        ``dead_letters``), read from ``channel`` (``records``: the records just
+        read, where an origin on ``channel`` is found without asking Kafka).
+
+        A row with its origin (``operators.dead_letters.ORIGIN``) is sent as
+        the ingress record it came from: that record's key, value and
+        headers, with the source and offset of the ingress record, and the
+        row as the operator had it in ``spark-abs-row``.  When that record
+        cannot be read back (retention removed it, Kafka does not answer in
+        ``ORIGINAL_READ_S``), or the origin is a record of a stage-to-stage
+        topic (the row came from an aggregate), the value is the row, and
+        ``spark-abs-original`` says why."""
         letters = getattr(operator, "dead_letters", None)
         if not isinstance(letters, OperatorDeadLetters) or not len(letters):
             return
-        for letter in letters.drain():
-            value = json.dumps(letter.row, default=str, separators=(",", ":")).encode()
-            self.row(channel, value, f"{letter.operator}: {letter.reason}")
+        drained = letters.drain()
+        origins = [_origin_of(letter.row.get(ORIGIN)) for letter in drained]
+        originals = _Originals(self.io, channel, records, self.ingress_topics)
+        originals.gather([origin for origin in origins if origin is not None])
+        for letter, origin in zip(drained, origins):
+            row = {column: value for column, value in letter.row.items() if column != ORIGIN}
+            value = json.dumps(row, default=str, separators=(",", ":")).encode()
+            reason = f"{letter.operator}: {letter.reason}"
+            if origin is None:
+                self.row(channel, value, reason)
+                continue
+            source, offset = origin
+            notes = [("spark-abs-row", value), ("spark-abs-read-from", str(channel).encode())]
+            original, why = originals.get(source, offset)
+            self.counters["dead_letters"] += 1
+            self.metrics.dead_letter("given_up")
+            if original is None:
+                self.io.dead_letter(source, offset, None, value, [*notes, ("spark-abs-original", why.encode())], reason)
+            else:
+                key, body, headers = original
+                self.io.dead_letter(source, offset, key, body, [*headers, *notes], reason)
+
+
+def _origin_of(value: Any) -> tuple[ChannelId, int] | None:
+    """The channel and offset an origin names (None: no origin, or none a channel can be)."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return ChannelId(str(value["topic"]), int(value["partition"])), int(value["offset"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class _Originals:
+    """The ingress records the dead letters of one batch came from: found in
+    the records just read from ``channel``, or read back from Kafka
+    (``read``), each run of nearby offsets in one read, within
+    ``ORIGINAL_READ_S`` and ``ORIGINALS_READ`` reads.  A record of any other
+    topic than ``ingress_topics`` is never read: an origin is data, whoever
+    wrote it."""
+
+    def __init__(self, io: Any, channel: ChannelId, records: pa.Table | None, ingress_topics: frozenset[str]):
+        self.read = getattr(io, "read_range", None)
+        self.channel = channel
+        self.records = records
+        self.ingress_topics = ingress_topics
+        self.found: dict[tuple[ChannelId, int], Original] = {}
+        # why the records not found could not be read, per channel
+        self.unread: dict[ChannelId, str] = {}
+
+    def gather(self, wanted: Collection[tuple[ChannelId, int]]) -> None:
+        """Find the records at ``wanted`` (channel, offset)."""
+        wanted = [(source, offset) for source, offset in wanted if source.topic in self.ingress_topics]
+        if self.records is not None and any(source == self.channel for source, _ in wanted):
+            here = {o: i for i, o in enumerate(self.records["offset"].to_pylist())}
+            for source, offset in wanted:
+                if source == self.channel and offset in here:
+                    row = self.records.slice(here[offset], 1)
+                    self.found[(source, offset)] = (row["key"][0].as_py(), row["value"][0].as_py(), _headers(row))
+        by_channel: dict[ChannelId, list[int]] = collections.defaultdict(list)
+        for source, offset in sorted(set(wanted), key=lambda w: (str(w[0]), w[1])):
+            if (source, offset) not in self.found:
+                by_channel[source].append(offset)
+        deadline, reads, read = time.monotonic() + ORIGINAL_READ_S, 0, self.read
+        for source, offsets in by_channel.items():
+            for start, end in _runs(offsets):
+                left = deadline - time.monotonic()
+                if read is None:
+                    self.unread[source] = "the task cannot read Kafka back here"
+                elif reads >= ORIGINALS_READ or left <= 0:
+                    self.unread.setdefault(
+                        source,
+                        f"not read back: the dead letters of one batch read at most {ORIGINALS_READ} ranges "
+                        f"in {ORIGINAL_READ_S:.0f} s; read it with streaming.adapters.kafka_io.read_range",
+                    )
+                if read is None or source in self.unread:
+                    break
+                reads += 1
+                try:
+                    table = read(source, start, end, timeout_s=left)
+                except Exception as exc:  # any failure: the dead letter goes without its original, saying why
+                    self.unread[source] = f"could not be read back from Kafka: {exc}"
+                    log.warning("%s: dead letters' ingress records not read back: %s", source, exc)
+                    break
+                for index, at in enumerate(table["offset"].to_pylist()):
+                    row = table.slice(index, 1)
+                    self.found[(source, at)] = (row["key"][0].as_py(), row["value"][0].as_py(), _headers(row))
+
+    def get(self, source: ChannelId, offset: int) -> tuple[Original | None, str]:
+        """The record at ``offset`` of ``source`` (key, value, headers), or None and why not."""
+        found = self.found.get((source, offset))
+        if found is not None:
+            return found, ""
+        if source.topic not in self.ingress_topics:
+            return None, (
+                f"the row came from the record at {source} offset {offset}, not an ingress record of the job: "
+                "a stage's output (a row made from many records, such as an aggregate's, names no ingress record)"
+            )
+        return None, self.unread.get(source) or f"{source} has no record at offset {offset}"
+
+
+def _runs(offsets: list[int]) -> list[tuple[int, int]]:
+    """Sorted ``offsets`` as ranges ``[start, end)``, nearby ones (within ``_WIDEST_RANGE``) in one."""
+    runs: list[tuple[int, int]] = []
+    for offset in offsets:
+        if runs and offset - runs[-1][0] < _WIDEST_RANGE:
+            runs[-1] = (runs[-1][0], offset + 1)
+        else:
+            runs.append((offset, offset + 1))
+    return runs

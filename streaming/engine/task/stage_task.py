@@ -40,7 +40,8 @@ from barriers.messages import (
     ChannelId,
     decode,
 )
-from operators.base import WatermarkAware
+from operators.base import WatermarkAware, takes_origin
+from operators.dead_letters import ORIGIN, ORIGIN_TYPE, without_origin
 from operators.errors import InputSchemaError
 from streaming.adapters import codec
 from streaming.adapters.control import (
@@ -148,8 +149,8 @@ class TaskIO:
     write_snapshot: Callable[..., Any]
     stage_epoch: Callable[[int, pa.Table], Any] | None = None
     flush: Callable[[], None] = lambda: None
-    # (channel, start, end) -> the records at [start, end), read from Kafka in bulk
-    read_range: Callable[[ChannelId, int, int], pa.Table] | None = None
+    # (channel, start, end, timeout_s=) -> the records at [start, end), read from Kafka in bulk
+    read_range: Callable[..., pa.Table] | None = None
     # a stage with Spark code: Kafka records read in Python, prepared by it as its query prepares
     # each micro-batch (``streaming.adapters.spark_stage``)
     prepare: Callable[[pa.Table], pa.Table] | None = None
@@ -193,7 +194,12 @@ class StageTask:
         self.metrics = TaskMetrics(pipeline.job, spec.name, spec.inputs, spec.outputs)
         self.gate = self._input_gate(options, clock)
         self.watermarks = WatermarkTracker(event_time_inputs(pipeline, spec), self.start.watermarks, clock=clock)
-        self.quarantine = Quarantine(spec.name, io, self.counters, self.metrics)
+        self.quarantine = Quarantine(
+            spec.name, io, self.counters, self.metrics, ingress_topics={i.topic for i in pipeline.ingress}
+        )
+        # rows go to the operator with the record each came from (operators.dead_letters.ORIGIN),
+        # so its dead letters name it; an operator of one's own gets them as the input has them
+        self._origins = takes_origin(self.operator)
         self.output = TaskOutput(pipeline, spec, io, self.generation, self.counters, self.metrics)
         self.controller = self._controller(options, upload)
         self.handler = BarrierHandler(
@@ -455,7 +461,7 @@ class StageTask:
         # of the segment is older than that
         watermark = self.downstream_watermark
         if decoded.table.num_rows:
-            batch = decoded.table
+            batch = self._traced(channel, rows, decoded)
             try:
                 if self._multi_input:
                     output = self.operator.process({self.spec.inputs[channel]: batch})
@@ -466,12 +472,40 @@ class StageTask:
                 for index in sorted(set(decoded.index)):
                     self.quarantine.record(channel, rows.slice(index, 1), str(exc), counted_as="refused")
                 output = None
-            self.quarantine.from_operator(channel, self.operator)
+            self.quarantine.from_operator(channel, self.operator, rows)
             self.output.emit(output, watermark)
         self.watermarks.observe(channel, rows, decoded.table)
         self._watermark_moved(channel)
         self.counters["records"] += rows.num_rows
         self.metrics.records_in[channel].inc(rows.num_rows)
+
+    def _traced(self, channel: ChannelId, rows: pa.Table, decoded: codec.Decoded) -> pa.Table:
+        """The decoded rows of ``rows`` (records of ``channel``), each with
+        its origin: the ingress record it came from, as an earlier stage's
+        rows carry it, or else the record of ``channel`` it was read from.
+        Without ``_origins``, the rows as they are (an origin from an earlier
+        stage removed)."""
+        table = decoded.table
+        if not self._origins:
+            return without_origin(table)
+        offsets = rows["offset"].take(pa.array(decoded.index, pa.int64())).cast(pa.int64())
+        here = pa.StructArray.from_arrays(
+            [
+                pa.repeat(pa.scalar(channel.topic), table.num_rows),
+                pa.repeat(pa.scalar(channel.partition, pa.int32()), table.num_rows),
+                offsets.combine_chunks() if isinstance(offsets, pa.ChunkedArray) else offsets,
+            ],
+            fields=list(ORIGIN_TYPE),
+        )
+        position = table.schema.get_field_index(ORIGIN)
+        if position < 0:
+            return table.append_column(ORIGIN, here)
+        carried = table[ORIGIN]
+        ingress = self._readings.get(channel, _UNKNOWN_CHANNEL).max_decoded_bytes is None
+        if ingress or carried.type != ORIGIN_TYPE:
+            # an ingress record's own field of that name, or a column of another type: not an origin
+            return table.set_column(position, ORIGIN, here)
+        return table.set_column(position, ORIGIN, pc.coalesce(carried, here))
 
     def _process_prepared(self, channel: ChannelId, rows: pa.Table) -> None:
         """A run of a micro-batch the stage's Spark code prepared: its rows go

@@ -212,7 +212,7 @@ class TaskFactory:
             publish=self.control.publish,
             dead_letter=self.dead_letters.send,
             write_snapshot=self._write_snapshot(name),
-            read_range=lambda c, a, b: read_range(self.connection.kafka, c, a, b),
+            read_range=lambda c, a, b, timeout_s=60.0: read_range(self.connection.kafka, c, a, b, timeout_s=timeout_s),
             stage_epoch=stage_epoch,
             flush=self._flush,
             prepare=self.prepare.get(stage.name),

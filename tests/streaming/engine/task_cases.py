@@ -60,6 +60,7 @@ class RecordedIO:
         self.sent = []  # one entry per output row
         self.records = []  # one entry per Kafka record (an Arrow batch)
         self.dead = []
+        self.letters = []  # every dead letter whole: channel, offset, key, value, headers, reason
         self.events = []
         self.snapshots = {}
         self.staged = {}
@@ -101,6 +102,16 @@ class RecordedIO:
 
     def _dead(self, channel, offset, key, value, headers, reason):
         self.dead.append((str(channel), offset, reason))
+        self.letters.append(
+            {
+                "channel": str(channel),
+                "offset": offset,
+                "key": key,
+                "value": value,
+                "headers": dict(headers),
+                "reason": reason,
+            }
+        )
 
     def _write(self, checkpoint_id, generation, task, parts):
         self.snapshots[checkpoint_id] = (parts.state, parts.positions, parts.in_flight, parts.metadata)

@@ -1,0 +1,154 @@
+"""The rows' origin (``operators.dead_letters.ORIGIN``): every built-in
+operator gives the same output and dead letters with it as without it, a
+dead letter taken from the input names the input row it was, and the
+operators that pass rows on keep each row's own origin."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from operators import (
+    Chain,
+    Deduplicate,
+    IntervalJoin,
+    KeyedAggregate,
+    KeyedProcess,
+    KeyedProcessFunction,
+    LatestValueJoin,
+    SessionWindowAggregate,
+    SlidingWindowAggregate,
+    TumblingWindowAggregate,
+    Union,
+    count,
+    filter_rows,
+    flat_map,
+    select,
+    sum_,
+    with_column,
+)
+from operators.dead_letters import ORIGIN, ORIGIN_TYPE, without_origin
+
+ROWS = pa.schema([("k", pa.int64()), ("t", pa.int64()), ("v", pa.int64()), ("tags", pa.list_(pa.string()))])
+# per batch: keys (one null), times (one null, one late after the watermark below)
+BATCHES = [
+    [(1, 100, 5, ["a"]), (2, 150, 6, ["b", "c"]), (None, 160, 7, []), (1, None, 8, ["d"])],
+    [(1, 120, 9, ["e"]), (2, 5_000, 10, None), (3, 5_100, 11, ["f"]), (1, 5_200, 12, ["g"])],
+    [(1, 50, 13, ["h"]), (3, 9_000, 14, ["i"]), (2, 9_100, 15, ["j"])],
+]
+WATERMARKS = [None, 4_000, 20_000]
+
+
+def batch(index: int, *, side: str = "in", origin: bool) -> pa.Table:
+    rows = [dict(zip(ROWS.names, values)) for values in BATCHES[index]]
+    table = pa.Table.from_pylist(rows, schema=ROWS)
+    if not origin:
+        return table
+    offsets = [100 * index + n for n in range(table.num_rows)]
+    origins = [{"topic": side, "partition": index, "offset": offset} for offset in offsets]
+    return table.append_column(ORIGIN, pa.array(origins, ORIGIN_TYPE))
+
+
+def source_row(origin: dict) -> dict:
+    """The input row ``origin`` names, as ``batch`` made it (without its origin)."""
+    index, position = origin["partition"], origin["offset"] % 100
+    return dict(zip(ROWS.names, BATCHES[index][position]))
+
+
+class Emit(KeyedProcessFunction):
+    def process_rows(self, key, rows, ctx):
+        assert all(ORIGIN not in row for row in rows), "the function saw the origin column"
+        return [{"k": key, "n": len(rows)}]
+
+
+def single(make):
+    def run(origin: bool):
+        op = make()
+        outputs = []
+        for index, watermark in enumerate(WATERMARKS):
+            if watermark is not None and hasattr(op, "on_watermark"):
+                outputs.append(op.on_watermark(watermark))
+            outputs.append(op.process(batch(index, origin=origin)))
+        return op, outputs
+
+    return run
+
+
+def two_sided(make):
+    def run(origin: bool):
+        op = make()
+        outputs = []
+        for index, watermark in enumerate(WATERMARKS):
+            if watermark is not None and hasattr(op, "on_watermark"):
+                outputs.append(op.on_watermark(watermark))
+            left = batch(index, side="left", origin=origin)
+            right = batch(index, side="right", origin=origin).rename_columns(
+                ["k", "t2", "w", "tags2", ORIGIN][:4] + ([ORIGIN] if origin else [])
+            )
+            outputs.append(op.process({"left": left, "right": right.filter(pc.is_valid(right["k"]))}))
+        return op, outputs
+
+    return run
+
+
+# (name, run, whether each output row is one input row whose origin it keeps)
+CASES = [
+    ("filter", single(lambda: filter_rows(pc.field("v") > 6)), True),
+    ("select", single(lambda: select("k", "v")), True),
+    ("with_column", single(lambda: with_column("w", pc.field("v") * 2)), True),
+    ("flat_map", single(lambda: flat_map("tags")), True),
+    ("chain", single(lambda: Chain(filter_rows(pc.field("v") > 5), select("k", "t"))), True),
+    ("dedup", single(lambda: Deduplicate("k", "t", 1_000)), True),
+    ("keyed aggregate", single(lambda: KeyedAggregate("k", {"n": count(), "s": sum_("v")})), False),
+    ("tumbling", single(lambda: TumblingWindowAggregate("k", "t", 1_000, {"n": count()})), False),
+    ("sliding", single(lambda: SlidingWindowAggregate("k", "t", 2_000, 1_000, {"n": count()})), False),
+    ("sessions", single(lambda: SessionWindowAggregate("k", "t", 500, {"n": count()})), False),
+    ("keyed process", single(lambda: KeyedProcess("k", Emit(), time_column="t")), False),
+    ("latest value join", two_sided(lambda: LatestValueJoin("k", unmatched="dead_letter")), True),
+    (
+        "interval join",
+        two_sided(lambda: IntervalJoin("k", left_time="t", right_time="t2", lower=-100, upper=100)),
+        True,
+    ),
+    ("union", two_sided(lambda: Union(("left", "right"))), True),
+]
+
+
+def letters_of(op) -> list:
+    return op.dead_letters.drain() if hasattr(op, "dead_letters") else []
+
+
+@pytest.mark.parametrize(("name", "run", "keeps"), CASES, ids=[case[0] for case in CASES])
+def test_the_origin_changes_nothing_else_and_traces_each_row(name, run, keeps):
+    plain_op, plain = run(False)
+    traced_op, traced = run(True)
+    assert [out.to_pylist() for out in plain] == [without_origin(out).to_pylist() for out in traced]
+    plain_letters, traced_letters = letters_of(plain_op), letters_of(traced_op)
+    assert [(letter.reason, letter.row) for letter in plain_letters] == [
+        (letter.reason, {c: v for c, v in letter.row.items() if c != ORIGIN}) for letter in traced_letters
+    ]
+    # every dead letter here is an input row: it names the row it was
+    for letter in traced_letters:
+        origin = letter.row[ORIGIN]
+        assert origin is not None, f"{name}: dead letter {letter} has no origin"
+        assert all(letter.row[c] == v for c, v in source_row(origin).items() if c in letter.row), letter
+    if keeps:
+        rows = [row for out in traced if out.num_rows for row in out.to_pylist()]
+        assert rows, f"{name}: the case gives no output to check"
+        for row in rows:
+            origin = row[ORIGIN]
+            assert origin is not None and origin["topic"] in ("in", "left", "right")
+            source = source_row(origin)
+            assert row["k"] == source["k"], row
+    else:
+        assert all(ORIGIN not in out.column_names for out in traced)
+
+
+def test_a_dead_letter_case_is_in_the_cases():
+    """The cases above reject rows for null keys, null times and lateness, so the origin checks run."""
+    reasons = set()
+    for _, run, _ in CASES:
+        op, _ = run(True)
+        reasons |= {letter.reason for letter in letters_of(op)}
+    assert {"null_key", "null_event_time", "late"} <= reasons
