@@ -28,7 +28,10 @@ __all__ = ["Reason", "DeadLetter", "DeadLetterBatch", "DeadLetters", "ORIGIN", "
 
 # the column naming the input record a row came from, and its type
 ORIGIN = "_abs_origin"
-ORIGIN_TYPE = pa.struct([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())])
+# (the topic dictionary-encoded: rows of a few channels take 4 bytes for it, not the name)
+ORIGIN_TYPE = pa.struct(
+    [("topic", pa.dictionary(pa.int32(), pa.string())), ("partition", pa.int32()), ("offset", pa.int64())]
+)
 
 
 def without_origin(table: pa.Table) -> pa.Table:

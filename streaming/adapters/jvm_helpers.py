@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import subprocess
 import tempfile
 import zipfile
@@ -23,7 +24,7 @@ from pathlib import Path
 from streaming.adapters.jars import require_tool
 from streaming.errors import ArtifactResolutionError
 
-__all__ = ["SOURCES", "helper_jar"]
+__all__ = ["SOURCES", "helper_jar", "compile_jar"]
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,8 @@ SOURCES = Path(__file__).parent / "jvm"
 _JAVAC_BOUND_S = 300
 
 
-def _digest(sources: list[Path], spark_version: str) -> str:
-    digest = hashlib.sha256(spark_version.encode())
+def _digest(sources: list[Path], name: str) -> str:
+    digest = hashlib.sha256(name.encode())
     for source in sources:
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
     return digest.hexdigest()[:16]
@@ -43,16 +44,40 @@ def helper_jar(
 ) -> Path:
     """The jar of spark-abs's JVM classes for ``spark_version``, built on
     first use with ``javac`` against ``spark_jars_dir``."""
-    sources = sorted(SOURCES.glob("*.java"))
+    return compile_jar(
+        SOURCES,
+        [spark_jars_dir / "*"],
+        f"spark-abs-jvm-{spark_version}",
+        cache_dir,
+        what=f"spark-abs's Spark classes for Spark {spark_version}",
+        hint=f"is pyspark {spark_version} installed whole?",
+        progress=progress,
+    )
+
+
+def compile_jar(
+    sources_dir: Path,
+    classpath: list[Path],
+    name: str,
+    cache_dir: Path,
+    *,
+    what: str,
+    hint: str,
+    progress: Callable[[str], None] = log.info,
+) -> Path:
+    """The Java sources of ``sources_dir`` compiled against ``classpath`` into
+    ``cache_dir/jars/<name>-<digest>.jar`` (``what`` they are, for the
+    messages; ``hint``: what to check when javac fails), once per source."""
+    sources = sorted(sources_dir.glob("*.java"))
     if not sources:
-        raise ArtifactResolutionError(f"no Java sources in {SOURCES}: the package is installed without them")
-    target = cache_dir / "jars" / f"spark-abs-jvm-{spark_version}-{_digest(sources, spark_version)}.jar"
+        raise ArtifactResolutionError(f"no Java sources in {sources_dir}: the package is installed without them")
+    target = cache_dir / "jars" / f"{name}-{_digest(sources, name)}.jar"
     if target.exists():
         return target
     javac = require_tool("javac")
-    progress(f"compiling spark-abs's Spark classes ({', '.join(s.name for s in sources)}) for Spark {spark_version}")
+    progress(f"compiling {what} ({', '.join(s.name for s in sources)})")
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".spark-abs-jvm-") as tmp:
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
         classes = Path(tmp) / "classes"
         cmd = [
             javac,
@@ -60,7 +85,7 @@ def helper_jar(
             "17",
             "-nowarn",
             "-cp",
-            str(spark_jars_dir / "*"),
+            os.pathsep.join(map(str, classpath)),
             "-d",
             str(classes),
             *map(str, sources),
@@ -68,14 +93,12 @@ def helper_jar(
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=_JAVAC_BOUND_S)
         except subprocess.TimeoutExpired as exc:
-            raise ArtifactResolutionError(
-                f"javac took over {_JAVAC_BOUND_S} s compiling spark-abs's Spark classes"
-            ) from exc
+            raise ArtifactResolutionError(f"javac took over {_JAVAC_BOUND_S} s compiling {what}") from exc
         if done.returncode != 0:
             said = (done.stdout + done.stderr).strip()[-2000:]
             raise ArtifactResolutionError(
-                f"javac could not compile spark-abs's Spark classes against {spark_jars_dir} "
-                f"(exit {done.returncode}); is pyspark {spark_version} installed whole?\n{said}"
+                f"javac could not compile {what} against {os.pathsep.join(map(str, classpath))} "
+                f"(exit {done.returncode}); {hint}\n{said}"
             )
         built = Path(tmp) / target.name
         with zipfile.ZipFile(built, "w", zipfile.ZIP_DEFLATED) as jar:

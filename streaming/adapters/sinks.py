@@ -55,13 +55,14 @@ from kafka.errors import AuthorizationError, KafkaError
 from streaming.adapters import avro, codec, kafka_clients
 from streaming.adapters.kafka_admin import create_topic
 from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, producer, within
+from streaming.adapters.kafka_txn import JavaTransactions, TxnRecord
 from streaming.adapters.objects import ObjectFiles, StoreLocation, list_files, open_store
 from streaming.adapters.registry import SchemaRegistry, subject_of
 from streaming.api.avro import AvroSchema
 from streaming.api.config import Connection, KafkaAccess
 from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Sink, SinkKind
-from streaming.api.settings import JobSettings
+from streaming.api.settings import KAFKA_SINK_CLIENTS, JobSettings
 from streaming.errors import ConfigError, KafkaUnavailableError, SinkError, SinkFencedError, StoreError
 
 __all__ = [
@@ -327,6 +328,7 @@ class KafkaSink(_TwoPhaseSink):
         transactional_id: str,
         delivery_timeout_s: float = DELIVERY_BOUND_S,
         key: JobKey | None = None,
+        client: str = "java",
     ):
         super().__init__(staging, task_id)
         self.topic = topic
@@ -337,6 +339,16 @@ class KafkaSink(_TwoPhaseSink):
         self.commit_topic = f"{topic}.commits"
         self._kafka = kafka
         create_topic(kafka, self.commit_topic, 1, config={"cleanup.policy": "compact"})
+        if client not in KAFKA_SINK_CLIENTS:
+            raise ConfigError(f"Kafka sink {transactional_id}: client {client!r}: use one of {KAFKA_SINK_CLIENTS}")
+        self.client = client
+        # Kafka's Java client, on the broker's transaction protocol (the second since Kafka 4.0)
+        self._java: JavaTransactions | None = None
+        if client == "java":
+            # starting it fences any older instance with the same id and aborts what it left open
+            self._java = JavaTransactions(kafka, transactional_id, delivery_timeout_s=delivery_timeout_s)
+            self._done = self._read_markers()
+            return
         try:
             # init_transactions fences any older instance with the same id and
             # aborts what it left open.
@@ -405,44 +417,53 @@ class KafkaSink(_TwoPhaseSink):
     def _supersede(self, epochs: list[int], checkpoint: int) -> None:
         """Mark ``epochs`` superseded in the commit topic, in one transaction
         (idempotent: the topic is compacted by key)."""
-        try:
-            self._producer.begin_transaction()
-            for epoch in epochs:
-                value = f"restored to checkpoint {checkpoint}".encode()
-                self._producer.send(self.commit_topic, **self._marker_record(self._marker(epoch) + _SUPERSEDED, value))
-            self._end_transaction(self._producer.commit_transaction, "marking epochs superseded")
-        except KafkaError as exc:
-            self._abort_quietly()
-            raise SinkError(
-                f"sink task {self.task_id}: marking epochs {epochs} of {self.topic} superseded failed: {exc}"
-            ) from exc
+        value = f"restored to checkpoint {checkpoint}".encode()
+        marks = [self._marker_txn_record(self._marker(epoch) + _SUPERSEDED, value) for epoch in epochs]
+        self._transact(marks, f"marking epochs {epochs} of {self.topic} superseded")
         self._done.update(self._marker(e) + _SUPERSEDED for e in epochs)
 
     def _publish(self, epoch: int) -> None:
         rows = self._staging.read(epoch).to_pylist()
+        headers = [(EPOCH_HEADER, self._marker(epoch))]
+        records: list[TxnRecord] = [
+            (self.topic, row.get("partition"), _bytes(row.get("key")), _bytes(row.get("value")), headers)
+            for row in rows
+        ]
+        records.append(self._marker_txn_record(self._marker(epoch), str(len(rows)).encode()))
         try:
-            self._producer.begin_transaction()
-            headers = [(EPOCH_HEADER, self._marker(epoch))]
-            for row in rows:
-                self._producer.send(
-                    self.topic,
-                    key=_bytes(row.get("key")),
-                    value=_bytes(row.get("value")),
-                    partition=row.get("partition"),
-                    headers=headers,
-                )
-            self._producer.send(self.commit_topic, **self._marker_record(self._marker(epoch), str(len(rows)).encode()))
-            self._end_transaction(self._producer.commit_transaction, f"committing epoch {epoch}")
-        except KafkaError as exc:
-            if "Fenced" in type(exc).__name__:
-                raise SinkFencedError(
-                    f"sink task {self.task_id}: a newer instance took over; epoch {epoch} is left to it"
-                ) from exc
-            self._abort_quietly()
-            raise SinkError(
-                f"sink task {self.task_id}: committing epoch {epoch} to {self.topic} failed: {exc}"
+            self._transact(records, f"committing epoch {epoch} to {self.topic}")
+        except SinkFencedError as exc:
+            raise SinkFencedError(
+                f"sink task {self.task_id}: a newer instance took over; epoch {epoch} is left to it"
             ) from exc
         self._done.add(self._marker(epoch))
+
+    def _marker_txn_record(self, marker: bytes, value: bytes) -> TxnRecord:
+        record = self._marker_record(marker, value)
+        return (self.commit_topic, None, record["key"], record["value"], record["headers"])
+
+    def _transact(self, records: list[TxnRecord], what: str) -> None:
+        """``records`` in one transaction (``what`` it does, for the errors):
+        ``SinkFencedError`` when a newer instance took over, ``SinkError``
+        when it failed (aborted)."""
+        if self._java is not None:
+            try:
+                self._java.commit(records, what)
+            except SinkFencedError:
+                raise
+            except SinkError as exc:
+                raise SinkError(f"sink task {self.task_id}: {what} failed: {exc}") from exc
+            return
+        try:
+            self._producer.begin_transaction()
+            for topic, partition, key, value, headers in records:
+                self._producer.send(topic, key=key, value=value, partition=partition, headers=list(headers))
+            self._end_transaction(self._producer.commit_transaction, what)
+        except KafkaError as exc:
+            if "Fenced" in type(exc).__name__:
+                raise SinkFencedError(f"sink task {self.task_id}: {what}: a newer instance took over") from exc
+            self._abort_quietly()
+            raise SinkError(f"sink task {self.task_id}: {what} failed: {exc}") from exc
 
     def _end_transaction(self, end: Callable[[], None], what: str) -> None:
         """Commit or abort (``end``) the open transaction, within the
@@ -465,7 +486,10 @@ class KafkaSink(_TwoPhaseSink):
             log.warning("sink task %s: aborting the open transaction: %s", self.task_id, exc)
 
     def close(self) -> None:
-        close_producer(self._producer, f"sink task {self.task_id}")
+        if self._java is not None:
+            self._java.close()
+        else:
+            close_producer(self._producer, f"sink task {self.task_id}")
 
 
 @dataclass(frozen=True)
@@ -856,9 +880,11 @@ def open_sink(
     connection: Connection | None = None,
     delivery_timeout_s: float = DELIVERY_BOUND_S,
     key: JobKey | None = None,
+    kafka_client: str = "java",
 ) -> ObjectStoreSink | KafkaSink | DeltaSink:
     """The sink of sink task ``task`` of job ``job`` (``connection``: the S3
-    server of a Delta sink's ``s3://`` table)."""
+    server of a Delta sink's ``s3://`` table; ``kafka_client``: which client
+    writes a Kafka sink's transactions, ``JobSettings.kafka_sink_client``)."""
     if sink.kind is SinkKind.DELTA:
         uri = delta_table_uri(sink, location)
         return DeltaSink(
@@ -880,6 +906,7 @@ def open_sink(
             transactional_id=f"spark-abs-{job}-{task}",
             delivery_timeout_s=delivery_timeout_s,
             key=key,
+            client=kafka_client,
         )
     return ObjectStoreSink(location, task)
 

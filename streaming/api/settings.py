@@ -17,6 +17,7 @@ from barriers.messages import CheckpointOptions, InFlightFormat
 from streaming.errors import ConfigError, parse_choice
 
 __all__ = [
+    "KAFKA_SINK_CLIENTS",
     "JobSettings",
     "check_store_uri",
     "DECODED_BATCH_BYTES",
@@ -50,6 +51,8 @@ STATE_SNAPSHOTS = tuple(s.value for s in StateSnapshots)
 IN_FLIGHT_FORMATS = tuple(f.value for f in InFlightFormat)
 # how a job's tasks are spread over worker processes (streaming.engine.job.runner.worker_groups)
 WORKER_GROUPINGS = ("one", "per-stage")
+# which client writes a Kafka sink's transactions (JobSettings.kafka_sink_client)
+KAFKA_SINK_CLIENTS = ("java", "python")
 # what one Arrow record a stage writes to an internal topic takes at most once read
 # (streaming.adapters.codec.encode_batches): the least max_decoded_bytes may be
 DECODED_BATCH_BYTES = 16 << 20
@@ -113,6 +116,11 @@ class JobSettings:
     # bomb) goes to the dead letters with the reason.  The stages write records of at most
     # DECODED_BATCH_BYTES (16 MiB), so this is at least that
     max_decoded_bytes: int = 64 << 20
+    # which client writes a Kafka sink's transactions: "java", Kafka's own (kafka-clients 4.4,
+    # in a small JVM per sink task), on the broker's transaction protocol (the second,
+    # KIP-890, on Kafka 4.0 and later); "python", kafka-python in the worker, which speaks
+    # only the first (the broker keeps it for such clients)
+    kafka_sink_client: str = "java"
 
     def __post_init__(self) -> None:
         if not self.store:
@@ -130,6 +138,10 @@ class JobSettings:
         ):
             raise ConfigError(
                 f"alignment_timeout_ms and held_bytes_budget apply to mode aligned-timeout, not {self.mode}"
+            )
+        if self.kafka_sink_client not in KAFKA_SINK_CLIENTS:
+            raise ConfigError(
+                f"kafka_sink_client {self.kafka_sink_client!r}: use one of {', '.join(KAFKA_SINK_CLIENTS)}"
             )
         for name in ("interval_s", "timeout_s", "heartbeat_timeout_s", "delivery_timeout_s", "segment_ms"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):

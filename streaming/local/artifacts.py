@@ -35,7 +35,7 @@ __all__ = ["FETCHABLE", "kafka_broker_artifacts", "build_versitygw", "build_sche
 log = logging.getLogger(__name__)
 
 # What `spark-abs local fetch` can resolve into the cache.
-FETCHABLE = ("kafka", "s3-server", "spark-connector", "schema-registry")
+FETCHABLE = ("kafka", "s3-server", "spark-connector", "schema-registry", "kafka-sink")
 
 
 def kafka_broker_artifacts(version: str) -> tuple[Artifact, ...]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pyspark
 
-from streaming.adapters import jars
+from streaming.adapters import jars, kafka_txn
 from streaming.adapters.objects import ensure_bucket
 from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.api.job_key import generate_secret, read_secret_file, write_private, write_secret_file
@@ -111,7 +111,8 @@ class LocalRuntime:
     def fetch(self, only: Sequence[str] = FETCHABLE) -> dict[str, list[Path]]:
         """Resolve (once, into the cache) the artifacts named in ``only``:
         ``kafka`` jars, the ``s3-server`` binary, the ``spark-connector`` jars,
-        the ``schema-registry``'s runnable jar."""
+        the ``schema-registry``'s runnable jar, the ``kafka-sink``'s Java
+        client (``streaming.adapters.kafka_txn``)."""
         unknown = sorted(set(only) - set(FETCHABLE))
         if unknown:
             raise ConfigError(f"cannot fetch {', '.join(unknown)}; choose from {', '.join(FETCHABLE)}")
@@ -130,6 +131,8 @@ class LocalRuntime:
             fetched["schema-registry"] = [
                 artifacts.build_schema_registry(s.schema_registry_version, s.cache_dir, self._progress)
             ]
+        if "kafka-sink" in only:
+            fetched["kafka-sink"] = kafka_txn.sender_classpath(s.cache_dir, self._progress)
         if "spark-connector" in only:
             fetched["spark-connector"] = jars.connector_jars(
                 s.spark_version, s.cache_dir, Path(pyspark.__file__).parent / "jars", self._progress

@@ -341,6 +341,7 @@ class RestoreService:
                 kafka=self.connection.kafka,
                 connection=self.connection,
                 delivery_timeout_s=self.settings.delivery_timeout_s,
+                kafka_client=self.settings.kafka_sink_client,
                 # a Kafka sink's commit markers are signed with the job's key
                 key=self.connection.job_key(self.job) if stage.sink.kind is SinkKind.KAFKA else None,
             )

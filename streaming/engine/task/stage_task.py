@@ -488,21 +488,29 @@ class StageTask:
         table = decoded.table
         if not self._origins:
             return without_origin(table)
-        offsets = rows["offset"].take(pa.array(decoded.index, pa.int64())).cast(pa.int64())
+        position = table.schema.get_field_index(ORIGIN)
+        ingress = self._readings.get(channel, _UNKNOWN_CHANNEL).max_decoded_bytes is None
+        carried = None if position < 0 or ingress else table[ORIGIN]
+        if carried is not None and carried.type == ORIGIN_TYPE and carried.null_count == 0:
+            return table  # every row names its ingress record
+        n = table.num_rows
+        index = decoded.index
+        if ingress and len(index) == rows.num_rows:
+            offsets = rows["offset"]  # an ingress record is one row at most: none was rejected
+        else:
+            offsets = rows["offset"].take(pa.array(index, pa.int64()))
+        offsets = offsets.cast(pa.int64())
         here = pa.StructArray.from_arrays(
             [
-                pa.repeat(pa.scalar(channel.topic), table.num_rows),
-                pa.repeat(pa.scalar(channel.partition, pa.int32()), table.num_rows),
+                pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()).fill_null(0), pa.array([channel.topic])),
+                pa.repeat(pa.scalar(channel.partition, pa.int32()), n),
                 offsets.combine_chunks() if isinstance(offsets, pa.ChunkedArray) else offsets,
             ],
             fields=list(ORIGIN_TYPE),
         )
-        position = table.schema.get_field_index(ORIGIN)
         if position < 0:
             return table.append_column(ORIGIN, here)
-        carried = table[ORIGIN]
-        ingress = self._readings.get(channel, _UNKNOWN_CHANNEL).max_decoded_bytes is None
-        if ingress or carried.type != ORIGIN_TYPE:
+        if carried is None or carried.type != ORIGIN_TYPE:
             # an ingress record's own field of that name, or a column of another type: not an origin
             return table.set_column(position, ORIGIN, here)
         return table.set_column(position, ORIGIN, pc.coalesce(carried, here))

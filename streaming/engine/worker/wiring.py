@@ -161,6 +161,7 @@ class TaskFactory:
             kafka=self.connection.kafka,
             connection=self.connection,
             delivery_timeout_s=self.settings.delivery_timeout_s,
+            kafka_client=self.settings.kafka_sink_client,
             key=self.control.key,
         )
         recovery = sink.recover(self.restore or 0)

@@ -12,6 +12,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from streaming import read_committed_output, read_kafka_output  # what a user reads output with
 from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.kafka_txn import JavaTransactions
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, Recovery
 from streaming.api.config import KafkaAccess
@@ -120,7 +121,41 @@ def _read_committed(kafka: KafkaAccess, topic: str) -> list[str]:
 
 
 @pytest.mark.integration
-def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name):
+def test_the_java_client_writes_on_the_second_transaction_protocol(connection, unique_name):
+    """Kafka 4's brokers run the second transaction protocol (KIP-890), and
+    the Kafka sink's Java client speaks it: the producer's epoch goes up with
+    every transaction, and a transaction the fenced instance still tries is
+    refused by the broker itself."""
+    topic = f"{unique_name}-tv2"
+    create_topic(connection.kafka, topic, 1)
+    sender = JavaTransactions(connection.kafka, f"{unique_name}-tx", delivery_timeout_s=30)
+    try:
+        assert sender.transaction_version() == 2
+        epochs = []
+        for n in range(3):
+            sender.commit([(topic, 0, b"k", f"v{n}".encode(), [("h", b"1")])], f"transaction {n}")
+            [(producer_id, epoch)] = sender.producers(topic, 0)
+            epochs.append(epoch)
+        assert epochs == [epochs[0], epochs[0] + 1, epochs[0] + 2]
+        newer = JavaTransactions(connection.kafka, f"{unique_name}-tx", delivery_timeout_s=30)
+        with pytest.raises(SinkFencedError, match="old epoch"):
+            sender.commit([(topic, 0, None, b"late", [])], "a late transaction")
+        newer.commit([(topic, 0, None, b"newer", [])], "the newer instance's")
+        newer.close()
+    finally:
+        sender.close()
+    assert _read_committed(connection.kafka, topic) == ["v0", "v1", "v2", "newer"]
+
+
+def test_the_java_client_says_why_it_cannot_start(connection, unique_name):
+    unreachable = KafkaAccess("127.0.0.1:1")
+    with pytest.raises(SinkError, match=r"cannot start a transactional producer on 127.0.0.1:1: .*Timeout expired"):
+        JavaTransactions(unreachable, f"{unique_name}-tx", delivery_timeout_s=2)
+
+
+@pytest.mark.parametrize("client", ["java", "python"])
+def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name, client):
+    """With either client (``JobSettings.kafka_sink_client``)."""
     topic = f"{unique_name}-out"
     create_topic(connection.kafka, topic, 1)
     staging = open_store(f"s3://{connection.s3_bucket}/tests/{unique_name}", connection)
@@ -133,11 +168,15 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name):
         forger.send(f"{topic}.commits", key=forged, value=b"2", headers=[("abs.signature", b"0" * 64)])
     forger.flush(30)
     forger.close()
-    forged_markers = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid)
+    forged_markers = KafkaSink(
+        staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, client=client
+    )
     assert forged_markers._committed(1)  # without the job's key a forged marker passes ...
     forged_markers.close()
 
-    first = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, key=key)
+    first = KafkaSink(
+        staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, key=key, client=client
+    )
     assert not first._committed(1)  # ... with it, it does not
     for epoch in (1, 2, 3):
         first.stage(epoch, _rows(epoch, 2))
@@ -147,7 +186,9 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name):
     # A new instance (the restored generation) fences the old one, finds
     # epoch 1 committed, commits epoch 2 (checkpoint 2 completed before the
     # crash) and discards epoch 3.
-    second = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, key=key)
+    second = KafkaSink(
+        staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, key=key, client=client
+    )
     assert second.recover(completed_checkpoint=2) == Recovery(committed=[2], discarded=[3])
     assert not second.recover(completed_checkpoint=2)
     assert first.commit(2) is False  # the old instance finds epoch 2 committed by the new one: nothing twice
@@ -157,7 +198,9 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name):
     assert _read_committed(connection.kafka, topic) == ["1:0", "1:1", "2:0", "2:1"]
     second.close()
     # a restore to checkpoint 1 cannot take epoch 2 back from Kafka: it says so
-    third = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, key=key)
+    third = KafkaSink(
+        staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, key=key, client=client
+    )
     # (committed epochs leave nothing staged; the old instance's epoch 4 is discarded)
     assert third.recover(completed_checkpoint=1) == Recovery(discarded=[4], irrevocable=[2])
     # ... but marks it superseded: a reader that skips superseded epochs reads each result once
@@ -173,7 +216,9 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name):
     third.close()
     # a later restore, to checkpoint 5 of the new history: epoch 2, numbered below it, is not of that
     # history (the generation after the fallback went on with higher numbers): it stays superseded
-    fourth = KafkaSink(staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, key=key)
+    fourth = KafkaSink(
+        staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, key=key, client=client
+    )
     assert fourth.recover(completed_checkpoint=5) == Recovery()
     output = read_kafka_output(connection.kafka, topic, key=key)
     assert [v.decode() for v in output.values] == ["1:0", "1:1", "5:0", "5:1"] and output.superseded == {"task-0:2": 2}

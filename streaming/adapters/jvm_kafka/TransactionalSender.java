@@ -1,0 +1,197 @@
+package spark_abs;
+
+import java.io.BufferedInputStream;
+import java.io.DataInputStream;
+import java.io.EOFException;
+import java.io.FileDescriptor;
+import java.io.FileOutputStream;
+import java.io.IOException;
+import java.io.PrintStream;
+import java.io.StringReader;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.TimeUnit;
+
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.FinalizedVersionRange;
+import org.apache.kafka.clients.admin.ProducerState;
+import org.apache.kafka.clients.admin.DescribeProducersResult.PartitionProducerState;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.KafkaException;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.InvalidProducerEpochException;
+import org.apache.kafka.common.errors.ProducerFencedException;
+import org.apache.kafka.common.errors.TransactionalIdAuthorizationException;
+import org.apache.kafka.common.header.internals.RecordHeader;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+
+/**
+ * The Kafka sink's transactions, written by Kafka's own Java client (the
+ * second transaction protocol, KIP-890, where the broker has it).  One
+ * process per sink task, driven over stdin by streaming.adapters.kafka_txn:
+ *
+ * <ul>
+ *   <li>first the producer's properties (Java properties text, length-prefixed);
+ *       it answers {@code READY} once {@code initTransactions} fenced any older
+ *       instance of its transactional id;
+ *   <li>{@code T}: a transaction of N records, each topic, partition (-1: the
+ *       partitioner's), key, value (-1: null) and headers; it answers {@code OK},
+ *       {@code FENCED <why>} (a newer instance took over) or {@code ERROR <why>}
+ *       (aborted);
+ *   <li>{@code F}: the finalized {@code transaction.version} of the cluster;
+ *   <li>{@code P}: the producers of a partition, {@code id:epoch} each;
+ *   <li>{@code Q} or the end of stdin: close.
+ * </ul>
+ *
+ * Every answer is one line on stdout; the client's own logging goes to stderr.
+ */
+public final class TransactionalSender {
+    private TransactionalSender() {}
+
+    public static void main(String[] args) throws IOException {
+        DataInputStream in = new DataInputStream(new BufferedInputStream(System.in, 1 << 16));
+        PrintStream out = new PrintStream(new FileOutputStream(FileDescriptor.out), true, StandardCharsets.UTF_8);
+        System.setOut(System.err); // nothing but answers on stdout
+        Properties props = new Properties();
+        props.load(new StringReader(text(in)));
+        Properties admin = (Properties) props.clone();
+        for (String producerOnly : List.of(
+                "transactional.id", "enable.idempotence", "acks", "linger.ms", "delivery.timeout.ms",
+                "max.block.ms", "transaction.timeout.ms", "key.serializer", "value.serializer")) {
+            admin.remove(producerOnly);
+        }
+        props.put("key.serializer", ByteArraySerializer.class.getName());
+        props.put("value.serializer", ByteArraySerializer.class.getName());
+        long blockMs = Long.parseLong(props.getProperty("max.block.ms", "60000"));
+        KafkaProducer<byte[], byte[]> producer;
+        try {
+            producer = new KafkaProducer<>(props);
+            producer.initTransactions();
+        } catch (KafkaException e) {
+            out.println("ERROR " + oneLine(e));
+            return;
+        }
+        out.println("READY");
+        boolean fenced = false;
+        try {
+            while (true) {
+                int op;
+                try {
+                    op = in.readUnsignedByte();
+                } catch (EOFException e) {
+                    break;
+                }
+                if (op == 'Q') {
+                    break;
+                } else if (op == 'T') {
+                    List<ProducerRecord<byte[], byte[]>> records = records(in);
+                    if (fenced) {
+                        out.println("FENCED a newer instance of this transactional id took over");
+                        continue;
+                    }
+                    try {
+                        producer.beginTransaction();
+                        for (ProducerRecord<byte[], byte[]> record : records) {
+                            producer.send(record);
+                        }
+                        producer.commitTransaction();
+                        out.println("OK");
+                    } catch (ProducerFencedException | InvalidProducerEpochException
+                            | TransactionalIdAuthorizationException e) {
+                        fenced = !(e instanceof TransactionalIdAuthorizationException);
+                        out.println((fenced ? "FENCED " : "ERROR ") + oneLine(e));
+                    } catch (KafkaException e) {
+                        try {
+                            producer.abortTransaction();
+                        } catch (KafkaException ignored) {
+                            // the failure itself is the answer; the next instance fences what is left
+                        }
+                        out.println("ERROR " + oneLine(e));
+                    }
+                } else if (op == 'F') {
+                    out.println(transactionVersion(admin, blockMs));
+                } else if (op == 'P') {
+                    out.println(producers(admin, new TopicPartition(text(in), in.readInt()), blockMs));
+                } else {
+                    out.println("ERROR unknown request " + op);
+                    break;
+                }
+            }
+        } finally {
+            producer.close(Duration.ofMillis(Math.min(blockMs, 5_000)));
+        }
+    }
+
+    private static List<ProducerRecord<byte[], byte[]>> records(DataInputStream in) throws IOException {
+        int count = in.readInt();
+        List<ProducerRecord<byte[], byte[]>> records = new ArrayList<>(count);
+        for (int i = 0; i < count; i++) {
+            String topic = text(in);
+            int partition = in.readInt();
+            byte[] key = bytes(in);
+            byte[] value = bytes(in);
+            int headers = in.readInt();
+            List<org.apache.kafka.common.header.Header> named = new ArrayList<>(headers);
+            for (int h = 0; h < headers; h++) {
+                named.add(new RecordHeader(text(in), bytes(in)));
+            }
+            records.add(new ProducerRecord<>(topic, partition < 0 ? null : partition, key, value, named));
+        }
+        return records;
+    }
+
+    private static String transactionVersion(Properties admin, long blockMs) {
+        try (Admin client = Admin.create(admin)) {
+            Map<String, FinalizedVersionRange> features =
+                    client.describeFeatures().featureMetadata().get(blockMs, TimeUnit.MILLISECONDS).finalizedFeatures();
+            FinalizedVersionRange range = features.get("transaction.version");
+            return "FEATURE " + (range == null ? 0 : range.maxVersionLevel());
+        } catch (Exception e) {
+            return "ERROR " + oneLine(e);
+        }
+    }
+
+    private static String producers(Properties admin, TopicPartition partition, long blockMs) {
+        try (Admin client = Admin.create(admin)) {
+            PartitionProducerState state =
+                    client.describeProducers(List.of(partition)).partitionResult(partition).get(blockMs, TimeUnit.MILLISECONDS);
+            StringBuilder said = new StringBuilder("PRODUCERS");
+            Collection<ProducerState> producers = state.activeProducers();
+            for (ProducerState producer : producers) {
+                said.append(' ').append(producer.producerId()).append(':').append(producer.producerEpoch());
+            }
+            return said.toString();
+        } catch (Exception e) {
+            return "ERROR " + oneLine(e);
+        }
+    }
+
+    private static String text(DataInputStream in) throws IOException {
+        byte[] raw = bytes(in);
+        return raw == null ? "" : new String(raw, StandardCharsets.UTF_8);
+    }
+
+    private static byte[] bytes(DataInputStream in) throws IOException {
+        int length = in.readInt();
+        if (length < 0) {
+            return null;
+        }
+        byte[] raw = new byte[length];
+        in.readFully(raw);
+        return raw;
+    }
+
+    private static String oneLine(Throwable e) {
+        StringBuilder said = new StringBuilder(e.getClass().getSimpleName() + ": " + e.getMessage());
+        for (Throwable cause = e.getCause(); cause != null && cause != cause.getCause(); cause = cause.getCause()) {
+            said.append(" (").append(cause.getClass().getSimpleName()).append(": ").append(cause.getMessage()).append(')');
+        }
+        return said.toString().replace('\n', ' ');
+    }
+}
