@@ -63,7 +63,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import statistics
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -355,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     missing = [p for p in PEERS if p not in peers]
     if missing:
         log.warning(f"no environment for {', '.join(missing)}: `make bench` makes them (.venv-flink, .venv-quix)")
+    if args.profile and not (shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()):
+        log.error("--profile samples the workers with py-spy, which is not installed: `make bench` installs it")
+        return 2
     variants = _variants(profile, args.scaling, peers)
     if args.only:
         variants = [v for v in variants if v in set(args.only.split(","))]

@@ -24,7 +24,16 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["Reason", "DeadLetter", "DeadLetterBatch", "DeadLetters", "ORIGIN", "ORIGIN_TYPE", "without_origin"]
+__all__ = [
+    "Reason",
+    "DeadLetter",
+    "DeadLetterBatch",
+    "DeadLetters",
+    "ORIGIN",
+    "ORIGIN_TYPE",
+    "without_origin",
+    "origin_as_now",
+]
 
 # the column naming the input record a row came from, and its type
 ORIGIN = "_abs_origin"
@@ -37,6 +46,19 @@ ORIGIN_TYPE = pa.struct(
 def without_origin(table: pa.Table) -> pa.Table:
     """``table`` without the ``ORIGIN`` column (itself when it has none)."""
     return table.drop_columns([ORIGIN]) if ORIGIN in table.column_names else table
+
+
+def origin_as_now(table: pa.Table) -> pa.Table:
+    """Restored rows (``table``) with their origin as ``ORIGIN_TYPE`` says
+    now: cast when it can be, left out when not (a snapshot of another
+    release), so rows read since fit them."""
+    position = table.schema.get_field_index(ORIGIN)
+    if position < 0 or table.schema.field(position).type == ORIGIN_TYPE:
+        return table
+    try:
+        return table.set_column(position, ORIGIN, table[ORIGIN].cast(ORIGIN_TYPE))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return table.drop_columns([ORIGIN])
 
 
 class Reason(StrEnum):

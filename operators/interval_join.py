@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from operators import _time as et
 from operators._arrow import check_inputs, expect_tables, require_columns, row_index, storable
-from operators.dead_letters import DeadLetters, Reason, without_origin
+from operators.dead_letters import DeadLetters, Reason, origin_as_now, without_origin
 from operators.errors import InputSchemaError, OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
 from operators.rescale import RESCALE_METADATA, rows_by
@@ -302,8 +302,8 @@ class IntervalJoin:
                 raise StateRestoreError(
                     f"{name}: snapshot table(s) {stale} hold rows that should have left the state at watermark {watermark}"
                 )
-        self._left = left.replace_schema_metadata(None)
-        self._right = right.replace_schema_metadata(None)
+        self._left = origin_as_now(left.replace_schema_metadata(None))
+        self._right = without_origin(right.replace_schema_metadata(None))
         self._watermark = watermark
 
     def _check_buffer(self, table: pa.Table, table_name: str, key: str, time: str, internal: list[str]) -> pa.Table:

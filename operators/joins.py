@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from operators._arrow import check_inputs, concat, expect_tables, require_columns, storable
 from operators.base import Stateless
-from operators.dead_letters import DeadLetters, Reason, without_origin
+from operators.dead_letters import DeadLetters, Reason, origin_as_now, without_origin
 from operators.errors import InputSchemaError, OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
 from operators.rescale import RESCALE_METADATA, rows_by
@@ -234,7 +234,7 @@ class LatestValueJoin:
             if waiting.null_count != pending.num_rows:
                 raise StateRestoreError(f"{name}: snapshot has buffered rows whose key already has a right value")
         self._latest = probe
-        self._pending = pending.replace_schema_metadata(None)
+        self._pending = origin_as_now(pending.replace_schema_metadata(None))
 
     def _join(self, rows: pa.Table) -> tuple[pa.Table, pa.ChunkedArray | pa.Array]:
         """``rows`` with the right columns appended, and which rows matched."""

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from operators._arrow import evaluate, require_columns
 from operators.base import Stateless
-from operators.dead_letters import ORIGIN
+from operators.dead_letters import ORIGIN, without_origin
 from operators.errors import InputSchemaError, OperatorConfigError, OperatorError
 
 __all__ = [
@@ -45,7 +45,7 @@ def _column_of(batch: pa.Table, value: ColumnValue, operator: str) -> pa.Array |
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise InputSchemaError(f"{operator}: cannot evaluate {value} on this batch: {exc}") from None
     else:
-        result = value(batch)
+        result = value(without_origin(batch))  # a function sees the rows as the stage's input has them
     if not isinstance(result, (pa.Array, pa.ChunkedArray)):
         raise OperatorError(f"{operator}: expected a pyarrow array, the function returned {type(result).__name__}")
     if len(result) != batch.num_rows:
@@ -64,7 +64,9 @@ class Passthrough(Stateless):
 
 
 class MapBatches(Stateless):
-    """``fn(batch)`` as the output: any table, any number of rows."""
+    """``fn(batch)`` as the output: any table, any number of rows (``fn``
+    gets the rows without their origin, ``operators.dead_letters.ORIGIN``,
+    and the rows it returns have none)."""
 
     def __init__(self, fn: Callable[[pa.Table], pa.Table], name: str | None = None):
         if not callable(fn):
@@ -73,7 +75,8 @@ class MapBatches(Stateless):
         self.name = name or _name(fn)
 
     def process(self, batch: pa.Table) -> pa.Table:
-        result = self.fn(batch)
+        # the function sees the rows as the stage's input has them, and its rows name no origin
+        result = self.fn(without_origin(batch))
         if not isinstance(result, pa.Table):
             raise OperatorError(f"map_batches({self.name}): fn returned {type(result).__name__}, not a pyarrow.Table")
         return result

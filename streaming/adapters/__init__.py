@@ -2,7 +2,9 @@
 
 - Kafka: ``kafka_clients`` (every client, made from a ``KafkaAccess``, and
   Kafka's refusals explained), ``kafka_admin`` (topics), ``kafka_io``
-  (markers, ranges and dead letters), ``control`` (the job's control topic);
+  (markers, ranges and dead letters), ``control`` (the job's control topic),
+  ``kafka_txn`` (the Kafka sink's transactions, written by Kafka's Java
+  client, ``jvm_kafka/*.java``, in a JVM of their own);
 - Spark: ``spark`` (the session factory and a stage's query) and
   ``spark_stage`` (a stage's Spark code), the two modules that import
   pyspark, ``jars`` (the connector jars, resolved from Maven) and

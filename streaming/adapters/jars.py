@@ -8,6 +8,7 @@ so an interrupted download is redone rather than used half-way.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -117,6 +118,19 @@ def resolve_jars(
     target = cache_dir / "jars" / name
     if (target / COMPLETE).exists():
         return sorted(target.glob("*.jar"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # processes resolving the same set at once (workers' first use): one resolves, the others wait for it
+    with open(target.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if (target / COMPLETE).exists():
+                return sorted(target.glob("*.jar"))
+            return _resolve(name, artifacts, target, progress)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _resolve(name: str, artifacts: Sequence[Artifact], target: Path, progress: Progress) -> list[Path]:
     mvn = require_tool("mvn")
     repo = os.environ.get(ENV["maven_repo"]) or MAVEN_CENTRAL
     progress(f"resolving {', '.join(map(str, artifacts))} from {repo} (first time only)")

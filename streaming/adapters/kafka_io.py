@@ -51,11 +51,17 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def read_range(kafka: KafkaAccess, channel: ChannelId, start: int, end: int, *, timeout_s: float = 60.0) -> pa.Table:
+def read_range(
+    kafka: KafkaAccess, channel: ChannelId, start: int, end: int, *, timeout_s: float = 60.0, to_end: bool = False
+) -> pa.Table:
     """The records at offsets ``[start, end)`` of ``channel``, read in bulk
-    (offsets without a record, e.g. transaction markers, are simply absent)."""
+    (offsets without a record, e.g. transaction markers, are simply absent),
+    all within ``timeout_s``.  ``to_end``: ``end`` may lie past the
+    partition's end, which then ends the range (else the read waits for
+    records to come up to it)."""
     if end <= start:
         return RECORD_SCHEMA.empty_table()
+    deadline = time.monotonic() + timeout_s
     consumer = kafka_clients.consumer(
         kafka,
         enable_auto_commit=False,
@@ -64,21 +70,28 @@ def read_range(kafka: KafkaAccess, channel: ChannelId, start: int, end: int, *, 
     )
     tp = TopicPartition(channel.topic, channel.partition)
     rows: list[dict] = []
+
+    def left_ms() -> int:
+        return max(1, int((deadline - time.monotonic()) * 1000))
+
     try:
         consumer.assign([tp])
-        first = consumer.beginning_offsets([tp])[tp]
+        first = consumer.beginning_offsets([tp], timeout_ms=left_ms())[tp]
+        if to_end:
+            end = min(end, consumer.end_offsets([tp], timeout_ms=left_ms())[tp])
+            if end <= start:
+                return RECORD_SCHEMA.empty_table()
         if first > start:
             raise KafkaUnavailableError(
                 f"{channel}: offsets [{start}, {end}) are no longer in Kafka "
                 f"(the partition starts at {first}; retention removed them)"
             )
         consumer.seek(tp, start)
-        deadline = time.monotonic() + timeout_s
-        while consumer.position(tp) < end:
+        at: int | None = start
+        while at is not None and at < end:
             if time.monotonic() > deadline:
                 raise KafkaUnavailableError(
-                    f"{channel}: reading offsets [{start}, {end}) took over {timeout_s:.0f} s "
-                    f"(at {consumer.position(tp)})"
+                    f"{channel}: reading offsets [{start}, {end}) took over {timeout_s:.0f} s (at {at})"
                 )
             for record in consumer.poll(timeout_ms=500).get(tp, []):
                 if record.offset >= end:
@@ -94,6 +107,12 @@ def read_range(kafka: KafkaAccess, channel: ChannelId, start: int, end: int, *, 
                         "timestamp": record.timestamp,
                     }
                 )
+            at = consumer.position(tp, timeout_ms=left_ms())
+        if at is None:
+            raise KafkaUnavailableError(
+                f"{channel}: reading offsets [{start}, {end}): Kafka did not say where the read got within "
+                f"{timeout_s:.0f} s"
+            )
     except KafkaError as exc:
         raise kafka_clients.refusal(
             kafka, exc, f"to read topic {channel.topic}", f"{channel}: reading offsets [{start}, {end}) failed"

@@ -17,6 +17,7 @@ has a bound, named in the error when it passes."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue
@@ -24,8 +25,11 @@ import shutil
 import struct
 import subprocess
 import threading
-from collections.abc import Callable, Iterable, Sequence
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from streaming.adapters.jars import Artifact, require_tool, resolve_jars
 from streaming.adapters.jvm_helpers import compile_jar
@@ -85,8 +89,10 @@ def _framed(data: bytes | None) -> bytes:
 class JavaTransactions:
     """One transactional producer of Kafka's Java client, ``transactional_id``
     on ``kafka``: started (fencing any older instance of the id) when made,
-    ``commit(records)`` writes records in one transaction.  Each answer is
-    awaited within the delivery timeout and ``_START_MARGIN_S``."""
+    ``commit(records)`` writes records in one transaction, streamed to the
+    process as it sends them.  Each request, written and answered, ends
+    within ``bound_s`` (the delivery timeout, the producer's blocking bound
+    and ``_START_MARGIN_S``), or the process is killed and the error says so."""
 
     def __init__(
         self,
@@ -95,9 +101,11 @@ class JavaTransactions:
         *,
         delivery_timeout_s: float,
         classpath: Sequence[Path] | None = None,
+        heap: str = "256m",
     ):
         self.transactional_id = transactional_id
-        self.bound_s = delivery_timeout_s + _START_MARGIN_S
+        block_s = min(60.0, delivery_timeout_s)
+        self.bound_s = delivery_timeout_s + block_s + _START_MARGIN_S
         delivery_ms = int(delivery_timeout_s * 1000)
         request_ms = max(1_000, min(30_000, delivery_ms - 500))
         options = {key.removeprefix("kafka."): value for key, value in kafka.spark_options().items()}
@@ -108,106 +116,122 @@ class JavaTransactions:
             "linger.ms": "5",
             "request.timeout.ms": str(request_ms),
             "delivery.timeout.ms": str(max(delivery_ms, request_ms + 5)),
-            "max.block.ms": str(int(min(60.0, delivery_timeout_s) * 1000)),
+            "max.block.ms": str(int(block_s * 1000)),
             "client.id": f"spark-abs-sink-{transactional_id}",
         }
         java = require_tool("java")
         jars = os.pathsep.join(map(str, classpath or sender_classpath()))
         self._process = subprocess.Popen(
-            [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", jars, _MAIN],
+            [java, f"-Xmx{heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", jars, _MAIN],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
+        # the process ends when this object goes (its stdin closed), even unclosed
+        weakref.finalize(self, _end, self._process)
         self._answers: queue.Queue[str | None] = queue.Queue()
-        self._said: list[str] = []  # the last lines of its stderr, for the errors
-        threading.Thread(target=self._read_answers, daemon=True, name=f"txn-{transactional_id}").start()
-        threading.Thread(target=self._read_stderr, daemon=True, name=f"txn-log-{transactional_id}").start()
-        self._write(_framed(_properties(options)))
-        answer = self._answer("starting the transactional producer (initTransactions)")
+        self._said: collections.deque[str] = collections.deque(maxlen=20)  # its last lines on stderr
+        # the readers hold the pipes, never this object
+        threading.Thread(
+            target=_read_answers, args=(self._process.stdout, self._answers), daemon=True, name="txn-answers"
+        ).start()
+        self._stderr = threading.Thread(
+            target=_read_said, args=(self._process.stderr, self._said, transactional_id), daemon=True, name="txn-log"
+        )
+        self._stderr.start()
+        answer = self._request(
+            [_framed(_properties(options))], "starting the transactional producer (initTransactions)"
+        )
         if answer != "READY":
             self.close()
             raise SinkError(
-                f"Kafka sink {transactional_id}: cannot start a transactional producer on {kafka}: {answer}"
+                f"Kafka sink {transactional_id}: cannot start a transactional producer on {kafka}: "
+                f"{answer.removeprefix('ERROR ')}"
             )
 
-    def _read_answers(self) -> None:
-        assert self._process.stdout is not None
-        for line in self._process.stdout:
-            self._answers.put(line.decode(errors="replace").rstrip("\n"))
-        self._answers.put(None)
+    def _request(self, chunks: Iterable[bytes], what: str) -> str:
+        """Write ``chunks`` (one request) and read the answer, all within ``bound_s``."""
+        if self._process.poll() is not None:
+            raise SinkError(f"Kafka sink {self.transactional_id}: its Java producer is gone{self._last_words()}")
+        deadline = time.monotonic() + self.bound_s
+        failed: list[BaseException] = []
+        stdin = self._process.stdin
 
-    def _read_stderr(self) -> None:
-        assert self._process.stderr is not None
-        for line in self._process.stderr:
-            text = line.decode(errors="replace").rstrip()
-            if text:
-                self._said = [*self._said[-19:], text]
-                log.debug("%s: %s", self.transactional_id, text)
+        def write() -> None:
+            try:
+                assert stdin is not None
+                for chunk in chunks:
+                    stdin.write(chunk)
+                stdin.flush()
+            except (OSError, ValueError) as exc:  # a closed pipe: the process is gone
+                failed.append(exc)
 
-    def _write(self, data: bytes) -> None:
-        try:
-            assert self._process.stdin is not None
-            self._process.stdin.write(data)
-            self._process.stdin.flush()
-        except (BrokenPipeError, OSError) as exc:
+        writer = threading.Thread(target=write, daemon=True, name="txn-request")
+        writer.start()
+        writer.join(self.bound_s)
+        if writer.is_alive():
+            self._kill()
+            raise self._overdue(what)
+        if failed:
             raise SinkError(
-                f"Kafka sink {self.transactional_id}: its Java producer is gone ({exc}){self._last_words()}"
-            ) from exc
-
-    def _answer(self, what: str) -> str:
+                f"Kafka sink {self.transactional_id}: its Java producer is gone while {what} "
+                f"({failed[0]}){self._last_words()}"
+            )
         try:
-            answer = self._answers.get(timeout=self.bound_s)
+            answer = self._answers.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
-            self.close()
-            raise KafkaUnavailableError(
-                f"Kafka sink {self.transactional_id}: {what} took over {self.bound_s:.0f} s "
-                "(the delivery timeout, delivery_timeout_s, and 30 s); is Kafka reachable?"
-            ) from None
+            self._kill()
+            raise self._overdue(what) from None
         if answer is None:
-            self._process.wait(timeout=5)
+            self._kill()
             raise SinkError(
                 f"Kafka sink {self.transactional_id}: its Java producer exited "
                 f"(code {self._process.returncode}) while {what}{self._last_words()}"
             )
         return answer
 
-    def _last_words(self) -> str:
-        return ": " + " | ".join(self._said[-3:]) if self._said else ""
+    def _overdue(self, what: str) -> KafkaUnavailableError:
+        return KafkaUnavailableError(
+            f"Kafka sink {self.transactional_id}: {what} took over {self.bound_s:.0f} s (the delivery timeout, "
+            "delivery_timeout_s, the producer's blocking bound and 30 s); is Kafka reachable? The Java producer "
+            f"was stopped{self._last_words()}"
+        )
 
-    def commit(self, records: Iterable[TxnRecord], what: str) -> None:
+    def _kill(self) -> None:
+        if self._process.poll() is None:
+            self._process.kill()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.warning("Kafka sink %s: its Java producer did not exit after SIGKILL", self.transactional_id)
+        self._stderr.join(timeout=2)  # its last words
+
+    def _last_words(self) -> str:
+        return ": " + " | ".join(list(self._said)[-3:]) if self._said else ""
+
+    def commit(self, records: Sequence[TxnRecord], what: str) -> None:
         """``records`` in one transaction, committed when this returns
         (``what`` the transaction is, for the errors): ``SinkFencedError``
-        when a newer instance of the id took over, ``SinkError`` when Kafka
-        refused it (it was aborted)."""
-        parts = [b"T", b""]
-        count = 0
-        for topic, partition, key, value, headers in records:
-            count += 1
-            parts.append(_framed(topic.encode()) + struct.pack(">i", -1 if partition is None else int(partition)))
-            parts.append(_framed(key) + _framed(value) + struct.pack(">i", len(headers)))
-            parts.extend(_framed(name.encode()) + _framed(data) for name, data in headers)
-        parts[1] = struct.pack(">i", count)
-        self._write(b"".join(parts))
-        answer = self._answer(what)
+        when the broker refused the producer's epoch (a newer instance took
+        over), ``SinkError`` when Kafka refused it (it was aborted)."""
+        answer = self._request(_transaction(records), what)
         if answer == "OK":
             return
-        if answer.startswith("FENCED"):
-            raise SinkFencedError(f"Kafka sink {self.transactional_id}: {what}: {answer[len('FENCED ') :]}")
+        if answer.startswith("FENCED "):
+            raise SinkFencedError(f"Kafka sink {self.transactional_id}: {what}: {answer.removeprefix('FENCED ')}")
         raise SinkError(f"Kafka sink {self.transactional_id}: {what} failed: {answer.removeprefix('ERROR ')}")
 
     def transaction_version(self) -> int:
         """The cluster's finalized ``transaction.version`` (2: the second protocol)."""
-        self._write(b"F")
-        answer = self._answer("reading the cluster's transaction.version")
+        answer = self._request([b"F"], "reading the cluster's transaction.version")
         if not answer.startswith("FEATURE "):
             raise SinkError(f"Kafka sink {self.transactional_id}: reading transaction.version: {answer}")
         return int(answer.split()[1])
 
     def producers(self, topic: str, partition: int) -> list[tuple[int, int]]:
         """The producers Kafka has state of on ``topic``'s ``partition``: (producer id, epoch) each."""
-        self._write(b"P" + _framed(topic.encode()) + struct.pack(">i", partition))
-        answer = self._answer(f"describing the producers of {topic}:{partition}")
+        request = b"P" + _framed(topic.encode()) + struct.pack(">i", partition)
+        answer = self._request([request], f"describing the producers of {topic}:{partition}")
         if not answer.startswith("PRODUCERS"):
             raise SinkError(f"Kafka sink {self.transactional_id}: describing producers: {answer}")
         return [(int(a), int(b)) for a, b in (p.split(":") for p in answer.split()[1:])]
@@ -215,20 +239,59 @@ class JavaTransactions:
     def close(self, timeout_s: float = 10.0) -> None:
         """Close the producer and end the process (killed after ``timeout_s``)."""
         if self._process.poll() is None:
-            try:
-                assert self._process.stdin is not None
-                self._process.stdin.write(b"Q")
-                self._process.stdin.close()
-            except (BrokenPipeError, OSError):
-                pass
+            _end(self._process)
             try:
                 self._process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 log.warning(
                     "Kafka sink %s: its Java producer did not stop in %.0f s: killed", self.transactional_id, timeout_s
                 )
-                self._process.kill()
-                self._process.wait(timeout=5)
+                self._kill()
+
+
+def _transaction(records: Sequence[TxnRecord]) -> Iterator[bytes]:
+    """A transaction request of ``records``, in chunks of about 1 MiB."""
+    chunk = [b"T", struct.pack(">i", len(records))]
+    size = 0
+    for topic, partition, key, value, headers in records:
+        part = [
+            _framed(topic.encode()),
+            struct.pack(">i", -1 if partition is None else int(partition)),
+            _framed(key),
+            _framed(value),
+            struct.pack(">i", len(headers)),
+            *(_framed(name.encode()) + _framed(data) for name, data in headers),
+        ]
+        chunk += part
+        size += sum(map(len, part))
+        if size >= 1 << 20:
+            yield b"".join(chunk)
+            chunk, size = [], 0
+    yield b"".join(chunk)
+
+
+def _end(process: subprocess.Popen) -> None:
+    """Ask the sender to close (``Q``, then the end of its stdin): it closes its producer and exits."""
+    try:
+        if process.stdin is not None and not process.stdin.closed:
+            process.stdin.write(b"Q")
+            process.stdin.close()
+    except (OSError, ValueError):
+        pass
+
+
+def _read_answers(stdout: Any, answers: queue.Queue) -> None:
+    for line in stdout:
+        answers.put(line.decode(errors="replace").rstrip("\n"))
+    answers.put(None)
+
+
+def _read_said(stderr: Any, said: collections.deque, transactional_id: str) -> None:
+    for line in stderr:
+        text = line.decode(errors="replace").rstrip()
+        if text:
+            said.append(text)
+            log.debug("%s: %s", transactional_id, text)
 
 
 def java_available() -> bool:

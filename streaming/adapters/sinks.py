@@ -347,7 +347,11 @@ class KafkaSink(_TwoPhaseSink):
         if client == "java":
             # starting it fences any older instance with the same id and aborts what it left open
             self._java = JavaTransactions(kafka, transactional_id, delivery_timeout_s=delivery_timeout_s)
-            self._done = self._read_markers()
+            try:
+                self._done = self._read_markers()
+            except BaseException:
+                self._java.close()
+                raise
             return
         try:
             # init_transactions fences any older instance with the same id and
@@ -447,12 +451,7 @@ class KafkaSink(_TwoPhaseSink):
         ``SinkFencedError`` when a newer instance took over, ``SinkError``
         when it failed (aborted)."""
         if self._java is not None:
-            try:
-                self._java.commit(records, what)
-            except SinkFencedError:
-                raise
-            except SinkError as exc:
-                raise SinkError(f"sink task {self.task_id}: {what} failed: {exc}") from exc
+            self._java.commit(records, what)  # its errors name the transactional id: job and task
             return
         try:
             self._producer.begin_transaction()

@@ -24,6 +24,7 @@ from operators import (
     count,
     filter_rows,
     flat_map,
+    map_batches,
     select,
     sum_,
     with_column,
@@ -152,3 +153,45 @@ def test_a_dead_letter_case_is_in_the_cases():
         op, _ = run(True)
         reasons |= {letter.reason for letter in letters_of(op)}
     assert {"null_key", "null_event_time", "late"} <= reasons
+
+
+OLD_ORIGIN = pa.struct([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())])
+
+
+@pytest.mark.parametrize("buffered", ["without", "older type"])
+def test_rows_buffered_before_restore_fit_rows_read_after_it(buffered):
+    """Snapshots of another release: buffered rows without an origin, or with one of another type."""
+    for make, side in (
+        (lambda: LatestValueJoin("k"), "pending"),
+        (lambda: IntervalJoin("k", left_time="t", right_time="t2", lower=-100, upper=100), "left"),
+    ):
+        op = make()
+        op.process({"left": batch(0, side="left", origin=False).filter(pc.is_valid(pc.field("k")))})
+        state = op.snapshot()
+        table = state[side]
+        if buffered == "older type":
+            table = table.append_column(
+                ORIGIN,
+                pa.array([{"topic": "in", "partition": 0, "offset": n} for n in range(table.num_rows)], OLD_ORIGIN),
+            )
+        restored = make()
+        restored.restore({**state, side: table})
+        right = batch(0, side="right", origin=True).rename_columns(["k", "t2", "w", "tags2", ORIGIN])
+        out = restored.process({"right": right.filter(pc.is_valid(right["k"]))})
+        assert out.num_rows, side
+        restored.process({"left": batch(1, side="left", origin=True).filter(pc.is_valid(pc.field("k")))})
+        if ORIGIN in out.column_names and buffered == "older type":
+            assert out[ORIGIN].type == ORIGIN_TYPE
+
+
+def test_functions_of_ones_own_see_rows_without_their_origin():
+    seen = []
+
+    def fn(table):
+        seen.append(table.column_names)
+        return table.rename_columns(["x", "y"])
+
+    out = Chain(select("k", "v"), map_batches(fn)).process(batch(0, origin=True))
+    assert seen == [["k", "v"]] and out.column_names == ["x", "y"]
+    kept = filter_rows(lambda t: pc.is_valid(t["k"]) if seen.append(t.column_names) is None else None)
+    assert ORIGIN in kept.process(batch(0, origin=True)).column_names and seen[-1] == ROWS.names

@@ -27,7 +27,6 @@ import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.errors.InvalidProducerEpochException;
 import org.apache.kafka.common.errors.ProducerFencedException;
-import org.apache.kafka.common.errors.TransactionalIdAuthorizationException;
 import org.apache.kafka.common.header.internals.RecordHeader;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 
@@ -41,8 +40,9 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  *       it answers {@code READY} once {@code initTransactions} fenced any older
  *       instance of its transactional id;
  *   <li>{@code T}: a transaction of N records, each topic, partition (-1: the
- *       partitioner's), key, value (-1: null) and headers; it answers {@code OK},
- *       {@code FENCED <why>} (a newer instance took over) or {@code ERROR <why>}
+ *       partitioner's), key, value (-1: null) and headers, each sent as it is
+ *       read; it answers {@code OK}, {@code FENCED <why>} (the broker refused
+ *       the producer's epoch: a newer instance took over) or {@code ERROR <why>}
  *       (aborted);
  *   <li>{@code F}: the finalized {@code transaction.version} of the cluster;
  *   <li>{@code P}: the producers of a partition, {@code id:epoch} each;
@@ -90,30 +90,54 @@ public final class TransactionalSender {
                 if (op == 'Q') {
                     break;
                 } else if (op == 'T') {
-                    List<ProducerRecord<byte[], byte[]>> records = records(in);
+                    // records are sent as they are read, so a transaction takes no more memory than the
+                    // producer's buffer; after a failure the rest are read and dropped, so the request
+                    // always ends where the next one starts
+                    int count = in.readInt();
+                    KafkaException failed = null;
+                    if (!fenced) {
+                        try {
+                            producer.beginTransaction();
+                        } catch (KafkaException e) {
+                            failed = e;
+                        }
+                    }
+                    for (int i = 0; i < count; i++) {
+                        ProducerRecord<byte[], byte[]> record = record(in);
+                        if (failed == null && !fenced) {
+                            try {
+                                producer.send(record);
+                            } catch (KafkaException e) {
+                                failed = e;
+                            }
+                        }
+                    }
                     if (fenced) {
                         out.println("FENCED a newer instance of this transactional id took over");
                         continue;
                     }
-                    try {
-                        producer.beginTransaction();
-                        for (ProducerRecord<byte[], byte[]> record : records) {
-                            producer.send(record);
-                        }
-                        producer.commitTransaction();
-                        out.println("OK");
-                    } catch (ProducerFencedException | InvalidProducerEpochException
-                            | TransactionalIdAuthorizationException e) {
-                        fenced = !(e instanceof TransactionalIdAuthorizationException);
-                        out.println((fenced ? "FENCED " : "ERROR ") + oneLine(e));
-                    } catch (KafkaException e) {
+                    if (failed == null) {
                         try {
-                            producer.abortTransaction();
-                        } catch (KafkaException ignored) {
-                            // the failure itself is the answer; the next instance fences what is left
+                            producer.commitTransaction();
+                            out.println("OK");
+                            continue;
+                        } catch (KafkaException e) {
+                            failed = e;
                         }
-                        out.println("ERROR " + oneLine(e));
                     }
+                    if (failed instanceof ProducerFencedException || failed instanceof InvalidProducerEpochException) {
+                        fenced = true;
+                        out.println("FENCED " + oneLine(failed) + " (the broker refused this producer's epoch: "
+                                + "a newer instance of the transactional id started, or the transaction ran "
+                                + "past transaction.timeout.ms and was aborted)");
+                        continue;
+                    }
+                    try {
+                        producer.abortTransaction();
+                    } catch (KafkaException ignored) {
+                        // the failure itself is the answer; the next instance fences what is left
+                    }
+                    out.println("ERROR " + oneLine(failed));
                 } else if (op == 'F') {
                     out.println(transactionVersion(admin, blockMs));
                 } else if (op == 'P') {
@@ -128,22 +152,17 @@ public final class TransactionalSender {
         }
     }
 
-    private static List<ProducerRecord<byte[], byte[]>> records(DataInputStream in) throws IOException {
-        int count = in.readInt();
-        List<ProducerRecord<byte[], byte[]>> records = new ArrayList<>(count);
-        for (int i = 0; i < count; i++) {
-            String topic = text(in);
-            int partition = in.readInt();
-            byte[] key = bytes(in);
-            byte[] value = bytes(in);
-            int headers = in.readInt();
-            List<org.apache.kafka.common.header.Header> named = new ArrayList<>(headers);
-            for (int h = 0; h < headers; h++) {
-                named.add(new RecordHeader(text(in), bytes(in)));
-            }
-            records.add(new ProducerRecord<>(topic, partition < 0 ? null : partition, key, value, named));
+    private static ProducerRecord<byte[], byte[]> record(DataInputStream in) throws IOException {
+        String topic = text(in);
+        int partition = in.readInt();
+        byte[] key = bytes(in);
+        byte[] value = bytes(in);
+        int headers = in.readInt();
+        List<org.apache.kafka.common.header.Header> named = new ArrayList<>(headers);
+        for (int h = 0; h < headers; h++) {
+            named.add(new RecordHeader(text(in), bytes(in)));
         }
-        return records;
+        return new ProducerRecord<>(topic, partition < 0 ? null : partition, key, value, named);
     }
 
     private static String transactionVersion(Properties admin, long blockMs) {

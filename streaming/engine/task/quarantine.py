@@ -10,7 +10,7 @@ import collections
 import json
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -30,8 +30,8 @@ REASONS = ("malformed", "refused", "given_up", "rejected_control")
 # ranges it reads at most (a burst of rejected rows must not stall the task)
 ORIGINAL_READ_S = 10.0
 ORIGINALS_READ = 20
-# the widest offset range read back in one go
-_WIDEST_RANGE = 5_000
+# dead letters' records this close are read back in one range (the records between them too)
+_WIDEST_GAP = 200
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,8 @@ class Quarantine:
     """The dead letters of task ``task``, sent with ``io.dead_letter(channel,
     offset, key, value, headers, reason)`` (a ``TaskIO``'s), counted in
     ``metrics``; a row an operator gave up on is sent as the ingress record
-    it came from (one of ``ingress_topics``), read back by ``io.read_range``."""
+    it came from (of one of ``ingress_topics``, topic: partitions), read
+    back by ``io.read_range``."""
 
     def __init__(
         self,
@@ -55,13 +56,14 @@ class Quarantine:
         counters: collections.Counter,
         metrics: TaskMetrics,
         *,
-        ingress_topics: Collection[str] = (),
+        ingress_topics: Mapping[str, int] | None = None,
     ):
         self.task = task
         self.io = io
         self.counters = counters
         self.metrics = metrics
-        self.ingress_topics = frozenset(ingress_topics)
+        # the job's ingress topics and their partition counts: the only records read back
+        self.ingress_topics = dict(ingress_topics or {})
 
     def record(self, channel: ChannelId, row: pa.Table, reason: str, *, counted_as: str = "malformed") -> None:
         """One input record (a one-row batch table), with ``reason``
@@ -156,7 +158,7 @@ class _Originals:
     topic than ``ingress_topics`` is never read: an origin is data, whoever
     wrote it."""
 
-    def __init__(self, io: Any, channel: ChannelId, records: pa.Table | None, ingress_topics: frozenset[str]):
+    def __init__(self, io: Any, channel: ChannelId, records: pa.Table | None, ingress_topics: Mapping[str, int]):
         self.read = getattr(io, "read_range", None)
         self.channel = channel
         self.records = records
@@ -176,7 +178,9 @@ class _Originals:
                     self.found[(source, offset)] = (row["key"][0].as_py(), row["value"][0].as_py(), _headers(row))
         by_channel: dict[ChannelId, list[int]] = collections.defaultdict(list)
         for source, offset in sorted(set(wanted), key=lambda w: (str(w[0]), w[1])):
-            if (source, offset) not in self.found:
+            if source.partition >= self.ingress_topics[source.topic]:
+                self.unread[source] = f"the ingress topic {source.topic} has no partition {source.partition}"
+            elif (source, offset) not in self.found:
                 by_channel[source].append(offset)
         deadline, reads, read = time.monotonic() + ORIGINAL_READ_S, 0, self.read
         for source, offsets in by_channel.items():
@@ -194,7 +198,8 @@ class _Originals:
                     break
                 reads += 1
                 try:
-                    table = read(source, start, end, timeout_s=left)
+                    # an origin is data: its offset may lie past the partition's end
+                    table = read(source, start, end, timeout_s=left, to_end=True)
                 except Exception as exc:  # any failure: the dead letter goes without its original, saying why
                     self.unread[source] = f"could not be read back from Kafka: {exc}"
                     log.warning("%s: dead letters' ingress records not read back: %s", source, exc)
@@ -217,10 +222,10 @@ class _Originals:
 
 
 def _runs(offsets: list[int]) -> list[tuple[int, int]]:
-    """Sorted ``offsets`` as ranges ``[start, end)``, nearby ones (within ``_WIDEST_RANGE``) in one."""
+    """Sorted ``offsets`` as ranges ``[start, end)``, those ``_WIDEST_GAP`` or less apart in one."""
     runs: list[tuple[int, int]] = []
     for offset in offsets:
-        if runs and offset - runs[-1][0] < _WIDEST_RANGE:
+        if runs and offset - runs[-1][1] < _WIDEST_GAP:
             runs[-1] = (runs[-1][0], offset + 1)
         else:
             runs.append((offset, offset + 1))

@@ -195,7 +195,7 @@ class StageTask:
         self.gate = self._input_gate(options, clock)
         self.watermarks = WatermarkTracker(event_time_inputs(pipeline, spec), self.start.watermarks, clock=clock)
         self.quarantine = Quarantine(
-            spec.name, io, self.counters, self.metrics, ingress_topics={i.topic for i in pipeline.ingress}
+            spec.name, io, self.counters, self.metrics, ingress_topics={i.topic: i.partitions for i in pipeline.ingress}
         )
         # rows go to the operator with the record each came from (operators.dead_letters.ORIGIN),
         # so its dead letters name it; an operator of one's own gets them as the input has them

@@ -7,10 +7,12 @@ query starts its channels at; the worker runs it (``streaming.engine.worker.work
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -126,6 +128,16 @@ class TaskFactory:
             faults.point(name, "during_restore", self.restore)
         plan = plan_start(self.generation, self.restore, loaded)
         sink = None if stage.sink is None else self._open_sink(name, stage.sink)
+        try:
+            return self._running(name, spec, stage, plan, sink)
+        except BaseException:
+            if sink is not None:  # a task that does not start leaves no sink open (a Kafka sink's JVM)
+                getattr(sink, "close", lambda: None)()
+            raise
+
+    def _running(
+        self, name: str, spec: TaskSpec, stage: Stage, plan: Any, sink: Any
+    ) -> tuple[RunningTask, dict[ChannelId, int]]:
         # each input topic's retention.ms, read once for the task
         kept = {topic: retention_ms(self.connection.kafka, topic) for topic in sorted({c.topic for c in spec.inputs})}
         task = StageTask(
@@ -164,7 +176,11 @@ class TaskFactory:
             kafka_client=self.settings.kafka_sink_client,
             key=self.control.key,
         )
-        recovery = sink.recover(self.restore or 0)
+        try:
+            recovery = sink.recover(self.restore or 0)
+        except BaseException:
+            getattr(sink, "close", lambda: None)()
+            raise
         if recovery:
             log.info(
                 f"{name}: sink recovered: committed epochs {recovery.committed}, discarded "
@@ -213,7 +229,7 @@ class TaskFactory:
             publish=self.control.publish,
             dead_letter=self.dead_letters.send,
             write_snapshot=self._write_snapshot(name),
-            read_range=lambda c, a, b, timeout_s=60.0: read_range(self.connection.kafka, c, a, b, timeout_s=timeout_s),
+            read_range=functools.partial(read_range, self.connection.kafka),
             stage_epoch=stage_epoch,
             flush=self._flush,
             prepare=self.prepare.get(stage.name),

@@ -426,10 +426,12 @@ class Worker:
                 log.info(f"{query.name}: {records} records read, {handed / records:.1f} {HANDED_PER_RECORD}")
         self.queries = []
         for running in self.running:
-            running.task.wait_for_uploads(10)
-            running.task.close()
-            if isinstance(running.sink, KafkaSink):
-                running.sink.close()
+            try:
+                running.task.wait_for_uploads(10)
+                running.task.close()
+            finally:
+                if isinstance(running.sink, KafkaSink):
+                    running.sink.close()  # its transactions' JVM ends whatever the task did
         metrics.forget_tasks(self.pipeline.job, [r.task.spec.name for r in self.running])
         self.running = []
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from operators.dead_letters import without_origin
 from operators.state import stored_keys
 from streaming.adapters.snapshots import LoadedTask, SnapshotStore
 from streaming.errors import SnapshotMissingError
@@ -89,8 +90,9 @@ class StateTables:
         before, after = self.state(a, table=table), self.state(b, table=table)
         diffs = []
         for name in sorted(set(before) | set(after)):
-            old, new = before.get(name), after.get(name)
-            template = new if new is not None else before[name]  # a table of a, b or both
+            # rows an operator buffers carry their origin (operators.dead_letters): not state to compare
+            old, new = (None if t is None else without_origin(t) for t in (before.get(name), after.get(name)))
+            template = new if new is not None else without_origin(before[name])  # a table of a, b or both
             # a table that names no keys is compared row by row (rows added and removed), a
             # row's occurrence among equal rows counting as part of it
             named = state_keys(template)

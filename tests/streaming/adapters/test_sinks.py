@@ -11,7 +11,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from streaming import read_committed_output, read_kafka_output  # what a user reads output with
-from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.kafka_admin import create_topic, end_offsets
 from streaming.adapters.kafka_txn import JavaTransactions
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, Recovery
@@ -147,12 +147,30 @@ def test_the_java_client_writes_on_the_second_transaction_protocol(connection, u
     assert _read_committed(connection.kafka, topic) == ["v0", "v1", "v2", "newer"]
 
 
+@pytest.mark.integration
+def test_a_transaction_larger_than_the_java_clients_heap_is_streamed_through_it(connection, unique_name):
+    topic = f"{unique_name}-big"
+    create_topic(connection.kafka, topic, 1)
+    sender = JavaTransactions(connection.kafka, f"{unique_name}-tx", delivery_timeout_s=60, heap="64m")
+    try:
+        value = bytes(range(256)) * 3500  # 896,000 bytes, under the broker's largest record
+        sender.commit([(topic, 0, None, value, [])] * 100, "90 MB in one transaction")
+        assert len(sender.producers(topic, 0)) == 1
+    finally:
+        sender.close()
+    assert (
+        sum(end_offsets(connection.kafka, topic, 1).values()) == 101
+    )  # the records and the transaction's commit marker
+
+
+@pytest.mark.integration
 def test_the_java_client_says_why_it_cannot_start(connection, unique_name):
     unreachable = KafkaAccess("127.0.0.1:1")
     with pytest.raises(SinkError, match=r"cannot start a transactional producer on 127.0.0.1:1: .*Timeout expired"):
         JavaTransactions(unreachable, f"{unique_name}-tx", delivery_timeout_s=2)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("client", ["java", "python"])
 def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name, client):
     """With either client (``JobSettings.kafka_sink_client``)."""
@@ -196,6 +214,7 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name, clien
     with pytest.raises(SinkFencedError):
         first.commit(4)
     assert _read_committed(connection.kafka, topic) == ["1:0", "1:1", "2:0", "2:1"]
+    first.close()
     second.close()
     # a restore to checkpoint 1 cannot take epoch 2 back from Kafka: it says so
     third = KafkaSink(

@@ -81,7 +81,7 @@ def test_a_later_stage_reads_the_ingress_record_back_by_its_offset():
     asked = []
     records = ingress_records()
 
-    def read_range(channel, start, end, timeout_s=60.0):
+    def read_range(channel, start, end, timeout_s=60.0, to_end=False):
         asked.append((str(channel), start, end))
         assert timeout_s <= quarantine.ORIGINAL_READ_S
         offsets = records["offset"]
@@ -105,7 +105,7 @@ def test_a_later_stage_reads_the_ingress_record_back_by_its_offset():
 def test_a_record_that_cannot_be_read_back_leaves_the_row_and_says_why():
     io = through_first_stage(windows)
 
-    def read_range(channel, start, end, timeout_s=60.0):
+    def read_range(channel, start, end, timeout_s=60.0, to_end=False):
         raise RuntimeError("broker gone")
 
     _, late = into_second_stage(io, windows, read_range)[1].letters
@@ -132,7 +132,7 @@ def test_an_origin_naming_another_topic_is_never_read():
         forged.append((None, value, headers))
     io.stream = forged
 
-    def read_range(channel, start, end, timeout_s=60.0):
+    def read_range(channel, start, end, timeout_s=60.0, to_end=False):
         raise AssertionError(f"read {channel}")
 
     for letter in into_second_stage(io, windows, read_range)[1].letters:
@@ -177,17 +177,22 @@ def test_rows_made_from_many_records_name_the_record_they_were_read_from():
 
 
 def test_reading_back_is_bounded_per_batch():
-    offsets = list(range(0, 100 * quarantine._WIDEST_RANGE, quarantine._WIDEST_RANGE))
-    assert quarantine._runs([1, 2, 3, 4_000, 9_000]) == [(1, 4_001), (9_000, 9_001)]
+    offsets = list(range(0, 200 * quarantine._WIDEST_GAP, 2 * quarantine._WIDEST_GAP))
+    assert quarantine._runs([1, 2, 3, 150, 9_000]) == [(1, 151), (9_000, 9_001)]
     reads = []
 
     class IO:
-        def read_range(self, channel, start, end, timeout_s=60.0):
+        def read_range(self, channel, start, end, timeout_s=60.0, to_end=False):
             reads.append(start)
             return batch()
 
-    originals = quarantine._Originals(IO(), ChannelId("x", 0), None, frozenset({"in"}))
+    originals = quarantine._Originals(IO(), ChannelId("x", 0), None, {"in": 1})
     originals.gather([(ChannelId("in", 0), o) for o in offsets])
     assert len(reads) == quarantine.ORIGINALS_READ
     record, why = originals.get(ChannelId("in", 0), offsets[-1])
     assert record is None and f"at most {quarantine.ORIGINALS_READ} ranges" in why
+    # an origin is data: a partition the topic does not have is never read
+    reads.clear()
+    originals = quarantine._Originals(IO(), ChannelId("x", 0), None, {"in": 1})
+    originals.gather([(ChannelId("in", 7), 3)])
+    assert reads == [] and "has no partition 7" in originals.get(ChannelId("in", 7), 3)[1]
