@@ -34,6 +34,7 @@ not waited for."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 from collections.abc import Callable, Mapping
@@ -43,12 +44,12 @@ from barriers.handler import CheckpointKind
 from streaming.adapters import codec
 from streaming.adapters.kafka_admin import earliest_offsets
 from streaming.adapters.kafka_io import DeadLetters, close_producer, producer, read_range, write_records
-from streaming.adapters.objects import patiently
+from streaming.adapters.objects import StoreLocation, patiently
 from streaming.adapters.sinks import open_sink, sink_location
 from streaming.adapters.snapshots import JobMeta, Manifest, SnapshotStore, TaskParts
 from streaming.adapters.snapshots.format import options_as_stored, stored_name
 from streaming.api.config import Connection
-from streaming.api.pipeline import Pipeline, Scale, SinkKind
+from streaming.api.pipeline import Pipeline, Scale, SinkKind, TaskSpec
 from streaming.api.settings import JobSettings
 from streaming.engine.kafka_retention import KafkaKept, pick_restorable
 from streaming.engine.restore.changes import AllowDropped, PipelineChange, plan_change
@@ -329,10 +330,15 @@ class RestoreService:
     def _recover_sinks(self, pipeline: Pipeline, source: int) -> None:
         """Every sink task of ``pipeline`` recovers to checkpoint ``source``."""
         location = sink_location(self.settings, self.job, self.connection)
-        for spec in pipeline.tasks():
-            stage = pipeline.stage(spec.stage)
-            if stage.sink is None:
-                continue
+        tasks = [spec for spec in pipeline.tasks() if pipeline.stage(spec.stage).sink is not None]
+        # side by side: a Kafka sink starts a JVM for its transactions (about a second each)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, len(tasks)))) as pool:
+            for done in [pool.submit(self._recover_sink, pipeline, spec, location, source) for spec in tasks]:
+                done.result()
+
+    def _recover_sink(self, pipeline: Pipeline, spec: TaskSpec, location: StoreLocation, source: int) -> None:
+        stage = pipeline.stage(spec.stage)
+        if stage.sink is not None:
             sink = open_sink(
                 stage.sink,
                 location,

@@ -7,6 +7,7 @@ query starts its channels at; the worker runs it (``streaming.engine.worker.work
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import os
@@ -107,6 +108,8 @@ class TaskFactory:
         self.store = clients.store
         # per stage with Spark code: Kafka records read in Python, prepared by it
         self.prepare = dict(prepare or {})
+        # sinks opened ahead, side by side (``open_sinks``), by task
+        self._opened: dict[str, ObjectStoreSink | KafkaSink | DeltaSink] = {}
         # the states of this generation's tasks share the budget (those of the last one are gone)
         memory = None
         if settings.state_memory_bytes is not None:
@@ -118,6 +121,29 @@ class TaskFactory:
         # where Avro ingress with registry=True finds its writers' schemas
         use_registry(connection.schema_registry or None)
 
+    def open_sinks(self, names: list[str]) -> None:
+        """The sinks of tasks ``names``, opened and recovered side by side
+        (a Kafka sink starts a JVM for its transactions: about a second
+        each); ``build`` takes them.  When one fails, the others are closed
+        and its error raised."""
+        wanted = [(n, self.pipeline.stage(self.pipeline.task(n).stage).sink) for n in names]
+        declared = {n: sink for n, sink in wanted if sink is not None and n not in self._opened}
+        if len(declared) < 2:
+            return
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(4, len(declared))) as pool:
+            futures = {n: pool.submit(self._open_sink, n, sink) for n, sink in declared.items()}
+        failed: BaseException | None = None
+        for name, future in futures.items():
+            try:
+                self._opened[name] = future.result()
+            except BaseException as exc:
+                failed = failed or exc
+        if failed is not None:
+            for sink in self._opened.values():
+                getattr(sink, "close", lambda: None)()
+            self._opened.clear()
+            raise failed
+
     def build(self, name: str) -> tuple[RunningTask, dict[ChannelId, int]]:
         """Task ``name``, recovered, and the offsets its channels start at."""
         spec = self.pipeline.task(name)
@@ -127,7 +153,9 @@ class TaskFactory:
             loaded = self.store().load_task(self.restore, name)
             faults.point(name, "during_restore", self.restore)
         plan = plan_start(self.generation, self.restore, loaded)
-        sink = None if stage.sink is None else self._open_sink(name, stage.sink)
+        sink = self._opened.pop(name, None)
+        if sink is None and stage.sink is not None:
+            sink = self._open_sink(name, stage.sink)
         try:
             return self._running(name, spec, stage, plan, sink)
         except BaseException:

@@ -212,6 +212,7 @@ class Worker:
             prepare={stage: c.records for stage, c in code.items()},
         )
         by_stage: dict[str, list[tuple[StageTask, dict[ChannelId, int]]]] = {}
+        factory.open_sinks(list(self.task_names))
         for name in self.task_names:
             running, starting = factory.build(name)
             self.running.append(running)
