@@ -316,7 +316,10 @@ def read_committed_output(location: StoreLocation) -> pa.Table | None:
 class KafkaSink(_TwoPhaseSink):
     """Rows with ``key`` and ``value`` columns (binary or string; optional
     ``partition``) published to ``topic`` in one transaction per epoch, with a
-    commit marker in ``<topic>.commits`` inside the same transaction."""
+    commit marker in ``<topic>.commits`` inside the same transaction.
+    ``client``: who writes the transactions, ``"java"`` (Kafka's Java client
+    in a JVM of its own, on the broker's transaction protocol:
+    ``streaming.adapters.kafka_txn``) or ``"python"`` (kafka-python)."""
 
     def __init__(
         self,
