@@ -63,31 +63,27 @@ class Emit(KeyedProcessFunction):
         return [{"k": key, "n": len(rows)}]
 
 
-def single(make):
+def one_input(index: int, origin: bool) -> pa.Table:
+    return batch(index, origin=origin)
+
+
+def two_inputs(index: int, origin: bool) -> dict[str, pa.Table]:
+    right = batch(index, side="right", origin=origin)
+    right = right.rename_columns(["k", "t2", "w", "tags2", *([ORIGIN] if origin else [])])
+    return {"left": batch(index, side="left", origin=origin), "right": right.filter(pc.is_valid(right["k"]))}
+
+
+def driven(make, inputs=one_input):
+    """A run of ``make()``'s operator over the batches (``inputs`` makes each
+    call's input), the watermarks between them: the operator and its outputs."""
+
     def run(origin: bool):
         op = make()
         outputs = []
         for index, watermark in enumerate(WATERMARKS):
             if watermark is not None and hasattr(op, "on_watermark"):
                 outputs.append(op.on_watermark(watermark))
-            outputs.append(op.process(batch(index, origin=origin)))
-        return op, outputs
-
-    return run
-
-
-def two_sided(make):
-    def run(origin: bool):
-        op = make()
-        outputs = []
-        for index, watermark in enumerate(WATERMARKS):
-            if watermark is not None and hasattr(op, "on_watermark"):
-                outputs.append(op.on_watermark(watermark))
-            left = batch(index, side="left", origin=origin)
-            right = batch(index, side="right", origin=origin).rename_columns(
-                ["k", "t2", "w", "tags2", ORIGIN][:4] + ([ORIGIN] if origin else [])
-            )
-            outputs.append(op.process({"left": left, "right": right.filter(pc.is_valid(right["k"]))}))
+            outputs.append(op.process(inputs(index, origin)))
         return op, outputs
 
     return run
@@ -95,24 +91,24 @@ def two_sided(make):
 
 # (name, run, whether each output row is one input row whose origin it keeps)
 CASES = [
-    ("filter", single(lambda: filter_rows(pc.field("v") > 6)), True),
-    ("select", single(lambda: select("k", "v")), True),
-    ("with_column", single(lambda: with_column("w", pc.field("v") * 2)), True),
-    ("flat_map", single(lambda: flat_map("tags")), True),
-    ("chain", single(lambda: Chain(filter_rows(pc.field("v") > 5), select("k", "t"))), True),
-    ("dedup", single(lambda: Deduplicate("k", "t", 1_000)), True),
-    ("keyed aggregate", single(lambda: KeyedAggregate("k", {"n": count(), "s": sum_("v")})), False),
-    ("tumbling", single(lambda: TumblingWindowAggregate("k", "t", 1_000, {"n": count()})), False),
-    ("sliding", single(lambda: SlidingWindowAggregate("k", "t", 2_000, 1_000, {"n": count()})), False),
-    ("sessions", single(lambda: SessionWindowAggregate("k", "t", 500, {"n": count()})), False),
-    ("keyed process", single(lambda: KeyedProcess("k", Emit(), time_column="t")), False),
-    ("latest value join", two_sided(lambda: LatestValueJoin("k", unmatched="dead_letter")), True),
+    ("filter", driven(lambda: filter_rows(pc.field("v") > 6)), True),
+    ("select", driven(lambda: select("k", "v")), True),
+    ("with_column", driven(lambda: with_column("w", pc.field("v") * 2)), True),
+    ("flat_map", driven(lambda: flat_map("tags")), True),
+    ("chain", driven(lambda: Chain(filter_rows(pc.field("v") > 5), select("k", "t"))), True),
+    ("dedup", driven(lambda: Deduplicate("k", "t", 1_000)), True),
+    ("keyed aggregate", driven(lambda: KeyedAggregate("k", {"n": count(), "s": sum_("v")})), False),
+    ("tumbling", driven(lambda: TumblingWindowAggregate("k", "t", 1_000, {"n": count()})), False),
+    ("sliding", driven(lambda: SlidingWindowAggregate("k", "t", 2_000, 1_000, {"n": count()})), False),
+    ("sessions", driven(lambda: SessionWindowAggregate("k", "t", 500, {"n": count()})), False),
+    ("keyed process", driven(lambda: KeyedProcess("k", Emit(), time_column="t")), False),
+    ("latest value join", driven(lambda: LatestValueJoin("k", unmatched="dead_letter"), two_inputs), True),
     (
         "interval join",
-        two_sided(lambda: IntervalJoin("k", left_time="t", right_time="t2", lower=-100, upper=100)),
+        driven(lambda: IntervalJoin("k", left_time="t", right_time="t2", lower=-100, upper=100), two_inputs),
         True,
     ),
-    ("union", two_sided(lambda: Union(("left", "right"))), True),
+    ("union", driven(lambda: Union(("left", "right")), two_inputs), True),
 ]
 
 
