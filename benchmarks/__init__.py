@@ -11,4 +11,7 @@ with medians; the raw runs are kept as JSON beside a Markdown table.
 - ``state``: keyed state at 100 thousand to 10 million keys;
 - ``profiles``: py-spy profiles of the hot path;
 - ``delta_sink``: one epoch's commit to Delta Lake by delta-rs against
-  delta-spark (``python -m benchmarks.delta_sink``)."""
+  delta-spark (``python -m benchmarks.delta_sink``);
+- ``origins``: what carrying each row's origin (for dead letters that name
+  their ingress record) costs a task's Python side
+  (``python -m benchmarks.origins``)."""
