@@ -21,7 +21,6 @@ import collections
 import logging
 import os
 import queue
-import shutil
 import struct
 import subprocess
 import threading
@@ -292,8 +291,3 @@ def _read_said(stderr: Any, said: collections.deque, transactional_id: str) -> N
         if text:
             said.append(text)
             log.debug("%s: %s", transactional_id, text)
-
-
-def java_available() -> bool:
-    """Whether a JDK is on the PATH (the sender needs ``java``, and ``javac`` once)."""
-    return shutil.which("java") is not None

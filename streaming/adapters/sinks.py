@@ -344,7 +344,6 @@ class KafkaSink(_TwoPhaseSink):
         create_topic(kafka, self.commit_topic, 1, config={"cleanup.policy": "compact"})
         if client not in KAFKA_SINK_CLIENTS:
             raise ConfigError(f"Kafka sink {transactional_id}: client {client!r}: use one of {KAFKA_SINK_CLIENTS}")
-        self.client = client
         # Kafka's Java client, on the broker's transaction protocol (the second since Kafka 4.0)
         self._java: JavaTransactions | None = None
         if client == "java":

@@ -42,6 +42,12 @@ def _headers(row: pa.Table) -> list[tuple[str, bytes]]:
     return [(h["key"], h["value"]) for h in (row["headers"][0].as_py() or [])]
 
 
+def _original(records: pa.Table, index: int) -> Original:
+    """The key, value and headers of record ``index`` of ``records``."""
+    row = records.slice(index, 1)
+    return row["key"][0].as_py(), row["value"][0].as_py(), _headers(row)
+
+
 class Quarantine:
     """The dead letters of task ``task``, sent with ``io.dead_letter(channel,
     offset, key, value, headers, reason)`` (a ``TaskIO``'s), counted in
@@ -68,8 +74,7 @@ class Quarantine:
     def record(self, channel: ChannelId, row: pa.Table, reason: str, *, counted_as: str = "malformed") -> None:
         """One input record (a one-row batch table), with ``reason``
         (``counted_as``: one of ``REASONS``)."""
-        self.counters["dead_letters"] += 1
-        self.metrics.dead_letter(counted_as)
+        self._count(counted_as)
         self.io.dead_letter(
             channel,
             int(row["offset"][0].as_py()),
@@ -82,9 +87,12 @@ class Quarantine:
     def row(self, channel: ChannelId, value: bytes, reason: str, *, counted_as: str = "given_up") -> None:
         """A row made from input records (``value``: the row as JSON), with
         ``reason`` (``counted_as``: one of ``REASONS``)."""
+        self._count(counted_as)
+        self.io.dead_letter(channel, -1, None, value, [], reason)
+
+    def _count(self, counted_as: str) -> None:
         self.counters["dead_letters"] += 1
         self.metrics.dead_letter(counted_as)
-        self.io.dead_letter(channel, -1, None, value, [], reason)
 
     def control_record(self, channel: ChannelId, row: pa.Table, rejected: BarrierRejected) -> None:
         """A control record whose barrier failed its checks."""
@@ -131,8 +139,7 @@ class Quarantine:
             source, offset = origin
             notes = [("spark-abs-row", value), ("spark-abs-read-from", str(channel).encode())]
             original, why = originals.get(source, offset)
-            self.counters["dead_letters"] += 1
-            self.metrics.dead_letter("given_up")
+            self._count("given_up")
             if original is None:
                 self.io.dead_letter(source, offset, None, value, [*notes, ("spark-abs-original", why.encode())], reason)
             else:
@@ -174,8 +181,7 @@ class _Originals:
             here = {o: i for i, o in enumerate(self.records["offset"].to_pylist())}
             for source, offset in wanted:
                 if source == self.channel and offset in here:
-                    row = self.records.slice(here[offset], 1)
-                    self.found[(source, offset)] = (row["key"][0].as_py(), row["value"][0].as_py(), _headers(row))
+                    self.found[(source, offset)] = _original(self.records, here[offset])
         by_channel: dict[ChannelId, list[int]] = collections.defaultdict(list)
         for source, offset in sorted(set(wanted), key=lambda w: (str(w[0]), w[1])):
             if source.partition >= self.ingress_topics[source.topic]:
@@ -205,8 +211,7 @@ class _Originals:
                     log.warning("%s: dead letters' ingress records not read back: %s", source, exc)
                     break
                 for index, at in enumerate(table["offset"].to_pylist()):
-                    row = table.slice(index, 1)
-                    self.found[(source, at)] = (row["key"][0].as_py(), row["value"][0].as_py(), _headers(row))
+                    self.found[(source, at)] = _original(table, index)
 
     def get(self, source: ChannelId, offset: int) -> tuple[Original | None, str]:
         """The record at ``offset`` of ``source`` (key, value, headers), or None and why not."""
