@@ -5,11 +5,11 @@ of their directory."""
 from setuptools import find_packages, setup
 
 setup(
-    # streaming.adapters.jvm and jvm_kafka hold Java sources only (package data, compiled on first use)
+    # streaming.adapters.spark.java and kafka.java hold Java sources only (package data, compiled on first use)
     packages=[
         *find_packages(include=["streaming*", "operators*", "barriers*"]),
-        "streaming.adapters.jvm",
-        "streaming.adapters.jvm_kafka",
+        "streaming.adapters.spark.java",
+        "streaming.adapters.kafka.java",
         "spark_abs_examples",
     ],
     package_dir={"spark_abs_examples": "examples"},

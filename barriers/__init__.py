@@ -1,4 +1,5 @@
-"""The snapshot protocol as a pure core: barrier messages (``messages``), the
+"""The snapshot protocol as a pure core: barrier messages (``messages``), every
+record header name spark-abs writes or reads (``headers``), the
 per-task handler for every alignment mode (``handler``), the coordinator's
 bookkeeping (``coordinator``), why checkpoints fail (``failures``), the
 lineage of restores (``lineage``) and the errors (``errors``).  The

@@ -17,6 +17,20 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, overload
 
 from barriers.errors import BarrierRejected
+from barriers.headers import (
+    ALIGNMENT_HEADER,
+    ALIGNMENT_TIMEOUT_HEADER,
+    CHECKPOINT_HEADER,
+    GENERATION_HEADER,
+    HEADER_PREFIX,
+    HELD_BUDGET_HEADER,
+    IN_FLIGHT_HEADER,
+    JOB_HEADER,
+    KIND_HEADER,
+    REASON_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+)
 
 __all__ = [
     "ChannelId",
@@ -26,19 +40,10 @@ __all__ = [
     "Barrier",
     "CancelBarrier",
     "BarrierRejected",
-    "HEADER_PREFIX",
-    "KIND_HEADER",
-    "GENERATION_HEADER",
     "is_control",
     "encode",
     "decode",
 ]
-
-HEADER_PREFIX = "abs."
-KIND_HEADER = "abs.kind"
-# carried by data records too: the generation of the task that wrote them
-GENERATION_HEADER = "abs.gen"
-_SIGNATURE_HEADER = "abs.sig"
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -194,30 +199,30 @@ def encode(message: Barrier | CancelBarrier, *, key: bytes | None = None) -> lis
     if isinstance(message, Barrier):
         fields: dict[str, str] = {
             KIND_HEADER: "barrier",
-            "abs.checkpoint": str(message.checkpoint_id),
+            CHECKPOINT_HEADER: str(message.checkpoint_id),
             GENERATION_HEADER: str(message.generation),
-            "abs.job": message.job,
-            "abs.alignment": message.options.alignment.value,
-            "abs.in_flight": message.options.in_flight.value,
-            "abs.ts": str(message.timestamp_ms),
+            JOB_HEADER: message.job,
+            ALIGNMENT_HEADER: message.options.alignment.value,
+            IN_FLIGHT_HEADER: message.options.in_flight.value,
+            TIMESTAMP_HEADER: str(message.timestamp_ms),
         }
         if message.options.alignment_timeout_ms is not None:
-            fields["abs.timeout_ms"] = str(message.options.alignment_timeout_ms)
+            fields[ALIGNMENT_TIMEOUT_HEADER] = str(message.options.alignment_timeout_ms)
         if message.options.held_bytes_budget is not None:
-            fields["abs.held_budget"] = str(message.options.held_bytes_budget)
+            fields[HELD_BUDGET_HEADER] = str(message.options.held_bytes_budget)
     elif isinstance(message, CancelBarrier):
         fields = {
             KIND_HEADER: "cancel",
-            "abs.checkpoint": str(message.checkpoint_id),
+            CHECKPOINT_HEADER: str(message.checkpoint_id),
             GENERATION_HEADER: str(message.generation),
-            "abs.job": message.job,
-            "abs.reason": message.reason,
+            JOB_HEADER: message.job,
+            REASON_HEADER: message.reason,
         }
     else:
         raise TypeError(f"cannot encode {type(message).__name__} as a control record")
     headers = [(name, value.encode()) for name, value in fields.items()]
     if key is not None:
-        headers.append((_SIGNATURE_HEADER, _sign(headers, key).encode()))
+        headers.append((SIGNATURE_HEADER, _sign(headers, key).encode()))
     return headers
 
 
@@ -244,32 +249,32 @@ def decode(
     if kind not in ("barrier", "cancel"):
         raise BarrierRejected(f"{KIND_HEADER} is {kind!r}, expected 'barrier' or 'cancel'")
     if key is not None:
-        signature = fields.pop(_SIGNATURE_HEADER, None)
+        signature = fields.pop(SIGNATURE_HEADER, None)
         if signature is None:
             raise BarrierRejected("unsigned, but this job signs its barriers")
-        unsigned = [(n, v or b"") for n, v in items if n.startswith(HEADER_PREFIX) and n != _SIGNATURE_HEADER]
+        unsigned = [(n, v or b"") for n, v in items if n.startswith(HEADER_PREFIX) and n != SIGNATURE_HEADER]
         # bytes on both sides: compare_digest refuses str that is not ASCII, and a writer chooses the header
         if not hmac.compare_digest(signature.encode(), _sign(unsigned, key).encode()):
             raise BarrierRejected("signature does not match the job's key")
-    record_job = fields.get("abs.job", "")
+    record_job = fields.get(JOB_HEADER, "")
     if job is not None and record_job != job:
         raise BarrierRejected(f"belongs to job {record_job!r}, not {job!r}")
-    checkpoint_id = _integer(fields, "abs.checkpoint", minimum=1)
+    checkpoint_id = _integer(fields, CHECKPOINT_HEADER, minimum=1)
     generation = _integer(fields, GENERATION_HEADER, minimum=0)
     if kind == "cancel":
-        return CancelBarrier(checkpoint_id, generation, fields.get("abs.reason", ""), record_job)
+        return CancelBarrier(checkpoint_id, generation, fields.get(REASON_HEADER, ""), record_job)
     try:
-        alignment = Alignment(fields.get("abs.alignment"))
-        in_flight = InFlightFormat(fields.get("abs.in_flight", InFlightFormat.RANGE.value))
+        alignment = Alignment(fields.get(ALIGNMENT_HEADER))
+        in_flight = InFlightFormat(fields.get(IN_FLIGHT_HEADER, InFlightFormat.RANGE.value))
     except ValueError as exc:
         raise BarrierRejected(f"bad options: {exc}") from None
-    timeout = _integer(fields, "abs.timeout_ms", minimum=0, required=False)
-    budget = _integer(fields, "abs.held_budget", minimum=0, required=False)
+    timeout = _integer(fields, ALIGNMENT_TIMEOUT_HEADER, minimum=0, required=False)
+    budget = _integer(fields, HELD_BUDGET_HEADER, minimum=0, required=False)
     try:
         options = CheckpointOptions(alignment, timeout, budget, in_flight)
     except ValueError as exc:
         raise BarrierRejected(f"bad options: {exc}") from None
-    timestamp = _integer(fields, "abs.ts", minimum=0, required=False) or 0
+    timestamp = _integer(fields, TIMESTAMP_HEADER, minimum=0, required=False) or 0
     return Barrier(checkpoint_id, generation, options, timestamp, record_job)
 
 

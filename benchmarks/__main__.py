@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks import runs, workloads
     from streaming import console
-    from streaming.adapters.kafka_admin import create_topic
+    from streaming.adapters.kafka.admin import create_topic
     from streaming.api.config import Connection, LocalRuntimeSettings, default_home
     from streaming.api.settings import JobSettings
     from streaming.errors import SparkAbsError

@@ -46,7 +46,7 @@ def _delta_rs(path: Path, rows: pa.Table) -> Callable[[int], None]:
 
 
 def _delta_spark(path: Path, rows: pa.Table) -> Callable[[int], None]:
-    from streaming.adapters.spark import spark_session
+    from streaming.adapters.spark.session import spark_session
     from streaming.api.config import SparkSettings
 
     spark = spark_session(SparkSettings(delta=True, app_name="delta-sink-bench"))

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import functions as F
 
-    from streaming.adapters.spark import spark_session
+    from streaming.adapters.spark.session import spark_session
     from streaming.api.config import Connection, SparkSettings
 
     connection = Connection.load()

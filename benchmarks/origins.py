@@ -24,7 +24,7 @@ from rich.table import Table
 
 from operators import KeyedAggregate, count, filter_rows, sum_
 from operators.stateless import FilterRows
-from streaming.adapters.records import RECORD_SCHEMA
+from streaming.adapters.serde.records import RECORD_SCHEMA
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.engine.task.stage_task import StageTask, TaskIO
 

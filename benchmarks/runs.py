@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 from barriers.coordinator import CheckpointStatus
 from benchmarks.profiles import Sampler, summarise
 from benchmarks.workloads import TOPIC_ENV
-from streaming.adapters.sinks import read_committed_output, sink_location
+from streaming.adapters.sinks.factory import sink_location
+from streaming.adapters.sinks.object_store import read_committed_output
 from streaming.api.config import Connection, KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import committed_through, ingress_end_offsets, kill_worker
@@ -354,7 +355,7 @@ def demo_run(
 
     def feed() -> None:
         # one producer, the transfers made up front: the feeder should cost the machine little
-        from streaming.adapters import kafka_clients
+        from streaming.adapters.kafka import clients as kafka_clients
 
         transfers = money.make_transfers(int(rate * (seconds + 600)), seed=7)
         producer = kafka_clients.raw_producer(connection.kafka, acks="all", linger_ms=20)
@@ -423,7 +424,7 @@ def peer_available(variant: str) -> bool:
 
 def flink_connector(cache_dir: Path) -> Path:
     """Flink's Kafka SQL connector (one shaded jar), from Maven Central once."""
-    from streaming.adapters.jars import Artifact, resolve_jars
+    from streaming.adapters.spark.jars import Artifact, resolve_jars
 
     jars = resolve_jars("flink-sql-kafka", [Artifact(*FLINK_KAFKA)], cache_dir)
     return next(j for j in jars if j.name.startswith(FLINK_KAFKA[1]))
@@ -436,7 +437,7 @@ def peer_run(
     commits to a topic of its own are checked, and its throughput runs from
     its first output record to its last (when the broker appended each; its
     start-up is launch to first output)."""
-    from streaming.adapters.kafka_admin import create_topic
+    from streaming.adapters.kafka.admin import create_topic
 
     env, script = PEERS[variant]
     out = f"{topic}-{variant}-{uuid.uuid4().hex[:6]}"
@@ -465,7 +466,7 @@ def _committed_updates(kafka: KafkaAccess, topic: str) -> tuple[pa.Table | None,
     times of the first and last (seconds since the epoch)."""
     from kafka import TopicPartition
 
-    from streaming.adapters import kafka_clients
+    from streaming.adapters.kafka import clients as kafka_clients
 
     consumer = kafka_clients.consumer(kafka, isolation_level="read_committed", enable_auto_commit=False)
     try:

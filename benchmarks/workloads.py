@@ -156,7 +156,7 @@ def produce(
 ) -> dict[str, int]:
     """``records`` JSON records ``{"k": "key-<i mod keys>", "v": i mod 100}``;
     returns the expected ``{"records", "keys", "sum"}``."""
-    from streaming.adapters import kafka_clients
+    from streaming.adapters.kafka import clients as kafka_clients
 
     producer = kafka_clients.raw_producer(kafka, linger_ms=50, batch_size=1 << 20, acks=1)
     total = 0

@@ -17,7 +17,7 @@ from typing import cast
 import pandas as pd
 import pyarrow as pa
 
-from streaming.api.avro import AvroSchema
+from streaming.api.avro_schema import AvroSchema
 from streaming.api.config import Connection, KafkaAccess
 from streaming.api.pipeline import Ingress, Pipeline
 from streaming.api.producing import end_input
@@ -50,7 +50,7 @@ def spark_ddl(schema: pa.Schema) -> str:
 def produce(kafka: KafkaAccess, records: Iterable[tuple[str, int, bytes]], *, end: Pipeline | None = None) -> int:
     """Send ``records`` (topic, partition, value) in order; with ``end``, then
     end the input of every partition of that pipeline's ingress topics."""
-    from streaming.adapters import kafka_clients
+    from streaming.adapters.kafka import clients as kafka_clients
 
     producer = kafka_clients.raw_producer(kafka, acks="all", linger_ms=20)
     sent = 0
@@ -100,7 +100,7 @@ def _decoded(ingress: Ingress):
     if not avro.registry:
         return from_avro(value, avro.json)
     # each value read with the schema its id names in the registry, resolved to the ingress's
-    from streaming.adapters.registry import current_registry, subject_of
+    from streaming.adapters.serde.schema_registry import current_registry, subject_of
 
     registry = current_registry(f"the reference of {ingress.topic}")
     schema_id = F.conv(F.hex(F.expr("substring(value, 2, 4)")), 16, 10).cast("long")
@@ -138,7 +138,7 @@ def drill_workload(records: Callable[..., list[tuple[str, int, bytes]]], sql: st
 def committed(kafka: KafkaAccess, topic: str) -> pd.DataFrame:
     """The rows a Kafka sink committed to ``topic`` (read_committed), without
     the epochs it marked superseded after a restore to an older checkpoint."""
-    from streaming.adapters.sinks import read_kafka_output
+    from streaming.adapters.sinks.kafka import read_kafka_output
 
     return pd.DataFrame([json.loads(v) for v in read_kafka_output(kafka, topic, timeout_ms=1500).values])
 
@@ -154,7 +154,7 @@ def committed_delta(spark, table_uri: str, connection: Connection) -> pd.DataFra
     import pyarrow.fs as pafs
 
     from streaming.adapters.objects import s3_filesystem
-    from streaming.adapters.sinks import DELTA_COLUMNS
+    from streaming.adapters.sinks.delta import DELTA_COLUMNS
 
     with tempfile.TemporaryDirectory(prefix="delta-read-") as local:
         path = table_uri
@@ -174,7 +174,8 @@ def committed_delta(spark, table_uri: str, connection: Connection) -> pd.DataFra
 def output(spark, pipeline: Pipeline, store: str, connection: Connection) -> pd.DataFrame:
     """What the pipeline's sink committed, each result once: a Kafka sink's
     topic (``committed``) or a Delta sink's table (``committed_delta``)."""
-    from streaming.adapters.sinks import delta_table_uri, sink_location
+    from streaming.adapters.sinks.delta import delta_table_uri
+    from streaming.adapters.sinks.factory import sink_location
     from streaming.api.pipeline import SinkKind
     from streaming.api.settings import JobSettings
 

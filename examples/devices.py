@@ -39,8 +39,8 @@ import pyarrow as pa
 
 from operators import Deduplicate, SlidingWindowAggregate, count, sum_
 from streaming import Ingress, Pipeline, Sink, Stage
-from streaming.adapters import avro
-from streaming.adapters.registry import current_registry, subject_of
+from streaming.adapters.serde import avro
+from streaming.adapters.serde.schema_registry import current_registry, subject_of
 
 __all__ = [
     "EVENTS",
@@ -160,7 +160,7 @@ def records(
     first events, within the ingress's bound).  Each round's first half is
     written with ``EVENTS_V1``, the rest with ``EVENTS_V2``, both registered
     in ``registry`` (None: the schema registry of this process,
-    ``streaming.adapters.registry.use_registry``) under ``<topic>-value``."""
+    ``streaming.adapters.serde.schema_registry.use_registry``) under ``<topic>-value``."""
     rng = random.Random(seed if round == 0 else f"{seed}-{round}")
     partitions: list[list[tuple[int, dict]]] = [[], []]
     for i in range(round * events, (round + 1) * events):

@@ -259,7 +259,7 @@ def produce_transfers(
     """Write the transfers (transfer i to partition i mod ``partitions``, so
     event time grows within each partition), then, with ``end``, the end of
     the input on every partition (``streaming.end_input``)."""
-    from streaming.adapters import kafka_clients
+    from streaming.adapters.kafka import clients as kafka_clients
 
     producer = kafka_clients.raw_producer(kafka, acks="all", linger_ms=20)
     try:

@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from operators import LatestValueJoin, TumblingWindowAggregate, count, select, sum_
 from streaming import Ingress, Pipeline, Sink, Stage
-from streaming.adapters import avro
+from streaming.adapters.serde import avro
 
 __all__ = ["ORDERS", "CUSTOMERS", "pipeline", "records", "REFERENCE", "KEYS", "drill_workload"]
 

@@ -16,7 +16,7 @@ schema metadata:
   way, so that no window closes earlier than it would have.
 
 A table that says neither cannot be divided: ``split_state`` raises
-``RescaleError`` naming it, before anything is restored.  Tables that are
+``StateDivisionError`` naming it, before anything is restored.  Tables that are
 empty in every old task need no rule.  Merging (fewer tasks) and splitting
 (more) are the same operation: all old rows, routed again."""
 
@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from operators.errors import OperatorError
 from operators.state import KEYS_METADATA
 
-__all__ = ["RESCALE_METADATA", "RescaleError", "split_state", "rows_by", "MIN"]
+__all__ = ["RESCALE_METADATA", "StateDivisionError", "split_state", "rows_by", "MIN"]
 
 RESCALE_METADATA = b"spark-abs.rescale"
 MIN = "min"
@@ -40,7 +40,7 @@ MIN = "min"
 Assign = Callable[[pa.Table, str, int], pa.Array]
 
 
-class RescaleError(OperatorError):
+class StateDivisionError(OperatorError):
     """A stage's state cannot be divided among a new number of tasks."""
 
 
@@ -64,7 +64,7 @@ def _rule(name: str, parts: Sequence[pa.Table], route_keys: Sequence[str]) -> tu
     if rescale and rescale.startswith("rows-by:"):
         column = rescale.partition(":")[2]
         if column not in route_keys:
-            raise RescaleError(
+            raise StateDivisionError(
                 f"state table {name!r} divides by column {column!r}, but rows reach the stage by "
                 f"{' or '.join(repr(k) for k in route_keys) or 'partition (an ingress topic)'}"
             )
@@ -73,13 +73,13 @@ def _rule(name: str, parts: Sequence[pa.Table], route_keys: Sequence[str]) -> tu
         keys = json.loads(keys_text)
         routed = [k for k in keys if k in route_keys]
         if not routed:
-            raise RescaleError(
+            raise StateDivisionError(
                 f"state table {name!r} is keyed by {tuple(keys)}, but rows reach the stage by "
                 f"{' or '.join(repr(k) for k in route_keys) or 'partition (an ingress topic)'}: "
                 "its rows cannot follow their key"
             )
         return "split", routed[0]
-    raise RescaleError(
+    raise StateDivisionError(
         f"state table {name!r} does not say how it divides among tasks "
         f"(no {KEYS_METADATA.decode()} or {RESCALE_METADATA.decode()} schema metadata)"
     )
@@ -109,13 +109,13 @@ def split_state(
     the stage's inputs are routed by; ``assign`` routes rows as the upstream
     stages do."""
     if parts < 1:
-        raise RescaleError(f"a stage needs at least one task, got {parts}")
+        raise StateDivisionError(f"a stage needs at least one task, got {parts}")
     names = sorted({name for state in states for name in state})
     new: list[dict[str, pa.Table]] = [{} for _ in range(parts)]
     for name in names:
         old = [state[name] for state in states if name in state]
         if len(old) != len(states):
-            raise RescaleError(f"state table {name!r} is kept by {len(old)} of the {len(states)} tasks")
+            raise StateDivisionError(f"state table {name!r} is kept by {len(old)} of the {len(states)} tasks")
         table = _concat(old)
         if all(t.num_rows == 0 for t in old):
             for state in new:
@@ -124,12 +124,14 @@ def split_state(
         rule, column = _rule(name, old, route_keys)
         if rule == MIN:
             if any(t.num_rows != 1 for t in old):
-                raise RescaleError(f"state table {name!r} divides by its minimum but is not one row in every task")
+                raise StateDivisionError(
+                    f"state table {name!r} divides by its minimum but is not one row in every task"
+                )
             for state in new:
                 state[name] = _minimum(table)
             continue
         if column is None:  # _rule names the column of every rule but the minimum
-            raise RescaleError(f"state table {name!r} divides by no column")
+            raise StateDivisionError(f"state table {name!r} divides by no column")
         targets = assign(table, column, parts)
         for index, state in enumerate(new):
             state[name] = table.filter(pc.equal(targets, index))

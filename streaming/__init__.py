@@ -64,10 +64,10 @@ _WHERE = {
     "JobRunner": "streaming.engine.job.runner",
     "RunOptions": "streaming.engine.job.runner",
     "SparkAbsError": "streaming.errors",
-    "KafkaOutput": "streaming.adapters.sinks",
-    "read_kafka_output": "streaming.adapters.sinks",
-    "read_committed_output": "streaming.adapters.sinks",
-    "read_delta_output": "streaming.adapters.sinks",
+    "KafkaOutput": "streaming.adapters.sinks.kafka",
+    "read_kafka_output": "streaming.adapters.sinks.kafka",
+    "read_committed_output": "streaming.adapters.sinks.object_store",
+    "read_delta_output": "streaming.adapters.sinks.delta",
 }
 
 

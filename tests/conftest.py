@@ -60,7 +60,7 @@ def connection(runtime_settings: LocalRuntimeSettings) -> Iterator[Connection]:
     was_running = runtime.status().all_running
     conn = runtime.up()
     # the test process's producers and references find Avro schemas in the runtime's registry
-    from streaming.adapters.registry import use_registry
+    from streaming.adapters.serde.schema_registry import use_registry
 
     use_registry(conn.schema_registry)
     yield conn
@@ -92,7 +92,7 @@ def secure_connection(secure_runtime_settings: LocalRuntimeSettings) -> Iterator
 
 @pytest.fixture(scope="session")
 def spark(connection: Connection, runtime_settings: LocalRuntimeSettings):
-    from streaming.adapters.spark import spark_session
+    from streaming.adapters.spark.session import spark_session
     from streaming.api.config import SparkSettings
 
     # with Spark's Delta reader: the examples' Delta table is read back through it

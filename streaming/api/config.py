@@ -520,7 +520,7 @@ class Connection:
 
 @dataclass(frozen=True, slots=True)
 class SparkSettings:
-    """The Spark session every stage and tool gets from ``streaming.adapters.spark``."""
+    """The Spark session every stage and tool gets from ``streaming.adapters.spark.session``."""
 
     # Any master URL: local[N], spark://host:7077, ...
     master: str = "local[2]"

@@ -29,8 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
-from streaming.api.avro import AvroSchema, avro_schema, subject_of
+from streaming.api.avro_schema import AvroSchema, avro_schema, subject_of
 from streaming.api.settings import check_store_uri
+from streaming.api.topics import stage_topic
 from streaming.errors import ConfigError, parse_choice
 
 __all__ = [
@@ -86,7 +87,7 @@ class Ingress:
       required: a record without it, or with it null, is a dead letter
       naming the field.  None: inferred per batch.
     - ``avro``: an Avro record schema (JSON text or a dict): the values are
-      Avro records of it (``streaming.adapters.avro``) and ``schema`` is
+      Avro records of it (``streaming.adapters.serde.avro``) and ``schema`` is
       taken from it.  ``confluent_wire``: each value starts with the five
       bytes of Confluent's serializers (a zero, the schema id).
       ``registry``: that id names the schema the producer wrote the value
@@ -257,7 +258,7 @@ class Stage:
     ``key``: the output column that routes rows to the next stage's tasks.
 
     ``spark``: Spark code run on the executors for each micro-batch before
-    anything reaches Python (``streaming.adapters.spark_stage``): a function
+    anything reaches Python (``streaming.adapters.spark.stage``): a function
     from DataFrame to DataFrame, or SQL over ``{input}``.  Its input is the
     ingress records decoded by Spark with the ingress schema, plus
     ``_position`` (the record's topic, partition and offset), which every
@@ -408,7 +409,7 @@ class Pipeline:
     def _validate_spark_stage(self, stage: Stage) -> None:
         """Spark code reads one ingress topic that has a schema (Spark decodes
         its records with it); the code itself is checked where Spark runs
-        (``streaming.adapters.spark_stage``)."""
+        (``streaming.adapters.spark.stage``)."""
         if not (callable(stage.spark) or (isinstance(stage.spark, str) and "{input}" in stage.spark)):
             raise ConfigError(
                 f"stage {stage.name}: spark must be a function from DataFrame to DataFrame or a SQL "
@@ -529,7 +530,7 @@ class Pipeline:
         """The Kafka topic behind an input name: the ingress topic, or a stage's output topic."""
         if any(i.topic == name for i in self.ingress):
             return name
-        return self.topics.get(name) or f"spark-abs.{self.job}.{name}"
+        return self.topics.get(name) or stage_topic(self.job, name)
 
     @property
     def scale(self) -> Scale:

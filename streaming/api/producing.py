@@ -23,18 +23,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from barriers.messages import KIND_HEADER
+from barriers.headers import KIND_HEADER, WATERMARK_HEADER
 
 __all__ = [
-    "KIND_HEADER",
-    "WATERMARK_HEADER",
     "WATERMARK_KIND",
     "MAX_WATERMARK",
     "watermark_record_headers",
     "end_input",
 ]
 
-WATERMARK_HEADER = "abs.wm"
 # the abs.kind of a record with only headers that moves its partition's watermark
 WATERMARK_KIND = b"watermark"
 # the watermark of a partition whose input ended: every window closes

@@ -54,7 +54,7 @@ WORKER_GROUPINGS = ("one", "per-stage")
 # which client writes a Kafka sink's transactions (JobSettings.kafka_sink_client)
 KAFKA_SINK_CLIENTS = ("java", "python")
 # what one Arrow record a stage writes to an internal topic takes at most once read
-# (streaming.adapters.codec.encode_batches): the least max_decoded_bytes may be
+# (streaming.adapters.serde.codec.encode_batches): the least max_decoded_bytes may be
 DECODED_BATCH_BYTES = 16 << 20
 
 

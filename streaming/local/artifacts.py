@@ -1,5 +1,5 @@
 """Artifacts of the local runtime, fetched once into the cache: the Kafka
-broker's jars, resolved from Maven Central by ``streaming.adapters.jars``,
+broker's jars, resolved from Maven Central by ``streaming.adapters.spark.jars``,
 the S3 server binary built with ``go install``, and the schema registry
 (Apicurio Registry) built from its Maven Central artifact with Quarkus.
 
@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from streaming.adapters.jars import (
+from streaming.adapters.spark.jars import (
     COMPLETE,
     MAVEN_CENTRAL,
     Artifact,

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from streaming.adapters import kafka_clients
-from streaming.adapters.kafka_admin import replication
+from streaming.adapters.kafka import clients as kafka_clients
+from streaming.adapters.kafka.admin import replication
 from streaming.api.config import KafkaAccess
 from streaming.api.job_key import write_private
 from streaming.local.kafka_security import BrokerSecurity

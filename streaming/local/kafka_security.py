@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from streaming.adapters import kafka_clients
+from streaming.adapters.kafka import clients as kafka_clients
 from streaming.api.config import KafkaAccess
 from streaming.api.job_key import write_private
 from streaming.errors import ServiceStartError

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pyspark
 
-from streaming.adapters import jars, kafka_txn
+from streaming.adapters.kafka import transactions as kafka_txn
 from streaming.adapters.objects import ensure_bucket
+from streaming.adapters.spark import jars
 from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.api.job_key import generate_secret, read_secret_file, write_private, write_secret_file
 from streaming.errors import ConfigError
@@ -112,7 +113,7 @@ class LocalRuntime:
         """Resolve (once, into the cache) the artifacts named in ``only``:
         ``kafka`` jars, the ``s3-server`` binary, the ``spark-connector`` jars,
         the ``schema-registry``'s runnable jar, the ``kafka-sink``'s Java
-        client (``streaming.adapters.kafka_txn``)."""
+        client (``streaming.adapters.kafka.transactions``)."""
         unknown = sorted(set(only) - set(FETCHABLE))
         if unknown:
             raise ConfigError(f"cannot fetch {', '.join(unknown)}; choose from {', '.join(FETCHABLE)}")

@@ -1,6 +1,6 @@
 """The local schema registry: Apicurio Registry, whose Confluent-compatible
 API (``/apis/ccompat/v7``) serves Avro schemas by id to the jobs' ingress
-and Kafka sinks (``streaming.adapters.registry``).
+and Kafka sinks (``streaming.adapters.serde.schema_registry``).
 
 Apicurio was chosen as the registry Maven Central serves (Confluent's own and
 Karapace are on none of the registries this runtime installs from).  It

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def _say_where_output_goes(runner) -> None:
-    from streaming.adapters.sinks import sink_place
+    from streaming.adapters.sinks.factory import sink_place
 
     for stage in runner.pipeline.stages:
         if stage.sink is not None:

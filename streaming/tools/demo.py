@@ -155,7 +155,7 @@ class _MoneyCheck:
         self.money: list[Money] = []
 
     def __call__(self, checkpoint_id: int) -> None:
-        from streaming.adapters.kafka_io import read_range
+        from streaming.adapters.kafka.ranges import read_range
 
         connection = self.connection
         m = money_in_checkpoint(self.reader, checkpoint_id, lambda c, a, b: read_range(connection.kafka, c, a, b))
@@ -218,14 +218,15 @@ def _feed_in_chunks(
 
 def _demo_report(runner, connection, job_settings: JobSettings, data: list[dict], check: _MoneyCheck) -> DemoReport:
     """The committed output against the expected, the dead letters and the money of every checkpoint."""
-    from streaming.adapters.kafka_admin import end_offsets
-    from streaming.adapters.kafka_io import dead_letter_topic_name
-    from streaming.adapters.sinks import read_committed_output, sink_location
+    from streaming.adapters.kafka.admin import end_offsets
+    from streaming.adapters.sinks.factory import sink_location
+    from streaming.adapters.sinks.object_store import read_committed_output
+    from streaming.api.topics import dead_letter_topic
 
     job = runner.job
     output = normalise(read_committed_output(sink_location(job_settings, job, connection)))
     expected = expected_output(data)
-    dead = sum(end_offsets(connection.kafka, dead_letter_topic_name(job), 1).values())
+    dead = sum(end_offsets(connection.kafka, dead_letter_topic(job), 1).values())
     check.reader.close()
     got = {row_key(r): r["legs"] for r in output}
     lost = sum(1 for r in expected if got.get(row_key(r), 0) < r["legs"])

@@ -21,11 +21,11 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from barriers.messages import ChannelId
-from streaming.adapters import kafka_clients
-from streaming.adapters.kafka_admin import create_topic
+from streaming.adapters.kafka import clients as kafka_clients
+from streaming.adapters.kafka.admin import create_topic
 from streaming.adapters.objects import open_store
-from streaming.adapters.records import header_values
-from streaming.adapters.spark import ChannelQuery, QuerySpec
+from streaming.adapters.serde.records import header_values
+from streaming.adapters.spark.query import ChannelQuery, QuerySpec
 from streaming.api.config import Connection, KafkaAccess
 from streaming.errors import ChannelQueryError, SmokeFailure
 

@@ -21,7 +21,7 @@ from rich.text import Text
 from streaming.engine.restore.changes import PipelineChange
 from streaming.engine.restore.rescale import RescalePlan
 from streaming.tools.checkpoints.gc import GcPlan
-from streaming.tools.checkpoints.inspection import CheckpointDetail, CheckpointRow, RestorePlan, TableDiff
+from streaming.tools.checkpoints.inspection import CheckpointDetail, CheckpointRow, RestorePreview, TableDiff
 from streaming.tools.tables import (
     Part,
     Table,
@@ -170,7 +170,7 @@ def render_gc(plan: GcPlan, *, dry_run: bool, rows: int = 30) -> str:
     return text
 
 
-def render_restore_plan(plan: RestorePlan) -> str:
+def render_restore_plan(plan: RestorePreview) -> str:
     lines = []
     for checkpoint_id, problems in plan.skipped:
         lines.append(f"checkpoint {checkpoint_id} skipped: {'; '.join(problems)}")

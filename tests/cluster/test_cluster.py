@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from streaming.adapters.kafka_admin import admin_client, create_topic
+from streaming.adapters.kafka.admin import admin_client, create_topic
 
 pytestmark = pytest.mark.integration
 

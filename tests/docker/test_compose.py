@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from streaming.adapters.kafka_admin import replication
+from streaming.adapters.kafka.admin import replication
 from streaming.api.config import CONNECTION_ENV_FIELDS, ENV, Connection, MetricsSettings
 from streaming.engine import metrics
 from streaming.engine.restore.service import RESTORE_CAUSES

@@ -15,16 +15,19 @@ import pyarrow as pa
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from barriers.headers import FORMAT_HEADER
 from barriers.messages import Barrier, CancelBarrier, encode
 from spark_abs_examples import money
-from streaming.adapters.codec import ARROW_FORMAT, ARROW_ON_INGRESS, FORMAT_HEADER, encode_batches
-from streaming.adapters.control import Ack, Committed, Complete, ControlTopic, control_topic_name
-from streaming.adapters.kafka_io import dead_letter_topic_name
+from streaming.adapters.kafka.control.events import Ack, Committed, Complete
+from streaming.adapters.kafka.control.transport import ControlTopic
 from streaming.adapters.objects import open_store
-from streaming.adapters.sinks import read_committed_output, sink_location
+from streaming.adapters.serde.codec import ARROW_FORMAT, ARROW_ON_INGRESS, encode_batches
+from streaming.adapters.sinks.factory import sink_location
+from streaming.adapters.sinks.object_store import read_committed_output
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
+from streaming.api.topics import control_topic, dead_letter_topic
 from streaming.engine import metrics
 from streaming.engine.job.operations import kill_worker, run_until_caught_up
 from streaming.engine.job.runner import JobRunner
@@ -42,7 +45,7 @@ def _step_until(runner, condition, timeout_s: float, what: str) -> None:
 
 def _dead_letter_records(kafka: KafkaAccess, job: str) -> list:
     consumer = KafkaConsumer(**kafka.client_options(), enable_auto_commit=False, consumer_timeout_ms=3000)
-    tp = TopicPartition(dead_letter_topic_name(job), 0)
+    tp = TopicPartition(dead_letter_topic(job), 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
     records = list(consumer)
@@ -104,9 +107,9 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         victim = runner.pipeline.tasks()[-1].name
         for checkpoint_id in range(done + 1, done + 20):
             ack = Ack(checkpoint_id=checkpoint_id, task=victim, generation=runner.generation)
-            hostile.send(control_topic_name(job), value=ack.encode(), partition=0)
+            hostile.send(control_topic(job), value=ack.encode(), partition=0)
         complete = Complete(checkpoint_id=done + 500, generation=runner.generation)
-        hostile.send(control_topic_name(job), value=complete.encode(), partition=0)
+        hostile.send(control_topic(job), value=complete.encode(), partition=0)
         hostile.flush()
         hostile.close()
 

@@ -26,7 +26,8 @@ import pytest
 from kafka import KafkaProducer
 
 from streaming.adapters.objects import ensure_bucket, open_store
-from streaming.adapters.sinks import read_committed_output, sink_location
+from streaming.adapters.sinks.factory import sink_location
+from streaming.adapters.sinks.object_store import read_committed_output
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings

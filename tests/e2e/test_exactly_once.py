@@ -17,12 +17,14 @@ import pytest
 
 from barriers.handler import CheckpointKind
 from spark_abs_examples import money as money_example
-from streaming.adapters.kafka_admin import end_offsets
-from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
+from streaming.adapters.kafka.admin import end_offsets
+from streaming.adapters.kafka.ranges import read_range
 from streaming.adapters.objects import ensure_bucket, open_store
-from streaming.adapters.sinks import read_committed_output, sink_location
+from streaming.adapters.sinks.factory import sink_location
+from streaming.adapters.sinks.object_store import read_committed_output
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.settings import JobSettings
+from streaming.api.topics import dead_letter_topic
 from streaming.engine import metrics
 from streaming.engine.faults import ENV as faults_env
 from streaming.engine.job.operations import run_until_caught_up
@@ -165,7 +167,7 @@ def test_kills_at_chosen_points_then_output_equals_a_failure_free_run(connection
     expected = money_example.expected_output(sent)
     assert len(output) == len(expected)
     assert output == expected
-    dead = sum(end_offsets(connection.kafka, dead_letter_topic_name(job), 1).values())
+    dead = sum(end_offsets(connection.kafka, dead_letter_topic(job), 1).values())
     assert dead == 0
     kinds = {kind for record in runner.checkpoints() for kind in record.kinds}
     if mode.startswith("unaligned"):

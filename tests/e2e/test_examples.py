@@ -20,11 +20,11 @@ import pytest
 
 import spark_abs_examples as examples
 from spark_abs_examples import check
-from streaming.adapters.kafka_admin import end_offsets
-from streaming.adapters.kafka_io import dead_letter_topic_name
+from streaming.adapters.kafka.admin import end_offsets
 from streaming.adapters.objects import ensure_bucket
 from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
+from streaming.api.topics import dead_letter_topic
 from streaming.engine import faults
 from streaming.engine.job.operations import run_until_caught_up
 from streaming.engine.job.runner import JobRunner, RunOptions
@@ -119,7 +119,7 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
         last = [r for r in runner.checkpoints() if r.completed_at][-1].checkpoint_id
         spilled = [t.metadata.get("state_spilled_bytes") or 0 for t in runner.store.read_manifest(last).tasks.values()]
         assert max(spilled) > 0, f"no keyed-state rows were spilled past the budget: {spilled}"
-    dead = sum(end_offsets(kafka, dead_letter_topic_name(job), 1).values())
+    dead = sum(end_offsets(kafka, dead_letter_topic(job), 1).values())
     assert dead == 0, f"{dead} dead letters (late or malformed rows)\n{log}"
     for name in examples.NAMES:
         module = examples.example(name)

@@ -30,7 +30,7 @@ from selenium.webdriver.common.by import By
 from ui_browser import chromium, rows, screenshot, section, served, wait, xpath_rows
 
 from spark_abs_examples import money
-from streaming.adapters.kafka_admin import end_offsets
+from streaming.adapters.kafka.admin import end_offsets
 from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import kill_worker, run_until_caught_up

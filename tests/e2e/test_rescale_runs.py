@@ -17,13 +17,15 @@ import pytest
 
 from barriers.messages import ChannelId
 from spark_abs_examples import money as money_example
-from streaming.adapters import codec
-from streaming.adapters.kafka_admin import end_offsets
-from streaming.adapters.kafka_io import dead_letter_topic_name, read_range
+from streaming.adapters.kafka.admin import end_offsets
+from streaming.adapters.kafka.ranges import read_range
 from streaming.adapters.objects import ensure_bucket
-from streaming.adapters.sinks import read_committed_output, sink_location
+from streaming.adapters.serde import codec
+from streaming.adapters.sinks.factory import sink_location
+from streaming.adapters.sinks.object_store import read_committed_output
 from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
+from streaming.api.topics import dead_letter_topic
 from streaming.engine.job.operations import run_until_caught_up
 from streaming.engine.job.runner import RunOptions
 from support import jobs
@@ -164,4 +166,4 @@ def test_rescaled_two_to_three_to_one_tasks_per_stage_output_equals_a_failure_fr
     expected = money_example.expected_output(transfers[:sent])
     assert len(output) == len(expected), log
     assert output == expected
-    assert sum(end_offsets(connection.kafka, dead_letter_topic_name(job), 1).values()) == 0
+    assert sum(end_offsets(connection.kafka, dead_letter_topic(job), 1).values()) == 0

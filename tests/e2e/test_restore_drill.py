@@ -18,7 +18,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from spark_abs_examples import money
-from streaming.adapters.sinks import read_committed_output, sink_location
+from streaming.adapters.sinks.factory import sink_location
+from streaming.adapters.sinks.object_store import read_committed_output
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import run_until_caught_up
 from streaming.engine.job.runner import JobRunner

@@ -21,9 +21,10 @@ import pytest
 from kafka import KafkaProducer
 
 from barriers.messages import ChannelId, CheckpointOptions, InFlightFormat
-from streaming.adapters.kafka_admin import create_topic, delete_records, earliest_offsets, end_offsets
+from streaming.adapters.kafka.admin import create_topic, delete_records, earliest_offsets, end_offsets
 from streaming.adapters.objects import open_store
-from streaming.adapters.sinks import read_committed_output, sink_location
+from streaming.adapters.sinks.factory import sink_location
+from streaming.adapters.sinks.object_store import read_committed_output
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings

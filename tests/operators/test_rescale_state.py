@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pytest
 
 from operators import TumblingWindowAggregate, count, sum_
-from operators.rescale import MIN, RESCALE_METADATA, RescaleError, rows_by, split_state
+from operators.rescale import MIN, RESCALE_METADATA, StateDivisionError, rows_by, split_state
 from operators.state import KeyedState
 
 
@@ -69,17 +69,17 @@ def test_buffered_rows_follow_their_column():
 
 def test_a_table_that_does_not_say_how_it_divides_is_refused_by_name():
     plain = pa.table({"total": [5]})
-    with pytest.raises(RescaleError, match="'totals' does not say how it divides"):
+    with pytest.raises(StateDivisionError, match="'totals' does not say how it divides"):
         split_state([{"totals": plain}, {"totals": plain}], 3, ["account"], assign)
 
 
 def test_keyed_state_not_keyed_by_the_routing_column_is_refused():
-    with pytest.raises(RescaleError, match=r"keyed by \('account',\).*by 'user'"):
+    with pytest.raises(StateDivisionError, match=r"keyed by \('account',\).*by 'user'"):
         split_state([{"balances": keyed({"a": 1})}], 2, ["user"], assign)
 
 
 def test_state_of_a_stage_fed_by_partition_is_refused():
-    with pytest.raises(RescaleError, match="partition"):
+    with pytest.raises(StateDivisionError, match="partition"):
         split_state([{"balances": keyed({"a": 1})}], 2, [], assign)
 
 

@@ -12,7 +12,7 @@ string, by which code is loaded at run time, counts as an import of that
 module.  No two modules import each other, by
 any path, and no module imports another's ``_private`` names.  pyspark is
 the Spark adapters' business: no module of the engine, the adapters (but
-``streaming.adapters.spark`` and ``spark_stage``), the api or ``operators``
+``streaming.adapters.spark``'s ``session``, ``query`` and ``stage``), the api or ``operators``
 names it, and importing any of them loads none of it."""
 
 from __future__ import annotations
@@ -24,7 +24,11 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SPARK_ADAPTERS = ("streaming.adapters.spark", "streaming.adapters.spark_stage")
+SPARK_ADAPTERS = (
+    "streaming.adapters.spark.session",
+    "streaming.adapters.spark.query",
+    "streaming.adapters.spark.stage",
+)
 
 # a module may import modules of its own package and of lower layers, never
 # another package of its own layer

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_abs_examples import money
-from streaming.adapters.kafka_io import read_range
+from streaming.adapters.kafka.ranges import read_range
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import KafkaAccess

@@ -4,4 +4,5 @@
 - ``coordinator``: the coordinator service (triggers, acks, manifests, aborts);
 - ``supervisor``: the runner's worker processes, started, watched and stopped;
 - ``liveness``: when a job that runs is not live (failed checkpoints, silent workers);
+- ``checkpoint_failures``: checkpoint-failure tolerance, the failed checkpoints counted;
 - ``operations``: driving a running job from outside its loop."""

@@ -38,13 +38,12 @@ from barriers.coordinator import CheckpointCoordinator, CheckpointStatus, Comple
 from barriers.failures import CheckpointFailure
 from barriers.handler import CheckpointKind
 from barriers.messages import Barrier, ChannelId, CheckpointOptions, encode
-from streaming.adapters.control import (
+from streaming.adapters.kafka.control.events import (
     Abort,
     Ack,
     Committed,
     Complete,
     ControlEvent,
-    ControlTopic,
     Decline,
     Progress,
     Ready,
@@ -52,7 +51,8 @@ from streaming.adapters.control import (
     Trigger,
     announced_barrier,
 )
-from streaming.adapters.kafka_io import append_markers, close_producer, producer
+from streaming.adapters.kafka.control.transport import ControlTopic
+from streaming.adapters.kafka.producer import append_markers, close_producer, producer
 from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskSnapshot
 from streaming.adapters.snapshots.format import options_to_json, parse_stored, stored_name
 from streaming.api.config import KafkaAccess
@@ -60,7 +60,7 @@ from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Pipeline
 from streaming.api.settings import JobSettings
 from streaming.engine import metrics
-from streaming.engine.job.liveness import FailedCheckpoints
+from streaming.engine.job.checkpoint_failures import CheckpointFailureTolerance
 from streaming.errors import KafkaUnavailableError, ManifestNotWritten, ProgressNotLogged, RetentionFailed, StoreError
 
 __all__ = [
@@ -463,7 +463,7 @@ class CoordinatorService:
         self.heard_at: dict[str, float] = {}
         job = pipeline.job
         # failed checkpoints in a row: counted from 0 each generation, against the job's tolerable number
-        self.failures = FailedCheckpoints(lambda count: metrics.failed_in_a_row(job, count), clock)
+        self.failures = CheckpointFailureTolerance(lambda count: metrics.failed_in_a_row(job, count), clock)
         # how many of the runner's sends Kafka did not take (the runner's liveness reads it)
         self.kafka_troubles = 0
         self.tolerable_failed = settings.tolerable_failed_checkpoints

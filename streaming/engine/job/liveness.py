@@ -2,12 +2,9 @@
 not: a worker process that died is ``supervisor``'s to see; this module
 sees the ones that did not die.
 
-- **Failed checkpoints** (``FailedCheckpoints``): checkpoints that failed
-  since the last one completed, counted as Flink's
-  ``execution.checkpointing.tolerable-failed-checkpoints`` counts them
-  (declined, expired, the store failed; not one subsumed by a newer one,
-  cancelled by a restore or whose barriers could not be injected).  More
-  than ``tolerable_failed_checkpoints`` in a row: the job restores (cause
+- **Failed checkpoints** (``streaming.engine.job.checkpoint_failures``):
+  more than ``tolerable_failed_checkpoints`` in a row, and none completed
+  for the checkpoint timeout: the job restores (cause
   ``checkpoints_failing``), as a task stuck in a send or an alignment would
   otherwise hold it for good.
 - **Silent workers** (``WorkerSilence``): each task of a local worker
@@ -32,22 +29,27 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from barriers.failures import CheckpointFailure
+from streaming.engine.job.checkpoint_failures import CheckpointFailureTolerance
 
-__all__ = ["COUNTED", "READY_BOUND_S", "DueRestore", "FailedCheckpoints", "Liveness", "Verdict", "WorkerSilence"]
+__all__ = ["READY_BOUND_S", "DueRestore", "Liveness", "Verdict", "WorkerSilence"]
 
 log = logging.getLogger(__name__)
 
-# the failures tolerable_failed_checkpoints counts (Flink's CheckpointFailureManager counts these too)
-COUNTED = frozenset({CheckpointFailure.DECLINED, CheckpointFailure.TIMEOUT, CheckpointFailure.STORE_FAILURE})
+
 # how long a worker's tasks may take to be ready after it started (a Spark application, a restore's loads)
 READY_BOUND_S = 300.0
+
+
 # how often the runner asks Kafka whether it answers, while a worker is quiet
 _PROBE_EVERY_S = 5.0
+
+
 # a worker none of whose tasks was heard for this long is quiet (each says its progress twice a
 # second): the runner starts asking Kafka, so that an outage shorter than the heartbeat timeout is
 # seen, and the worker's silence counted from Kafka's return, not from before the outage
 QUIET_S = 3.0
+
+
 # the pauses between the attempts of a restore that must wait: growing from the first to the last
 _RETRY_FIRST_S, _RETRY_MAX_S = 2.0, 30.0
 
@@ -59,33 +61,6 @@ class Verdict:
 
     cause: str
     reason: str
-
-
-class FailedCheckpoints:
-    """The checkpoints that failed since the last one completed (see the
-    module docstring for which count)."""
-
-    def __init__(
-        self, on_change: Callable[[int], None] = lambda count: None, clock: Callable[[], float] = time.monotonic
-    ):
-        self.in_a_row = 0
-        self.last = ""
-        self._on_change = on_change
-        self.clock = clock
-        # since when no checkpoint completed (clock): the generation's start, then each completion
-        self.since = clock()
-
-    def failed(self, checkpoint_id: int, failure: CheckpointFailure | None, detail: str) -> None:
-        if failure in COUNTED:
-            self.in_a_row += 1
-            self.last = f"checkpoint {checkpoint_id}: {failure.value if failure else ''} ({detail})"
-            self._on_change(self.in_a_row)
-
-    def completed(self) -> None:
-        self.since = self.clock()
-        if self.in_a_row:
-            self.in_a_row = 0
-            self._on_change(0)
 
 
 class WorkerSilence:
@@ -233,7 +208,7 @@ class Liveness:
 
     def verdict(
         self,
-        failed: FailedCheckpoints,
+        failed: CheckpointFailureTolerance,
         workers: Mapping[str, Sequence[str]],
         heard_at: Mapping[str, float],
         ready: set[str],

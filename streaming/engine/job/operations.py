@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from barriers.messages import CheckpointOptions
-from streaming.adapters.kafka_admin import end_offsets
+from streaming.adapters.kafka.admin import end_offsets
 from streaming.engine.job.coordinator import CheckpointRecord
 from streaming.errors import JobFailed, SparkAbsError
 

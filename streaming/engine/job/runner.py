@@ -63,16 +63,15 @@ from pathlib import Path
 
 from barriers.failures import CheckpointFailure
 from barriers.messages import CheckpointOptions
-from streaming.adapters.control import control_topic_name
-from streaming.adapters.kafka_admin import check_broker, create_topic, end_offsets
-from streaming.adapters.kafka_io import dead_letter_topic_name
+from streaming.adapters.kafka.admin import check_broker, create_topic, end_offsets
 from streaming.adapters.objects import open_store, patiently
-from streaming.adapters.registry import check_registry
+from streaming.adapters.serde.schema_registry import check_registry
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api import partitioning
 from streaming.api.config import Connection, MetricsSettings, default_home
 from streaming.api.pipeline import Pipeline, Scale, SinkKind, load_pipeline
 from streaming.api.settings import WORKER_GROUPINGS, JobSettings
+from streaming.api.topics import control_topic, dead_letter_topic
 from streaming.engine import metrics
 from streaming.engine.job.coordinator import (
     CheckpointRecord,
@@ -270,8 +269,8 @@ class JobRunner:
                 stage.sink is not None and stage.sink.kind is SinkKind.KAFKA and stage.sink.topic
             ):  # Sink checks it has one
                 create_topic(kafka, stage.sink.topic, 1)
-        create_topic(kafka, control_topic_name(self.job), 1)
-        create_topic(kafka, dead_letter_topic_name(self.job), 1)
+        create_topic(kafka, control_topic(self.job), 1)
+        create_topic(kafka, dead_letter_topic(self.job), 1)
 
     def start(self, restore: int | None = None) -> None:
         """Start fresh, or from checkpoint ``restore`` (a new generation)."""
@@ -300,7 +299,7 @@ class JobRunner:
         control events, but the store has no record of it (another store, or
         one emptied since): its barriers in the ingress topics and its
         records in the internal ones would be taken for this run's."""
-        kafka, topic = self.connection.kafka, control_topic_name(self.job)
+        kafka, topic = self.connection.kafka, control_topic(self.job)
         create_topic(kafka, topic, 1)
         events = sum(end_offsets(kafka, topic, 1).values())
         if events:

@@ -16,10 +16,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from streaming.adapters.control import ControlEvent, ControlTopic, Heartbeat, Lease, control_topic_name, send_event
-from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, producer
+from streaming.adapters.kafka.control.events import ControlEvent, Heartbeat, Lease
+from streaming.adapters.kafka.control.transport import ControlTopic, send_event
+from streaming.adapters.kafka.producer import DELIVERY_BOUND_S, close_producer, producer
 from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
+from streaming.api.topics import control_topic
 from streaming.engine import metrics
 from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, LEASE_INTERVAL_S, HeartbeatOutcome, RemoteGroups
 from streaming.errors import SparkAbsError
@@ -39,7 +41,7 @@ class LeaseRenewal:
     remote workers must not take it for dead."""
 
     def __init__(self, kafka: KafkaAccess, key: JobKey):
-        self.topic = control_topic_name(key.job)
+        self.topic = control_topic(key.job)
         self.key = key
         self._producer = producer(kafka)
         self._lease: Lease | None = None

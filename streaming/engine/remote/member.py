@@ -11,7 +11,7 @@ application stays up between generations; it runs until SIGTERM or Ctrl-C.
 The pipeline is the one its operator named (``--pipeline``): a worker never
 imports what a lease names, it refuses (``LeaseRefused``) a lease for
 another job or pipeline.  The job's settings and its scale come with the
-lease, which the job's key signs (``streaming.adapters.control``).  The host
+lease, which the job's key signs (``streaming.adapters.kafka.control``).  The host
 needs the pipeline's module importable and the ``SPARK_ABS_*`` connection
 (Kafka, the store, a Spark master, the job secret) in its environment."""
 
@@ -22,7 +22,8 @@ import socket
 import threading
 import time
 
-from streaming.adapters.control import ControlEvent, ControlTopic, Heartbeat, Lease
+from streaming.adapters.kafka.control.events import ControlEvent, Heartbeat, Lease
+from streaming.adapters.kafka.control.transport import ControlTopic
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection

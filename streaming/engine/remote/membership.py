@@ -22,7 +22,7 @@ thread of its own, running or idle.
   runner's generation.
 
 Silence only counts while the topic itself works: each side reads back what
-it published itself (``Liveness``).  A broker outage silences everyone,
+it published itself (``PeerSilence``).  A broker outage silences everyone,
 this side included, and restores nobody.
 
 Everything here is pure logic on a clock; ``streaming.engine.remote.leases`` (the
@@ -39,13 +39,13 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from streaming.adapters.control import Heartbeat, Lease
+from streaming.adapters.kafka.control.events import Heartbeat, Lease
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "LEASE_INTERVAL_S",
     "Lease",
-    "Liveness",
+    "PeerSilence",
     "Membership",
     "RemoteGroups",
     "Heartbeat",
@@ -76,7 +76,7 @@ class HeartbeatOutcome(enum.Enum):
     LOST = "the member stopped the tasks it ran in this generation"
 
 
-class Liveness:
+class PeerSilence:
     """Which peers have gone quiet: a peer is silent when nothing of it was
     read for ``timeout_s`` while this side kept reading back its own events
     (``own``).  When its own events stop arriving for more than ``gap_s`` (a
@@ -137,7 +137,7 @@ class RemoteGroups:
     _sequences: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.liveness = Liveness(self.timeout_s, clock=self.clock)
+        self.liveness = PeerSilence(self.timeout_s, clock=self.clock)
 
     def own(self) -> None:
         self.liveness.own()
@@ -264,7 +264,7 @@ class Membership:
     # again in it (the others went on without them); the runner restores into the next
     started: int = -1
     _last_lease: float | None = None
-    _liveness: Liveness | None = None
+    _liveness: PeerSilence | None = None
 
     def own(self) -> None:
         """This worker's heartbeat was read back."""
@@ -276,7 +276,7 @@ class Membership:
             return None
         self.lease = lease
         if self._liveness is None or self._liveness.timeout_s != lease.timeout_s:
-            self._liveness = Liveness(lease.timeout_s, clock=self.clock)
+            self._liveness = PeerSilence(lease.timeout_s, clock=self.clock)
         self._liveness.watch("runner")
         if lease.ended:
             if self.running is not None:

@@ -59,7 +59,8 @@ from barriers.lineage import Lineage
 from barriers.messages import ChannelId
 from streaming.adapters.snapshots import LoadedTask, Manifest, TaskSnapshot
 from streaming.api.pipeline import Pipeline, Scale, Stage
-from streaming.engine.restore.rescale import NewTask, merge_lineages, writer_of
+from streaming.api.topics import stage_topic, writer_of
+from streaming.engine.restore.rescale import NewTask, merge_lineages
 from streaming.errors import ConfigError, PipelineChangeError
 
 __all__ = ["AllowDropped", "Change", "StageChange", "PipelineChange", "plan_change", "task_stage"]
@@ -343,7 +344,7 @@ def _edges(pipeline: Pipeline, old: _Checkpoint, counts: Mapping[str, int], gene
         reader = pipeline.downstream(stage.name)
         if reader is None:
             continue
-        new_topic = f"spark-abs.{pipeline.job}.{stage.name}.g{generation}"
+        new_topic = stage_topic(pipeline.job, stage.name, generation)
         if stage.name not in old.output:  # a new stage, or one whose output went to a sink
             edges.topics[stage.name] = new_topic
             continue

@@ -42,13 +42,14 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from barriers.headers import GENERATION_HEADER
 from barriers.lineage import Lineage
-from barriers.messages import GENERATION_HEADER, ChannelId
-from operators.rescale import RescaleError as StateDivisionError
-from operators.rescale import split_state
-from streaming.adapters import codec
+from barriers.messages import ChannelId
+from operators.rescale import StateDivisionError, split_state
+from streaming.adapters.serde import codec
 from streaming.adapters.snapshots import LoadedTask, Manifest
 from streaming.api.pipeline import Pipeline, Scale, route
+from streaming.api.topics import stage_topic, writer_of
 from streaming.engine.task.segments import Segmenter, SegmentKind
 from streaming.errors import ConfigError, RescaleError
 
@@ -59,7 +60,6 @@ __all__ = [
     "target_scale",
     "plan_rescale",
     "rerouted_headers",
-    "writer_of",
     "merge_lineages",
 ]
 
@@ -155,19 +155,6 @@ def scale_of(manifest: Manifest, pipeline: Pipeline) -> Scale:
     return Scale({s.name: counts.get(s.name, s.parallelism) for s in pipeline.stages}, topics)
 
 
-def writer_of(topic: str, job: str) -> str | None:
-    """The stage whose output ``topic`` is (``spark-abs.<job>.<stage>`` with
-    an optional ``.g<n>``); None for a topic of no stage (an ingress topic)."""
-    prefix = f"spark-abs.{job}."
-    if not topic.startswith(prefix):
-        return None
-    name = topic[len(prefix) :]
-    head, dot, tail = name.rpartition(".g")
-    if dot and tail.isdigit():
-        name = head
-    return name
-
-
 def target_scale(pipeline: Pipeline, old: Scale, parallelism: Mapping[str, int], generation: int) -> Scale:
     """``old`` with the task counts ``parallelism`` names: an internal topic
     whose task count changed at either end becomes a topic of ``generation``."""
@@ -185,7 +172,7 @@ def target_scale(pipeline: Pipeline, old: Scale, parallelism: Mapping[str, int],
             continue
         same = all(counts[s] == old.parallelism.get(s) for s in (stage.name, downstream.name))
         previous = old.topics.get(stage.name) or pipeline.topic_of(stage.name)
-        topics[stage.name] = previous if same else f"spark-abs.{pipeline.job}.{stage.name}.g{generation}"
+        topics[stage.name] = previous if same else stage_topic(pipeline.job, stage.name, generation)
     return Scale(counts, topics)
 
 

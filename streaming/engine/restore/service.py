@@ -41,11 +41,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from barriers.handler import CheckpointKind
-from streaming.adapters import codec
-from streaming.adapters.kafka_admin import earliest_offsets
-from streaming.adapters.kafka_io import DeadLetters, close_producer, producer, read_range, write_records
+from streaming.adapters.kafka.admin import earliest_offsets
+from streaming.adapters.kafka.dead_letters import DeadLetterTopic
+from streaming.adapters.kafka.producer import close_producer, producer, write_records
+from streaming.adapters.kafka.ranges import read_range
 from streaming.adapters.objects import StoreLocation, patiently
-from streaming.adapters.sinks import open_sink, sink_location
+from streaming.adapters.serde import codec
+from streaming.adapters.sinks.factory import open_sink, sink_location
 from streaming.adapters.snapshots import JobMeta, Manifest, SnapshotStore, TaskParts
 from streaming.adapters.snapshots.format import options_as_stored, stored_name
 from streaming.api.config import Connection
@@ -370,7 +372,7 @@ class RestoreService:
     def _dead_letter_undecodable(self, rescale: RescalePlan) -> None:
         if not rescale.undecodable:
             return
-        letters = DeadLetters(self.connection.kafka, self.job, delivery_timeout_s=self.settings.delivery_timeout_s)
+        letters = DeadLetterTopic(self.connection.kafka, self.job, delivery_timeout_s=self.settings.delivery_timeout_s)
         try:
             for channel, offset, why in rescale.undecodable:
                 letters.send(channel, offset, None, None, [], f"channel state not decodable when rescaling: {why}")

@@ -24,7 +24,7 @@ from barriers.failures import CheckpointFailure
 from barriers.handler import BarrierHandler, TaskCheckpoint
 from barriers.messages import Barrier, ChannelId, encode
 from operators.base import changes_of, snapshot_later_of
-from streaming.adapters.control import Announce, Decline, announced_barrier
+from streaming.adapters.kafka.control.events import Announce, Decline, announced_barrier
 from streaming.engine import faults
 from streaming.engine.task.gate import InputGate
 from streaming.engine.task.output import TaskOutput

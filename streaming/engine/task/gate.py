@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
-from streaming.adapters.records import BATCH_COLUMNS, is_prepared
+from streaming.adapters.serde.records import BATCH_COLUMNS, is_prepared
 from streaming.engine.task.segments import Segment, Segmenter, SegmentKind, SegmentPace
 from streaming.errors import TaskError
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from barriers.handler import BarrierHandler
 from barriers.messages import Alignment, Barrier, BarrierRejected, ChannelId, decode
-from streaming.adapters.control import Abort, Announce, ControlEvent, Trigger
+from streaming.adapters.kafka.control.events import Abort, Announce, ControlEvent, Trigger
 
 __all__ = ["ControlInbox"]
 

@@ -10,12 +10,12 @@ import collections
 import numpy as np
 import pyarrow as pa
 
-from barriers.messages import GENERATION_HEADER
+from barriers.headers import GENERATION_HEADER, WATERMARK_HEADER
 from operators.dead_letters import without_origin
-from streaming.adapters import codec
+from streaming.adapters.serde import codec
 from streaming.api.pipeline import Pipeline, TaskSpec, route
 from streaming.engine.metrics import TaskMetrics
-from streaming.engine.task.watermarks import WATERMARK_HEADER, watermark_headers
+from streaming.engine.task.watermarks import watermark_headers
 
 __all__ = ["TaskOutput"]
 

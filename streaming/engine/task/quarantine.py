@@ -15,9 +15,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from barriers.headers import DEAD_LETTER_ORIGINAL, DEAD_LETTER_READ_FROM, DEAD_LETTER_ROW
 from barriers.messages import BarrierRejected, ChannelId
-from operators.dead_letters import ORIGIN
-from operators.dead_letters import DeadLetters as OperatorDeadLetters
+from operators.dead_letters import ORIGIN, DeadLetters
 from streaming.engine.metrics import TaskMetrics
 
 __all__ = ["Quarantine", "REASONS", "ORIGINAL_READ_S", "ORIGINALS_READ"]
@@ -123,7 +123,7 @@ class Quarantine:
         topic (the row came from an aggregate), the value is the row, and
         ``spark-abs-original`` says why."""
         letters = getattr(operator, "dead_letters", None)
-        if not isinstance(letters, OperatorDeadLetters) or not len(letters):
+        if not isinstance(letters, DeadLetters) or not len(letters):
             return
         drained = letters.drain()
         origins = [_origin_of(letter.row.get(ORIGIN)) for letter in drained]
@@ -137,11 +137,11 @@ class Quarantine:
                 self.row(channel, value, reason)
                 continue
             source, offset = origin
-            notes = [("spark-abs-row", value), ("spark-abs-read-from", str(channel).encode())]
+            notes = [(DEAD_LETTER_ROW, value), (DEAD_LETTER_READ_FROM, str(channel).encode())]
             original, why = originals.get(source, offset)
             self._count("given_up")
             if original is None:
-                self.io.dead_letter(source, offset, None, value, [*notes, ("spark-abs-original", why.encode())], reason)
+                self.io.dead_letter(source, offset, None, value, [*notes, (DEAD_LETTER_ORIGINAL, why.encode())], reason)
             else:
                 key, body, headers = original
                 self.io.dead_letter(source, offset, key, body, [*headers, *notes], reason)
@@ -198,7 +198,7 @@ class _Originals:
                     self.unread.setdefault(
                         source,
                         f"not read back: the dead letters of one batch read at most {ORIGINALS_READ} ranges "
-                        f"in {ORIGINAL_READ_S:.0f} s; read it with streaming.adapters.kafka_io.read_range",
+                        f"in {ORIGINAL_READ_S:.0f} s; read it with streaming.adapters.kafka.ranges.read_range",
                     )
                 if read is None or source in self.unread:
                     break

@@ -25,9 +25,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from barriers.headers import GENERATION_HEADER, KIND_HEADER
 from barriers.lineage import Lineage
-from barriers.messages import GENERATION_HEADER, KIND_HEADER, ChannelId
-from streaming.adapters.records import header_values, is_prepared
+from barriers.messages import ChannelId
+from streaming.adapters.serde.records import header_values, is_prepared
 from streaming.engine.task.watermarks import WATERMARK_KIND
 from streaming.errors import TaskError
 

@@ -43,13 +43,9 @@ from barriers.messages import (
 from operators.base import WatermarkAware, takes_origin
 from operators.dead_letters import ORIGIN, ORIGIN_TYPE, without_origin
 from operators.errors import InputSchemaError
-from streaming.adapters import codec
-from streaming.adapters.control import (
-    ControlEvent,
-    Progress,
-    Replayed,
-)
-from streaming.adapters.records import (
+from streaming.adapters.kafka.control.events import ControlEvent, Progress, Replayed
+from streaming.adapters.serde import codec
+from streaming.adapters.serde.records import (
     BATCH_BEGAN,
     EVENT_TIME,
     HANDED,
@@ -152,7 +148,7 @@ class TaskIO:
     # (channel, start, end, timeout_s=) -> the records at [start, end), read from Kafka in bulk
     read_range: Callable[..., pa.Table] | None = None
     # a stage with Spark code: Kafka records read in Python, prepared by it as its query prepares
-    # each micro-batch (``streaming.adapters.spark_stage``)
+    # each micro-batch (``streaming.adapters.spark.stage``)
     prepare: Callable[[pa.Table], pa.Table] | None = None
     # channel -> the offset a restore would read it from -> those time retention may delete
     # before the checkpoint is superseded (``kafka_retention.RetentionWatch.at_risk``)
@@ -520,7 +516,7 @@ class StageTask:
         to the operator, then the partial aggregates Spark computed for it
         (``merge_partials``), the records Spark could not decode to the dead
         letters, and the run's markers say how many records it had and how far
-        their event time got (``streaming.adapters.spark_stage``)."""
+        their event time got (``streaming.adapters.spark.stage``)."""
         rejected = part_of(rows, Part.REJECTED)
         for index, reason in enumerate(rejected[REASON].to_pylist()):
             self.quarantine.record(channel, rejected.slice(index, 1), reason)

@@ -10,7 +10,7 @@ A sink epoch that could not be staged (the store was down) is not lost: its
 rows are staged with the next epoch, by the next upload (uploads of a task
 run one at a time, in order), so no later checkpoint completes without them;
 an epoch staged whose snapshot then failed is committed with the next
-checkpoint that completes (``_TwoPhaseSink.commit_through``).
+checkpoint that completes (``TwoPhaseSink.commit_through``).
 
 With incremental snapshots (``Incremental``) the task's state is stored as
 chains: a checkpoint that takes the whole state writes it as a new base; one
@@ -39,7 +39,7 @@ from barriers.lineage import Lineage
 from barriers.messages import ChannelId, InFlightFormat
 from operators.base import LaterTables, gathered
 from operators.state import StateChanges, current_memory
-from streaming.adapters.control import Ack, Decline
+from streaming.adapters.kafka.control.events import Ack, Decline
 from streaming.adapters.snapshots.format import TaskCheckpointMetrics, TaskSnapshot, stored_name
 from streaming.adapters.snapshots.writing import TaskParts
 from streaming.engine import faults

@@ -46,15 +46,14 @@ from typing import cast
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barriers.messages import GENERATION_HEADER, KIND_HEADER, ChannelId
-from streaming.adapters.records import header_values
+from barriers.headers import GENERATION_HEADER, IDLE_HEADER, KIND_HEADER, WATERMARK_HEADER
+from barriers.messages import ChannelId
+from streaming.adapters.serde.records import header_values
 from streaming.api.pipeline import Pipeline, TaskSpec
-from streaming.api.producing import MAX_WATERMARK, WATERMARK_HEADER, WATERMARK_KIND
+from streaming.api.producing import MAX_WATERMARK, WATERMARK_KIND
 
 __all__ = [
-    "WATERMARK_HEADER",
     "WATERMARK_KIND",
-    "IDLE_HEADER",
     "MAX_WATERMARK",
     "EventTimeInput",
     "event_time_inputs",
@@ -62,8 +61,6 @@ __all__ = [
     "watermark_headers",
 ]
 
-# on a watermark record: the task that wrote it has no active event-time input
-IDLE_HEADER = "abs.idle"
 
 _NEVER_SENT = -(1 << 63)
 

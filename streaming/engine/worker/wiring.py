@@ -19,19 +19,16 @@ import pyarrow as pa
 
 from barriers.messages import ChannelId, InFlightFormat
 from operators.state import StateMemory, use_memory
-from streaming.adapters.control import ControlTopic
-from streaming.adapters.kafka_admin import OffsetsAtTime
-from streaming.adapters.kafka_io import CheckedSends, DeadLetters, append_markers, read_range, retention_ms
-from streaming.adapters.registry import current_registry, use_registry
-from streaming.adapters.sinks import (
-    DeltaSink,
-    KafkaSink,
-    ObjectStoreSink,
-    kafka_records,
-    open_sink,
-    registered_avro,
-    sink_location,
-)
+from streaming.adapters.kafka.admin import OffsetsAtTime
+from streaming.adapters.kafka.control.transport import ControlTopic
+from streaming.adapters.kafka.dead_letters import DeadLetterTopic
+from streaming.adapters.kafka.producer import CheckedSends, append_markers
+from streaming.adapters.kafka.ranges import read_range, retention_ms
+from streaming.adapters.serde.schema_registry import current_registry, use_registry
+from streaming.adapters.sinks.delta import DeltaSink
+from streaming.adapters.sinks.factory import open_sink, sink_location
+from streaming.adapters.sinks.kafka import KafkaSink, kafka_records, registered_avro
+from streaming.adapters.sinks.object_store import ObjectStoreSink
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import Pipeline, Sink, Stage, TaskSpec
@@ -76,7 +73,7 @@ class WorkerClients:
 
     producer: CheckedSends
     control: ControlTopic
-    dead_letters: DeadLetters
+    dead_letters: DeadLetterTopic
     store: Callable[[], SnapshotStore]
 
 
@@ -266,7 +263,7 @@ class TaskFactory:
 
     def _flush(self) -> None:
         """The worker's records and dead letters so far are in Kafka, each
-        send known to have succeeded (``kafka_io.CheckedSends``): bounded by
+        send known to have succeeded (``streaming.adapters.kafka.producer.CheckedSends``): bounded by
         the delivery timeout, a ``KafkaUnavailableError`` otherwise."""
         self.producer.flush()
         self.dead_letters.flush()

@@ -46,10 +46,12 @@ import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
 from streaming import console
-from streaming.adapters.control import Committed, Complete, ControlEvent, ControlTopic, Heartbeat, Lease, Ready
-from streaming.adapters.kafka_io import CheckedSends, DeadLetters, producer
+from streaming.adapters.kafka.control.events import Committed, Complete, ControlEvent, Heartbeat, Lease, Ready
+from streaming.adapters.kafka.control.transport import ControlTopic
+from streaming.adapters.kafka.dead_letters import DeadLetterTopic
+from streaming.adapters.kafka.producer import CheckedSends, producer
 from streaming.adapters.objects import open_store, patiently
-from streaming.adapters.sinks import KafkaSink
+from streaming.adapters.sinks.kafka import KafkaSink
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, MetricsSettings, SparkSettings
 from streaming.api.pipeline import Pipeline, Scale, load_pipeline
@@ -60,8 +62,8 @@ from streaming.engine.worker.wiring import RunningTask, TaskFactory, WorkerClien
 from streaming.errors import ConfigError, SnapshotCorruptError, SnapshotMissingError, SparkAbsError, TaskError
 
 if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this module is imported
-    from streaming.adapters.spark import ChannelQuery, Prepare
-    from streaming.adapters.spark_stage import SparkStage
+    from streaming.adapters.spark.query import ChannelQuery, Prepare
+    from streaming.adapters.spark.stage import SparkStage
 
 __all__ = ["Worker", "main", "HANDED_PER_RECORD", "EXIT_PIPELINE_ERROR", "WORKER_PREFIX"]
 
@@ -168,7 +170,7 @@ class Worker:
 
     def open(self) -> None:
         """The worker's clients, store and Spark application, with no task running yet."""
-        from streaming.adapters.spark import spark_session  # pyspark loads here, in the worker process
+        from streaming.adapters.spark.session import spark_session  # pyspark loads here, in the worker process
 
         job = self.pipeline.job
         kafka = self.connection.kafka
@@ -189,7 +191,7 @@ class Worker:
             "the tasks' records",
             delivery_s + _FLUSH_MARGIN_S,
         )
-        self.dead_letters = DeadLetters(kafka, job, delivery_timeout_s=delivery_s)
+        self.dead_letters = DeadLetterTopic(kafka, job, delivery_timeout_s=delivery_s)
         self._spark = self._spark or spark_session(
             SparkSettings(master=self.connection.spark_master, app_name=f"spark-abs-{job}")
         )
@@ -197,8 +199,8 @@ class Worker:
     def _start_tasks(self) -> None:
         """Every task of this worker, then one query per stage over the
         channels of that stage's tasks here, from where each task starts."""
-        from streaming.adapters.spark import ChannelQuery, QuerySpec
-        from streaming.adapters.spark_stage import spark_stages
+        from streaming.adapters.spark.query import ChannelQuery, QuerySpec
+        from streaming.adapters.spark.stage import spark_stages
 
         stages = sorted({self.pipeline.task(name).stage for name in self.task_names})
         code = spark_stages(self._spark, self.pipeline, list(stages), self.settings.max_decoded_bytes)

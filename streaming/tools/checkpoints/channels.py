@@ -12,11 +12,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from barriers.headers import GENERATION_HEADER, KIND_HEADER
 from barriers.lineage import Lineage
-from barriers.messages import GENERATION_HEADER, KIND_HEADER, ChannelId
-from streaming.adapters import codec
-from streaming.adapters.kafka_io import read_range
-from streaming.adapters.records import RECORD_SCHEMA, header_values
+from barriers.messages import ChannelId
+from streaming.adapters.kafka.ranges import read_range
+from streaming.adapters.serde import codec
+from streaming.adapters.serde.records import RECORD_SCHEMA, header_values
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import KafkaAccess
 from streaming.errors import KafkaUnavailableError

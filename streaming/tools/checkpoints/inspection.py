@@ -53,7 +53,7 @@ from streaming.tools.checkpoints.channels import (
 )
 from streaming.tools.checkpoints.detail import CheckpointDetail, TaskDetail, checkpoint_detail
 from streaming.tools.checkpoints.listing import CheckpointList, CheckpointRow
-from streaming.tools.checkpoints.plans import RestorePlan, RestorePlanner, TaskPlan
+from streaming.tools.checkpoints.plans import RestorePlanner, RestorePreview, TaskPlan
 from streaming.tools.checkpoints.state import StateTables, TableDiff, state_keys
 
 __all__ = [
@@ -63,7 +63,7 @@ __all__ = [
     "TaskDetail",
     "ChannelState",
     "TableDiff",
-    "RestorePlan",
+    "RestorePreview",
     "TaskPlan",
     "classify_channel_records",
     "channel_rows",
@@ -163,7 +163,7 @@ class Checkpoints:
 
     def restore_plan(
         self, checkpoint_id: int | None = None, *, progress: Callable[[str], None] = lambda _: None
-    ) -> RestorePlan:
+    ) -> RestorePreview:
         """What ``run --restore`` would do now: the checkpoint it picks
         (``checkpoint_id`` if it verifies, else the newest that does), the
         generation it starts and what every task loads and replays."""

@@ -13,8 +13,8 @@ from functools import partial
 import pyarrow as pa
 
 from barriers.messages import ChannelId
-from streaming.adapters.kafka_admin import earliest_offsets
-from streaming.adapters.kafka_io import read_range
+from streaming.adapters.kafka.admin import earliest_offsets
+from streaming.adapters.kafka.ranges import read_range
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import KafkaAccess
 from streaming.api.pipeline import Pipeline
@@ -25,7 +25,7 @@ from streaming.engine.restore.service import recorded_scale
 from streaming.engine.restore.start import plan_start
 from streaming.errors import KafkaUnavailableError, SnapshotMissingError
 
-__all__ = ["RestorePlan", "RestorePlanner", "TaskPlan"]
+__all__ = ["RestorePreview", "RestorePlanner", "TaskPlan"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class TaskPlan:
 
 
 @dataclass(frozen=True)
-class RestorePlan:
+class RestorePreview:
     """Which checkpoint a restore would pick (None: from the beginning), the
     newer complete ones it skips and why, the generation it would start and
     every task's plan."""
@@ -65,7 +65,7 @@ class RestorePlanner:
 
     def restore_plan(
         self, checkpoint_id: int | None = None, *, progress: Callable[[str], None] = lambda _: None
-    ) -> RestorePlan:
+    ) -> RestorePreview:
         """What ``run --restore`` would do now: the checkpoint it picks
         (``checkpoint_id`` if it verifies, else the newest that does), the
         generation it starts and what every task loads and replays.  With a
@@ -87,7 +87,7 @@ class RestorePlanner:
         meta = self.store.read_job()
         generation = (meta.generation if meta else 0) + 1
         if manifest is None:
-            return RestorePlan(self.job, None, skipped, generation, [])
+            return RestorePreview(self.job, None, skipped, generation, [])
         tasks = []
         for name in sorted(manifest.tasks):
             progress(f"loading task {name} of checkpoint {manifest.checkpoint_id}")
@@ -103,7 +103,7 @@ class RestorePlanner:
                     {str(c): o for c, o in sorted(plan.query_start.items())},
                 )
             )
-        return RestorePlan(self.job, manifest.checkpoint_id, skipped, generation, tasks)
+        return RestorePreview(self.job, manifest.checkpoint_id, skipped, generation, tasks)
 
     def rescale_plan(
         self,

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             print(views.render_verify(args.job, results))
             return 1 if any(results.values()) else 0
         else:
-            from streaming.adapters.sinks import sink_location
+            from streaming.adapters.sinks.factory import sink_location
 
             _ids(args, (0,))
             sink = sink_location(JobSettings(store=args.store), args.job, connection)

@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:
         # kafka-python logs every lost connection and retry of its own (a line every few ms while a
         # broker is down); spark-abs says itself what it waits for and fails with a clear error.  Kept
-        # off the console, not silenced: streaming.adapters.kafka_clients reads Kafka's refusals there
+        # off the console, not silenced: streaming.adapters.kafka.clients reads Kafka's refusals there
         for handler in logging.getLogger().handlers:
             handler.addFilter(_no_kafka_chatter)
     try:

@@ -30,8 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streaming.adapters.kafka_admin import check_broker
-    from streaming.adapters.spark import spark_session
+    from streaming.adapters.kafka.admin import check_broker
+    from streaming.adapters.spark.session import spark_session
     from streaming.local import LocalRuntime
     from streaming.tools.smoke import SmokeRun, run_smoke
 

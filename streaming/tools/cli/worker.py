@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from streaming.adapters.control import ControlTopic, control_jobs
-    from streaming.adapters.kafka_admin import delete_topics, end_offsets
+    from streaming.adapters.kafka.admin import delete_topics, end_offsets
+    from streaming.adapters.kafka.control.transport import ControlTopic, control_jobs
     from streaming.engine.remote.member import RemoteWorker, wait_for_lease
     from streaming.errors import ConfigError, names_like
     from streaming.local import LocalRuntime

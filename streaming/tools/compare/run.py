@@ -212,7 +212,7 @@ class _Feed:
     """The records every job gets: the same ones, in the same order."""
 
     def __init__(self, kafka: KafkaAccess, workload: Workload):
-        from streaming.adapters import kafka_clients
+        from streaming.adapters.kafka import clients as kafka_clients
 
         self.workload = workload
         self.produced: dict[str, int] = {}

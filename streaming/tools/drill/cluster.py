@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streaming.adapters.kafka_admin import out_of_sync
+from streaming.adapters.kafka.admin import out_of_sync
 from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S
 from streaming.errors import SparkAbsError
 from streaming.tools.drill.job import pid_of

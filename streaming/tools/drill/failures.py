@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from barriers.messages import ChannelId
-from streaming.adapters.kafka_admin import delete_records, earliest_offsets
+from streaming.adapters.kafka.admin import delete_records, earliest_offsets
 from streaming.adapters.snapshots import Manifest
 from streaming.engine import faults
 from streaming.engine.kafka_retention import needs

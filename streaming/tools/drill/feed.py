@@ -13,7 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from streaming.adapters.control import ControlTopic, Heartbeat, Lease, Progress
+from streaming.adapters.kafka.control.events import Heartbeat, Lease, Progress
+from streaming.adapters.kafka.control.transport import ControlTopic
 from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Pipeline
@@ -50,7 +51,7 @@ class WorkloadFeed:
         self.thread = threading.Thread(target=self._feed, name="drill-feed", daemon=True)
 
     def _feed(self) -> None:
-        from streaming.adapters import kafka_clients
+        from streaming.adapters.kafka import clients as kafka_clients
 
         producer = kafka_clients.raw_producer(
             self.kafka,

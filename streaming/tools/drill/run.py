@@ -478,7 +478,7 @@ def run_drill(
         runtime = runtime or LocalRuntime(runtime_settings, progress=log.info)
         connection = runtime.up()
     # a workload's producer and reference find Avro schemas in the job's registry
-    from streaming.adapters.registry import use_registry
+    from streaming.adapters.serde.schema_registry import use_registry
 
     use_registry(connection.schema_registry or None)
     store_uri = settings.store_uri or f"s3://{connection.s3_bucket}/drills"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
+from barriers.headers import DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, DEAD_LETTER_SOURCE_OFFSET
 from streaming.api.config import Connection
 from streaming.api.pipeline import Pipeline
 from streaming.errors import ConfigError, KafkaUnavailableError, SnapshotMissingError
@@ -82,7 +83,7 @@ class DrillVerification:
     def _spark(self):
         if self.spark is not None:
             return self.spark
-        from streaming.adapters.spark import spark_session
+        from streaming.adapters.spark.session import spark_session
         from streaming.api.config import SparkSettings
 
         return spark_session(SparkSettings(master=self.connection.spark_master, app_name=f"{self.job.job}-reference"))
@@ -91,7 +92,9 @@ class DrillVerification:
         """The committed output as a frame (empty, with the reference's
         columns, when there is none): an object-store sink's epochs, a Delta
         sink's table, or the JSON values a Kafka sink committed to its topic."""
-        from streaming.adapters.sinks import delta_table_uri, read_committed_output, read_delta_output, sink_location
+        from streaming.adapters.sinks.delta import delta_table_uri, read_delta_output
+        from streaming.adapters.sinks.factory import sink_location
+        from streaming.adapters.sinks.object_store import read_committed_output
         from streaming.api.pipeline import SinkKind
         from streaming.api.settings import JobSettings
 
@@ -110,7 +113,7 @@ class DrillVerification:
 
     def _checkpoint_frame(self) -> pd.DataFrame:
         """One row per checkpoint reported complete: its state and, where the workload says, what it conserves."""
-        from streaming.adapters.kafka_io import read_range
+        from streaming.adapters.kafka.ranges import read_range
 
         store = self.job.store
         damaged = {o.damaged for o in self.outcomes if o.damaged is not None}
@@ -156,18 +159,18 @@ class DrillVerification:
     def _dead_letter_frame(self) -> pd.DataFrame:
         from kafka import TopicPartition
 
-        from streaming.adapters import kafka_clients
-        from streaming.adapters.kafka_io import dead_letter_topic_name
+        from streaming.adapters.kafka import clients as kafka_clients
+        from streaming.api.topics import dead_letter_topic
 
         consumer = kafka_clients.consumer(self.connection.kafka, enable_auto_commit=False, consumer_timeout_ms=3000)
-        tp = TopicPartition(dead_letter_topic_name(self.job.job), 0)
+        tp = TopicPartition(dead_letter_topic(self.job.job), 0)
         consumer.assign([tp])
         consumer.seek_to_beginning(tp)
         seen: dict[tuple[str, int], list[str]] = {}
         for record in consumer:
             headers = {k: v.decode(errors="replace") for k, v in record.headers}
-            source = (headers.get("spark-abs-source", ""), int(headers.get("spark-abs-source-offset", -1)))
-            seen.setdefault(source, []).append(headers.get("spark-abs-reason", ""))
+            source = (headers.get(DEAD_LETTER_SOURCE, ""), int(headers.get(DEAD_LETTER_SOURCE_OFFSET, -1)))
+            seen.setdefault(source, []).append(headers.get(DEAD_LETTER_REASON, ""))
         consumer.close()
         frame = dead_letter_frame(self.malformed, seen, self.workload.by_design)
         unmade = frame[~frame["made_malformed"]]
@@ -199,7 +202,7 @@ class DrillVerification:
         written again by the restored job (said in the drill's log)."""
         import pyarrow as pa
 
-        from streaming.adapters.sinks import read_kafka_output
+        from streaming.adapters.sinks.kafka import read_kafka_output
 
         # only the superseded marks the job signed count
         output = read_kafka_output(self.connection.kafka, topic, key=self.connection.job_key(self.job.job))

@@ -19,20 +19,12 @@ from dataclasses import dataclass, field
 
 from kafka.errors import KafkaError
 
-from streaming.adapters.control import (
-    Abort,
-    Ack,
-    Complete,
-    ControlEvent,
-    ControlTopic,
-    Decline,
-    Ready,
-    Trigger,
-    control_topic_name,
-)
-from streaming.adapters.kafka_admin import admin_client, end_offsets
+from streaming.adapters.kafka.admin import admin_client, end_offsets
+from streaming.adapters.kafka.control.events import Abort, Ack, Complete, ControlEvent, Decline, Ready, Trigger
+from streaming.adapters.kafka.control.transport import ControlTopic
 from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
+from streaming.api.topics import control_topic
 from streaming.errors import SparkAbsError
 from streaming.tools.tables import Table
 
@@ -85,7 +77,7 @@ class ControlWatch:
         self.kafka = kafka
         self.job = job
         self.key = key
-        self.topic_name = control_topic_name(job)
+        self.topic_name = control_topic(job)
         self.tail = tail
         self.timeout_s = timeout_s
         self._lock = threading.Lock()

@@ -10,7 +10,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from streaming.adapters import avro, codec
+from streaming.adapters.serde import avro, codec
 from streaming.api.pipeline import Ingress
 from streaming.errors import ConfigError
 

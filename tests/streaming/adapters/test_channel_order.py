@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streaming.adapters.spark import in_channel_order
+from streaming.adapters.spark.query import in_channel_order
 
 ORDER = [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
 ROWS = st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 2), st.integers(0, 5)), max_size=25)

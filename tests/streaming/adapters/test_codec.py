@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from streaming.adapters import arrow_ipc
-from streaming.adapters.codec import (
+from streaming.adapters.serde import arrow_ipc
+from streaming.adapters.serde.codec import (
     ARROW_ON_INGRESS,
     ChannelReading,
     decode,

@@ -15,7 +15,9 @@ from deltalake import DeltaTable
 
 from streaming import read_delta_output  # what a user reads output with
 from streaming.adapters.objects import open_store
-from streaming.adapters.sinks import DELTA_COLUMNS, DeltaSink, Recovery, delta_storage_options, open_sink
+from streaming.adapters.sinks.base import Recovery
+from streaming.adapters.sinks.delta import DELTA_COLUMNS, DeltaSink, delta_storage_options
+from streaming.adapters.sinks.factory import open_sink
 from streaming.api.config import KafkaAccess
 from streaming.api.pipeline import Sink
 from streaming.errors import SinkError
@@ -182,7 +184,7 @@ def test_a_table_elsewhere_than_s3_or_a_path_is_refused(tmp_path):
 
 
 def test_where_each_sink_commits_its_output_is_said(tmp_path):
-    from streaming.adapters.sinks import sink_place
+    from streaming.adapters.sinks.factory import sink_place
     from streaming.api.settings import JobSettings
 
     settings = JobSettings(store=str(tmp_path))

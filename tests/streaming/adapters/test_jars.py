@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from streaming.adapters import jars
-from streaming.adapters.jars import Artifact
+from streaming.adapters.spark import jars
+from streaming.adapters.spark.jars import Artifact
 from streaming.errors import ArtifactResolutionError, ToolMissingError
 from streaming.local.artifacts import kafka_broker_artifacts
 

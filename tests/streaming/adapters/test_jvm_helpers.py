@@ -9,7 +9,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from streaming.adapters.jvm_helpers import helper_jar
+from streaming.adapters.spark.jvm import helper_jar
 from streaming.errors import ArtifactResolutionError
 
 SPARK_JARS = Path(pyspark.__file__).parent / "jars"

@@ -4,8 +4,8 @@ for the tasks of a process uploading one checkpoint, answers kept briefly."""
 from __future__ import annotations
 
 from barriers.messages import ChannelId
-from streaming.adapters import kafka_admin
-from streaming.adapters.kafka_admin import OffsetsAtTime
+from streaming.adapters.kafka import admin as kafka_admin
+from streaming.adapters.kafka.admin import OffsetsAtTime
 
 A0, A1, B0 = ChannelId("a", 0), ChannelId("a", 1), ChannelId("b", 0)
 

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from streaming.adapters.kafka_admin import check_broker, create_topic, end_offsets
-from streaming.adapters.kafka_io import CheckedSends, producer, read_range
+from streaming.adapters.kafka.admin import check_broker, create_topic, end_offsets
+from streaming.adapters.kafka.producer import CheckedSends, producer
+from streaming.adapters.kafka.ranges import read_range
 from streaming.api.config import ENV, KafkaAccess
 from streaming.errors import KafkaAccessError, KafkaUnavailableError
 from streaming.local.kafka_security import OUTSIDER, BrokerSecurity
@@ -22,7 +23,7 @@ from streaming.local.kafka_security import OUTSIDER, BrokerSecurity
 def test_kafka_pythons_logged_configuration_holds_no_password():
     import logging
 
-    import streaming.adapters.kafka_clients  # noqa: F401  (installs the filter)
+    import streaming.adapters.kafka.clients  # noqa: F401  (installs the filter)
 
     # a handler on the logger itself: what any handler gets, whatever else the session did to logging
     logger = logging.getLogger("kafka.admin.client")
@@ -46,7 +47,7 @@ def test_kafka_pythons_logged_configuration_holds_no_password():
 def test_a_refusal_says_what_to_grant_and_no_secret():
     from kafka.errors import SaslAuthenticationFailedError, TransactionalIdAuthorizationFailedError
 
-    from streaming.adapters.kafka_clients import refusal
+    from streaming.adapters.kafka.clients import refusal
 
     access = KafkaAccess("b:9093", "SASL_PLAINTEXT", "PLAIN", "job", "pw-123456")
     denied = refusal(access, TransactionalIdAuthorizationFailedError(), "to use transactional id t")

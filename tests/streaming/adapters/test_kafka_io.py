@@ -9,22 +9,14 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaTimeoutError
 
+from barriers.headers import SIGNATURE_HEADER
 from barriers.messages import ChannelId
-from streaming.adapters.control import (
-    SIGNATURE_HEADER,
-    Ack,
-    Complete,
-    ControlEvent,
-    ControlTopic,
-    Lease,
-    Progress,
-    RejectedEvent,
-    Trigger,
-    send_event,
-    verified_event,
-)
-from streaming.adapters.kafka_admin import create_topic
-from streaming.adapters.kafka_io import DeadLetters, append_markers, fit_dead_letter
+from streaming.adapters.kafka.admin import create_topic
+from streaming.adapters.kafka.control.events import Ack, Complete, ControlEvent, Lease, Progress, Trigger
+from streaming.adapters.kafka.control.signing import RejectedEvent, verified_event
+from streaming.adapters.kafka.control.transport import ControlTopic, send_event
+from streaming.adapters.kafka.dead_letters import DeadLetterTopic, fit_dead_letter
+from streaming.adapters.kafka.producer import append_markers
 from streaming.adapters.snapshots import TaskCheckpointMetrics
 from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
@@ -145,7 +137,7 @@ def test_control_topic_delivers_signed_events_in_order_and_counts_the_rest(conne
 
 @pytest.mark.integration
 def test_dead_letters_keep_the_record_and_its_reason(connection, unique_name):
-    letters = DeadLetters(connection.kafka, unique_name)
+    letters = DeadLetterTopic(connection.kafka, unique_name)
     letters.send(ChannelId("in", 1), 42, b"k", b"{broken", [("h", b"v")], "value is not JSON")
     # a record larger than the producer may send is kept truncated, with a note, not lost and
     # not failing the task (before: kafka-python refused it, MessageSizeTooLargeError)
@@ -223,7 +215,7 @@ class _Producer:
 def test_a_send_that_failed_fails_the_next_flush_and_every_send_after_it():
     from kafka.errors import KafkaTimeoutError
 
-    from streaming.adapters.kafka_io import CheckedSends
+    from streaming.adapters.kafka.producer import CheckedSends
     from streaming.errors import KafkaUnavailableError
 
     producer = _Producer()
@@ -239,7 +231,7 @@ def test_a_send_that_failed_fails_the_next_flush_and_every_send_after_it():
 
 
 def test_a_flush_kafka_does_not_finish_within_the_bound_names_the_bound():
-    from streaming.adapters.kafka_io import CheckedSends
+    from streaming.adapters.kafka.producer import CheckedSends
     from streaming.errors import KafkaUnavailableError
 
     sends = CheckedSends(_Producer(flush_takes_s=1e9), "dead letters", bound_s=0.5)
@@ -250,7 +242,7 @@ def test_a_flush_kafka_does_not_finish_within_the_bound_names_the_bound():
 def test_a_call_without_a_timeout_is_waited_for_within_a_bound():
     import threading
 
-    from streaming.adapters.kafka_io import within
+    from streaming.adapters.kafka.producer import within
     from streaming.errors import KafkaUnavailableError
 
     assert within(lambda: 7, 1.0, "a quick call") == 7

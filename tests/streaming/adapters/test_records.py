@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from streaming.adapters.records import header_values
+from streaming.adapters.serde.records import header_values
 
 
 def test_header_values_takes_the_named_header_of_each_row():
@@ -23,7 +23,7 @@ def test_header_values_takes_the_named_header_of_each_row():
 
 
 def test_a_prepared_micro_batch_counts_the_records_it_stands_for():
-    from streaming.adapters.records import PART, RECORDS, Part, is_prepared, part_of, records_in
+    from streaming.adapters.serde.records import PART, RECORDS, Part, is_prepared, part_of, records_in
 
     parts = [Part.ROW, Part.ROW, Part.MARKER, Part.CONTROL, Part.REJECTED, Part.MARKER, Part.PARTIAL]
     prepared = pa.table(

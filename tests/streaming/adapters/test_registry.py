@@ -14,18 +14,18 @@ import time
 import pyarrow as pa
 import pytest
 
-from streaming.adapters import avro, codec
-from streaming.adapters.records import REASON, RECORD_SCHEMA, ROW, Part, part_of
-from streaming.adapters.registry import (
+from streaming.adapters.serde import avro, codec
+from streaming.adapters.serde.records import REASON, RECORD_SCHEMA, ROW, Part, part_of
+from streaming.adapters.serde.schema_registry import (
     RegistryUnavailableError,
     SchemaRegistry,
     UnknownSchemaError,
     current_registry,
     subject_of,
 )
-from streaming.adapters.sinks import KafkaSink, kafka_records, read_kafka_output, registered_avro
-from streaming.adapters.spark_stage import SparkStage
-from streaming.api.avro import avro_schema
+from streaming.adapters.sinks.kafka import KafkaSink, kafka_records, read_kafka_output, registered_avro
+from streaming.adapters.spark.stage import SparkStage
+from streaming.api.avro_schema import avro_schema
 from streaming.api.pipeline import Ingress, Sink, Stage
 from streaming.errors import ConfigError
 
@@ -168,7 +168,7 @@ def test_an_evolving_producer_is_read_with_the_ingress_schema_in_python_and_by_s
 
 
 def test_an_ingress_that_reads_by_id_needs_the_wire_format_and_a_registry():
-    from streaming.adapters.registry import check_registry
+    from streaming.adapters.serde.schema_registry import check_registry
     from streaming.api.pipeline import Pipeline
 
     reads = Pipeline(
@@ -188,7 +188,7 @@ def test_an_ingress_that_reads_by_id_needs_the_wire_format_and_a_registry():
 
 
 def test_a_kafka_sink_writes_avro_registered_under_its_topic(connection, unique_name, tmp_path):
-    from streaming.adapters.kafka_admin import create_topic
+    from streaming.adapters.kafka.admin import create_topic
     from streaming.adapters.objects import open_store
 
     topic = f"{unique_name}.out"

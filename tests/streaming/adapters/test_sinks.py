@@ -11,10 +11,12 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from streaming import read_committed_output, read_kafka_output  # what a user reads output with
-from streaming.adapters.kafka_admin import create_topic, end_offsets
-from streaming.adapters.kafka_txn import JavaTransactions
+from streaming.adapters.kafka.admin import create_topic, end_offsets
+from streaming.adapters.kafka.transactions import JavaTransactions
 from streaming.adapters.objects import open_store
-from streaming.adapters.sinks import KafkaSink, ObjectStoreSink, Recovery
+from streaming.adapters.sinks.base import Recovery
+from streaming.adapters.sinks.kafka import KafkaSink
+from streaming.adapters.sinks.object_store import ObjectStoreSink
 from streaming.api.config import KafkaAccess
 from streaming.errors import SinkError, SinkFencedError
 

@@ -12,9 +12,10 @@ import pytest
 from kafka import KafkaProducer
 
 from barriers.messages import ChannelId
-from streaming.adapters.kafka_admin import create_topic
-from streaming.adapters.records import header_values
-from streaming.adapters.spark import LOCAL_DRIVER_ADDRESS, ChannelQuery, QuerySpec, local_master, master_url, spark_conf
+from streaming.adapters.kafka.admin import create_topic
+from streaming.adapters.serde.records import header_values
+from streaming.adapters.spark.query import ChannelQuery, QuerySpec
+from streaming.adapters.spark.session import LOCAL_DRIVER_ADDRESS, local_master, master_url, spark_conf
 from streaming.api.config import SparkSettings
 from streaming.errors import ConfigError
 

@@ -12,13 +12,14 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
+from barriers.headers import FORMAT_HEADER, GENERATION_HEADER
 from barriers.lineage import Lineage
-from barriers.messages import GENERATION_HEADER, Barrier, ChannelId, encode
+from barriers.messages import Barrier, ChannelId, encode
 from operators import KeyedAggregate, count, max_, sum_
-from streaming.adapters import avro
-from streaming.adapters.codec import ARROW_FORMAT, FORMAT_HEADER
-from streaming.adapters.records import EVENT_TIME, PARTIAL, REASON, RECORD_SCHEMA, RECORDS, ROW, Part, part_of
-from streaming.adapters.spark_stage import POSITION, SparkStage, StageRows, spark_stages
+from streaming.adapters.serde import avro
+from streaming.adapters.serde.codec import ARROW_FORMAT
+from streaming.adapters.serde.records import EVENT_TIME, PARTIAL, REASON, RECORD_SCHEMA, RECORDS, ROW, Part, part_of
+from streaming.adapters.spark.stage import POSITION, SparkStage, StageRows, spark_stages
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.errors import ChannelQueryError, ConfigError
 
@@ -67,7 +68,7 @@ def _sorted(table: pa.Table) -> pa.Table:
 
 
 def test_a_record_without_a_field_declared_not_null_is_rejected_naming_it_as_python_does(spark):
-    from streaming.adapters import codec
+    from streaming.adapters.serde import codec
 
     required = pa.schema([pa.field("user", pa.string(), nullable=False), ("amount", pa.int64()), ("ts", pa.int64())])
     stage = SparkStage(spark, _stage("SELECT _position, user, amount FROM {input}"), Ingress("clicks", 2, required))

@@ -15,7 +15,7 @@ from task_cases import batch, make_task
 
 from barriers.messages import Barrier, ChannelId, CheckpointOptions, encode
 from operators import KeyedAggregate, count, sum_
-from streaming.adapters.control import Trigger, announced_barrier
+from streaming.adapters.kafka.control.events import Trigger, announced_barrier
 from streaming.adapters.snapshots import Manifest, PartInfo, TaskSnapshot
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.engine.kafka_retention import (

@@ -21,7 +21,7 @@ from barriers.coordinator import CheckpointStatus
 from barriers.failures import CheckpointFailure
 from barriers.messages import ChannelId, CheckpointOptions
 from operators import KeyedAggregate, count
-from streaming.adapters.control import Ack, ControlEvent, Decline, Ready
+from streaming.adapters.kafka.control.events import Ack, ControlEvent, Decline, Ready
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskParts
 from streaming.api.config import MetricsSettings

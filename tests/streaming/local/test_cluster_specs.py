@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from streaming.adapters.kafka_admin import replication
+from streaming.adapters.kafka.admin import replication
 from streaming.api.config import LocalRuntimeSettings
 from streaming.errors import ConfigError
 from streaming.local import spark_cluster
@@ -84,7 +84,7 @@ def test_master_and_workers_are_spark_class_command_lines_told_apart_by_their_pr
 
 
 def test_a_worker_group_on_a_standalone_master_leaves_cores_to_the_others():
-    from streaming.adapters.spark import spark_conf
+    from streaming.adapters.spark.session import spark_conf
     from streaming.api.config import SparkSettings
 
     on_cluster = spark_conf(SparkSettings(master="spark://127.0.0.1:7077"), [Path("/jars/a.jar")])

@@ -180,7 +180,8 @@ def test_job_settings_refuse_a_file_store_that_names_a_host():
 
 @pytest.mark.integration
 def test_a_worker_whose_runner_never_comes_gives_up_after_its_bound_and_leaves_no_topic(connection, unique_name):
-    from streaming.adapters.control import control_jobs, control_topic_name
+    from streaming.adapters.kafka.control.transport import control_jobs
+    from streaming.api.topics import control_topic
 
     job = f"typo-{unique_name}"
     done = _run(
@@ -199,7 +200,7 @@ def test_a_worker_whose_runner_never_comes_gives_up_after_its_bound_and_leaves_n
     said = done.stdout + done.stderr
     assert f"job {job!r} has no control topic on this Kafka" in said
     assert "waiting up to 3 s (--wait-for-runner)" in said
-    assert f"no runner of job {job!r} published its lease on {control_topic_name(job)} in 3 s" in done.stderr
+    assert f"no runner of job {job!r} published its lease on {control_topic(job)} in 3 s" in done.stderr
     assert "Traceback" not in said
     # the wait made the control topic, and took it away again (Kafka deletes a topic in the background)
     deadline = time.monotonic() + 30

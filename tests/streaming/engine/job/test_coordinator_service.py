@@ -17,7 +17,7 @@ from barriers.failures import CheckpointFailure
 from barriers.handler import CheckpointKind
 from barriers.messages import ChannelId, decode
 from operators import KeyedAggregate, count
-from streaming.adapters.control import Abort, Ack, Committed, ControlEvent, ControlKind, Decline, Ready
+from streaming.adapters.kafka.control.events import Abort, Ack, Committed, ControlEvent, ControlKind, Decline, Ready
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskParts
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from barriers.failures import CheckpointFailure
-from streaming.engine.job.liveness import READY_BOUND_S, DueRestore, FailedCheckpoints, Liveness, Verdict
+from streaming.engine.job.checkpoint_failures import CheckpointFailureTolerance
+from streaming.engine.job.liveness import READY_BOUND_S, DueRestore, Liveness, Verdict
 
 
 class Clock:
@@ -46,7 +47,7 @@ def _liveness(clock: Clock, kafka: Kafka, tolerable: int = 2) -> Liveness:
 
 def test_more_failed_checkpoints_in_a_row_than_tolerable_restore_and_a_completion_resets_the_count(clock):
     seen: list[int] = []
-    failed = FailedCheckpoints(seen.append, clock)
+    failed = CheckpointFailureTolerance(seen.append, clock)
     liveness = _liveness(clock, Kafka())
     ready = {"a-0", "b-0"}
     for checkpoint_id in (1, 2):
@@ -81,16 +82,16 @@ def test_a_short_broker_outage_the_runner_only_met_in_its_own_sends_blames_nobod
     liveness = _liveness(clock, kafka)
     ready = {"a-0", "b-0"}
     heard = {"a-0": clock.now, "b-0": clock.now}
-    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+    assert liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready) is None
     clock.now += 20  # a trigger waited 10 s, its abort 10 s more: Kafka away meanwhile
     liveness.lost()
     liveness.deaf()
-    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+    assert liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready) is None
     assert liveness.hearing_since == clock.now  # asked again at once, and it answers
     clock.now += 10
-    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+    assert liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready) is None
     clock.now += 6  # 16 s after the runner heard again, nobody: now that is a stuck worker
-    verdict = liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready)
+    verdict = liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready)
     assert verdict is not None and verdict.cause == "worker_stuck"
 
 
@@ -108,11 +109,11 @@ def test_an_outage_the_runner_sent_nothing_through_is_found_by_asking_kafka_once
     for second in range(1, 19):  # a step a second
         kafka.up = not 1 <= second <= 13
         clock.now += 1
-        assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None, second
+        assert liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready) is None, second
     assert kafka.asked >= 3  # while the worker was quiet, every few seconds
     heard["a-0"] = clock.now  # its producer back, 5 s after Kafka
     clock.now += 10
-    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+    assert liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready) is None
 
 
 def test_a_runner_that_did_not_listen_for_a_while_counts_silence_from_when_it_does_again(clock):
@@ -121,7 +122,7 @@ def test_a_runner_that_did_not_listen_for_a_while_counts_silence_from_when_it_do
     heard = {"a-0": clock.now, "b-0": clock.now}
     clock.now += 30  # a long step (a retention's verification, a slow store): nothing read meanwhile
     liveness.deaf()
-    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+    assert liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready) is None
 
 
 def test_a_worker_silent_while_kafka_answers_is_stuck(clock):
@@ -132,9 +133,9 @@ def test_a_worker_silent_while_kafka_answers_is_stuck(clock):
     clock.now += 10
     heard["a-0"] = clock.now  # one task heard is enough
     clock.now += 10
-    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+    assert liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready) is None
     clock.now += 10  # 20 s since a-0 was heard
-    verdict = liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready)
+    verdict = liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready)
     assert verdict == Verdict(
         "worker_stuck",
         "worker all is alive but stuck: none of its tasks heard for 20 s while the control topic worked "
@@ -142,7 +143,7 @@ def test_a_worker_silent_while_kafka_answers_is_stuck(clock):
     )
     asked = kafka.asked
     for _ in range(10):  # a step five times a second: Kafka is asked every few seconds, not at each
-        liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready)
+        liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready)
     assert kafka.asked == asked
 
 
@@ -154,14 +155,16 @@ def test_silence_while_kafka_is_away_blames_nobody_and_is_counted_from_when_it_a
     kafka.up = False
     for _ in range(40):  # 200 s of outage
         clock.now += 5
-        assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+        assert liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready) is None
     kafka.up = True
     clock.now += 5
-    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None  # hears again: counted from now
+    assert (
+        liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready) is None
+    )  # hears again: counted from now
     clock.now += 10
-    assert liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready) is None
+    assert liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready) is None
     clock.now += 10  # 20 s after Kafka answered again, still nobody heard
-    verdict = liveness.verdict(FailedCheckpoints(), WORKERS, heard, ready)
+    verdict = liveness.verdict(CheckpointFailureTolerance(), WORKERS, heard, ready)
     assert verdict is not None and verdict.cause == "worker_stuck"
 
 
@@ -169,9 +172,9 @@ def test_a_worker_whose_tasks_are_not_ready_is_judged_by_the_ready_bound(clock):
     liveness = _liveness(clock, Kafka())
     liveness.launched()
     clock.now += READY_BOUND_S - 1
-    assert liveness.verdict(FailedCheckpoints(), WORKERS, {}, {"a-0"}) is None
+    assert liveness.verdict(CheckpointFailureTolerance(), WORKERS, {}, {"a-0"}) is None
     clock.now += 2
-    verdict = liveness.verdict(FailedCheckpoints(), WORKERS, {}, {"a-0"})
+    verdict = liveness.verdict(CheckpointFailureTolerance(), WORKERS, {}, {"a-0"})
     assert verdict is not None and verdict.cause == "worker_stuck" and "tasks b-0 not ready" in verdict.reason
 
 

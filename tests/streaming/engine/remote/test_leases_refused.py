@@ -9,7 +9,8 @@ import threading
 import pytest
 from kafka import KafkaProducer
 
-from streaming.adapters.control import ControlTopic, Lease, send_event
+from streaming.adapters.kafka.control.events import Lease
+from streaming.adapters.kafka.control.transport import ControlTopic, send_event
 from streaming.engine.remote.member import check_lease, wait_for_lease
 from streaming.errors import LeaseRefused
 

@@ -10,14 +10,14 @@ import logging
 
 import pytest
 
-from streaming.adapters.control import ControlEvent, ControlKind
+from streaming.adapters.kafka.control.events import ControlEvent, ControlKind
 from streaming.engine.remote.membership import (
     ActionKind,
     Heartbeat,
     HeartbeatOutcome,
     Lease,
-    Liveness,
     Membership,
+    PeerSilence,
     RemoteGroups,
 )
 
@@ -29,7 +29,7 @@ class Clock:
     def __call__(self) -> float:
         return self.now
 
-    def advance(self, seconds: float, *, own: Liveness | RemoteGroups | Membership | None = None) -> None:
+    def advance(self, seconds: float, *, own: PeerSilence | RemoteGroups | Membership | None = None) -> None:
         """Let ``seconds`` pass, reading back one's own events each second when ``own`` is given."""
         for _ in range(int(seconds)):
             self.now += 1.0
@@ -56,7 +56,7 @@ def lease(generation=1, members=None, *, groups=None, ended=False, timeout_s=10.
 
 def test_silence_counts_only_while_one_reads_back_ones_own_events():
     clock = Clock()
-    liveness = Liveness(10.0, clock=clock)
+    liveness = PeerSilence(10.0, clock=clock)
     liveness.watch("a")
     liveness.own()
     clock.advance(9, own=liveness)
@@ -69,7 +69,7 @@ def test_silence_counts_only_while_one_reads_back_ones_own_events():
 
 def test_an_outage_silences_everyone_and_restores_nobody():
     clock = Clock()
-    liveness = Liveness(10.0, clock=clock)
+    liveness = PeerSilence(10.0, clock=clock)
     liveness.watch("a")
     liveness.own()
     clock.advance(60)  # nothing read back: the broker (or this process) is away

@@ -8,11 +8,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from barriers.headers import GENERATION_HEADER
 from barriers.lineage import Lineage
-from barriers.messages import GENERATION_HEADER, Barrier, ChannelId, encode
+from barriers.messages import Barrier, ChannelId, encode
 from spark_abs_examples import money as money_example
 from spark_abs_examples.money import Balances
-from streaming.adapters import codec
+from streaming.adapters.serde import codec
 from streaming.adapters.snapshots import LoadedTask, Manifest, TaskSnapshot
 from streaming.api.pipeline import Ingress, Pipeline, Scale, Sink, Stage, parse_parallelism, route
 from streaming.engine.restore.rescale import plan_rescale, scale_of, target_scale

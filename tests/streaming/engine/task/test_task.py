@@ -18,9 +18,9 @@ from barriers.lineage import Lineage
 from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions, encode
 from operators import Chain, KeyedAggregate, count, filter_rows, map_batches, sum_
 from operators.windows import TumblingWindowAggregate
-from streaming.adapters import codec
-from streaming.adapters.control import ControlKind, Trigger, announced_barrier
-from streaming.adapters.records import BATCH_BEGAN, stamped
+from streaming.adapters.kafka.control.events import ControlKind, Trigger, announced_barrier
+from streaming.adapters.serde import codec
+from streaming.adapters.serde.records import BATCH_BEGAN, stamped
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.engine.task.stage_task import StageTask, TaskOptions, TaskStart
 from streaming.engine.task.watermarks import watermark_headers

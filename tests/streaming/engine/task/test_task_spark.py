@@ -10,7 +10,7 @@ from task_cases import batch, make_task
 
 from barriers.messages import Barrier, ChannelId
 from operators import KeyedAggregate, count, sum_
-from streaming.adapters.spark_stage import SparkStage
+from streaming.adapters.spark.stage import SparkStage
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 
 pytestmark = pytest.mark.integration

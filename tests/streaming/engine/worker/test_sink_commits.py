@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from spark_abs_examples import money
-from streaming.adapters.control import Committed, Complete
+from streaming.adapters.kafka.control.events import Committed, Complete
 from streaming.api.config import Connection, KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.worker.wiring import RunningTask

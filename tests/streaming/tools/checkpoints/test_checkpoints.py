@@ -23,7 +23,7 @@ from barriers.messages import Barrier, ChannelId, encode
 from operators import KeyedAggregate, count, sum_
 from operators.state import KeyedState
 from streaming.adapters.objects import open_store
-from streaming.adapters.records import RECORD_SCHEMA
+from streaming.adapters.serde.records import RECORD_SCHEMA
 from streaming.adapters.snapshots import SnapshotStore, TaskParts
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings

@@ -14,7 +14,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from streaming.adapters.objects import open_store
-from streaming.adapters.sinks import ObjectStoreSink, sink_location
+from streaming.adapters.sinks.factory import sink_location
+from streaming.adapters.sinks.object_store import ObjectStoreSink
 from streaming.adapters.snapshots import SnapshotStore, TaskParts
 from streaming.api.settings import JobSettings
 from streaming.tools.checkpoints.gc import GcPlan, apply_gc, plan_gc

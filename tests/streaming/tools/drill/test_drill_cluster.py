@@ -18,8 +18,8 @@ import types
 import pytest
 
 from spark_abs_examples import money
-from streaming.adapters.control import Heartbeat, Lease
-from streaming.adapters.kafka_admin import lagging_replicas, watched
+from streaming.adapters.kafka.admin import lagging_replicas, watched
+from streaming.adapters.kafka.control.events import Heartbeat, Lease
 from streaming.api.config import Connection, KafkaAccess, LocalRuntimeSettings
 from streaming.api.job_key import JobKey
 from streaming.api.settings import Mode

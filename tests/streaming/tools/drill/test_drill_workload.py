@@ -17,7 +17,7 @@ import pytest
 
 import spark_abs_examples as examples
 from spark_abs_examples import money as money_example
-from streaming.adapters import avro
+from streaming.adapters.serde import avro
 from streaming.api.pipeline import load_pipeline, named_pipelines, pipeline_reference
 from streaming.api.producing import MAX_WATERMARK
 from streaming.errors import ConfigError
@@ -111,7 +111,7 @@ class _SchemasInMemory:
 
 @pytest.fixture
 def schemas(monkeypatch):
-    from streaming.adapters import registry
+    from streaming.adapters.serde import schema_registry as registry
 
     kept = _SchemasInMemory()
     monkeypatch.setattr(registry, "_current", kept)

@@ -24,9 +24,9 @@ import pytest
 
 from barriers.failures import CheckpointFailure
 from operators.state import KeyedState
-from streaming.adapters.control import Abort, Ack, Complete, Decline, Ready, Trigger
+from streaming.adapters.kafka.control.events import Abort, Ack, Complete, Decline, Ready, Trigger
 from streaming.adapters.objects import open_store
-from streaming.adapters.records import RECORD_SCHEMA
+from streaming.adapters.serde.records import RECORD_SCHEMA
 from streaming.adapters.snapshots import SnapshotStore, TaskParts
 from streaming.api.job_key import JobKey
 from streaming.tools.ui.app import JobSource, create_app

@@ -1,15 +1,11 @@
-"""The Spark adapter, the one place that imports pyspark: the session factory
-(Spark's Kafka connector on the classpath, resolved once into the cache, and
-the project's settings applied in one place) and a stage task's input
-channels as a Structured Streaming query.
+"""A stage task's input channels as a Structured Streaming query.
 
 A ``ChannelQuery`` reads an explicit set of Kafka partitions (``assign``),
 started at explicit offsets, and its ``foreachBatch`` hands each micro-batch
 to the task as one Arrow table ordered by channel and offset.  Spark's own
 checkpoint location is a detail of one generation: every start gets a fresh
 one, and the offsets the task's snapshot recorded are the only source of
-truth for where each channel resumes.
-"""
+truth for where each channel resumes."""
 
 from __future__ import annotations
 
@@ -17,10 +13,7 @@ import collections
 import functools
 import json
 import logging
-import os
-import re
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -31,35 +24,26 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyspark
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from barriers.messages import ChannelId
-from streaming.adapters.jars import connector_jars, delta_jars, require_tool
-from streaming.adapters.jvm_helpers import helper_jar
-from streaming.adapters.records import BATCH_BEGAN, BATCH_COLUMNS, records_in, stamped
-from streaming.api.config import Connection, LocalRuntimeSettings, SparkSettings
+from streaming.adapters.serde.records import BATCH_BEGAN, BATCH_COLUMNS, records_in, stamped
+from streaming.api.config import Connection
 from streaming.errors import ChannelQueryError, ConfigError
 
-__all__ = ["spark_session", "spark_conf", "local_master", "in_channel_order", "QuerySpec", "ChannelQuery"]
+__all__ = ["in_channel_order", "QuerySpec", "ChannelQuery"]
 
 log = logging.getLogger(__name__)
 
+
 # how long the broker may hold a fetch of a stage query's consumer for data to come
 FETCH_MAX_WAIT_MS = 20
-# attempts of a Spark task in local mode, as spark.task.maxFailures gives a cluster's
-LOCAL_TASK_ATTEMPTS = 4
+
+
 # how long stopping a stage query waits for its micro-batch, Spark's thread and the batch in hand
 # each (a batch waits on Kafka for at most the delivery timeout, then fails)
 STOP_BOUND_S = 150.0
-_LOCAL_MASTER = re.compile(r"local(\[(\d+|\*)\])?")
-# where the driver listens when every executor runs on this machine (local_master): its RPC and block
-# manager ports (spark.driver.port, spark.driver.blockManager.port) bind spark.driver.bindAddress and
-# are advertised as spark.driver.host.  With a master elsewhere the executors must reach the driver:
-# where it binds is the deployment's (SparkSettings.extra_conf, or SPARK_LOCAL_IP)
-LOCAL_DRIVER_ADDRESS = "127.0.0.1"
-_LOOPBACK_HOST = re.compile(r"localhost|127(\.\d{1,3}){3}|\[::1\]")
 
 
 def _as_it_is(table: pa.Table) -> pa.Table:
@@ -85,118 +69,12 @@ def in_channel_order(table: pa.Table) -> pa.Table:
     return table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
 
 
-def local_master(master: str) -> bool:
-    """Whether every executor of ``master`` runs on this machine: a local
-    master (``local``, ``local[...]``, ``local-cluster[...]``) or a standalone
-    master on loopback (``spark://127.0.0.1:7077``, the local runtime's
-    cluster), whose workers are on this machine too."""
-    if master.startswith("local"):
-        return True
-    if not master.startswith("spark://"):
-        return False
-    hosts = [address.rsplit(":", 1)[0] for address in master.removeprefix("spark://").split(",")]
-    return all(_LOOPBACK_HOST.fullmatch(host) for host in hosts)
-
-
-def master_url(master: str) -> str:
-    """``master`` as the session is started on: a local master without a
-    failure count gets Spark's cluster default of 4 attempts per task
-    (``local[2]`` becomes ``local[2,4]``). Local mode tries a task once, so a
-    Kafka consumer that timed out while a broker restarted failed the stage
-    query, and the worker with it, where a cluster retries the task."""
-    match = _LOCAL_MASTER.fullmatch(master)
-    if match is None:
-        return master
-    return f"local[{match.group(2) or 1},{LOCAL_TASK_ATTEMPTS}]"
-
-
-def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
-    """Every option the factory sets, as a plain mapping (easy to read and test).
-    The driver of a master on this machine (``local_master``) listens on
-    loopback alone; ``extra_conf``, applied last, may say otherwise."""
-    conf = {
-        "spark.jars": ",".join(str(j) for j in jars),
-        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
-        "spark.driver.memory": settings.driver_memory,
-        "spark.ui.enabled": str(settings.ui_enabled).lower(),
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.session.timeZone": "UTC",
-        # Arrow moves batches between the JVM and Python in foreachBatch.
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
-        # a stage query's Spark checkpoint is a temporary directory of one generation (positions live
-        # in spark-abs's snapshots): without Hadoop's checksums on local files, each micro-batch
-        # writes its offset and commit logs in about half the time (16 against 30 ms each, idle)
-        "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
-        # a query's stop waits this long for its micro-batch thread, then fails (Spark's default: for good)
-        "spark.sql.streaming.stopTimeout": f"{int(STOP_BOUND_S * 1000)}ms",
-        "spark.sql.adaptive.enabled": "false",
-        # the tasks of a job are queries of one application, whose jobs run in the order they
-        # come: Spark's FAIR pools break ties by pool name, so with every pool idle between
-        # micro-batches, queries named late in the alphabet waited for minutes behind the others
-        "spark.scheduler.mode": "FIFO",
-    }
-    if local_master(settings.master):
-        conf |= {"spark.driver.bindAddress": LOCAL_DRIVER_ADDRESS, "spark.driver.host": LOCAL_DRIVER_ADDRESS}
-    if settings.master.startswith("spark://"):
-        # a worker group is one application among others: it must leave them cores
-        conf.update(
-            {
-                "spark.cores.max": str(settings.cores_max),
-                "spark.executor.cores": "1",
-                "spark.executor.memory": settings.executor_memory,
-                "spark.pyspark.python": sys.executable,
-            }
-        )
-    if settings.delta:
-        conf |= {
-            "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        }
-    conf.update(dict(settings.extra_conf))
-    return conf
-
-
-def spark_session(
-    settings: SparkSettings | None = None,
-    runtime: LocalRuntimeSettings | None = None,
-    progress: Callable[[str], None] = log.info,
-) -> SparkSession:
-    """A session on ``settings.master`` with the Kafka connector jars for the
-    installed pyspark.  Reuses the active session when one exists.  On a
-    master on this machine (``local_master``) the driver listens on loopback,
-    its UI too when enabled (``SPARK_LOCAL_IP``, unless set, for the JVM this
-    starts)."""
-    settings = settings or SparkSettings()
-    runtime = runtime or LocalRuntimeSettings()
-    if runtime.spark_version != pyspark.__version__:
-        raise ConfigError(
-            f"spark_version {runtime.spark_version} differs from the installed "
-            f"pyspark {pyspark.__version__}; the Kafka connector must match it"
-        )
-    require_tool("java")
-    spark_jars = Path(pyspark.__file__).parent / "jars"
-    jars = [
-        *connector_jars(runtime.spark_version, runtime.cache_dir, spark_jars, progress),
-        helper_jar(runtime.spark_version, runtime.cache_dir, spark_jars, progress),
-    ]
-    if settings.delta:
-        jars += delta_jars(runtime.delta_version, runtime.cache_dir, spark_jars, progress)
-    if settings.ui_enabled and local_master(settings.master):
-        # the Spark UI binds SPARK_LOCAL_IP, not spark.driver.bindAddress: every interface without it
-        os.environ.setdefault("SPARK_LOCAL_IP", LOCAL_DRIVER_ADDRESS)
-    builder = SparkSession.builder.master(master_url(settings.master)).appName(settings.app_name)
-    for key, value in spark_conf(settings, jars).items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
-    return session
-
-
 EARLIEST = -2
 
 
 BatchHandler = Callable[[pa.Table, int], None]
+
+
 # what a stage query does with a micro-batch before Python: Spark's part, returning Python's part
 Prepare = Callable[[DataFrame], Callable[[], pa.Table]]
 
@@ -238,7 +116,7 @@ class ChannelQuery:
     checkpoint location is made under ``work_dir`` (None: the system's
     temporary directory).
 
-    With ``prepare`` (a stage's Spark code, ``streaming.adapters.spark_stage``)
+    With ``prepare`` (a stage's Spark code, ``streaming.adapters.spark.stage``)
     each micro-batch is prepared by Spark first and ``on_batch`` gets what
     that gives: ``prepare(df)`` runs Spark's jobs on the micro-batch's thread
     and returns the rest of the work, Python's, which runs on the query's

@@ -16,8 +16,8 @@ from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from barriers.messages import ChannelId
-from streaming.adapters import kafka_clients
-from streaming.adapters.kafka_clients import RECONNECT, refusal
+from streaming.adapters.kafka import clients as kafka_clients
+from streaming.adapters.kafka.clients import RECONNECT, refusal
 from streaming.api.config import KafkaAccess
 from streaming.errors import ConfigError, KafkaUnavailableError
 

@@ -6,12 +6,12 @@ it (what Spark's ``to_avro`` writes), or with ``confluent_wire=True`` after
 the five bytes Confluent's serializers put first (a zero, then the schema
 id).  The schema fixes the columns: ``AvroSchema.arrow`` is the Arrow schema
 the rows have in Python, and Spark decodes the same records with ``from_avro``
-and the same schema (``streaming.adapters.spark_stage``).
+and the same schema (``streaming.adapters.spark.stage``).
 
 With ``registry`` (``Ingress(..., registry=True)``) the schema id names the
 schema the value was written with, a version of the topic's subject
 (``<topic>-value``): it is fetched from the schema registry
-this process uses (``streaming.adapters.registry``) and the value read with
+this process uses (``streaming.adapters.serde.schema_registry``) and the value read with
 it as the writer's schema and the ingress schema as the reader's, by Avro's
 resolution rules (fields added with defaults, fields dropped, types widened).
 
@@ -30,8 +30,8 @@ from typing import Any, cast
 import fastavro
 import pyarrow as pa
 
-from streaming.adapters import registry as schema_registry
-from streaming.api.avro import MAGIC, WIRE_HEADER_BYTES, AvroSchema, avro_schema
+from streaming.adapters.serde import schema_registry
+from streaming.api.avro_schema import MAGIC, WIRE_HEADER_BYTES, AvroSchema, avro_schema
 from streaming.errors import ConfigError
 
 __all__ = ["AvroSchema", "avro_schema", "decode", "encode", "WIRE_HEADER_BYTES"]

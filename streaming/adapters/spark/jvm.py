@@ -1,10 +1,10 @@
-"""spark-abs's own classes for Spark's JVM (``streaming/adapters/jvm/*.java``),
+"""spark-abs's own classes for Spark's JVM (``streaming/adapters/spark/java/*.java``),
 compiled once per source and Spark version into a jar in the cache, which
-every Spark session of the engine loads (``streaming.adapters.spark``).
+every Spark session of the engine loads (``streaming.adapters.spark.session``).
 
 What they do is what Spark's DataFrame API cannot do in one pass over a
 micro-batch: ``spark_abs.Runs`` numbers the runs of records between control
-records (``streaming.adapters.spark_stage``).  The jar is built with the
+records (``streaming.adapters.spark.stage``).  The jar is built with the
 JDK's ``javac`` against the jars of the installed pyspark, into a name that
 carries a digest of the sources and the Spark version: a changed source or
 another Spark gets a jar of its own, and an interrupted build leaves no jar
@@ -21,14 +21,14 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from streaming.adapters.jars import require_tool
+from streaming.adapters.spark.jars import require_tool
 from streaming.errors import ArtifactResolutionError
 
 __all__ = ["SOURCES", "helper_jar", "compile_jar"]
 
 log = logging.getLogger(__name__)
 
-SOURCES = Path(__file__).parent / "jvm"
+SOURCES = Path(__file__).parent / "java"
 _JAVAC_BOUND_S = 300
 
 

@@ -1,30 +1,26 @@
-"""Kafka transport of the protocol: markers appended to every channel of a
-topic (the offsets Kafka gives back are the barrier positions), offset
-ranges read back in bulk (unaligned channel state), and the dead-letter
-topic where malformed input goes with its reason.  The job's control topic
-is ``streaming.adapters.control``.
+"""Writing to Kafka, every send accounted for: the producer factory, waits on
+the broker bounded by the delivery timeout (``patiently``, ``within``), sends
+whose failures are raised (``CheckedSends``), and markers and records
+appended to explicit channels, with the offsets Kafka gave them (the barrier
+positions, re-routed channel state).
 
-What a barrier's headers say is the business of ``barriers``; this module only
-moves bytes and reports offsets."""
+What a barrier's headers say is the business of ``barriers``; this module
+only moves bytes and reports offsets."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-import pyarrow as pa
 import tenacity
-from kafka import KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 from kafka.errors import AuthorizationError, KafkaError, KafkaTimeoutError
 
 from barriers.messages import ChannelId
-from streaming.adapters import kafka_clients
-from streaming.adapters.kafka_admin import create_topic
-from streaming.adapters.records import RECORD_SCHEMA, Headers
+from streaming.adapters.kafka import clients as kafka_clients
+from streaming.adapters.serde.records import Headers
 from streaming.api.config import KafkaAccess
 from streaming.errors import KafkaAccessError, KafkaUnavailableError
 
@@ -34,119 +30,24 @@ __all__ = [
     "DELIVERY_BOUND_S",
     "CheckedSends",
     "patiently",
-    "read_range",
     "within",
     "close_producer",
-    "retention_ms",
-    "DeadLetters",
-    "fit_dead_letter",
     "append_markers",
     "write_records",
-    "dead_letter_topic_name",
     "producer",
 ]
 
 log = logging.getLogger(__name__)
 
+
 T = TypeVar("T")
-
-
-def read_range(
-    kafka: KafkaAccess, channel: ChannelId, start: int, end: int, *, timeout_s: float = 60.0, to_end: bool = False
-) -> pa.Table:
-    """The records at offsets ``[start, end)`` of ``channel``, read in bulk
-    (offsets without a record, e.g. transaction markers, are simply absent),
-    all within ``timeout_s``.  ``to_end``: ``end`` may lie past the
-    partition's end, which then ends the range (else the read waits for
-    records to come up to it)."""
-    if end <= start:
-        return RECORD_SCHEMA.empty_table()
-    deadline = time.monotonic() + timeout_s
-    consumer = kafka_clients.consumer(
-        kafka,
-        enable_auto_commit=False,
-        max_poll_records=5000,
-        client_id="spark-abs-range",
-    )
-    tp = TopicPartition(channel.topic, channel.partition)
-    rows: list[dict] = []
-
-    def left_ms() -> int:
-        return max(1, int((deadline - time.monotonic()) * 1000))
-
-    try:
-        consumer.assign([tp])
-        first = consumer.beginning_offsets([tp], timeout_ms=left_ms())[tp]
-        if to_end:
-            end = min(end, consumer.end_offsets([tp], timeout_ms=left_ms())[tp])
-            if end <= start:
-                return RECORD_SCHEMA.empty_table()
-        if first > start:
-            raise KafkaUnavailableError(
-                f"{channel}: offsets [{start}, {end}) are no longer in Kafka "
-                f"(the partition starts at {first}; retention removed them)"
-            )
-        consumer.seek(tp, start)
-        at: int | None = start
-        while at is not None and at < end:
-            if time.monotonic() > deadline:
-                raise KafkaUnavailableError(
-                    f"{channel}: reading offsets [{start}, {end}) took over {timeout_s:.0f} s (at {at})"
-                )
-            for record in consumer.poll(timeout_ms=500).get(tp, []):
-                if record.offset >= end:
-                    break
-                rows.append(
-                    {
-                        "topic": channel.topic,
-                        "partition": channel.partition,
-                        "offset": record.offset,
-                        "key": record.key,
-                        "value": record.value,
-                        "headers": [{"key": k, "value": v} for k, v in record.headers],
-                        "timestamp": record.timestamp,
-                    }
-                )
-            at = consumer.position(tp, timeout_ms=left_ms())
-        if at is None:
-            raise KafkaUnavailableError(
-                f"{channel}: reading offsets [{start}, {end}): Kafka did not say where the read got within "
-                f"{timeout_s:.0f} s"
-            )
-    except KafkaError as exc:
-        raise kafka_clients.refusal(
-            kafka, exc, f"to read topic {channel.topic}", f"{channel}: reading offsets [{start}, {end}) failed"
-        ) from exc
-    finally:
-        consumer.close()
-    return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA)
-
-
-def retention_ms(kafka: KafkaAccess, topic: str) -> int | None:
-    """The topic's ``retention.ms`` (None: unlimited or unknown)."""
-    from kafka.admin import ConfigResource, ConfigResourceType
-
-    from streaming.adapters.kafka_admin import admin_client
-
-    admin = admin_client(kafka)
-    try:
-        result = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="All")
-        value = int(result["topic"][topic]["retention.ms"]["value"])
-        return None if value < 0 else value
-    except (KafkaError, KeyError, ValueError, TypeError) as exc:
-        log.warning("retention of topic %s unknown: %s", topic, exc)
-    finally:
-        admin.close()
-    return None
-
-
-def dead_letter_topic_name(job: str) -> str:
-    return f"spark-abs.{job}.dead-letters"
 
 
 # how long a send may wait for the broker: the producer's own delivery timeout (it retries until then);
 # a job's ``JobSettings.delivery_timeout_s``
 DELIVERY_BOUND_S = 120.0
+
+
 # how long closing a producer may wait for what it still holds (its owner flushed what it needs before)
 CLOSE_BOUND_S = 5.0
 
@@ -380,85 +281,3 @@ def write_records(
         last = patiently(sent[-1].get, f"re-routed records for {channel}", timeout_s).offset
         written[channel] = (first, last + 1)
     return written
-
-
-# what a record takes in a request besides its key, value and headers' bytes (kafka-python's
-# DefaultRecordBatchBuilder: a batch header of 61 bytes, a record's varints), with room to spare
-_RECORD_OVERHEAD = 256
-# the longest reason a dead letter carries, in characters (a reason may quote a schema of many columns)
-_REASON_CHARS = 2000
-
-
-def _record_bytes(key: bytes | None, value: bytes | None, headers: Headers) -> int:
-    named = sum(len(name.encode()) + len(data or b"") + 10 for name, data in headers)
-    return _RECORD_OVERHEAD + len(key or b"") + len(value or b"") + named
-
-
-def fit_dead_letter(
-    key: bytes | None, value: bytes | None, headers: Headers, notes: Headers, max_bytes: int
-) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
-    """A dead letter (the record's ``key``, ``value`` and ``headers``, then
-    the dead letter's own ``notes``) as it can be sent in ``max_bytes``: as
-    it is when it fits; otherwise its value cut to what fits (and, when its
-    key and headers alone are over, its headers left out and its key cut
-    too), saying so in ``spark-abs-truncated`` (what was cut),
-    ``spark-abs-original-bytes`` and ``spark-abs-original-sha256`` (of the
-    whole value), so the record is never lost, only shortened."""
-    headers, notes = list(headers), list(notes)
-    if _record_bytes(key, value, headers + notes) <= max_bytes:
-        return key, value, headers + notes
-    value = value or b""
-    cut = ["value"]
-    original = [
-        ("spark-abs-original-bytes", str(len(value)).encode()),
-        ("spark-abs-original-sha256", hashlib.sha256(value).hexdigest().encode()),
-    ]
-    room = max_bytes - _record_bytes(key, b"", headers + notes + original) - 64
-    if room < 0:  # the key and the record's headers alone are over
-        cut += ["headers", "key"] if headers else ["key"]
-        headers, key = [], (key or b"")[: max_bytes // 4]
-        room = max(0, max_bytes - _record_bytes(key, b"", notes + original) - 64)
-    truncated = [("spark-abs-truncated", ",".join(cut).encode())]
-    return key, value[:room], headers + notes + original + truncated
-
-
-class DeadLetters:
-    """Malformed input, kept with its reason: the original key, value and
-    headers, plus ``spark-abs-reason``, ``spark-abs-source`` (channel) and
-    ``spark-abs-source-offset`` headers; one larger than the producer may
-    send is truncated with a note (``fit_dead_letter``).  ``count`` says how
-    many were sent."""
-
-    def __init__(self, kafka: KafkaAccess, job: str, *, delivery_timeout_s: float = DELIVERY_BOUND_S):
-        self.topic = dead_letter_topic_name(job)
-        create_topic(kafka, self.topic, 1)
-        sender = producer(kafka, delivery_timeout_s=delivery_timeout_s)
-        # the most a record may take (the topic, created with the broker's default
-        # max.message.bytes, 1048588, takes what the producer may send)
-        self.max_bytes = int(sender.config["max_request_size"])
-        self._sends = CheckedSends(sender, "dead letters", delivery_timeout_s + 5)
-        self.count = 0
-
-    def send(
-        self, channel: ChannelId, offset: int, key: bytes | None, value: bytes | None, headers: Headers, reason: str
-    ) -> None:
-        notes = [
-            ("spark-abs-reason", reason[:_REASON_CHARS].encode()),
-            ("spark-abs-source", str(channel).encode()),
-            ("spark-abs-source-offset", str(offset).encode()),
-        ]
-        key, value, sent = fit_dead_letter(key, value, headers, notes, self.max_bytes)
-        self._sends.send(self.topic, key=key, value=value, headers=sent, partition=0)
-        self.count += 1
-        log.warning("dead letter from %s offset %d: %s", channel, offset, reason)
-
-    def flush(self) -> None:
-        """Every dead letter sent so far is in Kafka (``CheckedSends.wait``, the delivery timeout)."""
-        self._sends.flush()
-
-    def abandon(self, timeout_s: float) -> str | None:
-        """The dead letters so far belong to a generation the job gave up (``CheckedSends.abandon``)."""
-        return self._sends.abandon(timeout_s)
-
-    def close(self) -> None:
-        self._sends.close()

@@ -2,7 +2,7 @@
 
 Ingress topics (what users produce) and the Kafka sink carry one JSON object
 per Kafka record, or for an ingress given an Avro schema one Avro record
-(``streaming.adapters.avro``).  ``decode`` turns a batch of values into an Arrow table in
+(``streaming.adapters.serde.avro``).  ``decode`` turns a batch of values into an Arrow table in
 bulk (pyarrow's JSON reader) and, only when the bulk read fails, finds the
 records that cannot be rows, so each malformed record is reported with its
 reason and none is dropped silently.  ``encode`` is the way back.
@@ -15,7 +15,7 @@ records of either kind, in order, as the channel's ``ChannelReading`` says:
 an ingress channel takes no Arrow batch (producers of ingress topics write
 JSON or Avro; a record that says it is Arrow is rejected, not read), an
 internal one reads each batch within a cap on its decompressed bytes
-(``streaming.adapters.arrow_ipc``).
+(``streaming.adapters.serde.arrow_ipc``).
 
 Whatever goes wrong decoding one record (an exception of any kind, a batch
 whose columns do not fit the others') rejects that record alone, with the
@@ -37,8 +37,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from streaming.adapters import arrow_ipc, avro
-from streaming.adapters.records import header_values
+from barriers.headers import FORMAT_HEADER
+from streaming.adapters.serde import arrow_ipc, avro
+from streaming.adapters.serde.records import header_values
 from streaming.api.settings import DECODED_BATCH_BYTES, JobSettings
 
 __all__ = [
@@ -50,15 +51,12 @@ __all__ = [
     "encode_batches",
     "decode_records",
     "read_batch",
-    "FORMAT_HEADER",
     "ARROW_FORMAT",
     "MAX_BATCH_BYTES",
     "DECODED_BATCH_BYTES",
     "ARROW_ON_INGRESS",
 ]
 
-# the header that marks a record whose value is an Arrow IPC stream
-FORMAT_HEADER = "abs.fmt"
 ARROW_FORMAT = b"arrow"
 # below the broker's and the producer's default message size (1 MiB), headers included
 MAX_BATCH_BYTES = 900_000

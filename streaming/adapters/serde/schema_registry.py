@@ -28,7 +28,7 @@ from typing import Any
 import fastavro
 import tenacity
 
-from streaming.api.avro import subject_of
+from streaming.api.avro_schema import subject_of
 from streaming.api.pipeline import Pipeline
 from streaming.errors import ConfigError, SparkAbsError
 

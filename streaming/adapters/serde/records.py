@@ -85,7 +85,7 @@ def kafka_time(table: pa.Table, row: int = 0) -> float | None:
 
 class Part(enum.IntEnum):
     """What a row of a *prepared* micro-batch is: one that a stage's Spark
-    code made before it reached Python (``streaming.adapters.spark_stage``).
+    code made before it reached Python (``streaming.adapters.spark.stage``).
     Every row has the ``topic``, ``partition`` and ``offset`` of the record
     it stands for; the other columns depend on the part."""
 

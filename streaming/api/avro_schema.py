@@ -1,6 +1,6 @@
 """Avro record schemas of ingress topics (``Ingress(..., avro=...)``):
 checked when the pipeline is built and mapped to the Arrow columns of their
-rows.  Reading and writing the values is ``streaming.adapters.avro``'s."""
+rows.  Reading and writing the values is ``streaming.adapters.serde.avro``'s."""
 
 from __future__ import annotations
 

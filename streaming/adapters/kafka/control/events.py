@@ -1,8 +1,6 @@
-"""The job's control topic: how the coordinator and the tasks talk.
-
-One partition, so every reader sees the events in one order.  Events are
-JSON, one frozen dataclass per kind (``ControlKind``), each a ``ControlEvent``
-encoded and decoded here and nowhere else:
+"""The control topic's messages: one frozen dataclass per kind
+(``ControlKind``), each a ``ControlEvent`` encoded and decoded here and
+nowhere else:
 
 - ``trigger``: the coordinator injected barrier n; the ingress offsets it got
   and the barrier's headers (an unaligned task may snapshot on it);
@@ -21,38 +19,22 @@ encoded and decoded here and nowhere else:
 - ``heartbeat``: a remote worker (``spark-abs worker``) is alive.
 
 Every event but the heartbeat carries the generation it belongs to
-(``belongs_to``); readers ignore other generations.
-
-Every event is signed with the job's key (``streaming.api.job_key``): an
-HMAC over the topic and the event's bytes, in the record's ``abs.sig``
-header.  A reader acts on no event it cannot verify: unsigned, wrongly
-signed and malformed records are skipped, logged with their offset and
-reason, and counted (``ControlTopic.rejected``, and a metric by the engine)."""
+(``belongs_to``); readers ignore other generations.  How events are signed
+is ``signing``'s business, how they travel ``transport``'s."""
 
 from __future__ import annotations
 
-import collections
 import copy
 import enum
 import json
-import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from kafka import KafkaProducer, TopicPartition
-from kafka.errors import KafkaError
-
 from barriers.failures import CheckpointFailure
-from streaming.adapters import kafka_clients
-from streaming.adapters.kafka_admin import admin_client, create_topic
-from streaming.adapters.kafka_io import DELIVERY_BOUND_S, close_producer, patiently, producer
-from streaming.adapters.records import Headers
+from streaming.adapters.serde.records import Headers
 from streaming.adapters.snapshots.format import TaskCheckpointMetrics, TaskSnapshot
-from streaming.api.config import KafkaAccess
-from streaming.api.job_key import JobKey
-from streaming.errors import ConfigError, KafkaUnavailableError, parse_choice
+from streaming.errors import ConfigError, parse_choice
 
 __all__ = [
     "ControlKind",
@@ -69,44 +51,8 @@ __all__ = [
     "Committed",
     "Lease",
     "Heartbeat",
-    "ControlTopic",
-    "control_topic_name",
-    "control_jobs",
-    "send_event",
     "announced_barrier",
-    "SIGNATURE_HEADER",
-    "verified_event",
-    "RejectedEvent",
 ]
-
-log = logging.getLogger(__name__)
-
-# the header that carries an event's signature
-SIGNATURE_HEADER = "abs.sig"
-# the rejected records of a kind a reader logs one by one, before it logs every hundredth
-LOGGED_REJECTIONS = 5
-
-
-# a job's control topic: spark-abs.<job>.control
-_CONTROL_TOPIC = ("spark-abs.", ".control")
-
-
-def control_topic_name(job: str) -> str:
-    prefix, suffix = _CONTROL_TOPIC
-    return f"{prefix}{job}{suffix}"
-
-
-def control_jobs(kafka: KafkaAccess) -> list[str]:
-    """The jobs with a control topic on ``kafka`` (each started once there), by name."""
-    admin = admin_client(kafka)
-    try:
-        topics = admin.list_topics()
-    except KafkaError as exc:
-        raise KafkaUnavailableError(f"listing the topics failed: {exc}") from exc
-    finally:
-        admin.close()
-    prefix, suffix = _CONTROL_TOPIC
-    return sorted(t[len(prefix) : -len(suffix)] for t in topics if t.startswith(prefix) and t.endswith(suffix))
 
 
 class ControlKind(enum.StrEnum):
@@ -129,16 +75,6 @@ class ControlKind(enum.StrEnum):
     def parse(cls, value: object) -> ControlKind:
         """The kind named ``value``; a ``ConfigError`` naming the known ones otherwise."""
         return parse_choice(cls, value, "control event kind")
-
-
-# ---------------------------------------------------------------- the events
-#
-# On the wire every event is one JSON object: ``kind``, ``checkpoint_id`` (0
-# when the event is about none), ``task`` (the sender: a task, "" for the
-# coordinator, the runner for a lease, the group for a heartbeat) and
-# ``payload`` (every other field, the generation among them).  Each kind is a
-# frozen dataclass below; ``_FIELDS`` says how each payload field is read
-# back.  Nothing outside this module reads a payload.
 
 
 def _optional_int(value: Any) -> int | None:
@@ -442,6 +378,7 @@ _KINDS: dict[ControlKind, type[ControlEvent]] = {
     )
 }
 
+
 # how each field of each kind is read back: (conversion, default or _REQUIRED)
 _READERS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "task": (str, ""),
@@ -478,159 +415,17 @@ _READERS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "failed_in_a_row": (_optional_int, None),
     "tolerable_failed_checkpoints": (_optional_int, None),
 }
+
+
 _FIELDS: dict[ControlKind, dict[str, tuple[Callable[[Any], Any], Any]]] = {
     kind: {f.name: _READERS[f.name] for f in fields(cls) if f.name != "offset"} for kind, cls in _KINDS.items()
 }
+
+
 _FIELDS[ControlKind.ABORT]["reason"] = (_failure(CheckpointFailure.USER), CheckpointFailure.USER)
+
+
 _FIELDS[ControlKind.ABORT]["detail"] = (str, "aborted by the coordinator")
-
-
-def send_event(
-    producer: KafkaProducer,
-    topic: str,
-    event: ControlEvent,
-    key: JobKey,
-    timeout_s: float = DELIVERY_BOUND_S,
-    what: str | None = None,
-) -> int:
-    """Send ``event``, signed with ``key``, to the control topic ``topic``
-    on ``producer`` and wait until Kafka has it: while the broker is
-    unreachable, up to ``timeout_s``, saying so (``kafka_io.patiently``);
-    then a ``KafkaUnavailableError`` naming ``what`` (by default the event's
-    kind and checkpoint).  Returns its offset."""
-    checkpoint_id = getattr(event, "checkpoint_id", None)
-    what = what or (
-        f"{event.kind.value} of checkpoint {checkpoint_id}" if checkpoint_id else f"a {event.kind.value} event"
-    )
-    value = event.encode()
-    signature = key.sign(topic.encode(), value).encode()
-    try:
-        future = producer.send(topic, value=value, headers=[(SIGNATURE_HEADER, signature)], partition=0)
-    except KafkaError as exc:
-        raise KafkaUnavailableError(f"publishing {what} failed: {exc}") from exc
-    return patiently(future.get, what, timeout_s).offset
-
-
-class RejectedEvent(ValueError):
-    """A record of the control topic that no reader may act on: ``kind`` is
-    ``unsigned``, ``signature`` (wrongly signed) or ``malformed``."""
-
-    def __init__(self, kind: str, reason: str):
-        super().__init__(reason)
-        self.kind = kind
-
-
-def verified_event(
-    topic: str, key: JobKey, value: bytes | None, headers: Headers | None, offset: int = -1
-) -> ControlEvent:
-    """The event a record of the control topic ``topic`` carries, once its
-    signature is verified with ``key``; a ``RejectedEvent`` with the reason
-    for anything else."""
-    signatures = [v for n, v in headers or () if n == SIGNATURE_HEADER]
-    if not signatures:
-        raise RejectedEvent("unsigned", f"unsigned (no {SIGNATURE_HEADER} header): not written by job {key.job}")
-    if len(signatures) > 1 or not key.verify(signatures[0], topic.encode(), value or b""):
-        raise RejectedEvent("signature", f"the signature does not match job {key.job}'s key")
-    try:
-        return ControlEvent.decode(value or b"", offset)
-    except ValueError as exc:  # signed, but not an event this version reads
-        raise RejectedEvent("malformed", str(exc)) from exc
-
-
-class ControlTopic:
-    """The job's control topic: one partition, so every reader sees events in
-    one order.  ``publish`` is synchronous (returns the event's offset);
-    ``poll`` returns the events after the last one read that verify with
-    the job's key, skipping (and logging, and counting in ``rejected``, by
-    reason, and through ``on_rejected``) the others."""
-
-    def __init__(
-        self,
-        kafka: KafkaAccess,
-        job: str,
-        key: JobKey,
-        *,
-        start_at: int = 0,
-        delivery_timeout_s: float = DELIVERY_BOUND_S,
-        on_rejected: Callable[[str], None] | None = None,
-    ):
-        if key.job != job:
-            raise ConfigError(f"the control topic of job {job} needs that job's key, not job {key.job}'s")
-        self.topic = control_topic_name(job)
-        self.key = key
-        self.delivery_timeout_s = delivery_timeout_s
-        self.rejected: collections.Counter[str] = collections.Counter()
-        self._on_rejected = on_rejected
-        create_topic(kafka, self.topic, 1)
-        self._producer = producer(kafka, delivery_timeout_s=delivery_timeout_s)
-        try:
-            self._consumer = kafka_clients.consumer(
-                kafka, enable_auto_commit=False, client_id=f"spark-abs-control-{job}"
-            )
-        except KafkaUnavailableError:  # kafka_clients said why
-            close_producer(self._producer, f"control topic {self.topic}")
-            raise
-        self._tp = TopicPartition(self.topic, 0)
-        self._consumer.assign([self._tp])
-        self._consumer.seek(self._tp, start_at)
-
-    def seek_to_end(self) -> int:
-        """Skip everything published so far; returns the position."""
-        try:
-            end = self._consumer.end_offsets([self._tp])[self._tp]
-        except KafkaError as exc:
-            raise KafkaUnavailableError(f"cannot find the end of the control topic {self.topic}: {exc}") from exc
-        self._consumer.seek(self._tp, end)
-        return end
-
-    def publish(self, event: ControlEvent, timeout_s: float | None = None) -> int:
-        """Send ``event`` and wait until Kafka has it (``send_event``), at most
-        ``timeout_s`` (default: the delivery timeout)."""
-        return send_event(
-            self._producer, self.topic, event, self.key, self.delivery_timeout_s if timeout_s is None else timeout_s
-        )
-
-    def poll(self, timeout_s: float = 0.0) -> list[ControlEvent]:
-        events = []
-        for records in self._consumer.poll(timeout_ms=int(timeout_s * 1000)).values():
-            for record in records:
-                try:
-                    events.append(verified_event(self.topic, self.key, record.value, record.headers, record.offset))
-                except RejectedEvent as rejected:
-                    self._reject(record.offset, rejected)
-        return events
-
-    def _reject(self, offset: int, rejected: RejectedEvent) -> None:
-        self.rejected[rejected.kind] += 1
-        if self._on_rejected is not None:
-            self._on_rejected(rejected.kind)
-        count = self.rejected[rejected.kind]
-        # a flood of forged records is not a flood of log lines: the first few, then every hundredth
-        if count <= LOGGED_REJECTIONS or count % 100 == 0:
-            log.warning(
-                "control topic %s offset %d: rejected: %s (%d %s so far%s)",
-                self.topic,
-                offset,
-                rejected,
-                count,
-                rejected.kind,
-                "; every hundredth is logged from here on" if count == LOGGED_REJECTIONS else "",
-            )
-
-    def wait_for(self, predicate: Callable[[ControlEvent], bool], timeout_s: float) -> list[ControlEvent]:
-        """Poll until an event satisfies ``predicate``; return all events read."""
-        seen: list[ControlEvent] = []
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            batch = self.poll(0.2)
-            seen.extend(batch)
-            if any(predicate(e) for e in batch):
-                return seen
-        return seen
-
-    def close(self) -> None:
-        close_producer(self._producer, f"control topic {self.topic}")
-        self._consumer.close()
 
 
 def announced_barrier(headers: Headers) -> dict[str, str]:

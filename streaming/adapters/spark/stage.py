@@ -30,7 +30,7 @@ For each micro-batch of the stage's Kafka query, Spark:
    checkpoint falls inside it (docs/spark-stages.md).
 
 Only the code's output columns (or the partials), the control and
-undecodable records and the markers cross to Python (``streaming.adapters.records.Part`` says which
+undecodable records and the markers cross to Python (``streaming.adapters.serde.records.Part`` says which
 row is which).  Code whose output cannot keep positions (an aggregation,
 a window function, a limit, deduplication across records) is refused when
 the stage starts, with the reason; stateful work belongs to the stage's
@@ -58,13 +58,14 @@ from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
+from barriers.headers import GENERATION_HEADER, KIND_HEADER
 from barriers.lineage import Lineage
-from barriers.messages import GENERATION_HEADER, KIND_HEADER, ChannelId
+from barriers.messages import ChannelId
 from operators.aggregations import AggregateFunction, Aggregation, input_columns
 from operators.keyed import KeyedAggregate
-from streaming.adapters import codec
-from streaming.adapters.avro import WIRE_HEADER_BYTES, AvroSchema
-from streaming.adapters.records import (
+from streaming.adapters.serde import codec
+from streaming.adapters.serde.avro import WIRE_HEADER_BYTES, AvroSchema
+from streaming.adapters.serde.records import (
     BATCH_COLUMNS,
     EVENT_TIME,
     PART,
@@ -75,7 +76,7 @@ from streaming.adapters.records import (
     ROW,
     Part,
 )
-from streaming.adapters.registry import RegistryUnavailableError, current_registry, subject_of
+from streaming.adapters.serde.schema_registry import RegistryUnavailableError, current_registry, subject_of
 from streaming.api.pipeline import Ingress, Pipeline, Stage
 from streaming.errors import ChannelQueryError, ConfigError
 
@@ -638,7 +639,7 @@ def _same_in_spark(found: pa.DataType, wanted: pa.DataType) -> bool:
 def _numbered(flagged: DataFrame) -> DataFrame:
     """``flagged`` (topic, partition, offset, control, event time, ...) with
     each record's run and a marker row after each run (``spark_abs.Runs``,
-    streaming/adapters/jvm/Runs.java), in the pass that reads it."""
+    streaming/adapters/spark/java/Runs.java), in the pass that reads it."""
     session = flagged.sparkSession
     jvm = session.sparkContext._jvm
     assert jvm is not None

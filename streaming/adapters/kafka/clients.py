@@ -110,7 +110,7 @@ def consumer(kafka: KafkaAccess, **options: Any) -> KafkaConsumer:
 
 def raw_producer(kafka: KafkaAccess, **options: Any) -> KafkaProducer:
     """A producer on ``kafka`` with KafkaProducer's ``options`` as given
-    (``streaming.adapters.kafka_io.producer`` adds the engine's defaults)."""
+    (``streaming.adapters.kafka.producer.producer`` adds the engine's defaults)."""
     with _explained(kafka, "to open a producer"):
         return KafkaProducer(**{**RECONNECT, **options, **kafka.client_options()})
 

@@ -7,12 +7,12 @@ broker itself.  Only clients that speak it get it: kafka-python and
 librdkafka do not (they send ``EndTxn`` of version 3 at most, and the broker
 keeps the first protocol for them), nor does the kafka-clients 3.9 in
 Spark's session.  So each sink task of a Kafka sink drives one small JVM,
-``spark_abs.TransactionalSender`` (``jvm_kafka/``), on kafka-clients
+``spark_abs.TransactionalSender`` (``java/``), on kafka-clients
 ``KAFKA_CLIENTS_VERSION``: a transaction's records go to it over a pipe and
 it answers when Kafka committed them, or why not.
 
 The jars are resolved from Maven once into the cache and the class compiled
-there on first use (``jvm_helpers.compile_jar``); every wait on the process
+there on first use (``streaming.adapters.spark.jvm.compile_jar``); every wait on the process
 has a bound, named in the error when it passes."""
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from streaming.adapters.jars import Artifact, require_tool, resolve_jars
-from streaming.adapters.jvm_helpers import compile_jar
+from streaming.adapters.spark.jars import Artifact, require_tool, resolve_jars
+from streaming.adapters.spark.jvm import compile_jar
 from streaming.api.config import KafkaAccess, LocalRuntimeSettings
 from streaming.errors import KafkaUnavailableError, SinkError, SinkFencedError
 
@@ -40,7 +40,7 @@ __all__ = ["KAFKA_CLIENTS_VERSION", "JavaTransactions", "sender_classpath", "Txn
 log = logging.getLogger(__name__)
 
 KAFKA_CLIENTS_VERSION = "4.4.0"
-SOURCES = Path(__file__).parent / "jvm_kafka"
+SOURCES = Path(__file__).parent / "java"
 _MAIN = "spark_abs.TransactionalSender"
 # how long the JVM may take to start and fence older instances, beyond the producer's own bound
 _START_MARGIN_S = 30.0
