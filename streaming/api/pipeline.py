@@ -23,6 +23,7 @@ import urllib.parse
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import pyarrow as pa
@@ -46,6 +47,7 @@ __all__ = [
     "route",
     "duration_ms",
     "load_pipeline",
+    "pipeline_module",
     "same_pipeline",
     "named_pipelines",
     "pipeline_reference",
@@ -640,6 +642,18 @@ def pipeline_reference(reference: str) -> str:
             "name one as 'module:attribute'"
         )
     return known[name] + sep + query
+
+
+def pipeline_module(reference: str) -> ModuleType:
+    """The module that defines the pipeline ``reference`` names (a name or
+    ``module:attribute``), for tools that use what else that module offers
+    (the demo's checks, a drill's workload); a ``ConfigError`` when it
+    cannot be imported."""
+    module_name = pipeline_reference(reference).partition("?")[0].partition(":")[0]
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"pipeline {reference!r}: its module {module_name} cannot be imported: {exc}") from exc
 
 
 def load_pipeline(reference: str, job: str | None = None) -> Pipeline:

@@ -1,6 +1,10 @@
-"""``spark-abs demo``: the money-in-transit example (``spark_abs_examples.money``)
-run on real Kafka, Spark and object storage, with the worker running a stage
-killed and the job restored.
+"""``spark-abs demo``: the money-in-transit example (the pipeline named
+``money``, ``spark_abs_examples.money``) run on real Kafka, Spark and object
+storage, with the worker running a stage killed and the job restored.
+
+The pipeline is taken by name, as ``spark-abs run`` takes it, and its module
+offers what the demo checks with (``DEMO_FUNCTIONS``): the library does not
+import the examples.
 
 The demo checks, for every completed checkpoint, that the balances in the
 ``accounts`` tasks' states (plus any legs recorded as channel state) add up
@@ -11,26 +15,42 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from barriers.coordinator import CheckpointStatus
-from spark_abs_examples.money import (
-    Money,
-    expected_output,
-    make_transfers,
-    money_in_checkpoint,
-    normalise,
-    produce_transfers,
-    row_key,
-)
+from streaming.api.pipeline import pipeline_module, pipeline_reference
 from streaming.api.settings import JobSettings, Mode
+from streaming.errors import ConfigError
 from streaming.tools.views import as_text, titled_table
 
-__all__ = ["DemoOptions", "DemoReport", "run_demo"]
+__all__ = ["DEMO_FUNCTIONS", "DEMO_PIPELINE", "DemoOptions", "DemoReport", "run_demo"]
 
 log = logging.getLogger(__name__)
+
+# the demo's pipeline, by name
+DEMO_PIPELINE = "money"
+# what the demo's pipeline's module offers the demo: the transfers made and produced, the
+# money in a checkpoint (a ``Money`` with ``balances``, ``in_flight``, ``accounts``, ``total``),
+# the expected output and how rows are compared
+DEMO_FUNCTIONS = (
+    "make_transfers",
+    "produce_transfers",
+    "money_in_checkpoint",
+    "expected_output",
+    "normalise",
+    "row_key",
+)
+
+
+def _demo_module(name: str) -> Any:
+    """The module of the pipeline named ``name``, checked to offer ``DEMO_FUNCTIONS``."""
+    module = pipeline_module(name)
+    missing = [f for f in DEMO_FUNCTIONS if not callable(getattr(module, f, None))]
+    if missing:
+        raise ConfigError(f"pipeline {name!r} ({module.__name__}) offers no {', '.join(missing)}: the demo needs them")
+    return module
 
 
 @dataclass
@@ -38,7 +58,7 @@ class DemoReport:
     mode: Mode
     job: str
     transfers: int
-    money: list[Money]
+    money: list[Any]
     restores: list
     output_rows: int
     expected_rows: int
@@ -108,6 +128,8 @@ class DemoOptions:
     workers: Mapping[str, list[str]] | str | None = None
     # the whole run must end within this many seconds
     timeout_s: float = 300.0
+    # the pipeline run, by name: its module offers DEMO_FUNCTIONS
+    pipeline: str = DEMO_PIPELINE
 
 
 def run_demo(connection, settings: JobSettings, options: DemoOptions | None = None) -> DemoReport:
@@ -119,16 +141,18 @@ def run_demo(connection, settings: JobSettings, options: DemoOptions | None = No
     from streaming.engine.job.operations import run_until_caught_up
 
     options = options or DemoOptions()
+    money = _demo_module(options.pipeline)
     job = options.job or f"money-demo-{uuid.uuid4().hex[:6]}"
-    check = _MoneyCheck(connection, settings.store, job)
+    check = _MoneyCheck(connection, settings.store, job, money.money_in_checkpoint)
     runner = _demo_runner(connection, settings, job, options, check)
-    data = make_transfers(options.transfers)
+    data = money.make_transfers(options.transfers)
     deadline = time.monotonic() + options.timeout_s
     try:
         runner.prepare()
         _feed_in_chunks(
             runner,
             connection,
+            money.produce_transfers,
             data,
             options.chunks,
             kill=options.kill,
@@ -139,26 +163,27 @@ def run_demo(connection, settings: JobSettings, options: DemoOptions | None = No
         run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
     finally:
         runner.close()
-    return _demo_report(runner, connection, settings, data, check)
+    return _demo_report(runner, connection, settings, data, check, money)
 
 
 class _MoneyCheck:
     """``on_complete`` of the demo's job: the money in each checkpoint
     completed (``money``), counted and logged."""
 
-    def __init__(self, connection, store_uri: str, job: str):
+    def __init__(self, connection, store_uri: str, job: str, money_in_checkpoint: Callable[..., Any]):
         from streaming.adapters.objects import open_store
         from streaming.adapters.snapshots import SnapshotStore
 
         self.connection = connection
         self.reader = SnapshotStore(open_store(store_uri, connection), job)
-        self.money: list[Money] = []
+        self.money: list[Any] = []
+        self._money_in_checkpoint = money_in_checkpoint
 
     def __call__(self, checkpoint_id: int) -> None:
         from streaming.adapters.kafka.ranges import read_range
 
         connection = self.connection
-        m = money_in_checkpoint(self.reader, checkpoint_id, lambda c, a, b: read_range(connection.kafka, c, a, b))
+        m = self._money_in_checkpoint(self.reader, checkpoint_id, lambda c, a, b: read_range(connection.kafka, c, a, b))
         self.money.append(m)
         log.info(
             f"checkpoint {checkpoint_id}: balances {m.balances:+d}, in flight {m.in_flight:+d} -> "
@@ -171,7 +196,7 @@ def _demo_runner(connection, settings: JobSettings, job: str, options: DemoOptio
     from streaming.engine.job.runner import JobRunner, RunOptions
 
     return JobRunner(
-        "spark_abs_examples.money:pipeline",
+        pipeline_reference(options.pipeline),
         settings,
         connection,
         job=job,
@@ -183,11 +208,12 @@ def _demo_runner(connection, settings: JobSettings, job: str, options: DemoOptio
 def _feed_in_chunks(
     runner,
     connection,
+    produce_transfers: Callable[..., None],
     data: list[dict],
     chunks: int,
     *,
     kill: str | None,
-    money: list[Money],
+    money: list[Any],
     deadline: float,
     checkpoints: str,
 ) -> None:
@@ -216,7 +242,9 @@ def _feed_in_chunks(
             kill_worker(runner, kill)
 
 
-def _demo_report(runner, connection, job_settings: JobSettings, data: list[dict], check: _MoneyCheck) -> DemoReport:
+def _demo_report(
+    runner, connection, job_settings: JobSettings, data: list[dict], check: _MoneyCheck, money: Any
+) -> DemoReport:
     """The committed output against the expected, the dead letters and the money of every checkpoint."""
     from streaming.adapters.kafka.admin import end_offsets
     from streaming.adapters.sinks.factory import sink_location
@@ -224,12 +252,12 @@ def _demo_report(runner, connection, job_settings: JobSettings, data: list[dict]
     from streaming.api.topics import dead_letter_topic
 
     job = runner.job
-    output = normalise(read_committed_output(sink_location(job_settings, job, connection)))
-    expected = expected_output(data)
+    output = money.normalise(read_committed_output(sink_location(job_settings, job, connection)))
+    expected = money.expected_output(data)
     dead = sum(end_offsets(connection.kafka, dead_letter_topic(job), 1).values())
     check.reader.close()
-    got = {row_key(r): r["legs"] for r in output}
-    lost = sum(1 for r in expected if got.get(row_key(r), 0) < r["legs"])
+    got = {money.row_key(r): r["legs"] for r in output}
+    lost = sum(1 for r in expected if got.get(money.row_key(r), 0) < r["legs"])
     return DemoReport(
         job_settings.mode,
         job,

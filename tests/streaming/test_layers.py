@@ -2,7 +2,8 @@
 project, and who may import pyspark.
 
 Imports go down only: testing -> tools -> the engine and the local runtime
--> adapters -> api -> errors, the protocol (``barriers``) and ``operators``;
+-> adapters -> api -> the bounded waits and owner-only files -> errors, the
+protocol (``barriers``) and ``operators``;
 never sideways between packages of one layer (the engine and the local
 runtime know nothing of each other).  Inside the engine, its sub-packages
 are layers too: task -> restore -> worker -> remote -> job, each importing
@@ -35,12 +36,14 @@ SPARK_ADAPTERS = (
 LAYERS = {
     "streaming.errors": 0,
     "streaming.console": 0,
-    "streaming.api": 1,
-    "streaming.adapters": 2,
-    "streaming.engine": 3,
-    "streaming.local": 3,
-    "streaming.tools": 4,
-    "streaming.testing": 5,
+    "streaming.waits": 1,
+    "streaming.private_files": 1,
+    "streaming.api": 2,
+    "streaming.adapters": 3,
+    "streaming.engine": 4,
+    "streaming.local": 4,
+    "streaming.tools": 5,
+    "streaming.testing": 6,
 }
 # the engine's sub-packages, from the bottom up; its modules outside them come first
 ENGINE = (
@@ -50,20 +53,38 @@ ENGINE = (
     "streaming.engine.remote",
     "streaming.engine.job",
 )
-PROJECT = ("barriers", "operators", "streaming", "benchmarks")
+# every package of the repository, by the name it is imported as -> its directory: what setup.py
+# installs (the examples as spark_abs_examples) and the benchmarks
+PACKAGES = {
+    "barriers": "barriers",
+    "operators": "operators",
+    "streaming": "streaming",
+    "spark_abs_examples": "examples",
+    "benchmarks": "benchmarks",
+}
+PROJECT = tuple(PACKAGES)
+# what a user installs to run pipelines; the examples and the benchmarks are built on it, never in it
+LIBRARY = ("barriers", "operators", "streaming")
 WITHOUT_SPARK = ("operators", "streaming.api", "streaming.adapters", "streaming.engine", "streaming.errors")
 
 
+def _directory(module: str) -> pathlib.Path:
+    """Where ``module``'s file or package is, by the name it is imported as."""
+    top, *rest = module.split(".")
+    return ROOT.joinpath(PACKAGES.get(top, top), *rest)
+
+
 def _modules(package: str) -> dict[str, pathlib.Path]:
-    base = ROOT / package.replace(".", "/")
+    top = package.split(".")[0]
+    base = _directory(package)
     return {
-        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+        ".".join((top, *p.relative_to(ROOT / PACKAGES[top]).with_suffix("").parts)).removesuffix(".__init__"): p
         for p in sorted(base.rglob("*.py"))
     }
 
 
 def _is_module(name: str) -> bool:
-    path = ROOT / name.replace(".", "/")
+    path = _directory(name)
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
@@ -253,3 +274,21 @@ def test_importing_the_engine_the_adapters_and_operators_loads_no_spark():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_package_of_the_repository_is_scanned():
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert packages == set(PACKAGES.values())
+
+
+def test_the_library_does_not_import_the_examples_or_the_benchmarks():
+    """The demo and ``compare`` take the example pipelines by name (their
+    entry points), so the library runs without the examples installed."""
+    offenders = [
+        f"{module}:{line} imports {imported}"
+        for package in LIBRARY
+        for module, path in _modules(package).items()
+        for line, imported in _imports(path)
+        if imported.split(".")[0] in set(PROJECT) - set(LIBRARY)
+    ]
+    assert offenders == []

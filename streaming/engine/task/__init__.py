@@ -3,6 +3,7 @@ micro-batch from the moment its records reach Python to the acknowledgement
 of a checkpoint.
 
 - ``stage_task``: ``StageTask``, the barrier handler driven by micro-batches;
+- ``processing``: the data path (records decoded, traced, run through the operator) and event time;
 - ``gate``: the input gate, segments queued per channel and held while aligning;
 - ``segments``: a micro-batch cut into runs of data and single control records;
 - ``inbox``: the control events a task takes (aborts, announced barriers);

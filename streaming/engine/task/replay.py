@@ -10,12 +10,19 @@ long replay, as Flink 2.3 does since FLIP-547.  A checkpoint taken before a
 channel's copied records are all processed holds the rest of them as its
 own channel state (``rest``), followed by Kafka's records from where the
 query resumes that channel: the copied ones may be in no Kafka range it
-could keep instead (retention was expected to delete them)."""
+could keep instead (retention was expected to delete them).
+
+``RestoredChannelState`` is a task's whole restored channel state: the
+copied records and the offset ranges its query reads again, until each
+channel is past its end, then said on the control topic (a restore's last
+step)."""
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
+import logging
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +30,9 @@ import pyarrow as pa
 
 from barriers.messages import ChannelId
 
-__all__ = ["CopiedReplay", "ReplayRest"]
+__all__ = ["CopiedReplay", "ReplayRest", "RestoredChannelState"]
+
+log = logging.getLogger(__name__)
 
 # records handed over at once: the task takes announcements between the segments of a run anyway
 RUN_RECORDS = 5_000
@@ -93,3 +102,89 @@ class CopiedReplay:
         for channel in [c for c, end in self.ends.items() if positions.get(c, 0) >= end]:
             if not any(c == channel for c, _, _ in self._runs):
                 del self._tables[channel], self._offsets[channel], self.ends[channel], self._resume[channel]
+
+
+class RestoredChannelState:
+    """The channel state task ``task`` still has to process again after a
+    restore: each channel up to an offset (``pending``), the copied part of
+    it (``copied``) handed over in runs on a thread of the task's own
+    (``start``).  ``position`` is the task's next offset on a channel;
+    ``announce(records)`` says the whole of it was processed again."""
+
+    def __init__(
+        self,
+        task: str,
+        position: Callable[[ChannelId], int],
+        announce: Callable[[int], None],
+        run_records: int = RUN_RECORDS,
+    ):
+        self.task = task
+        self._position = position
+        self._announce = announce
+        self._run_records = run_records
+        # each channel still to process again up to this offset
+        self.pending: dict[ChannelId, int] = {}
+        self.copied: CopiedReplay | None = None
+        # the records to process again, copied and read again alike
+        self.records = 0
+        # what stopped the replay of the copied records (the worker stops on it)
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
+
+    def note(
+        self,
+        copied: Mapping[ChannelId, pa.Table],
+        read_again_until: Mapping[ChannelId, int],
+        resume: Mapping[ChannelId, int],
+    ) -> CopiedReplay | None:
+        """The restored channel state: ``copied`` records (processed before
+        anything the query reads on their channels) and the offset ranges the
+        query reads again, up to ``read_again_until``; the copied part, if any."""
+        replay = CopiedReplay(copied, self._run_records, resume=resume)
+        if replay.records:
+            self.copied = replay
+        ends = {**read_again_until, **replay.ends}
+        self.pending = {c: end for c, end in ends.items() if self._position(c) < end}
+        self.records = sum(end - self._position(c) for c, end in self.pending.items())
+        return self.copied
+
+    def start(self, run: Callable[[], bool]) -> None:
+        """Hand the copied records over on a thread of the task's own: ``run()``
+        (one run, whether one was) until none is left, the task closes or a
+        run fails (``error``)."""
+        if self.copied is None or not self.copied.handing or self._thread is not None:
+            return
+
+        def replay() -> None:
+            try:
+                while not self._closing.is_set() and run():
+                    pass
+            except Exception as exc:  # the worker stops on it (``error``)
+                log.error("%s: replaying the restored channel state failed: %s", self.task, exc)
+                self.error = exc
+
+        self._thread = threading.Thread(target=replay, name=f"replay-{self.task}", daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout_s: float) -> None:
+        """Until the replay ``start`` began ended (done, failed or closed), at most ``timeout_s``."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def check(self, channel: ChannelId) -> None:
+        """``channel`` got past its restored channel state: once every channel
+        did, say so (``announce``)."""
+        end = self.pending.get(channel)
+        position = self._position(channel)
+        if end is None or position < end:
+            return
+        del self.pending[channel]
+        if self.copied is not None:
+            self.copied.forget({channel: position})
+        if not self.pending:
+            self._announce(self.records)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        self._closing.set()
+        self.wait(timeout_s)

@@ -4,10 +4,10 @@ of one Structured Streaming query.
 Each micro-batch goes through the task's input gate (``gate``: segments per
 channel, handed out round-robin from the channels the handler has not
 blocked, so a blocked channel's records are held while the others go on).
-Data segments are decoded (malformed records go to the dead-letter topic with
-their reason), run through the operator, and the output goes on
-(``output``: routed to the task's output partitions, or kept for the sink's
-current epoch).  Control segments (barriers, cancellations) go to the
+Data segments go down the data path (``processing``: decoded, malformed
+records to the dead-letter topic with their reason, run through the
+operator, and the output on, ``output``: routed to the task's output
+partitions, or kept for the sink's current epoch).  Control segments (barriers, cancellations) go to the
 handler, which calls back the task's ``controller`` at barrier n (snapshot,
 forward, acknowledge through the ``uploads`` in the background).
 
@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from barriers.handler import BarrierHandler
 from barriers.lineage import Lineage
@@ -40,23 +39,12 @@ from barriers.messages import (
     ChannelId,
     decode,
 )
-from operators.base import WatermarkAware, takes_origin
-from operators.dead_letters import ORIGIN, ORIGIN_TYPE, without_origin
-from operators.errors import InputSchemaError
 from streaming.adapters.kafka.control.events import ControlEvent, Progress, Replayed
 from streaming.adapters.serde import codec
 from streaming.adapters.serde.records import (
     BATCH_BEGAN,
-    EVENT_TIME,
     HANDED,
-    PARTIAL,
-    REASON,
-    RECORDS,
-    ROW,
-    Part,
-    is_prepared,
     kafka_time,
-    part_of,
     stamp_of,
     stamped,
 )
@@ -68,9 +56,10 @@ from streaming.engine.task.controller import TaskController, TaskWiring
 from streaming.engine.task.gate import InputGate
 from streaming.engine.task.inbox import ControlInbox
 from streaming.engine.task.output import TaskOutput
+from streaming.engine.task.processing import RecordProcessor
 from streaming.engine.task.quarantine import Quarantine
 from streaming.engine.task.replay import RUN_RECORDS as REPLAY_RUN_RECORDS
-from streaming.engine.task.replay import CopiedReplay
+from streaming.engine.task.replay import CopiedReplay, RestoredChannelState
 from streaming.engine.task.segments import Segment, Segmenter, SegmentKind, SegmentPace
 from streaming.engine.task.uploads import Incremental, SnapshotUploader
 from streaming.engine.task.watermarks import WatermarkTracker, event_time_inputs
@@ -155,6 +144,38 @@ class TaskIO:
     retention_risk: Callable[[Mapping[ChannelId, int]], Mapping[ChannelId, AtRisk]] | None = None
 
 
+def _input_gate(
+    pipeline: Pipeline,
+    spec: TaskSpec,
+    io: TaskIO,
+    generation: int,
+    lineage: Lineage,
+    counters: collections.Counter,
+    options: TaskOptions,
+    clock: Callable[[], float],
+) -> InputGate:
+    """Task ``spec``'s input gate: batches cut into segments (records an older
+    generation wrote skipped), ranges read again prepared as its batches are."""
+    max_segment_records, segment_ms = options.max_segment_records, options.segment_ms
+    segmenter = Segmenter(
+        (pipeline.topic_of(s.name) for s in pipeline.stages), generation, lineage, max_records=max_segment_records
+    )
+    read_range = source = io.read_range
+    prepare = io.prepare
+    if source is not None and prepare is not None:
+        read_range = lambda channel, start, end: prepare(source(channel, start, end))  # noqa: E731
+    return InputGate(
+        spec.name,
+        spec.inputs,
+        segmenter,
+        counters,
+        read_range=read_range,
+        held_memory_bytes=options.held_memory_bytes,
+        pace=SegmentPace(segment_ms / 1000, max_segment_records) if segment_ms is not None else None,
+        clock=clock,
+    )
+
+
 class StageTask:
     """One task of a stage (see the module docstring), run as ``options``
     says (``TaskOptions``).  ``recover`` once, then ``process_batch`` is the
@@ -180,24 +201,42 @@ class StageTask:
         self.generation = self.start.generation
         self.job_key = options.job_key
         self.operator = pipeline.stage(spec.stage).make_operator()
-        self._multi_input = bool(getattr(self.operator, "inputs", None))
-        # how each input channel's records are read: an ingress topic's as its schema says (JSON
-        # or Avro, never an Arrow batch), a stage's output topic's as Arrow batches within the cap
-        self._readings = {channel: self._reading(name, options) for channel, name in spec.inputs.items()}
         self.lineage = self.start.lineage
         self.counters: collections.Counter = collections.Counter()
         # what Prometheus sees of the task's data path (streaming.engine.metrics)
         self.metrics = TaskMetrics(pipeline.job, spec.name, spec.inputs, spec.outputs)
-        self.gate = self._input_gate(options, clock)
+        self.gate = _input_gate(pipeline, spec, io, self.generation, self.lineage, self.counters, options, clock)
         self.watermarks = WatermarkTracker(event_time_inputs(pipeline, spec), self.start.watermarks, clock=clock)
         self.quarantine = Quarantine(
             spec.name, io, self.counters, self.metrics, ingress_topics={i.topic: i.partitions for i in pipeline.ingress}
         )
-        # rows go to the operator with the record each came from (operators.dead_letters.ORIGIN),
-        # so its dead letters name it; an operator of one's own gets them as the input has them
-        self._origins = takes_origin(self.operator)
         self.output = TaskOutput(pipeline, spec, io, self.generation, self.counters, self.metrics)
-        self.controller = self._controller(options, upload)
+        self.processor = RecordProcessor(
+            pipeline,
+            spec,
+            self.operator,
+            max_decoded_bytes=options.max_decoded_bytes,
+            quarantine=self.quarantine,
+            output=self.output,
+            watermarks=self.watermarks,
+            counters=self.counters,
+            metrics=self.metrics,
+            open_inputs=lambda: self.handler.open_inputs,
+        )
+        uploader = SnapshotUploader(
+            spec.name,
+            self.generation,
+            io,
+            self.lineage,
+            self.counters,
+            copy_in_flight=options.copy_in_flight,
+            executor=upload,
+            incremental=options.incremental,
+        )
+        wiring = TaskWiring(
+            self.operator, self.gate, self.output, self.watermarks, uploader, self.processor.forward_watermark
+        )
+        self.controller = TaskController(spec.name, self.generation, io, wiring, self.counters, job_key=self.job_key)
         self.handler = BarrierHandler(
             self.controller,
             spec.inputs,
@@ -211,66 +250,12 @@ class StageTask:
         self._lock = threading.RLock()
         self.inbox = ControlInbox(spec.name, pipeline.job, spec.inputs, self.handler, self._lock, self.job_key)
         self._started = time.monotonic()
-        # channel state still to process again: each channel up to this offset (``recover``)
-        self._replaying: dict[ChannelId, int] = {}
-        # the copied part of it, handed over in runs (``start_replay``, and ahead of every batch)
-        self.copied: CopiedReplay | None = None
-        self._replay_run_records = options.replay_run_records
-        self._replayer: threading.Thread | None = None
-        self._closing = threading.Event()
-        # what stopped the replay of copied channel state (the worker stops on it)
-        self.replay_error: BaseException | None = None
-        self.replay_records = 0
+        # channel state still to process again (``recover``), its copied part handed over in runs
+        # (``start_replay``, and ahead of every batch)
+        self.restored = RestoredChannelState(
+            spec.name, self.handler.position, self._announce_replayed, options.replay_run_records
+        )
         self._recovered = False
-
-    def _reading(self, name: str, options: TaskOptions) -> codec.ChannelReading:
-        ingress = self.pipeline.ingress_named(name)
-        if ingress is not None:
-            return codec.ChannelReading.ingress(ingress.value_schema)
-        return codec.ChannelReading.internal(options.max_decoded_bytes)
-
-    def _input_gate(self, options: TaskOptions, clock: Callable[[], float]) -> InputGate:
-        max_segment_records, segment_ms = options.max_segment_records, options.segment_ms
-        segmenter = Segmenter(
-            (self.pipeline.topic_of(s.name) for s in self.pipeline.stages),
-            self.generation,
-            self.lineage,
-            max_records=max_segment_records,
-        )
-        read_range = source = self.io.read_range
-        prepare = self.io.prepare
-        if source is not None and prepare is not None:
-            read_range = lambda channel, start, end: prepare(source(channel, start, end))  # noqa: E731
-        return InputGate(
-            self.spec.name,
-            self.spec.inputs,
-            segmenter,
-            self.counters,
-            read_range=read_range,
-            held_memory_bytes=options.held_memory_bytes,
-            pace=SegmentPace(segment_ms / 1000, max_segment_records) if segment_ms is not None else None,
-            clock=clock,
-        )
-
-    def _controller(self, options: TaskOptions, upload: concurrent.futures.Executor | None) -> TaskController:
-        uploader = SnapshotUploader(
-            self.spec.name,
-            self.generation,
-            self.io,
-            self.lineage,
-            self.counters,
-            copy_in_flight=options.copy_in_flight,
-            executor=upload,
-            incremental=options.incremental,
-        )
-        return TaskController(
-            self.spec.name,
-            self.generation,
-            self.io,
-            TaskWiring(self.operator, self.gate, self.output, self.watermarks, uploader, self._forward_watermark),
-            self.counters,
-            job_key=self.job_key,
-        )
 
     def recover(self) -> None:
         """Where the task starts (``TaskStart``): its operator's state
@@ -283,12 +268,22 @@ class StageTask:
         self._recovered = True
         if self.start.state:
             self.operator.restore(dict(self.start.state))
-        copied = CopiedReplay(self.start.replay, self._replay_run_records, resume=self.start.resume)
-        if copied.records:
-            self.copied = self.controller.copied = copied
-        ends = {**self.start.replay_until, **copied.ends}
-        self._replaying = {c: end for c, end in ends.items() if self.handler.position(c) < end}
-        self.replay_records = sum(end - self.handler.position(c) for c, end in self._replaying.items())
+        self.controller.copied = self.restored.note(self.start.replay, self.start.replay_until, self.start.resume)
+
+    @property
+    def copied(self) -> CopiedReplay | None:
+        """The copied part of the restored channel state, while any is left."""
+        return self.restored.copied
+
+    @property
+    def replay_records(self) -> int:
+        """The records of the restored channel state, copied and read again alike."""
+        return self.restored.records
+
+    @property
+    def replay_error(self) -> BaseException | None:
+        """What stopped the replay of copied channel state (the worker stops on it)."""
+        return self.restored.error
 
     def start_replay(self) -> None:
         """Replay the copied channel state on a thread of the task's own, once
@@ -296,23 +291,11 @@ class StageTask:
         reading the control topic, so announcements reach the task between
         the segments of each run); a batch that comes first hands over what
         is left itself, before its own records."""
-        if self.copied is None or not self.copied.handing or self._replayer is not None:
-            return
-        self._replayer = threading.Thread(target=self._replay, name=f"replay-{self.spec.name}", daemon=True)
-        self._replayer.start()
+        self.restored.start(self.replay_run)
 
     def wait_for_replay(self, timeout_s: float = 60.0) -> None:
         """Until the replay started by ``start_replay`` ended (done, failed or closed)."""
-        if self._replayer is not None:
-            self._replayer.join(timeout_s)
-
-    def _replay(self) -> None:
-        try:
-            while not self._closing.is_set() and self.replay_run():
-                pass
-        except Exception as exc:  # the worker stops on it (``replay_error``)
-            log.error("%s: replaying the restored channel state failed: %s", self.spec.name, exc)
-            self.replay_error = exc
+        self.restored.wait(timeout_s)
 
     def replay_run(self) -> bool:
         """One run of the copied channel state, unless none is left; whether one was."""
@@ -346,10 +329,13 @@ class StageTask:
                 brought = {*brought, *self.copied.ends}
             self.watermarks.batch(brought)
             self.gate.drain(self.handler.is_blocked, self._handle, self._between_segments)
-            self._follow_event_time()
+            self.processor.follow_event_time()
             watermarks = self.watermarks
             self.metrics.batch(
-                time.perf_counter() - began, self.held_bytes, watermarks.current, watermarks.idle_inputs(self._inputs)
+                time.perf_counter() - began,
+                self.held_bytes,
+                watermarks.current,
+                watermarks.idle_inputs(self.processor.inputs),
             )
 
     def _between_segments(self) -> None:
@@ -373,19 +359,19 @@ class StageTask:
         segment = fresh
         if segment.kind is SegmentKind.CONTROL:
             self._handle_control(segment)
-            if self._replaying:  # a range may end in control records (no data between two barriers)
-                self._check_replayed(channel)
+            if self.restored.pending:  # a range may end in control records (no data between two barriers)
+                self.restored.check(channel)
             return
         self.handler.record_processed(channel, segment.last_offset)
-        if self._replaying:
-            self._check_replayed(channel)
+        if self.restored.pending:
+            self.restored.check(channel)
         if segment.kind is SegmentKind.SKIP:
             self.counters["skipped_older_generation"] += segment.rows_in_hand().num_rows
         elif segment.kind is SegmentKind.WATERMARK:
             self.watermarks.observe(channel, segment.rows, None)
-            self._watermark_moved(channel)
+            self.processor.watermark_moved(channel)
         else:
-            self._process(channel, segment.rows)
+            self.processor.process(channel, segment.rows)
 
     def progress(self) -> Progress:
         """Where the task is: its position on each input channel (the next
@@ -397,23 +383,15 @@ class StageTask:
             records=self.counters["records"],
         )
 
-    def _check_replayed(self, channel: ChannelId) -> None:
-        """Say on the control topic when the restored channel state (offset
-        ranges) has been read and processed again: a restore's last step."""
-        end = self._replaying.get(channel)
-        if end is None or self.handler.position(channel) < end:
-            return
-        del self._replaying[channel]
-        if self.copied is not None:
-            self.copied.forget({channel: self.handler.position(channel)})
-        if self._replaying:
-            return
+    def _announce_replayed(self, records: int) -> None:
+        """Say on the control topic that the restored channel state has been
+        processed again: a restore's last step."""
         self.io.publish(
             Replayed(
                 task=self.spec.name,
                 generation=self.generation,
                 checkpoint_id=self.start.checkpoint_id or 0,
-                records=self.replay_records,
+                records=records,
                 seconds=time.monotonic() - self._started,
             )
         )
@@ -446,111 +424,6 @@ class StageTask:
         if ignored is not None:
             self.counters[f"ignored_{ignored.reason.name.lower()}"] += 1
 
-    def _process(self, channel: ChannelId, rows: pa.Table) -> None:
-        if is_prepared(rows):
-            self._process_prepared(channel, rows)
-            return
-        decoded = codec.decode_records(rows, self._readings.get(channel, _UNKNOWN_CHANNEL))
-        for index, reason in decoded.rejected:
-            self.quarantine.record(channel, rows.slice(index, 1), reason)
-        # outputs of this segment carry the watermark from before it: no record
-        # of the segment is older than that
-        watermark = self.downstream_watermark
-        if decoded.table.num_rows:
-            batch = self._traced(channel, rows, decoded)
-            try:
-                if self._multi_input:
-                    output = self.operator.process({self.spec.inputs[channel]: batch})
-                else:
-                    output = self.operator.process(batch)
-            except InputSchemaError as exc:
-                # records the operator cannot take at all: quarantined, with the reason
-                for index in sorted(set(decoded.index)):
-                    self.quarantine.record(channel, rows.slice(index, 1), str(exc), counted_as="refused")
-                output = None
-            self.quarantine.from_operator(channel, self.operator, rows)
-            self.output.emit(output, watermark)
-        self.watermarks.observe(channel, rows, decoded.table)
-        self._watermark_moved(channel)
-        self.counters["records"] += rows.num_rows
-        self.metrics.records_in[channel].inc(rows.num_rows)
-
-    def _traced(self, channel: ChannelId, rows: pa.Table, decoded: codec.Decoded) -> pa.Table:
-        """The decoded rows of ``rows`` (records of ``channel``), each with
-        its origin: the ingress record it came from, as an earlier stage's
-        rows carry it, or else the record of ``channel`` it was read from.
-        Without ``_origins``, the rows as they are (an origin from an earlier
-        stage removed)."""
-        table = decoded.table
-        if not self._origins:
-            return without_origin(table)
-        position = table.schema.get_field_index(ORIGIN)
-        ingress = self._readings.get(channel, _UNKNOWN_CHANNEL).max_decoded_bytes is None
-        carried = None if position < 0 or ingress else table[ORIGIN]
-        if carried is not None and carried.type == ORIGIN_TYPE and carried.null_count == 0:
-            return table  # every row names its ingress record
-        n = table.num_rows
-        index = decoded.index
-        if ingress and len(index) == rows.num_rows:
-            offsets = rows["offset"]  # an ingress record is one row at most: none was rejected
-        else:
-            offsets = rows["offset"].take(pa.array(index, pa.int64()))
-        offsets = offsets.cast(pa.int64())
-        here = pa.StructArray.from_arrays(
-            [
-                pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()).fill_null(0), pa.array([channel.topic])),
-                pa.repeat(pa.scalar(channel.partition, pa.int32()), n),
-                offsets.combine_chunks() if isinstance(offsets, pa.ChunkedArray) else offsets,
-            ],
-            fields=list(ORIGIN_TYPE),
-        )
-        if position < 0:
-            return table.append_column(ORIGIN, here)
-        if carried is None or carried.type != ORIGIN_TYPE:
-            # an ingress record's own field of that name, or a column of another type: not an origin
-            return table.set_column(position, ORIGIN, here)
-        return table.set_column(position, ORIGIN, pc.coalesce(carried, here))
-
-    def _process_prepared(self, channel: ChannelId, rows: pa.Table) -> None:
-        """A run of a micro-batch the stage's Spark code prepared: its rows go
-        to the operator, then the partial aggregates Spark computed for it
-        (``merge_partials``), the records Spark could not decode to the dead
-        letters, and the run's markers say how many records it had and how far
-        their event time got (``streaming.adapters.spark.stage``)."""
-        rejected = part_of(rows, Part.REJECTED)
-        for index, reason in enumerate(rejected[REASON].to_pylist()):
-            self.quarantine.record(channel, rejected.slice(index, 1), reason)
-        watermark = self.downstream_watermark
-        batch = pa.Table.from_struct_array(part_of(rows, Part.ROW)[ROW].combine_chunks())
-        if batch.num_rows:
-            try:
-                output = self.operator.process(batch)
-            except InputSchemaError as exc:
-                # rows the operator cannot take at all: quarantined as the code gave them, with the reason
-                output = None
-                for value in codec.encode(batch):
-                    self.quarantine.row(
-                        channel,
-                        value,
-                        f"the stage's operator cannot take the rows its Spark code gives: {exc}",
-                        counted_as="refused",
-                    )
-            self.quarantine.from_operator(channel, self.operator)
-            self.output.emit(output, watermark)
-        partials = part_of(rows, Part.PARTIAL)
-        if partials.num_rows:
-            self.output.emit(self.operator.merge_partials(pa.Table.from_struct_array(partials[PARTIAL])), watermark)
-        markers = part_of(rows, Part.MARKER)
-        self.watermarks.observe_event_time(channel, pc.max(markers[EVENT_TIME]).as_py())
-        self._watermark_moved(channel)
-        records = pc.sum(markers[RECORDS]).as_py() or 0
-        self.counters["records"] += records
-        self.metrics.records_in[channel].inc(records)
-
-    @property
-    def _inputs(self):
-        return self.handler.open_inputs or self.spec.inputs.keys()
-
     @property
     def watermark(self) -> int | None:
         """The task's event-time watermark (``streaming.engine.task.watermarks``;
@@ -559,39 +432,8 @@ class StageTask:
 
     @property
     def downstream_watermark(self) -> int | None:
-        """What the task tells downstream: its watermark, held back by the
-        rows its operator buffers (``watermark_hold``)."""
-        watermark = self.watermarks.current
-        hold = getattr(self.operator, "watermark_hold", None)
-        held = hold() if callable(hold) and watermark is not None else None
-        return watermark if held is None else min(watermark, held)
-
-    def _watermark_moved(self, channel: ChannelId) -> None:
-        """When the task's watermark moved on, the operator follows it (a
-        window closes, a timer fires) and what that releases goes on."""
-        moved = self.watermarks.update(self._inputs)
-        if moved is not None and isinstance(self.operator, WatermarkAware):
-            released = self.operator.on_watermark(moved)
-            self.output.emit(released, self.downstream_watermark)
-            self.quarantine.from_operator(channel, self.operator)
-
-    def _forward_watermark(self) -> None:
-        """Tell every output channel how far event time got, and when the
-        task went idle, once per batch when that changed, so downstream
-        windows close even where no row goes."""
-        if not self.spec.outputs:
-            return
-        unsent = self.watermarks.take_unsent(self._inputs, self.downstream_watermark)
-        if unsent is not None:
-            self.output.watermark(*unsent)
-
-    def _follow_event_time(self) -> None:
-        """After a batch: what it changed of idleness (a batch without a
-        partition's records, ``WatermarkTracker.batch``), then what goes
-        downstream."""
-        if self.watermarks.has_event_time:
-            self._watermark_moved(min(self.spec.inputs))
-            self._forward_watermark()
+        """What the task tells downstream (``RecordProcessor.downstream_watermark``)."""
+        return self.processor.downstream_watermark
 
     # ---------------------------------------------------------------- control
 
@@ -615,7 +457,5 @@ class StageTask:
         self.controller.uploader.wait(timeout_s)
 
     def close(self) -> None:
-        self._closing.set()
-        if self._replayer is not None:
-            self._replayer.join(timeout=30)
+        self.restored.close()
         self.controller.uploader.close()

@@ -237,7 +237,9 @@ class _Feed:
 
     def _record(self, partition: int, index: int) -> tuple[bytes, bytes | None]:
         if self.workload.kind == "money":
-            from spark_abs_examples.money import STEP_MS
+            from streaming.api.pipeline import pipeline_module
+
+            STEP_MS = pipeline_module("money").STEP_MS
 
             rng = np.random.default_rng(index)
             source, target = rng.choice(self.workload.keys, 2, replace=False)

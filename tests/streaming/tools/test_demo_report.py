@@ -6,8 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from barriers.coordinator import CheckpointStatus
+from spark_abs_examples.money import Money
 from streaming.api.settings import Mode
-from streaming.tools.demo import DemoReport, Money
+from streaming.tools.demo import DemoReport
 
 
 def _record(checkpoint_id, status, duration_s=None, reason=""):
