@@ -23,10 +23,6 @@ from streaming.api.pipeline import Sink
 from streaming.errors import SinkError
 
 
-def _rows(epoch: int, n: int = 3) -> pa.Table:
-    return pa.table({"key": [f"e{epoch}-k{i}" for i in range(n)], "value": [f"{epoch}:{i}" for i in range(n)]})
-
-
 @pytest.fixture(params=["file", "s3"])
 def place(request, tmp_path, unique_name):
     """(the sink's staging location, its table, the S3 connection or None)."""
@@ -52,10 +48,10 @@ def _values(place) -> list[str]:
     return [] if output is None else sorted(output["value"].to_pylist())
 
 
-def test_an_epoch_is_in_the_table_only_after_its_commit_and_once(place):
+def test_an_epoch_is_in_the_table_only_after_its_commit_and_once(place, epoch_rows):
     sink = _sink(place)
-    sink.stage(1, _rows(1))
-    sink.stage(2, _rows(2))
+    sink.stage(1, epoch_rows(1))
+    sink.stage(2, epoch_rows(2))
     assert _values(place) == []
     assert sink.commit(1) is True
     assert _values(place) == ["1:0", "1:1", "1:2"]
@@ -70,23 +66,23 @@ def test_an_epoch_is_in_the_table_only_after_its_commit_and_once(place):
     assert [h.get("abs.epoch") for h in delta.history() if h.get("operation") == "WRITE"] == ["task-0:1"]
 
 
-def test_a_commit_cut_short_before_its_staged_file_went_is_not_written_again(place):
+def test_a_commit_cut_short_before_its_staged_file_went_is_not_written_again(place, epoch_rows):
     sink = _sink(place)
-    sink.stage(1, _rows(1))
+    sink.stage(1, epoch_rows(1))
     sink.commit(1)
-    sink.stage(1, _rows(1))  # as the crash left it: the Delta commit made, the staged file still there
+    sink.stage(1, epoch_rows(1))  # as the crash left it: the Delta commit made, the staged file still there
     restarted = _sink(place)
     assert restarted.recover(completed_checkpoint=1) == Recovery()
     assert restarted.staged_epochs() == []
     assert _values(place) == ["1:0", "1:1", "1:2"]
 
 
-def test_recovery_commits_up_to_the_checkpoint_and_a_restore_deletes_what_came_after(place):
+def test_recovery_commits_up_to_the_checkpoint_and_a_restore_deletes_what_came_after(place, epoch_rows):
     crashed, other = _sink(place), _sink(place, "task-1")
     for epoch in (1, 2, 3):
-        crashed.stage(epoch, _rows(epoch, 1))
+        crashed.stage(epoch, epoch_rows(epoch, 1))
     crashed.commit(1)
-    other.stage(3, _rows(30, 1))
+    other.stage(3, epoch_rows(30, 1))
     other.commit(3)
     # checkpoint 2 completed but the crash came before the sink's commit; epoch 3 is of the failed run
     assert _sink(place).recover(completed_checkpoint=2) == Recovery(committed=[2], discarded=[3])
@@ -98,29 +94,29 @@ def test_recovery_commits_up_to_the_checkpoint_and_a_restore_deletes_what_came_a
     assert _values(place) == ["1:0"]
     # the replay writes them again under the new generation's (higher) epochs
     again = _sink(place)
-    again.stage(4, _rows(2, 1))
+    again.stage(4, epoch_rows(2, 1))
     assert again.commit(4) is True
     assert _values(place) == ["1:0", "2:0"]
 
 
-def test_a_restore_sets_the_version_back_and_leaves_other_jobs_rows_alone(place, tmp_path):
+def test_a_restore_sets_the_version_back_and_leaves_other_jobs_rows_alone(place, tmp_path, epoch_rows):
     ours, theirs = _sink(place), _sink((open_store(str(tmp_path / "other")), *place[1:]), job="other")
     for epoch in (1, 2, 3):
-        ours.stage(epoch, _rows(epoch, 1))
+        ours.stage(epoch, epoch_rows(epoch, 1))
         ours.commit(epoch)
-    theirs.stage(2, _rows(200, 1))
+    theirs.stage(2, epoch_rows(200, 1))
     theirs.commit(2)
     # the job's store was wiped and it starts afresh, its checkpoints numbered from 1 again
     fresh = _sink(place)
     assert fresh.recover(completed_checkpoint=0) == Recovery(retracted=[1, 2, 3])
     assert fresh.committed_version() == 0 and _values(place) == ["200:0"]  # the other job's row stays
-    fresh.stage(1, _rows(7, 1))
+    fresh.stage(1, epoch_rows(7, 1))
     assert fresh.commit(1) is True  # numbered 1 again, written again
     assert _values(place) == ["200:0", "7:0"]
     # later epochs without rows: the version goes back all the same
-    fresh.stage(2, _rows(2, 0))
+    fresh.stage(2, epoch_rows(2, 0))
     fresh.commit(2)
-    fresh.stage(3, _rows(3, 0))
+    fresh.stage(3, epoch_rows(3, 0))
     fresh.commit(3)
     assert _sink(place).recover(completed_checkpoint=1) == Recovery() and fresh.committed_version() == 1
 
@@ -141,10 +137,10 @@ def test_output_of_other_types_is_a_clear_error_not_a_cast(place):
         fresh.commit(1)
 
 
-def test_tasks_committing_at_once_each_get_their_own_version(place):
+def test_tasks_committing_at_once_each_get_their_own_version(place, epoch_rows):
     sinks = [_sink(place, f"task-{i}") for i in range(4)]
     for i, sink in enumerate(sinks):
-        sink.stage(1, _rows(10 + i, 2))
+        sink.stage(1, epoch_rows(10 + i, 2))
     failures: list[BaseException] = []
 
     def commit(sink: DeltaSink) -> None:
@@ -163,11 +159,11 @@ def test_tasks_committing_at_once_each_get_their_own_version(place):
     assert all(s.committed_version() == 1 for s in sinks)
 
 
-def test_an_empty_epoch_adds_no_commit_and_output_of_other_columns_is_a_clear_error(place):
+def test_an_empty_epoch_adds_no_commit_and_output_of_other_columns_is_a_clear_error(place, epoch_rows):
     sink = _sink(place)
-    sink.stage(1, _rows(1, 1))
+    sink.stage(1, epoch_rows(1, 1))
     sink.commit(1)
-    sink.stage(2, _rows(2, 0))
+    sink.stage(2, epoch_rows(2, 0))
     assert sink.commit(2) is True
     assert sink.committed_version() == 1 and sink.staged_epochs() == []
     sink.stage(3, pa.table({"other": [1]}))

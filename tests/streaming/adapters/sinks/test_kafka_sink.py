@@ -1,109 +1,21 @@
-"""Exactly-once sinks on the real S3 server and Kafka broker: output appears
-only on commit, a commit is never written twice, and recovery after a crash
-between the manifest and the sink's commit gives each epoch exactly once."""
+"""The Kafka sink on the real broker: its transactions written by Kafka's Java
+client on the second transaction protocol (or by kafka-python), a commit
+never written twice, a fenced instance refused, forged commit markers not
+counted, and recovery giving each epoch exactly once."""
 
 from __future__ import annotations
 
-import time
-
-import pyarrow as pa
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from streaming import read_committed_output, read_kafka_output  # what a user reads output with
+from streaming import read_kafka_output  # what a user reads output with
 from streaming.adapters.kafka.admin import create_topic, end_offsets
 from streaming.adapters.kafka.transactions import JavaTransactions
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks.base import Recovery
 from streaming.adapters.sinks.kafka import KafkaSink
-from streaming.adapters.sinks.object_store import ObjectStoreSink
 from streaming.api.config import KafkaAccess
 from streaming.errors import SinkError, SinkFencedError
-
-
-def _rows(epoch: int, n: int = 3) -> pa.Table:
-    return pa.table({"key": [f"e{epoch}-k{i}" for i in range(n)], "value": [f"{epoch}:{i}" for i in range(n)]})
-
-
-@pytest.fixture(params=["file", "s3"])
-def location(request, tmp_path, unique_name):
-    if request.param == "file":
-        return open_store(str(tmp_path / "sink"))
-    connection = request.getfixturevalue("connection")
-    return open_store(f"s3://{connection.s3_bucket}/tests/{unique_name}", connection)
-
-
-def _values(location) -> list[str]:
-    table = read_committed_output(location)
-    return [] if table is None else table["value"].to_pylist()
-
-
-def test_object_store_sink_shows_an_epoch_only_after_commit(location):
-    sink = ObjectStoreSink(location, "task-0")
-    sink.stage(1, _rows(1))
-    sink.stage(2, _rows(2))
-    assert _values(location) == []
-    assert sink.staged_epochs() == [1, 2]
-    assert sink.commit(1) is True
-    assert _values(location) == ["1:0", "1:1", "1:2"]
-    assert sink.staged_epochs() == [2]  # moved, not copied: a commit leaves nothing staged
-    assert sink.commit(1) is False  # idempotent
-    assert _values(location) == ["1:0", "1:1", "1:2"]
-
-
-def test_a_commit_cut_short_after_the_copy_is_finished_by_the_next_one(location):
-    sink = ObjectStoreSink(location, "task-0")
-    sink.stage(1, _rows(1))
-    # S3's move is a copy then a delete: the output exists and the staged file still does
-    location.filesystem.create_dir(location.path("output", "epoch-000000000001"))
-    location.filesystem.copy_file(location.path("staging", "epoch-000000000001", "task-0.parquet"), sink.output_path(1))
-    assert sink.commit_through(1) == []
-    assert sink.staged_epochs() == []
-    assert _values(location) == ["1:0", "1:1", "1:2"]
-
-
-def test_object_store_sink_recovery_commits_up_to_the_checkpoint_and_discards_the_rest(location):
-    crashed = ObjectStoreSink(location, "task-0")
-    for epoch in (1, 2, 3):
-        crashed.stage(epoch, _rows(epoch, 2))
-    crashed.commit(1)
-    # Checkpoint 2 completed (manifest written) but the crash came before the
-    # sink's commit; epoch 3 was staged by the run that failed.
-    restarted = ObjectStoreSink(location, "task-0")
-    assert restarted.recover(completed_checkpoint=2) == Recovery(committed=[2], discarded=[3])
-    assert _values(location) == ["1:0", "1:1", "2:0", "2:1"]
-    assert not restarted.recover(completed_checkpoint=2)
-    restarted.stage(3, _rows(3, 1))
-    restarted.commit(3)
-    assert _values(location) == ["1:0", "1:1", "2:0", "2:1", "3:0"]
-
-
-def test_a_restore_to_an_older_checkpoint_takes_back_the_output_committed_after_it(location):
-    first = ObjectStoreSink(location, "task-0")
-    other = ObjectStoreSink(location, "task-1")
-    for epoch in (1, 2, 3):
-        first.stage(epoch, _rows(epoch, 1))
-        first.commit(epoch)
-    other.stage(3, _rows(30, 1))
-    other.commit(3)
-    # restored from checkpoint 1: epochs 2 and 3 of task-0 go, task-1's epoch 3 is its own to take back
-    restored = ObjectStoreSink(location, "task-0")
-    before = time.time() - 1
-    assert restored.recover(completed_checkpoint=1) == Recovery(retracted=[2, 3])  # committed: nothing staged
-    retracted = location.filesystem.get_file_info(location.path("retracted", "epoch-000000000002", "task-0.parquet"))
-    assert retracted.mtime.timestamp() >= before  # gc's grace period counts from the retraction
-    assert _values(location) == ["1:0", "30:0"]
-    assert ObjectStoreSink(location, "task-1").recover(completed_checkpoint=1).retracted == [3]
-    assert _values(location) == ["1:0"]
-    # the replay writes them again under the new generation's epochs
-    restored.stage(4, _rows(2, 1))
-    restored.commit(4)
-    assert _values(location) == ["1:0", "2:0"]
-
-
-def test_committing_an_epoch_never_staged_is_a_clear_error(location):
-    with pytest.raises(SinkError, match="epoch 7.*missing or unreadable"):
-        ObjectStoreSink(location, "task-0").commit(7)
 
 
 def _read_committed(kafka: KafkaAccess, topic: str) -> list[str]:
@@ -174,7 +86,7 @@ def test_the_java_client_says_why_it_cannot_start(connection, unique_name):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("client", ["java", "python"])
-def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name, client):
+def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name, client, epoch_rows):
     """With either client (``JobSettings.kafka_sink_client``)."""
     topic = f"{unique_name}-out"
     create_topic(connection.kafka, topic, 1)
@@ -199,7 +111,7 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name, clien
     )
     assert not first._committed(1)  # ... with it, it does not
     for epoch in (1, 2, 3):
-        first.stage(epoch, _rows(epoch, 2))
+        first.stage(epoch, epoch_rows(epoch, 2))
     assert first.commit(1) is True
     assert _read_committed(connection.kafka, topic) == ["1:0", "1:1"]
 
@@ -212,7 +124,7 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name, clien
     assert second.recover(completed_checkpoint=2) == Recovery(committed=[2], discarded=[3])
     assert not second.recover(completed_checkpoint=2)
     assert first.commit(2) is False  # the old instance finds epoch 2 committed by the new one: nothing twice
-    first.stage(4, _rows(4, 1))  # the old instance runs on and tries to commit what it staged
+    first.stage(4, epoch_rows(4, 1))  # the old instance runs on and tries to commit what it staged
     with pytest.raises(SinkFencedError):
         first.commit(4)
     assert _read_committed(connection.kafka, topic) == ["1:0", "1:1", "2:0", "2:1"]
@@ -229,7 +141,7 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name, clien
     assert [v.decode() for v in output.values] == ["1:0", "1:1"] and output.superseded == {"task-0:2": 2}
     # without the key, the forged mark hides epoch 1 from the reader
     assert read_kafka_output(connection.kafka, topic).superseded == {"task-0:1": 2, "task-0:2": 2}
-    third.stage(5, _rows(5, 2))  # the restored job writes epoch 2's results again
+    third.stage(5, epoch_rows(5, 2))  # the restored job writes epoch 2's results again
     assert third.commit(5) is True
     output = read_kafka_output(connection.kafka, topic, key=key)
     assert [v.decode() for v in output.values] == ["1:0", "1:1", "5:0", "5:1"]

@@ -1,5 +1,5 @@
-"""The Spark adapter: stage input channels on real Kafka and Spark, explicit
-partitions, explicit starting offsets, batches ordered by channel and offset."""
+"""A stage task's query on real Spark and Kafka: assigned channels read from
+their offsets in order, batches handled one at a time."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ from barriers.messages import ChannelId
 from streaming.adapters.kafka.admin import create_topic
 from streaming.adapters.serde.records import header_values
 from streaming.adapters.spark.query import ChannelQuery, QuerySpec
-from streaming.adapters.spark.session import LOCAL_DRIVER_ADDRESS, local_master, master_url, spark_conf
-from streaming.api.config import SparkSettings
 from streaming.errors import ConfigError
 
 
@@ -107,49 +105,3 @@ def test_batches_are_handled_in_order_one_at_a_time_and_a_failing_one_fails_the_
         assert "operator bug" in (query.failure() or ""), query.failure()
     finally:
         query.stop()
-
-
-def test_a_local_master_retries_a_task_as_a_cluster_does():
-    assert master_url("local[2]") == "local[2,4]" and master_url("local[*]") == "local[*,4]"
-    assert master_url("local") == "local[1,4]"
-    # a failure count given, or a cluster, is left as it is
-    assert master_url("local[2,1]") == "local[2,1]" and master_url("spark://h:7077") == "spark://h:7077"
-
-
-BIND = ("spark.driver.bindAddress", "spark.driver.host")
-
-
-LOCAL = ["local", "local[2]", "local[*]", "local[2,4]", "local-cluster[2,1,1024]", "spark://127.0.0.1:7077"]
-LOCAL += ["spark://localhost:7077", "spark://[::1]:7077", "spark://127.0.0.1:7077,127.0.0.1:7078"]
-
-
-@pytest.mark.parametrize("master", LOCAL)
-def test_the_driver_of_a_master_on_this_machine_listens_on_loopback_alone(master):
-    assert local_master(master)
-    conf = spark_conf(SparkSettings(master=master), [])
-    assert [conf[key] for key in BIND] == ["127.0.0.1", "127.0.0.1"] == [LOCAL_DRIVER_ADDRESS] * 2
-    # its RPC and block manager ports bind that address: no other address is set for them
-    assert not {"spark.driver.port", "spark.driver.blockManager.port", "spark.blockManager.port"} & set(conf)
-    assert conf["spark.ui.enabled"] == "false"  # the Spark UI (which binds every interface) stays off
-
-
-@pytest.mark.parametrize(
-    "master", ["spark://spark-master:7077", "spark://10.0.0.5:7077", "spark://127.0.0.1:7077,h:7077", "yarn"]
-)
-def test_a_driver_of_a_master_elsewhere_binds_where_the_deployment_says(master):
-    assert not local_master(master)
-    assert not set(BIND) & set(spark_conf(SparkSettings(master=master), []))
-    given = (("spark.driver.bindAddress", "0.0.0.0"), ("spark.driver.host", "pipeline"))
-    assert [spark_conf(SparkSettings(master=master, extra_conf=given), [])[k] for k in BIND] == [
-        "0.0.0.0",
-        "pipeline",
-    ]
-    assert [spark_conf(SparkSettings(master="local[2]", extra_conf=given), [])[k] for k in BIND] == [
-        "0.0.0.0",
-        "pipeline",
-    ]
-
-
-def test_the_session_of_the_local_runtime_has_its_driver_on_loopback(spark, connection):
-    assert local_master(connection.spark_master)
-    assert [spark.conf.get(key) for key in BIND] == [LOCAL_DRIVER_ADDRESS] * 2
