@@ -9,5 +9,6 @@
   the schema registry's client;
 - ``objects``: object storage; ``snapshots``: the snapshot store on it.
 
-Only ``spark.session``, ``spark.query`` and ``spark.stage`` import pyspark.
+Only ``spark.session``, ``spark.query``, ``spark.stage`` and ``spark.decoding``
+import pyspark.
 They never import the engine or the local runtime."""

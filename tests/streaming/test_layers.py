@@ -13,7 +13,7 @@ string, by which code is loaded at run time, counts as an import of that
 module.  No two modules import each other, by
 any path, and no module imports another's ``_private`` names.  pyspark is
 the Spark adapters' business: no module of the engine, the adapters (but
-``streaming.adapters.spark``'s ``session``, ``query`` and ``stage``), the api or ``operators``
+``streaming.adapters.spark``'s ``session``, ``query``, ``stage`` and ``decoding``), the api or ``operators``
 names it, and importing any of them loads none of it."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ SPARK_ADAPTERS = (
     "streaming.adapters.spark.session",
     "streaming.adapters.spark.query",
     "streaming.adapters.spark.stage",
+    "streaming.adapters.spark.decoding",
 )
 
 # a module may import modules of its own package and of lower layers, never

@@ -46,25 +46,22 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
-from operator import and_, or_
-from typing import Any, cast
+from operator import or_
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.avro.functions import from_avro
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from barriers.headers import GENERATION_HEADER, KIND_HEADER
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId
 from operators.aggregations import AggregateFunction, Aggregation, input_columns
 from operators.keyed import KeyedAggregate
-from streaming.adapters.serde import codec
-from streaming.adapters.serde.avro import WIRE_HEADER_BYTES, AvroSchema
 from streaming.adapters.serde.records import (
     BATCH_COLUMNS,
     EVENT_TIME,
@@ -76,11 +73,11 @@ from streaming.adapters.serde.records import (
     ROW,
     Part,
 )
-from streaming.adapters.serde.schema_registry import RegistryUnavailableError, current_registry, subject_of
+from streaming.adapters.spark.decoding import DECODED, SparkDecoding, StageRows
 from streaming.api.pipeline import Ingress, Pipeline, Stage
 from streaming.errors import ChannelQueryError, ConfigError
 
-__all__ = ["POSITION", "SparkStage", "StageRows", "spark_stages"]
+__all__ = ["POSITION", "SparkStage", "spark_stages"]
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +94,7 @@ POSITION_TYPE = StructType(
 )
 
 _BAD = "_abs_bad"
-_CORRUPT = "_abs_corrupt"
 _CONTROL = "_abs_control"
-_DECODED = "_abs_decoded"
 _RUN = "_abs_run"
 # a record an older generation wrote after its channel's restored barrier (spark_abs.Runs skips it)
 _STALE = "_abs_stale"
@@ -153,17 +148,6 @@ class _Steps:
     partials: list[Column | str] | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class StageRows:
-    """What Spark code after other stages reads: the Arrow batches of their
-    output topics, rows of ``schema``, each value read within
-    ``max_decoded_bytes`` of Arrow memory."""
-
-    names: tuple[str, ...]
-    schema: pa.Schema
-    max_decoded_bytes: int
-
-
 class SparkStage:
     """The Spark code of stage ``stage`` reading ``source`` (an ingress
     topic, or other stages' rows), on session ``spark``: checked when made (``check``), then called with each
@@ -176,37 +160,9 @@ class SparkStage:
         self.name = stage.name
         self._spark = spark
         self._code = stage.spark
-        what = (
-            f"the schema of {source.topic}" if isinstance(source, Ingress) else f"the rows of {', '.join(source.names)}"
-        )
-        try:
-            self._fields = from_arrow_schema(source.schema)
-        except (TypeError, PySparkException) as exc:
-            raise ConfigError(f"stage {stage.name}: {what} has no Spark equivalent: {exc}") from exc
-        clash = sorted({POSITION, _CORRUPT} & set(self._fields.names))
-        if clash:
-            raise ConfigError(f"stage {stage.name}: {what} uses names Spark stages keep for themselves: {clash}")
-        self._json = StructType([*self._fields.fields, StructField(_CORRUPT, StringType())])
-        self._required = codec.required_fields(source.schema)  # JSON: a record without one is no row
-        self._reasons: Callable[[pa.ChunkedArray], list[str]]
-        if isinstance(source, StageRows):
-            # Arrow batches of other stages, read by spark_abs.Runs within this many bytes
-            self._arrow_cap: int | None = source.max_decoded_bytes
-            self._avro: AvroSchema | None = None
-            self._reasons = functools.partial(
-                _arrow_reasons, schema=source.schema, max_decoded_bytes=source.max_decoded_bytes
-            )
-            self._event_time: Column | None = None
-        else:
-            self._arrow_cap = None
-            # Ingress parsed avro= into an AvroSchema when it was made
-            self._avro = cast(AvroSchema | None, source.avro)
-            # registry=True: the writer schema ids of the topic's subject the plan decodes
-            self._subject = subject_of(source.topic)
-            self._writer_ids: list[int] = []
-            # how the Python decoder reads the values, for the reason a record did not decode
-            self._reasons = functools.partial(_reasons, schema=source.value_schema)
-            self._event_time = self._event_time_column(source)
+        # how the input records are decoded in Spark, and why one that is not is no row
+        self._input = SparkDecoding(stage.name, source, reserved=(POSITION,))
+        self._fields = self._input.fields
         # what older generations wrote after their channels' restored barriers (``skip_stale``)
         self._stale: Column | None = None
         self.columns = self.check()
@@ -217,22 +173,18 @@ class SparkStage:
         self._steps = self._plan()
         self._no_rows: pa.Table | None = None
 
-    def _event_time_column(self, ingress: Ingress) -> Column | None:
-        """The records' event time in milliseconds, as Spark computes it."""
-        if ingress.event_time is None:
-            return None
-        field = next((f for f in self._fields.fields if f.name == ingress.event_time), None)
-        if field is None:
-            raise ConfigError(f"ingress {ingress.topic}: event_time {ingress.event_time!r} is not in its schema")
-        column = F.col(f"{_DECODED}.{ingress.event_time}")
-        if isinstance(field.dataType, TimestampType):
-            return F.unix_millis(column)
-        if isinstance(field.dataType, (IntegerType, LongType)):
-            return column.cast(LongType())
-        raise ConfigError(
-            f"ingress {ingress.topic}: event_time {ingress.event_time!r} is {field.dataType.simpleString()}; "
-            "Spark stages read event time from a timestamp or whole milliseconds"
-        )
+    def _plan_writers(self) -> None:
+        """With ``registry=True``: the plan again when the registry holds
+        writer schemas of the topic's subject that it does not decode yet
+        (``SparkDecoding.new_writers``)."""
+        readable = self._input.new_writers()
+        if readable is not None:
+            previous, self._input.writer_ids = self._input.writer_ids, readable
+            try:
+                self._steps = self._plan()
+            except Exception:
+                self._input.writer_ids = previous
+                raise
 
     # ------------------------------------------------------------ the code
 
@@ -295,12 +247,12 @@ class SparkStage:
         Returns Python's part, which puts the pieces together (a stage
         query runs it on its processing thread, while Spark reads the next
         micro-batch)."""
-        if self._avro is not None and self._avro.registry:
+        if self._input.registered:
             self._plan_writers()
         steps = self._steps
-        if self._arrow_cap is not None:
+        if self._input.arrow_cap is not None:
             decode = steps.decode if self._stale is None else [*steps.decode, self._stale.alias(_STALE)]
-            numbered = _numbered_arrow(batch.select(*decode), self._fields, self._arrow_cap)
+            numbered = _numbered_arrow(batch.select(*decode), self._fields, self._input.arrow_cap)
         else:
             numbered = _numbered(batch.select(*steps.decode).select(*steps.flag))
         side = Observation(f"abs-side-{next(_OBSERVATIONS)}")
@@ -308,7 +260,7 @@ class SparkStage:
         out = self._apply(view).select(*steps.out)
         results = self._with_partials(out, steps) if steps.partials else [out.select(*steps.rows).toArrow()]
         seen = _observed(side, self.name)
-        return functools.partial(_prepared, results, seen["markers"], seen["raw"], self._reasons)
+        return functools.partial(_prepared, results, seen["markers"], seen["raw"], self._input.reasons)
 
     def skip_stale(self, lineages: Mapping[ChannelId, Lineage]) -> None:
         """Skip, on the channels of ``lineages`` (each with its task's
@@ -317,7 +269,7 @@ class SparkStage:
         record counts for its channel's position and gives no rows (as
         Python's ``SKIP`` segments, streaming.engine.task.segments).  Only
         Spark code after other stages reads records that can be stale."""
-        if self._arrow_cap is not None:
+        if self._input.arrow_cap is not None:
             self._stale = _stale_records(lineages)
 
     def _with_partials(self, out: DataFrame, steps: _Steps) -> list[pa.Table]:
@@ -351,8 +303,9 @@ class SparkStage:
         # a record without headers has none: not a control record
         is_control = F.coalesce(F.array_contains(F.col("headers.key"), KIND_HEADER), F.lit(False))
         # Arrow batches: spark_abs.Runs reads them and says which it could not read
-        bad = ~control & (self._undecoded() if self._arrow_cap is None else F.lit(False))
-        good_time = F.when(~control & ~bad, self._event_time) if self._event_time is not None else F.lit(None)
+        decoding = self._input
+        bad = ~control & (decoding.undecoded() if decoding.arrow_cap is None else F.lit(False))
+        good_time = F.when(~control & ~bad, decoding.event_time) if decoding.event_time is not None else F.lit(None)
         marker = F.col(RECORDS).isNotNull()
         raw = F.struct(
             *(F.col(name) for name in BATCH_COLUMNS[:-1]), F.unix_millis("timestamp").alias("timestamp"), control
@@ -361,8 +314,8 @@ class SparkStage:
         row_part = F.lit(int(Part.ROW)).cast("tinyint").alias(PART)
         steps = _Steps(
             decode=(
-                [*BATCH_COLUMNS, is_control.alias(_CONTROL), self._decode().alias(_DECODED)]
-                if self._arrow_cap is None
+                [*BATCH_COLUMNS, is_control.alias(_CONTROL), decoding.decode().alias(DECODED)]
+                if decoding.arrow_cap is None
                 else ["topic", "partition", "offset", is_control.alias(_CONTROL), *BATCH_COLUMNS[3:]]
             ),
             flag=[
@@ -374,7 +327,7 @@ class SparkStage:
                 bad.alias(_BAD),
                 # the raw columns only where the record goes to Python as it came: rows stay narrow
                 *(F.when(control | bad, F.col(name)).alias(name) for name in BATCH_COLUMNS[3:]),
-                _DECODED,
+                DECODED,
             ],
             side=[
                 F.collect_list(
@@ -384,7 +337,7 @@ class SparkStage:
             ],
             good=~marker & ~control & ~F.col(_BAD),
             view=[
-                *(F.col(f"{_DECODED}.{name}").alias(name) for name in self._fields.names),
+                *(F.col(f"{DECODED}.{name}").alias(name) for name in self._fields.names),
                 F.struct("topic", "partition", "offset", _RUN).alias(POSITION),
             ],
             out=[*position, *self.columns],
@@ -420,73 +373,6 @@ class SparkStage:
                 _struct([key, *aggregations]).alias(PARTIAL),
             ],
         )
-
-    def _plan_writers(self) -> None:
-        """With ``registry=True``: the plan again when the registry holds
-        writer schemas of the topic's subject that it does not decode yet
-        (those that are not Avro left out).  A registry that does not answer
-        within 5 s leaves the plan as it is: values of the writers it
-        decodes go on, any other is read in Python, which waits for it."""
-        registry = current_registry(f"stage {self.name}")
-        try:
-            ids = registry.ids(self._subject, bound_s=5.0)
-        except RegistryUnavailableError as exc:
-            log.warning("stage %s: writer schemas of %s not refreshed: %s", self.name, self._subject, exc)
-            return
-        readable = []
-        for schema_id in ids:
-            try:
-                registry.parsed(schema_id)
-            except ValueError as exc:
-                log.warning("stage %s: %s: left out of the plan: %s", self.name, self._subject, exc)
-                continue
-            readable.append(schema_id)
-        if readable != self._writer_ids:
-            previous, self._writer_ids = self._writer_ids, readable
-            try:
-                self._steps = self._plan()
-            except Exception:
-                self._writer_ids = previous
-                raise
-
-    def _decode(self) -> Column:
-        """A record's value decoded with the ingress schema: a struct, null
-        where the value is not a record of it (JSON with ``_CORRUPT`` set).
-        With ``registry=True``, each value with the writer schema its id
-        names (one of the subject's), resolved to the ingress schema by
-        Spark's ``from_avro`` (its ``avroSchema`` option)."""
-        value = F.col("value")
-        if self._avro is None:
-            return F.from_json(
-                value.cast("string"), self._json, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
-            )
-        if not self._avro.confluent_wire:
-            return from_avro(value, self._avro.json, {"mode": "PERMISSIVE"})
-        framed = (F.length(value) > WIRE_HEADER_BYTES) & (F.substring(value, 1, 1) == F.lit(b"\x00"))
-        body = F.expr(f"substring(value, {WIRE_HEADER_BYTES + 1})")
-        if not self._avro.registry:
-            return F.when(framed, from_avro(body, self._avro.json, {"mode": "PERMISSIVE"}))
-        return F.when(framed, resolved_avro(body, F.expr("substring(value, 2, 4)"), self._writers(), self._avro.json))
-
-    def _writers(self) -> dict[int, str]:
-        if not self._writer_ids:
-            return {}
-        registry = current_registry(f"stage {self.name}")
-        return {schema_id: registry.schema(schema_id) for schema_id in self._writer_ids}
-
-    def _undecoded(self) -> Column:
-        """Whether a record's value did not decode: JSON that Spark's reader
-        marks corrupt or that lacks a field the schema declares not null;
-        Avro that Spark read as a row of nulls (what ``from_avro`` gives for
-        a value it cannot read) where a field is never null, or with every
-        field null when the schema has no such field."""
-        decoded = F.col(_DECODED)
-        if self._avro is None:
-            # a field the schema declares not null, missing or null: Python's decoder says so (codec._lacks)
-            lacking = [F.col(f"{_DECODED}.{name}").isNull() for name in self._required]
-            return functools.reduce(or_, lacking, decoded.isNull() | F.col(f"{_DECODED}.{_CORRUPT}").isNotNull())
-        names, combine = (self._avro.required, or_) if self._avro.required else (self._fields.names, and_)
-        return decoded.isNull() | functools.reduce(combine, [F.col(f"{_DECODED}.{name}").isNull() for name in names])
 
     def records(self, records: pa.Table) -> pa.Table:
         """Kafka records read in Python (``RECORD_SCHEMA``: channel state
@@ -607,35 +493,6 @@ def _stale_records(lineages: Mapping[ChannelId, Lineage]) -> Column | None:
     return F.coalesce(functools.reduce(or_, channels), F.lit(False)) if channels else None
 
 
-def _arrow_reasons(values: pa.ChunkedArray, schema: pa.Schema, max_decoded_bytes: int) -> list[str]:
-    """Why each of ``values`` (Arrow batches Spark could not read) is no
-    rows: Python's reader's reason, or what its columns lack."""
-    said = []
-    for value in values.to_pylist():
-        read = codec.read_batch(value, max_decoded_bytes)
-        if isinstance(read, str):
-            said.append(read)
-            continue
-        missing = [f"{f.name} {f.type}" for f in schema if f.name not in read.column_names]
-        other = [
-            f"{f.name} is {read.schema.field(f.name).type}, not {f.type}"
-            for f in schema
-            if f.name in read.column_names and not _same_in_spark(read.schema.field(f.name).type, f.type)
-        ]
-        said.append(
-            "Spark could not read the Arrow batch as the rows of the stage's input ("
-            + "; ".join([*(["no column " + ", ".join(missing)] if missing else []), *other] or ["its columns"])
-            + ")"
-        )
-    return said
-
-
-def _same_in_spark(found: pa.DataType, wanted: pa.DataType) -> bool:
-    if pa.types.is_timestamp(found) and pa.types.is_timestamp(wanted):
-        return True  # read in any unit
-    return found == wanted
-
-
 def _numbered(flagged: DataFrame) -> DataFrame:
     """``flagged`` (topic, partition, offset, control, event time, ...) with
     each record's run and a marker row after each run (``spark_abs.Runs``,
@@ -714,34 +571,6 @@ def _assemble(prepared: pa.Table, raw: pa.Table, reasons: Callable[[pa.ChunkedAr
     return pa.concat_tables(
         [prepared, records.append_column(PART, parts).append_column(REASON, why)], promote_options="permissive"
     )
-
-
-def resolved_avro(body: Column, schema_id: Column, writers: Mapping[int, str], reader: str) -> Column:
-    """Avro values ``body`` decoded with the writer schema their ``schema_id``
-    (4 bytes, big-endian) names among ``writers`` and resolved to ``reader``
-    (``from_avro``'s ``avroSchema``); null for an id not among them."""
-    as_number = F.conv(F.hex(schema_id), 16, 10).cast("long")
-    options = {"mode": "PERMISSIVE", "avroSchema": reader}
-    # no writer yet: the reader's shape, for no value
-    decoded = F.when(F.lit(False), from_avro(body, reader, {"mode": "PERMISSIVE"}))
-    for number, writer in sorted(writers.items()):
-        decoded = decoded.when(as_number == number, from_avro(body, writer, options))
-    return decoded
-
-
-def _reasons(values: pa.ChunkedArray, schema: codec.ValueSchema) -> list[str]:
-    """Why each of ``values`` could not be a row: the Python decoder's
-    reason, or Spark's refusal where that decoder would have taken it."""
-    if len(values) == 0:
-        return []
-    said = dict(codec.decode(values, schema).rejected)
-    reader, columns = ("Avro", schema.arrow) if isinstance(schema, AvroSchema) else ("JSON", schema)
-    spark = f"Spark's {reader} reader could not read the value with the ingress schema ({_arrow_columns(columns)})"
-    return [said.get(i, spark) for i in range(len(values))]
-
-
-def _arrow_columns(schema: pa.Schema) -> str:
-    return ", ".join(f"{f.name} {f.type}" for f in schema)
 
 
 def _columns(schema: StructType) -> str:

@@ -19,7 +19,8 @@ from operators import KeyedAggregate, count, max_, sum_
 from streaming.adapters.serde import avro
 from streaming.adapters.serde.codec import ARROW_FORMAT
 from streaming.adapters.serde.records import EVENT_TIME, PARTIAL, REASON, RECORD_SCHEMA, RECORDS, ROW, Part, part_of
-from streaming.adapters.spark.stage import POSITION, SparkStage, StageRows, spark_stages
+from streaming.adapters.spark.decoding import StageRows
+from streaming.adapters.spark.stage import POSITION, SparkStage, spark_stages
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.errors import ChannelQueryError, ConfigError
 
