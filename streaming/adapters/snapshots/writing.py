@@ -214,11 +214,17 @@ def part_bytes(table: pa.Table) -> pa.Buffer:
 
 
 def _check_chains(task: str, state: Mapping[str, pa.Table], chains: Mapping[str, Sequence[ChainStep]]) -> None:
-    """What ``write_task`` refuses of ``chains``: a table given whole and as a
-    chain, a chain that does not start with a base, a step of no known kind."""
+    """What ``write_task`` refuses of ``chains``, before anything of the task's
+    earlier snapshot is removed: a table given whole and as a chain, a name
+    that cannot be a file name, a chain that does not start with a base, a
+    step that is no link and no (kind, table) pair of a known kind."""
     for name, steps in chains.items():
+        escape(name, "table")
         if name in state:
             raise ValueError(f"state table {name!r} of task {task} is given whole and as a chain")
+        for step in steps:
+            if not isinstance(step, StateLink) and not (isinstance(step, tuple) and len(step) == 2):
+                raise ValueError(f"chain step {step!r} of table {name!r} (task {task}) is no (kind, table) pair")
         kinds = [step.kind if isinstance(step, StateLink) else step[0] for step in steps]
         if not kinds or kinds[0] != "base" or "base" in kinds[1:]:
             raise ValueError(f"the chain of state table {name!r} of task {task} must start with its one base: {kinds}")
