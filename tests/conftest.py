@@ -52,21 +52,36 @@ def runtime_settings() -> LocalRuntimeSettings:
 
 @pytest.fixture(scope="session")
 def connection(runtime_settings: LocalRuntimeSettings) -> Iterator[Connection]:
-    """The local runtime, brought up once; stopped at the end only if this
-    session started it."""
+    """The local runtime, brought up once (without its schema registry, as
+    ``spark-abs local up`` does: ``registry_connection`` starts that);
+    stopped at the end only if this session started it."""
     from streaming.local import LocalRuntime
 
     runtime = LocalRuntime(runtime_settings, progress=_say)
     was_running = runtime.status().all_running
     conn = runtime.up()
-    # the test process's producers and references find Avro schemas in the runtime's registry
+    # the test process's producers and references find Avro schemas in the runtime's registry, if it runs one
     from streaming.adapters.serde.schema_registry import use_registry
 
-    use_registry(conn.schema_registry)
+    use_registry(conn.schema_registry or None)
     yield conn
     if not was_running:
         for line in runtime.down():
             _say(line)
+
+
+@pytest.fixture(scope="session")
+def registry_connection(connection: Connection, runtime_settings: LocalRuntimeSettings) -> Connection:
+    """The local runtime with its schema registry started (built the first
+    time), for the tests that read or write Avro through one: the
+    connection names it, and the test process's producers and references
+    find schemas in it.  Stopped with the runtime (``connection``)."""
+    from streaming.adapters.serde.schema_registry import use_registry
+    from streaming.local import LocalRuntime
+
+    conn = LocalRuntime(runtime_settings, progress=_say).up(registry=True)
+    use_registry(conn.schema_registry)
+    return conn
 
 
 @pytest.fixture(scope="session")

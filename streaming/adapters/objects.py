@@ -4,7 +4,7 @@ server.  One function turns a URI and a connection into a filesystem and a
 path (``open_store``); ``ObjectFiles`` is the file I/O the snapshot store and
 the sinks share: whole-file reads and writes (atomic where asked), deletes
 that S3 servers with real directories accept, and every ``OSError`` turned
-into a ``StoreError`` that names the store.  ``patiently`` retries a read
+into a ``StoreError`` that names the store.  ``store_patiently`` retries a read
 while the store is unreachable (a restore during a store outage)."""
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-import tenacity
 
 from streaming.api.config import Connection
 from streaming.api.settings import check_store_uri
 from streaming.errors import ConfigError, SnapshotCorruptError, SnapshotMissingError, StoreError
+from streaming.waits import retry
 
 __all__ = [
     "STORE_BOUND_S",
     "StoreLocation",
     "ObjectFiles",
     "open_store",
-    "patiently",
+    "store_patiently",
     "s3_filesystem",
     "ensure_bucket",
     "list_files",
@@ -105,28 +105,27 @@ def open_store(uri: str, connection: Connection | None = None, *, create: bool =
 STORE_BOUND_S = 120.0
 
 
-def patiently(read: Callable[[], T], what: str, bound_s: float = STORE_BOUND_S) -> T:
+def store_patiently(read: Callable[[], T], what: str, bound_s: float = STORE_BOUND_S) -> T:
     """``read()`` again while the store is unreachable (a ``StoreError`` that
     is not about a missing or corrupt file), for at most ``bound_s``, with
-    growing pauses, each one logged as a warning; then its error."""
+    growing pauses, each one logged as a warning (``waits.retry``); then a
+    ``StoreError`` naming ``what``, the bound and the last failure."""
 
     def unreachable(exc: BaseException) -> bool:
         return isinstance(exc, StoreError) and not isinstance(exc, (SnapshotMissingError, SnapshotCorruptError))
 
-    def wait(state: tenacity.RetryCallState) -> None:
-        log.warning(
-            f"{what}: {state.outcome.exception() if state.outcome else 'failed'}; the store looks unreachable, "
-            f"trying again in {state.next_action.sleep if state.next_action else 0:.0f} s "
-            f"(for up to {bound_s:.0f} s)"
-        )
-
-    return tenacity.Retrying(
-        retry=tenacity.retry_if_exception(unreachable),
-        stop=tenacity.stop_after_delay(bound_s),
-        wait=tenacity.wait_exponential(multiplier=1.0, max=10.0),
-        before_sleep=wait,
-        reraise=True,
-    )(read)
+    return retry(
+        read,
+        bound_s,
+        what,
+        retry_on=unreachable,
+        bound="STORE_BOUND_S" if bound_s == STORE_BOUND_S else None,
+        first_s=1.0,
+        max_s=10.0,
+        cause="the store looks unreachable",
+        logger=log,
+        error=StoreError,
+    )
 
 
 def ensure_bucket(connection: Connection) -> None:

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from streaming.errors import ConfigError
+from streaming.private_files import read_private, write_private
 
-__all__ = ["JobKey", "MIN_SECRET_CHARS", "generate_secret", "read_secret_file", "write_private", "write_secret_file"]
+__all__ = ["JobKey", "MIN_SECRET_CHARS", "generate_secret", "read_secret_file", "write_secret_file"]
 
 # a secret shorter than this is refused: it could be guessed
 MIN_SECRET_CHARS = 32
@@ -34,40 +33,15 @@ def generate_secret() -> str:
 
 
 def read_secret_file(path: Path, what: str = "the job secret file") -> str:
-    """The secret in ``path``, which must be a regular file that only its
-    owner can read or write (a ``ConfigError`` that says how to fix it)."""
-    try:
-        info = path.stat()
-    except OSError as exc:
-        raise ConfigError(f"{what} {path} cannot be read: {exc.strerror}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ConfigError(f"{what} {path} is not a regular file")
-    if info.st_mode & 0o077:
-        raise ConfigError(
-            f"{what} {path} can be read by others (mode {stat.S_IMODE(info.st_mode):o}): "
-            f"`chmod 600 {path}`, and choose a new secret if others could read it"
-        )
-    try:
-        return path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{what} {path} cannot be read: {exc}") from None
-
-
-def write_private(path: Path, data: bytes | str) -> None:
-    """Write ``path`` readable by its owner alone: created 0600 (a file
-    already there is replaced, never widened)."""
-    data = data.encode() if isinstance(data, str) else data
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "wb") as out:
-        out.write(data)
-    tmp.replace(path)
+    """The secret in ``path``, which must be a regular file of this user's
+    that only its owner can read or write (``read_private``: a ``ConfigError``
+    that says how to fix it)."""
+    return read_private(path, what).strip()
 
 
 def write_secret_file(path: Path, secret: str) -> None:
-    """Write ``secret`` to ``path``, created readable by its owner only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``secret`` to ``path``, created readable by its owner only
+    (``write_private``: its directory created 0700 if missing)."""
     write_private(path, secret + "\n")
 
 

@@ -35,6 +35,8 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
+from streaming.private_files import write_atomically
+
 __all__ = ["ENV", "FILE_ENV", "HANGS", "POINTS", "arm", "parse", "point", "wrap_batch"]
 
 log = logging.getLogger(__name__)
@@ -102,10 +104,7 @@ def _file_entries() -> str:
 
 def arm(path: str, entries: list[str]) -> None:
     """Write fault entries to a fault file (atomically: a worker never reads half of it)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(",".join(entries))
-    os.replace(tmp, path)
+    write_atomically(path, ",".join(entries))
 
 
 def _armed(task: str, where: str, checkpoint_id: int) -> bool:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import socket
 import time
 from collections.abc import Iterable, Mapping
@@ -37,6 +36,7 @@ from barriers.failures import CheckpointFailure
 from barriers.messages import Alignment, ChannelId, CheckpointOptions
 from streaming.api.config import ENV, MetricsSettings
 from streaming.errors import ConfigError
+from streaming.private_files import write_atomically
 
 if TYPE_CHECKING:  # what a task measured: an annotation here (the snapshot format loads the store)
     from streaming.adapters.snapshots.format import TaskCheckpointMetrics
@@ -458,9 +458,7 @@ class Targets:
 
     def _write(self) -> None:
         """The file, written atomically; a file that cannot be written is said, never fatal to the job."""
-        partial = self.path.with_name(self.path.name + ".partial")
         try:
-            partial.write_text(json.dumps(self.entries(), indent=2) + "\n")
-            os.replace(partial, self.path)
+            write_atomically(self.path, json.dumps(self.entries(), indent=2) + "\n")
         except OSError as exc:
             log.warning("cannot write the Prometheus targets file %s: %s", self.path, exc)

@@ -1,6 +1,6 @@
 """The embedded runtime on loopback: a KRaft Kafka broker, an S3 API server
-(versitygw) and a schema registry (Apicurio), started from artifacts the project resolves and caches itself, and
-the Spark Kafka connector jars for the session factory.
+(versitygw) and, on demand, a schema registry (Apicurio), started from artifacts the project resolves and caches
+itself, and the Spark Kafka connector jars for the session factory.
 
 - ``runtime``: ``LocalRuntime``, ``spark-abs local up | down | status``;
 - ``services``: where each service lives (pid file, log, ports);
@@ -10,7 +10,7 @@ the Spark Kafka connector jars for the session factory.
 - ``kafka_broker``: the Kafka nodes (KRaft);
 - ``kafka_security``: a secured broker's certificates, SCRAM users and ACLs (``--secure``);
 - ``s3_server``: the S3 API server;
-- ``schema_registry``: the schema registry;
+- ``schema_registry``: the schema registry (built and started only for what uses it: ``up(registry=True)``);
 - ``spark_cluster``: a Spark standalone master and workers (``--cluster``)."""
 
 from streaming.local.runtime import LocalRuntime, RuntimeStatus, ServiceStatus

@@ -1,7 +1,9 @@
 """Artifacts of the local runtime, fetched once into the cache: the Kafka
 broker's jars, resolved from Maven Central by ``streaming.adapters.spark.jars``,
 the S3 server binary built with ``go install``, and the schema registry
-(Apicurio Registry) built from its Maven Central artifact with Quarkus.
+(Apicurio Registry) built from its Maven Central artifact with Quarkus: the
+last only when something asks for it (``ON_DEMAND``), as ``up`` does for the
+first job that uses a registry.
 
 A finished build is marked, as a jar set is, by a ``.complete`` file written
 last, so an interrupted one is redone rather than used half-way.
@@ -29,13 +31,24 @@ from streaming.adapters.spark.jars import (
 )
 from streaming.api.config import ENV
 from streaming.errors import ArtifactResolutionError
+from streaming.private_files import replace_into
 
-__all__ = ["FETCHABLE", "kafka_broker_artifacts", "build_versitygw", "build_schema_registry"]
+__all__ = [
+    "FETCHABLE",
+    "ON_DEMAND",
+    "kafka_broker_artifacts",
+    "build_versitygw",
+    "build_schema_registry",
+    "schema_registry_built",
+]
 
 log = logging.getLogger(__name__)
 
 # What `spark-abs local fetch` can resolve into the cache.
 FETCHABLE = ("kafka", "s3-server", "spark-connector", "schema-registry", "kafka-sink")
+# What `spark-abs local up` fetches only when asked to start what needs it: the schema registry
+# (a Maven build of minutes, the first time) is built for the first job that uses one.
+ON_DEMAND = ("schema-registry",)
 
 
 def kafka_broker_artifacts(version: str) -> tuple[Artifact, ...]:
@@ -71,7 +84,7 @@ def build_versitygw(version: str, cache_dir: Path, progress: Progress = log.info
             tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])
             raise ArtifactResolutionError(f"go install versitygw@{version} failed (exit {done.returncode}):\n{tail}")
         target.mkdir(exist_ok=True)
-        built.rename(binary)
+        replace_into(built, binary)
         (target / COMPLETE).write_text(version + "\n")
     return binary
 
@@ -106,12 +119,22 @@ _REGISTRY_INDEX = (
 )
 
 
+def _registry_runner(version: str, cache_dir: Path) -> Path:
+    return cache_dir / "bin" / f"apicurio-registry-{version}" / "registry-runner.jar"
+
+
+def schema_registry_built(version: str, cache_dir: Path) -> bool:
+    """Whether Apicurio Registry ``version`` is built in the cache (``build_schema_registry`` has finished)."""
+    runner = _registry_runner(version, cache_dir)
+    return (runner.parent / COMPLETE).exists() and runner.exists()
+
+
 def build_schema_registry(version: str, cache_dir: Path, progress: Progress = log.info) -> Path:
     """Apicurio Registry ``version``'s runnable jar (with its ``lib/`` beside
     it), built once with Maven and Quarkus from Maven Central."""
-    target = cache_dir / "bin" / f"apicurio-registry-{version}"
-    runner = target / "registry-runner.jar"
-    if (target / COMPLETE).exists() and runner.exists():
+    runner = _registry_runner(version, cache_dir)
+    target = runner.parent
+    if schema_registry_built(version, cache_dir):
         return runner
     quarkus = _REGISTRY_QUARKUS.get(version)
     if quarkus is None:
@@ -141,7 +164,7 @@ def build_schema_registry(version: str, cache_dir: Path, progress: Progress = lo
         built = work / "target"
         target.mkdir(exist_ok=True)
         shutil.move(str(built / "lib"), target / "lib")
-        shutil.move(str(built / "schema-registry-1-runner.jar"), runner)
+        replace_into(built / "schema-registry-1-runner.jar", runner)
         (target / COMPLETE).write_text(version + "\n")
     return runner
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from streaming.adapters.kafka import clients as kafka_clients
 from streaming.adapters.kafka.admin import replication
 from streaming.api.config import KafkaAccess
-from streaming.api.job_key import write_private
 from streaming.local.kafka_security import BrokerSecurity
 from streaming.local.processes import ServiceSpec
+from streaming.private_files import write_private
 
 __all__ = [
     "Voter",

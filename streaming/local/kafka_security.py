@@ -36,8 +36,8 @@ from cryptography.x509.oid import NameOID
 
 from streaming.adapters.kafka import clients as kafka_clients
 from streaming.api.config import KafkaAccess
-from streaming.api.job_key import write_private
 from streaming.errors import ServiceStartError
+from streaming.private_files import write_private
 
 __all__ = ["ADMIN", "JOB_USER", "OUTSIDER", "MECHANISM", "BrokerSecurity"]
 

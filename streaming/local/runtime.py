@@ -3,6 +3,12 @@ tests run on.  ``up`` is idempotent (what runs is kept, what does not is
 started), ``down`` stops by pid only what ``up`` started, and the connection
 details go to one JSON file that ``Connection.load()`` reads.
 
+The schema registry is started on demand: ``up(registry=True)`` (``local up
+--registry``, or ``spark-abs run`` of a pipeline that reads or writes Avro
+through a registry) builds it the first time and starts it; a plain ``up``
+keeps one that runs (or restarts one the connection file names) and
+otherwise neither builds nor starts it, so the connection names no registry.
+
 ``--cluster`` (``LocalRuntimeSettings.cluster()``) is the same on a larger
 scale, under a home of its own: three Kafka nodes (replication factor 3,
 ``min.insync.replicas=2``) and a Spark standalone master with two workers,
@@ -28,14 +34,15 @@ from streaming.adapters.kafka import transactions as kafka_txn
 from streaming.adapters.objects import ensure_bucket
 from streaming.adapters.spark import jars
 from streaming.api.config import Connection, LocalRuntimeSettings
-from streaming.api.job_key import generate_secret, read_secret_file, write_private, write_secret_file
+from streaming.api.job_key import generate_secret, read_secret_file, write_secret_file
 from streaming.errors import ConfigError
 from streaming.local import artifacts, processes
-from streaming.local.artifacts import FETCHABLE
+from streaming.local.artifacts import FETCHABLE, ON_DEMAND
 from streaming.local.kafka_security import JOB_USER
 from streaming.local.schema_registry import api_url
 from streaming.local.services import RuntimeServices
 from streaming.local.starters import KafkaStarter, RegistryStarter, S3Starter, SparkStarter
+from streaming.private_files import write_private
 
 __all__ = ["LocalRuntime", "RuntimeStatus", "ServiceStatus"]
 
@@ -51,10 +58,21 @@ class ServiceStatus:
     address: str
     listening: bool
     log: Path
+    # a service started on demand that nothing asked for yet: why it does not run ("not built",
+    # "not started"); "" for one the runtime runs
+    off: str = ""
 
     @property
     def running(self) -> bool:
         return self.pid is not None and self.listening
+
+    @property
+    def state(self) -> str:
+        if self.running:
+            return "running"
+        if self.pid:
+            return "starting?"
+        return self.off or "stopped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,15 +84,21 @@ class RuntimeStatus:
 
     @property
     def all_running(self) -> bool:
-        return bool(self.services) and all(s.running for s in self.services)
+        """Every service of the runtime runs (one on demand that nothing asked for is not missed)."""
+        return bool(self.services) and all(s.running or s.off for s in self.services)
 
     def render(self) -> str:
         rows = [("service", "state", "pid", "address", "log")]
         for s in self.services:
-            state = "running" if s.running else ("starting?" if s.pid else "stopped")
-            rows.append((s.name, state, str(s.pid or "-"), s.address, str(s.log)))
+            rows.append((s.name, s.state, str(s.pid or "-"), s.address, str(s.log)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        for s in self.services:
+            if s.off and not s.pid:
+                lines.append(
+                    f"{s.name}: started on demand, for a job whose pipeline uses it "
+                    f"(`{self.start_command} --registry` starts it now)"
+                )
         if self.connection is not None:
             lines.append(f"connection file: {self.connection_file}")
         else:
@@ -84,10 +108,11 @@ class RuntimeStatus:
 
 class LocalRuntime:
     """The local Kafka broker and S3 server (on a cluster, Kafka nodes and a
-    Spark standalone cluster), and the connector jars for Spark: fetched,
-    brought up, stopped and reported on.  Where each service lives is
-    ``services`` (``RuntimeServices``); starting each is a starter's
-    (``KafkaStarter``, ``S3Starter``, ``SparkStarter``)."""
+    Spark standalone cluster), the schema registry on demand, and the
+    connector jars for Spark: fetched, brought up, stopped and reported on.
+    Where each service lives is ``services`` (``RuntimeServices``); starting
+    each is a starter's (``KafkaStarter``, ``S3Starter``, ``RegistryStarter``,
+    ``SparkStarter``)."""
 
     def __init__(self, settings: LocalRuntimeSettings | None = None, progress: Progress = log.info):
         self.settings = settings or LocalRuntimeSettings()
@@ -140,8 +165,12 @@ class LocalRuntime:
             )
         return fetched
 
-    def up(self) -> Connection:
-        """Start whatever is not running yet and return the connection details."""
+    def up(self, registry: bool = False) -> Connection:
+        """Start whatever is not running yet and return the connection details.
+        ``registry``: the schema registry too (built the first time, a Maven
+        build of minutes); without it, one that runs is kept and one the
+        connection file names is started again, else none is (the
+        connection names no registry)."""
         started = time.monotonic()
         s = self.settings
         if s.spark_version != pyspark.__version__:
@@ -150,17 +179,30 @@ class LocalRuntime:
                 f"{pyspark.__version__}; the Kafka connector must match pyspark exactly"
             )
         java = jars.require_tool("java")
-        fetched = self.fetch()
-        binary, registry = fetched["s3-server"][0], fetched["schema-registry"][0]
+        # the registry when asked for, or when the runtime had it (restarted after an outage)
+        registry = registry or bool(self._recorded_registry())
+        fetched = self.fetch([a for a in FETCHABLE if registry or a not in ON_DEMAND])
+        binary = fetched["s3-server"][0]
         with self._locked():
             self.services.stop_unrecorded(self._progress)
             ports = self.services.load_ports()
             kafka_ports = KafkaStarter(self.services, self._progress).up(java, ports)
             s3_port = S3Starter(self.services, self._progress).up(binary, ports, set(kafka_ports.values()))
             taken = {*kafka_ports.values(), s3_port}
-            registry_port = RegistryStarter(self.services, self._progress).up(java, registry, ports, taken)
-            spark_ports = SparkStarter(self.services, self._progress).up(ports, {*taken, registry_port})
-            ports = {**kafka_ports, "s3": s3_port, "registry": registry_port, **spark_ports}
+            registries = RegistryStarter(self.services, self._progress)
+            if registry:
+                registry_port: int | None = registries.up(java, fetched["schema-registry"][0], ports, taken)
+            else:  # one that runs (another `up` asked for it) is kept
+                registry_port = registries.running(ports)
+            if registry_port is not None:
+                taken.add(registry_port)
+            spark_ports = SparkStarter(self.services, self._progress).up(ports, taken)
+            ports = {
+                **kafka_ports,
+                "s3": s3_port,
+                **({} if registry_port is None else {"registry": registry_port}),
+                **spark_ports,
+            }
             self.services.ports_file.write_text(json.dumps(ports))
             servers = ",".join(f"127.0.0.1:{ports[n]}" for n in self.services.kafka_names())
             connection = Connection(
@@ -170,7 +212,7 @@ class LocalRuntime:
                 s3_secret_key=s.s3_secret_key,
                 s3_bucket=s.s3_bucket,
                 spark_master=f"spark://127.0.0.1:{ports['spark']}" if spark_ports else "local[2]",
-                schema_registry=api_url(registry_port),
+                schema_registry="" if registry_port is None else api_url(registry_port),
                 job_secret_file=str(self._job_secret()),
             )
             ensure_bucket(connection)
@@ -178,10 +220,27 @@ class LocalRuntime:
         self._progress(
             f"local {'cluster' if s.is_cluster else 'runtime'} up in {time.monotonic() - started:.1f} s: "
             f"kafka {connection.kafka}{' (SASL_SSL, ACLs on)' if s.is_secure else ''}, s3 {connection.s3_endpoint} "
-            f"(bucket {connection.s3_bucket}), schema registry {connection.schema_registry}"
+            f"(bucket {connection.s3_bucket}), "
+            + (
+                f"schema registry {connection.schema_registry}"
+                if connection.schema_registry
+                else "schema registry not started (on demand)"
+            )
             + (f", spark {connection.spark_master}" if spark_ports else "")
         )
         return connection
+
+    def _recorded(self) -> Connection | None:
+        """The connection the connection file holds (None: none, or unreadable)."""
+        try:
+            return Connection.from_dict(json.loads(self.settings.connection_file.read_text())["connection"])
+        except (OSError, ValueError, KeyError, ConfigError):
+            return None
+
+    def _recorded_registry(self) -> str:
+        """The schema registry the connection file names ("" when none: not asked for since the last ``down``)."""
+        recorded = self._recorded()
+        return recorded.schema_registry if recorded is not None else ""
 
     def _job_secret(self) -> Path:
         """The file of the runtime's job secret: generated on first start (readable by its owner only),
@@ -253,20 +312,25 @@ class LocalRuntime:
 
     def status(self) -> RuntimeStatus:
         ports = self.services.load_ports()
-        try:
-            connection = Connection.from_dict(json.loads(self.settings.connection_file.read_text())["connection"])
-        except (OSError, ValueError, KeyError, ConfigError):
-            connection = None
+        connection = self._recorded()
+        registry_spec = self.services.registry_spec()
         services = []
         for spec in self.services.specs():
             port = ports.get(self.services.port_names(spec.name)[0])
+            pid = processes.running_pid(spec.pid_path, spec.marker)
+            off = ""
+            if spec.name == registry_spec.name and pid is None and not (connection and connection.schema_registry):
+                # on demand, and nothing asked for it since the last `down`: not a service that is missing
+                built = artifacts.schema_registry_built(self.settings.schema_registry_version, self.settings.cache_dir)
+                off, port = ("not started" if built else "not built"), None
             services.append(
                 ServiceStatus(
                     name=spec.name,
-                    pid=processes.running_pid(spec.pid_path, spec.marker),
+                    pid=pid,
                     address=f"127.0.0.1:{port}" if port else "-",
                     listening=processes.port_open(port) if port else False,
                     log=spec.log_path,
+                    off=off,
                 )
             )
         start = "spark-abs local up" + (

@@ -1,7 +1,7 @@
 """Starting the local runtime's processes, one class per service: each
 keeps what runs (and its ports), starts what does not and waits until it is
 ready.  ``LocalRuntime.up`` runs them in order: Kafka, S3, the schema
-registry, Spark."""
+registry (when asked for, or when it runs already), Spark."""
 
 from __future__ import annotations
 
@@ -201,17 +201,24 @@ class S3Starter:
 class RegistryStarter:
     """The schema registry (Apicurio): kept with its port when it runs, else
     started on the configured or a free port; ready once its health check
-    says so."""
+    says so.  Only ``up`` starts it; ``running`` finds one that runs."""
 
     def __init__(self, services: RuntimeServices, progress: Progress):
         self.services = services
         self._progress = progress
 
-    def up(self, java: str, runner: Path, remembered: dict[str, int], taken: set[int]) -> int:
-        settings = self.services.settings
-        probe = self.services.registry_spec(java, runner)
+    def running(self, remembered: dict[str, int]) -> int | None:
+        """The port of the registry when it runs on the port on record, else None."""
+        probe = self.services.registry_spec()
         if processes.running_pid(probe.pid_path, probe.marker) is not None and "registry" in remembered:
             return remembered["registry"]
+        return None
+
+    def up(self, java: str, runner: Path, remembered: dict[str, int], taken: set[int]) -> int:
+        settings = self.services.settings
+        kept = self.running(remembered)
+        if kept is not None:
+            return kept
         port = self.services.choose_port("registry", settings.registry_port, remembered, taken, "the schema registry")
         spec = self.services.registry_spec(java, runner, port)
         schema_registry.data_dir_of(self.services.dir).mkdir(parents=True, exist_ok=True)

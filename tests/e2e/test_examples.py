@@ -59,13 +59,13 @@ def _feed(kafka: KafkaAccess, records: list, chunk: int, pause_s: float) -> None
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
-    connection, spark, unique_name, mode, lines, tmp_path
+    registry_connection, spark, unique_name, mode, lines, tmp_path
 ):
-    ensure_bucket(connection)
+    ensure_bucket(registry_connection)
     job = f"ex-{unique_name[-8:]}"
-    kafka = connection.kafka
+    kafka = registry_connection.kafka
     settings = JobSettings(
-        store=f"s3://{connection.s3_bucket}/{unique_name}",
+        store=f"s3://{registry_connection.s3_bucket}/{unique_name}",
         interval_s=1.0,
         timeout_s=60,
         max_records_per_batch=2_000,
@@ -75,7 +75,7 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
     runner = JobRunner(
         "spark_abs_examples:combined",
         settings,
-        connection,
+        registry_connection,
         job=job,
         options=RunOptions(worker_env={faults.FILE_ENV: str(fault_file)}),
     )
@@ -125,6 +125,6 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
         module = examples.example(name)
         pipeline = module.pipeline(job)
         expected = check.reference(spark, pipeline, module.REFERENCE, kafka)
-        output = check.output(spark, pipeline, settings.store, connection)
+        output = check.output(spark, pipeline, settings.store, registry_connection)
         assert len(expected) > 10, f"{name}: a reference of {len(expected)} rows proves little"
         assert check.differences(output, expected, module.KEYS) == [], name

@@ -20,6 +20,7 @@ from streaming.adapters.kafka import clients as kafka_clients
 from streaming.adapters.kafka.clients import RECONNECT, refusal
 from streaming.api.config import KafkaAccess
 from streaming.errors import ConfigError, KafkaUnavailableError
+from streaming.waits import poll_until
 
 __all__ = [
     "replication",
@@ -75,17 +76,21 @@ def create_topic(
             admin.create_topics([NewTopic(name, partitions, factor, topic_configs=settings)])
         except TopicAlreadyExistsError:
             pass
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        def appeared() -> bool:
             described = admin.describe_topics([name])
             found = [len(t.get("partitions", [])) for t in described if t.get("error_code", 0) == 0]
-            if found and found[0] == partitions:
-                return
             if found and found[0] not in (0, partitions):
                 raise ConfigError(f"topic {name!r} exists with {found[0]} partitions, not {partitions}")
-            if time.monotonic() > deadline:
-                raise KafkaUnavailableError(f"topic {name!r} did not appear within {timeout_s:.0f} s")
-            time.sleep(0.2)
+            return bool(found) and found[0] == partitions
+
+        poll_until(
+            appeared,
+            timeout_s,
+            f"topic {name!r} appearing",
+            every_s=0.2,
+            error=lambda message: KafkaUnavailableError(f"topic {name!r} did not appear within {timeout_s:.0f} s"),
+        )
     except KafkaError as exc:
         raise refusal(kafka, exc, f"to create topic {name!r}", f"creating topic {name!r} on {kafka} failed") from exc
     finally:

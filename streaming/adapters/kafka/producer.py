@@ -10,11 +10,9 @@ only moves bytes and reports offsets."""
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-import tenacity
 from kafka import KafkaProducer
 from kafka.errors import AuthorizationError, KafkaError, KafkaTimeoutError
 
@@ -23,6 +21,7 @@ from streaming.adapters.kafka import clients as kafka_clients
 from streaming.adapters.serde.records import Headers
 from streaming.api.config import KafkaAccess
 from streaming.errors import KafkaAccessError, KafkaUnavailableError
+from streaming.waits import call_within, retry
 
 __all__ = [
     "CLOSE_BOUND_S",
@@ -78,33 +77,26 @@ def patiently(
     step: Callable[[float], T], what: str, bound_s: float = DELIVERY_BOUND_S, bound: str = DELIVERY_BOUND
 ) -> T:
     """``step(timeout_s)`` (a send's ``get``, a ``flush``) again while it times
-    out, for at most ``bound_s``: while the broker is unreachable the producer
-    retries the send itself (idempotently, so nothing is written twice) and
-    this waits, saying so with growing pauses.  A ``KafkaUnavailableError``
-    naming ``what`` and the bound (``bound`` says which it is) when the bound
-    passes or the send fails."""
-
-    def say(state: tenacity.RetryCallState) -> None:
-        log.warning(
-            "Kafka has not taken %s after %.0f s (broker unreachable?); waiting up to %.0f s",
-            what,
-            state.seconds_since_start or 0.0,
-            bound_s,
-        )
-
-    waiting = tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(KafkaTimeoutError),
-        stop=tenacity.stop_after_delay(bound_s),
-        wait=tenacity.wait_exponential(multiplier=0.5, max=8.0),
-        before_sleep=say,
-        reraise=True,
-    )
+    out, for at most ``bound_s`` (``waits.retry``): while the broker is
+    unreachable the producer retries the send itself (idempotently, so
+    nothing is written twice) and this waits, saying so with growing pauses.
+    A ``KafkaUnavailableError`` naming ``what`` and the bound (``bound`` says
+    which it is) when the bound passes or the send fails."""
     try:
-        return waiting(step, min(2.0, bound_s))
-    except KafkaTimeoutError as exc:
-        raise KafkaUnavailableError(
-            f"Kafka did not take {what} within {bound_s:g} s ({bound}): is the broker reachable?"
-        ) from exc
+        return retry(
+            lambda: step(min(2.0, bound_s)),
+            bound_s,
+            f"Kafka taking {what}",
+            retry_on=KafkaTimeoutError,
+            bound=bound,
+            first_s=0.5,
+            max_s=8.0,
+            cause="the broker looks unreachable",
+            logger=log,
+            error=lambda message: KafkaUnavailableError(
+                f"Kafka did not take {what} within {bound_s:g} s ({bound}): is the broker reachable?"
+            ),
+        )
     except AuthorizationError as exc:
         raise _unauthorized(what, exc) from exc
     except KafkaError as exc:
@@ -136,28 +128,21 @@ def close_producer(producer: KafkaProducer, what: str, timeout_s: float = CLOSE_
 
 
 def within(call: Callable[[], T], bound_s: float, what: str, bound: str = DELIVERY_BOUND) -> T:
-    """``call()`` waited for at most ``bound_s``, for the calls of
-    kafka-python that take no timeout (a transaction's commit or abort waits
-    for the broker for good).  It runs on a thread of its own; when the bound
-    passes, a ``KafkaUnavailableError`` naming ``what`` and the bound
-    (``bound`` says which; the call is left to end on its own: whoever
+    """``call()`` waited for at most ``bound_s`` (``waits.call_within``), for
+    the calls of kafka-python that take no timeout (a transaction's commit or
+    abort waits for the broker for good).  It runs on a thread of its own;
+    when the bound passes, a ``KafkaUnavailableError`` naming ``what`` and the
+    bound (``bound`` says which; the call is left to end on its own: whoever
     called fails, and the job restores)."""
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = call()
-        except BaseException as exc:  # handed to the caller's thread
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, name=f"spark-abs {what}", daemon=True)
-    thread.start()
-    thread.join(bound_s)
-    if thread.is_alive():
-        raise KafkaUnavailableError(f"{what} did not finish within {bound_s:g} s ({bound}): is the broker reachable?")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    return call_within(
+        call,
+        bound_s,
+        what,
+        bound=bound,
+        error=lambda message: KafkaUnavailableError(
+            f"{what} did not finish within {bound_s:g} s ({bound}): is the broker reachable?"
+        ),
+    )
 
 
 class CheckedSends:

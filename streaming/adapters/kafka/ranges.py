@@ -5,7 +5,6 @@ record), all within one bound."""
 from __future__ import annotations
 
 import logging
-import time
 from typing import TypeVar
 
 import pyarrow as pa
@@ -17,6 +16,7 @@ from streaming.adapters.kafka import clients as kafka_clients
 from streaming.adapters.serde.records import RECORD_SCHEMA
 from streaming.api.config import KafkaAccess
 from streaming.errors import KafkaUnavailableError
+from streaming.waits import Deadline
 
 __all__ = ["read_range", "retention_ms"]
 
@@ -36,7 +36,7 @@ def read_range(
     records to come up to it)."""
     if end <= start:
         return RECORD_SCHEMA.empty_table()
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     consumer = kafka_clients.consumer(
         kafka,
         enable_auto_commit=False,
@@ -46,14 +46,11 @@ def read_range(
     tp = TopicPartition(channel.topic, channel.partition)
     rows: list[dict] = []
 
-    def left_ms() -> int:
-        return max(1, int((deadline - time.monotonic()) * 1000))
-
     try:
         consumer.assign([tp])
-        first = consumer.beginning_offsets([tp], timeout_ms=left_ms())[tp]
+        first = consumer.beginning_offsets([tp], timeout_ms=deadline.left_ms())[tp]
         if to_end:
-            end = min(end, consumer.end_offsets([tp], timeout_ms=left_ms())[tp])
+            end = min(end, consumer.end_offsets([tp], timeout_ms=deadline.left_ms())[tp])
             if end <= start:
                 return RECORD_SCHEMA.empty_table()
         if first > start:
@@ -64,7 +61,7 @@ def read_range(
         consumer.seek(tp, start)
         at: int | None = start
         while at is not None and at < end:
-            if time.monotonic() > deadline:
+            if deadline.passed():
                 raise KafkaUnavailableError(
                     f"{channel}: reading offsets [{start}, {end}) took over {timeout_s:.0f} s (at {at})"
                 )
@@ -82,7 +79,7 @@ def read_range(
                         "timestamp": record.timestamp,
                     }
                 )
-            at = consumer.position(tp, timeout_ms=left_ms())
+            at = consumer.position(tp, timeout_ms=deadline.left_ms())
         if at is None:
             raise KafkaUnavailableError(
                 f"{channel}: reading offsets [{start}, {end}): Kafka did not say where the read got within "

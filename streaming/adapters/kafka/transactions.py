@@ -24,7 +24,6 @@ import queue
 import struct
 import subprocess
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -34,6 +33,7 @@ from streaming.adapters.spark.jars import Artifact, require_tool, resolve_jars
 from streaming.adapters.spark.jvm import compile_jar
 from streaming.api.config import KafkaAccess, LocalRuntimeSettings
 from streaming.errors import KafkaUnavailableError, SinkError, SinkFencedError
+from streaming.waits import Deadline, WaitTimeout, join_within
 
 __all__ = ["KAFKA_CLIENTS_VERSION", "JavaTransactions", "sender_classpath", "TxnRecord"]
 
@@ -152,7 +152,7 @@ class JavaTransactions:
         """Write ``chunks`` (one request) and read the answer, all within ``bound_s``."""
         if self._process.poll() is not None:
             raise SinkError(f"Kafka sink {self.transactional_id}: its Java producer is gone{self._last_words()}")
-        deadline = time.monotonic() + self.bound_s
+        deadline = Deadline(self.bound_s)
         failed: list[BaseException] = []
         stdin = self._process.stdin
 
@@ -167,17 +167,18 @@ class JavaTransactions:
 
         writer = threading.Thread(target=write, daemon=True, name="txn-request")
         writer.start()
-        writer.join(self.bound_s)
-        if writer.is_alive():
+        try:
+            join_within(writer, deadline.left(), f"writing the request ({what})", error=WaitTimeout)
+        except WaitTimeout:
             self._kill()
-            raise self._overdue(what)
+            raise self._overdue(what) from None
         if failed:
             raise SinkError(
                 f"Kafka sink {self.transactional_id}: its Java producer is gone while {what} "
                 f"({failed[0]}){self._last_words()}"
             )
         try:
-            answer = self._answers.get(timeout=max(0.0, deadline - time.monotonic()))
+            answer = self._answers.get(timeout=deadline.left())
         except queue.Empty:
             self._kill()
             raise self._overdue(what) from None
@@ -203,7 +204,7 @@ class JavaTransactions:
             self._process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             log.warning("Kafka sink %s: its Java producer did not exit after SIGKILL", self.transactional_id)
-        self._stderr.join(timeout=2)  # its last words
+        join_within(self._stderr, 2.0, f"reading the last words of {self.transactional_id}'s Java producer")
 
     def _last_words(self) -> str:
         return ": " + " | ".join(list(self._said)[-3:]) if self._said else ""

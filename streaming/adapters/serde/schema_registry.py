@@ -26,11 +26,11 @@ import urllib.request
 from typing import Any
 
 import fastavro
-import tenacity
 
 from streaming.api.avro_schema import subject_of
 from streaming.api.pipeline import Pipeline
 from streaming.errors import ConfigError, SparkAbsError
+from streaming.waits import WaitTimeout, retry
 
 __all__ = [
     "SchemaRegistry",
@@ -41,6 +41,7 @@ __all__ = [
     "current_registry",
     "REGISTRY_BOUND_S",
     "check_registry",
+    "registry_users",
 ]
 
 log = logging.getLogger(__name__)
@@ -208,27 +209,22 @@ class SchemaRegistry:
                     f"schema registry {self.url}: {method} {path} refused (HTTP {exc.code}): {said}"
                 ) from exc
 
-        def say(state: tenacity.RetryCallState) -> None:
-            log.warning(
-                "schema registry %s: %s; trying again (for up to %.0f s)",
-                self.url,
-                state.outcome.exception() if state.outcome else "no answer",
-                bound_s,
-            )
-
         try:
-            return tenacity.Retrying(
-                retry=tenacity.retry_if_exception_type((urllib.error.URLError, ConnectionError, TimeoutError)),
-                stop=tenacity.stop_after_delay(bound_s),
-                wait=tenacity.wait_exponential(multiplier=0.5, max=8.0),
-                before_sleep=say,
-                reraise=True,
-            )(once)
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            return retry(
+                once,
+                bound_s,
+                f"the schema registry at {self.url} answering {method} {path}",
+                retry_on=(urllib.error.URLError, ConnectionError, TimeoutError),
+                bound="REGISTRY_BOUND_S",
+                first_s=0.5,
+                max_s=8.0,
+                logger=log,
+            )
+        except WaitTimeout as timeout:  # the wording names the last failure
             raise RegistryUnavailableError(
                 f"the schema registry at {self.url} did not answer {method} {path} within {bound_s:g} s "
-                f"(REGISTRY_BOUND_S): {exc}; is it running (spark-abs local status)?"
-            ) from exc
+                f"(REGISTRY_BOUND_S): {timeout.__cause__}; is it running (spark-abs local status)?"
+            ) from timeout.__cause__
 
 
 def _quote(subject: str) -> str:
@@ -253,20 +249,28 @@ def current_registry(what: str) -> SchemaRegistry:
         raise ConfigError(
             f"{what} needs a schema registry, but none is configured: "
             "set SPARK_ABS_SCHEMA_REGISTRY to its API (http://host:port/apis/ccompat/v7), or start the "
-            "local runtime, which runs one (spark-abs local up)"
+            "local runtime's (spark-abs local up --registry)"
         )
     return _current
 
 
-def check_registry(pipeline: Pipeline, url: str) -> None:
-    """A ``ConfigError`` when ``pipeline`` reads or writes Avro through a
-    schema registry (an ingress with ``registry=True``, a Kafka sink with
-    ``avro``) and ``url``, the connection's registry, is empty."""
+def registry_users(pipeline: Pipeline) -> list[str]:
+    """What of ``pipeline`` reads or writes Avro through a schema registry
+    (an ingress with ``registry=True``, a Kafka sink with ``avro``), by
+    name; none: it needs no registry."""
     users = [f"ingress {i.topic}" for i in pipeline.ingress if i.registry]
     users += [f"sink {s.sink.topic}" for s in pipeline.stages if s.sink is not None and s.sink.avro is not None]
+    return users
+
+
+def check_registry(pipeline: Pipeline, url: str) -> None:
+    """A ``ConfigError`` when ``pipeline`` reads or writes Avro through a
+    schema registry (``registry_users``) and ``url``, the connection's
+    registry, is empty."""
+    users = registry_users(pipeline)
     if users and not url:
         raise ConfigError(
             f"{', '.join(users)} of job {pipeline.job} use a schema registry, but the connection names none: "
-            "set SPARK_ABS_SCHEMA_REGISTRY to its API (http://host:port/apis/ccompat/v7), or use the local "
-            "runtime's (spark-abs local up)"
+            "set SPARK_ABS_SCHEMA_REGISTRY to its API (http://host:port/apis/ccompat/v7), or start the local "
+            "runtime's (spark-abs local up --registry; spark-abs run starts it by itself)"
         )

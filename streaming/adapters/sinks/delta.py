@@ -7,8 +7,6 @@ commit again writes nothing), rows naming their task and epoch
 from __future__ import annotations
 
 import logging
-import random
-import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
@@ -24,6 +22,7 @@ from streaming.adapters.sinks.base import TwoPhaseSink
 from streaming.api.config import Connection
 from streaming.api.pipeline import Sink
 from streaming.errors import ConfigError, SinkError, StoreError
+from streaming.waits import WaitTimeout, retry
 
 __all__ = ["DeltaSink", "delta_storage_options", "delta_table_uri", "read_delta_output", "DELTA_COLUMNS"]
 
@@ -192,41 +191,59 @@ class DeltaSink(TwoPhaseSink):
 
     def _with_retries(self, commit: Callable[[], object], what: str, again: Callable[[], bool] = lambda: False) -> None:
         """``commit()``, again after a pause while another writer's commit
-        wins the race for a table version (at most ``_DELTA_ATTEMPTS`` times;
-        ``again()`` says whether a commit that failed went in after all).
-        Any other failure is a ``SinkError`` or, when the store is, a ``StoreError``."""
-        for attempt in range(1, _DELTA_ATTEMPTS + 1):
+        wins the race for a table version (at most ``_DELTA_ATTEMPTS`` times,
+        ``waits.retry``, with pauses of a random length so that racing
+        writers do not try again in step; ``again()`` says whether a commit
+        that failed went in after all).  Any other failure is a ``SinkError``
+        or, when the store is, a ``StoreError``."""
+        tried = False
+
+        def once() -> None:
+            nonlocal tried
+            if tried and again():
+                return
+            tried = True
             try:
                 commit()
-                return
-            except CommitFailedError as exc:
+            except CommitFailedError:
                 self._table = None
-                if attempt == _DELTA_ATTEMPTS:
-                    raise SinkError(
-                        f"sink task {self.task_id}: {what} to Delta table {self.table_uri} lost to other writers "
-                        f"{attempt} times: {exc}"
-                    ) from exc
-                log.info("sink task %s: %s: %s; trying again", self.task_id, what, exc)
-                time.sleep(random.uniform(0.05, 0.25) * attempt)
-                if again():
-                    return
-            except SchemaMismatchError as exc:
-                raise SinkError(
-                    f"sink task {self.task_id}: {what}: the output's columns do not match Delta table "
-                    f"{self.table_uri}'s ({exc}); a pipeline whose output changes writes to a new table"
-                ) from exc
-            except (OSError, DeltaError) as exc:
-                self._table = None
-                raise StoreError(
-                    f"sink task {self.task_id}: {what} to Delta table {self.table_uri} failed: {exc}"
-                ) from exc
-            except (SinkError, StoreError):
                 raise
-            except Exception as exc:  # delta-rs raises plain exceptions too (an Arrow cast, a write)
-                raise SinkError(
-                    f"sink task {self.task_id}: {what} to Delta table {self.table_uri} failed: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
+
+        try:
+            retry(
+                once,
+                None,
+                f"sink task {self.task_id}: {what}",
+                retry_on=CommitFailedError,
+                attempts=_DELTA_ATTEMPTS,
+                bound="_DELTA_ATTEMPTS",
+                first_s=0.1,
+                max_s=1.0,
+                jitter_s=0.15,
+                cause="another writer's commit won",
+                level=logging.INFO,
+                logger=log,
+            )
+        except WaitTimeout as lost:  # the wording names the last failure
+            raise SinkError(
+                f"sink task {self.task_id}: {what} to Delta table {self.table_uri} lost to other writers "
+                f"{_DELTA_ATTEMPTS} times: {lost.__cause__}"
+            ) from lost.__cause__
+        except SchemaMismatchError as exc:
+            raise SinkError(
+                f"sink task {self.task_id}: {what}: the output's columns do not match Delta table "
+                f"{self.table_uri}'s ({exc}); a pipeline whose output changes writes to a new table"
+            ) from exc
+        except (OSError, DeltaError) as exc:
+            self._table = None
+            raise StoreError(f"sink task {self.task_id}: {what} to Delta table {self.table_uri} failed: {exc}") from exc
+        except (SinkError, StoreError):
+            raise
+        except Exception as exc:  # delta-rs raises plain exceptions too (an Arrow cast, a write)
+            raise SinkError(
+                f"sink task {self.task_id}: {what} to Delta table {self.table_uri} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
 
 def _columns(table: DeltaTable) -> pa.Schema:

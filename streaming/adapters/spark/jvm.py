@@ -23,6 +23,7 @@ from pathlib import Path
 
 from streaming.adapters.spark.jars import require_tool
 from streaming.errors import ArtifactResolutionError
+from streaming.private_files import replace_into
 
 __all__ = ["SOURCES", "helper_jar", "compile_jar"]
 
@@ -105,5 +106,5 @@ def compile_jar(
             jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: spark-abs\n\n")
             for path in sorted(classes.rglob("*.class")):
                 jar.write(path, path.relative_to(classes).as_posix())
-        built.rename(target)
+        replace_into(built, target)
     return target

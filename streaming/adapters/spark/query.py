@@ -31,6 +31,7 @@ from barriers.messages import ChannelId
 from streaming.adapters.serde.records import BATCH_BEGAN, BATCH_COLUMNS, records_in, stamped
 from streaming.api.config import Connection
 from streaming.errors import ChannelQueryError, ConfigError
+from streaming.waits import Deadline
 
 __all__ = ["in_channel_order", "QuerySpec", "ChannelQuery"]
 
@@ -236,7 +237,7 @@ class ChannelQuery:
     def await_done(self, timeout_s: float) -> None:
         """Wait for an ``available_now`` query to finish; raise if it failed."""
         query = self._require()
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         # seconds, any number (pyspark's annotation says int; it multiplies by 1000 for the JVM)
         finished = query.awaitTermination(timeout_s)  # type: ignore[arg-type]
         if query.exception() is not None:
@@ -245,7 +246,7 @@ class ChannelQuery:
             self.stop()
             raise ChannelQueryError(f"stage query {self.name!r} did not finish within {timeout_s:.0f} s")
         try:
-            self._finish_in_hand(max(0.0, deadline - time.monotonic()))
+            self._finish_in_hand(deadline.left())
         except FuturesTimeout as exc:
             raise ChannelQueryError(
                 f"stage query {self.name!r}: its last batch took longer than {timeout_s:.0f} s"

@@ -44,7 +44,6 @@ import functools
 import itertools
 import logging
 import re
-import time
 from collections.abc import Callable, Iterator, Mapping
 from operator import or_
 from typing import Any
@@ -76,6 +75,7 @@ from streaming.adapters.serde.records import (
 from streaming.adapters.spark.decoding import DECODED, SparkDecoding, StageRows
 from streaming.api.pipeline import Ingress, Pipeline, Stage
 from streaming.errors import ChannelQueryError, ConfigError
+from streaming.waits import poll_until
 
 __all__ = ["POSITION", "SparkStage", "spark_stages"]
 
@@ -507,14 +507,18 @@ def _observed(observation: Observation, stage: str) -> dict[str, Any]:
     """What ``observation`` saw in the job that just ran, waiting at most
     ``OBSERVED_BOUND_S`` for Spark to hand it over."""
     future = observation._jo.future() if observation._jo is not None else None
-    deadline = time.monotonic() + OBSERVED_BOUND_S
-    while future is not None and not future.isCompleted():
-        if time.monotonic() > deadline:
-            raise ChannelQueryError(
+    if future is not None:
+        poll_until(
+            future.isCompleted,
+            OBSERVED_BOUND_S,
+            f"stage {stage}: Spark reporting the micro-batch's markers and control records",
+            bound="OBSERVED_BOUND_S",
+            every_s=0.005,
+            error=lambda message: ChannelQueryError(
                 f"stage {stage}: Spark did not report the micro-batch's markers and control records "
                 f"within {OBSERVED_BOUND_S:.0f} s of its end (observation {observation._name})"
-            )
-        time.sleep(0.005)
+            ),
+        )
     return observation.get
 
 

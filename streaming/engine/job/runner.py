@@ -64,7 +64,7 @@ from pathlib import Path
 from barriers.failures import CheckpointFailure
 from barriers.messages import CheckpointOptions
 from streaming.adapters.kafka.admin import check_broker, create_topic, end_offsets
-from streaming.adapters.objects import open_store, patiently
+from streaming.adapters.objects import open_store, store_patiently
 from streaming.adapters.serde.schema_registry import check_registry
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api import partitioning
@@ -278,14 +278,14 @@ class JobRunner:
         # the store knows the job from its fresh start on (_JOB.json records generation 0): a job
         # whose runner stopped or died goes on from its checkpoints, or from the beginning as a new
         # generation (what the one before wrote is stale), never as a second generation 0
-        known = patiently(
+        known = store_patiently(
             lambda: self.store.read_job() is not None or bool(self.store.checkpoints()), "reading the job"
         )
         if restore is None and not known:
             self._refuse_an_unknown_earlier_run()
             self.prepare()
             scale = self.pipeline.scale.to_json()
-            patiently(lambda: self.store.first_generation(scale=scale), "recording the fresh start")
+            store_patiently(lambda: self.store.first_generation(scale=scale), "recording the fresh start")
             self._launch(generation=0, checkpoint_id=None)
         else:
             self.restore(
@@ -593,7 +593,7 @@ class JobRunner:
 
     def _next_checkpoint_id(self) -> int:
         """Above every checkpoint the store holds (complete or not) and every one this runner triggered."""
-        stored = patiently(self.store.checkpoints, "listing checkpoints")
+        stored = store_patiently(self.store.checkpoints, "listing checkpoints")
         return max(stored + [r.checkpoint_id for r in self.checkpoints()] + [0]) + 1
 
     def stop_workers(self, timeout_s: float = 15.0) -> None:

@@ -29,7 +29,7 @@ A restore, in order (``RestoreService.prepare``, then the job runner):
 5. The runner starts the workers of the new generation from the checkpoint.
 
 The store is unreachable at times (an outage): every read and write here
-waits for it, boundedly (``patiently``); a damaged checkpoint is skipped,
+waits for it, boundedly (``store_patiently``); a damaged checkpoint is skipped,
 not waited for."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from streaming.adapters.kafka.admin import earliest_offsets
 from streaming.adapters.kafka.dead_letters import DeadLetterTopic
 from streaming.adapters.kafka.producer import close_producer, producer, write_records
 from streaming.adapters.kafka.ranges import read_range
-from streaming.adapters.objects import StoreLocation, patiently
+from streaming.adapters.objects import StoreLocation, store_patiently
 from streaming.adapters.serde import codec
 from streaming.adapters.sinks.factory import open_sink, sink_location
 from streaming.adapters.snapshots import JobMeta, Manifest, SnapshotStore, TaskParts
@@ -166,16 +166,16 @@ class RestoreService:
         # Kafka must still hold what the checkpoint reads again (kafka_retention): one query per restore
         kept = KafkaKept(lambda channels: earliest_offsets(self.connection.kafka, channels))
         if checkpoint_id is None:
-            manifest, skipped = patiently(
+            manifest, skipped = store_patiently(
                 lambda: pick_restorable(self.store.latest_verified, kept), "picking a checkpoint"
             )
             for skipped_id, problems in skipped:
                 self.log.warning("checkpoint %d skipped: %s", skipped_id, "; ".join(problems))
             return manifest, skipped
-        problems = patiently(lambda: self.store.verify(checkpoint_id), f"verifying checkpoint {checkpoint_id}")
+        problems = store_patiently(lambda: self.store.verify(checkpoint_id), f"verifying checkpoint {checkpoint_id}")
         if problems:
             raise JobFailed(f"checkpoint {checkpoint_id} cannot be restored: {'; '.join(problems)}")
-        manifest = patiently(lambda: self.store.read_manifest(checkpoint_id), f"reading checkpoint {checkpoint_id}")
+        manifest = store_patiently(lambda: self.store.read_manifest(checkpoint_id), f"reading checkpoint {checkpoint_id}")
         kept.check(manifest)
         return manifest, []
 
@@ -195,7 +195,7 @@ class RestoreService:
         if cause not in RESTORE_CAUSES:
             raise ValueError(f"restore cause {cause!r} is none of {', '.join(RESTORE_CAUSES)}")
         manifest, skipped = self.pick(checkpoint_id)
-        meta = patiently(self.store.read_job, "reading the job")
+        meta = store_patiently(self.store.read_job, "reading the job")
         generation = (meta.generation if meta else 0) + 1
         current = recorded_scale(meta) or running
         wanted = {**current.parallelism, **parallelism}
@@ -213,7 +213,7 @@ class RestoreService:
         picked = manifest.checkpoint_id if manifest else None
         if rescale is not None or change is not None:
             picked = next_checkpoint_id()
-        recorded = patiently(
+        recorded = store_patiently(
             lambda: self.store.next_generation(
                 picked,
                 scale=scale.to_json(),
@@ -247,7 +247,7 @@ class RestoreService:
         change = plan_change(
             self.declared,
             manifest,
-            lambda name: patiently(lambda: self.store.load_task(source, name), f"reading task {name}"),
+            lambda name: store_patiently(lambda: self.store.load_task(source, name), f"reading task {name}"),
             generation,
             counts=wanted,
             allow=self.allow_dropped,
@@ -265,7 +265,7 @@ class RestoreService:
         source = manifest.checkpoint_id
         self.log.info("rescaling checkpoint %d from %s to %s", source, old.describe(), new.describe())
         loaded = {
-            name: patiently(functools.partial(self.store.load_task, source, name), f"reading task {name}")
+            name: store_patiently(functools.partial(self.store.load_task, source, name), f"reading task {name}")
             for name in manifest.tasks
         }
         kafka = self.connection.kafka

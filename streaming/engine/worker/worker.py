@@ -50,7 +50,7 @@ from streaming.adapters.kafka.control.events import Committed, Complete, Control
 from streaming.adapters.kafka.control.transport import ControlTopic
 from streaming.adapters.kafka.dead_letters import DeadLetterTopic
 from streaming.adapters.kafka.producer import CheckedSends, producer
-from streaming.adapters.objects import open_store, patiently
+from streaming.adapters.objects import open_store, store_patiently
 from streaming.adapters.sinks.kafka import KafkaSink
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, MetricsSettings, SparkSettings
@@ -384,7 +384,7 @@ class Worker:
                     continue
                 faults.point(running.task.spec.name, "before_sink_commit", event.checkpoint_id)
                 # the store may be down for a while (an outage): wait for it rather than die and restore
-                committed = patiently(
+                committed = store_patiently(
                     functools.partial(running.sink.commit_through, event.checkpoint_id),
                     f"committing epochs through {event.checkpoint_id}",
                 )
@@ -403,7 +403,7 @@ class Worker:
         checkpoint_id = complete.checkpoint_id
         try:
             # the store may be away a while (an outage): wait for it, as the commit does
-            patiently(
+            store_patiently(
                 functools.partial(self.store.read_manifest, checkpoint_id),
                 f"reading the manifest of checkpoint {checkpoint_id}",
             )

@@ -195,6 +195,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from streaming.adapters.serde.schema_registry import registry_users
+    from streaming.api.pipeline import load_pipeline
     from streaming.local import LocalRuntime
     from streaming.tools.drill import report as drill_report
     from streaming.tools.drill.plan import FailureKind, LivenessBounds, check_kinds, parse_duration
@@ -217,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
         runtime = LocalRuntime(
             LocalRuntimeSettings.cluster(default_home()) if args.cluster else None, progress=log.info
         )
-        connection = runtime.up()
+        # with the schema registry when the pipeline reads or writes Avro through one
+        connection = runtime.up(registry=bool(registry_users(load_pipeline(args.pipeline))))
     out = Path(args.out) if args.out else default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S")
     bar = DrillProgress(failures, duration_s) if sys.stdout.isatty() else None
     settings = DrillSettings(

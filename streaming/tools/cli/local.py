@@ -20,15 +20,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "local",
         help="start, stop or inspect the embedded runtime (Kafka + S3 server), or the local cluster",
         description="The embedded runtime on loopback: a KRaft Kafka broker and "
-        "an S3 API server, plus Spark's Kafka connector jars. With --cluster: three "
-        "Kafka nodes, the S3 server and a Spark standalone master with two workers.",
+        "an S3 API server, plus Spark's Kafka connector jars; a schema registry (Apicurio) on "
+        "demand, built and started for the first job whose pipeline uses one or with --registry. "
+        "With --cluster: three Kafka nodes, the S3 server and a Spark standalone master with two workers.",
     )
     parser.add_argument(
         "action",
         choices=["up", "down", "status", "fetch", "env"],
         help="up: start what is not running (idempotent); down: stop what up started; "
         "status: what runs where (exit 1 unless all run); "
-        "fetch: only download/build the artifacts into the cache; "
+        "fetch: only download/build the artifacts into the cache (the schema registry's too); "
         'env: the SPARK_ABS_* variables that point commands at it (eval "$(spark-abs local env --cluster)")',
     )
     parser.add_argument(
@@ -46,6 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "user's credentials named (by file) in its connection file",
     )
     parser.add_argument(
+        "--registry",
+        action="store_true",
+        help="with up: the schema registry too (built with Maven the first time, a few minutes); without it, "
+        "up keeps a registry started since the last down and starts none (`spark-abs run` starts it for a "
+        "pipeline that uses one)",
+    )
+    parser.add_argument(
         "--only", action="append", choices=FETCHABLE, help="with fetch: just this artifact (repeatable)"
     )
     parser.add_argument("--kafka-port", type=int, default=0, help="broker port (default: a free one, kept)")
@@ -55,14 +63,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from streaming.errors import ConfigError
     from streaming.local import LocalRuntime
 
+    if args.registry and args.action != "up":
+        raise ConfigError(f"--registry goes with up, not {args.action} (fetch builds the registry anyway)")
     runtime = LocalRuntime(runtime_settings(args), progress=log.info)
     if args.action == "fetch":
         for what, paths in runtime.fetch(args.only or FETCHABLE).items():
             log.info(f"{what}: {len(paths)} file(s) cached, e.g. {paths[0] if paths else '-'}")
     elif args.action == "up":
-        runtime.up()
+        runtime.up(registry=args.registry)
         print(runtime.status().render())
     elif args.action == "down":
         for line in runtime.down(purge=args.purge):

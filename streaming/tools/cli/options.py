@@ -18,9 +18,12 @@ from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, STATE_SNAPSHOTS, WO
 if TYPE_CHECKING:
     from streaming.engine.job.runner import RunOptions
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "import_from_here",
     "runtime_settings",
+    "connection_for",
     "export_home",
     "add_store_options",
     "open_checkpoints",
@@ -52,6 +55,22 @@ def runtime_settings(args: argparse.Namespace) -> LocalRuntimeSettings:
         kafka_port=getattr(args, "kafka_port", 0) or 0,
         s3_port=getattr(args, "s3_port", 0) or 0,
     )
+
+
+def connection_for(args: argparse.Namespace, pipeline: str, job: str | None = None) -> Connection:
+    """The ``SPARK_ABS_*`` deployment's connection, else the local runtime's,
+    brought up (``LocalRuntime.up``) with its schema registry when the
+    pipeline ``pipeline`` names reads or writes Avro through one
+    (``registry_users``): built and started for the first such job."""
+    given = Connection.from_env(os.environ)
+    if given is not None:
+        return given
+    from streaming.adapters.serde.schema_registry import registry_users
+    from streaming.api.pipeline import load_pipeline
+    from streaming.local import LocalRuntime
+
+    registry = bool(registry_users(load_pipeline(pipeline, job)))
+    return LocalRuntime(runtime_settings(args), progress=log.info).up(registry=registry)
 
 
 def export_home(args: argparse.Namespace) -> None:

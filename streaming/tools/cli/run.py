@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
-from streaming.api.config import Connection
 from streaming.tools.cli.options import (
     add_job_options,
+    connection_for,
     export_home,
     import_from_here,
     job_settings,
     run_options,
-    runtime_settings,
 )
 
 __all__ = ["register", "run"]
@@ -49,7 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from streaming.engine.job.runner import JobRunner
     from streaming.errors import ConfigError
-    from streaming.local import LocalRuntime
     from streaming.tools.commands import run_job
 
     for flag, value in (("--for", args.seconds), ("--checkpoints", args.checkpoints)):
@@ -58,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     export_home(args)
     import_from_here()
     settings = job_settings(args)
-    connection = Connection.from_env(os.environ) or LocalRuntime(runtime_settings(args), progress=log.info).up()
+    # the local runtime (unless SPARK_ABS_* name a deployment), with its schema registry if the pipeline uses one
+    connection = connection_for(args, args.pipeline, args.job)
     runner = JobRunner(args.pipeline, settings, connection, job=args.job, options=run_options(args))
     run_job(runner, restore=args.restore, seconds=args.seconds, checkpoints=args.checkpoints, drain=args.drain)
     return 0

@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import os
 
-from streaming.api.config import Connection
 from streaming.engine import metrics
-from streaming.tools.cli.options import export_home, import_from_here, runtime_settings
+from streaming.tools.cli.options import connection_for, export_home, import_from_here
 
 __all__ = ["register", "run"]
 
@@ -67,13 +65,12 @@ def run(args: argparse.Namespace) -> int:
     from streaming.adapters.kafka.control.transport import ControlTopic, control_jobs
     from streaming.engine.remote.member import RemoteWorker, wait_for_lease
     from streaming.errors import ConfigError, names_like
-    from streaming.local import LocalRuntime
 
     if args.wait_for_runner < 0:
         raise ConfigError(f"--wait-for-runner {args.wait_for_runner:g}: give seconds >= 0 (0: wait until stopped)")
     export_home(args)
     import_from_here()
-    connection = Connection.from_env(os.environ) or LocalRuntime(runtime_settings(args), progress=log.info).up()
+    connection = connection_for(args, args.pipeline, args.job)
     served = metrics.serve(metrics.settings_from(args), "--metrics-port")
     if served is not None:
         log.info(f"worker: metrics on {served.url}")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from streaming.adapters.serde.schema_registry import registry_users
 from streaming.api.config import Connection, LocalRuntimeSettings, default_home
 from streaming.api.pipeline import load_pipeline, pipeline_reference
 from streaming.api.settings import WORKER_GROUPINGS, JobSettings, Mode
@@ -476,7 +477,8 @@ def run_drill(
 
         runtime_settings = LocalRuntimeSettings.cluster(default_home()) if cluster else None
         runtime = runtime or LocalRuntime(runtime_settings, progress=log.info)
-        connection = runtime.up()
+        # with the schema registry when the pipeline reads or writes Avro through one
+        connection = runtime.up(registry=bool(registry_users(load_pipeline(pipeline))))
     # a workload's producer and reference find Avro schemas in the job's registry
     from streaming.adapters.serde.schema_registry import use_registry
 

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import os
 import re
-import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +29,7 @@ from werkzeug.serving import WSGIRequestHandler
 from werkzeug.wrappers import Response as BaseResponse
 
 from streaming.errors import ConfigError
+from streaming.private_files import read_private
 
 __all__ = [
     "TOKEN_ENV",
@@ -94,25 +93,15 @@ class Access:
 
 
 def read_token(environ: Mapping[str, str], token_file: Path | None = None) -> str | None:
-    """The token from ``token_file`` (a regular file only its owner may read or
-    write, the token its first line) or ``$SPARK_ABS_UI_TOKEN``; None if neither."""
+    """The token from ``token_file`` (a regular file of this user's that only its
+    owner may read or write: ``read_private``; the token its first line) or
+    ``$SPARK_ABS_UI_TOKEN``; None if neither."""
     from_env = environ.get(TOKEN_ENV, "").strip() or None
     if token_file is None:
         return from_env
     if from_env is not None:
         raise ConfigError(f"ui: a token from both --token-file and {TOKEN_ENV}; give one")
-    try:
-        info = token_file.stat()
-        text = token_file.read_text()
-    except OSError as exc:
-        raise ConfigError(f"ui: cannot read the token file {token_file}: {exc.strerror or exc}") from exc
-    if not stat.S_ISREG(info.st_mode):
-        raise ConfigError(f"ui: the token file {token_file} is not a regular file")
-    if info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        raise ConfigError(
-            f"ui: the token file {token_file} may be read by others (mode {stat.filemode(info.st_mode)}, "
-            f"owner uid {info.st_uid}): make it yours and readable by you alone (chmod 600 {token_file})"
-        )
+    text = read_private(token_file, "ui: the token file")
     token = text.splitlines()[0].strip() if text.strip() else ""
     if not token:
         raise ConfigError(f"ui: the token file {token_file} is empty")

@@ -1,4 +1,4 @@
-"""``patiently``: a read tried again while the store is unreachable, each
+"""``store_patiently``: a read tried again while the store is unreachable, each
 pause logged as a warning; a missing or corrupt file is not waited for."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from streaming.adapters.objects import patiently
+from streaming.adapters.objects import store_patiently
 from streaming.errors import SnapshotMissingError, StoreError
 
 
@@ -26,7 +26,7 @@ def _failing(times: int, error: Exception):
 def test_an_unreachable_store_is_read_again_and_each_pause_logged(caplog):
     read, calls = _failing(1, StoreError("connection refused"))
     with caplog.at_level(logging.WARNING, logger="streaming.adapters.objects"):
-        assert patiently(read, "reading the job", bound_s=30) == "read"
+        assert store_patiently(read, "reading the job", bound_s=30) == "read"
     assert len(calls) == 2
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("reading the job: connection refused; the store looks unreachable, trying again in 1 s")
@@ -36,5 +36,5 @@ def test_an_unreachable_store_is_read_again_and_each_pause_logged(caplog):
 def test_a_missing_file_is_not_waited_for(caplog):
     read, calls = _failing(1, SnapshotMissingError("no manifest"))
     with caplog.at_level(logging.WARNING, logger="streaming.adapters.objects"), pytest.raises(SnapshotMissingError):
-        patiently(read, "reading checkpoint 3")
+        store_patiently(read, "reading checkpoint 3")
     assert len(calls) == 1 and caplog.records == []

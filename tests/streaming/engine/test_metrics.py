@@ -122,7 +122,7 @@ def test_the_targets_file_lists_the_runner_and_each_worker(tmp_path: Path):
     entries = json.loads(path.read_text())
     assert [e["targets"] for e in entries] == [["127.0.0.1:9400"], ["127.0.0.1:41001"]]
     assert entries[1]["labels"] == {"spark_abs_role": "worker", "spark_abs_job": "j", "spark_abs_worker": "all"}
-    assert not list(tmp_path.glob("*.partial"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [metrics.TARGETS_FILE]  # no temporary file left
 
 
 def test_the_ready_event_carries_the_endpoint_and_older_ones_read_without():

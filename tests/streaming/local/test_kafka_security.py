@@ -10,7 +10,6 @@ import stat
 
 from cryptography import x509
 
-from streaming.api.job_key import write_private
 from streaming.local.kafka_broker import FORMAT_ARGS, broker_properties, format_command
 from streaming.local.kafka_security import ADMIN, JOB_USER, OUTSIDER, BrokerSecurity
 
@@ -32,15 +31,6 @@ def test_secrets_are_made_once_and_only_their_owner_reads_them(tmp_path):
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "localhost" in names.get_values_for_type(x509.DNSName)
     assert not list(security.dir.glob("*key*")), "the CA's key is not kept"
-
-
-def test_write_private_creates_the_file_0600_and_never_widens_one(tmp_path):
-    path = tmp_path / "secret"
-    write_private(path, "a")
-    assert _mode(path) == 0o600 and path.read_text() == "a"
-    path.chmod(0o644)  # a file others could read is replaced by one they cannot, not written in place
-    write_private(path, b"b")
-    assert _mode(path) == 0o600 and path.read_text() == "b"
 
 
 def test_the_secured_node_takes_sasl_ssl_with_acls_and_its_controller_stays_on_loopback(tmp_path):

@@ -3,6 +3,7 @@ of a broker that cannot start."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 
 import pytest
@@ -21,9 +22,10 @@ def test_up_is_idempotent_and_status_tells_what_runs(connection, runtime_setting
     assert before.all_running
     again = runtime.up()
     after = runtime.status()
-    assert again == connection
+    # the same runtime (its schema registry too, when a test of this session started it: it is kept)
+    assert dataclasses.replace(again, schema_registry="") == dataclasses.replace(connection, schema_registry="")
     assert [s.pid for s in after.services] == [s.pid for s in before.services]
-    assert Connection.load(runtime_settings, environ={}) == connection
+    assert Connection.load(runtime_settings, environ={}) == again
     rendered = after.render()
     assert "kafka" in rendered and "s3" in rendered and "running" in rendered
 

@@ -29,7 +29,7 @@ def test_help_explains_the_commands():
     for word in ("local", "smoke", "simulate", "connection.json"):
         assert word in done.stdout
     local = _run("local", "--help")
-    assert "fetch" in local.stdout and "--purge" in local.stdout
+    assert "fetch" in local.stdout and "--purge" in local.stdout and "--registry" in local.stdout
     worker = _run("worker", "--help")
     assert "--group" in worker.stdout and "standby" in worker.stdout and "lease" in worker.stdout
     run = _run("run", "--help")
@@ -40,6 +40,8 @@ def test_status_of_a_runtime_never_started(tmp_path):
     done = _run("--home", str(tmp_path), "local", "status")
     assert done.returncode == 1
     assert "stopped" in done.stdout and "spark-abs local up" in done.stdout
+    # the schema registry is started on demand: never built here, and not a service that is down
+    assert "not built" in done.stdout and "local up --registry" in done.stdout
 
 
 def test_an_unreachable_broker_is_one_clear_line(tmp_path):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 from collections.abc import Callable
 
 from kafka import KafkaProducer, TopicPartition
@@ -26,6 +25,7 @@ from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
 from streaming.api.topics import control_topic, control_topic_job
 from streaming.errors import ConfigError, KafkaUnavailableError
+from streaming.waits import Deadline
 
 __all__ = ["ControlTopic", "control_jobs", "send_event"]
 
@@ -157,8 +157,8 @@ class ControlTopic:
     def wait_for(self, predicate: Callable[[ControlEvent], bool], timeout_s: float) -> list[ControlEvent]:
         """Poll until an event satisfies ``predicate``; return all events read."""
         seen: list[ControlEvent] = []
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        deadline = Deadline(timeout_s)
+        while not deadline.passed():
             batch = self.poll(0.2)
             seen.extend(batch)
             if any(predicate(e) for e in batch):

@@ -74,14 +74,14 @@ def _written(topic: str, registry: SchemaRegistry, rows: list[tuple[dict, dict]]
     return out
 
 
-def test_schemas_are_registered_once_and_fetched_by_id(connection, unique_name):
-    registry = SchemaRegistry(connection.schema_registry)
+def test_schemas_are_registered_once_and_fetched_by_id(registry_connection, unique_name):
+    registry = SchemaRegistry(registry_connection.schema_registry)
     subject = subject_of(f"{unique_name}.readings")
     first = registry.register(subject, json.dumps(V1))
     assert registry.register(subject, json.dumps(V1)) == first
     second = registry.register(subject, json.dumps(V2))
     assert second != first
-    fresh = SchemaRegistry(connection.schema_registry)  # nothing cached: from the registry
+    fresh = SchemaRegistry(registry_connection.schema_registry)  # nothing cached: from the registry
     assert json.loads(fresh.schema(second))["fields"][3]["name"] == "site"
     assert fresh.ids(subject) == [first, second]
     assert fresh.ids(subject_of(f"{unique_name}.none")) == []
@@ -110,7 +110,7 @@ def _records(values: list[bytes]) -> pa.Table:
 
 
 def test_an_evolving_producer_is_read_with_the_ingress_schema_in_python_and_by_spark_alike(
-    connection, spark, unique_name
+    registry_connection, spark, unique_name
 ):
     registry = current_registry("the test")  # the session's: the local runtime's registry
     topic = f"{unique_name}.readings"
@@ -187,16 +187,20 @@ def test_an_ingress_that_reads_by_id_needs_the_wire_format_and_a_registry():
         Sink("delta", avro=READER)
 
 
-def test_a_kafka_sink_writes_avro_registered_under_its_topic(connection, unique_name, tmp_path):
+def test_a_kafka_sink_writes_avro_registered_under_its_topic(registry_connection, unique_name, tmp_path):
     from streaming.adapters.kafka.admin import create_topic
     from streaming.adapters.objects import open_store
 
     topic = f"{unique_name}.out"
-    create_topic(connection.kafka, topic, 1)
+    create_topic(registry_connection.kafka, topic, 1)
     sink_spec = Sink("kafka", topic, avro=READER)
-    registry = SchemaRegistry(connection.schema_registry)
+    registry = SchemaRegistry(registry_connection.schema_registry)
     sink = KafkaSink(
-        open_store(str(tmp_path)), "out-0", kafka=connection.kafka, topic=topic, transactional_id=f"t-{unique_name}"
+        open_store(str(tmp_path)),
+        "out-0",
+        kafka=registry_connection.kafka,
+        topic=topic,
+        transactional_id=f"t-{unique_name}",
     )
     try:
         rows = pa.table({"sensor": ["a", "b"], "value": [1, 2], "unit": ["C", "F"]})
@@ -204,7 +208,7 @@ def test_a_kafka_sink_writes_avro_registered_under_its_topic(connection, unique_
         assert sink.commit(1)
     finally:
         sink.close()
-    values = read_kafka_output(connection.kafka, topic).values
+    values = read_kafka_output(registry_connection.kafka, topic).values
     ids = registry.ids(subject_of(topic))
     assert len(ids) == 1 and all(v[0] == 0 and int.from_bytes(v[1:5], "big") == ids[0] for v in values)
     read_as = avro_schema(READER, confluent_wire=True, registry=True, subject=subject_of(topic), what=topic)
