@@ -19,6 +19,8 @@ The sub-packages, from the top down (docs/architecture/layers.md has the layers)
 - ``streaming.adapters``: Kafka, Spark, object storage, snapshots, sinks;
   ``streaming.local``: the local runtime (Kafka, an S3 server, connector jars);
 - ``streaming.api``: pipelines, job settings, connection settings;
+- ``streaming.waits``: every bounded wait (a deadline, a poll, a retry, a
+  call or a thread within a bound), each error naming its bound;
 - ``streaming.private_files``: local files written whole (temporary file,
   then rename), owner-only ones (0600), and secrets read only from those;
 - ``streaming.errors``: every error, under ``SparkAbsError``;

@@ -5,10 +5,11 @@ and read a metrics endpoint (``scrape``)."""
 from __future__ import annotations
 
 import logging
-import time
 import urllib.request
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
+
+from streaming.waits import poll_until
 
 __all__ = ["LineCollector", "assert_eventually", "Scrape", "scrape"]
 
@@ -18,18 +19,25 @@ T = TypeVar("T")
 def assert_eventually(fn: Callable[[], T], expected: T, timeout: float = 30.0, interval: float = 0.1) -> T:
     """Poll ``fn`` until it returns ``expected``; after ``timeout`` seconds fail
     with the last value seen (or the last exception raised)."""
-    deadline = time.monotonic() + timeout
     last: object = "<not called>"
-    while True:
+
+    def seen() -> bool:
+        nonlocal last
         try:
             last = fn()
-            if last == expected:
-                return last
+            return bool(last == expected)
         except Exception as exc:  # keep polling; report it if it is the last thing seen
             last = exc
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"expected {expected!r} within {timeout:.1f} s; last seen: {last!r}")
-        time.sleep(interval)
+            return False
+
+    poll_until(
+        seen,
+        timeout,
+        f"{expected!r}",
+        every_s=interval,
+        error=lambda message: AssertionError(f"expected {expected!r} within {timeout:.1f} s; last seen: {last!r}"),
+    )
+    return cast(T, last)
 
 
 class LineCollector(logging.Handler):

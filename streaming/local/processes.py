@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streaming.errors import PortInUseError, ServiceStartError
+from streaming.waits import WaitTimeout, poll_until
 
 __all__ = [
     "ServiceSpec",
@@ -143,7 +144,9 @@ def wait_ready(
     or ``timeout_s`` passes.  Returns the seconds it took."""
     started = time.monotonic()
     last_error = "not ready"
-    while True:
+
+    def is_ready() -> bool:
+        nonlocal last_error
         code = proc.poll()
         if code is not None:
             raise ServiceStartError(
@@ -151,18 +154,21 @@ def wait_ready(
                 f"{spec.log_path}:\n{_logs(spec, extra_logs)}"
             )
         try:
-            if ready():
-                return time.monotonic() - started
+            return bool(ready())
         except Exception as exc:  # a probe that fails is "not ready yet"
             last_error = f"{type(exc).__name__}: {exc}"
             log.debug("%s not ready yet: %s", spec.name, last_error)
-        if time.monotonic() - started > timeout_s:
-            _terminate(proc.pid)
-            raise ServiceStartError(
-                f"{spec.name} did not become ready within {timeout_s:.0f} s and was stopped "
-                f"(last readiness probe: {last_error}); last lines of its log {spec.log_path}:\n{_logs(spec, extra_logs)}"
-            )
-        time.sleep(0.25)
+            return False
+
+    try:
+        poll_until(is_ready, timeout_s, f"{spec.name} ready", every_s=0.25)
+    except WaitTimeout:
+        _terminate(proc.pid)
+        raise ServiceStartError(
+            f"{spec.name} did not become ready within {timeout_s:.0f} s and was stopped "
+            f"(last readiness probe: {last_error}); last lines of its log {spec.log_path}:\n{_logs(spec, extra_logs)}"
+        ) from None
+    return time.monotonic() - started
 
 
 def _logs(spec: ServiceSpec, extra: Sequence[Path]) -> str:
@@ -192,15 +198,19 @@ def _terminate(pid: int, grace_s: float = 15.0, first: signal.Signals = signal.S
             os.kill(pid, sig)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
+
+        def gone() -> bool:
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
-            if not _alive(pid):
-                return
-            time.sleep(0.1)
+            return not _alive(pid)
+
+        try:
+            poll_until(gone, wait, f"process {pid} ending after {sig.name}", every_s=0.1)
+        except WaitTimeout:
+            continue  # the next signal
+        return
 
 
 def kill(pid_path: Path, marker: str) -> int | None:

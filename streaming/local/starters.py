@@ -6,13 +6,13 @@ registry (when asked for, or when it runs already), Spark."""
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from streaming.errors import ServiceStartError
 from streaming.local import kafka_broker, processes, schema_registry, spark_cluster
 from streaming.local.services import RuntimeServices
+from streaming.waits import poll_until
 
 __all__ = ["KafkaStarter", "S3Starter", "RegistryStarter", "SparkStarter"]
 
@@ -163,15 +163,22 @@ class SparkStarter:
                 processes.wait_ready(
                     spec, proc, lambda: processes.port_open(ports["spark_web"]), settings.start_timeout_s
                 )
-        deadline = time.monotonic() + settings.start_timeout_s
-        while spark_cluster.alive_workers(ports["spark_web"]) < workers:
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"--- {spec.log_path}:\n{processes.tail(spec.log_path, 8)}" for spec in specs[1:])
-                raise ServiceStartError(
-                    f"the Spark master at 127.0.0.1:{ports['spark']} lists fewer than {workers} live workers after "
-                    f"{settings.start_timeout_s:.0f} s; the workers' logs end:\n{logs}"
-                )
-            time.sleep(0.5)
+
+        def too_few(message: str) -> ServiceStartError:
+            logs = "\n".join(f"--- {spec.log_path}:\n{processes.tail(spec.log_path, 8)}" for spec in specs[1:])
+            return ServiceStartError(
+                f"the Spark master at 127.0.0.1:{ports['spark']} lists fewer than {workers} live workers after "
+                f"{settings.start_timeout_s:.0f} s; the workers' logs end:\n{logs}"
+            )
+
+        poll_until(
+            lambda: spark_cluster.alive_workers(ports["spark_web"]) >= workers,
+            settings.start_timeout_s,
+            f"{workers} live Spark workers",
+            bound="start_timeout_s",
+            every_s=0.5,
+            error=too_few,
+        )
         self._progress(f"Spark master spark://127.0.0.1:{ports['spark']} with {workers} workers ready")
         return ports
 

@@ -11,12 +11,14 @@ in its input topics is processed and committed.  Looking at checkpoints is ``str
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
 
 from barriers.coordinator import CheckpointStatus
 from streaming.engine.job.operations import run_until_caught_up
+from streaming.waits import Deadline
 
 __all__ = ["run_job"]
 
@@ -49,7 +51,7 @@ def run_job(
     processed and committed (a final aligned checkpoint covers it, as a
     stop-with-savepoint does), then stop.  What it does is logged (INFO)."""
     started = time.monotonic()
-    deadline = None
+    deadline: Deadline | None = None  # from when all tasks are ready
     asked = threading.Event()
     previous = previous_term = None
     if threading.current_thread() is threading.main_thread():
@@ -64,7 +66,7 @@ def run_job(
             + f", generation {runner.generation} (Ctrl-C or SIGTERM stops it; SIGUSR1 drains it)"
         )
         _say_where_output_goes(runner)
-        while not (drain or asked.is_set()) and (deadline is None or time.monotonic() < deadline):
+        while not (drain or asked.is_set()) and (deadline is None or not deadline.passed()):
             runner.step()
             if (
                 checkpoints is not None
@@ -77,7 +79,7 @@ def run_job(
                     f"all tasks ready after {time.monotonic() - started:.1f} s; checkpoints every "
                     f"{runner.settings.interval_s:g} s" + ("" if seconds is None else f", for {seconds:g} s")
                 )
-                deadline = float("inf") if seconds is None else time.monotonic() + seconds
+                deadline = Deadline(math.inf if seconds is None else seconds)
         if drain or asked.is_set():
             log.info("draining: until everything in the input topics now is processed and committed")
             record = run_until_caught_up(runner, drain_timeout_s)

@@ -14,7 +14,6 @@ transfers give when computed directly (a run without failures)."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ from streaming.api.pipeline import pipeline_module, pipeline_reference
 from streaming.api.settings import JobSettings, Mode
 from streaming.errors import ConfigError
 from streaming.tools.views import as_text, titled_table
+from streaming.waits import Deadline
 
 __all__ = ["DEMO_FUNCTIONS", "DEMO_PIPELINE", "DemoOptions", "DemoReport", "run_demo"]
 
@@ -146,7 +146,7 @@ def run_demo(connection, settings: JobSettings, options: DemoOptions | None = No
     check = _MoneyCheck(connection, settings.store, job, money.money_in_checkpoint)
     runner = _demo_runner(connection, settings, job, options, check)
     data = money.make_transfers(options.transfers)
-    deadline = time.monotonic() + options.timeout_s
+    deadline = Deadline(options.timeout_s)
     try:
         runner.prepare()
         _feed_in_chunks(
@@ -160,7 +160,7 @@ def run_demo(connection, settings: JobSettings, options: DemoOptions | None = No
             deadline=deadline,
             checkpoints=f"{settings.mode} checkpoints every {settings.interval_s:g} s",
         )
-        run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))
+        run_until_caught_up(runner, max(1.0, deadline.left()))
     finally:
         runner.close()
     return _demo_report(runner, connection, settings, data, check, money)
@@ -214,7 +214,7 @@ def _feed_in_chunks(
     *,
     kill: str | None,
     money: list[Any],
-    deadline: float,
+    deadline: Deadline,
     checkpoints: str,
 ) -> None:
     """The transfers in ``chunks`` parts, each after a checkpoint completed
@@ -234,7 +234,7 @@ def _feed_in_chunks(
         if last:
             break
         seen = len(money)
-        while len(money) == seen and time.monotonic() < deadline:
+        while len(money) == seen and not deadline.passed():
             runner.step()
         if index == 0 and kill:
             worker = runner.supervisor.worker_of(kill)

@@ -241,8 +241,7 @@ class DeltaSink(TwoPhaseSink):
             raise
         except Exception as exc:  # delta-rs raises plain exceptions too (an Arrow cast, a write)
             raise SinkError(
-                f"sink task {self.task_id}: {what} to Delta table {self.table_uri} failed: "
-                f"{type(exc).__name__}: {exc}"
+                f"sink task {self.task_id}: {what} to Delta table {self.table_uri} failed: {type(exc).__name__}: {exc}"
             ) from exc
 
 

@@ -6,7 +6,6 @@ public surface only."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -14,6 +13,7 @@ from barriers.messages import CheckpointOptions
 from streaming.adapters.kafka.admin import end_offsets
 from streaming.engine.job.coordinator import CheckpointRecord
 from streaming.errors import JobFailed, SparkAbsError
+from streaming.waits import poll_until
 
 if TYPE_CHECKING:
     from streaming.engine.job.runner import JobRunner
@@ -50,13 +50,20 @@ def run_until_caught_up(runner: JobRunner, timeout_s: float = 300.0) -> Checkpoi
     Checkpoints triggered meanwhile are aligned: like a stop-with-savepoint,
     they drain the channels."""
     target = ingress_end_offsets(runner)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def stepped() -> CheckpointRecord | None:
         runner.step(options=CheckpointOptions.aligned())
-        record = committed_through(runner, target)
-        if record is not None:
-            return record
-    raise JobFailed(f"job {runner.job}: input up to {target} not committed within {timeout_s:.0f} s")
+        return committed_through(runner, target)
+
+    return poll_until(  # a step waits on the control topic itself: no pause between steps
+        stepped,
+        timeout_s,
+        f"job {runner.job}: input up to {target} committed",
+        every_s=0.0,
+        error=lambda message: JobFailed(
+            f"job {runner.job}: input up to {target} not committed within {timeout_s:.0f} s"
+        ),
+    )
 
 
 def kill_worker(runner: JobRunner, name: str) -> None:

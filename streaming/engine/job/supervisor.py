@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from streaming.api.pipeline import Scale
 from streaming.api.settings import JobSettings
 from streaming.engine.worker.worker import EXIT_PIPELINE_ERROR, WORKER_PREFIX
 from streaming.errors import ConfigError, SparkAbsError
+from streaming.waits import Deadline
 
 __all__ = ["WorkerProcess", "WorkerSupervisor", "last_words"]
 
@@ -211,10 +211,10 @@ class WorkerSupervisor:
             if worker.alive:
                 # the worker stops its queries and its Spark JVM goes with it
                 worker.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         for worker in self.workers.values():
             try:
-                worker.process.wait(max(0.1, deadline - time.monotonic()))
+                worker.process.wait(max(0.1, deadline.left()))
             except subprocess.TimeoutExpired:
                 pass
             _kill_group(worker.process)

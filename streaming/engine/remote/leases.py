@@ -25,6 +25,7 @@ from streaming.api.topics import control_topic
 from streaming.engine import metrics
 from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, LEASE_INTERVAL_S, HeartbeatOutcome, RemoteGroups
 from streaming.errors import SparkAbsError
+from streaming.waits import Deadline, join_within
 
 __all__ = ["LeaseRenewal", "RemoteMembers", "WAITING_NOTICE_S"]
 
@@ -79,7 +80,7 @@ class LeaseRenewal:
         """Stop renewing and publish ``lease`` (the last one: members stop their tasks now)."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=2 * LEASE_INTERVAL_S + 1)
+        join_within(self._thread, 2 * LEASE_INTERVAL_S + 1, "the lease's renewals")
         try:
             # a stopping runner does not wait out an outage: without it the workers' leases lapse
             self._publish(lease, bound_s=10.0)
@@ -235,13 +236,12 @@ class RemoteMembers:
             )
             control.seek_to_end()
             poll = lambda timeout_s: self.observe(control.poll(timeout_s))  # noqa: E731
-        started = time.monotonic()
-        deadline = started + self.timeout_s + 5
+        # this module's time.monotonic, looked up now (a test moves it on)
+        deadline = Deadline(self.timeout_s + 5, clock=time.monotonic)
+        # every worker's heartbeat comes at least once a second: listen a little before concluding
+        listened = Deadline(2.5 * HEARTBEAT_INTERVAL_S, clock=time.monotonic)
         try:
-            # every worker's heartbeat comes at least once a second: listen a little before concluding
-            while time.monotonic() < deadline and (
-                time.monotonic() - started < 2.5 * HEARTBEAT_INTERVAL_S or self.groups.still_running()
-            ):
+            while not deadline.passed() and (not listened.passed() or self.groups.still_running()):
                 poll(0.2)
         finally:
             self.paused = None

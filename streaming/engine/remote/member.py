@@ -18,6 +18,7 @@ needs the pipeline's module importable and the ``SPARK_ABS_*`` connection
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 import time
@@ -32,6 +33,7 @@ from streaming.api.settings import JobSettings
 from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, Action, ActionKind, Membership, incarnation
 from streaming.engine.worker.worker import Worker
 from streaming.errors import ConfigError, LeaseRefused, SparkAbsError
+from streaming.waits import Deadline
 
 __all__ = ["RemoteWorker", "check_lease", "incarnation", "wait_for_lease"]
 
@@ -65,8 +67,9 @@ def wait_for_lease(
     """The first lease of ``job``'s runner on ``control``, checked against
     this worker's job and pipeline (``check_lease``); None when stopped or
     after ``timeout_s``."""
-    started = notice = time.monotonic()
-    while not stop.is_set() and (timeout_s is None or time.monotonic() - started < timeout_s):
+    notice = time.monotonic()
+    deadline = Deadline(math.inf if timeout_s is None else timeout_s)
+    while not stop.is_set() and not deadline.passed():
         for event in control.poll(0.5):
             if isinstance(event, Lease):
                 check_lease(event, job, pipeline_ref)

@@ -175,7 +175,9 @@ class RestoreService:
         problems = store_patiently(lambda: self.store.verify(checkpoint_id), f"verifying checkpoint {checkpoint_id}")
         if problems:
             raise JobFailed(f"checkpoint {checkpoint_id} cannot be restored: {'; '.join(problems)}")
-        manifest = store_patiently(lambda: self.store.read_manifest(checkpoint_id), f"reading checkpoint {checkpoint_id}")
+        manifest = store_patiently(
+            lambda: self.store.read_manifest(checkpoint_id), f"reading checkpoint {checkpoint_id}"
+        )
         kept.check(manifest)
         return manifest, []
 

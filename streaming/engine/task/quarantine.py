@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -19,6 +18,7 @@ from barriers.headers import DEAD_LETTER_ORIGINAL, DEAD_LETTER_READ_FROM, DEAD_L
 from barriers.messages import BarrierRejected, ChannelId
 from operators.dead_letters import ORIGIN, DeadLetters
 from streaming.engine.metrics import TaskMetrics
+from streaming.waits import Deadline
 
 __all__ = ["Quarantine", "REASONS", "ORIGINAL_READ_S", "ORIGINALS_READ"]
 
@@ -188,10 +188,10 @@ class _Originals:
                 self.unread[source] = f"the ingress topic {source.topic} has no partition {source.partition}"
             elif (source, offset) not in self.found:
                 by_channel[source].append(offset)
-        deadline, reads, read = time.monotonic() + ORIGINAL_READ_S, 0, self.read
+        deadline, reads, read = Deadline(ORIGINAL_READ_S), 0, self.read
         for source, offsets in by_channel.items():
             for start, end in _runs(offsets):
-                left = deadline - time.monotonic()
+                left = deadline.left()
                 if read is None:
                     self.unread[source] = "the task cannot read Kafka back here"
                 elif reads >= ORIGINALS_READ or left <= 0:

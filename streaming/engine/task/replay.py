@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from barriers.messages import ChannelId
+from streaming.waits import join_within
 
 __all__ = ["CopiedReplay", "ReplayRest", "RestoredChannelState"]
 
@@ -170,7 +171,7 @@ class RestoredChannelState:
     def wait(self, timeout_s: float) -> None:
         """Until the replay ``start`` began ended (done, failed or closed), at most ``timeout_s``."""
         if self._thread is not None:
-            self._thread.join(timeout_s)
+            join_within(self._thread, timeout_s, f"the replay of {self.task}'s restored channel state")
 
     def check(self, channel: ChannelId) -> None:
         """``channel`` got past its restored channel state: once every channel

@@ -35,7 +35,6 @@ import queue
 import signal
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -60,6 +59,7 @@ from streaming.engine import faults, metrics
 from streaming.engine.task.stage_task import StageTask
 from streaming.engine.worker.wiring import RunningTask, TaskFactory, WorkerClients
 from streaming.errors import ConfigError, SnapshotCorruptError, SnapshotMissingError, SparkAbsError, TaskError
+from streaming.waits import Deadline
 
 if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this module is imported
     from streaming.adapters.spark.query import ChannelQuery, Prepare
@@ -312,7 +312,7 @@ class Worker:
         if self._progress_thread is None:
             self._progress_thread = threading.Thread(target=self._beat, name="spark-abs-progress", daemon=True)
             self._progress_thread.start()
-        next_progress = 0.0
+        progress_due = Deadline(0.0)  # a schedule, not a wait: the lag is recorded every PROGRESS_INTERVAL_S
         while not self._stop.is_set():
             try:
                 self.restart(*self.commands.get_nowait())
@@ -323,8 +323,8 @@ class Worker:
             for running in self.running:
                 running.task.tick()
             self._round()
-            if self.metrics_endpoint and time.monotonic() >= next_progress:
-                next_progress = time.monotonic() + PROGRESS_INTERVAL_S
+            if self.metrics_endpoint and progress_due.passed():
+                progress_due = Deadline(PROGRESS_INTERVAL_S)
                 self._record_lag()
             for running in self.running:
                 error = running.task.replay_error

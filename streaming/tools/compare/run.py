@@ -23,6 +23,7 @@ from streaming.api.settings import JobSettings, Mode
 from streaming.errors import ConfigError, SparkAbsError
 from streaming.tools.compare.model import Comparison, Restore, Run, Sample
 from streaming.tools.compare.workloads import VARIANTS, Workload
+from streaming.waits import Deadline
 
 __all__ = ["VARIANTS", "run_compare", "check_variants"]
 
@@ -79,13 +80,12 @@ def run_compare(
     stamp = uuid.uuid4().hex[:6]
     comparison = Comparison(workload, list(variants), started=time.strftime("%Y-%m-%d %H:%M:%S"))
     began = time.monotonic()
+    deadline = Deadline(timeout_s)
     points = workload.job_points
     for index, point in enumerate(points, start=1):
         if len(points) > 1:
             log.info(f"part {index}/{len(points)}: {workload.label(point)}")
-        comparison.runs += _side_by_side(
-            connection, store_uri, workload, variants, point, stamp, restore, began + timeout_s
-        )
+        comparison.runs += _side_by_side(connection, store_uri, workload, variants, point, stamp, restore, deadline)
     comparison.seconds = time.monotonic() - began
     return comparison
 
@@ -98,7 +98,7 @@ def _side_by_side(
     point: float,
     stamp: str,
     restore: bool,
-    deadline: float,
+    deadline: Deadline,
 ) -> list[Run]:
     """One job per variant at ``point``, all at once: started, fed, measured,
     restored, stopped.  The runs measured."""
@@ -134,7 +134,7 @@ def _side_by_side(
 
 
 def _new_job(
-    connection, store_uri: str, workload: Workload, variant: str, point: float, stamp: str, deadline: float
+    connection, store_uri: str, workload: Workload, variant: str, point: float, stamp: str, deadline: Deadline
 ) -> _Job:
     """The job of ``variant`` at ``point`` (its runner made, not started)."""
     from streaming.engine.job.runner import JobRunner
@@ -145,7 +145,7 @@ def _new_job(
     settings = JobSettings(
         store=store_uri,
         interval_s=workload.interval_s if workload.continuous else 3600,
-        timeout_s=max(60.0, deadline - time.monotonic()),
+        timeout_s=max(60.0, deadline.left()),
         retain=2,
         **extra,
     )
@@ -265,21 +265,21 @@ class _SideBySide:
     """The jobs of a comparison, driven together: records fed at their rate,
     checkpoints triggered, control topics polled in turn, progress said."""
 
-    def __init__(self, jobs: list[_Job], feed: _Feed, deadline: float):
+    def __init__(self, jobs: list[_Job], feed: _Feed, deadline: Deadline):
         self.jobs = jobs
         self.feed = feed
         self.deadline = deadline
         self._said = 0.0
 
-    def wait(self, done: Callable[[], bool], what: str, phase: str, limit: float | None = None) -> bool:
+    def wait(self, done: Callable[[], bool], what: str, phase: str, limit: Deadline | None = None) -> bool:
         """Poll every job (briefly, so completion times stay sharp) until
-        ``done``; False when ``limit`` (monotonic) passed first.  A worker
-        that dies ends the comparison."""
+        ``done``; False when ``limit`` passed first.  A worker that dies ends
+        the comparison."""
         while not done():
             now = time.monotonic()
-            if limit is not None and now > limit:
+            if limit is not None and limit.passed():
                 return False
-            if now > self.deadline:
+            if self.deadline.passed():
                 raise SparkAbsError(f"gave up waiting for {what}")
             self.poll()
             if now - self._said > 10:
@@ -309,7 +309,7 @@ class _SideBySide:
         )
         start = time.monotonic()
         measuring = None  # when the measured part began
-        give_up_warmup = start + workload.warmup_s + _WARMUP_LIMIT_S
+        give_up_warmup = Deadline(workload.warmup_s + _WARMUP_LIMIT_S)
         for job in self.jobs:
             job.last_trigger = start
         next_progress = start + 5
@@ -317,14 +317,14 @@ class _SideBySide:
             now = time.monotonic()
             if measuring is not None and now - measuring >= workload.duration_s:
                 break
-            if now > self.deadline:
+            if self.deadline.passed():
                 raise SparkAbsError("gave up: the comparison ran past its time limit")
             if measuring is None and now - start >= workload.warmup_s:
                 warm = all(
                     any(r.status is CheckpointStatus.COMPLETED for r in j.runner.coordinator.records.values())
                     for j in self.jobs
                 )
-                if warm or now > give_up_warmup:
+                if warm or give_up_warmup.passed():
                     if not warm:
                         log.info(f"warm-up: not every job completed a checkpoint in {now - start:.0f} s; measuring")
                     measuring = now
@@ -426,7 +426,7 @@ class _SideBySide:
         for job in self.jobs:
             begun[id(job)] = time.monotonic()
             job.runner.restore("compare: restore from the latest checkpoint")
-        limit = time.monotonic() + limit_s
+        limit = Deadline(limit_s)
         self.wait(lambda: all(j.runner.coordinator.all_ready for j in self.jobs), "the restored tasks", "restore")
         self.wait(
             lambda: all(j.runner.coordinator.all_replayed for j in self.jobs),

@@ -43,6 +43,7 @@ from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S
 from streaming.errors import SparkAbsError
 from streaming.tools.drill.job import pid_of
 from streaming.tools.drill.plan import RUNNER_RESTARTS, FailureKind, FailureOutcome
+from streaming.waits import WaitTimeout, poll_until
 
 __all__ = ["ClusterFailures", "Struck", "until"]
 
@@ -72,11 +73,10 @@ class Struck:
 def until(condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.5) -> bool:
     """Poll ``condition`` until it holds (True) or ``timeout_s`` passed (False),
     while the runner is down (the drill's own wait fails when it exited)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_s)
+    try:
+        poll_until(condition, timeout_s, "a drill's condition", every_s=poll_s)
+    except WaitTimeout:
+        return False
     return True
 
 

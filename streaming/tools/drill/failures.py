@@ -35,6 +35,7 @@ from streaming.tools.drill.plan import (
     must_restore,
     restore_problem,
 )
+from streaming.waits import WaitTimeout, poll_until
 
 __all__ = ["FailureInjector", "retention_cut"]
 
@@ -156,9 +157,15 @@ class FailureInjector:
         runner.send_signal(signal.SIGKILL)
         runner.wait()
         killed = time.monotonic()
-        deadline = killed + ORPHAN_BOUND_S
-        while job_processes(self.job.job, groups) and time.monotonic() < deadline:
-            time.sleep(0.25)
+        try:
+            poll_until(
+                lambda: not job_processes(self.job.job, groups),
+                ORPHAN_BOUND_S,
+                "the job's processes ending",
+                every_s=0.25,
+            )
+        except WaitTimeout:  # a problem of the drill, named below
+            pass
         left = job_processes(self.job.job, groups)
         if not left:
             outcome.orphans_gone_s = round(time.monotonic() - killed, 2)

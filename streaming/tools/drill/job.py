@@ -27,6 +27,7 @@ from streaming.api.settings import Mode, StateSnapshots
 from streaming.engine import faults
 from streaming.errors import ConfigError, SparkAbsError, parse_choice
 from streaming.tools.drill.settings import DrillSettings
+from streaming.waits import Deadline
 
 __all__ = [
     "DRILL_RETAIN",
@@ -378,10 +379,10 @@ class WorkerHosts:
         running = self.alive()
         for process in running:
             process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         for process in running:
             try:
-                process.wait(max(0.1, deadline - time.monotonic()))
+                process.wait(max(0.1, deadline.left()))
             except subprocess.TimeoutExpired:
                 self.kill(process)
 

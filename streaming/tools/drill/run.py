@@ -51,6 +51,7 @@ from streaming.tools.drill.workload import (
     load_workload,
     workload_for,
 )
+from streaming.waits import Deadline, WaitTimeout, join_within, poll_until
 
 __all__ = [
     "check_workers",
@@ -220,15 +221,18 @@ class Drill:
     def _wait(self, condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.5) -> bool:
         """Poll ``condition`` until it holds (True) or ``timeout_s`` passed
         (False); a runner that exited or a workload that failed ends the drill."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def tended() -> bool:
             self.drilled.tend()
             if self.feed.error is not None:
                 raise SparkAbsError(f"producing the workload failed: {self.feed.error}")
-            if condition():
-                return True
-            time.sleep(poll_s)
-        return False
+            return condition()
+
+        try:
+            poll_until(tended, timeout_s, "a drill's condition", every_s=poll_s)
+        except WaitTimeout:
+            return False
+        return True
 
     # ---- the steps
 
@@ -265,7 +269,7 @@ class Drill:
         recoveries: list[float] = []
         for failure in self.plan:
             # a cluster kind's own waits, a liveness kind's outage or time to notice
-            start = time.monotonic() + failure.delay_s + side_wait_s(failure)
+            start = Deadline(failure.delay_s + side_wait_s(failure)).at  # when its recovery would begin
             if not self.budget.fits(start, self.failures_end, recoveries):
                 self.stopped = f"the duration allowed {len(self.outcomes)} of the {len(self.plan)} failures planned"
                 if len(self.plan) >= _UNBOUNDED:
@@ -321,7 +325,7 @@ class Drill:
 
     def _close_input(self) -> None:
         self._stop.set()
-        self.feed.thread.join(600)
+        join_within(self.feed.thread, 600.0, "the drill's workload producer")
         self._log(
             f"input closed after {self.feed.produced} records ({len(self.feed.malformed)} malformed); draining the job"
         )

@@ -13,7 +13,6 @@ topic does not exist is reported, not created."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -27,6 +26,7 @@ from streaming.api.job_key import JobKey
 from streaming.api.topics import control_topic
 from streaming.errors import SparkAbsError
 from streaming.tools.tables import Table
+from streaming.waits import Deadline
 
 __all__ = ["ControlWatch", "ControlView", "LiveCheckpoint", "live_table"]
 
@@ -125,9 +125,9 @@ class ControlWatch:
         """The events at hand; on the first look, every event up to the end
         the topic had when opened (for at most ``timeout_s``: a consumer's
         first fetch takes a while)."""
-        deadline = time.monotonic() + self.timeout_s
+        deadline = Deadline(self.timeout_s)
         for _ in range(POLLS):
-            catching_up = self._catch_up_to is not None and time.monotonic() < deadline
+            catching_up = self._catch_up_to is not None and not deadline.passed()
             events = topic.poll(0.2 if catching_up else 0.05)
             for event in events:
                 self._fold(event)
