@@ -49,7 +49,7 @@ class StateSnapshots(enum.StrEnum):
 MODES = tuple(m.value for m in Mode)
 STATE_SNAPSHOTS = tuple(s.value for s in StateSnapshots)
 IN_FLIGHT_FORMATS = tuple(f.value for f in InFlightFormat)
-# how a job's tasks are spread over worker processes (streaming.engine.job.runner.worker_groups)
+# how a job's tasks are spread over worker processes (streaming.engine.job.groups.worker_groups)
 WORKER_GROUPINGS = ("one", "per-stage")
 # which client writes a Kafka sink's transactions (JobSettings.kafka_sink_client)
 KAFKA_SINK_CLIENTS = ("java", "python")

@@ -61,8 +61,8 @@ def run_job(
     try:
         runner.start(restore=restore)
         log.info(
-            f"job {runner.job}: {len(runner.groups) - len(runner.remote_names)} worker process(es) starting"
-            + (f", {len(runner.remote_names)} remote group(s) to join" if runner.remote_names else "")
+            f"job {runner.job}: {len(runner.layout.local)} worker process(es) starting"
+            + (f", {len(runner.layout.remote_names)} remote group(s) to join" if runner.layout.remote_names else "")
             + f", generation {runner.generation} (Ctrl-C or SIGTERM stops it; SIGUSR1 drains it)"
         )
         _say_where_output_goes(runner)

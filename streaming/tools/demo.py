@@ -229,7 +229,7 @@ def _feed_in_chunks(
         log.info(f"producing {len(part)} transfers to {ingress.topic}" + (" and the end of input" if last else ""))
         produce_transfers(connection.kafka, ingress.topic, part, ingress.partitions, end=last)
         if index == 0:
-            log.info(f"starting job {runner.job}: {len(runner.groups)} worker processes ({checkpoints})")
+            log.info(f"starting job {runner.job}: {len(runner.layout.groups)} worker processes ({checkpoints})")
             runner.start()
         if last:
             break

@@ -39,14 +39,14 @@ def _scrape(runner: JobRunner) -> tuple[Scrape, dict[str, Scrape]]:
     """The runner's metrics, and those of each worker its targets file lists
     that answers (one may be dying just now)."""
     targets = json.loads((runner.log_dir / metrics.TARGETS_FILE).read_text())
-    assert targets[0]["targets"] == [runner.metrics_server.address]
+    assert targets[0]["targets"] == [runner.endpoints.server.address]
     workers = {}
     for entry in targets[1:]:
         try:
             workers[entry["labels"]["spark_abs_worker"]] = scrape(f"http://{entry['targets'][0]}/metrics")
         except (urllib.error.URLError, OSError):
             pass
-    return scrape(runner.metrics_server.url), workers
+    return scrape(runner.endpoints.server.url), workers
 
 
 # one fault per generation: each restore arms the next

@@ -108,8 +108,8 @@ def test_kafka_sink_is_exactly_once_across_a_restore(
         money.produce_transfers(kafka, topic, data[500:], partitions, end=True)
         run_until_caught_up(runner, 240)
         pages = _the_ui_shows_the_running_job(runner, settings.store, connection)
-        assert runner.metrics_server is not None
-        with urllib.request.urlopen(f"http://{runner.metrics_server.address}/metrics", timeout=10) as page:
+        assert runner.endpoints.server is not None
+        with urllib.request.urlopen(f"http://{runner.endpoints.server.address}/metrics", timeout=10) as page:
             pages.append(page.read().decode())
     finally:
         runner.close()

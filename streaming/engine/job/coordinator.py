@@ -122,12 +122,18 @@ RUNNER_SEND_BOUND_S = 10.0
 
 
 def kafka_io(
-    kafka: KafkaAccess, key: JobKey, *, control_start: int | None = None, bound_s: float = RUNNER_SEND_BOUND_S
+    kafka: KafkaAccess,
+    key: JobKey,
+    *,
+    control_start: int | None = None,
+    bound_s: float = RUNNER_SEND_BOUND_S,
+    observe: Callable[[list[ControlEvent]], list[ControlEvent]] | None = None,
 ) -> CoordinatorIO:
     """The coordinator's I/O on Kafka for job ``key.job``: a producer for the
     barriers and the control topic (events signed with ``key``), read from
-    ``control_start`` (None: from its end); a send Kafka has not taken within
-    ``bound_s`` is a ``KafkaUnavailableError``."""
+    ``control_start`` (None: from its end), each poll's events seen by
+    ``observe`` first (the remote groups' membership); a send Kafka has not
+    taken within ``bound_s`` is a ``KafkaUnavailableError``."""
     job = key.job
     barriers = producer(kafka, delivery_timeout_s=bound_s)
     control = ControlTopic(
@@ -148,7 +154,7 @@ def kafka_io(
     return CoordinatorIO(
         inject=lambda channels, headers: append_markers(barriers, channels, headers, bound_s),
         publish=control.publish,
-        poll=control.poll,
+        poll=control.poll if observe is None else lambda timeout_s: observe(control.poll(timeout_s)),
         close=close,
     )
 

@@ -30,8 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from streaming.engine.job.checkpoint_failures import CheckpointFailureTolerance
+from streaming.errors import JobFailed, KafkaUnavailableError, StoreError
 
-__all__ = ["READY_BOUND_S", "DueRestore", "Liveness", "Verdict", "WorkerSilence"]
+__all__ = ["READY_BOUND_S", "DueRestore", "Liveness", "Verdict", "WaitingRestore", "WorkerSilence"]
 
 log = logging.getLogger(__name__)
 
@@ -240,3 +241,78 @@ class Liveness:
             name, why = silent[0]
             return Verdict("worker_stuck", f"worker {name} is alive but stuck: {why}")
         return None
+
+
+class WaitingRestore:
+    """The restores of job ``job`` that must wait: ``attempt`` restores for a
+    verdict now (``restore``), or, while Kafka (``kafka``: ``hears``) or the
+    store does not answer, kills every worker (``kill_all``: nothing runs
+    uncoordinated) and keeps the restore ``due``; ``retry``, at each step of
+    the runner's loop, tries it again once its pause is over and fails the
+    job once it waited ``wait_s`` (``RunOptions.restore_wait_s``)."""
+
+    def __init__(
+        self,
+        job: str,
+        restore: Callable[[Verdict], object],
+        kill_all: Callable[[], object],
+        hears: Callable[[], bool],
+        kafka: object,
+        wait_s: float,
+        log: logging.Logger | logging.LoggerAdapter,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.job = job
+        self._restore = restore
+        self._kill_all = kill_all
+        self._hears = hears
+        self._kafka = kafka
+        self.wait_s = wait_s
+        self.log = log
+        self.clock = clock
+        self.due: DueRestore | None = None
+
+    def attempt(self, verdict: Verdict) -> None:
+        """Restore for ``verdict`` now, or keep it due (see the class docstring)."""
+        now = self.clock()
+        try:
+            if not self._hears():
+                raise KafkaUnavailableError(f"Kafka at {self._kafka} does not answer")
+            self._restore(verdict)
+        except (KafkaUnavailableError, StoreError) as exc:
+            self._kill_all()
+            if self.due is None:
+                self.due = DueRestore(verdict, since=now)
+            pause = self.due.failed(now)
+            self.log.warning(
+                "job %s: restoring (%s) must wait: %s; trying again in %.0f s (waiting %.0f s of at most %.0f s, "
+                "restore_wait_s)",
+                self.job,
+                verdict.reason,
+                exc,
+                pause,
+                now - self.due.since,
+                self.wait_s,
+            )
+        else:
+            self.due = None
+
+    def retry(self, sleep: Callable[[float], None] = time.sleep) -> None:
+        """The due restore again once its pause is over (until then a pause
+        of at most 0.2 s, so the runner's loop goes on); a ``JobFailed``
+        naming ``restore_wait_s`` once it waited that long."""
+        due = self.due
+        if due is None:
+            return
+        now = self.clock()
+        if now - due.since > self.wait_s:
+            raise JobFailed(
+                f"job {self.job}: the restore ({due.verdict.reason}) waited {now - due.since:.0f} s for Kafka "
+                f"and the store, more than restore_wait_s ({self.wait_s:g} s); "
+                f"{due.attempts} attempts failed.  Bring them back and run the job again: it goes on from its "
+                f"latest checkpoint"
+            )
+        if now < due.retry_at:
+            sleep(min(0.2, due.retry_at - now))
+            return
+        self.attempt(due.verdict)

@@ -70,8 +70,8 @@ def kill_worker(runner: JobRunner, name: str) -> None:
     """SIGKILL the local worker named ``name``, or running the task or stage
     ``name`` (a drill): the runner's next ``step`` restores.  A remote
     group's worker runs on its own host and is refused."""
-    for group, tasks in runner.groups.items():
-        if group not in runner.remote_names:
+    for group, tasks in runner.layout.groups.items():
+        if group not in runner.layout.remote_names:
             continue
         if name == group or any(t == name or t.rsplit("-", 1)[0] == name for t in tasks):
             raise SparkAbsError(f"{name!r} runs in remote worker group {group}: kill its process on its host")

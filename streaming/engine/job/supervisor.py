@@ -6,6 +6,7 @@ worker's Spark JVM goes with it)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -19,7 +20,7 @@ from streaming.api.config import MetricsSettings
 from streaming.api.pipeline import Scale
 from streaming.api.settings import JobSettings
 from streaming.engine.worker.worker import EXIT_PIPELINE_ERROR, WORKER_PREFIX
-from streaming.errors import ConfigError, SparkAbsError
+from streaming.errors import ConfigError, JobFailed, SparkAbsError
 from streaming.waits import Deadline
 
 __all__ = ["WorkerProcess", "WorkerSupervisor", "last_words"]
@@ -184,6 +185,31 @@ class WorkerSupervisor:
 
     def dead(self) -> list[WorkerProcess]:
         return [w for w in self.workers.values() if not w.alive]
+
+    def death(self, job: str, log: logging.Logger | logging.LoggerAdapter) -> str | None:
+        """Why the job must restore when one of its workers died (its exit and
+        last lines logged), None while all live; a ``JobFailed`` when it
+        stopped on an error in the pipeline, which every restore would meet
+        again."""
+        dead = self.dead()
+        if not dead:
+            return None
+        worker = dead[0]
+        log.info(
+            "worker %s (tasks %s) exited with %s; last lines of %s:\n%s",
+            worker.name,
+            ", ".join(worker.tasks),
+            worker.exit_text(),
+            worker.log_path,
+            worker.tail(),
+        )
+        if worker.pipeline_error:  # every restore would stop on it again
+            raise JobFailed(
+                f"job {job}: worker {worker.name} (tasks {', '.join(worker.tasks)}) stopped on an error "
+                f"in the pipeline, which no restore can fix; fix it and run the job again "
+                f"(its log: {worker.log_path}):\n{worker.tail(4)}"
+            )
+        return f"worker {worker.name} died"
 
     def worker_of(self, name: str) -> WorkerProcess:
         """The worker called ``name``, or the one running the task or stage ``name``."""

@@ -124,6 +124,20 @@ class RestorePlan:
         """Whether the checkpoint restored must be written first (``RestoreService.write``)."""
         return self.rescale is not None or self.change is not None
 
+    def rewrite_said(self) -> str:
+        """What writing the checkpoint again did, for the restore's log line ("" when it is not written)."""
+        if self.rescale is not None:
+            return f" (checkpoint {self.rescaled_from} rescaled to {self.scale.describe()})"
+        if self.change is not None:
+            return f" (checkpoint {self.changed_from} changed: {self.change.describe()})"
+        return ""
+
+    def rewriting_said(self) -> str:
+        """Why the job's remote workers pause while the checkpoint is written again."""
+        if self.rescale is not None:
+            return f"checkpoint {self.rescaled_from} is being rescaled to {self.scale.describe()}"
+        return f"checkpoint {self.changed_from} is being restored into a changed pipeline"
+
     def record(self, reason: str) -> RestoreRecord:
         return RestoreRecord(
             self.generation, self.checkpoint_id, reason, self.skipped, self.rescaled_from, self.changed_from

@@ -252,7 +252,7 @@ def cluster_targets(
     a worker group of the job's grouping (``workers``: ``per-stage``, a group
     per stage, or ``one``, the group ``all``), the pools ``plan_failures``
     draws from beside ``fault_pools``."""
-    from streaming.engine.job.runner import worker_groups
+    from streaming.engine.job.groups import worker_groups
 
     groups = list(worker_groups(pipeline, workers))
     return {

@@ -20,7 +20,7 @@ from streaming.adapters.serde.schema_registry import registry_users
 from streaming.api.config import Connection, LocalRuntimeSettings, default_home
 from streaming.api.pipeline import load_pipeline, pipeline_reference
 from streaming.api.settings import WORKER_GROUPINGS, JobSettings, Mode
-from streaming.engine.job.runner import worker_groups
+from streaming.engine.job.groups import worker_groups
 from streaming.errors import ConfigError, SparkAbsError, parse_choice
 from streaming.tools.drill.failures import FailureInjector
 from streaming.tools.drill.feed import ProgressWatch, WorkloadFeed

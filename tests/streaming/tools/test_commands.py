@@ -110,8 +110,9 @@ class _Runner:
     steps, one checkpoint completed every ``every`` steps after that."""
 
     def __init__(self, ready_after: int, every: int, interrupt_at: int | None = None):
-        self.job, self.groups, self.generation = "orders", {"w": ["t"]}, 0
-        self.remote_names: set[str] = set()
+        self.job, self.generation = "orders", 0
+        # its worker groups (JobGroups): one local group, no remote one
+        self.layout = SimpleNamespace(groups={"w": ["t"]}, local={"w": ["t"]}, remote_names=set())
         self.settings = SimpleNamespace(interval_s=1.0)
         self.connection = None
         self.pipeline = SimpleNamespace(

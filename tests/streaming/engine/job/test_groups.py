@@ -11,7 +11,7 @@ import pytest
 from spark_abs_examples.money import pipeline
 from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
-from streaming.engine.job.runner import worker_groups
+from streaming.engine.job.groups import worker_groups
 from streaming.engine.job.supervisor import WorkerProcess, WorkerSupervisor
 from streaming.errors import ConfigError, SparkAbsError
 
@@ -67,7 +67,7 @@ def test_remote_groups_are_the_jobs_own_and_are_not_started_or_killed_here(tmp_p
         options=RunOptions(workers="per-stage", remote={"windows"}, log_dir=tmp_path / "logs"),
     )
     try:
-        assert runner.remote_names == {"windows"}
+        assert runner.layout.remote_names == {"windows"}
         assert sorted(runner.supervisor.groups) == ["accounts", "legs"]  # started here
         assert runner.remote.groups.groups == {"windows": ["windows-0"]}
         assert runner.remote.groups.missing() == ["windows"]
@@ -114,3 +114,20 @@ def test_a_worker_that_joins_while_the_runner_pauses_its_groups_is_told_to_pause
         assert runner.remote.lease().members == {"all": "h:1:abc"}  # the next generation names it again
     finally:
         runner.store.close()
+
+
+def test_job_groups_split_local_from_remote_and_know_the_scale_they_run_at():
+    from streaming.api.pipeline import Scale
+    from streaming.engine.job.groups import JobGroups
+
+    declared = pipeline("j")
+    groups = JobGroups(declared, "per-stage", {"windows"})
+    assert sorted(groups.local) == ["accounts", "legs"] and groups.remote == {"windows": ["windows-0"]}
+    assert groups.scale is None  # as the code declares
+    rescaled = declared.rescaled(Scale({"accounts": 3}))
+    groups.at(rescaled)
+    assert groups.local["accounts"] == ["accounts-0", "accounts-1", "accounts-2"]
+    assert groups.scale == rescaled.scale and groups.pipeline is rescaled
+    with pytest.raises(SparkAbsError, match="workers must run every task exactly once"):
+        JobGroups(declared, {"a": ["legs-0"]}, False)
+    assert JobGroups(declared, None, True).remote_names == {"all"}

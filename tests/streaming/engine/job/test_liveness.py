@@ -5,11 +5,14 @@ during a broker outage blames nobody."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from barriers.failures import CheckpointFailure
 from streaming.engine.job.checkpoint_failures import CheckpointFailureTolerance
-from streaming.engine.job.liveness import READY_BOUND_S, DueRestore, Liveness, Verdict
+from streaming.engine.job.liveness import READY_BOUND_S, DueRestore, Liveness, Verdict, WaitingRestore
+from streaming.errors import JobFailed, StoreError
 
 
 class Clock:
@@ -182,3 +185,58 @@ def test_a_restore_that_waits_pauses_longer_each_time_up_to_a_limit():
     due = DueRestore(Verdict("worker_died", "worker all died"), since=0.0)
     assert [due.failed(0.0) for _ in range(7)] == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
     assert due.attempts == 7 and due.retry_at == 30.0
+
+
+class _Restores:
+    """What a waiting restore drives: the restore itself (failing while ``away``), the kill, the clock."""
+
+    def __init__(self):
+        self.away: Exception | None = None
+        self.restored: list[str] = []
+        self.killed = 0
+        self.slept: list[float] = []
+
+    def restore(self, verdict: Verdict) -> None:
+        if self.away is not None:
+            raise self.away
+        self.restored.append(verdict.cause)
+
+    def kill_all(self) -> None:
+        self.killed += 1
+
+
+def _waiting(clock: Clock, restores: _Restores, hears: bool = True) -> WaitingRestore:
+    return WaitingRestore(
+        "j", restores.restore, restores.kill_all, lambda: hears, "127.0.0.1:9092", 60.0, logging.getLogger("t"), clock
+    )
+
+
+def test_a_restore_that_can_run_runs_at_once_and_leaves_nothing_due(clock):
+    restores = _Restores()
+    waiting = _waiting(clock, restores)
+    waiting.attempt(Verdict("worker_died", "worker all died"))
+    assert restores.restored == ["worker_died"] and waiting.due is None and restores.killed == 0
+
+
+def test_a_restore_kafka_or_the_store_refuses_waits_with_its_workers_killed_then_runs(clock):
+    restores = _Restores()
+    restores.away = StoreError("the store does not answer")
+    waiting = _waiting(clock, restores)
+    waiting.attempt(Verdict("worker_died", "worker all died"))
+    assert waiting.due is not None and waiting.due.attempts == 1 and restores.killed == 1
+    waiting.retry(sleep=restores.slept.append)  # its pause (2 s) is not over: a short pause, no attempt
+    assert restores.slept == [0.2] and waiting.due.attempts == 1
+    restores.away = None
+    clock.now += 2.0
+    waiting.retry(sleep=restores.slept.append)
+    assert restores.restored == ["worker_died"] and waiting.due is None
+
+
+def test_kafka_that_does_not_answer_keeps_the_restore_due_and_it_fails_the_job_past_its_bound(clock):
+    restores = _Restores()
+    waiting = _waiting(clock, restores, hears=False)
+    waiting.attempt(Verdict("worker_lost", "group b went silent"))
+    assert restores.restored == [] and waiting.due is not None and restores.killed == 1
+    clock.now += 61.0
+    with pytest.raises(JobFailed, match=r"waited 61 s for Kafka and the store, more than restore_wait_s \(60 s\)"):
+        waiting.retry(sleep=restores.slept.append)

@@ -1,5 +1,5 @@
 """Going back past completed checkpoints with a Kafka sink is said on the
-runner's console, not only in a worker's log: what the sink committed after
+runner's console (``streaming.engine.job.rollback``), not only in a worker's log: what the sink committed after
 the restored checkpoint cannot be taken back.  Checkpoints an earlier
 restore already left behind do not count again."""
 
@@ -14,16 +14,13 @@ from spark_abs_examples.money import pipeline
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore, TaskParts
 from streaming.api.pipeline import Sink
-from streaming.engine.job.runner import JobRunner
+from streaming.engine.job.rollback import warn_of_a_rollback
 
 LOGGER = "streaming.engine.job.runner"
 
 
 class _Runner:
     """What of a JobRunner the warning reads: its job, pipeline, store and log."""
-
-    _warn_of_a_rollback = JobRunner._warn_of_a_rollback
-    _on_the_line_after = JobRunner._on_the_line_after
 
     def __init__(self, tmp_path: Path, sink: Sink):
         self.job = "money"
@@ -41,7 +38,7 @@ class _Runner:
 def _said(caplog, runner: _Runner, checkpoint_id: int | None, generation: int) -> list[str]:
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        runner._warn_of_a_rollback(checkpoint_id, generation)
+        warn_of_a_rollback(runner.log, runner.pipeline, runner.store, checkpoint_id, generation)
     return [r.getMessage() for r in caplog.records]
 
 
