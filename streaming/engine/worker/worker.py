@@ -45,11 +45,11 @@ import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
 from streaming import console
-from streaming.adapters.kafka.control.events import Committed, Complete, ControlEvent, Heartbeat, Lease, Ready
+from streaming.adapters.kafka.control.events import Complete, ControlEvent, Heartbeat, Lease, Ready
 from streaming.adapters.kafka.control.transport import ControlTopic
 from streaming.adapters.kafka.dead_letters import DeadLetterTopic
 from streaming.adapters.kafka.producer import CheckedSends, producer
-from streaming.adapters.objects import open_store, store_patiently
+from streaming.adapters.objects import open_store
 from streaming.adapters.sinks.kafka import KafkaSink
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, MetricsSettings, SparkSettings
@@ -57,8 +57,9 @@ from streaming.api.pipeline import Pipeline, Scale, load_pipeline
 from streaming.api.settings import JobSettings
 from streaming.engine import faults, metrics
 from streaming.engine.task.stage_task import StageTask
+from streaming.engine.worker.commits import CheckpointCommits
 from streaming.engine.worker.wiring import RunningTask, TaskFactory, WorkerClients
-from streaming.errors import ConfigError, SnapshotCorruptError, SnapshotMissingError, SparkAbsError, TaskError
+from streaming.errors import ConfigError, SparkAbsError, TaskError
 from streaming.waits import Deadline
 
 if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this module is imported
@@ -375,45 +376,15 @@ class Worker:
     def _on_control(self, event: ControlEvent) -> None:
         if not event.belongs_to(self.generation) or isinstance(event, _MEMBERSHIP):
             return
-        in_store: bool | None = None  # whether the store holds a completed checkpoint's manifest: read once
+        commits = (
+            CheckpointCommits(event, self.running_generation(), lambda: self.store, self.control.publish)
+            if isinstance(event, Complete)
+            else None
+        )
         for running in self.running:
             running.task.on_control(event)
-            if isinstance(event, Complete) and running.sink is not None:
-                in_store = self._in_store(event) if in_store is None else in_store
-                if not in_store:
-                    continue
-                faults.point(running.task.spec.name, "before_sink_commit", event.checkpoint_id)
-                # the store may be down for a while (an outage): wait for it rather than die and restore
-                committed = store_patiently(
-                    functools.partial(running.sink.commit_through, event.checkpoint_id),
-                    f"committing epochs through {event.checkpoint_id}",
-                )
-                self.control.publish(
-                    Committed(
-                        checkpoint_id=event.checkpoint_id,
-                        task=running.task.spec.name,
-                        generation=self.running_generation(),
-                        epochs=tuple(committed),
-                    )
-                )
-
-    def _in_store(self, complete: Complete) -> bool:
-        """Whether the store holds the manifest of the checkpoint ``complete``
-        says is complete: a sink commits only what a restore could start from."""
-        checkpoint_id = complete.checkpoint_id
-        try:
-            # the store may be away a while (an outage): wait for it, as the commit does
-            store_patiently(
-                functools.partial(self.store.read_manifest, checkpoint_id),
-                f"reading the manifest of checkpoint {checkpoint_id}",
-            )
-        except (SnapshotMissingError, SnapshotCorruptError) as exc:
-            log.warning(
-                f"checkpoint {complete.checkpoint_id}: complete, says the control topic, but the store has no "
-                f"readable manifest of it ({exc}): the sinks commit nothing for it"
-            )
-            return False
-        return True
+            if commits is not None:
+                commits.commit(running)
 
     def stop(self) -> None:
         self._stop.set()
