@@ -23,16 +23,19 @@ from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
 from streaming.api.topics import control_topic
 from streaming.engine import metrics
-from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, LEASE_INTERVAL_S, HeartbeatOutcome, RemoteGroups
+from streaming.engine.remote.membership import (
+    HEARTBEAT_INTERVAL_S,
+    LEASE_INTERVAL_S,
+    WAITING_NOTICE_S,
+    HeartbeatOutcome,
+    RemoteGroups,
+)
 from streaming.errors import SparkAbsError
 from streaming.waits import Deadline, join_within
 
-__all__ = ["LeaseRenewal", "RemoteMembers", "WAITING_NOTICE_S"]
+__all__ = ["LeaseRenewal", "RemoteMembers"]
 
 log = logging.getLogger(__name__)
-
-# how often the runner says which remote groups it still waits for
-WAITING_NOTICE_S = 30.0
 
 
 class LeaseRenewal:

@@ -30,7 +30,14 @@ from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection
 from streaming.api.pipeline import Scale, load_pipeline, same_pipeline
 from streaming.api.settings import JobSettings
-from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, Action, ActionKind, Membership, incarnation
+from streaming.engine.remote.membership import (
+    HEARTBEAT_INTERVAL_S,
+    WAITING_NOTICE_S,
+    Action,
+    ActionKind,
+    Membership,
+    incarnation,
+)
 from streaming.engine.worker.worker import Worker
 from streaming.errors import ConfigError, LeaseRefused, SparkAbsError
 from streaming.waits import Deadline
@@ -38,9 +45,6 @@ from streaming.waits import Deadline
 __all__ = ["RemoteWorker", "check_lease", "incarnation", "wait_for_lease"]
 
 log = logging.getLogger(__name__)
-
-# how often a worker waiting for a runner says so
-WAITING_NOTICE_S = 30.0
 
 
 def check_lease(lease: Lease, job: str, pipeline_ref: str) -> None:

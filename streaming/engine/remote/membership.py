@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 # how often the runner renews its lease, and a remote worker says it is alive
 LEASE_INTERVAL_S = 1.0
 HEARTBEAT_INTERVAL_S = 1.0
+# how often a side that waits for the other says so: the runner for the groups nobody runs yet,
+# a remote worker for a runner's lease
+WAITING_NOTICE_S = 30.0
 # own events further apart than this: the topic (or this process) stalled, and silence before does not count
 TOPIC_GAP_S = 3.0
 

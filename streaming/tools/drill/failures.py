@@ -25,7 +25,7 @@ from streaming.engine import faults
 from streaming.engine.kafka_retention import needs
 from streaming.tools.drill.cluster import ClusterFailures
 from streaming.tools.drill.feed import ProgressWatch
-from streaming.tools.drill.job import DrilledJob, is_running, job_processes, job_worker_pids, kill_group
+from streaming.tools.drill.job import DrilledJob, is_running, job_worker_pids, kill_group, processes_left
 from streaming.tools.drill.plan import (
     CLUSTER_ONLY,
     ORPHAN_BOUND_S,
@@ -35,7 +35,6 @@ from streaming.tools.drill.plan import (
     must_restore,
     restore_problem,
 )
-from streaming.waits import WaitTimeout, poll_until
 
 __all__ = ["FailureInjector", "retention_cut"]
 
@@ -157,16 +156,7 @@ class FailureInjector:
         runner.send_signal(signal.SIGKILL)
         runner.wait()
         killed = time.monotonic()
-        try:
-            poll_until(
-                lambda: not job_processes(self.job.job, groups),
-                ORPHAN_BOUND_S,
-                "the job's processes ending",
-                every_s=0.25,
-            )
-        except WaitTimeout:  # a problem of the drill, named below
-            pass
-        left = job_processes(self.job.job, groups)
+        left = processes_left(self.job.job, groups, ORPHAN_BOUND_S)
         if not left:
             outcome.orphans_gone_s = round(time.monotonic() - killed, 2)
             self.log(f"  no process of the job left {outcome.orphans_gone_s:.1f} s after the runner died")

@@ -27,9 +27,10 @@ from streaming.api.settings import Mode, StateSnapshots
 from streaming.engine import faults
 from streaming.errors import ConfigError, SparkAbsError, parse_choice
 from streaming.tools.drill.settings import DrillSettings
-from streaming.waits import Deadline
+from streaming.waits import Deadline, WaitTimeout, poll_until
 
 __all__ = [
+    "processes_left",
     "DRILL_RETAIN",
     "MAX_RESTARTS",
     "RESTART_WINDOW_S",
@@ -416,6 +417,16 @@ def job_processes(job: str, groups: Iterable[int] = ()) -> list[int]:
     table = _process_table()
     groups = set(groups) | {pid for pid, (_, args) in table.items() if _is_worker(args, job)}
     return sorted(pid for pid, (group, _) in table.items() if group in groups)
+
+
+def processes_left(job: str, groups: Iterable[int], bound_s: float) -> list[int]:
+    """``job_processes`` once they ended, or what is left of them after
+    ``bound_s`` (an orphan: the drill's problem, named by its caller)."""
+    try:
+        poll_until(lambda: not job_processes(job, groups), bound_s, f"the processes of job {job} ending", every_s=0.25)
+    except WaitTimeout:
+        pass
+    return job_processes(job, groups)
 
 
 def _process_table() -> dict[int, tuple[int, list[bytes]]]:

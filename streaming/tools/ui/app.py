@@ -63,7 +63,7 @@ from streaming.tools.ui.live import ControlWatch, live_table
 from streaming.tools.ui.liveness import JobLiveness
 from streaming.tools.ui.templates import TEMPLATES
 
-__all__ = ["JobSource", "DrillReport", "CompareRun", "create_app", "serve", "latest_drill", "latest_compare"]
+__all__ = ["JobSource", "DrillSummary", "CompareRun", "create_app", "serve", "latest_drill", "latest_compare"]
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class JobSource:
 
 
 @dataclass(frozen=True)
-class DrillReport:
+class DrillSummary:
     """A ``spark-abs drill`` report directory: its verdict and ``report.md``."""
 
     directory: Path
@@ -113,7 +113,7 @@ class CompareRun:
     text: str
 
 
-def latest_drill(home: Path, job: str) -> DrillReport | None:
+def latest_drill(home: Path, job: str) -> DrillSummary | None:
     """The newest drill report of ``job`` under ``<home>/drills`` (its
     directories are named by their start time)."""
     for directory in sorted((home / "drills").glob("*"), reverse=True):
@@ -123,7 +123,7 @@ def latest_drill(home: Path, job: str) -> DrillReport | None:
         except (OSError, ValueError):
             continue
         if summary.get("job") == job or job in summary.get("jobs", ()):  # a drill of several modes: a job each
-            return DrillReport(directory, bool(summary.get("passed")), str(summary.get("verdict", "")), text)
+            return DrillSummary(directory, bool(summary.get("passed")), str(summary.get("verdict", "")), text)
     return None
 
 

@@ -18,7 +18,7 @@ from streaming.adapters.kafka.control.events import Heartbeat, Lease, Trigger
 from streaming.api.config import KafkaAccess
 from streaming.engine.remote import leases
 from streaming.engine.remote.leases import RemoteMembers
-from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, RemoteGroups
+from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, WAITING_NOTICE_S, RemoteGroups
 
 GROUPS = {"legs": ["legs-0"], "accounts": ["accounts-0", "accounts-1"]}
 TIMEOUT_S = 10.0
@@ -183,7 +183,7 @@ def test_the_groups_nobody_runs_yet_are_named_now_and_then(monotonic, caplog):
     members.start_generation(1, None, GROUPS, None)
     caplog.set_level(logging.INFO, logger=leases.__name__)
     assert members.restore_reason() is None
-    monotonic.now += leases.WAITING_NOTICE_S - 1
+    monotonic.now += WAITING_NOTICE_S - 1
     members.restore_reason()
     waiting = [r.getMessage() for r in caplog.records if "waiting for remote worker group" in r.getMessage()]
     assert waiting == [
