@@ -34,16 +34,15 @@ def worker_groups(pipeline: Pipeline, workers: Workers) -> dict[str, list[str]]:
 
 
 class JobGroups:
-    """The worker groups of a job whose code declares ``declared``, as
-    ``workers`` groups its tasks, ``remote`` naming the groups remote
-    workers run (True: all); ``at`` a scale, the pipeline at that scale is
-    ``pipeline`` and its groups ``groups``."""
+    """The worker groups of a job whose code declares ``declared``, run at
+    the scale of ``pipeline`` (``at`` another, later), as ``workers`` groups
+    its tasks, ``remote`` naming the groups remote workers run (True: all)."""
 
-    def __init__(self, declared: Pipeline, workers: Workers, remote: bool | Collection[str]):
+    def __init__(self, declared: Pipeline, pipeline: Pipeline, workers: Workers, remote: bool | Collection[str]):
         self.declared = declared
         self.workers = workers
-        self.pipeline = declared
-        self.groups = self.of(declared)
+        self.pipeline = pipeline
+        self.groups = self.of(pipeline)
         self.remote_names = set(self.groups) if remote is True else set(remote or ())
         unknown = sorted(self.remote_names - set(self.groups))
         if unknown:

@@ -138,7 +138,7 @@ class DueRestore:
 
     A schedule, not a wait, so it does not go through ``streaming.waits``:
     nothing blocks on it; the runner's loop asks it at every step
-    (``JobRunner._retry_restore``, which pauses at most 0.2 s a step and
+    (``WaitingRestore.retry``, which pauses at most 0.2 s a step and
     fails the job, naming ``restore_wait_s``, once that bound passed), so
     whoever drives the runner keeps control between steps (Ctrl-C, SIGUSR1,
     the run's end are heard); ``waits.retry`` would hold the loop for the

@@ -158,8 +158,7 @@ class JobRunner:
         self.on_complete = on_complete
         self.worker_env = dict(options.worker_env)
         # which worker group runs which tasks, at the job's scale, and which groups run remotely
-        self.layout = JobGroups(self.declared, options.workers, remote)
-        self.layout.at(self.pipeline)
+        self.layout = JobGroups(self.declared, self.pipeline, options.workers, remote)
         self.remote = RemoteMembers(
             incarnation(),
             pipeline_ref,
@@ -351,14 +350,14 @@ class JobRunner:
         if plan.rewritten:
             if self.layout.remote_names:
                 poll = self.coordinator.poll if self.coordinator is not None else None
-                self.remote.pause(plan.generation, plan.rewriting_said(), poll, self.connection.kafka, self.key)
+                self.remote.pause(plan.generation, plan.pause_reason(), poll, self.connection.kafka, self.key)
             self.stop_workers()
             self.recovery.write(plan)
         self.log.info(
             "restoring generation %d from %s%s (%s)",
             plan.generation,
             f"checkpoint {plan.checkpoint_id}" if plan.checkpoint_id else "the beginning (no complete checkpoint)",
-            plan.rewrite_said(),
+            plan.rewrite_note(),
             reason,
         )
         # a rescale or a change writes the checkpoint again under a new id: what it came from is what counts

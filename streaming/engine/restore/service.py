@@ -124,7 +124,7 @@ class RestorePlan:
         """Whether the checkpoint restored must be written first (``RestoreService.write``)."""
         return self.rescale is not None or self.change is not None
 
-    def rewrite_said(self) -> str:
+    def rewrite_note(self) -> str:
         """What writing the checkpoint again did, for the restore's log line ("" when it is not written)."""
         if self.rescale is not None:
             return f" (checkpoint {self.rescaled_from} rescaled to {self.scale.describe()})"
@@ -132,7 +132,7 @@ class RestorePlan:
             return f" (checkpoint {self.changed_from} changed: {self.change.describe()})"
         return ""
 
-    def rewriting_said(self) -> str:
+    def pause_reason(self) -> str:
         """Why the job's remote workers pause while the checkpoint is written again."""
         if self.rescale is not None:
             return f"checkpoint {self.rescaled_from} is being rescaled to {self.scale.describe()}"

@@ -40,7 +40,6 @@ from barriers.messages import (
     decode,
 )
 from streaming.adapters.kafka.control.events import ControlEvent, Progress, Replayed
-from streaming.adapters.serde import codec
 from streaming.adapters.serde.records import (
     BATCH_BEGAN,
     HANDED,
@@ -68,9 +67,6 @@ from streaming.errors import TaskError
 __all__ = ["StageTask", "TaskStart", "TaskIO", "TaskOptions"]
 
 log = logging.getLogger(__name__)
-
-# how records of a channel the task does not know are read: as an ingress's, no Arrow batch taken
-_UNKNOWN_CHANNEL = codec.ChannelReading.ingress(None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ says what it runs and measures)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -19,10 +20,11 @@ from barriers.coordinator import CheckpointStatus
 from barriers.handler import CheckpointKind
 from streaming.adapters.snapshots.format import text_of
 from streaming.api.config import KafkaAccess
+from streaming.api.pipeline import pipeline_module
 from streaming.api.settings import JobSettings, Mode
 from streaming.errors import ConfigError, SparkAbsError
 from streaming.tools.compare.model import Comparison, Restore, Run, Sample
-from streaming.tools.compare.workloads import VARIANTS, Workload
+from streaming.tools.compare.workloads import MONEY_PIPELINE, VARIANTS, Workload
 from streaming.waits import Deadline
 
 __all__ = ["VARIANTS", "run_compare", "check_variants"]
@@ -31,6 +33,12 @@ log = logging.getLogger(__name__)
 
 # the warm-up waits at most this much longer for every job's first checkpoint
 _WARMUP_LIMIT_S = 60.0
+
+
+@functools.cache
+def _money_step_ms() -> int:
+    """The money pipeline's milliseconds of event time between transfers (its module's ``STEP_MS``)."""
+    return int(pipeline_module(MONEY_PIPELINE).STEP_MS)
 
 
 def check_variants(variants: Sequence[str]) -> None:
@@ -237,10 +245,7 @@ class _Feed:
 
     def _record(self, partition: int, index: int) -> tuple[bytes, bytes | None]:
         if self.workload.kind == "money":
-            from streaming.api.pipeline import pipeline_module
-
-            STEP_MS = pipeline_module("money").STEP_MS
-
+            step_ms = _money_step_ms()
             rng = np.random.default_rng(index)
             source, target = rng.choice(self.workload.keys, 2, replace=False)
             transfer: dict[str, Any] = {
@@ -248,7 +253,7 @@ class _Feed:
                 "source": f"acct-{source:02d}",
                 "target": f"acct-{target:02d}",
                 "amount": int(rng.integers(1, 500)),
-                "ts": index * STEP_MS,
+                "ts": index * step_ms,
             }
             return json.dumps(transfer).encode(), transfer["source"].encode()
         record = {"id": partition * 100_000_000 + index, "key": f"k{index % self.workload.keys}"}

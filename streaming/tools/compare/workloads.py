@@ -12,12 +12,12 @@ from barriers.messages import InFlightFormat
 from streaming.api.settings import Mode
 from streaming.errors import ConfigError
 
-__all__ = ["WORKLOADS", "VARIANTS", "Workload"]
+__all__ = ["WORKLOADS", "VARIANTS", "MONEY_PIPELINE", "Workload"]
 
 WORKLOADS = ("backpressure", "skew", "backlog", "money")
 _SLOW = "streaming.tools.compare.slow:slow_pipeline"
 # the example pipeline of the money workload, by name (the library does not import the examples)
-_MONEY = "money"
+MONEY_PIPELINE = "money"
 
 # variant name -> JobSettings keyword arguments (aligned-timeout's timeout comes from --timeout-ms)
 VARIANTS: Mapping[str, Mapping[str, Any]] = {
@@ -105,7 +105,7 @@ class Workload:
 
     def pipeline_ref(self, point: float) -> str:
         if self.kind == "money":
-            return _MONEY
+            return MONEY_PIPELINE
         return f"{_SLOW}?ms_per_record={self.cost_ms(point):g}"
 
     def label(self, point: float) -> str:

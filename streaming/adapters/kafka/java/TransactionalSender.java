@@ -33,7 +33,7 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 /**
  * The Kafka sink's transactions, written by Kafka's own Java client (the
  * second transaction protocol, KIP-890, where the broker has it).  One
- * process per sink task, driven over stdin by streaming.adapters.kafka_txn:
+ * process per sink task, driven over stdin by streaming.adapters.kafka.transactions:
  *
  * <ul>
  *   <li>first the producer's properties (Java properties text, length-prefixed);

@@ -20,7 +20,7 @@ import org.apache.spark.unsafe.types.UTF8String;
 
 /**
  * Runs of data records between control records, numbered in the one pass Spark makes over a
- * micro-batch of Kafka records (streaming.adapters.spark_stage).
+ * micro-batch of Kafka records (streaming.adapters.spark.stage).
  *
  * <p>The input's first five columns are a record's topic (string), partition (int), offset
  * (long), whether it is a control record (boolean, never null) and its event time in

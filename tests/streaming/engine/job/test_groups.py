@@ -121,7 +121,7 @@ def test_job_groups_split_local_from_remote_and_know_the_scale_they_run_at():
     from streaming.engine.job.groups import JobGroups
 
     declared = pipeline("j")
-    groups = JobGroups(declared, "per-stage", {"windows"})
+    groups = JobGroups(declared, declared, "per-stage", {"windows"})
     assert sorted(groups.local) == ["accounts", "legs"] and groups.remote == {"windows": ["windows-0"]}
     assert groups.scale is None  # as the code declares
     rescaled = declared.rescaled(Scale({"accounts": 3}))
@@ -129,5 +129,8 @@ def test_job_groups_split_local_from_remote_and_know_the_scale_they_run_at():
     assert groups.local["accounts"] == ["accounts-0", "accounts-1", "accounts-2"]
     assert groups.scale == rescaled.scale and groups.pipeline is rescaled
     with pytest.raises(SparkAbsError, match="workers must run every task exactly once"):
-        JobGroups(declared, {"a": ["legs-0"]}, False)
-    assert JobGroups(declared, None, True).remote_names == {"all"}
+        JobGroups(declared, declared, {"a": ["legs-0"]}, False)
+    assert JobGroups(declared, declared, None, True).remote_names == {"all"}
+    # a mapping of the tasks at the job's scale, not the declared one's
+    everything = [t.name for t in rescaled.tasks()]
+    assert JobGroups(declared, rescaled, {"w": everything}, False).local == {"w": everything}
