@@ -1,26 +1,38 @@
-"""A worker's sink commits (``streaming.engine.worker.commits``): each sink
-task commits a complete checkpoint and says so, the store asked once for
-its manifest; a checkpoint the store has no manifest of commits nothing."""
+"""A worker's sink commits (``streaming.engine.worker.commits``): its sink
+tasks commit on a ``complete`` event only when the store holds the
+checkpoint's manifest, read once: what a restore could start from.  A store
+that does not answer for a while is waited for, not taken for a missing
+manifest."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+from spark_abs_examples import money
 from streaming.adapters.kafka.control.events import Committed, Complete
+from streaming.api.config import Connection, KafkaAccess
+from streaming.api.settings import JobSettings
 from streaming.engine.worker.commits import CheckpointCommits
 from streaming.engine.worker.wiring import RunningTask
-from streaming.errors import SnapshotMissingError
+from streaming.engine.worker.worker import Worker
+from streaming.errors import SnapshotMissingError, StoreError
 
 
 class _Store:
-    def __init__(self, manifests: set[int]):
-        self.manifests = manifests
+    """The manifests of ``complete`` checkpoints, and how often each was read."""
+
+    def __init__(self, complete: set[int], away: int = 0):
+        self.complete = complete
+        self.away = away  # reads that find the store unreachable first
         self.reads: list[int] = []
 
-    def read_manifest(self, checkpoint_id: int) -> object:
+    def read_manifest(self, checkpoint_id: int):
         self.reads.append(checkpoint_id)
-        if checkpoint_id not in self.manifests:
-            raise SnapshotMissingError(f"no manifest of checkpoint {checkpoint_id}")
+        if self.away:
+            self.away -= 1
+            raise StoreError("the store did not answer (connection refused)")
+        if checkpoint_id not in self.complete:
+            raise SnapshotMissingError(f"checkpoint {checkpoint_id} has no manifest")
         return object()
 
 
@@ -30,7 +42,27 @@ class _Sink:
 
     def commit_through(self, checkpoint_id: int) -> list[int]:
         self.through.append(checkpoint_id)
-        return [checkpoint_id - 1, checkpoint_id]
+        return [checkpoint_id]
+
+
+def test_a_complete_without_a_manifest_in_the_store_commits_nothing():
+    pipeline = money.pipeline("sinks")
+    connection = Connection(KafkaAccess("127.0.0.1:9"), "http://127.0.0.1:9", "a", "b", "bucket")
+    worker = Worker(pipeline, ["windows-0"], JobSettings(store="file:///x"), connection, generation=3, restore=None)
+    worker.store = _Store({7}, away=1)  # type: ignore[assignment]
+    published: list = []
+    worker.control = SimpleNamespace(publish=published.append)  # type: ignore[assignment]
+    sinks = [_Sink(), _Sink()]
+    task = SimpleNamespace(on_control=lambda event: None, spec=SimpleNamespace(name="windows-0"))
+    worker.running = [RunningTask(task, sink) for sink in sinks]  # type: ignore[arg-type]
+
+    worker._on_control(Complete(checkpoint_id=9, generation=3))  # no manifest of 9: nothing commits
+    assert [s.through for s in sinks] == [[], []] and published == []
+    worker._on_control(Complete(checkpoint_id=7, generation=3))
+    assert [s.through for s in sinks] == [[7], [7]]
+    assert [(e.checkpoint_id, e.epochs) for e in published if isinstance(e, Committed)] == [(7, (7,)), (7, (7,))]
+    # once per event, not per sink task; the store away at first is waited for, as a commit waits
+    assert worker.store.reads == [9, 9, 7]
 
 
 def _running(name: str, sink: _Sink | None) -> RunningTask:
@@ -44,8 +76,8 @@ def test_every_sink_task_commits_and_says_so_the_manifest_read_once():
         commits.commit(running)
     assert [s.through for s in sinks] == [[7], [7]] and store.reads == [7]
     assert published == [
-        Committed(checkpoint_id=7, task="a-0", generation=2, epochs=(6, 7)),
-        Committed(checkpoint_id=7, task="w-0", generation=2, epochs=(6, 7)),
+        Committed(checkpoint_id=7, task="a-0", generation=2, epochs=(7,)),
+        Committed(checkpoint_id=7, task="w-0", generation=2, epochs=(7,)),
     ]
 
 
