@@ -8,6 +8,7 @@ one broker can stop and every topic is still written and read."""
 from __future__ import annotations
 
 import base64
+import subprocess
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,13 +16,21 @@ from pathlib import Path
 
 from streaming.adapters.kafka import clients as kafka_clients
 from streaming.adapters.kafka.admin import replication
+from streaming.adapters.spark.jars import Artifact
 from streaming.api.config import KafkaAccess
+from streaming.errors import ServiceStartError
+from streaming.local import processes
 from streaming.local.kafka_security import BrokerSecurity
 from streaming.local.processes import ServiceSpec
+from streaming.local.services import Progress, RuntimeServices
 from streaming.private_files import write_private
 
 __all__ = [
+    "KafkaStarter",
     "Voter",
+    "broker_artifacts",
+    "node_spec",
+    "node_specs",
     "broker_properties",
     "brokers_up",
     "broker_spec",
@@ -215,3 +224,131 @@ def brokers_up(kafka: KafkaAccess) -> int:
         return len(admin.describe_cluster().get("brokers", []))
     finally:
         admin.close()
+
+
+def broker_artifacts(version: str) -> tuple[Artifact, ...]:
+    """The broker and a log4j2 binding (the Maven artifact brings only slf4j-api)."""
+    return (
+        Artifact("org.apache.kafka", "kafka_2.13", version),
+        Artifact("org.slf4j", "slf4j-api", "2.0.16"),
+        Artifact("org.apache.logging.log4j", "log4j-slf4j2-impl", "2.24.3"),
+        Artifact("org.apache.logging.log4j", "log4j-core", "2.24.3"),
+    )
+
+
+def node_spec(services: RuntimeServices, java: str = "java", name: str = "kafka") -> ServiceSpec:
+    """Node ``name`` of the runtime ``services`` (``java`` as ``up`` starts it; the default finds it)."""
+    return broker_spec(java, services.kafka_jars_dir(), services.dir, services.settings.kafka_heap, name)
+
+
+def node_specs(services: RuntimeServices) -> list[ServiceSpec]:
+    """Every Kafka node of the runtime, as ``down`` and ``status`` find them."""
+    return [node_spec(services, name=n) for n in services.kafka_names()]
+
+
+class KafkaStarter:
+    """The Kafka node or nodes (KRaft, one voter set): a node that runs keeps
+    its ports; one that does not gets a port, its data dir formatted (with
+    the cluster id the others have) and is started; ready once every node
+    is a broker of the cluster."""
+
+    def __init__(self, services: RuntimeServices, progress: Progress):
+        self.services = services
+        self._progress = progress
+
+    def up(self, java: str, remembered: dict[str, int]) -> dict[str, int]:
+        names = self.services.kafka_names()
+        specs = {n: node_spec(self.services, java, n) for n in names}
+        running = {n for n, spec in specs.items() if processes.running_pid(spec.pid_path, spec.marker) is not None}
+        if running == set(names) and all(n in remembered and f"{n}_controller" in remembered for n in names):
+            return {k: remembered[k] for n in names for k in (n, f"{n}_controller")}
+        ports = self._ports(names, running, remembered)
+        self._start(java, names, specs, running, ports)
+        return ports
+
+    def _ports(self, names: list[str], running: set[str], remembered: dict[str, int]) -> dict[str, int]:
+        """Each node's broker and controller port: kept where it runs, else chosen."""
+        ports: dict[str, int] = {}
+        taken: set[int] = set()
+        for name in names:
+            if name in running and name in remembered:  # a node that runs keeps its ports
+                ports[name], ports[f"{name}_controller"] = remembered[name], remembered[f"{name}_controller"]
+                taken |= {ports[name], ports[f"{name}_controller"]}
+        single = len(names) == 1
+        settings = self.services.settings
+        for name in names:
+            if name in ports:
+                continue
+            what = "the Kafka broker" if single else f"Kafka node {name}"
+            configured = settings.kafka_port if single else 0
+            ports[name] = self.services.choose_port(name, configured, remembered, taken, what)
+            taken.add(ports[name])
+            configured = settings.kafka_controller_port if single else 0
+            key = f"{name}_controller"
+            ports[key] = self.services.choose_port(key, configured, remembered, taken, f"the controller of {what}")
+            taken.add(ports[key])
+        return ports
+
+    def _start(
+        self,
+        java: str,
+        names: list[str],
+        specs: dict[str, processes.ServiceSpec],
+        running: set[str],
+        ports: dict[str, int],
+    ) -> None:
+        """Format (when new) and start each node that does not run, then wait for them."""
+        single = len(names) == 1
+        home, settings = self.services.dir, self.services.settings
+        voters = [Voter(i, ports[f"{n}_controller"]) for i, n in enumerate(names, 1)] if not single else []
+        cid = self._cluster_id(names) if not single else None
+        security = self.services.kafka_security()
+        started: list[tuple[str, processes.ServiceSpec, subprocess.Popen[bytes]]] = []
+        for node_id, name in enumerate(names, 1):
+            if name in running:
+                continue
+            config, log4j = write_config(
+                home,
+                ports[name],
+                ports[f"{name}_controller"],
+                name=name,
+                node_id=node_id,
+                voters=voters,
+                security=security,
+            )
+            if not is_formatted(home, name):
+                cmd = format_command(java, self.services.kafka_jars_dir(), config, log4j, home / "logs", cid, security)
+                try:
+                    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+                finally:
+                    (config.parent / FORMAT_ARGS).unlink(missing_ok=True)
+                if done.returncode != 0:
+                    raise ServiceStartError(f"formatting the data dir of {name} failed:\n{done.stdout}{done.stderr}")
+            self._progress(f"starting Kafka {settings.kafka_version} (KRaft) {name} on 127.0.0.1:{ports[name]}")
+            started.append((name, specs[name], processes.start(specs[name])))
+        kafka = self.services.kafka_access(",".join(f"127.0.0.1:{ports[n]}" for n in names))
+        for name, spec, proc in started:
+
+            def ready(n: str = name) -> bool:
+                return processes.port_open(ports[n]) and brokers_up(kafka) >= len(names)
+
+            took = processes.wait_ready(
+                spec,
+                proc,
+                ready,
+                settings.start_timeout_s,
+                extra_logs=[home / "logs" / f"{name}.log"],
+            )
+            self._progress(f"Kafka {name} ready after {took:.1f} s")
+        if security is not None and started:
+            security.grant_job_user(kafka.servers)
+
+    def _cluster_id(self, names: list[str]) -> str:
+        """The id the formatted nodes have (a node formatted again must match), else a new one."""
+        for name in names:
+            meta = self.services.dir / name / "data" / "meta.properties"
+            if meta.exists():
+                for line in meta.read_text().splitlines():
+                    if line.startswith("cluster.id="):
+                        return line.split("=", 1)[1].strip()
+        return cluster_id()

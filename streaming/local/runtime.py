@@ -23,32 +23,31 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyspark
 
-from streaming.adapters.kafka import transactions as kafka_txn
 from streaming.adapters.objects import ensure_bucket
 from streaming.adapters.spark import jars
 from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.api.job_key import generate_secret, read_secret_file, write_secret_file
 from streaming.errors import ConfigError
-from streaming.local import artifacts, processes
+from streaming.local import artifacts, kafka_broker, processes, s3_server, schema_registry, spark_cluster
 from streaming.local.artifacts import FETCHABLE, ON_DEMAND
+from streaming.local.kafka_broker import KafkaStarter
 from streaming.local.kafka_security import JOB_USER
-from streaming.local.schema_registry import api_url
-from streaming.local.services import RuntimeServices
-from streaming.local.starters import KafkaStarter, RegistryStarter, S3Starter, SparkStarter
+from streaming.local.s3_server import S3Starter
+from streaming.local.schema_registry import RegistryStarter, api_url
+from streaming.local.services import Progress, RuntimeServices
+from streaming.local.spark_cluster import SparkStarter
 from streaming.private_files import write_private
 
 __all__ = ["LocalRuntime", "RuntimeStatus", "ServiceStatus"]
 
 log = logging.getLogger(__name__)
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +109,10 @@ class LocalRuntime:
     """The local Kafka broker and S3 server (on a cluster, Kafka nodes and a
     Spark standalone cluster), the schema registry on demand, and the
     connector jars for Spark: fetched, brought up, stopped and reported on.
-    Where each service lives is ``services`` (``RuntimeServices``); starting
-    each is a starter's (``KafkaStarter``, ``S3Starter``, ``RegistryStarter``,
-    ``SparkStarter``)."""
+    The runtime's home and ports are ``services`` (``RuntimeServices``); each
+    service's module makes its spec and starts it (``kafka_broker.KafkaStarter``,
+    ``s3_server.S3Starter``, ``schema_registry.RegistryStarter``,
+    ``spark_cluster.SparkStarter``)."""
 
     def __init__(self, settings: LocalRuntimeSettings | None = None, progress: Progress = log.info):
         self.settings = settings or LocalRuntimeSettings()
@@ -135,35 +135,17 @@ class LocalRuntime:
     # -- up / down / status -------------------------------------------------
 
     def fetch(self, only: Sequence[str] = FETCHABLE) -> dict[str, list[Path]]:
-        """Resolve (once, into the cache) the artifacts named in ``only``:
-        ``kafka`` jars, the ``s3-server`` binary, the ``spark-connector`` jars,
-        the ``schema-registry``'s runnable jar, the ``kafka-sink``'s Java
-        client (``streaming.adapters.kafka.transactions``)."""
-        unknown = sorted(set(only) - set(FETCHABLE))
-        if unknown:
-            raise ConfigError(f"cannot fetch {', '.join(unknown)}; choose from {', '.join(FETCHABLE)}")
-        s = self.settings
-        fetched: dict[str, list[Path]] = {}
-        if "kafka" in only:
-            fetched["kafka"] = jars.resolve_jars(
-                f"kafka-{s.kafka_version}",
-                artifacts.kafka_broker_artifacts(s.kafka_version),
-                s.cache_dir,
-                self._progress,
-            )
-        if "s3-server" in only:
-            fetched["s3-server"] = [artifacts.build_versitygw(s.s3_server_version, s.cache_dir, self._progress)]
-        if "schema-registry" in only:
-            fetched["schema-registry"] = [
-                artifacts.build_schema_registry(s.schema_registry_version, s.cache_dir, self._progress)
-            ]
-        if "kafka-sink" in only:
-            fetched["kafka-sink"] = kafka_txn.sender_classpath(s.cache_dir, self._progress)
-        if "spark-connector" in only:
-            fetched["spark-connector"] = jars.connector_jars(
-                s.spark_version, s.cache_dir, Path(pyspark.__file__).parent / "jars", self._progress
-            )
-        return fetched
+        """Resolve (once, into the cache) the artifacts named in ``only`` (``artifacts.fetch``)."""
+        return artifacts.fetch(self.settings, only, self._progress)
+
+    def specs(self) -> list[processes.ServiceSpec]:
+        """Every service, as ``down``, ``status`` and ``stop_service`` find them."""
+        return [
+            *kafka_broker.node_specs(self.services),
+            s3_server.server_spec(self.services),
+            schema_registry.server_spec(self.services),
+            *spark_cluster.specs(self.services),
+        ]
 
     def up(self, registry: bool = False) -> Connection:
         """Start whatever is not running yet and return the connection details.
@@ -184,7 +166,7 @@ class LocalRuntime:
         fetched = self.fetch([a for a in FETCHABLE if registry or a not in ON_DEMAND])
         binary = fetched["s3-server"][0]
         with self._locked():
-            self.services.stop_unrecorded(self._progress)
+            self.services.stop_unrecorded(self.specs(), self._progress)
             ports = self.services.load_ports()
             kafka_ports = KafkaStarter(self.services, self._progress).up(java, ports)
             s3_port = S3Starter(self.services, self._progress).up(binary, ports, set(kafka_ports.values()))
@@ -273,14 +255,14 @@ class LocalRuntime:
         Returns a line per service saying what happened."""
         report = []
         with self._locked():
-            spark = self.services.spark_specs()
+            spark = spark_cluster.specs(self.services)
             # every Kafka node at once (one by one, each would hand its leaderships to the next), then the rest
-            nodes = [self.services.kafka_spec(name=n) for n in self.services.kafka_names()]
+            nodes = kafka_broker.node_specs(self.services)
             with ThreadPoolExecutor(len(nodes)) as pool:
                 stopped = list(pool.map(lambda spec: processes.stop(spec.pid_path, spec.marker), nodes))
             for spec in [
-                self.services.s3_spec(),
-                self.services.registry_spec(),
+                s3_server.server_spec(self.services),
+                schema_registry.server_spec(self.services),
                 *reversed(spark),
             ]:  # Spark workers before their master
                 nodes.append(spec)
@@ -301,7 +283,7 @@ class LocalRuntime:
         drill makes one); ``up`` starts it again where it was.  ``kill``:
         SIGKILL at once, as a crash.  Returns the pid stopped, or None when it
         was not running."""
-        specs = {spec.name: spec for spec in self.services.specs()}
+        specs = {spec.name: spec for spec in self.specs()}
         if name not in specs:
             raise ConfigError(f"no local service called {name!r}; choose from {', '.join(specs)}")
         spec = specs[name]
@@ -313,15 +295,15 @@ class LocalRuntime:
     def status(self) -> RuntimeStatus:
         ports = self.services.load_ports()
         connection = self._recorded()
-        registry_spec = self.services.registry_spec()
+        registry_spec = schema_registry.server_spec(self.services)
         services = []
-        for spec in self.services.specs():
+        for spec in self.specs():
             port = ports.get(self.services.port_names(spec.name)[0])
             pid = processes.running_pid(spec.pid_path, spec.marker)
             off = ""
             if spec.name == registry_spec.name and pid is None and not (connection and connection.schema_registry):
                 # on demand, and nothing asked for it since the last `down`: not a service that is missing
-                built = artifacts.schema_registry_built(self.settings.schema_registry_version, self.settings.cache_dir)
+                built = schema_registry.built(self.settings.schema_registry_version, self.settings.cache_dir)
                 off, port = ("not started" if built else "not built"), None
             services.append(
                 ServiceStatus(

@@ -9,21 +9,85 @@ AWS SDK sends by default, and lists multipart leftovers as objects): it is one
 
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
+import tempfile
 from pathlib import Path
 
+from streaming.adapters.spark.jars import COMPLETE, require_tool
+from streaming.errors import ArtifactResolutionError
+from streaming.local import processes
 from streaming.local.processes import ServiceSpec
+from streaming.local.services import Progress, RuntimeServices
+from streaming.private_files import replace_into
 
-__all__ = ["server_spec"]
+__all__ = ["S3Starter", "build_versitygw", "server_spec"]
+
+log = logging.getLogger(__name__)
 
 
-def server_spec(binary: Path, runtime_dir: Path, port: int, access_key: str, secret_key: str) -> ServiceSpec:
+def server_spec(services: RuntimeServices, binary: Path | None = None, port: int = 0) -> ServiceSpec:
+    """The server of the runtime ``services`` (``binary`` and ``port`` as ``up`` starts it; the defaults find it)."""
+    runtime_dir, settings = services.dir, services.settings
+    binary = binary or Path("versitygw")
     data_dir = runtime_dir / "s3" / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     return ServiceSpec(
         name="s3",
         argv=[str(binary), "--port", f"127.0.0.1:{port}", "posix", str(data_dir)],
-        env={"ROOT_ACCESS_KEY": access_key, "ROOT_SECRET_KEY": secret_key},
+        env={"ROOT_ACCESS_KEY": settings.s3_access_key, "ROOT_SECRET_KEY": settings.s3_secret_key},
         log_path=runtime_dir / "logs" / "s3.out",
         pid_path=runtime_dir / "pids" / "s3.pid",
         marker=str(data_dir),
     )
+
+
+def build_versitygw(version: str, cache_dir: Path, progress: Progress = log.info) -> Path:
+    """The versitygw binary at ``version``, built with ``go install`` once."""
+    target = cache_dir / "bin" / f"versitygw-{version}"
+    binary = target / "versitygw"
+    if (target / COMPLETE).exists() and binary.exists():
+        return binary
+    go = require_tool("go")
+    progress(f"building the S3 API server versitygw {version} with `go install` (first time only, about 2-3 minutes)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".versitygw-") as tmp:
+        env = dict(os.environ, GOBIN=tmp, CGO_ENABLED="0")
+        cmd = [go, "install", f"github.com/versity/versitygw/cmd/versitygw@{version}"]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+        except subprocess.TimeoutExpired as exc:
+            raise ArtifactResolutionError(
+                "go install versitygw took over 20 minutes; is the Go module proxy reachable?"
+            ) from exc
+        built = Path(tmp) / "versitygw"
+        if done.returncode != 0 or not built.exists():
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])
+            raise ArtifactResolutionError(f"go install versitygw@{version} failed (exit {done.returncode}):\n{tail}")
+        target.mkdir(exist_ok=True)
+        replace_into(built, binary)
+        (target / COMPLETE).write_text(version + "\n")
+    return binary
+
+
+class S3Starter:
+    """The S3 API server (versitygw): kept with its port when it runs, else
+    started on the configured or a free port; ready once it listens."""
+
+    def __init__(self, services: RuntimeServices, progress: Progress):
+        self.services = services
+        self._progress = progress
+
+    def up(self, binary: Path, remembered: dict[str, int], taken: set[int]) -> int:
+        settings = self.services.settings
+        probe = server_spec(self.services, binary)
+        if processes.running_pid(probe.pid_path, probe.marker) is not None and "s3" in remembered:
+            return remembered["s3"]
+        port = self.services.choose_port("s3", settings.s3_port, remembered, taken, "the S3 server")
+        spec = server_spec(self.services, binary, port)
+        self._progress(f"starting S3 API server versitygw {settings.s3_server_version} on 127.0.0.1:{port}")
+        proc = processes.start(spec)
+        took = processes.wait_ready(spec, proc, lambda: processes.port_open(port), settings.start_timeout_s)
+        self._progress(f"S3 server ready after {took:.1f} s")
+        return port

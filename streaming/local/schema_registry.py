@@ -13,18 +13,39 @@ own that does.
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
 import urllib.error
 import urllib.request
+import zipfile
 from pathlib import Path
+from xml.sax.saxutils import escape
 
+from streaming.adapters.spark.jars import COMPLETE, MAVEN_CENTRAL, maven_errors, maven_settings, require_tool
+from streaming.api.config import ENV
+from streaming.errors import ArtifactResolutionError
+from streaming.local import processes
 from streaming.local.processes import ServiceSpec
+from streaming.local.services import Progress, RuntimeServices
+from streaming.private_files import replace_into
 
-__all__ = ["server_spec", "data_dir_of", "api_url", "ready"]
+__all__ = ["RegistryStarter", "api_url", "build", "built", "data_dir_of", "ready", "server_spec"]
+
+log = logging.getLogger(__name__)
 
 API_PATH = "/apis/ccompat/v7"
 
 
-def server_spec(java: str, runner: Path, runtime_dir: Path, port: int) -> ServiceSpec:
+def server_spec(
+    services: RuntimeServices, java: str = "java", runner: Path | None = None, port: int = 0
+) -> ServiceSpec:
+    """The registry of the runtime ``services`` (``java``, ``runner`` and ``port`` as ``up`` starts
+    it; the defaults find it)."""
+    runtime_dir = services.dir
+    runner = runner or Path("registry-runner.jar")
     data_dir = data_dir_of(runtime_dir)
     return ServiceSpec(
         name="registry",
@@ -60,3 +81,126 @@ def ready(port: int) -> bool:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+# Apicurio Registry's Maven artifact is its application before Quarkus' build step: a
+# project of one dependency builds it into a runnable jar.  For 2.4.2.Final: everit's JSON
+# Schema validator comes from JitPack in its POM (Maven Central has the same packages as
+# com.github.erosb's), the config-index deployment module is served at 0.1.10.Final, and
+# the application jar has no Jandex index, so Quarkus is told to index it.
+_REGISTRY_QUARKUS = {"2.4.2.Final": "2.16.4.Final"}
+_REGISTRY_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>spark-abs.local</groupId><artifactId>schema-registry</artifactId><version>1</version>
+  <properties><maven.compiler.release>17</maven.compiler.release></properties>
+  <dependencyManagement><dependencies>
+    <dependency><groupId>io.apicurio</groupId><artifactId>apicurio-common-app-components-config-index</artifactId><version>0.1.10.Final</version></dependency>
+    <dependency><groupId>io.apicurio</groupId><artifactId>apicurio-common-app-components-config-index-deployment</artifactId><version>0.1.10.Final</version></dependency>
+    <dependency><groupId>io.apicurio</groupId><artifactId>apicurio-registry</artifactId><version>{version}</version><type>pom</type><scope>import</scope></dependency>
+  </dependencies></dependencyManagement>
+  <dependencies>
+    <dependency><groupId>io.apicurio</groupId><artifactId>apicurio-registry-app</artifactId><version>{version}</version>
+      <exclusions><exclusion><groupId>com.github.everit-org.json-schema</groupId><artifactId>org.everit.json.schema</artifactId></exclusion></exclusions></dependency>
+    <dependency><groupId>com.github.erosb</groupId><artifactId>everit-json-schema</artifactId><version>1.14.2</version></dependency>
+  </dependencies>
+  <build><plugins><plugin><groupId>io.quarkus</groupId><artifactId>quarkus-maven-plugin</artifactId><version>{quarkus}</version>
+    <executions><execution><goals><goal>build</goal></goals></execution></executions></plugin></plugins></build>
+</project>
+"""
+_REGISTRY_INDEX = (
+    "\nquarkus.index-dependency.apicurioapp.group-id=io.apicurio"
+    "\nquarkus.index-dependency.apicurioapp.artifact-id=apicurio-registry-app\n"
+)
+
+
+def _registry_runner(version: str, cache_dir: Path) -> Path:
+    return cache_dir / "bin" / f"apicurio-registry-{version}" / "registry-runner.jar"
+
+
+def built(version: str, cache_dir: Path) -> bool:
+    """Whether Apicurio Registry ``version`` is built in the cache (``build`` has finished)."""
+    runner = _registry_runner(version, cache_dir)
+    return (runner.parent / COMPLETE).exists() and runner.exists()
+
+
+def build(version: str, cache_dir: Path, progress: Progress = log.info) -> Path:
+    """Apicurio Registry ``version``'s runnable jar (with its ``lib/`` beside
+    it), built once with Maven and Quarkus from Maven Central."""
+    runner = _registry_runner(version, cache_dir)
+    target = runner.parent
+    if built(version, cache_dir):
+        return runner
+    quarkus = _REGISTRY_QUARKUS.get(version)
+    if quarkus is None:
+        raise ArtifactResolutionError(
+            f"schema registry {version}: only {', '.join(_REGISTRY_QUARKUS)} is known to build here "
+            "(schema_registry_version)"
+        )
+    mvn = require_tool("mvn")
+    repo = os.environ.get(ENV["maven_repo"]) or MAVEN_CENTRAL
+    progress(f"building the schema registry Apicurio {version} with Maven (first time only, about a minute)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".registry-") as tmp:
+        work = Path(tmp)
+        (work / "pom.xml").write_text(_REGISTRY_POM.format(version=escape(version), quarkus=escape(quarkus)))
+        (work / "settings.xml").write_text(maven_settings(repo))
+        base = [mvn, "-B", "-q", "-s", str(work / "settings.xml"), "-f", str(work / "pom.xml")]
+        app = f"io.apicurio:apicurio-registry-app:{version}"
+        _maven(base + ["dependency:copy", f"-Dartifact={app}", f"-DoutputDirectory={work / 'app'}"], app)
+        resources = work / "src" / "main" / "resources"
+        (resources / "META-INF").mkdir(parents=True)
+        with zipfile.ZipFile(work / "app" / f"apicurio-registry-app-{version}.jar") as jar:
+            for name in ("application.properties", "META-INF/web.xml", "META-INF/openapi.json"):
+                (resources / name).write_bytes(jar.read(name))
+        with open(resources / "application.properties", "a") as properties:
+            properties.write(_REGISTRY_INDEX)
+        _maven(base + ["package"], f"the registry application {version}")
+        output = work / "target"
+        target.mkdir(exist_ok=True)
+        shutil.rmtree(target / "lib", ignore_errors=True)  # an interrupted build's (moved into, it would nest)
+        shutil.move(str(output / "lib"), target / "lib")
+        replace_into(output / "schema-registry-1-runner.jar", runner)
+        (target / COMPLETE).write_text(version + "\n")
+    return runner
+
+
+def _maven(cmd: list[str], what: str) -> None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    except subprocess.TimeoutExpired as exc:
+        raise ArtifactResolutionError(f"mvn took over 20 minutes on {what}; is the Maven registry reachable?") from exc
+    if done.returncode != 0:
+        raise ArtifactResolutionError(
+            f"mvn failed on {what} (exit {done.returncode}):\n{maven_errors(done.stdout + done.stderr)}"
+        )
+
+
+class RegistryStarter:
+    """The schema registry (Apicurio): kept with its port when it runs, else
+    started on the configured or a free port; ready once its health check
+    says so.  Only ``up`` starts it; ``running`` finds one that runs."""
+
+    def __init__(self, services: RuntimeServices, progress: Progress):
+        self.services = services
+        self._progress = progress
+
+    def running(self, remembered: dict[str, int]) -> int | None:
+        """The port of the registry when it runs on the port on record, else None."""
+        probe = server_spec(self.services)
+        if processes.running_pid(probe.pid_path, probe.marker) is not None and "registry" in remembered:
+            return remembered["registry"]
+        return None
+
+    def up(self, java: str, runner: Path, remembered: dict[str, int], taken: set[int]) -> int:
+        settings = self.services.settings
+        kept = self.running(remembered)
+        if kept is not None:
+            return kept
+        port = self.services.choose_port("registry", settings.registry_port, remembered, taken, "the schema registry")
+        spec = server_spec(self.services, java, runner, port)
+        data_dir_of(self.services.dir).mkdir(parents=True, exist_ok=True)
+        self._progress(f"starting the schema registry Apicurio {settings.schema_registry_version} on 127.0.0.1:{port}")
+        proc = processes.start(spec)
+        took = processes.wait_ready(spec, proc, lambda: ready(port), settings.start_timeout_s)
+        self._progress(f"schema registry ready after {took:.1f} s")
+        return port

@@ -1,17 +1,22 @@
-"""Where each service of the local runtime lives: its ``ServiceSpec`` (pid
-file, marker, log), as ``up`` starts it and ``down``, ``status`` and
-``stop_service`` find it, and the ports ``up`` chose (``ports.json``)."""
+"""The home of the local runtime's services: its directory and settings, the
+Kafka nodes' names and access, and the ports ``up`` chose (``ports.json``).
+Each service's own module (``kafka_broker``, ``s3_server``,
+``schema_registry``, ``spark_cluster``) makes its ``ServiceSpec`` (pid file,
+marker, log) from it and starts it."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from streaming.api.config import KafkaAccess, LocalRuntimeSettings
-from streaming.local import kafka_broker, processes, s3_server, schema_registry, spark_cluster
+from streaming.local import processes
 from streaming.local.kafka_security import BrokerSecurity
 
-__all__ = ["RuntimeServices"]
+__all__ = ["Progress", "RuntimeServices"]
+
+Progress = Callable[[str], None]
 
 
 class RuntimeServices:
@@ -33,38 +38,6 @@ class RuntimeServices:
         """``kafka`` alone, or ``kafka-1`` .. ``kafka-N``."""
         n = self.settings.kafka_nodes
         return ["kafka"] if n == 1 else [f"kafka-{i}" for i in range(1, n + 1)]
-
-    def kafka_spec(self, java: str = "java", name: str = "kafka") -> processes.ServiceSpec:
-        return kafka_broker.broker_spec(java, self.kafka_jars_dir(), self.dir, self.settings.kafka_heap, name)
-
-    def spark_specs(self, ports: dict[str, int] | None = None) -> list[processes.ServiceSpec]:
-        """The master and workers (with ``ports``, as they start; without, to find them)."""
-        if not self.settings.spark_workers:
-            return []
-        ports = ports or {}
-        specs = [spark_cluster.master_spec(self.dir, ports.get("spark", 0), ports.get("spark_web", 0))]
-        for i in range(1, self.settings.spark_workers + 1):
-            specs.append(
-                spark_cluster.worker_spec(self.dir, i, ports.get("spark", 0), ports.get(f"spark-worker-{i}_web", 0))
-            )
-        return specs
-
-    def specs(self) -> list[processes.ServiceSpec]:
-        """Every service, as ``down``, ``status`` and ``stop_service`` find them."""
-        return [
-            *(self.kafka_spec(name=n) for n in self.kafka_names()),
-            self.s3_spec(),
-            self.registry_spec(),
-            *self.spark_specs(),
-        ]
-
-    def s3_spec(self, binary: Path | None = None, port: int = 0) -> processes.ServiceSpec:
-        binary = binary or Path("versitygw")
-        s = self.settings
-        return s3_server.server_spec(binary, self.dir, port, s.s3_access_key, s.s3_secret_key)
-
-    def registry_spec(self, java: str = "java", runner: Path | None = None, port: int = 0) -> processes.ServiceSpec:
-        return schema_registry.server_spec(java, runner or Path("registry-runner.jar"), self.dir, port)
 
     def kafka_security(self) -> BrokerSecurity | None:
         """The secrets of a secured broker (made on first use), else None."""
@@ -97,13 +70,13 @@ class RuntimeServices:
             return [f"{service}_web"]
         return [service]
 
-    def stop_unrecorded(self, progress) -> list[str]:
-        """Stop each service that runs on a port ``ports.json`` does not hold
-        (a start interrupted before it wrote them): nothing could reach it,
-        and ``up`` starts it again on ports it records."""
+    def stop_unrecorded(self, specs: Sequence[processes.ServiceSpec], progress: Progress) -> list[str]:
+        """Stop each of ``specs`` that runs on a port ``ports.json`` does not
+        hold (a start interrupted before it wrote them): nothing could reach
+        it, and ``up`` starts it again on ports it records."""
         remembered = self.load_ports()
         stopped = []
-        for spec in self.specs():
+        for spec in specs:
             if processes.running_pid(spec.pid_path, spec.marker) is None:
                 continue
             if all(name in remembered for name in self.port_names(spec.name)):

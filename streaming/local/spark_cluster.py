@@ -19,9 +19,22 @@ from pathlib import Path
 
 import pyspark
 
+from streaming.errors import ServiceStartError
+from streaming.local import processes
 from streaming.local.processes import ServiceSpec
+from streaming.local.services import Progress, RuntimeServices
+from streaming.waits import poll_until
 
-__all__ = ["spark_home", "master_spec", "worker_spec", "alive_workers", "WORKER_CORES", "WORKER_MEMORY"]
+__all__ = [
+    "SparkStarter",
+    "WORKER_CORES",
+    "WORKER_MEMORY",
+    "alive_workers",
+    "master_spec",
+    "spark_home",
+    "specs",
+    "worker_spec",
+]
 
 WORKER_CORES = 4
 WORKER_MEMORY = "6g"
@@ -108,3 +121,70 @@ def alive_workers(web_port: int) -> int:
     except (OSError, ValueError, http.client.HTTPException):  # urllib's errors are OSErrors; a page cut short
         return 0
     return sum(1 for worker in state.get("workers", []) if worker.get("state") == "ALIVE")
+
+
+def specs(services: RuntimeServices, ports: dict[str, int] | None = None) -> list[ServiceSpec]:
+    """The master and workers of the runtime ``services``, the master first (with ``ports``, as
+    they start; without, to find them); none but on a cluster."""
+    workers = services.settings.spark_workers
+    if not workers:
+        return []
+    ports = ports or {}
+    found = [master_spec(services.dir, ports.get("spark", 0), ports.get("spark_web", 0))]
+    for i in range(1, workers + 1):
+        found.append(worker_spec(services.dir, i, ports.get("spark", 0), ports.get(f"spark-worker-{i}_web", 0)))
+    return found
+
+
+class SparkStarter:
+    """The Spark standalone master, then its workers (a cluster only); ready
+    once the master lists every worker ALIVE."""
+
+    def __init__(self, services: RuntimeServices, progress: Progress):
+        self.services = services
+        self._progress = progress
+
+    def up(self, remembered: dict[str, int], taken: set[int]) -> dict[str, int]:
+        """The master, then the workers; ready once the master lists every worker ALIVE."""
+        settings = self.services.settings
+        workers = settings.spark_workers
+        if not workers:
+            return {}
+        names = ["spark", "spark_web", *(f"spark-worker-{i}_web" for i in range(1, workers + 1))]
+        probe = specs(self.services)
+        master_running = processes.running_pid(probe[0].pid_path, probe[0].marker) is not None
+        ports: dict[str, int] = {}
+        for name in names:
+            keep = master_running and name in ("spark", "spark_web") and name in remembered
+            ports[name] = (
+                remembered[name] if keep else self.services.choose_port(name, 0, remembered, taken, f"Spark {name}")
+            )
+            taken.add(ports[name])
+        started = specs(self.services, ports)
+        for spec in started:
+            if processes.running_pid(spec.pid_path, spec.marker) is not None:
+                continue
+            self._progress(f"starting {spec.name}")
+            proc = processes.start(spec)
+            if spec.name == "spark-master":
+                processes.wait_ready(
+                    spec, proc, lambda: processes.port_open(ports["spark_web"]), settings.start_timeout_s
+                )
+
+        def too_few(message: str) -> ServiceStartError:
+            logs = "\n".join(f"--- {spec.log_path}:\n{processes.tail(spec.log_path, 8)}" for spec in started[1:])
+            return ServiceStartError(
+                f"the Spark master at 127.0.0.1:{ports['spark']} lists fewer than {workers} live workers after "
+                f"{settings.start_timeout_s:.0f} s; the workers' logs end:\n{logs}"
+            )
+
+        poll_until(
+            lambda: alive_workers(ports["spark_web"]) >= workers,
+            settings.start_timeout_s,
+            f"{workers} live Spark workers",
+            bound="start_timeout_s",
+            every_s=0.5,
+            error=too_few,
+        )
+        self._progress(f"Spark master spark://127.0.0.1:{ports['spark']} with {workers} workers ready")
+        return ports

@@ -18,7 +18,7 @@ import logging, sys
 from streaming import console
 console.install("[t] ", verbose="-v" in sys.argv)
 console.install("[u] ")
-logging.getLogger("streaming.tools.demo").info("checkpoint %d: done", 3)
+logging.getLogger("streaming.tools.demo.run").info("checkpoint %d: done", 3)
 logging.getLogger("benchmarks").warning("a run failed")
 logging.getLogger("streaming.engine.task.stage_task").debug("a channel blocked")
 logging.getLogger("kafka.conn").warning("connection refused")

@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streaming.tools.demo import DemoOptions, run_demo
+    from streaming.tools.demo.run import DemoOptions, run_demo
 
     export_home(args)
     import os

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from streaming.api.config import Connection, LocalRuntimeSettings, default_home
 from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, STATE_SNAPSHOTS, WORKER_GROUPINGS, JobSettings
+from streaming.errors import RuntimeNotRunningError
 
 if TYPE_CHECKING:
     from streaming.engine.job.runner import RunOptions
@@ -92,8 +93,15 @@ def open_checkpoints(args: argparse.Namespace, *, kafka: bool = False):
     if not args.verbose:  # these commands report every problem they meet themselves
         logging.getLogger("streaming.adapters.snapshots").setLevel(logging.ERROR)
     connection = None
-    if kafka or not args.store.startswith("file://"):
-        connection = Connection.from_env(os.environ) or Connection.load(runtime_settings(args))
+    local_store = args.store.startswith("file://")
+    if kafka or not local_store:
+        try:
+            connection = Connection.from_env(os.environ) or Connection.load(runtime_settings(args))
+        except RuntimeNotRunningError as exc:
+            if not local_store:
+                raise
+            # a store on this machine reads without the runtime; ranges kept in Kafka are reported unread
+            log.info(f"{exc}; channel state kept as ranges in Kafka is not read")
     return Checkpoints.open(args.store, args.job, connection, existing=True), connection
 
 

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from streaming.adapters.kafka.admin import check_broker
     from streaming.adapters.spark.session import spark_session
     from streaming.local import LocalRuntime
-    from streaming.tools.smoke import SmokeRun, run_smoke
+    from streaming.tools.smoke.run import SmokeRun, run_smoke
 
     settings = runtime_settings(args)
     connection = Connection.from_env(os.environ) or LocalRuntime(settings, progress=log.info).up()

@@ -181,9 +181,8 @@ class Drill:
         self.bounds = LivenessBounds.of(settings.delivery_timeout_s)
         pools = fault_pools(self.pipeline, self.mode)
         if cluster:
-            services = runtime.services
-            spark_workers = [spec.name for spec in services.spark_specs()[1:]]  # the master first
-            pools |= cluster_targets(self.pipeline, services.kafka_names(), spark_workers, workers)
+            spark_workers = [spec.name for spec in runtime.specs() if spec.name.startswith("spark-worker-")]
+            pools |= cluster_targets(self.pipeline, runtime.services.kafka_names(), spark_workers, workers)
         self.plan = plan_failures(failures, seed, kinds, pools, interval_s, self.bounds)
         self.problems: list[str] = []  # what went wrong outside the expectations
         self.drilled = DrilledJob(

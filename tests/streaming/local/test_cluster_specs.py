@@ -47,7 +47,7 @@ def test_the_cluster_lives_under_its_own_home_and_shares_the_cache(tmp_path):
     settings = LocalRuntimeSettings.cluster(tmp_path)
     assert settings.home == tmp_path / "cluster" and settings.cache_dir == tmp_path / "cache"
     assert (settings.kafka_nodes, settings.spark_workers, settings.is_cluster) == (3, 2, True)
-    names = [spec.name for spec in LocalRuntime(settings).services.specs()]
+    names = [spec.name for spec in LocalRuntime(settings).specs()]
     assert names == [
         "kafka-1",
         "kafka-2",
@@ -58,7 +58,7 @@ def test_the_cluster_lives_under_its_own_home_and_shares_the_cache(tmp_path):
         "spark-worker-1",
         "spark-worker-2",
     ]
-    assert [spec.name for spec in LocalRuntime(LocalRuntimeSettings(home=tmp_path)).services.specs()] == [
+    assert [spec.name for spec in LocalRuntime(LocalRuntimeSettings(home=tmp_path)).specs()] == [
         "kafka",
         "s3",
         "registry",

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from streaming.api.config import LocalRuntimeSettings
-from streaming.local import processes
+from streaming.local import artifacts, processes, s3_server, schema_registry
 from streaming.local import runtime as runtime_module
+from streaming.local.kafka_broker import KafkaStarter
 from streaming.local.runtime import LocalRuntime, RuntimeStatus, ServiceStatus
-from streaming.local.schema_registry import api_url
-from streaming.local.starters import KafkaStarter, RegistryStarter, S3Starter
+from streaming.local.s3_server import S3Starter
+from streaming.local.schema_registry import RegistryStarter, api_url
 
 KAFKA, CONTROLLER, S3, REGISTRY = 39001, 39002, 39003, 39004
 
@@ -36,15 +37,13 @@ def calls(monkeypatch) -> list[str]:
 
         return build
 
-    jars = runtime_module.jars
+    jars = artifacts.jars
     monkeypatch.setattr(jars, "require_tool", lambda tool: f"/usr/bin/{tool}")
     monkeypatch.setattr(jars, "resolve_jars", built("kafka", [Path("kafka.jar")]))
     monkeypatch.setattr(jars, "connector_jars", built("spark-connector", [Path("connector.jar")]))
-    monkeypatch.setattr(runtime_module.artifacts, "build_versitygw", built("s3-server", Path("versitygw")))
-    monkeypatch.setattr(
-        runtime_module.artifacts, "build_schema_registry", built("schema-registry", Path("registry-runner.jar"))
-    )
-    monkeypatch.setattr(runtime_module.kafka_txn, "sender_classpath", built("kafka-sink", [Path("clients.jar")]))
+    monkeypatch.setattr(s3_server, "build_versitygw", built("s3-server", Path("versitygw")))
+    monkeypatch.setattr(schema_registry, "build", built("schema-registry", Path("registry-runner.jar")))
+    monkeypatch.setattr(artifacts.kafka_txn, "sender_classpath", built("kafka-sink", [Path("clients.jar")]))
     monkeypatch.setattr(runtime_module, "ensure_bucket", lambda connection: None)
     monkeypatch.setattr(
         KafkaStarter,
@@ -103,7 +102,7 @@ def test_up_with_the_registry_builds_and_starts_it_and_later_ups_keep_it(tmp_pat
 def test_a_registry_that_runs_is_kept_by_a_plain_up(tmp_path, calls, monkeypatch):
     runtime = _runtime(tmp_path)
     runtime.up()
-    registry = runtime.services.registry_spec()
+    registry = schema_registry.server_spec(runtime.services)
     # another `up --registry` started it meanwhile: its pid file and port are on record
     monkeypatch.setattr(
         processes, "running_pid", lambda pid_path, marker: 4242 if pid_path == registry.pid_path else None
@@ -129,7 +128,7 @@ def test_status_shows_a_registry_nothing_asked_for_as_such_not_as_down(tmp_path,
     rendered = status.render()
     assert "not built" in rendered and "spark-abs local up --registry" in rendered
     # built, not started
-    monkeypatch.setattr(runtime_module.artifacts, "schema_registry_built", lambda version, cache: True)
+    monkeypatch.setattr(schema_registry, "built", lambda version, cache: True)
     assert next(s for s in runtime.status().services if s.name == "registry").state == "not started"
     # once asked for, a registry that does not run is a service that is down
     runtime.up(registry=True)

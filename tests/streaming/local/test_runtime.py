@@ -77,11 +77,11 @@ def test_a_service_on_ports_not_on_record_is_stopped_one_on_record_kept(tmp_path
     import sys
     import time
 
-    from streaming.local import processes
-    from streaming.local.services import RuntimeServices
+    from streaming.local import processes, s3_server
 
-    services = RuntimeServices(_second_runtime(tmp_path, runtime_settings).settings)
-    s3 = services.s3_spec()
+    runtime = _second_runtime(tmp_path, runtime_settings)
+    services = runtime.services
+    s3 = s3_server.server_spec(services)
     s3.pid_path.parent.mkdir(parents=True, exist_ok=True)
     # a process that passes for the S3 server: its command line holds the marker
     stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", s3.marker])
@@ -93,11 +93,11 @@ def test_a_service_on_ports_not_on_record_is_stopped_one_on_record_kept(tmp_path
             time.sleep(0.05)
         assert processes.running_pid(s3.pid_path, s3.marker) == stand_in.pid
         services.ports_file.write_text('{"s3": 1234}')
-        assert services.stop_unrecorded(print) == []
+        assert services.stop_unrecorded(runtime.specs(), print) == []
         assert stand_in.poll() is None
         services.ports_file.unlink()
         said: list[str] = []
-        assert services.stop_unrecorded(said.append) == ["s3"]
+        assert services.stop_unrecorded(runtime.specs(), said.append) == ["s3"]
         assert stand_in.wait(20) is not None
         assert said and "s3 runs on ports not on record" in said[0]
         assert not s3.pid_path.exists()

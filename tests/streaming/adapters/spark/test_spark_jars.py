@@ -11,11 +11,11 @@ import pytest
 from streaming.adapters.spark import jars
 from streaming.adapters.spark.jars import Artifact
 from streaming.errors import ArtifactResolutionError, ToolMissingError
-from streaming.local.artifacts import kafka_broker_artifacts
+from streaming.local.kafka_broker import broker_artifacts
 
 
 def test_pom_lists_every_artifact():
-    pom = ET.fromstring(jars._pom("x", kafka_broker_artifacts("4.1.1")))
+    pom = ET.fromstring(jars._pom("x", broker_artifacts("4.1.1")))
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
     coords = [
         ":".join(d.find(f"m:{k}", ns).text for k in ("groupId", "artifactId", "version"))

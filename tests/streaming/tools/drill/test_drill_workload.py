@@ -72,7 +72,7 @@ def test_every_named_pipeline_but_the_changing_one_has_a_module_that_provides_a_
 
 def test_a_module_without_the_protocol_is_refused_naming_it():
     with pytest.raises(ConfigError, match=r"defines no drill_workload\(\).*--workload module:function"):
-        workload_for("streaming.tools.smoke:pipeline")
+        workload_for("streaming.tools.smoke.run:pipeline")
     with pytest.raises(ConfigError, match="cannot be loaded"):
         workload_for("no_such_module:pipeline")
 

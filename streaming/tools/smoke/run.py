@@ -28,37 +28,13 @@ from streaming.adapters.serde.records import header_values
 from streaming.adapters.spark.query import ChannelQuery, QuerySpec
 from streaming.api.config import Connection, KafkaAccess
 from streaming.errors import ChannelQueryError, SmokeFailure
+from streaming.tools.smoke.report import SmokeReport
 
-__all__ = ["SmokeRun", "SmokeReport", "check_round_trip", "produce_records", "run_smoke"]
+__all__ = ["SEQ_HEADER", "SmokeRun", "check_round_trip", "produce_records", "run_smoke"]
 
 log = logging.getLogger(__name__)
 
 SEQ_HEADER = "spark-abs-seq"
-
-
-@dataclass(frozen=True, slots=True)
-class SmokeReport:
-    topic: str
-    partitions: int
-    produced: int
-    batches: int
-    rows_in_batches: int
-    parquet_uri: str
-    parquet_files: int
-    rows_read_back: int
-    seconds: float
-
-    def render(self) -> str:
-        return "\n".join(
-            [
-                f"topic            {self.topic} ({self.partitions} partitions)",
-                f"produced         {self.produced} records with headers (kafka-python)",
-                f"micro-batches    {self.batches} foreachBatch calls, {self.rows_in_batches} rows as Arrow",
-                f"parquet          {self.parquet_files} files under {self.parquet_uri}",
-                f"read back        {self.rows_read_back} rows; keys, values, offsets and headers match",
-                f"took             {self.seconds:.1f} s",
-            ]
-        )
 
 
 def produce_records(kafka: KafkaAccess, topic: str, count: int, partitions: int) -> None:

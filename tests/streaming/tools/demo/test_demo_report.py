@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from barriers.coordinator import CheckpointStatus
 from spark_abs_examples.money import Money
 from streaming.api.settings import Mode
-from streaming.tools.demo import DemoReport
+from streaming.tools.demo.report import DemoReport
 
 
 def _record(checkpoint_id, status, duration_s=None, reason=""):

@@ -18,14 +18,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from barriers.coordinator import CheckpointStatus
 from streaming.api.pipeline import pipeline_module, pipeline_reference
-from streaming.api.settings import JobSettings, Mode
+from streaming.api.settings import JobSettings
 from streaming.errors import ConfigError
-from streaming.tools.views import as_text, titled_table
+from streaming.tools.demo.report import DemoReport
 from streaming.waits import Deadline
 
-__all__ = ["DEMO_FUNCTIONS", "DEMO_PIPELINE", "DemoOptions", "DemoReport", "run_demo"]
+__all__ = ["DEMO_FUNCTIONS", "DEMO_PIPELINE", "DemoOptions", "run_demo"]
 
 log = logging.getLogger(__name__)
 
@@ -51,64 +50,6 @@ def _demo_module(name: str) -> Any:
     if missing:
         raise ConfigError(f"pipeline {name!r} ({module.__name__}) offers no {', '.join(missing)}: the demo needs them")
     return module
-
-
-@dataclass
-class DemoReport:
-    mode: Mode
-    job: str
-    transfers: int
-    money: list[Any]
-    restores: list
-    output_rows: int
-    expected_rows: int
-    output_matches: bool
-    dead_letters: int
-    checkpoints: list
-
-    lost: int = 0
-
-    @property
-    def passed(self) -> bool:
-        if self.mode is Mode.AT_LEAST_ONCE:  # replay may duplicate; nothing may be lost
-            return self.lost == 0
-        return self.output_matches and bool(self.money) and all(m.total == 0 for m in self.money)
-
-    def render(self) -> str:
-        money = {m.checkpoint_id: m for m in self.money}
-        rows: list[tuple[Any, ...]] = []
-        for record in self.checkpoints:
-            m = money.get(record.checkpoint_id)
-            seconds = f"{record.duration_s:.2f}" if record.duration_s is not None else None
-            if m is None:
-                status, reason = str(record.status), record.reason or None
-                if record.status is CheckpointStatus.PENDING:  # triggered, then the job was stopped: never finished
-                    status, reason = "stopped", "the job stopped before it completed"
-                rows.append((record.checkpoint_id, status, seconds, None, None, None, reason))
-            else:
-                conserved = "yes" if m.total == 0 else f"NO: {m.total}"
-                rows.append(
-                    (record.checkpoint_id, str(record.status), seconds, m.balances, m.in_flight, m.accounts, conserved)
-                )
-        table = titled_table(
-            f"job {self.job}: {self.transfers} transfers",
-            ("checkpoint", "status", "seconds", "balances", "in flight", "accounts", "money conserved"),
-            rows,
-            right=("checkpoint", "seconds", "balances", "in flight", "accounts"),
-        )
-        lines = [as_text(table)]
-        lines.append("")
-        for restore in self.restores:
-            origin = f"checkpoint {restore.checkpoint_id}" if restore.checkpoint_id else "the beginning"
-            lines.append(f"restore: generation {restore.generation} from {origin} ({restore.reason})")
-        lines.append(
-            f"output: {self.output_rows} window rows committed, {self.expected_rows} expected from a "
-            f"run without failures: {'identical' if self.output_matches else 'DIFFERENT'}"
-        )
-        if self.mode is Mode.AT_LEAST_ONCE:
-            lines.append(f"at-least-once: replay may duplicate legs; windows missing legs: {self.lost}")
-        lines.append(f"dead letters: {self.dead_letters}")
-        return "\n".join(lines)
 
 
 @dataclass(frozen=True)

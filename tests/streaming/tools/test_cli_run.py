@@ -16,9 +16,9 @@ import pyarrow as pa
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore, TaskParts
 from streaming.api.pipeline import Sink
-from streaming.tools import commands
+from streaming.engine.job import operations
 from streaming.tools.checkpoints.inspection import Checkpoints
-from streaming.tools.commands import run_job
+from streaming.tools.cli.run import run_job
 from streaming.tools.views import render_checkpoints
 
 JOB = "orders"
@@ -198,7 +198,7 @@ def test_run_with_drain_stops_once_the_input_is_committed_and_closes_the_job(lin
         runner.done.append(drained)
         return drained
 
-    monkeypatch.setattr(commands, "run_until_caught_up", run_until_caught_up)
+    monkeypatch.setattr(operations, "run_until_caught_up", run_until_caught_up)
     run_job(runner, drain=True, drain_timeout_s=42)
     assert runner.closed and runner.steps == 0  # the drain drives the runner itself
     assert "drained: checkpoint 9 covers every input record and is committed" in lines
@@ -211,7 +211,7 @@ def test_sigusr1_drains_a_running_job(lines, monkeypatch):
 
     runner = _Runner(ready_after=2, every=10**9)
     monkeypatch.setattr(
-        commands, "run_until_caught_up", lambda _, timeout_s: SimpleNamespace(checkpoint_id=3, status="completed")
+        operations, "run_until_caught_up", lambda _, timeout_s: SimpleNamespace(checkpoint_id=3, status="completed")
     )
     steps = runner.step
 

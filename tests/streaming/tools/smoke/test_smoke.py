@@ -13,7 +13,7 @@ from kafka import KafkaConsumer, TopicPartition
 from streaming.adapters.objects import open_store
 from streaming.api.config import KafkaAccess
 from streaming.errors import SmokeFailure
-from streaming.tools.smoke import SEQ_HEADER, SmokeRun, check_round_trip, run_smoke
+from streaming.tools.smoke.run import SEQ_HEADER, SmokeRun, check_round_trip, run_smoke
 
 pytestmark = pytest.mark.integration
 
