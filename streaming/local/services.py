@@ -56,7 +56,7 @@ class RuntimeServices:
     def load_ports(self) -> dict[str, int]:
         try:
             return {k: int(v) for k, v in json.loads(self.ports_file.read_text()).items()}
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, TypeError):  # none, unreadable, or not {name: port}
             return {}
 
     def port_names(self, service: str) -> list[str]:
