@@ -7,7 +7,10 @@ its decompressed length (a little-endian int64; -1: stored as it is).
 ``read`` adds those lengths up message by message, stopping as soon as
 they pass ``max_bytes`` (``OverCap``), and only then reads the stream, so
 a small record that would decompress to gigabytes (a decompression bomb) is
-refused without being decompressed.  The few flatbuffer fields this needs
+refused without being decompressed.  The values a batch declares (its rows
+and its columns' lengths) are counted against the same cap, a byte each: a
+batch of null values has no buffers at all, and a 240-byte record could
+otherwise declare 2^31 rows that a reader then allocates.  The few flatbuffer fields this needs
 are read by hand (``_Table``); Arrow's own reader checks the rest."""
 
 from __future__ import annotations
@@ -23,12 +26,25 @@ _DICTIONARY_BATCH, _RECORD_BATCH = 2, 3
 
 
 class OverCap(ValueError):
-    """An IPC stream whose buffers would take more than the cap once decompressed."""
+    """An IPC stream whose buffers would take more than the cap once
+    decompressed, or that declares more values than the cap has bytes."""
 
-    def __init__(self, at_least: int, max_bytes: int):
-        super().__init__(f"its buffers would take at least {at_least} bytes decompressed, over the cap of {max_bytes}")
+    def __init__(self, at_least: int, max_bytes: int, what: str = "bytes decompressed"):
+        super().__init__(f"its buffers would take at least {at_least} {what}, over the cap of {max_bytes}")
         self.at_least = at_least
         self.max_bytes = max_bytes
+
+
+def _declared_values(batch: _Table) -> int:
+    """The values a RecordBatch declares: its rows (field 0) and each column's
+    (its FieldNodes {length, null_count}, field 1).  Null values take no
+    buffer, so a few bytes can declare billions of them; every value read
+    costs at least a byte, so they count against the cap as bytes do."""
+    rows = batch.scalar(0, "<q")
+    lengths = [length for length, _ in batch.structs(1, "<qq")]
+    if rows < 0 or any(length < 0 for length in lengths):
+        raise ValueError("IPC metadata: a record batch declares a negative length")
+    return rows + sum(lengths)
 
 
 class _Table:
@@ -98,7 +114,7 @@ def decoded_bytes(value: bytes | pa.Buffer, max_bytes: int) -> int:
     count passes ``max_bytes``, an Arrow or ValueError for a stream that is
     not one."""
     reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(value))
-    total = 0
+    total = values = 0
     while True:
         try:
             message = reader.read_next_message()
@@ -117,6 +133,9 @@ def decoded_bytes(value: bytes | pa.Buffer, max_bytes: int) -> int:
         total += _batch_bytes(header, message.body)
         if total > max_bytes:
             raise OverCap(total, max_bytes)
+        values += _declared_values(header)
+        if values > max_bytes:
+            raise OverCap(values, max_bytes, "values declared (rows and column lengths; a byte each at least)")
 
 
 def read(value: bytes | None, max_bytes: int) -> pa.Table:

@@ -194,6 +194,8 @@ def _check(value: bytes | None, schema: pa.Schema | None, rows: list[dict]) -> s
         return f"value is not JSON: {exc}" if zero < 0 else _binary(value, zero)
     except RecursionError:
         return "value is not JSON this reader takes: nested deeper than Python's recursion limit"
+    except Exception as exc:  # whatever else reading it raised (an integer of over 4300 digits, ...): this record alone
+        return f"value is not JSON this reader takes: {type(exc).__name__}: {exc}"
     if not isinstance(row, dict):
         return f"value is JSON {type(row).__name__}, not an object"
     if schema is not None:

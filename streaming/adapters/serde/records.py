@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +19,8 @@ __all__ = [
     "RECORD_SCHEMA",
     "Headers",
     "header_values",
+    "WholeNumbers",
+    "whole_numbers",
     "Part",
     "PART",
     "ROW",
@@ -130,6 +133,45 @@ def header_values(table: pa.Table, name: str) -> pa.Array:
     index = np.full(table.num_rows, -1, dtype=np.int64)
     index[rows[first]] = np.flatnonzero(first)
     return pc.take(values, pa.array(index, mask=index < 0)).cast(pa.binary())
+
+
+# a header's whole number as the engine writes it: decimal ASCII digits, an optional minus sign,
+# within a signed 64-bit integer (the longest has 19 digits)
+_WHOLE_NUMBER = r"^-?[0-9]{1,19}$"
+_INT64_DIGITS = {False: b"9223372036854775807", True: b"-9223372036854775808"}
+
+
+@dataclass(frozen=True, slots=True)
+class WholeNumbers:
+    """Header values read as whole numbers: ``values`` (int64, null where
+    the header is absent or malformed) and ``malformed`` (a bool per row:
+    the header is there but is no whole number of a signed 64-bit integer)."""
+
+    values: pa.Array
+    malformed: np.ndarray
+
+
+def whole_numbers(values: pa.Array) -> WholeNumbers:
+    """``values`` (binary header values, null where absent; see
+    ``header_values``) as whole numbers, without an exception for any value
+    a writer may have put there: a value that is not one is ``malformed``
+    and null in ``values``."""
+    text = values.cast(pa.binary())
+    shaped = pc.fill_null(pc.match_substring_regex(text, _WHOLE_NUMBER), False)
+    # 19 characters of digits (20 with a sign) may pass int64: compared as text with the extreme of its sign
+    negative = pc.fill_null(pc.starts_with(text, b"-"), False)
+    lengths = pc.fill_null(pc.binary_length(text), 0)
+    longest = pc.equal(lengths, pc.if_else(negative, 20, 19))
+    within = pc.if_else(
+        negative,
+        pc.less_equal(text, _INT64_DIGITS[True]),  # "-9…" sorts by its digits, as its magnitude
+        pc.less_equal(text, _INT64_DIGITS[False]),
+    )
+    fits = pc.and_(shaped, pc.or_(pc.invert(longest), pc.fill_null(within, False)))
+    present = pc.is_valid(text)
+    malformed = pc.and_(present, pc.invert(fits)).to_numpy(zero_copy_only=False)
+    readable = pc.if_else(fits, text, pa.scalar(None, pa.binary()))
+    return WholeNumbers(pc.cast(pc.cast(readable, pa.string()), pa.int64()), malformed)
 
 
 def records_in(table: pa.Table) -> int:

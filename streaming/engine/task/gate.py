@@ -148,7 +148,8 @@ class InputGate:
             segment = self._read_back(segment)
         if segment.first_offset < position:
             rows = segment.rows_in_hand()
-            segment = Segment(segment.channel, rows.filter(pc.greater_equal(rows["offset"], position)), segment.kind)
+            kept = rows.filter(pc.greater_equal(rows["offset"], position))
+            segment = Segment(segment.channel, kept, segment.kind, segment.reason)
         return segment
 
     def _read_back(self, segment: Segment) -> Segment:

@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barriers.headers import GENERATION_HEADER, KIND_HEADER
+from barriers.headers import GENERATION_HEADER, KIND_HEADER, WATERMARK_HEADER
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId
-from streaming.adapters.serde.records import header_values, is_prepared
+from streaming.adapters.serde.records import header_values, is_prepared, whole_numbers
 from streaming.engine.task.watermarks import WATERMARK_KIND
 from streaming.errors import TaskError
 
@@ -40,6 +40,7 @@ class SegmentKind(enum.StrEnum):
     CONTROL = "control"  # one barrier or cancellation
     WATERMARK = "watermark"  # one header-only record that moves the channel's watermark
     SKIP = "skip"  # a run of stale records of an older generation
+    REJECTED = "rejected"  # one record whose headers the engine cannot read: a dead letter, with its reason
 
 
 @dataclass(slots=True)
@@ -51,6 +52,8 @@ class Segment:
     channel: ChannelId
     rows: pa.Table | None
     kind: SegmentKind = SegmentKind.DATA
+    # why a REJECTED record cannot be read ("" for every other kind)
+    reason: str = ""
     first_offset: int = field(init=False)
     last_offset: int = field(init=False)
     nbytes: int = field(init=False)
@@ -134,14 +137,29 @@ class Segmenter:
         partitions = table["partition"].to_numpy()
         offsets = table["offset"].to_numpy()
         names = topics.dictionary.to_pylist()
+        # the headers the engine reads as numbers, read here once for every record: one a writer
+        # made unreadable is that record's dead letter (REJECTED), wherever it came from and in
+        # whichever generation, so a replay of the same records rejects the same ones
+        reasons: dict[int, str] = {}
+        generations = None
+        if not is_prepared(table):  # a stage's Spark code read these itself (try_cast: unreadable is absent)
+            for name in (WATERMARK_HEADER, GENERATION_HEADER):
+                raw = header_values(table, name)
+                read = whole_numbers(raw)
+                for i in np.flatnonzero(read.malformed & (kinds != _CONTROL)):  # a barrier's decoding checks its own
+                    reasons.setdefault(int(i), _unreadable(name, raw[int(i)].as_py()))
+                if name == GENERATION_HEADER:
+                    generations = read.values
+            kinds[list(reasons)] = _REJECTED
         # records of an older generation on internal topics after a restored
         # barrier were written by a run that failed
         if self._generation > 0 and self._internal.intersection(names):
-            generations = pc.cast(header_values(table, GENERATION_HEADER).cast(pa.string()), pa.int64())
+            if generations is None:
+                generations = whole_numbers(header_values(table, GENERATION_HEADER)).values
             older = pc.fill_null(pc.less(generations, self._generation), False).to_numpy(zero_copy_only=False)
             internal = np.isin(topic_ids, [i for i, t in enumerate(names) if t in self._internal])
             gens = generations.to_numpy(zero_copy_only=False)
-            for i in np.flatnonzero(older & internal & (kinds != _CONTROL)):
+            for i in np.flatnonzero(older & internal & np.isin(kinds, (_DATA, _WATERMARK))):
                 channel = ChannelId(names[topic_ids[i]], int(partitions[i]))
                 if self._lineage.is_stale(channel, int(gens[i]), int(offsets[i])):
                     kinds[i] = _SKIP
@@ -168,7 +186,7 @@ class Segmenter:
                     # rows of one record (a Spark stage's explode) stay in one segment
                     while cut < end and offsets[cut] == offsets[cut - 1]:
                         cut += 1
-                segments.append(Segment(channel, table.slice(begin, cut - begin), kind))
+                segments.append(Segment(channel, table.slice(begin, cut - begin), kind, reasons.get(begin, "")))
                 begin = cut
         return segments
 
@@ -238,5 +256,12 @@ class SegmentPace:
         return max(sizes) >= 1.5 * min(sizes)
 
 
-_DATA, _CONTROL, _WATERMARK, _SKIP = range(4)
-_KINDS = (SegmentKind.DATA, SegmentKind.CONTROL, SegmentKind.WATERMARK, SegmentKind.SKIP)
+_DATA, _CONTROL, _WATERMARK, _SKIP, _REJECTED = range(5)
+_KINDS = (SegmentKind.DATA, SegmentKind.CONTROL, SegmentKind.WATERMARK, SegmentKind.SKIP, SegmentKind.REJECTED)
+
+
+def _unreadable(name: str, value: bytes | None) -> str:
+    """Why a record whose header ``name`` holds ``value`` cannot be read."""
+    value = value or b""  # absent is never unreadable; an empty value is
+    shown = repr(value[:40]) + (f"... ({len(value)} bytes)" if len(value) > 40 else "")
+    return f"header {name} is {shown}, not a whole number (decimal digits of a signed 64-bit integer)"

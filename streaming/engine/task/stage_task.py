@@ -363,6 +363,8 @@ class StageTask:
             self.restored.check(channel)
         if segment.kind is SegmentKind.SKIP:
             self.counters["skipped_older_generation"] += segment.rows_in_hand().num_rows
+        elif segment.kind is SegmentKind.REJECTED:
+            self.quarantine.record(channel, segment.rows_in_hand(), segment.reason)
         elif segment.kind is SegmentKind.WATERMARK:
             self.watermarks.observe(channel, segment.rows, None)
             self.processor.watermark_moved(channel)

@@ -48,7 +48,7 @@ import pyarrow.compute as pc
 
 from barriers.headers import GENERATION_HEADER, IDLE_HEADER, KIND_HEADER, WATERMARK_HEADER
 from barriers.messages import ChannelId
-from streaming.adapters.serde.records import header_values
+from streaming.adapters.serde.records import header_values, whole_numbers
 from streaming.api.pipeline import Pipeline, TaskSpec
 from streaming.api.producing import MAX_WATERMARK, WATERMARK_KIND
 
@@ -200,8 +200,8 @@ class WatermarkTracker:
         source = self._inputs.get(channel)
         if source is None or rows.num_rows == 0:
             return
-        marks = [int(m) for m in header_values(rows, WATERMARK_HEADER).to_pylist() if m]
-        latest = max(marks, default=None)
+        # a record whose abs.wm is no whole number never gets here: the segmenter made it a dead letter
+        latest = pc.max(whole_numbers(header_values(rows, WATERMARK_HEADER)).values).as_py()
         if source.column is None:
             # a data record says its writer is active; a watermark record says whether it is
             if decoded is None and header_values(rows, IDLE_HEADER)[-1].is_valid:

@@ -123,3 +123,42 @@ def test_the_pace_finds_a_fixed_cost_through_noise_even_from_runs_of_one_record(
         sizes.append(pace.limit)
         pace.observe(pace.limit, (0.100 + 1e-5 * pace.limit) * noise.uniform(0.9, 1.1))
     assert sizes[0] == 1 and min(sizes[-10:]) > 10_000, sizes
+
+
+def test_a_record_whose_number_headers_are_unreadable_is_a_rejected_segment_of_its_own_in_every_generation():
+    """``abs.wm`` and ``abs.gen`` are read as numbers: a record (data or
+    watermark) where a writer put anything else is a REJECTED segment of its
+    own, with the reason; the records around it stay one run.  The decision
+    does not depend on the task's generation, so a replay after a restore
+    rejects the same records."""
+    rows = records(
+        [
+            (0, 0, b"a", [("abs.gen", b"0")]),
+            (0, 1, b"b", [("abs.wm", b"zz")]),
+            (0, 2, b"c", [("abs.gen", b"zz")]),
+            (0, 3, b"d", []),
+            (0, 4, b"", [("abs.kind", b"watermark"), ("abs.wm", b"9" * 30)]),
+            (0, 5, b"e", [("abs.gen", b"1"), ("abs.wm", b"-7")]),
+        ]
+    )
+    for generation in (0, 3):
+        segments = Segmenter(["t"], generation, Lineage()).cut(rows)
+        assert shape(segments) == [
+            ("t:0", "data", 0, 0),
+            ("t:0", "rejected", 1, 1),
+            ("t:0", "rejected", 2, 2),
+            ("t:0", "data", 3, 3),
+            ("t:0", "rejected", 4, 4),
+            ("t:0", "data", 5, 5),
+        ], generation
+        reasons = [s.reason for s in segments]
+        assert reasons[1] == "header abs.wm is b'zz', not a whole number (decimal digits of a signed 64-bit integer)"
+        assert reasons[2].startswith("header abs.gen is b'zz'")
+        assert reasons[4].startswith("header abs.wm is b'9999") and "(30 bytes)" not in reasons[4]
+        assert [r for i, r in enumerate(reasons) if i not in (1, 2, 4)] == ["", "", ""]
+
+
+def test_a_barrier_with_an_unreadable_number_header_is_left_to_the_barrier_checks():
+    barrier = encode(Barrier(1, job="j")) + [("abs.wm", b"zz")]
+    (segment,) = Segmenter([], 0, Lineage()).cut(records([(0, 0, b"", barrier)]))
+    assert segment.kind is SegmentKind.CONTROL and segment.reason == ""

@@ -140,6 +140,31 @@ def test_malformed_records_and_forged_barriers_become_dead_letters_with_reasons(
     assert task.handler.pending == () and task.handler.position(A) == 4
 
 
+def test_records_a_plain_producer_can_write_are_dead_letters_and_the_task_goes_on():
+    """What one malformed record from any producer did to a job (a task
+    failing on every restore): an amount of 5,000 digits, ``abs.wm: zz`` and
+    ``abs.gen: zz``.  Each is one dead letter naming why; the records around
+    them are counted; a task of a later generation decides the same."""
+    for generation in (0, 2):
+        task, io = make_task(counting_pipeline(), start=TaskStart(generation=generation))
+        task.process_batch(
+            batch(
+                ("in", 0, 0, {"account": "x", "amount": 1}),
+                ("in", 0, 1, b'{"account": "x", "amount": ' + b"9" * 5000 + b"}"),
+                ("in", 0, 2, {"account": "x", "amount": 2}, 0, {"abs.wm": b"zz"}),
+                ("in", 0, 3, {"account": "x", "amount": 4}, "zz"),
+                ("in", 0, 4, {"account": "x", "amount": 8}),
+            )
+        )
+        reasons = {offset: reason for _, offset, reason in io.dead}
+        assert sorted(reasons) == [1, 2, 3], generation
+        assert "ValueError: Exceeds the limit (4300 digits)" in reasons[1]
+        assert reasons[2].startswith("header abs.wm is b'zz', not a whole number")
+        assert reasons[3].startswith("header abs.gen is b'zz', not a whole number")
+        assert io.sent[-1][1]["total"] == 9 and task.handler.position(A) == 5
+        assert task.counters["dead_letters"] == 3
+
+
 def test_an_ingress_channel_takes_no_arrow_batch_and_an_internal_one_rejects_a_bad_batch_alone():
     """The task reads a channel as the pipeline declares it: on ingress topic
     ``in`` a record marked ``abs.fmt: arrow`` is a dead letter, not rows; on
