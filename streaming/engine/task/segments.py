@@ -145,6 +145,8 @@ class Segmenter:
         if not is_prepared(table):  # a stage's Spark code read these itself (try_cast: unreadable is absent)
             for name in (WATERMARK_HEADER, GENERATION_HEADER):
                 raw = header_values(table, name)
+                if raw.null_count == len(raw):
+                    continue  # no record has it (an ingress's records, as a rule): nothing to read
                 read = whole_numbers(raw)
                 for i in np.flatnonzero(read.malformed & (kinds != _CONTROL)):  # a barrier's decoding checks its own
                     reasons.setdefault(int(i), _unreadable(name, raw[int(i)].as_py()))
