@@ -93,16 +93,23 @@ def open_checkpoints(args: argparse.Namespace, *, kafka: bool = False):
     if not args.verbose:  # these commands report every problem they meet themselves
         logging.getLogger("streaming.adapters.snapshots").setLevel(logging.ERROR)
     connection = None
-    local_store = args.store.startswith("file://")
-    if kafka or not local_store:
-        try:
-            connection = Connection.from_env(os.environ) or Connection.load(runtime_settings(args))
-        except RuntimeNotRunningError as exc:
-            if not local_store:
-                raise
-            # a store on this machine reads without the runtime; ranges kept in Kafka are reported unread
-            log.info(f"{exc}; channel state kept as ranges in Kafka is not read")
+    if kafka or not args.store.startswith("file://"):
+        connection = store_connection(args, "channel state kept as ranges in Kafka is not read")
     return Checkpoints.open(args.store, args.job, connection, existing=True), connection
+
+
+def store_connection(args: argparse.Namespace, without: str) -> Connection | None:
+    """The deployment's connection (``SPARK_ABS_*``, else the local
+    runtime's).  A store on this machine (``file://``) is read without one:
+    None when there is none, logging ``without`` (what goes unread); a store
+    elsewhere needs it (``RuntimeNotRunningError``)."""
+    try:
+        return Connection.from_env(os.environ) or Connection.load(runtime_settings(args))
+    except RuntimeNotRunningError as exc:
+        if not args.store.startswith("file://"):
+            raise
+        log.info(f"{exc}; {without}")
+        return None
 
 
 def allow_dropped(args: argparse.Namespace):

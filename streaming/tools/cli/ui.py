@@ -7,8 +7,8 @@ import logging
 import os
 from pathlib import Path
 
-from streaming.api.config import Connection, default_home
-from streaming.tools.cli.options import add_store_options, runtime_settings
+from streaming.api.config import default_home
+from streaming.tools.cli.options import add_store_options, store_connection
 
 __all__ = ["register", "run"]
 
@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streaming.errors import ConfigError, RuntimeNotRunningError
+    from streaming.errors import ConfigError
     from streaming.tools.ui import app as ui
     from streaming.tools.ui.access import TOKEN_ENV, Access, is_loopback, read_token
     from streaming.tools.ui.live import ControlWatch
@@ -89,12 +89,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
     connection = None
     if not (args.store_only and args.store.startswith("file://")):
-        try:
-            connection = Connection.from_env(os.environ) or Connection.load(runtime_settings(args))
-        except RuntimeNotRunningError as exc:
-            if not args.store.startswith("file://"):
-                raise
-            log.info(f"{exc}; the page shows the store alone")
+        connection = store_connection(args, "the page shows the store alone")
     watch = None
     if connection and not args.store_only:
         try:  # the page shows only control events the job's key vouches for
