@@ -101,6 +101,20 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         # alone stopped every checkpoint for good, the acks failed the checkpoints they named, the
         # complete made the sinks commit epochs of checkpoints that had not completed
         done = runner.coordinator.completed()[-1].checkpoint_id
+        # mid-stream, a plain producer's records no schema expected: an amount of 5,000 digits, and two
+        # transfers whose abs.wm and abs.gen are no numbers.  Before, each failed its task at every restore
+        # (the ValueError of int(), ArrowInvalid once restored); read, the two transfers would change the output
+        plain = KafkaProducer(**kafka.client_options())
+        huge = b'{"id": 2000001, "source": "a", "target": "b", "amount": ' + b"9" * 5000 + b', "ts": 1}'
+        unreadable = {
+            name: json.dumps({"id": 2000002 + i, "source": "a", "target": "b", "amount": 7, "ts": 1}).encode()
+            for i, name in enumerate(("abs.wm", "abs.gen"))
+        }
+        plain.send(topic, value=huge, partition=0)
+        for name, value in unreadable.items():
+            plain.send(topic, value=value, headers=[(name, b"zz")], partition=1)
+        plain.flush()
+        plain.close()
         hostile = KafkaProducer(**kafka.client_options())
         hostile.send(topic, value=b"", headers=encode(Barrier(done + 10_000, runner.generation, job=job)), partition=0)
         hostile.send(topic, value=b"", headers=encode(CancelBarrier(done + 1, runner.generation, "", job)), partition=1)
@@ -167,7 +181,12 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         assert json.loads(headers["spark-abs-row"])["leg"] in ("debit", "credit")
         assert headers["spark-abs-read-from"].startswith(f"spark-abs.{job}.".encode())
     reasons = {value: reason for reason, value in letters if value}
-    assert len(letters) == 7, letters
+    assert len(letters) == 10, letters
+    assert "ValueError: Exceeds the limit (4300 digits)" in reasons[huge]
+    for name, value in unreadable.items():
+        assert (
+            reasons[value] == f"header {name} is b'zz', not a whole number (decimal digits of a signed 64-bit integer)"
+        )
     assert reasons[b"{not json"].startswith("value is not JSON")
     assert reasons[forged[0]] == ARROW_ON_INGRESS
     assert "nested deeper than Python's recursion limit" in reasons[b"[" * 100_000]
