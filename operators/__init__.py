@@ -14,6 +14,7 @@ its state to ``snapshot()`` and taking it back in ``restore()``.
 - ``dedup``: deduplication within an event-time bound;
 - ``process``: ``KeyedProcess``, keyed state with event-time timers of one's own;
 - ``dead_letters``: rows an operator will not process, with their reason;
+- ``isolation``: the rows an operator raises on, found alone after it raised on a batch;
 - ``rescale``: how state tables divide among a new number of tasks;
 - ``errors``: the operators' errors, under ``OperatorError``;
 - ``testing``: helpers for testing operators, users' and our own;

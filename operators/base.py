@@ -48,6 +48,12 @@ Two optional parts, which the built-in operators have:
   (``snapshot_later_of`` gives ``snapshot()`` for an operator without it;
   ``gathered`` calls the functions).  ``KeyedState.snapshot_later()`` is
   one.
+- ``savepoint()``: a function that puts the operator back as it is now,
+  after any calls since (its state; the dead letters it collected since
+  are dropped), for a ``process()`` call that raised half-way: the task
+  then finds the rows it raises on (``streaming.engine.task.record_errors``).
+  ``savepoint_of`` gives one for every operator: its own (``KeyedProcess``
+  copies its maps of keys), or its ``snapshot_later_of`` tables restored.
 - ``state_keys``: the column that divides the state, per input name
   (``{None: "account"}`` for one input).  The pipeline check
   (``streaming.api.partitioning``) uses it to refuse partitionings in which rows of one
@@ -77,6 +83,7 @@ __all__ = [
     "gathered",
     "LaterTables",
     "takes_origin",
+    "savepoint_of",
 ]
 
 # snapshot_later()'s tables: a table, or a function that gives it
@@ -158,6 +165,30 @@ def snapshot_later_of(operator: object) -> LaterTables:
     if callable(later) and not _overrides_snapshot_only(type(operator)):
         return later()
     return operator.snapshot()  # type: ignore[attr-defined]
+
+
+def savepoint_of(operator: object) -> Callable[[], None]:
+    """A function that puts ``operator`` back as it is now (see the module
+    docstring, ``savepoint()``) and drops the dead letters it collected
+    since.  Cheap when nothing goes wrong: ``snapshot_later_of``'s tables
+    are taken (no row copied for the built-in keyed state) and only
+    gathered when the function is called."""
+    own = getattr(operator, "savepoint", None)
+    if callable(own):
+        back = own()
+    else:
+        tables = snapshot_later_of(operator)
+
+        def back() -> None:
+            operator.restore(gathered(tables))  # type: ignore[attr-defined]
+
+    def rollback() -> None:
+        back()
+        letters = getattr(operator, "dead_letters", None)
+        if isinstance(letters, DeadLetters):
+            letters.drain_batches()
+
+    return rollback
 
 
 def _overrides_snapshot_only(cls: type) -> bool:
@@ -280,6 +311,16 @@ class Chain:
             for position, operator in enumerate(self.operators)
             for name, table in snapshot_later_of(operator).items()
         }
+
+    def savepoint(self) -> Callable[[], None]:
+        """Each operator's ``savepoint_of``, put back together."""
+        backs = [savepoint_of(operator) for operator in self.operators]
+
+        def rollback() -> None:
+            for back in backs:
+                back()
+
+        return rollback
 
     def changes(self) -> dict[str, StateChanges]:
         """Each operator's changes (``changes_of``), named as ``snapshot()`` names its tables."""

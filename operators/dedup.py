@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from operators import _time as et
 from operators._arrow import conform, expect_columns, expect_tables, plain, require_columns, row_index
+from operators.base import LaterTables
 from operators.dead_letters import DeadLetters, Reason
 from operators.errors import OperatorConfigError, StateRestoreError
 from operators.keyed import key_name
@@ -172,6 +173,12 @@ class Deduplicate:
 
     def snapshot(self) -> dict[str, pa.Table]:
         return {self.SEEN: self._seen.snapshot(), self.WATERMARK: et.watermark_table(self._watermark, self.WATERMARK)}
+
+    def snapshot_later(self) -> LaterTables:
+        return {
+            self.SEEN: self._seen.snapshot_later(),
+            self.WATERMARK: et.watermark_table(self._watermark, self.WATERMARK),
+        }
 
     def changes(self) -> dict[str, StateChanges]:
         return {

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators._arrow import check_inputs, concat, expect_tables, require_columns, storable
-from operators.base import Stateless
+from operators.base import LaterTables, Stateless
 from operators.dead_letters import DeadLetters, Reason, origin_as_now, without_origin
 from operators.errors import InputSchemaError, OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
@@ -197,6 +197,9 @@ class LatestValueJoin:
 
     def snapshot(self) -> dict[str, pa.Table]:
         return {self.RIGHT: self._latest.snapshot(), self.PENDING: self._pending_table()}
+
+    def snapshot_later(self) -> LaterTables:
+        return {self.RIGHT: self._latest.snapshot_later(), self.PENDING: self._pending_table()}
 
     def changes(self) -> dict[str, StateChanges]:
         return {self.RIGHT: self._latest.changes(), self.PENDING: whole(self._pending_table())}

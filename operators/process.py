@@ -387,6 +387,19 @@ class KeyedProcess:
             ),
         }
 
+    def savepoint(self) -> Callable[[], None]:
+        """The state as it is now, put back when called (``operators.base``,
+        ``savepoint()``): copies of the maps of keys (their values, JSON
+        text and sets of timers, never change in place), no table made."""
+        states, timers, heap = dict(self._states), dict(self._timers), list(self._heap)
+        live, key_type, watermark = self._live, self._key_type, self._watermark
+
+        def back() -> None:
+            self._states, self._timers, self._heap = dict(states), dict(timers), list(heap)
+            self._live, self._key_type, self._watermark = live, key_type, watermark
+
+        return back
+
     def restore(self, state: Mapping[str, pa.Table]) -> None:
         name = type(self).__name__
         tables = expect_tables(state, [self.STATE, self.TIMERS, self.WATERMARK], name)

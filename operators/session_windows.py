@@ -58,6 +58,7 @@ from operators import _time as et
 from operators import aggregations as agg
 from operators._arrow import conform, expect_columns, expect_tables, require_columns
 from operators.aggregations import Aggregation
+from operators.base import LaterTables
 from operators.dead_letters import DeadLetters, Reason
 from operators.errors import OperatorConfigError, StateRestoreError
 from operators.keyed import key_name, split_null_keys
@@ -194,6 +195,12 @@ class SessionWindowAggregate:
     def snapshot(self) -> dict[str, pa.Table]:
         return {
             self.SESSIONS: self._sessions.snapshot(),
+            self.WATERMARK: et.watermark_table(self._watermark, self.WATERMARK),
+        }
+
+    def snapshot_later(self) -> LaterTables:
+        return {
+            self.SESSIONS: self._sessions.snapshot_later(),
             self.WATERMARK: et.watermark_table(self._watermark, self.WATERMARK),
         }
 

@@ -23,6 +23,7 @@ __all__ = [
     "run",
     "parquet_roundtrip",
     "run_with_restore",
+    "run_with_savepoint",
     "assert_resumes_exactly",
     "assert_changes_rebuild_the_state",
 ]
@@ -101,18 +102,39 @@ def _same(a: pa.Table, b: pa.Table) -> bool:
 
 def assert_resumes_exactly(make_operator: Callable[[], Any], steps: Sequence[Step], cut: int) -> None:
     """AssertionError unless stopping after ``steps[:cut]`` and resuming from
-    a snapshot gives the output and dead letters of an uninterrupted run."""
+    a snapshot gives the output and dead letters of an uninterrupted run; and
+    so does going back to a savepoint taken at ``cut`` (``savepoint_of``)
+    after the rest was processed once, its dead letters left in the operator,
+    and processing the rest again (what a task does when its operator raised)."""
     expected = run(make_operator(), steps)
-    actual = run_with_restore(make_operator, steps, cut)
+    _same_run(expected, run_with_restore(make_operator, steps, cut), f"after resume (cut at {cut})")
+    _same_run(expected, run_with_savepoint(make_operator, steps, cut), f"after going back to a savepoint at {cut}")
+
+
+def run_with_savepoint(make_operator: Callable[[], Any], steps: Sequence[Step], cut: int) -> RunResult:
+    """Run ``steps[:cut]``, take a savepoint (``savepoint_of``), run the rest
+    without draining the dead letters, go back, and run the rest again."""
+    from operators.base import savepoint_of  # the contract's module imports this one
+
+    operator = make_operator()
+    first = run(operator, steps[:cut])
+    back = savepoint_of(operator)
+    for step in steps[cut:]:
+        operator.on_watermark(step.value) if isinstance(step, Watermark) else operator.process(step)
+    back()
+    return first + run(operator, steps[cut:])
+
+
+def _same_run(expected: RunResult, actual: RunResult, when: str) -> None:
     for index, (want, got) in enumerate(zip(expected.outputs, actual.outputs)):
         if not _same(want, got):
             raise AssertionError(
-                f"step {index} (cut at {cut}) differs after resume:\n expected {want.schema} {want.to_pylist()}\n"
+                f"step {index} differs {when}:\n expected {want.schema} {want.to_pylist()}\n"
                 f" got      {got.schema} {got.to_pylist()}"
             )
     if expected.dead_letters != actual.dead_letters:
         raise AssertionError(
-            f"dead letters differ after resume (cut at {cut}):\n expected {expected.dead_letters}\n got      {actual.dead_letters}"
+            f"dead letters differ {when}:\n expected {expected.dead_letters}\n got      {actual.dead_letters}"
         )
 
 

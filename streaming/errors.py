@@ -24,6 +24,9 @@ __all__ = [
     "KafkaAccessError",
     "ChannelQueryError",
     "TaskError",
+    "RecordErrorsStop",
+    "PIPELINE_ERRORS",
+    "isolatable",
     "StoreError",
     "SnapshotMissingError",
     "SnapshotCorruptError",
@@ -123,6 +126,25 @@ class ChannelQueryError(SparkAbsError):
 class TaskError(SparkAbsError):
     """A stage task cannot go on (held records that Kafka no longer gives
     back); its query fails and the job restores."""
+
+
+class RecordErrorsStop(SparkAbsError):
+    """Records a stage's code raises on stop the job: its ``record_errors``
+    is ``"fail"``, or more were set aside in one checkpoint interval than
+    its brake allows (``streaming.engine.task.record_errors``).  A restore would
+    meet the same records: the job stops, naming them."""
+
+
+# errors in the pipeline itself (its configuration, its code on its records): every restore would
+# meet them again, so a worker stopping on one stops the job (``EXIT_PIPELINE_ERROR``)
+PIPELINE_ERRORS: tuple[type[SparkAbsError], ...] = (ConfigError, RecordErrorsStop)
+
+
+def isolatable(error: BaseException) -> bool:
+    """Whether ``error``, raised by a stage's code on a run of records, may be
+    a record's doing (``streaming.engine.task.record_errors``): not a
+    ``MemoryError``, nor an error of the engine's own (``SparkAbsError``)."""
+    return isinstance(error, Exception) and not isinstance(error, (MemoryError, SparkAbsError))
 
 
 # ---- object storage: snapshots and sinks

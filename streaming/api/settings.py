@@ -56,6 +56,8 @@ KAFKA_SINK_CLIENTS = ("java", "python")
 # what one Arrow record a stage writes to an internal topic takes at most once read
 # (streaming.adapters.serde.codec.encode_batches): the least max_decoded_bytes may be
 DECODED_BATCH_BYTES = 16 << 20
+# what a record the stage's code raises on does (JobSettings.record_errors)
+RECORD_ERRORS = ("isolate", "fail")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,15 @@ class JobSettings:
     # KIP-890, on Kafka 4.0 and later); "python", kafka-python in the worker, which speaks
     # only the first (the broker keeps it for such clients)
     kafka_sink_client: str = "java"
+    # what a record the stage's code raises on does (streaming.engine.task.record_errors):
+    # "isolate", the record to the dead letters with the exception and the rest processed as if
+    # it had not been there; "fail", the job stops naming it
+    record_errors: str = "isolate"
+    # the brake: the job stops once a task set aside more than this many records in one
+    # checkpoint interval ...
+    max_isolated_records: int = 1000
+    # ... or more than this share of the records it processed in it (from the tenth one on)
+    max_isolated_share: float = 0.5
 
     def __post_init__(self) -> None:
         if not self.store:
@@ -158,6 +169,12 @@ class JobSettings:
                 f"max_decoded_bytes must be at least {DECODED_BATCH_BYTES} (what a stage writes in one Arrow "
                 f"record), got {self.max_decoded_bytes}"
             )
+        if self.record_errors not in RECORD_ERRORS:
+            raise ConfigError(f"record_errors {self.record_errors!r}: use {' or '.join(map(repr, RECORD_ERRORS))}")
+        if self.max_isolated_records < 0:
+            raise ConfigError(f"max_isolated_records must be 0 or more, got {self.max_isolated_records}")
+        if not 0 < self.max_isolated_share <= 1:
+            raise ConfigError(f"max_isolated_share must be more than 0 and at most 1, got {self.max_isolated_share}")
         if self.state_memory_bytes is not None and self.state_memory_bytes < 1:
             raise ConfigError(
                 f"state_memory_bytes must be at least 1 (or None: no limit), got {self.state_memory_bytes}"

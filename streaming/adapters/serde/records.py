@@ -99,6 +99,9 @@ class Part(enum.IntEnum):
     # the operator's partial aggregate of one key over a run of records, in ``PARTIAL``, at the
     # run's last offset (every partial of a run there: the task takes them together)
     PARTIAL = 4
+    # a data record the stage's Spark code raised on (alone, from the records before it: the
+    # rest of its micro-batch was prepared without it): its raw columns and ``REASON``
+    RAISED = 5
 
 
 # the columns of a prepared micro-batch beside the record columns
@@ -179,5 +182,5 @@ def records_in(table: pa.Table) -> int:
     if not is_prepared(table):
         return table.num_rows
     parts = table[PART]
-    control = pc.sum(pc.equal(parts, pa.scalar(int(Part.CONTROL), pa.int8())).cast(pa.int64())).as_py() or 0
-    return control + (pc.sum(table[RECORDS]).as_py() or 0)
+    alone = pc.is_in(parts, pa.array([int(Part.CONTROL), int(Part.RAISED)], pa.int8()))  # records not in a run
+    return (pc.sum(alone.cast(pa.int64())).as_py() or 0) + (pc.sum(table[RECORDS]).as_py() or 0)

@@ -30,7 +30,7 @@ from pyspark.sql.streaming import StreamingQuery
 from barriers.messages import ChannelId
 from streaming.adapters.serde.records import BATCH_BEGAN, BATCH_COLUMNS, records_in, stamped
 from streaming.api.config import Connection
-from streaming.errors import ChannelQueryError, ConfigError
+from streaming.errors import PIPELINE_ERRORS, ChannelQueryError, ConfigError, SparkAbsError
 from streaming.waits import Deadline
 
 __all__ = ["in_channel_order", "QuerySpec", "ChannelQuery"]
@@ -155,8 +155,9 @@ class ChannelQuery:
         self._in_hand: Future | None = None
         # what crossed from Spark to Python: the Kafka records read and the bytes of the tables handed over
         self.handed: collections.Counter[str] = collections.Counter()
-        # an error in the pipeline a micro-batch met (the stage's Spark code failed on it): no restore fixes it
-        self.pipeline_error: ConfigError | None = None
+        # an error in the pipeline a micro-batch met (the stage's Spark code failed on it, records its
+        # code raises on stop the job): no restore fixes it
+        self.pipeline_error: SparkAbsError | None = None
 
     def _options(self) -> dict[str, str]:
         assign: dict[str, list[int]] = {}
@@ -190,18 +191,22 @@ class ChannelQuery:
                 finish = self._prepare(df)
             else:
                 finish = functools.partial(_as_it_is, df.select(*BATCH_COLUMNS).toArrow())
-        except ConfigError as exc:
+        except PIPELINE_ERRORS as exc:
             self.pipeline_error = exc
             raise
         self._finish_in_hand()
         self._in_hand = self._require_processing().submit(self._process, finish, began, batch_id)
 
     def _process(self, finish: Callable[[], pa.Table], began: float, batch_id: int) -> None:
-        table = stamped(finish(), BATCH_BEGAN, began)
-        self.handed["records"] += records_in(table)
-        self.handed["bytes"] += table.nbytes
-        if table.num_rows:
-            self._on_batch(in_channel_order(table), batch_id)
+        try:
+            table = stamped(finish(), BATCH_BEGAN, began)
+            self.handed["records"] += records_in(table)
+            self.handed["bytes"] += table.nbytes
+            if table.num_rows:
+                self._on_batch(in_channel_order(table), batch_id)
+        except PIPELINE_ERRORS as exc:
+            self.pipeline_error = exc
+            raise
 
     def _finish_in_hand(self, timeout_s: float | None = None) -> None:
         """Wait for the batch in hand; raise what it raised."""

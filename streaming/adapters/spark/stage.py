@@ -51,6 +51,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.errors import PySparkException
+from pyspark.logger import PySparkLogger
 from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -60,6 +61,7 @@ from barriers.headers import GENERATION_HEADER, KIND_HEADER
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId
 from operators.aggregations import AggregateFunction, Aggregation, input_columns
+from operators.isolation import isolate, said
 from operators.keyed import KeyedAggregate
 from streaming.adapters.serde.records import (
     BATCH_COLUMNS,
@@ -74,12 +76,15 @@ from streaming.adapters.serde.records import (
 )
 from streaming.adapters.spark.decoding import DECODED, SparkDecoding, StageRows
 from streaming.api.pipeline import Ingress, Pipeline, Stage
-from streaming.errors import ChannelQueryError, ConfigError
+from streaming.errors import ChannelQueryError, ConfigError, isolatable
 from streaming.waits import poll_until
 
 __all__ = ["POSITION", "SparkStage", "spark_stages"]
 
 log = logging.getLogger(__name__)
+
+# how the errors of the engine's JVM parts (spark_abs.Runs) begin
+_ENGINE_SAYS = "spark-abs: "
 
 # the column every row of a stage's Spark code carries: the record it came from
 POSITION = "_position"
@@ -238,6 +243,53 @@ class SparkStage:
         return self.collect(batch)()
 
     def collect(self, batch: DataFrame) -> Callable[[], pa.Table]:
+        """Spark's part of preparing ``batch`` (``_collect``); when the
+        stage's code raises on it, the records it raises on, each alone, are
+        found and set aside as ``Part.RAISED`` and the rest is prepared
+        without them (``_isolating``)."""
+        try:
+            return self._collect(batch)
+        except Exception as exc:
+            if not _the_codes(exc):
+                raise
+            return self._isolating(batch, exc)
+
+    def _isolating(self, batch: DataFrame, failed: Exception) -> Callable[[], pa.Table]:
+        """``batch``, on which preparing raised ``failed``, prepared again
+        from its records read into Python, without those the stage's code
+        raises on alone (``streaming.engine.task.record_errors.isolate``; the
+        code keeps no state: nothing to put back between tries), each of
+        them a ``Part.RAISED`` row with the exception.  When the records
+        cannot be read (Kafka is away), ``failed`` is raised: not a record's
+        doing."""
+        try:
+            records = _in_order(batch.select(*BATCH_COLUMNS).toArrow().cast(RECORD_SCHEMA))
+        except Exception:
+            raise failed from None
+        log.warning(
+            "stage %s: its Spark code raised %s on a micro-batch of %d records; finding the records it raises on",
+            self.name,
+            said(failed),
+            records.num_rows,
+        )
+        outputs, isolated = isolate(
+            records.num_rows,
+            lambda start, end: self._prepare(records.slice(start, end - start)),
+            _unchanged,
+            failed,
+            isolatable=_the_codes,
+        )
+        raised = [
+            records.slice(one.index, 1)
+            .append_column(PART, pa.array([int(Part.RAISED)], pa.int8()))
+            .append_column(REASON, pa.array([f"stage {self.name}'s Spark code raised {said(one.error)}"]))
+            for one in isolated
+        ]
+        log.warning("stage %s: %d records set aside of %d", self.name, len(raised), records.num_rows)
+        table = _in_order(pa.concat_tables([*outputs, *raised], promote_options="permissive"))
+        return lambda: table
+
+    def _collect(self, batch: DataFrame) -> Callable[[], pa.Table]:
         """Spark's part of preparing ``batch``, done now, in one pass over
         the records: ``spark_abs.Runs`` numbers the runs of each channel and
         ends each with a marker, the markers and the raw records leave by an
@@ -380,21 +432,44 @@ class SparkStage:
         query would have prepared them."""
         if records.num_rows == 0:
             return records
-        ordered = (
-            records.select(list(BATCH_COLUMNS))
-            .cast(RECORD_SCHEMA)
-            .sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
-        )
+        ordered = _in_order(records.select(list(BATCH_COLUMNS)).cast(RECORD_SCHEMA))
         # in one partition, in channel and offset order, as a query hands each channel over
         frame = self._spark.createDataFrame(ordered).coalesce(1)
-        return self(frame).sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
+        return _in_order(self(frame))
+
+    def _prepare(self, records: pa.Table) -> pa.Table:
+        """``records`` (in order, ``RECORD_SCHEMA``) prepared, without looking
+        for records the code raises on: one try of ``_isolating``."""
+        if records.num_rows == 0:
+            return records
+        return _in_order(self._collect(self._spark.createDataFrame(records).coalesce(1))())
+
+
+def _the_codes(error: BaseException) -> bool:
+    """Whether ``error``, met preparing a micro-batch, may be the stage's
+    code's on a record (``streaming.errors.isolatable``): not one of the
+    engine's own, which its JVM parts raise saying ``spark-abs:`` (a
+    channel read out of order)."""
+    return isolatable(error) and _ENGINE_SAYS not in str(error)
+
+
+def _in_order(table: pa.Table) -> pa.Table:
+    """``table``'s rows in channel and offset order (a stable sort: rows of one offset keep theirs)."""
+    return table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
+
+
+def _unchanged() -> Callable[[], None]:
+    """A savepoint of Spark code: it keeps no state, there is nothing to put back."""
+    return lambda: None
 
 
 @contextlib.contextmanager
 def _quiet_query_context() -> Iterator[None]:
     """pyspark logs a query it refuses with its whole context; the
     ``ConfigError`` made of the refusal says what matters."""
-    loggers = [logging.getLogger(name) for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
+    # pyspark's own logger class: a plain one made here first would be the one pyspark gets, and its
+    # errors' logging (keyword arguments a plain logger refuses) would raise a TypeError in their stead
+    loggers = [PySparkLogger.getLogger(name) for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)

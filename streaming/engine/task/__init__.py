@@ -12,4 +12,5 @@ of a checkpoint.
 - ``replay``: copied channel state replayed after a restore;
 - ``output``: where a task's output goes (partitions or the sink's epoch);
 - ``quarantine``: records a task cannot take, sent to the dead letters;
+- ``record_errors``: what records the stage's code raises on do (the policy and its brake);
 - ``watermarks``: the task's event-time watermark."""

@@ -28,6 +28,7 @@ from streaming.adapters.kafka.control.events import Announce, Decline, announced
 from streaming.engine import faults
 from streaming.engine.task.gate import InputGate
 from streaming.engine.task.output import TaskOutput
+from streaming.engine.task.record_errors import RecordErrors
 from streaming.engine.task.replay import CopiedReplay
 from streaming.engine.task.uploads import SnapshotUploader, TakenSnapshot
 from streaming.engine.task.watermarks import WatermarkTracker
@@ -54,6 +55,9 @@ class TaskWiring:
     watermarks: WatermarkTracker
     uploader: SnapshotUploader
     forward_watermark: Callable[[], None]
+    # rows the operator raised on: their counts start again at each snapshot, and a state put
+    # back since the last one is stored whole (``record_errors``)
+    record_errors: RecordErrors | None = None
 
 
 class TaskController:
@@ -78,6 +82,7 @@ class TaskController:
         self.gate = wiring.gate
         self.output = wiring.output
         self.watermarks = wiring.watermarks
+        self.record_errors = wiring.record_errors
         self.uploader = wiring.uploader
         self.forward_watermark = wiring.forward_watermark
         self.counters = counters
@@ -114,10 +119,12 @@ class TaskController:
         self._flush(barrier.checkpoint_id)
         began = time.perf_counter()
         changes, since = None, None
+        # a state put back since the last snapshot kept no track of its changes: stored whole
+        rolled_back = self.record_errors.interval_ended() if self.record_errors is not None else False
         if self.uploader.incremental is not None:
             changes = changes_of(self.operator)  # also where the next changes are counted from
             since, self._changes_since = self._changes_since, barrier.checkpoint_id
-            if since is None or self.uploader.wants_base():
+            if since is None or rolled_back or self.uploader.wants_base():
                 changes = None
         # a large table is gathered on the upload thread (snapshot_later_of), not here
         state = snapshot_later_of(self.operator) if changes is None else {}

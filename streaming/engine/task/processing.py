@@ -1,30 +1,34 @@
 """A task's data path: the records of a data segment decoded as their channel
 is read (an ingress topic's JSON or Avro, a stage's Arrow batches, or rows
 the stage's Spark code prepared), each row traced to the ingress record it
-came from, run through the operator, and what comes out sent on
-(``output``) or to the dead letters (``quarantine``); and the task's event
-time followed: the operator told when the watermark moved, what that
-releases sent on, and downstream told how far event time got."""
+came from, run through the operator (the rows it raises on set aside,
+``record_errors``), and what comes out sent on (``output``) or to the dead
+letters (``quarantine``); and the task's event time followed: the operator
+told when the watermark moved, what that releases sent on, and downstream
+told how far event time got."""
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
-from operators.base import WatermarkAware, takes_origin
-from operators.dead_letters import ORIGIN, ORIGIN_TYPE, without_origin
+from operators.base import WatermarkAware, savepoint_of, takes_origin
+from operators.dead_letters import ORIGIN, ORIGIN_TYPE, DeadLetter, without_origin
 from operators.errors import InputSchemaError
+from operators.isolation import isolate, said
 from streaming.adapters.serde import codec
 from streaming.adapters.serde.records import EVENT_TIME, PARTIAL, REASON, RECORDS, ROW, Part, is_prepared, part_of
 from streaming.api.pipeline import Pipeline, TaskSpec
 from streaming.engine.metrics import TaskMetrics
 from streaming.engine.task.output import TaskOutput
 from streaming.engine.task.quarantine import Quarantine
+from streaming.engine.task.record_errors import RecordErrors
 from streaming.engine.task.watermarks import WatermarkTracker
+from streaming.errors import isolatable
 
 __all__ = ["RecordProcessor"]
 
@@ -35,7 +39,8 @@ _UNKNOWN_CHANNEL = codec.ChannelReading.ingress(None)
 class RecordProcessor:
     """The data path of task ``spec`` (see the module docstring) through its
     ``operator``; ``open_inputs`` says which input channels are still open
-    (the handler knows), for the watermark."""
+    (the handler knows), for the watermark; ``errors``, what rows the
+    operator raises on do (``record_errors.RecordErrors``)."""
 
     def __init__(
         self,
@@ -50,6 +55,7 @@ class RecordProcessor:
         counters: collections.Counter,
         metrics: TaskMetrics,
         open_inputs: Callable[[], Collection[ChannelId]],
+        errors: RecordErrors | None = None,
     ):
         self.pipeline = pipeline
         self.spec = spec
@@ -60,6 +66,8 @@ class RecordProcessor:
         self.counters = counters
         self.metrics = metrics
         self._open_inputs = open_inputs
+        # what a row the operator raises on does (``record_errors``): the job's record_errors and its brake
+        self.errors = errors or RecordErrors(spec.name)
         self._multi_input = bool(getattr(operator, "inputs", None))
         # how each input channel's records are read: an ingress topic's as its schema says (JSON
         # or Avro, never an Arrow batch), a stage's output topic's as Arrow batches within the cap
@@ -89,11 +97,12 @@ class RecordProcessor:
         watermark = self.downstream_watermark
         if decoded.table.num_rows:
             batch = self._traced(channel, rows, decoded)
+            ingress = self._readings.get(channel, _UNKNOWN_CHANNEL).max_decoded_bytes is None
+            set_aside = (
+                self._record_aside(channel, rows, decoded.index) if ingress else self._row_aside(channel, batch, rows)
+            )
             try:
-                if self._multi_input:
-                    output = self.operator.process({self.spec.inputs[channel]: batch})
-                else:
-                    output = self.operator.process(batch)
+                output = self._operate(channel, batch, rows, set_aside)
             except InputSchemaError as exc:
                 # records the operator cannot take at all: quarantined, with the reason
                 for index in sorted(set(decoded.index)):
@@ -105,6 +114,75 @@ class RecordProcessor:
         self.watermark_moved(channel)
         self.counters["records"] += rows.num_rows
         self.metrics.records_in[channel].inc(rows.num_rows)
+
+    def _apply(self, channel: ChannelId, batch: pa.Table) -> pa.Table:
+        if self._multi_input:
+            return self.operator.process({self.spec.inputs[channel]: batch})
+        return self.operator.process(batch)
+
+    def _operate(
+        self, channel: ChannelId, batch: pa.Table, records: pa.Table, set_aside: Callable[[int, str], int]
+    ) -> pa.Table:
+        """``batch`` (rows read from ``records`` of ``channel``) through the
+        operator; when it raises, the operator is put back and the rows it
+        raises on alone are set aside (``record_errors``): ``set_aside(i, reason)``
+        sends row i to the dead letters and says the offset of its record."""
+        self.errors.processed(batch.num_rows)
+        back = savepoint_of(self.operator)
+        try:
+            return self._apply(channel, batch)
+        except InputSchemaError:
+            back()
+            self.errors.rolled_back = True
+            raise
+        except Exception as exc:
+            if not isolatable(exc):
+                raise
+            back()
+            self.errors.rolled_back = True
+            self.errors.met(channel, records["offset"].to_pylist(), exc, self.spec.stage)
+            failed = exc
+        outputs, isolated = isolate(
+            batch.num_rows,
+            lambda start, end: self._apply(channel, batch.slice(start, end - start)),
+            lambda: savepoint_of(self.operator),
+            failed,
+            isolatable=isolatable,
+        )
+        for one in isolated:
+            offset = set_aside(one.index, f"stage {self.spec.stage} raised {said(one.error)}")
+            self.errors.isolate(channel, offset, one.error)
+        return _together(outputs)
+
+    def _record_aside(
+        self, channel: ChannelId, records: pa.Table, record_of: Sequence[int]
+    ) -> Callable[[int, str], int]:
+        """Row i to the dead letters as the record it was read from (``record_of[i]`` of ``records``)."""
+
+        def set_aside(index: int, reason: str) -> int:
+            record = records.slice(record_of[index], 1)
+            self.quarantine.record(channel, record, reason, counted_as="raised")
+            return int(record["offset"][0].as_py())
+
+        return set_aside
+
+    def _row_aside(
+        self, channel: ChannelId, batch: pa.Table, records: pa.Table | None, origins: pa.Table | None = None
+    ) -> Callable[[int, str], int]:
+        """Row i of ``batch`` to the dead letters as the ingress record its
+        origin names (``ORIGIN``, or row i of ``origins``: topic, partition,
+        offset), read back from ``records`` or Kafka, or else as the row."""
+
+        def set_aside(index: int, reason: str) -> int:
+            row = batch.slice(index, 1).to_pylist()[0]
+            if origins is not None:
+                row[ORIGIN] = origins.slice(index, 1).to_pylist()[0]
+            self.quarantine.letters(channel, [DeadLetter(row, reason, "")], records, counted_as="raised")
+            origin = row.get(ORIGIN)
+            offset = origin.get("offset") if isinstance(origin, dict) else None
+            return offset if isinstance(offset, int) else -1
+
+        return set_aside
 
     def _traced(self, channel: ChannelId, rows: pa.Table, decoded: codec.Decoded) -> pa.Table:
         """The decoded rows of ``rows`` (records of ``channel``), each with
@@ -145,17 +223,27 @@ class RecordProcessor:
     def _process_prepared(self, channel: ChannelId, rows: pa.Table) -> None:
         """A run of a micro-batch the stage's Spark code prepared: its rows go
         to the operator, then the partial aggregates Spark computed for it
-        (``merge_partials``), the records Spark could not decode to the dead
-        letters, and the run's markers say how many records it had and how far
+        (``merge_partials``), the records Spark could not decode, and those
+        its code raised on, to the dead letters, and the run's markers say how many records it had and how far
         their event time got (``streaming.adapters.spark.stage``)."""
         rejected = part_of(rows, Part.REJECTED)
         for index, reason in enumerate(rejected[REASON].to_pylist()):
             self.quarantine.record(channel, rejected.slice(index, 1), reason)
+        raised = part_of(rows, Part.RAISED)
+        if raised.num_rows:  # records the stage's Spark code raised on: set aside by Spark
+            offsets, reasons = raised["offset"].to_pylist(), raised[REASON].to_pylist()
+            self.errors.met(channel, offsets, reasons[0], self.spec.stage)
+            self.errors.processed(raised.num_rows)
+            for index, (offset, reason) in enumerate(zip(offsets, reasons)):
+                self.quarantine.record(channel, raised.slice(index, 1), reason, counted_as="raised")
+                self.errors.isolate(channel, offset, reason)
         watermark = self.downstream_watermark
-        batch = pa.Table.from_struct_array(part_of(rows, Part.ROW)[ROW].combine_chunks())
+        made = part_of(rows, Part.ROW)
+        batch = pa.Table.from_struct_array(made[ROW].combine_chunks())
         if batch.num_rows:
+            set_aside = self._row_aside(channel, batch, None, made.select(["topic", "partition", "offset"]))
             try:
-                output = self.operator.process(batch)
+                output = self._operate(channel, batch, made, set_aside)
             except InputSchemaError as exc:
                 # rows the operator cannot take at all: quarantined as the code gave them, with the reason
                 output = None
@@ -174,7 +262,7 @@ class RecordProcessor:
         markers = part_of(rows, Part.MARKER)
         self.watermarks.observe_event_time(channel, pc.max(markers[EVENT_TIME]).as_py())
         self.watermark_moved(channel)
-        records = pc.sum(markers[RECORDS]).as_py() or 0
+        records = (pc.sum(markers[RECORDS]).as_py() or 0) + raised.num_rows
         self.counters["records"] += records
         self.metrics.records_in[channel].inc(records)
 
@@ -220,3 +308,12 @@ class RecordProcessor:
         if self.watermarks.has_event_time:
             self.watermark_moved(min(self.spec.inputs))
             self.forward_watermark()
+
+
+def _together(outputs: list[pa.Table]) -> pa.Table:
+    """The outputs of the tries that went through, as one table (columns
+    unified: a try's rows may lack a column another's have)."""
+    filled = [output for output in outputs if output.num_rows]
+    if len(filled) > 1:
+        return pa.concat_tables(filled, promote_options="permissive")
+    return filled[0] if filled else (outputs[0] if outputs else pa.table({}))

@@ -1,7 +1,8 @@
 """Records a task cannot take, sent to the job's dead-letter topic with
 their reason and counted: malformed or undecodable input, input an operator
-refuses, rows an operator gave up on (late, unmatched), and control records
-that fail their checks (forged or foreign barriers).  Prometheus counts them
+refuses, rows an operator gave up on (late, unmatched), records the stage's
+code raised on (``record_errors``), and control records that fail their checks
+(forged or foreign barriers).  Prometheus counts them
 by a reason of few values (``REASONS``); the message keeps the whole reason."""
 
 from __future__ import annotations
@@ -9,22 +10,23 @@ from __future__ import annotations
 import collections
 import json
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from barriers.headers import DEAD_LETTER_ORIGINAL, DEAD_LETTER_READ_FROM, DEAD_LETTER_ROW
 from barriers.messages import BarrierRejected, ChannelId
-from operators.dead_letters import ORIGIN, DeadLetters
+from operators.dead_letters import ORIGIN, DeadLetter, DeadLetters
 from streaming.engine.metrics import TaskMetrics
 from streaming.waits import Deadline
 
 __all__ = ["Quarantine", "REASONS", "ORIGINAL_READ_S", "ORIGINALS_READ"]
 
 # what the dead letters are counted by: input that does not decode, input or rows the operator
-# refuses, rows an operator gave up on (late, unmatched), control records that fail their checks
-REASONS = ("malformed", "refused", "given_up", "rejected_control")
+# refuses, rows an operator gave up on (late, unmatched), control records that fail their checks,
+# records the stage's code raised on (``record_errors``)
+REASONS = ("malformed", "refused", "given_up", "rejected_control", "raised")
 
 # how long reading back the ingress records of one batch's dead letters may take, and how many
 # ranges it reads at most (a burst of rejected rows must not stall the task)
@@ -125,21 +127,33 @@ class Quarantine:
         letters = getattr(operator, "dead_letters", None)
         if not isinstance(letters, DeadLetters) or not len(letters):
             return
-        drained = letters.drain()
+        self.letters(channel, letters.drain(), records)
+
+    def letters(
+        self,
+        channel: ChannelId,
+        drained: Sequence[DeadLetter],
+        records: pa.Table | None = None,
+        *,
+        counted_as: str = "given_up",
+    ) -> None:
+        """Rows taken out of ``channel``'s run (``records``: its records),
+        each with its reason, sent as ``from_operator`` says (``counted_as``:
+        one of ``REASONS``)."""
         origins = [_origin_of(letter.row.get(ORIGIN)) for letter in drained]
         originals = _Originals(self.io, channel, records, self.ingress_topics)
         originals.gather([origin for origin in origins if origin is not None])
         for letter, origin in zip(drained, origins):
             row = {column: value for column, value in letter.row.items() if column != ORIGIN}
             value = json.dumps(row, default=str, separators=(",", ":")).encode()
-            reason = f"{letter.operator}: {letter.reason}"
+            reason = f"{letter.operator}: {letter.reason}" if letter.operator else letter.reason
             if origin is None:
-                self.row(channel, value, reason)
+                self.row(channel, value, reason, counted_as=counted_as)
                 continue
             source, offset = origin
             notes = [(DEAD_LETTER_ROW, value), (DEAD_LETTER_READ_FROM, str(channel).encode())]
             original, why = originals.get(source, offset)
-            self._count("given_up")
+            self._count(counted_as)
             if original is None:
                 self.io.dead_letter(source, offset, None, value, [*notes, (DEAD_LETTER_ORIGINAL, why.encode())], reason)
             else:

@@ -57,6 +57,7 @@ from streaming.engine.task.inbox import ControlInbox
 from streaming.engine.task.output import TaskOutput
 from streaming.engine.task.processing import RecordProcessor
 from streaming.engine.task.quarantine import Quarantine
+from streaming.engine.task.record_errors import RecordErrors
 from streaming.engine.task.replay import RUN_RECORDS as REPLAY_RUN_RECORDS
 from streaming.engine.task.replay import CopiedReplay, RestoredChannelState
 from streaming.engine.task.segments import Segment, Segmenter, SegmentKind, SegmentPace
@@ -113,6 +114,11 @@ class TaskOptions:
     job_key: bytes | None = None
     # the most bytes one Arrow record of an internal topic may take decompressed (JobSettings.max_decoded_bytes)
     max_decoded_bytes: int = JobSettings.default("max_decoded_bytes")
+    # what a record the stage's code raises on does, and the brake (JobSettings.record_errors,
+    # max_isolated_records, max_isolated_share)
+    record_errors: str = JobSettings.default("record_errors")
+    max_isolated_records: int = JobSettings.default("max_isolated_records")
+    max_isolated_share: float = JobSettings.default("max_isolated_share")
 
 
 @dataclass
@@ -207,6 +213,9 @@ class StageTask:
             spec.name, io, self.counters, self.metrics, ingress_topics={i.topic: i.partitions for i in pipeline.ingress}
         )
         self.output = TaskOutput(pipeline, spec, io, self.generation, self.counters, self.metrics)
+        self.record_errors = RecordErrors(
+            spec.name, options.record_errors, options.max_isolated_records, options.max_isolated_share
+        )
         self.processor = RecordProcessor(
             pipeline,
             spec,
@@ -218,6 +227,7 @@ class StageTask:
             counters=self.counters,
             metrics=self.metrics,
             open_inputs=lambda: self.handler.open_inputs,
+            errors=self.record_errors,
         )
         uploader = SnapshotUploader(
             spec.name,
@@ -230,7 +240,13 @@ class StageTask:
             incremental=options.incremental,
         )
         wiring = TaskWiring(
-            self.operator, self.gate, self.output, self.watermarks, uploader, self.processor.forward_watermark
+            self.operator,
+            self.gate,
+            self.output,
+            self.watermarks,
+            uploader,
+            self.processor.forward_watermark,
+            self.record_errors,
         )
         self.controller = TaskController(spec.name, self.generation, io, wiring, self.counters, job_key=self.job_key)
         self.handler = BarrierHandler(

@@ -175,6 +175,9 @@ class TaskFactory:
                 copy_in_flight=self._must_copy(spec, kept),
                 max_segment_records=self.settings.max_segment_records,
                 max_decoded_bytes=self.settings.max_decoded_bytes,
+                record_errors=self.settings.record_errors,
+                max_isolated_records=self.settings.max_isolated_records,
+                max_isolated_share=self.settings.max_isolated_share,
                 segment_ms=segment_budget_ms(self.settings),
                 incremental=Incremental(self.settings.base_every)
                 if self.settings.state_snapshots is StateSnapshots.INCREMENTAL

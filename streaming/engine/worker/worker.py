@@ -59,7 +59,7 @@ from streaming.engine import faults, metrics
 from streaming.engine.task.stage_task import StageTask
 from streaming.engine.worker.commits import CheckpointCommits
 from streaming.engine.worker.wiring import RunningTask, TaskFactory, WorkerClients
-from streaming.errors import ConfigError, SparkAbsError, TaskError
+from streaming.errors import PIPELINE_ERRORS, ConfigError, SparkAbsError, TaskError
 from streaming.waits import Deadline
 
 if TYPE_CHECKING:  # the Spark adapter loads when a worker starts, not when this module is imported
@@ -329,7 +329,7 @@ class Worker:
                 self._record_lag()
             for running in self.running:
                 error = running.task.replay_error
-                if isinstance(error, ConfigError):
+                if isinstance(error, PIPELINE_ERRORS):
                     print(f"worker: {running.task.spec.name}: {error}", file=sys.stderr, flush=True)
                     return EXIT_PIPELINE_ERROR
                 if error is not None:

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streaming.api.config import Connection, LocalRuntimeSettings, default_home
-from streaming.api.settings import IN_FLIGHT_FORMATS, MODES, STATE_SNAPSHOTS, WORKER_GROUPINGS, JobSettings
+from streaming.api.settings import (
+    IN_FLIGHT_FORMATS,
+    MODES,
+    RECORD_ERRORS,
+    STATE_SNAPSHOTS,
+    WORKER_GROUPINGS,
+    JobSettings,
+)
 from streaming.errors import RuntimeNotRunningError
 
 if TYPE_CHECKING:
@@ -206,6 +213,28 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
         "(declined, expired, the store failed), as Flink's tolerable failed checkpoints "
         f"(default {JobSettings.default('tolerable_failed_checkpoints')})",
     )
+    records = parser.add_argument_group("records the stages' code raises on")
+    records.add_argument(
+        "--record-errors",
+        choices=RECORD_ERRORS,
+        help="what a record that makes a stage's code raise does: isolate, to the dead letters with the "
+        "exception (the rest goes on as if it had not been there), or fail, the job stops naming it "
+        f"(default {JobSettings.default('record_errors')})",
+    )
+    records.add_argument(
+        "--max-isolated-records",
+        type=int,
+        metavar="N",
+        help="stop the job once a task set more than N records aside in one checkpoint interval "
+        f"(default {JobSettings.default('max_isolated_records')})",
+    )
+    records.add_argument(
+        "--max-isolated-share",
+        type=float,
+        metavar="SHARE",
+        help="stop the job once a task set aside more than this share of the records of one checkpoint "
+        f"interval, from the tenth on (default {JobSettings.default('max_isolated_share'):g})",
+    )
     workers.add_argument(
         "--delivery-timeout",
         type=float,
@@ -294,6 +323,9 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
         extra["tolerable_failed_checkpoints"] = args.tolerable_failed_checkpoints
     if args.delivery_timeout is not None:
         extra["delivery_timeout_s"] = args.delivery_timeout
+    for name in ("record_errors", "max_isolated_records", "max_isolated_share"):
+        if getattr(args, name, None) is not None:
+            extra[name] = getattr(args, name)
     return JobSettings(
         store=args.store,
         mode=args.mode,

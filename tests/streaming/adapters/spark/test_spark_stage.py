@@ -18,7 +18,17 @@ from barriers.messages import Barrier, ChannelId, encode
 from operators import KeyedAggregate, count, max_, sum_
 from streaming.adapters.serde import avro
 from streaming.adapters.serde.codec import ARROW_FORMAT
-from streaming.adapters.serde.records import EVENT_TIME, PARTIAL, REASON, RECORD_SCHEMA, RECORDS, ROW, Part, part_of
+from streaming.adapters.serde.records import (
+    EVENT_TIME,
+    PARTIAL,
+    REASON,
+    RECORD_SCHEMA,
+    RECORDS,
+    ROW,
+    Part,
+    part_of,
+    records_in,
+)
 from streaming.adapters.spark.decoding import StageRows
 from streaming.adapters.spark.stage import POSITION, SparkStage, spark_stages
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
@@ -257,6 +267,33 @@ def test_runs_are_numbered_per_channel_and_a_run_without_data_records_has_no_mar
     )
     assert _markers(prepared) == [(0, 0, 1, 10), (0, 3, 1, 30), (1, 8, 2, 20)]
     assert part_of(prepared, Part.CONTROL)["offset"].to_pylist() == [1, 2]
+
+
+def test_records_the_code_raises_on_are_set_aside_and_the_rest_is_prepared_without_them(spark):
+    assert spark.conf.get("spark.sql.ansi.enabled") == "true"  # Spark's default: 100 DIV 0 raises
+    stage = SparkStage(spark, _stage("SELECT _position, user, 100 DIV amount AS share FROM {input}"), INGRESS)
+    records = _records(
+        (0, 0, {"user": "a", "amount": 5, "ts": 1}),
+        (0, 1, {"user": "b", "amount": 0, "ts": 2}),
+        (0, 2, {"user": "c", "amount": 2, "ts": 3}),
+        (0, 3, Barrier(1, job="job")),
+        (0, 4, {"user": "d", "amount": 4, "ts": 4}),
+        (0, 5, {"user": "e", "amount": 0, "ts": 5}),
+        (1, 0, {"user": "f", "amount": 50, "ts": 6}),
+    )
+    prepared = _sorted(stage(spark.createDataFrame(records).coalesce(1)))
+    raised = part_of(prepared, Part.RAISED)
+    assert list(zip(raised["partition"].to_pylist(), raised["offset"].to_pylist())) == [(0, 1), (0, 5)]
+    assert all(
+        r.startswith("stage clean's Spark code raised") and "DIVIDE_BY_ZERO" in r for r in raised[REASON].to_pylist()
+    )
+    assert json.loads(raised["value"][0].as_py()) == {"user": "b", "amount": 0, "ts": 2}  # the record as it came
+    rows = part_of(prepared, Part.ROW)
+    assert [(row["user"], row["share"]) for row in rows[ROW].to_pylist()] == [("a", 20), ("c", 50), ("d", 25), ("f", 2)]
+    assert part_of(prepared, Part.CONTROL)["offset"].to_pylist() == [3]
+    # every data record counted once: in a marker's run, or set aside
+    assert sum(records for _, _, records, _ in _markers(prepared)) + raised.num_rows == 6
+    assert records_in(prepared) == 7
 
 
 def test_a_channel_read_out_of_offset_order_fails_the_micro_batch_with_the_reason(spark):

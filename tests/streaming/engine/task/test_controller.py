@@ -22,6 +22,7 @@ from operators.state import StateChanges
 from streaming.adapters.kafka.control.events import Announce, Decline, announced_barrier
 from streaming.engine.task.controller import TaskController, TaskWiring
 from streaming.engine.task.gate import InputGate
+from streaming.engine.task.record_errors import RecordErrors
 from streaming.engine.task.replay import CopiedReplay
 from streaming.engine.task.segments import Segmenter
 from streaming.engine.task.uploads import Incremental
@@ -104,12 +105,12 @@ class Operator:
         return {"counts": StateChanges(self.table.slice(0, self.asked % 2), pa.table({"k": pa.array([], pa.string())}))}
 
 
-def _task(outputs=OUT, *, incremental: Incremental | None = None, inputs=(A, B), positions=None):
+def _task(outputs=OUT, *, incremental: Incremental | None = None, inputs=(A, B), positions=None, errors=None):
     log: list = []
     io, output, uploader = IO(log), Output(outputs), Uploader(incremental)
     gate = InputGate("count-0", inputs, Segmenter([], GENERATION, Lineage()), collections.Counter())
     watermarks = SimpleNamespace(snapshot=lambda: {A: 5, B: 7})
-    wiring = TaskWiring(Operator(), gate, output, watermarks, uploader, lambda: log.append("watermark"))
+    wiring = TaskWiring(Operator(), gate, output, watermarks, uploader, lambda: log.append("watermark"), errors)
     controller = TaskController("count-0", GENERATION, io, wiring, collections.Counter(), job_key=KEY)
     handler = BarrierHandler(controller, inputs, positions=positions, generation=GENERATION)
     controller.handler = handler
@@ -235,6 +236,21 @@ def test_incremental_snapshots_take_changes_since_the_previous_snapshot_and_a_ba
     assert third.changes is None and third.state == {"counts": operator.table}
     # the changes were taken at every snapshot, a base's too: the next changes count from it
     assert operator.asked == 3
+
+
+def test_a_state_put_back_since_the_last_snapshot_is_stored_whole_and_the_brake_counts_again():
+    errors = RecordErrors("count-0")
+    task = _task(incremental=Incremental(base_every=5), errors=errors)
+    _align(task, 1, at=1)
+    errors.processed(10)
+    errors.rolled_back = True  # the operator was put back (operators.isolation)
+    errors.isolate(A, 2, ValueError("bad"))
+    _align(task, 2, at=2)
+    _align(task, 3, at=3)
+    first, second, third = (taken for _, taken in task.uploader.submitted)
+    assert first.changes is None and second.changes is None  # whole: the changes since 1 are not all known
+    assert third.since == 2 and set(third.changes) == {"counts"}
+    assert errors.isolated == 0 and errors.records == 0
 
 
 def test_without_incremental_snapshots_the_operators_changes_are_not_touched():

@@ -26,8 +26,11 @@ from task_cases import RecordedIO, batch
 
 from barriers.messages import ChannelId
 from operators import DeadLetters, InputSchemaError
+from operators.aggregations import max_, sum_
+from operators.base import Chain
 from operators.dead_letters import ORIGIN, ORIGIN_TYPE
-from operators.stateless import Passthrough
+from operators.keyed import KeyedAggregate
+from operators.stateless import FilterRows, Passthrough, map_batches
 from streaming.adapters.serde import codec
 from streaming.adapters.serde.records import (
     BATCH_COLUMNS,
@@ -412,6 +415,109 @@ def test_rows_the_operator_gave_up_on_are_sent_as_the_ingress_records_just_read(
     assert json.loads(letter["value"]) == {"account": None, "amount": 2, "ts": 0}  # the record as it came
     assert [row["account"] for _, row, _ in io.sent] == ["x"]
     assert sample(pipeline, "spark_abs_dead_letters_total", "s-0", reason="given_up") == 1
+
+
+# ---- rows the operator raises on
+
+
+def raises_at(amount: int):
+    """A step of one's own after an aggregate: raises when the largest amount of a key is ``amount``
+    (a record of that amount makes it raise, whatever batch it comes in: no larger one comes)."""
+
+    def check(rows: pa.Table) -> pa.Table:
+        if pc.any(pc.equal(rows["top"], amount)).as_py():
+            raise ValueError(f"an amount of {amount}")
+        return rows
+
+    return map_batches(check, "check")
+
+
+def totals() -> KeyedAggregate:
+    return KeyedAggregate("account", {"total": sum_("amount"), "top": max_("amount")})
+
+
+def test_a_record_the_operator_raises_on_is_a_dead_letter_and_the_rest_goes_on_as_if_it_was_not_there():
+    pipeline = ingress_pipeline()
+    operator = Chain(totals(), raises_at(13))  # the aggregate's state changes before the check raises
+    processor, io = make_processor(pipeline, "s-0", operator)
+    amounts = [("x", 5), ("y", 1), ("x", 13), ("y", 2), ("x", 1), ("y", 13), ("x", 7)]
+    processor.process(IN0, batch(*(("in", 0, offset, order(a, n)) for offset, (a, n) in enumerate(amounts))))
+    assert [(channel, offset) for channel, offset, _ in io.dead] == [("in:0", 2), ("in:0", 5)]
+    assert {reason for _, _, reason in io.dead} == {"stage s raised ValueError: an amount of 13"}
+    assert json.loads(io.letters[0]["value"]) == order("x", 13)  # the record as it came
+    state = operator.snapshot()["0.state"]
+    assert sorted(state.to_pylist(), key=str) == [
+        {"account": "x", "total": 13, "top": 7},
+        {"account": "y", "total": 3, "top": 2},
+    ]
+    last = {row["account"]: row["total"] for _, row, _ in io.sent}
+    assert last == {"x": 13, "y": 3}
+    assert sample(pipeline, "spark_abs_dead_letters_total", "s-0", reason="raised") == 2
+    assert processor.errors.isolated == 2 and processor.errors.rolled_back
+
+
+def test_what_is_set_aside_does_not_depend_on_how_the_records_were_cut():
+    pipeline = ingress_pipeline()
+    amounts = [("x", 5), ("y", 1), ("x", 13), ("y", 2), ("x", 1), ("y", 13), ("x", 13), ("y", 4)]
+    records = [("in", 0, offset, order(a, n)) for offset, (a, n) in enumerate(amounts)]
+    found = set()
+    for cut in range(1, len(records) + 1):
+        operator = Chain(totals(), raises_at(13))
+        processor, io = make_processor(pipeline, "s-0", operator)
+        for start in range(0, len(records), cut):
+            processor.process(IN0, batch(*records[start : start + cut]))
+        state = operator.snapshot()["0.state"]
+        found.add((tuple(offset for _, offset, _ in io.dead), tuple(map(str, sorted(state.to_pylist(), key=str)))))
+    assert found == {((2, 5, 6), ("{'account': 'x', 'total': 6, 'top': 5}", "{'account': 'y', 'total': 7, 'top': 4}"))}
+
+
+def test_rows_of_an_earlier_stage_the_operator_raises_on_are_sent_as_the_ingress_records_they_name():
+    pipeline = internal_pipeline()
+    topic = pipeline.topic_of("a")
+    operator = Chain(Chain(FilterRows(pc.field("amount") >= 0), totals()), raises_at(13))
+    processor, io = make_processor(pipeline, "b-0", operator)
+    rows = pa.table({"account": ["x", "y"], "amount": [13, 1]}).append_column(
+        ORIGIN,
+        pa.array(
+            [{"topic": "in", "partition": 0, "offset": 40}, {"topic": "in", "partition": 0, "offset": 41}], ORIGIN_TYPE
+        ),
+    )
+    processor.process(ChannelId(topic, 0), batch((topic, 0, 7, arrow_record(rows), 0, ARROW)))
+    [letter] = io.letters
+    # RecordedIO reads nothing back: the row goes with the ingress record it names, saying why not read
+    assert (letter["channel"], letter["offset"]) == ("in:0", 40)
+    assert json.loads(letter["headers"]["spark-abs-row"]) == {"account": "x", "amount": 13}
+    assert letter["reason"] == "stage b raised ValueError: an amount of 13"
+    assert [row["total"] for _, row, _ in io.sent] == [] and operator.snapshot()["0.1.state"]["total"].to_pylist() == [
+        1
+    ]
+
+
+def test_rows_of_prepared_code_the_operator_raises_on_name_the_records_they_came_from():
+    pipeline = ingress_pipeline()
+    operator = Chain(totals(), raises_at(13))
+    processor, io = make_processor(pipeline, "s-0", operator)
+    processor.process(
+        IN0,
+        prepared(
+            (Part.ROW, 0, {"account": "x", "amount": 13}),
+            (Part.ROW, 1, {"account": "y", "amount": 2}),
+            (Part.MARKER, 1, (2, None)),
+        ),
+    )
+    assert io.dead == [("in:0", 0, "stage s raised ValueError: an amount of 13")]
+    assert [row["account"] for _, row, _ in io.sent] == ["y"] and processor.counters["records"] == 2
+
+
+def test_an_error_of_the_operator_no_record_causes_fails_the_segment():
+    class OutOfMemory(Recording):
+        def process(self, batch):
+            raise MemoryError("no room")
+
+    processor, io = make_processor(ingress_pipeline(), "s-0", OutOfMemory())
+    with pytest.raises(MemoryError):
+        processor.process(IN0, batch(("in", 0, 0, order("x", 1))))
+    assert io.dead == []
 
 
 # ---- event time
