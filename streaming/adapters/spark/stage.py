@@ -63,6 +63,7 @@ from barriers.messages import ChannelId
 from operators.aggregations import AggregateFunction, Aggregation, input_columns
 from operators.isolation import isolate, said
 from operators.keyed import KeyedAggregate
+from streaming.adapters.serde import codec
 from streaming.adapters.serde.records import (
     BATCH_COLUMNS,
     EVENT_TIME,
@@ -279,15 +280,52 @@ class SparkStage:
             failed,
             isolatable=_the_codes,
         )
-        raised = [
-            records.slice(one.index, 1)
-            .append_column(PART, pa.array([int(Part.RAISED)], pa.int8()))
-            .append_column(REASON, pa.array([f"stage {self.name}'s Spark code raised {said(one.error)}"]))
-            for one in isolated
-        ]
-        log.warning("stage %s: %d records set aside of %d", self.name, len(raised), records.num_rows)
+        raised = []
+        for one in isolated:
+            record = records.slice(one.index, 1)
+            rows = self._rows_of(record)
+            if rows is None:
+                raised.append(_raised(record, f"stage {self.name}'s Spark code raised {said(one.error)}"))
+                continue
+            # a stage's Arrow batch: the rows the code raises on alone go aside, the others on in the record
+            output, aside = self._without_raising_rows(record, rows, one.error)
+            outputs.append(output)
+            raised += aside
+        log.warning("stage %s: %d records (or rows) set aside of %d", self.name, len(raised), records.num_rows)
         table = _in_order(pa.concat_tables([*outputs, *raised], promote_options="permissive"))
         return lambda: table
+
+    def _rows_of(self, record: pa.Table) -> pa.Table | None:
+        """The rows of ``record`` when it is another stage's Arrow batch of
+        more than one row (within the cap), else None: it goes aside whole."""
+        if self._input.arrow_cap is None:
+            return None
+        rows = codec.read_batch(record["value"][0].as_py(), self._input.arrow_cap)
+        return rows if isinstance(rows, pa.Table) and rows.num_rows > 1 else None
+
+    def _without_raising_rows(
+        self, record: pa.Table, rows: pa.Table, failed: Exception
+    ) -> tuple[pa.Table, list[pa.Table]]:
+        """``record`` (an Arrow batch of ``rows``, on which the code raised
+        ``failed``) prepared without the rows the code raises on alone, and
+        each of those as a ``Part.RAISED`` record of its own row."""
+
+        def carrying(part: pa.Table) -> pa.Table:
+            [value] = codec.encode_batches(part) or [b""]
+            return record.set_column(record.schema.get_field_index("value"), "value", pa.array([value], pa.binary()))
+
+        _, isolated = isolate(
+            rows.num_rows,
+            lambda start, end: self._prepare(carrying(rows.slice(start, end - start))),
+            _unchanged,
+            failed,
+            isolatable=_the_codes,
+        )
+        aside = {one.index for one in isolated}
+        kept = rows.filter(pa.array([i not in aside for i in range(rows.num_rows)]))
+        why = f"stage {self.name}'s Spark code raised"
+        raised = [_raised(carrying(rows.slice(one.index, 1)), f"{why} {said(one.error)}") for one in isolated]
+        return (self._prepare(carrying(kept)) if kept.num_rows else record.slice(0, 0)), raised
 
     def _collect(self, batch: DataFrame) -> Callable[[], pa.Table]:
         """Spark's part of preparing ``batch``, done now, in one pass over
@@ -443,6 +481,13 @@ class SparkStage:
         if records.num_rows == 0:
             return records
         return _in_order(self._collect(self._spark.createDataFrame(records).coalesce(1))())
+
+
+def _raised(record: pa.Table, reason: str) -> pa.Table:
+    """``record`` as a ``Part.RAISED`` row with ``reason``."""
+    return record.append_column(PART, pa.array([int(Part.RAISED)], pa.int8())).append_column(
+        REASON, pa.array([reason], pa.string())
+    )
 
 
 def _the_codes(error: BaseException) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Collection, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -68,6 +69,8 @@ class RecordProcessor:
         self._open_inputs = open_inputs
         # what a row the operator raises on does (``record_errors``): the job's record_errors and its brake
         self.errors = errors or RecordErrors(spec.name)
+        # the rows of the last run through the operator that it raised on, set aside
+        self._aside: list[int] = []
         self._multi_input = bool(getattr(operator, "inputs", None))
         # how each input channel's records are read: an ingress topic's as its schema says (JSON
         # or Avro, never an Arrow batch), a stage's output topic's as Arrow batches within the cap
@@ -95,9 +98,10 @@ class RecordProcessor:
         # outputs of this segment carry the watermark from before it: no record
         # of the segment is older than that
         watermark = self.downstream_watermark
+        ingress = self._readings.get(channel, _UNKNOWN_CHANNEL).max_decoded_bytes is None
+        self._aside = []
         if decoded.table.num_rows:
             batch = self._traced(channel, rows, decoded)
-            ingress = self._readings.get(channel, _UNKNOWN_CHANNEL).max_decoded_bytes is None
             set_aside = (
                 self._record_aside(channel, rows, decoded.index) if ingress else self._row_aside(channel, batch, rows)
             )
@@ -110,7 +114,8 @@ class RecordProcessor:
                 output = None
             self.quarantine.from_operator(channel, self.operator, rows)
             self.output.emit(output, watermark)
-        self.watermarks.observe(channel, rows, decoded.table)
+        # rows set aside do not move event time: as if they had not been there
+        self.watermarks.observe(channel, *self._without_aside(rows, decoded, ingress=ingress))
         self.watermark_moved(channel)
         self.counters["records"] += rows.num_rows
         self.metrics.records_in[channel].inc(rows.num_rows)
@@ -128,6 +133,7 @@ class RecordProcessor:
         raises on alone are set aside (``record_errors``): ``set_aside(i, reason)``
         sends row i to the dead letters and says the offset of its record."""
         self.errors.processed(batch.num_rows)
+        self._aside = []
         back = savepoint_of(self.operator)
         try:
             return self._apply(channel, batch)
@@ -149,10 +155,24 @@ class RecordProcessor:
             failed,
             isolatable=isolatable,
         )
+        self._aside = [one.index for one in isolated]
         for one in isolated:
             offset = set_aside(one.index, f"stage {self.spec.stage} raised {said(one.error)}")
             self.errors.isolate(channel, offset, one.error)
         return _together(outputs)
+
+    def _without_aside(self, rows: pa.Table, decoded: codec.Decoded, *, ingress: bool) -> tuple[pa.Table, pa.Table]:
+        """``rows`` and their decoded table without the rows the operator
+        raised on (``_operate``; an ingress record goes with its row)."""
+        if not self._aside:
+            return rows, decoded.table
+        kept = np.ones(decoded.table.num_rows, dtype=bool)
+        kept[self._aside] = False
+        if ingress:
+            records = np.ones(rows.num_rows, dtype=bool)
+            records[[decoded.index[i] for i in self._aside]] = False
+            rows = rows.filter(pa.array(records))
+        return rows, decoded.table.filter(pa.array(kept))
 
     def _record_aside(
         self, channel: ChannelId, records: pa.Table, record_of: Sequence[int]
@@ -230,13 +250,8 @@ class RecordProcessor:
         for index, reason in enumerate(rejected[REASON].to_pylist()):
             self.quarantine.record(channel, rejected.slice(index, 1), reason)
         raised = part_of(rows, Part.RAISED)
-        if raised.num_rows:  # records the stage's Spark code raised on: set aside by Spark
-            offsets, reasons = raised["offset"].to_pylist(), raised[REASON].to_pylist()
-            self.errors.met(channel, offsets, reasons[0], self.spec.stage)
-            self.errors.processed(raised.num_rows)
-            for index, (offset, reason) in enumerate(zip(offsets, reasons)):
-                self.quarantine.record(channel, raised.slice(index, 1), reason, counted_as="raised")
-                self.errors.isolate(channel, offset, reason)
+        if raised.num_rows:
+            self._raised_in_spark(channel, raised)
         watermark = self.downstream_watermark
         made = part_of(rows, Part.ROW)
         batch = pa.Table.from_struct_array(made[ROW].combine_chunks())
@@ -265,6 +280,24 @@ class RecordProcessor:
         records = (pc.sum(markers[RECORDS]).as_py() or 0) + raised.num_rows
         self.counters["records"] += records
         self.metrics.records_in[channel].inc(records)
+
+    def _raised_in_spark(self, channel: ChannelId, raised: pa.Table) -> None:
+        """Records the stage's Spark code raised on, set aside by Spark
+        (``Part.RAISED``), to the dead letters: an ingress record as it came;
+        a row of another stage's Arrow batch (a record of its own row) as the
+        ingress record its origin names, as an operator's dead letter is."""
+        offsets, reasons = raised["offset"].to_pylist(), raised[REASON].to_pylist()
+        self.errors.met(channel, offsets, reasons[0], self.spec.stage)
+        self.errors.processed(raised.num_rows)
+        cap = self._readings.get(channel, _UNKNOWN_CHANNEL).max_decoded_bytes
+        for index, (offset, reason) in enumerate(zip(offsets, reasons)):
+            record = raised.slice(index, 1)
+            row = codec.read_batch(record["value"][0].as_py(), cap) if cap is not None else None
+            if isinstance(row, pa.Table) and row.num_rows == 1:
+                self.quarantine.letters(channel, [DeadLetter(row.to_pylist()[0], reason, "")], counted_as="raised")
+            else:
+                self.quarantine.record(channel, record, reason, counted_as="raised")
+            self.errors.isolate(channel, offset, reason)
 
     # ------------------------------------------------------------------ event time
 

@@ -342,6 +342,25 @@ def _arrow_records(*rows) -> pa.Table:
     return pa.Table.from_pylist(out, schema=RECORD_SCHEMA)
 
 
+def test_rows_of_another_stages_batch_the_code_raises_on_are_set_aside_alone_and_the_rest_go_on(spark):
+    after = Stage("after", ("clean",), spark="SELECT _position, user, 100 DIV amount AS share FROM {input}")
+    code = SparkStage(spark, after, StageRows(("clean",), ROWS_SCHEMA, 1 << 20))
+    three = pa.table({"user": ["a", "b", "c"], "amount": [5, 0, 4], "at": [None] * 3}, schema=ROWS_SCHEMA)
+    one = pa.table({"user": ["d"], "amount": [50], "at": [None]}, schema=ROWS_SCHEMA)
+    records = _arrow_records((0, 0, three), (0, 1, one))
+    prepared = _sorted(code(spark.createDataFrame(records).coalesce(1)))
+    rows = part_of(prepared, Part.ROW)
+    assert list(zip(rows["offset"].to_pylist(), rows[ROW].to_pylist())) == [
+        (0, {"user": "a", "share": 20}),
+        (0, {"user": "c", "share": 25}),
+        (1, {"user": "d", "share": 2}),
+    ]
+    [raised] = part_of(prepared, Part.RAISED).to_pylist()
+    assert raised["offset"] == 0 and "DIVIDE_BY_ZERO" in raised[REASON]
+    # the row alone, as an Arrow batch of its own: the task sends it as the ingress record it names
+    assert pa.ipc.open_stream(raised["value"]).read_all().to_pylist() == [{"user": "b", "amount": 0, "at": None}]
+
+
 def test_spark_code_after_a_stage_reads_its_arrow_batches_and_names_those_it_cannot_read(spark):
     after = Stage("after", ("clean",), spark="SELECT _position, user, amount * 2 AS doubled, at FROM {input}")
     code = SparkStage(spark, after, StageRows(("clean",), ROWS_SCHEMA, 1 << 20))

@@ -509,6 +509,15 @@ def test_rows_of_prepared_code_the_operator_raises_on_name_the_records_they_came
     assert [row["account"] for _, row, _ in io.sent] == ["y"] and processor.counters["records"] == 2
 
 
+def test_a_record_set_aside_does_not_move_event_time():
+    pipeline = ingress_pipeline(event_time="ts")
+    operator = Chain(totals(), raises_at(13))
+    processor, io = make_processor(pipeline, "s-0", operator)
+    processor.process(IN0, batch(("in", 0, 0, order("x", 1, ts=1_000)), ("in", 0, 1, order("y", 13, ts=999_000))))
+    assert [offset for _, offset, _ in io.dead] == [1]
+    assert processor.watermarks.current == 1_000  # not 999_000: the record set aside was never there
+
+
 def test_an_error_of_the_operator_no_record_causes_fails_the_segment():
     class OutOfMemory(Recording):
         def process(self, batch):
