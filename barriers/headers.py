@@ -48,6 +48,7 @@ __all__ = [
     "DEAD_LETTER_TRUNCATED",
     "DEAD_LETTER_ORIGINAL_BYTES",
     "DEAD_LETTER_ORIGINAL_SHA256",
+    "DRILL_HEADER",
 ]
 
 # ---------------------------------------------------------------- the engine's: abs.*
@@ -95,3 +96,6 @@ DEAD_LETTER_ORIGINAL = "spark-abs-original"
 DEAD_LETTER_TRUNCATED = "spark-abs-truncated"
 DEAD_LETTER_ORIGINAL_BYTES = "spark-abs-original-bytes"
 DEAD_LETTER_ORIGINAL_SHA256 = "spark-abs-original-sha256"
+# a record a restore drill sent to be a dead letter (its poison kind): references leave it out, the
+# engine reads it as any other record
+DRILL_HEADER = "spark-abs-drill"

@@ -28,7 +28,17 @@ import pyarrow as pa
 from operators import KeyContext, KeyedProcess, KeyedProcessFunction
 from streaming import Ingress, Pipeline, Sink, Stage
 
-__all__ = ["CART_EVENTS", "ABANDONED", "AbandonedCarts", "pipeline", "records", "REFERENCE", "KEYS", "drill_workload"]
+__all__ = [
+    "CART_EVENTS",
+    "ABANDONED",
+    "AbandonedCarts",
+    "pipeline",
+    "records",
+    "REFERENCE",
+    "KEYS",
+    "drill_workload",
+    "priceless",
+]
 
 CART_EVENTS = pa.schema([("user", pa.string()), ("action", pa.string()), ("price", pa.int64()), ("ts", pa.int64())])
 ABANDONED = pa.schema(
@@ -130,10 +140,22 @@ def records(job: str = "carts", *, users: int = 60, seed: int = 13, round: int =
 
 
 def drill_workload():
-    """This pipeline's workload for ``spark-abs drill`` (``spark_abs_examples.check.drill_workload``)."""
+    """This pipeline's workload for ``spark-abs drill`` (``spark_abs_examples.check.drill_workload``);
+    its poison (``spark-abs drill --kinds poison``): an item added without a price, which
+    ``AbandonedCarts`` does not expect (``value + None`` raises a ``TypeError``)."""
     from spark_abs_examples import check
 
-    return check.drill_workload(records, REFERENCE, KEYS)
+    return check.drill_workload(records, REFERENCE, KEYS, poisoned=priceless)
+
+
+def priceless(sent):
+    """An item added to the cart of ``sent``'s user, at its time, without a price (a drill's
+    ``InputRecord``s): the user's function raises on it."""
+    from streaming.tools.drill.workload import InputRecord
+
+    event = json.loads(sent.value)
+    added = {"user": event["user"], "action": "add", "price": None, "ts": event["ts"]}
+    return [InputRecord(sent.topic, sent.partition, json.dumps(added).encode())]
 
 
 # the output, computed in batch from the same topic: a user's events cut into carts where one

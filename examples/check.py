@@ -21,6 +21,7 @@ from streaming.api.avro_schema import AvroSchema
 from streaming.api.config import Connection, KafkaAccess
 from streaming.api.pipeline import Ingress, Pipeline
 from streaming.api.producing import end_input
+from streaming.tools.drill.workload import POISON_FILTER
 
 __all__ = [
     "produce",
@@ -78,10 +79,12 @@ def reference(spark, pipeline: Pipeline, sql: str, kafka: KafkaAccess) -> pd.Dat
             .option("subscribe", ingress.topic)
             .option("startingOffsets", "earliest")
             .option("endingOffsets", "latest")
+            .option("includeHeaders", "true")
             .load()
         )
-        # barriers and watermark records are header-only records with an empty value
-        decoded = raw.where(F.length("value") > 0).select(_decoded(ingress).alias("r"))
+        # barriers and watermark records are header-only records with an empty value; records a drill
+        # sent to be dead letters (its poison kind) are no input of the reference
+        decoded = raw.where((F.length("value") > 0) & F.expr(POISON_FILTER)).select(_decoded(ingress).alias("r"))
         view = ingress.topic.removeprefix(f"{pipeline.job}.")
         decoded.select("r.*").createOrReplaceTempView(f"`{view}`")
     return spark.sql(sql).toPandas()
@@ -113,7 +116,12 @@ def _decoded(ingress: Ingress):
     return decoded
 
 
-def drill_workload(records: Callable[..., list[tuple[str, int, bytes]]], sql: str, keys: Sequence[str]):
+def drill_workload(
+    records: Callable[..., list[tuple[str, int, bytes]]],
+    sql: str,
+    keys: Sequence[str],
+    poisoned: Callable | None = None,
+):
     """An example's workload for ``spark-abs drill`` (the protocol of
     ``streaming.tools.drill.workload``: each example's ``drill_workload()``
     returns this): its input without end, ``records(job, seed=..., round=n)``
@@ -132,7 +140,7 @@ def drill_workload(records: Callable[..., list[tuple[str, int, bytes]]], sql: st
     def expected(spark, pipeline: Pipeline, kafka: KafkaAccess) -> pd.DataFrame:
         return reference(spark, pipeline, sql, kafka)
 
-    return DrillWorkload(endless, expected, tuple(keys), sums=())
+    return DrillWorkload(endless, expected, tuple(keys), sums=(), poison_ready=True, poisoned=poisoned)
 
 
 def committed(kafka: KafkaAccess, topic: str) -> pd.DataFrame:

@@ -43,6 +43,7 @@ from streaming.adapters.serde import avro
 from streaming.adapters.serde.schema_registry import current_registry, subject_of
 
 __all__ = [
+    "overflowing",
     "EVENTS",
     "EVENTS_V1",
     "EVENTS_V2",
@@ -198,10 +199,28 @@ def records(
 
 
 def drill_workload():
-    """This pipeline's workload for ``spark-abs drill`` (``spark_abs_examples.check.drill_workload``)."""
+    """This pipeline's workload for ``spark-abs drill`` (``spark_abs_examples.check.drill_workload``);
+    its poison (``spark-abs drill --kinds poison``): a reading of the largest long, which
+    ``calibrated``'s Spark SQL cannot multiply by ten (ARITHMETIC_OVERFLOW in Spark's ANSI mode)."""
     from spark_abs_examples import check
 
-    return check.drill_workload(records, REFERENCE, KEYS)
+    return check.drill_workload(records, REFERENCE, KEYS, poisoned=overflowing)
+
+
+def overflowing(sent):
+    """A reading of ``2**63 - 1`` at the time of ``sent`` (a drill's ``InputRecord``, an event the
+    workload wrote), written as the devices' firmware writes now (``EVENTS_V2``)."""
+    from streaming.tools.drill.workload import InputRecord
+
+    registry = current_registry("the devices example's poison")
+    read = avro.avro_schema(EVENTS, confluent_wire=True, registry=True, what=sent.topic)
+    table, _, _ = avro.decode(pa.array([sent.value], pa.binary()), read)
+    ts = table["ts"][0].as_py()
+    writer = avro.avro_schema(EVENTS_V2, confluent_wire=True, what=sent.topic)
+    schema_id = registry.register(subject_of(sent.topic), writer.json)
+    event = {"event_id": f"overflow-{ts}", "device": "d00", "kind": "temp", "value": 2**63 - 1, "ts": ts}
+    [value] = avro.encode([{**event, "firmware": "2.1"}], writer, schema_id=schema_id)
+    return [InputRecord(sent.topic, sent.partition, value)]
 
 
 # the output, computed in batch from the same topic: every event once, per device and sliding minute

@@ -384,7 +384,13 @@ def drill_workload(*, accounts: int = 10, malformed_every: int = 997):
         return pd.DataFrame(normalise(table), columns=list(_COLUMNS))
 
     return DrillWorkload(
-        records, money_reference, ("account", "window_start"), ("net", "legs"), conserved=conserved, output=output
+        records,
+        money_reference,
+        ("account", "window_start"),
+        ("net", "legs"),
+        conserved=conserved,
+        output=output,
+        poison_ready=True,
     )
 
 
@@ -395,6 +401,8 @@ def money_reference(spark, pipeline: Pipeline, kafka: KafkaAccess):
     pipeline sends them to the dead letters)."""
     from pyspark.sql import functions as F
 
+    from streaming.tools.drill.workload import POISON_FILTER
+
     topic = pipeline.ingress[0].topic
     raw = (
         spark.read.format("kafka")
@@ -402,11 +410,13 @@ def money_reference(spark, pipeline: Pipeline, kafka: KafkaAccess):
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("endingOffsets", "latest")
+        .option("includeHeaders", "true")
         .load()
     )
     schema = "id BIGINT, source STRING, target STRING, amount BIGINT, ts BIGINT"
     transfers = (
-        raw.select(F.from_json(F.col("value").cast("string"), schema).alias("t"))
+        raw.where(POISON_FILTER)  # records a drill sent to be dead letters (its poison kind): no transfers
+        .select(F.from_json(F.col("value").cast("string"), schema).alias("t"))
         .select("t.*")
         .where("id IS NOT NULL AND source IS NOT NULL AND target IS NOT NULL AND amount IS NOT NULL AND ts IS NOT NULL")
     )

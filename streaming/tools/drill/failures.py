@@ -1,7 +1,8 @@
 """A restore drill's failures, injected (``streaming.tools.drill.run``): one
 method per failure kind (a worker killed at random or at a fault point, the
 runner killed, a checkpoint damaged, a service down, records deleted under
-the job, a worker frozen, a task stuck in a send; the local cluster's kinds
+the job, a worker frozen, a task stuck in a send, records no schema
+expected on the ingress topics; the local cluster's kinds
 in ``streaming.tools.drill.cluster``),
 then the wait for the job to recover from it: a checkpoint completes after
 it (for a kind that must restore, in a later generation), which is timed,
@@ -15,14 +16,16 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from barriers.messages import ChannelId
 from streaming.adapters.kafka.admin import delete_records, earliest_offsets
 from streaming.adapters.snapshots import Manifest
+from streaming.api.pipeline import Pipeline
 from streaming.engine import faults
 from streaming.engine.kafka_retention import needs
+from streaming.errors import ConfigError
 from streaming.tools.drill.cluster import ClusterFailures
 from streaming.tools.drill.feed import ProgressWatch
 from streaming.tools.drill.job import DrilledJob, is_running, job_worker_pids, kill_group, processes_left
@@ -35,6 +38,8 @@ from streaming.tools.drill.plan import (
     must_restore,
     restore_problem,
 )
+from streaming.tools.drill.poison import HOSTILE, hostile_records, poison_records
+from streaming.tools.drill.workload import DrillWorkload, InputRecord
 
 __all__ = ["FailureInjector", "retention_cut"]
 
@@ -55,6 +60,9 @@ class FailureInjector:
         problems: list[str],
         started: float,
         recover_timeout_s: float,
+        pipeline: Pipeline | None = None,
+        workload: DrillWorkload | None = None,
+        last_sent: Callable[[], Mapping[str, InputRecord]] = dict,
     ):
         self.job = job
         self.watch = watch
@@ -64,6 +72,12 @@ class FailureInjector:
         self.problems = problems
         self.started = started
         self.recover_timeout_s = recover_timeout_s
+        # the poison kind: the pipeline's ingress, the workload's own records its code raises on, made
+        # from the last it sent
+        self.pipeline = pipeline
+        self.workload = workload
+        self.last_sent = last_sent
+        self.poisoned: list[tuple[str, int]] = []  # (channel, offset) of the poison records sent
         self.cluster = ClusterFailures(self)
 
     def inject(self, failure: Failure, rng: random.Random) -> FailureOutcome:
@@ -96,6 +110,8 @@ class FailureInjector:
             struck = self._freeze(outcome, rng)
         elif kind is FailureKind.STUCK_SEND:
             self._stuck_send(outcome, generation)
+        elif kind is FailureKind.POISON:
+            self._poison()
         else:
             self._outage(failure)
         try:
@@ -114,6 +130,32 @@ class FailureInjector:
         return outcome
 
     # ---- the failure kinds
+
+    def _poison(self) -> None:
+        """Append records no schema expected to the ingress topics
+        (``streaming.tools.drill.poison``), each noted to become a dead letter."""
+        from streaming.adapters.kafka import clients as kafka_clients
+
+        if self.pipeline is None:
+            raise ConfigError("the poison kind needs the drilled pipeline (FailureInjector(pipeline=...))")
+        poisoned = self.workload.poisoned if self.workload is not None else None
+        records = poison_records(self.pipeline, poisoned, dict(self.last_sent()))
+        producer = kafka_clients.raw_producer(self.job.connection.kafka, acks="all")
+        try:
+            sent = [
+                (record, producer.send(record.topic, value=record.value, headers=list(record.headers), partition=p))
+                for record, p in ((r, r.partition) for r in records)
+            ]
+            producer.flush(60)
+            for record, future in sent:
+                self.poisoned.append((f"{record.topic}:{record.partition}", future.get(timeout=60).offset))
+        finally:
+            producer.close()
+        own = len(records) - len(hostile_records(self.pipeline))
+        self.log(
+            f"  {len(records)} poison records: {', '.join(HOSTILE)} on each ingress topic, and {own} of the "
+            "workload's own its code raises on"
+        )
 
     def _kill_a_worker(self, rng: random.Random) -> None:
         """SIGKILL one of the job's workers (on the cluster: a member the lease names)."""

@@ -18,7 +18,7 @@ from streaming.adapters.kafka.control.transport import ControlTopic
 from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Pipeline
-from streaming.tools.drill.workload import DrillWorkload
+from streaming.tools.drill.workload import DrillWorkload, InputRecord
 
 __all__ = ["ProgressWatch", "WorkloadFeed"]
 
@@ -27,7 +27,8 @@ class WorkloadFeed:
     """The workload's records sent at ``rate`` per second until ``stop`` is
     set, then the records that close the input; ``produced`` counts the
     records sent, ``malformed`` holds (channel, offset) of those made
-    malformed, ``error`` what ended the sending early."""
+    malformed, ``last`` the last well-formed record sent to each topic,
+    ``error`` what ended the sending early."""
 
     def __init__(
         self,
@@ -48,6 +49,7 @@ class WorkloadFeed:
         self.error: BaseException | None = None
         self.produced = 0
         self.malformed: list[tuple[str, int]] = []  # (channel, offset) of records made malformed
+        self.last: dict[str, InputRecord] = {}  # topic -> the last well-formed record sent to it
         self.thread = threading.Thread(target=self._feed, name="drill-feed", daemon=True)
 
     def _feed(self) -> None:
@@ -81,6 +83,7 @@ class WorkloadFeed:
                     pending.append((record, future))
                 else:
                     self.produced += 1
+                    self.last[record.topic] = record
                 sent += 1.0 / self.rate
                 pause = sent - time.monotonic()
                 if pause > 0:

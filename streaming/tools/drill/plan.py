@@ -64,6 +64,8 @@ class FailureKind(enum.StrEnum):
     STORE_LONG = "store-long"
     WORKER_FROZEN = "worker-frozen"
     STUCK_SEND = "stuck-send"
+    # records no schema expected, appended to the ingress topics: each a dead letter, no restore
+    POISON = "poison"
     # the local cluster's (``spark-abs drill --cluster``): its job runs as remote worker groups
     BROKER_NODE = "broker-node"
     SPARK_WORKER = "spark-worker"
@@ -89,7 +91,14 @@ LIVENESS_KINDS = (FailureKind.BROKER_LONG, FailureKind.STORE_LONG, FailureKind.W
 LOCAL_ONLY = (FailureKind.RUNNER, FailureKind.BROKER, *LIVENESS_KINDS)
 # drilled only when named (--kinds): retention deletes records of the job's internal topics; a long outage and
 # a stuck send take minutes each (the outage, or the failed checkpoints it takes before the job restores)
-NAMED_ONLY = (FailureKind.RETENTION, FailureKind.BROKER_LONG, FailureKind.STORE_LONG, FailureKind.STUCK_SEND)
+# and poison, which needs a workload whose reference leaves its records out (DrillWorkload.poison_ready)
+NAMED_ONLY = (
+    FailureKind.RETENTION,
+    FailureKind.BROKER_LONG,
+    FailureKind.STORE_LONG,
+    FailureKind.STUCK_SEND,
+    FailureKind.POISON,
+)
 # the local runtime's default: every kind but those drilled when named and the cluster's
 KINDS = tuple(k for k in FailureKind if k not in NAMED_ONLY and k not in CLUSTER_ONLY)
 # the cluster's default (--cluster): its own kinds, then those of the local runtime that mean the same there
@@ -105,6 +114,7 @@ _RESTORES = {
     FailureKind.RUNNER_REMOTE: True,
     FailureKind.WORKER_FROZEN: True,  # the runner SIGKILLs a worker whose tasks are silent (worker_stuck)
     FailureKind.STUCK_SEND: True,  # checkpoints fail until the runner restores (checkpoints_failing)
+    FailureKind.POISON: False,  # each record a dead letter, the job goes on
 }
 # what a cluster kind waits for outside its recovery, on a 2-core machine, in seconds (the budget counts it): a
 # standby's Spark application and first heartbeat; a node started again (Kafka's brokers or Spark's ALIVE, then
@@ -220,6 +230,8 @@ class Failure:
             return f"worker frozen (SIGSTOP) for up to {self.outage_s:.0f} s, past the heartbeat timeout"
         if self.kind is FailureKind.STUCK_SEND:
             return f"{self.task} stuck for good in a send (stuck_send)"
+        if self.kind is FailureKind.POISON:
+            return "records no schema expected appended to the ingress topics (poison)"
         service = "Kafka broker" if self.kind is FailureKind.BROKER else "S3 server"
         return f"{service} down for {self.outage_s:.0f} s"
 

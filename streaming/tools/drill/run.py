@@ -178,6 +178,12 @@ class Drill:
         self.job = f"drill-{seed}-{uuid.uuid4().hex[:6]}"
         self.pipeline = load_pipeline(pipeline, self.job)
         _check_kinds(kinds, runtime, store_uri, cluster)
+        if FailureKind.POISON in kinds and not self.workload.poison_ready:
+            raise ConfigError(
+                f"failure kind poison appends records no schema expected to {pipeline}'s ingress topics, and its "
+                "workload's reference does not say it leaves them out (DrillWorkload.poison_ready, POISON_FILTER): "
+                "leave poison out of --kinds, or make the reference filter them"
+            )
         self.bounds = LivenessBounds.of(settings.delivery_timeout_s)
         pools = fault_pools(self.pipeline, self.mode)
         if cluster:
@@ -212,6 +218,9 @@ class Drill:
             problems=self.problems,
             started=self.started,
             recover_timeout_s=self.recover_timeout_s,
+            pipeline=self.pipeline,
+            workload=self.workload,
+            last_sent=lambda: dict(self.feed.last),
         )
 
     def _log(self, line: str) -> None:
@@ -326,7 +335,8 @@ class Drill:
         self._stop.set()
         join_within(self.feed.thread, 600.0, "the drill's workload producer")
         self._log(
-            f"input closed after {self.feed.produced} records ({len(self.feed.malformed)} malformed); draining the job"
+            f"input closed after {self.feed.produced} records ({len(self.feed.malformed)} malformed, "
+            f"{len(self.failures.poisoned)} poison); draining the job"
         )
 
     def _drain(self) -> None:
@@ -342,7 +352,7 @@ class Drill:
             pipeline=self.pipeline,
             workload=self.workload,
             outcomes=self.outcomes,
-            malformed=self.feed.malformed,
+            malformed=[*self.feed.malformed, *self.failures.poisoned],
             spark=self.spark,
             log=self._log,
         ).run()
@@ -358,7 +368,7 @@ class Drill:
             checks,
             frames,
             self.feed.produced,
-            len(self.feed.malformed),
+            len(self.feed.malformed) + len(self.failures.poisoned),
             len(frames["checkpoints"]) if "checkpoints" in frames else len(self.drilled.completed()),
             round(time.monotonic() - self.started, 1),
             self.problems,

@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from barriers.headers import DRILL_HEADER
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import KafkaAccess
 from streaming.api.pipeline import Pipeline
@@ -35,6 +36,7 @@ from streaming.errors import ConfigError
 
 __all__ = [
     "PROTOCOL",
+    "POISON_FILTER",
     "DrillWorkload",
     "InputRecord",
     "end_of_input",
@@ -44,6 +46,9 @@ __all__ = [
 
 # the attribute of a pipeline's module that gives its drill workload
 PROTOCOL = "drill_workload"
+# what a reference keeps of an ingress topic read by Spark with its headers (includeHeaders): every
+# record but those a drill sent to be dead letters (its poison kind, marked with DRILL_HEADER)
+POISON_FILTER = f"NOT exists(headers, h -> h.key = '{DRILL_HEADER}')"
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,14 @@ class DrillWorkload:
     searched in a dead letter's reason) of records the pipeline
     quarantines by design from well-formed input (a validation stage that
     refuses some), whose dead letters the drill then expects: the
-    reference must leave those records out as well."""
+    reference must leave those records out as well.
+
+    The ``poison`` failure kind needs ``poison_ready``: the reference
+    leaves out the records a drill marks with ``DRILL_HEADER``
+    (``POISON_FILTER``).  ``poisoned(record)``, given a record the workload
+    sent, gives records the pipeline's own code raises on (a value its
+    operator or its Spark code does not expect), which the drill sends
+    with the hostile records of every other kind."""
 
     records: Callable[[Pipeline, random.Random], Iterator[InputRecord]]
     reference: Callable[[Any, Pipeline, KafkaAccess], pd.DataFrame]
@@ -86,6 +98,8 @@ class DrillWorkload:
     conserved: Callable[[SnapshotStore, int, Callable], int] | None = None
     output: Callable[[Any], pd.DataFrame] | None = None
     quarantined: tuple[str, ...] = ()
+    poison_ready: bool = False
+    poisoned: Callable[[InputRecord], list[InputRecord]] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.quarantined, str):

@@ -82,6 +82,7 @@ def test_the_liveness_kinds_outlast_the_jobs_bounds_and_only_a_frozen_worker_is_
         FailureKind.BROKER_LONG,
         FailureKind.STORE_LONG,
         FailureKind.STUCK_SEND,
+        FailureKind.POISON,  # not minutes: it needs a workload whose reference leaves its records out
     }
     bounds = LivenessBounds.of(20.0)
     assert bounds.shortened and not LivenessBounds().shortened and LivenessBounds().delivery_timeout_s == 120.0
