@@ -149,12 +149,13 @@ def drill_workload():
 
 
 def priceless(sent):
-    """An item added to the cart of ``sent``'s user, at its time, without a price (a drill's
+    """An item added to the cart of ``sent``'s user, ten minutes of event time after it (not late
+    when it comes: the input's event time runs ahead fast), without a price (a drill's
     ``InputRecord``s): the user's function raises on it."""
     from streaming.tools.drill.workload import InputRecord
 
     event = json.loads(sent.value)
-    added = {"user": event["user"], "action": "add", "price": None, "ts": event["ts"]}
+    added = {"user": event["user"], "action": "add", "price": None, "ts": event["ts"] + TIMEOUT_MS}
     return [InputRecord(sent.topic, sent.partition, json.dumps(added).encode())]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import re
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -25,6 +26,8 @@ __all__ = [
     "ChannelQueryError",
     "TaskError",
     "RecordErrorsStop",
+    "RecordsFailed",
+    "failed_at",
     "PIPELINE_ERRORS",
     "isolatable",
     "StoreError",
@@ -126,6 +129,30 @@ class ChannelQueryError(SparkAbsError):
 class TaskError(SparkAbsError):
     """A stage task cannot go on (held records that Kafka no longer gives
     back); its query fails and the job restores."""
+
+
+class RecordsFailed(TaskError):
+    """A task failed processing a run of records of one channel: which task,
+    where (``channel``, offsets ``first`` to ``last``) and on what.  Its
+    message is what ``failed_at`` reads back from a worker's log: the runner
+    stops a job that fails at the same place restore after restore."""
+
+    def __init__(self, task: str, channel: str, first: int, last: int, error: str):
+        super().__init__(f"task {task} failed on {channel} offsets {first}..{last}: {error}")
+        self.task, self.channel, self.first, self.last, self.error = task, channel, first, last, error
+
+
+_FAILED_AT = re.compile(r"task (\S+) failed on (\S+):(\d+) offsets (\d+)\.\.(\d+): (.*)")
+
+
+def failed_at(text: str) -> tuple[str, str, int, int, str] | None:
+    """The last ``RecordsFailed`` said in ``text`` (a worker's last words):
+    its task, channel, first and last offsets and error; None when none is."""
+    found = _FAILED_AT.findall(text)
+    if not found:
+        return None
+    task, topic, partition, first, last, error = found[-1]
+    return task, f"{topic}:{partition}", int(first), int(last), error.strip()
 
 
 class RecordErrorsStop(SparkAbsError):

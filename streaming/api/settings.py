@@ -27,6 +27,8 @@ __all__ = [
     "STATE_SNAPSHOTS",
     "IN_FLIGHT_FORMATS",
     "WORKER_GROUPINGS",
+    "RECORD_ERRORS",
+    "skip_range",
 ]
 
 
@@ -58,6 +60,21 @@ KAFKA_SINK_CLIENTS = ("java", "python")
 DECODED_BATCH_BYTES = 16 << 20
 # what a record the stage's code raises on does (JobSettings.record_errors)
 RECORD_ERRORS = ("isolate", "fail")
+
+
+def skip_range(spec: str) -> tuple[str, int, int, int]:
+    """``topic:partition:first-last`` (``JobSettings.skip_records``) as its
+    topic, partition, first and last offsets; a ``ConfigError`` saying the
+    form otherwise."""
+    topic, _, rest = str(spec).rpartition(":")
+    topic, _, partition = topic.rpartition(":")
+    first, dash, last = rest.partition("-")
+    if not (topic and partition.isdigit() and first.isdigit() and dash and last.isdigit() and int(first) <= int(last)):
+        raise ConfigError(
+            f"skip_records {spec!r}: give topic:partition:first-last, the first and last offsets of the records "
+            "to skip into the dead letters (e.g. orders:0:1200-1399)"
+        )
+    return topic, int(partition), int(first), int(last)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +149,9 @@ class JobSettings:
     max_isolated_records: int = 1000
     # ... or more than this share of the records it processed in it (from the tenth one on)
     max_isolated_share: float = 0.5
+    # records an operator decided to skip into the dead letters, each "topic:partition:first-last"
+    # (spark-abs run --skip-records): a restore past records that fail a task every time
+    skip_records: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.store:
@@ -175,6 +195,9 @@ class JobSettings:
             raise ConfigError(f"max_isolated_records must be 0 or more, got {self.max_isolated_records}")
         if not 0 < self.max_isolated_share <= 1:
             raise ConfigError(f"max_isolated_share must be more than 0 and at most 1, got {self.max_isolated_share}")
+        object.__setattr__(self, "skip_records", tuple(self.skip_records))
+        for spec in self.skip_records:
+            skip_range(spec)
         if self.state_memory_bytes is not None and self.state_memory_bytes < 1:
             raise ConfigError(
                 f"state_memory_bytes must be at least 1 (or None: no limit), got {self.state_memory_bytes}"

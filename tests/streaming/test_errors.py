@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streaming.errors import names_like
+from streaming.errors import RecordsFailed, failed_at, names_like
 
 
 def test_the_names_spelt_like_the_one_given_come_first():
@@ -22,3 +22,10 @@ def test_many_names_are_counted_not_all_listed():
     assert said.startswith("did you mean ")
     assert "20 jobs, the first: job-00, job-01, job-02, ..." in said
     assert "job-19" not in said.split("the first:")[1]
+
+
+def test_where_a_task_failed_is_read_back_from_the_last_words_of_its_worker():
+    said = RecordsFailed("legs-0", "money.transfers:1", 40, 199, "ZeroDivisionError: division by zero")
+    log = f"26/11/28 ERROR a line\nTraceback ...\nstreaming.errors.RecordsFailed: {said}\n  | more"
+    assert failed_at(log) == ("legs-0", "money.transfers:1", 40, 199, "ZeroDivisionError: division by zero")
+    assert failed_at("worker: stage query failed: something else") is None

@@ -33,6 +33,9 @@ from streaming.errors import ConfigError, SparkAbsError
 from streaming.waits import WaitTimeout, retry
 
 __all__ = [
+    "MalformedAnswer",
+    "MAX_ANSWER_BYTES",
+    "unbounded_items",
     "SchemaRegistry",
     "RegistryUnavailableError",
     "UnknownSchemaError",
@@ -55,6 +58,18 @@ _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
 class RegistryUnavailableError(SparkAbsError):
     """The schema registry did not answer within its bound."""
+
+
+class MalformedAnswer(ValueError):
+    """The registry answered what a Confluent-compatible registry never does
+    (no JSON, no ``schema`` or ``id``, nesting past the recursion limit, an
+    answer over ``MAX_ANSWER_BYTES``), or gave a schema no value can be read
+    with safely (``unbounded_items``): the values that name it are dead
+    letters with the reason."""
+
+
+# the largest answer of the registry read: a schema of thousands of fields takes a few hundred KB
+MAX_ANSWER_BYTES = 4 << 20
 
 
 class UnknownSchemaError(SparkAbsError):
@@ -100,7 +115,7 @@ class SchemaRegistry:
             with self._lock:
                 self._missing.add(schema_id)
             raise
-        text = str(answer["schema"])
+        text = _field(answer, "schema", str, f"schema id {schema_id}")
         with self._lock:
             self._schemas[schema_id] = text
         return text
@@ -115,8 +130,14 @@ class SchemaRegistry:
         text = self.schema(schema_id)
         try:
             parsed = fastavro.parse_schema(json.loads(text))
-        except Exception as exc:  # JSON that is not Avro, or not JSON at all
+        except Exception as exc:  # JSON that is not Avro, or not JSON at all, or nested past the recursion limit
             raise ValueError(f"schema id {schema_id} is not an Avro schema: {type(exc).__name__}: {exc}") from exc
+        unbounded = unbounded_items(parsed)
+        if unbounded is not None:
+            raise MalformedAnswer(
+                f"schema id {schema_id} has {unbounded}: a value of a few bytes could declare billions of its "
+                "items, each read from no bytes; values written with it are not read"
+            )
         with self._lock:
             self._parsed[schema_id] = parsed
         return parsed
@@ -134,18 +155,22 @@ class SchemaRegistry:
             return []
         with self._lock:
             known = dict(self._versions.get(subject, {}))
+        if not isinstance(versions, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in versions):
+            raise MalformedAnswer(f"the versions of subject {subject} are not a list of numbers: {str(versions)[:200]}")
         for version in versions:
-            if int(version) in known:
+            if version in known:
                 continue
             answer = self._request(
-                "GET", f"/subjects/{_quote(subject)}/versions/{int(version)}", missing=subject, bound_s=bound_s
+                "GET", f"/subjects/{_quote(subject)}/versions/{version}", missing=subject, bound_s=bound_s
             )
-            known[int(version)] = int(answer["id"])
+            what = f"version {version} of subject {subject}"
+            schema_id = _field(answer, "id", int, what)
+            known[version] = schema_id
             with self._lock:
-                self._schemas.setdefault(int(answer["id"]), str(answer["schema"]))
+                self._schemas.setdefault(schema_id, _field(answer, "schema", str, what))
         with self._lock:
             self._versions[subject] = known
-        return [known[int(v)] for v in versions]
+        return [known[v] for v in versions]
 
     def writer(self, schema_id: int, subject: str) -> Any:
         """The parsed writer schema of ``schema_id``, which must be a version
@@ -178,7 +203,7 @@ class SchemaRegistry:
             if (subject, text) in self._registered:
                 return self._registered[(subject, text)]
         answer = self._request("POST", f"/subjects/{_quote(subject)}/versions", body={"schema": text})
-        schema_id = int(answer["id"])
+        schema_id = _field(answer, "id", int, f"the registration under {subject}")
         with self._lock:
             self._registered[(subject, text)] = schema_id
             self._schemas.setdefault(schema_id, text)
@@ -198,9 +223,9 @@ class SchemaRegistry:
         def once() -> Any:
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    return json.loads(response.read() or b"null")
+                    body = response.read(MAX_ANSWER_BYTES + 1)
             except urllib.error.HTTPError as exc:
-                said = exc.read().decode(errors="replace")[:300]
+                said = exc.read(300).decode(errors="replace")
                 if exc.code == 404 and missing:
                     raise UnknownSchemaError(f"{missing} is not in the schema registry at {self.url}") from exc
                 if exc.code >= 500:
@@ -208,6 +233,12 @@ class SchemaRegistry:
                 raise ConfigError(
                     f"schema registry {self.url}: {method} {path} refused (HTTP {exc.code}): {said}"
                 ) from exc
+            if len(body) > MAX_ANSWER_BYTES:
+                raise MalformedAnswer(f"{method} {path}: an answer over {MAX_ANSWER_BYTES} bytes (MAX_ANSWER_BYTES)")
+            try:
+                return json.loads(body or b"null")
+            except (ValueError, RecursionError) as exc:
+                raise MalformedAnswer(f"{method} {path}: the answer is no JSON this client reads: {exc}") from None
 
         try:
             return retry(
@@ -225,6 +256,72 @@ class SchemaRegistry:
                 f"the schema registry at {self.url} did not answer {method} {path} within {bound_s:g} s "
                 f"(REGISTRY_BOUND_S): {timeout.__cause__}; is it running (spark-abs local status)?"
             ) from timeout.__cause__
+
+
+def _field(answer: Any, name: str, kind: type, what: str) -> Any:
+    """``answer[name]`` when ``answer`` is a JSON object with it, of ``kind``;
+    a ``MalformedAnswer`` naming ``what`` was asked otherwise."""
+    value = answer.get(name) if isinstance(answer, dict) else None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise MalformedAnswer(f"the registry's answer for {what} has no {name} ({kind.__name__}): {str(answer)[:200]}")
+    return value
+
+
+def unbounded_items(schema: Any) -> str | None:
+    """Where ``schema`` (as fastavro parses it) has an array or a map whose
+    items take no bytes (``null``, a fixed of size 0, a record of such
+    fields): a value could declare 2^62 of them in ten bytes, and a reader
+    would count them all.  None when it has none; any other item takes a
+    byte at least, so a count past the bytes left ends the read."""
+    named: dict[str, Any] = {}
+
+    def empty(node: Any, seen: frozenset[str]) -> bool:
+        if isinstance(node, str):
+            if node in named and node not in seen:
+                return empty(named[node], seen | {node})
+            return node == "null"
+        if isinstance(node, list):  # a union: its branch index takes a byte
+            return False
+        if not isinstance(node, dict):
+            return False
+        kind = node.get("type")
+        if isinstance(node.get("name"), str):
+            named.setdefault(node["name"], node)
+        if kind == "fixed":
+            return node.get("size") == 0
+        if kind in ("record", "error"):
+            return all(empty(f.get("type"), seen) for f in node.get("fields", []))
+        if kind in ("array", "map"):
+            return False  # a count of zero takes a byte
+        return empty(kind, seen) if isinstance(kind, (str, dict)) else False
+
+    def walk(node: Any, path: str, depth: int) -> str | None:
+        if depth > 200:
+            return None
+        if isinstance(node, list):
+            return next((w for w in (walk(b, path, depth + 1) for b in node) if w), None)
+        if not isinstance(node, dict):
+            return None
+        kind = node.get("type")
+        if isinstance(node.get("name"), str):
+            named.setdefault(node["name"], node)
+        if kind in ("array", "map"):
+            items = node.get("items" if kind == "array" else "values")
+            if empty(items, frozenset()):
+                shown = items.get("type") if isinstance(items, dict) else items
+                return f"{kind}<{shown}> at {path or 'its top'}"
+            return walk(items, f"{path}[]", depth + 1)
+        if kind in ("record", "error"):
+            for field in node.get("fields", []):
+                found = walk(
+                    field.get("type"), f"{path}.{field.get('name')}" if path else str(field.get("name")), depth + 1
+                )
+                if found:
+                    return found
+            return None
+        return walk(kind, path, depth + 1) if isinstance(kind, (dict, list)) else None
+
+    return walk(schema, "", 0)
 
 
 def _quote(subject: str) -> str:

@@ -25,7 +25,12 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 
 from streaming.adapters.serde import codec
 from streaming.adapters.serde.avro import WIRE_HEADER_BYTES, AvroSchema
-from streaming.adapters.serde.schema_registry import RegistryUnavailableError, current_registry, subject_of
+from streaming.adapters.serde.schema_registry import (
+    MalformedAnswer,
+    RegistryUnavailableError,
+    current_registry,
+    subject_of,
+)
 from streaming.api.pipeline import Ingress
 from streaming.errors import ConfigError
 
@@ -162,7 +167,7 @@ class SparkDecoding:
         registry = current_registry(f"stage {self.stage}")
         try:
             ids = registry.ids(self.subject, bound_s=5.0)
-        except RegistryUnavailableError as exc:
+        except (RegistryUnavailableError, MalformedAnswer) as exc:
             log.warning("stage %s: writer schemas of %s not refreshed: %s", self.stage, self.subject, exc)
             return None
         readable = []

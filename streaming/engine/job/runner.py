@@ -60,15 +60,16 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from barriers.coordinator import CheckpointStatus
 from barriers.failures import CheckpointFailure
-from barriers.messages import CheckpointOptions
+from barriers.messages import ChannelId, CheckpointOptions
 from streaming.adapters.kafka.admin import check_broker
 from streaming.adapters.objects import open_store, store_patiently
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api import partitioning
 from streaming.api.config import Connection, MetricsSettings, default_home
 from streaming.api.pipeline import Pipeline, Scale, load_pipeline
-from streaming.api.settings import JobSettings
+from streaming.api.settings import JobSettings, skip_range
 from streaming.engine import metrics
 from streaming.engine.job.coordinator import (
     CheckpointRecord,
@@ -87,7 +88,7 @@ from streaming.engine.remote.leases import LeaseRenewal, RemoteMembers
 from streaming.engine.remote.membership import incarnation
 from streaming.engine.restore.changes import AllowDropped
 from streaming.engine.restore.service import RestoreRecord, RestoreService
-from streaming.errors import JobFailed, SparkAbsError
+from streaming.errors import ConfigError, JobFailed, SparkAbsError, failed_at
 
 __all__ = ["JobRunner", "RunOptions", "RestoreRecord"]
 
@@ -97,6 +98,31 @@ log = logging.getLogger(__name__)
 _PROBE_TIMEOUT_S = 5.0
 # a step (or the time between two) longer than this: the runner did not listen meanwhile (liveness.deaf)
 _DEAF_AFTER_S = 2.0
+
+
+# failures at the same place (a task, its channel, its error), with no checkpoint between, after which the
+# runner stops the job rather than restore it into the same failure again
+SAME_FAILURES = 3
+
+
+def check_skip_records(pipeline: Pipeline, settings: JobSettings) -> None:
+    """A ``ConfigError`` for a range of ``settings.skip_records`` on a
+    channel no task of ``pipeline`` reads, or one a stage of Spark code reads
+    (Spark prepares its records before the task sees them: the code's
+    failures are searched by Spark instead)."""
+    readers = {channel: spec for spec in pipeline.tasks() for channel in spec.inputs}
+    for spec in settings.skip_records:
+        topic, partition, _, _ = skip_range(spec)
+        task = readers.get(ChannelId(topic, partition))
+        if task is None:
+            known = sorted({c.topic for c in readers})
+            raise ConfigError(f"--skip-records {spec}: no task reads {topic}:{partition} (topics: {', '.join(known)})")
+        if pipeline.stage(task.stage).spark is not None:
+            raise ConfigError(
+                f"--skip-records {spec}: stage {task.stage} reads {topic}:{partition} with Spark code, which "
+                "prepares its records before the task sees them; records its code raises on are set aside "
+                "already (docs/operations/record-errors.md)"
+            )
 
 
 @dataclass(frozen=True)
@@ -152,6 +178,7 @@ class JobRunner:
         # every line says which job it is about (``record.job``), for a command that runs several
         self.log = logging.LoggerAdapter(log, {"job": self.job})
         self.settings = settings
+        check_skip_records(self.pipeline, settings)
         self.connection = connection
         # signs the job's control events, leases and barriers: without it the job does not start
         self.key = connection.job_key(self.job)
@@ -175,6 +202,8 @@ class JobRunner:
         self.recovery = RestoreService(self.declared, self.store, settings, connection, options.allow_dropped)
         self.max_restores = options.max_restores
         self.restores: list[RestoreRecord] = []
+        # where each restore's failure was (a task, channel and error) and the newest checkpoint then
+        self._failures: list[tuple[tuple[str, str, str] | None, int]] = []
         self.history: list[CheckpointRecord] = []
         self.metrics_settings = options.metrics or MetricsSettings.from_env()
         self.supervisor = self._supervisor()
@@ -341,6 +370,7 @@ class JobRunner:
         (``reason`` says it to a person)."""
         if len(self.restores) >= self.max_restores:
             raise JobFailed(f"job {self.job}: {len(self.restores)} restores already; giving up ({reason})")
+        self._stop_a_repeated_failure(reason)
         plan = self.recovery.prepare(
             checkpoint_id, self.parallelism, self.pipeline.scale, self._next_checkpoint_id, cause
         )
@@ -373,6 +403,27 @@ class JobRunner:
         self.restores.append(record)  # a restore that could not start (Kafka away) is not counted
         metrics.restored(self.job, cause)
         return record
+
+    def _stop_a_repeated_failure(self, reason: str) -> None:
+        """A ``JobFailed`` when a task failed at the same place (its task,
+        channel and error: ``failed_at``) ``SAME_FAILURES`` times in a row
+        with no checkpoint completed between: every restore meets it again.
+        It says where, and how to restore past the records."""
+        place = failed_at(reason)
+        newest = max((r.checkpoint_id for r in self.checkpoints() if r.status is CheckpointStatus.COMPLETED), default=0)
+        self._failures.append((None if place is None else (place[0], place[1], place[4]), newest))
+        recent = self._failures[-SAME_FAILURES:]
+        if place is None or len(recent) < SAME_FAILURES or len(set(recent)) > 1:
+            return
+        task, channel, first, last, error = place
+        since = f"checkpoint {newest}" if newest else "the beginning"
+        raise JobFailed(
+            f"job {self.job}: task {task} failed {SAME_FAILURES} times in a row on {channel} (the last time at offsets "
+            f"{first}..{last}), restored from {since} each time, with: {error}. Every restore meets it again. Fix the "
+            f"stage's code and run the job again, or restore past the records, which then go to the dead letters: "
+            f"spark-abs run ... --restore {newest or 0} --skip-records {channel}:{first}-{last} (widen the range "
+            f"when another micro-batch cut it elsewhere)"
+        )
 
     def rescale(self, parallelism: Mapping[str, int], checkpoint_id: int | None = None) -> RestoreRecord:
         """Restore the running job with ``parallelism`` (stage -> tasks; stages

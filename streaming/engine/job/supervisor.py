@@ -20,7 +20,7 @@ from streaming.api.config import MetricsSettings
 from streaming.api.pipeline import Scale
 from streaming.api.settings import JobSettings
 from streaming.engine.worker.worker import EXIT_PIPELINE_ERROR, WORKER_PREFIX
-from streaming.errors import ConfigError, JobFailed, SparkAbsError
+from streaming.errors import ConfigError, JobFailed, SparkAbsError, failed_at
 from streaming.waits import Deadline
 
 __all__ = ["WorkerProcess", "WorkerSupervisor", "last_words"]
@@ -209,7 +209,12 @@ class WorkerSupervisor:
                 f"in the pipeline, which no restore can fix; fix it and run the job again "
                 f"(its log: {worker.log_path}):\n{worker.tail(4)}"
             )
-        return f"worker {worker.name} died"
+        # where a task failed, when it said (the runner stops a job failing there restore after restore)
+        place = failed_at(worker.tail(40))
+        if place is None:
+            return f"worker {worker.name} died"
+        task, channel, first, last, error = place
+        return f"worker {worker.name} died: task {task} failed on {channel} offsets {first}..{last}: {error}"
 
     def worker_of(self, name: str) -> WorkerProcess:
         """The worker called ``name``, or the one running the task or stage ``name``."""

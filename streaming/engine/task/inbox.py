@@ -74,6 +74,16 @@ class ControlInbox:
         ):
             return  # aligned without a timeout and at-least-once checkpoints wait for the barriers themselves
         for name, offset in sorted(event.offsets.items()):
-            channel = ChannelId.parse(name)
-            if channel in self.inputs:
+            try:
+                channel = ChannelId.parse(name)
+            except ValueError as exc:  # signed, yet no channel: said, and the others taken
+                log.warning(
+                    "%s: announcement of checkpoint %d names no channel %r: %s",
+                    self.task,
+                    event.checkpoint_id,
+                    name,
+                    exc,
+                )
+                continue
+            if channel in self.inputs and isinstance(offset, int) and not isinstance(offset, bool):
                 self.handler.announcement_received(channel, barrier, offset)

@@ -107,7 +107,9 @@ class Segment:
 class Segmenter:
     """Cuts the batches of one task of generation ``generation``;
     ``internal_topics`` are the stage-to-stage topics (only those carry
-    records of older generations that can be stale)."""
+    records of older generations that can be stale); the records ``skip``
+    names (channel, first and last offsets: ``--skip-records``) are
+    dead letters, unread."""
 
     def __init__(
         self,
@@ -117,8 +119,11 @@ class Segmenter:
         *,
         max_records: int = 50_000,
         max_bytes: int = 4 << 20,
+        skip: Iterable[tuple[ChannelId, int, int]] = (),
     ):
         self._internal = frozenset(internal_topics)
+        # records an operator named to skip (channel, first and last offsets): dead letters, unread
+        self._skip = tuple(skip)
         self._generation = generation
         self._lineage = lineage
         self._max_records = max_records
@@ -152,6 +157,20 @@ class Segmenter:
                     reasons.setdefault(int(i), _unreadable(name, raw[int(i)].as_py()))
                 if name == GENERATION_HEADER:
                     generations = read.values
+            for channel, first, last in self._skip:
+                if channel.topic not in names:
+                    continue
+                hit = np.flatnonzero(
+                    (topic_ids == names.index(channel.topic))
+                    & (partitions == channel.partition)
+                    & (offsets >= first)
+                    & (offsets <= last)
+                    & (kinds != _CONTROL)
+                )
+                for i in hit:
+                    reasons.setdefault(
+                        int(i), f"skipped at a restore: {channel} offsets {first}..{last} (--skip-records)"
+                    )
             kinds[list(reasons)] = _REJECTED
         # records of an older generation on internal topics after a restored
         # barrier were written by a run that failed

@@ -39,6 +39,7 @@ from barriers.messages import (
     ChannelId,
     decode,
 )
+from operators.isolation import said
 from streaming.adapters.kafka.control.events import ControlEvent, Progress, Replayed
 from streaming.adapters.serde.records import (
     BATCH_BEGAN,
@@ -63,7 +64,7 @@ from streaming.engine.task.replay import CopiedReplay, RestoredChannelState
 from streaming.engine.task.segments import Segment, Segmenter, SegmentKind, SegmentPace
 from streaming.engine.task.uploads import Incremental, SnapshotUploader
 from streaming.engine.task.watermarks import WatermarkTracker, event_time_inputs
-from streaming.errors import TaskError
+from streaming.errors import RecordsFailed, SparkAbsError, TaskError
 
 __all__ = ["StageTask", "TaskStart", "TaskIO", "TaskOptions"]
 
@@ -119,6 +120,8 @@ class TaskOptions:
     record_errors: str = JobSettings.default("record_errors")
     max_isolated_records: int = JobSettings.default("max_isolated_records")
     max_isolated_share: float = JobSettings.default("max_isolated_share")
+    # records an operator named to skip into the dead letters (JobSettings.skip_records, parsed)
+    skip_records: tuple[tuple[ChannelId, int, int], ...] = ()
 
 
 @dataclass
@@ -160,7 +163,11 @@ def _input_gate(
     generation wrote skipped), ranges read again prepared as its batches are."""
     max_segment_records, segment_ms = options.max_segment_records, options.segment_ms
     segmenter = Segmenter(
-        (pipeline.topic_of(s.name) for s in pipeline.stages), generation, lineage, max_records=max_segment_records
+        (pipeline.topic_of(s.name) for s in pipeline.stages),
+        generation,
+        lineage,
+        max_records=max_segment_records,
+        skip=[skip for skip in options.skip_records if skip[0] in spec.inputs],
     )
     read_range = source = io.read_range
     prepare = io.prepare
@@ -385,7 +392,14 @@ class StageTask:
             self.watermarks.observe(channel, segment.rows, None)
             self.processor.watermark_moved(channel)
         else:
-            self.processor.process(channel, segment.rows)
+            try:
+                self.processor.process(channel, segment.rows)
+            except SparkAbsError:
+                raise
+            except Exception as exc:  # say where, for the runner (a failure that repeats at one place)
+                raise RecordsFailed(
+                    self.spec.name, str(channel), segment.first_offset, segment.last_offset, said(exc)
+                ) from exc
 
     def progress(self) -> Progress:
         """Where the task is: its position on each input channel (the next

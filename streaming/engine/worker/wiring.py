@@ -32,7 +32,7 @@ from streaming.adapters.sinks.object_store import ObjectStoreSink
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api.config import Connection, default_home
 from streaming.api.pipeline import Pipeline, Sink, Stage, TaskSpec
-from streaming.api.settings import JobSettings, Mode, StateSnapshots
+from streaming.api.settings import JobSettings, Mode, StateSnapshots, skip_range
 from streaming.engine import faults
 from streaming.engine.kafka_retention import RetentionWatch, relied_on_ms
 from streaming.engine.restore.start import plan_start
@@ -178,6 +178,10 @@ class TaskFactory:
                 record_errors=self.settings.record_errors,
                 max_isolated_records=self.settings.max_isolated_records,
                 max_isolated_share=self.settings.max_isolated_share,
+                skip_records=tuple(
+                    (ChannelId(topic, partition), first, last)
+                    for topic, partition, first, last in map(skip_range, self.settings.skip_records)
+                ),
                 segment_ms=segment_budget_ms(self.settings),
                 incremental=Incremental(self.settings.base_every)
                 if self.settings.state_snapshots is StateSnapshots.INCREMENTAL

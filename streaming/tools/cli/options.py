@@ -235,6 +235,15 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
         help="stop the job once a task set aside more than this share of the records of one checkpoint "
         f"interval, from the tenth on (default {JobSettings.default('max_isolated_share'):g})",
     )
+    records.add_argument(
+        "--skip-records",
+        action="append",
+        default=[],
+        metavar="TOPIC:PARTITION:FIRST-LAST",
+        help="skip these records into the dead letters, unread (repeat for more ranges): a restore past records "
+        "that fail a task every time, as the runner's error names them. Not on a channel a stage of Spark code "
+        "reads (its records are searched by Spark)",
+    )
     workers.add_argument(
         "--delivery-timeout",
         type=float,
@@ -326,6 +335,8 @@ def job_settings(args: argparse.Namespace) -> JobSettings:
     for name in ("record_errors", "max_isolated_records", "max_isolated_share"):
         if getattr(args, name, None) is not None:
             extra[name] = getattr(args, name)
+    if getattr(args, "skip_records", None):
+        extra["skip_records"] = tuple(args.skip_records)
     return JobSettings(
         store=args.store,
         mode=args.mode,

@@ -153,8 +153,8 @@ class FailureInjector:
             producer.close()
         own = len(records) - len(hostile_records(self.pipeline))
         self.log(
-            f"  {len(records)} poison records: {', '.join(HOSTILE)} on each ingress topic, and {own} of the "
-            "workload's own its code raises on"
+            f"  {len(records) - own} records no schema expected on the ingress topics ({', '.join(HOSTILE[:-1])}; "
+            f"{HOSTILE[-1]} on an Avro ingress) and {own} of the workload's own its code raises on"
         )
 
     def _kill_a_worker(self, rng: random.Random) -> None:

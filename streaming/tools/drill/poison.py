@@ -41,9 +41,12 @@ HOSTILE = (
 def _hostile(ingress: Ingress, job: str) -> list[tuple[bytes, tuple[tuple[str, bytes], ...]]]:
     """Each of ``HOSTILE``'s records for ``ingress``: (value, headers)."""
     [arrow] = encode_batches(pa.table({"id": [10**9], "amount": [10**6]}))
+    # the number where the schema has a number (its first integer field, or else its first)
+    fields = list(ingress.schema) if ingress.schema is not None else []
+    number = next((f.name for f in fields if pa.types.is_integer(f.type)), fields[0].name if fields else "id")
     records = [
         (b"{not json", ()),
-        (b'{"id": ' + b"9" * 5000 + b"}", ()),
+        (b'{"' + number.encode() + b'": ' + b"9" * 5000 + b"}", ()),
         (b"[" * 100_000, ()),
         (arrow, ((FORMAT_HEADER, ARROW_FORMAT),)),
         (b"{}", ((WATERMARK_HEADER, b"zz"),)),

@@ -48,7 +48,8 @@ __all__ = [
 PROTOCOL = "drill_workload"
 # what a reference keeps of an ingress topic read by Spark with its headers (includeHeaders): every
 # record but those a drill sent to be dead letters (its poison kind, marked with DRILL_HEADER)
-POISON_FILTER = f"NOT exists(headers, h -> h.key = '{DRILL_HEADER}')"
+# (a record without headers has them null)
+POISON_FILTER = f"NOT coalesce(exists(headers, h -> h.key = '{DRILL_HEADER}'), false)"
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,17 @@ Avro ingress with ``registry=True`` read with each value's writer schema
 resolved to the ingress schema, in Python and by Spark alike, values of an
 unknown id or of a schema that does not resolve rejected with their reason;
 a Kafka sink's Avro values registered under ``<topic>-value``; an
-unreachable registry an error naming it and its bound."""
+unreachable registry an error naming it and its bound.  And, without the
+runtime, a registry that answers what no registry does (a small HTTP server
+of the test's): each answer checked and bounded, and a writer schema that
+lets a few bytes declare billions of items refused, the values naming
+those a dead letter, never a task that fails or reads for ever."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import time
 
 import pyarrow as pa
@@ -17,19 +23,20 @@ import pytest
 from streaming.adapters.serde import avro, codec
 from streaming.adapters.serde.records import REASON, RECORD_SCHEMA, ROW, Part, part_of
 from streaming.adapters.serde.schema_registry import (
+    MAX_ANSWER_BYTES,
+    MalformedAnswer,
     RegistryUnavailableError,
     SchemaRegistry,
     UnknownSchemaError,
     current_registry,
     subject_of,
+    use_registry,
 )
 from streaming.adapters.sinks.kafka import KafkaSink, kafka_records, read_kafka_output, registered_avro
 from streaming.adapters.spark.stage import SparkStage
 from streaming.api.avro_schema import avro_schema
 from streaming.api.pipeline import Ingress, Sink, Stage
 from streaming.errors import ConfigError
-
-pytestmark = pytest.mark.integration
 
 READER = {
     "type": "record",
@@ -74,6 +81,7 @@ def _written(topic: str, registry: SchemaRegistry, rows: list[tuple[dict, dict]]
     return out
 
 
+@pytest.mark.integration
 def test_schemas_are_registered_once_and_fetched_by_id(registry_connection, unique_name):
     registry = SchemaRegistry(registry_connection.schema_registry)
     subject = subject_of(f"{unique_name}.readings")
@@ -89,6 +97,7 @@ def test_schemas_are_registered_once_and_fetched_by_id(registry_connection, uniq
         fresh.schema(987654)
 
 
+@pytest.mark.integration
 def test_an_unreachable_registry_is_an_error_naming_it_and_its_bound():
     from streaming.local.processes import free_port
 
@@ -109,6 +118,7 @@ def _records(values: list[bytes]) -> pa.Table:
     )
 
 
+@pytest.mark.integration
 def test_an_evolving_producer_is_read_with_the_ingress_schema_in_python_and_by_spark_alike(
     registry_connection, spark, unique_name
 ):
@@ -167,6 +177,7 @@ def test_an_evolving_producer_is_read_with_the_ingress_schema_in_python_and_by_s
     assert dict(zip(rejected["offset"].to_pylist(), rejected[REASON].to_pylist())) == reasons
 
 
+@pytest.mark.integration
 def test_an_ingress_that_reads_by_id_needs_the_wire_format_and_a_registry():
     from streaming.adapters.serde.schema_registry import check_registry
     from streaming.api.pipeline import Pipeline
@@ -187,6 +198,7 @@ def test_an_ingress_that_reads_by_id_needs_the_wire_format_and_a_registry():
         Sink("delta", avro=READER)
 
 
+@pytest.mark.integration
 def test_a_kafka_sink_writes_avro_registered_under_its_topic(registry_connection, unique_name, tmp_path):
     from streaming.adapters.kafka.admin import create_topic
     from streaming.adapters.objects import open_store
@@ -216,3 +228,79 @@ def test_a_kafka_sink_writes_avro_registered_under_its_topic(registry_connection
     assert decoded.table.to_pylist() == rows.to_pylist() and decoded.rejected == []
     with pytest.raises(Exception, match="not a record of the sink's Avro schema"):
         registered_avro(sink_spec, registry)(pa.table({"sensor": ["a"], "value": ["x"], "unit": ["C"]}))
+
+
+# ---- a registry that answers what no registry does
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    answers: dict[str, bytes] = {}
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = self.answers.get(self.path)
+        self.send_response(200 if body is not None else 404)
+        self.end_headers()
+        self.wfile.write(body or b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def hostile():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server, SchemaRegistry(f"http://127.0.0.1:{server.server_port}", bound_s=2.0)
+    server.shutdown()
+
+
+NULLS = {"type": "record", "name": "Many", "fields": [{"name": "xs", "type": {"type": "array", "items": "null"}}]}
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        (b'{"id": 3}', r"has no schema \(str\)"),
+        (b"[" * 100_000, "the answer is no JSON this client reads"),
+        (b'{"schema": "' + b"x" * (MAX_ANSWER_BYTES + 1) + b'"}', "an answer over"),
+        (json.dumps({"schema": json.dumps(NULLS)}).encode(), "has array<null> at xs"),
+    ],
+)
+def test_a_schema_the_registry_answers_malformed_is_refused_with_the_reason(hostile, answer, says):
+    server, registry = hostile
+    _Hostile.answers = {"/schemas/ids/7": answer}
+    with pytest.raises(MalformedAnswer, match=says):
+        registry.parsed(7)
+
+
+def test_versions_that_are_not_numbers_and_versions_without_an_id_are_refused(hostile):
+    server, registry = hostile
+    _Hostile.answers = {"/subjects/s-value/versions": b'["1"]'}
+    with pytest.raises(MalformedAnswer, match="not a list of numbers"):
+        registry.ids("s-value")
+    _Hostile.answers = {"/subjects/s-value/versions": b"[1]", "/subjects/s-value/versions/1": b'{"schema": "{}"}'}
+    with pytest.raises(MalformedAnswer, match="has no id"):
+        registry.ids("s-value")
+
+
+def test_a_value_of_a_writer_schema_of_items_of_no_bytes_is_a_dead_letter_not_a_read_for_ever(hostile):
+    server, registry = hostile
+    nulls = json.dumps({"schema": json.dumps(NULLS)}).encode()
+    _Hostile.answers = {
+        "/subjects/t-value/versions": b"[1]",
+        "/subjects/t-value/versions/1": json.dumps({"id": 9, "schema": json.dumps(NULLS)}).encode(),
+        "/schemas/ids/9": nulls,
+    }
+    shape = {"type": "record", "name": "Many", "fields": [{"name": "n", "type": "long", "default": 0}]}
+    reader = avro_schema(shape, confluent_wire=True, registry=True, subject="t-value", what="t")
+    # 2^62 items declared in ten bytes (a zigzag long), then nothing
+    value = b"\x00" + (9).to_bytes(4, "big") + b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01"
+    previous = use_registry(registry.url)
+    try:
+        table, index, rejected = avro.decode(pa.array([value], pa.binary()), reader)
+    finally:
+        use_registry(previous.url if previous is not None else None)
+    assert table.num_rows == 0 and index == []
+    [(at, reason)] = rejected
+    assert at == 0
+    assert "array<null> at xs" in reason

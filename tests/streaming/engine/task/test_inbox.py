@@ -173,6 +173,14 @@ def test_a_trigger_announces_an_unaligned_barrier_on_the_tasks_inputs_only():
     assert handler.calls == [("announced", A, barrier, 12), ("announced", B, barrier, 40)]
 
 
+def test_an_announcement_naming_no_channel_or_no_offset_skips_that_entry_only(caplog):
+    handler = Handler()
+    barrier = Barrier(2, generation=0, options=UNALIGNED, job=JOB)
+    _inbox(handler).offer(_trigger(barrier, {"no channel": 3, "in:1": "twelve", "in:3": 40}))
+    assert handler.calls == [("announced", B, barrier, 40)]  # before: the ValueError stopped the task
+    assert "names no channel 'no channel'" in caplog.text
+
+
 def test_an_announce_from_an_upstream_task_gives_the_offsets_on_its_outputs():
     handler = Handler()
     barrier = Barrier(5, generation=2, options=UNALIGNED, job=JOB)

@@ -162,3 +162,19 @@ def test_a_barrier_with_an_unreadable_number_header_is_left_to_the_barrier_check
     barrier = encode(Barrier(1, job="j")) + [("abs.wm", b"zz")]
     (segment,) = Segmenter([], 0, Lineage()).cut(records([(0, 0, b"", barrier)]))
     assert segment.kind is SegmentKind.CONTROL and segment.reason == ""
+
+
+def test_records_an_operator_named_to_skip_are_dead_letters_and_barriers_among_them_stay():
+    table = records([(0, o, b"{}", []) for o in range(4)] + [(0, 4, b"", encode(Barrier(1, job="j")))])
+    table = pa.concat_tables([table, records([(0, 5, b"{}", []), (1, 2, b"{}", [])])])
+    segmenter = Segmenter([], 0, Lineage(), skip=[(ChannelId("t", 0), 2, 5), (ChannelId("other", 0), 0, 9)])
+    cut = segmenter.cut(table)
+    assert shape(cut) == [
+        ("t:0", "data", 0, 1),
+        ("t:0", "rejected", 2, 2),
+        ("t:0", "rejected", 3, 3),
+        ("t:0", "control", 4, 4),
+        ("t:0", "rejected", 5, 5),
+        ("t:1", "data", 2, 2),
+    ]
+    assert cut[1].reason == "skipped at a restore: t:0 offsets 2..5 (--skip-records)"
