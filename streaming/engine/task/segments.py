@@ -147,16 +147,20 @@ class Segmenter:
         # whichever generation, so a replay of the same records rejects the same ones
         reasons: dict[int, str] = {}
         generations = None
-        if not is_prepared(table):  # a stage's Spark code read these itself (try_cast: unreadable is absent)
-            for name in (WATERMARK_HEADER, GENERATION_HEADER):
-                raw = header_values(table, name)
-                if raw.null_count == len(raw):
-                    continue  # no record has it (an ingress's records, as a rule): nothing to read
-                read = whole_numbers(raw)
-                for i in np.flatnonzero(read.malformed & (kinds != _CONTROL)):  # a barrier's decoding checks its own
-                    reasons.setdefault(int(i), _unreadable(name, raw[int(i)].as_py()))
-                if name == GENERATION_HEADER:
-                    generations = read.values
+        prepared = is_prepared(table)
+        # a stage's Spark code read the data records' headers itself (try_cast: unreadable is absent); the
+        # watermark records it hands over as they came are read here
+        for name in (WATERMARK_HEADER,) if prepared else (WATERMARK_HEADER, GENERATION_HEADER):
+            raw = header_values(table, name)
+            if raw.null_count == len(raw):
+                continue  # no record has it (an ingress's records, as a rule): nothing to read
+            read = whole_numbers(raw)
+            looked_at = kinds == _WATERMARK if prepared else kinds != _CONTROL  # a barrier's decoding checks its own
+            for i in np.flatnonzero(read.malformed & looked_at):
+                reasons.setdefault(int(i), _unreadable(name, raw[int(i)].as_py()))
+            if name == GENERATION_HEADER:
+                generations = read.values
+        if not prepared:
             for channel, first, last in self._skip:
                 if channel.topic not in names:
                     continue
@@ -171,7 +175,7 @@ class Segmenter:
                     reasons.setdefault(
                         int(i), f"skipped at a restore: {channel} offsets {first}..{last} (--skip-records)"
                     )
-            kinds[list(reasons)] = _REJECTED
+        kinds[list(reasons)] = _REJECTED
         # records of an older generation on internal topics after a restored
         # barrier were written by a run that failed
         if self._generation > 0 and self._internal.intersection(names):

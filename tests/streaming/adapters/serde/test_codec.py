@@ -244,3 +244,14 @@ def test_any_error_reading_a_damaged_batch_rejects_that_record(seed):
     assert 0 not in rejected and len(values) - 1 not in rejected
     assert len(set(decoded.index)) + len(rejected) == len(values)
     assert decoded.table.num_rows == len(decoded.index)
+
+
+@pytest.mark.parametrize("schema", [None, pa.schema([("user", pa.string()), ("price", pa.int64())])])
+def test_json_values_that_are_no_object_are_rejected_and_never_reach_the_bulk_reader(schema):
+    # pyarrow 26's JSON reader ends the process (a segmentation fault) on a lone null document,
+    # and reads one among objects as a row of nulls
+    for values in ([b"null"], [b'{"user": "a"}', b"null", b'{"user": "b"}'], [b'{"user": "a"} null']):
+        decoded = decode(values, schema)
+        objects = [i for i, v in enumerate(values) if v.startswith(b"{") and v.endswith(b"}")]
+        assert decoded.index == objects
+        assert [i for i, _ in decoded.rejected] == [i for i in range(len(values)) if i not in objects]

@@ -178,3 +178,12 @@ def test_records_an_operator_named_to_skip_are_dead_letters_and_barriers_among_t
         ("t:1", "data", 2, 2),
     ]
     assert cut[1].reason == "skipped at a restore: t:0 offsets 2..5 (--skip-records)"
+
+
+def test_a_watermark_record_a_stage_of_spark_code_hands_over_is_read_here_and_a_bad_one_rejected():
+    kind = ("abs.kind", b"watermark")
+    table = records([(0, 0, b"", watermark_headers(5, 0)), (0, 1, b"", [kind, ("abs.wm", b"zz")])])
+    prepared = table.append_column("_abs_part", pa.array([3, 3], pa.int8()))  # Part.CONTROL: as they came
+    cut = Segmenter([], 0, Lineage()).cut(prepared)
+    assert [s.kind.value for s in cut] == ["watermark", "rejected"]
+    assert cut[1].reason.startswith("header abs.wm is b'zz'")  # before: read as no watermark, silently
