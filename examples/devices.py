@@ -213,7 +213,7 @@ def overflowing(sent):
     from streaming.tools.drill.workload import InputRecord
 
     registry = current_registry("the devices example's poison")
-    read = avro.avro_schema(EVENTS, confluent_wire=True, registry=True, what=sent.topic)
+    read = avro.avro_schema(EVENTS, confluent_wire=True, registry=True, subject=subject_of(sent.topic), what=sent.topic)
     table, _, _ = avro.decode(pa.array([sent.value], pa.binary()), read)
     ts = table["ts"][0].as_py()
     writer = avro.avro_schema(EVENTS_V2, confluent_wire=True, what=sent.topic)

@@ -38,9 +38,10 @@ class TaskOutput:
         self.stage = pipeline.stage(spec.stage)
         downstream = pipeline.downstream(spec.stage)
         self.to_sink = downstream is None
-        # the rows' origins (operators.dead_letters.ORIGIN) go on to a stage that reads them
-        # in Python, never to a sink or to Spark code
-        self._origins = downstream is not None and downstream.spark is None
+        # the rows' origins (operators.dead_letters.ORIGIN) go on to the next stage, never to a sink:
+        # Python reads them, and so does a stage of Spark code for a row its code raises on (its code
+        # never sees the column: Spark reads the columns the stage declares)
+        self._origins = downstream is not None
         self._io = io
         self.generation = generation
         self.counters = counters

@@ -56,7 +56,14 @@ and any first ones are balanced:
   armed in the running worker), the worker alive and heard: the runner
   must restore once more checkpoints than it tolerates failed (3, each
   aborted at the 60 s checkpoint timeout: minutes).  The recovery limit
-  counts once the job had that long.
+  counts once the job had that long;
+- ``poison`` (when named): records no schema expected appended to every
+  ingress topic (not JSON, 5,000 digits, deep nesting, an Arrow batch,
+  ``abs.wm`` and ``abs.gen`` of ``zz``, an unsigned barrier, an unknown
+  schema id), and the workload's own records its code raises on: each must
+  be one dead letter, with no restore, and the output the reference's over
+  the other records (a workload whose reference leaves them out:
+  ``DrillWorkload.poison_ready``).
 
 With ``--cluster`` the drill runs on the local cluster (``spark-abs local up
 --cluster``: three Kafka nodes, a Spark standalone master with two
