@@ -21,6 +21,7 @@ from operators.base import WatermarkAware, savepoint_of, takes_origin
 from operators.dead_letters import ORIGIN, ORIGIN_TYPE, DeadLetter, without_origin
 from operators.errors import InputSchemaError
 from operators.isolation import isolate, said
+from operators.keyed import KeyedAggregate
 from streaming.adapters.serde import codec
 from streaming.adapters.serde.records import EVENT_TIME, PARTIAL, REASON, RECORDS, ROW, Part, is_prepared, part_of
 from streaming.api.pipeline import Pipeline, TaskSpec
@@ -78,6 +79,12 @@ class RecordProcessor:
         # rows go to the operator with the record each came from (operators.dead_letters.ORIGIN),
         # so its dead letters name it; an operator of one's own gets them as the input has them
         self._origins = takes_origin(operator)
+        # a stage's Spark code gives each row at its record's offset, unless Spark computes the partial
+        # aggregates of a KeyedAggregate after it (rows placed at their run's end)
+        self._prepared_at_records = not isinstance(operator, KeyedAggregate)
+
+    def _is_ingress(self, channel: ChannelId) -> bool:
+        return self._readings.get(channel, _UNKNOWN_CHANNEL).max_decoded_bytes is None
 
     def _reading(self, name: str, max_decoded_bytes: int) -> codec.ChannelReading:
         ingress = self.pipeline.ingress_named(name)
@@ -224,15 +231,7 @@ class RecordProcessor:
             offsets = rows["offset"]  # an ingress record is one row at most: none was rejected
         else:
             offsets = rows["offset"].take(pa.array(index, pa.int64()))
-        offsets = offsets.cast(pa.int64())
-        here = pa.StructArray.from_arrays(
-            [
-                pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()).fill_null(0), pa.array([channel.topic])),
-                pa.repeat(pa.scalar(channel.partition, pa.int32()), n),
-                offsets.combine_chunks() if isinstance(offsets, pa.ChunkedArray) else offsets,
-            ],
-            fields=list(ORIGIN_TYPE),
-        )
+        here = _origin(channel.topic, pa.repeat(pa.scalar(channel.partition, pa.int32()), n), offsets)
         if position < 0:
             return table.append_column(ORIGIN, here)
         if carried is None or carried.type != ORIGIN_TYPE:
@@ -255,6 +254,9 @@ class RecordProcessor:
         watermark = self.downstream_watermark
         made = part_of(rows, Part.ROW)
         batch = pa.Table.from_struct_array(made[ROW].combine_chunks())
+        if batch.num_rows and self._origins and self._prepared_at_records and self._is_ingress(channel):
+            # each row stands at the ingress record it came from: its origin, as a Python stage's rows have it
+            batch = batch.append_column(ORIGIN, _origin(channel.topic, made["partition"], made["offset"]))
         if batch.num_rows:
             set_aside = self._row_aside(channel, batch, None, made.select(["topic", "partition", "offset"]))
             try:
@@ -350,3 +352,21 @@ def _together(outputs: list[pa.Table]) -> pa.Table:
     if len(filled) > 1:
         return pa.concat_tables(filled, promote_options="permissive")
     return filled[0] if filled else (outputs[0] if outputs else pa.table({}))
+
+
+def _origin(topic: str, partitions: pa.Array | pa.ChunkedArray, offsets: pa.Array | pa.ChunkedArray) -> pa.StructArray:
+    """The origin (``ORIGIN_TYPE``) of rows read from ``topic`` at ``partitions`` and ``offsets``."""
+
+    def whole(values: pa.Array | pa.ChunkedArray, type_: pa.DataType) -> pa.Array:
+        values = values.cast(type_)
+        return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+    n = len(offsets)
+    return pa.StructArray.from_arrays(
+        [
+            pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()).fill_null(0), pa.array([topic])),
+            whole(partitions, pa.int32()),
+            whole(offsets, pa.int64()),
+        ],
+        fields=list(ORIGIN_TYPE),
+    )
