@@ -35,8 +35,9 @@ pytestmark = pytest.mark.integration
 
 # the orders drill's delivery timeout: a broker-long outage past it, a short one well within it
 DELIVERY_TIMEOUT_S = 30.0
-# every kind drilled by default (a frozen worker among them), and a broker outage past the delivery timeout
-ORDERS_KINDS = (*drill.KINDS, FailureKind.BROKER_LONG)
+# every kind drilled by default (a frozen worker among them), a broker outage past the delivery timeout, and
+# records no schema expected on the ingress topics
+ORDERS_KINDS = (*drill.KINDS, FailureKind.BROKER_LONG, FailureKind.POISON)
 
 
 def _run(connection, runtime_settings, spark, report_dir, lines, **options):
@@ -103,6 +104,13 @@ def test_a_drill_of_an_example_with_a_failure_of_every_kind_recovers_and_writes_
     assert damage.damaged is not None and damage.restored_from[-1] < damage.damaged  # the fallback
     # a short broker or store outage needs no restore: the job waits and goes on
     assert outcomes[FailureKind.BROKER].restored_from == [] and outcomes[FailureKind.STORE].restored_from == []
+    # records no schema expected: each a dead letter with its reason (the dead_letters suite), no restore
+    assert outcomes[FailureKind.POISON].restored_from == []
+    letters = report.frames["dead_letters"]
+    poisoned = letters[letters["made_malformed"]]
+    assert len(poisoned) == 7 + 8 and (poisoned["letters"] >= 1).all(), (
+        poisoned.to_string()
+    )  # JSON orders, Avro customers
     assert outcomes[FailureKind.WORKER].restored_from
     states = set(report.frames["checkpoints"]["state"])
     assert states == {"verifies", "damaged by the drill"}, states

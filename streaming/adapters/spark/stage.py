@@ -285,7 +285,7 @@ class SparkStage:
             record = records.slice(one.index, 1)
             rows = self._rows_of(record)
             if rows is None:
-                raised.append(_raised(record, f"stage {self.name}'s Spark code raised {said(one.error)}"))
+                raised.append(_raised(record, f"stage {self.name}'s Spark code raised {_first_line(one.error)}"))
                 continue
             # a stage's Arrow batch: the rows the code raises on alone go aside, the others on in the record
             output, aside = self._without_raising_rows(record, rows, one.error)
@@ -324,7 +324,7 @@ class SparkStage:
         aside = {one.index for one in isolated}
         kept = rows.filter(pa.array([i not in aside for i in range(rows.num_rows)]))
         why = f"stage {self.name}'s Spark code raised"
-        raised = [_raised(carrying(rows.slice(one.index, 1)), f"{why} {said(one.error)}") for one in isolated]
+        raised = [_raised(carrying(rows.slice(one.index, 1)), f"{why} {_first_line(one.error)}") for one in isolated]
         return (self._prepare(carrying(kept)) if kept.num_rows else record.slice(0, 0)), raised
 
     def _collect(self, batch: DataFrame) -> Callable[[], pa.Table]:
@@ -481,6 +481,12 @@ class SparkStage:
         if records.num_rows == 0:
             return records
         return _in_order(self._collect(self._spark.createDataFrame(records).coalesce(1))())
+
+
+def _first_line(error: Exception) -> str:
+    """``error`` as a dead letter says it: its type and the first line of its
+    message (Spark adds the query's context on the lines after it)."""
+    return said(error).splitlines()[0]
 
 
 def _raised(record: pa.Table, reason: str) -> pa.Table:

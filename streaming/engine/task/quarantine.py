@@ -94,6 +94,8 @@ class Quarantine:
 
     def _count(self, counted_as: str) -> None:
         self.counters["dead_letters"] += 1
+        if counted_as == "raised":
+            self.counters["set_aside"] += 1
         self.metrics.dead_letter(counted_as)
 
     def control_record(self, channel: ChannelId, row: pa.Table, rejected: BarrierRejected) -> None:

@@ -409,6 +409,7 @@ class StageTask:
             generation=self.generation,
             positions={str(c): self.handler.position(c) for c in self.spec.inputs},
             records=self.counters["records"],
+            set_aside=self.counters["set_aside"],
         )
 
     def _announce_replayed(self, records: int) -> None:

@@ -19,7 +19,16 @@ from dataclasses import dataclass, field
 from kafka.errors import KafkaError
 
 from streaming.adapters.kafka.admin import admin_client, end_offsets
-from streaming.adapters.kafka.control.events import Abort, Ack, Complete, ControlEvent, Decline, Ready, Trigger
+from streaming.adapters.kafka.control.events import (
+    Abort,
+    Ack,
+    Complete,
+    ControlEvent,
+    Decline,
+    Progress,
+    Ready,
+    Trigger,
+)
 from streaming.adapters.kafka.control.transport import ControlTopic
 from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
@@ -65,6 +74,8 @@ class ControlView:
     tolerable_failed_checkpoints: int | None = None
     # records of the tail read that the job's key does not vouch for, by reason (none shown)
     rejected: Mapping[str, int] = field(default_factory=dict)
+    # records the stages' code raised on, set aside, in the generation (its tasks' latest progress)
+    set_aside: int = 0
 
 
 class ControlWatch:
@@ -89,6 +100,8 @@ class ControlWatch:
         # per generation, the checkpoints failed in a row as its latest abort or complete said (None: not said)
         self._failed: dict[int, int | None] = {}
         self._tolerable: int | None = None
+        # per generation, each task's records set aside, as its latest progress said
+        self._set_aside: dict[int, dict[str, int]] = {}
 
     def look(self) -> ControlView:
         """What the topic said up to now (the events since the last look read first)."""
@@ -151,6 +164,9 @@ class ControlWatch:
         if isinstance(event, Ready):
             self._tasks.setdefault(event.generation, set()).add(event.task)
             return
+        if isinstance(event, Progress):
+            self._set_aside.setdefault(event.generation, {})[event.task] = event.set_aside
+            return
         if not isinstance(event, Trigger | Ack | Decline | Complete | Abort):
             return
         entry = self._checkpoints.get(event.checkpoint_id)
@@ -187,6 +203,7 @@ class ControlWatch:
             failed_in_a_row=self._failed.get(current, 0) if current is not None else None,
             tolerable_failed_checkpoints=self._tolerable,
             rejected=dict(self._topic.rejected) if self._topic is not None else {},
+            set_aside=sum(self._set_aside.get(current, {}).values()) if current is not None else 0,
         )
 
 

@@ -2,7 +2,8 @@
 ``spark-abs ui`` says it: how long ago the newest complete checkpoint in
 the store completed and, from the control topic (``live``), how many
 checkpoints have failed in a row against the job's
-``tolerable_failed_checkpoints``.  The count and the bound are the
+``tolerable_failed_checkpoints``, and how many records the stages' code
+raised on were set aside.  The count and the bound are the
 coordinator's own, carried by each abort: the numbers its runner restores
 by (``streaming.engine.job.liveness``).
 
@@ -47,6 +48,8 @@ class JobLiveness:
     tolerable: int | None = None
     # records on the control topic the job's key does not vouch for (not acted on), by reason
     rejected: Mapping[str, int] = field(default_factory=dict)
+    # records the stages' code raised on in the current generation, set aside to the dead letters
+    set_aside: int = 0
 
     @classmethod
     def of(cls, rows: Sequence[CheckpointRow], view: ControlView | None, now: float) -> JobLiveness:
@@ -66,6 +69,7 @@ class JobLiveness:
             read.failed_in_a_row if read else None,
             read.tolerable_failed_checkpoints if read else None,
             dict(read.rejected) if read else {},
+            read.set_aside if read else 0,
         )
 
     @property
@@ -107,6 +111,14 @@ class JobLiveness:
                     Level.PROBLEM,
                     f"{sum(self.rejected.values())} record(s) on the control topic not signed with the job's "
                     f"key ({counts}), ignored: someone else writes to the job's topics; see the runner's log",
+                )
+            )
+        if self.set_aside:
+            parts.append(
+                (
+                    Level.WARN,
+                    f"{self.set_aside} record(s) the stages' code raised on set aside to the dead letters in this "
+                    "generation (the job goes on without them); see the dead-letter topic",
                 )
             )
         return parts

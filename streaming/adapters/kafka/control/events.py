@@ -218,13 +218,15 @@ class Replayed(ControlEvent):
 
 @dataclass(frozen=True, slots=True)
 class Progress(ControlEvent):
-    """A task's next offset on each input channel, and the records it processed."""
+    """A task's next offset on each input channel, the records it processed,
+    and those its stage's code raised on, set aside (``set_aside``)."""
 
     kind = ControlKind.PROGRESS
     task: str
     generation: int
     positions: Mapping[str, int] = field(default_factory=dict)
     records: int = 0
+    set_aside: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,6 +415,7 @@ _READERS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "host": (str, "?"),
     "running": (_optional_int, None),
     "failed_in_a_row": (_optional_int, None),
+    "set_aside": (int, 0),
     "tolerable_failed_checkpoints": (_optional_int, None),
 }
 

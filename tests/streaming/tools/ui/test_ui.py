@@ -24,7 +24,7 @@ import pytest
 
 from barriers.failures import CheckpointFailure
 from operators.state import KeyedState
-from streaming.adapters.kafka.control.events import Abort, Ack, Complete, Decline, Ready, Trigger
+from streaming.adapters.kafka.control.events import Abort, Ack, Complete, Decline, Progress, Ready, Trigger
 from streaming.adapters.objects import open_store
 from streaming.adapters.serde.records import RECORD_SCHEMA
 from streaming.adapters.snapshots import SnapshotStore, TaskParts
@@ -388,6 +388,26 @@ def test_records_the_jobs_key_does_not_vouch_for_are_a_problem_on_the_page(store
         "problem",
         "3 record(s) on the control topic not signed with the job's key (1 signature, 2 unsigned), ignored: "
         "someone else writes to the job's topics; see the runner's log",
+    )
+
+
+def test_records_the_stages_code_raised_on_are_a_warning_on_the_page_by_the_tasks_latest_progress(
+    store_dir, home, monkeypatch
+):
+    topic = _Topic(
+        [
+            Progress("accounts-0", 1, records=90, set_aside=1),
+            Progress("accounts-1", 1, records=80, set_aside=2),
+            Progress("accounts-0", 1, records=120, set_aside=3),  # the latest of a task counts
+            Progress("legs-0", 0, set_aside=7),  # an older generation's: not the current one's
+        ]
+    )
+    app = create_app(JobSource(f"file://{store_dir}", JOB, home=home), watch=_watching(topic, monkeypatch))
+    parts = _liveness(app.test_client().get("/").get_data(as_text=True))
+    assert parts[-1] == (
+        "warn",
+        "5 record(s) the stages' code raised on set aside to the dead letters in this generation (the job goes on "
+        "without them); see the dead-letter topic",
     )
 
 
