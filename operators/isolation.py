@@ -18,15 +18,22 @@ and then goes through in parts sets nothing aside."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-__all__ = ["isolate", "Isolated", "said"]
+__all__ = ["isolate", "Isolated", "SearchBounded", "said"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class SearchBounded(Exception):
+    """A search for the rows the code raises on passed its bound
+    (``isolate``'s ``most`` or ``within_s``): the message says how far it
+    got and the errors it met."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +55,8 @@ def isolate(
     failed: Exception,
     *,
     isolatable: Callable[[BaseException], bool] = _any_but_memory,
+    most: int | None = None,
+    within_s: float | None = None,
 ) -> tuple[list[T], list[Isolated]]:
     """A run of ``rows`` rows whose processing raised ``failed`` (the state
     already put back), processed again without the rows that raise on
@@ -55,13 +64,24 @@ def isolate(
     returns its output, ``savepoint()`` gives a function that puts the state
     back to where it is now.  Returns the outputs of the tries that went
     through, in row order, and the rows set aside.  An error ``isolatable``
-    says no record causes (by default ``MemoryError``) is raised as it is."""
+    says no record causes (by default ``MemoryError``) is raised as it is.
+    The search is bounded: past ``most`` rows set aside, or ``within_s``
+    seconds, it stops with ``SearchBounded`` (code that raises on every row
+    is not a few bad rows: a run of Spark code costs a job per try)."""
+    started = time.monotonic()
     outputs: list[T] = []
     isolated: list[Isolated] = []
     start = 0
     raising: int | None = rows  # [start, raising) raised (from here or from a state before here)
     last = failed
     while start < rows:
+        if most is not None and len(isolated) > most or within_s is not None and time.monotonic() - started > within_s:
+            found = ", ".join(f"row {one.index}: {said(one.error)}" for one in isolated[:3])
+            raise SearchBounded(
+                f"searching a run of {rows} rows for those the code raises on stopped at row {start}, "
+                f"{len(isolated)} set aside in {time.monotonic() - started:.0f} s (bounds: {most} rows, "
+                f"{within_s} s); the first: {found or 'none'}; the last error: {said(last)}"
+            )
         if raising is None:
             end = rows  # nothing known of the rest: try it whole
         elif raising - start <= 1:

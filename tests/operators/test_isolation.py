@@ -6,11 +6,13 @@ the same process run row by row without the rows that raise; and
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from operators.isolation import isolate
+from operators.isolation import SearchBounded, isolate
 from streaming.errors import SparkAbsError, isolatable
 
 
@@ -128,3 +130,20 @@ def test_an_error_no_record_causes_is_not_isolated():
 
     with pytest.raises(SparkAbsError):
         isolate(3, Engine([1, 2, 3]).process, totals.savepoint, ValueError("first"), isolatable=isolatable)
+
+
+def test_a_search_past_its_bounds_stops_saying_how_far_it_got():
+    every = Totals([1, 2, 3, 4, 5, 6], bad={1, 2, 3, 4, 5, 6})
+    with pytest.raises(
+        SearchBounded, match=r"stopped at row 3, 3 set aside .* the first: row 0: ValueError: cannot take 1"
+    ):
+        isolate(6, every.process, every.savepoint, ValueError("first"), most=2)
+
+    class Slow(Totals):
+        def process(self, start, end):
+            time.sleep(0.02)
+            return super().process(start, end)
+
+    slow = Slow([1, 2, 3, 4], bad={2})
+    with pytest.raises(SearchBounded, match=r"bounds: None rows, 0.01 s"):
+        isolate(4, slow.process, slow.savepoint, ValueError("first"), within_s=0.01)

@@ -61,7 +61,7 @@ from barriers.headers import GENERATION_HEADER, KIND_HEADER
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId
 from operators.aggregations import AggregateFunction, Aggregation, input_columns
-from operators.isolation import isolate, said
+from operators.isolation import Isolated, SearchBounded, isolate, said
 from operators.keyed import KeyedAggregate
 from streaming.adapters.serde import codec
 from streaming.adapters.serde.records import (
@@ -77,12 +77,17 @@ from streaming.adapters.serde.records import (
 )
 from streaming.adapters.spark.decoding import DECODED, SparkDecoding, StageRows
 from streaming.api.pipeline import Ingress, Pipeline, Stage
-from streaming.errors import ChannelQueryError, ConfigError, isolatable
+from streaming.errors import ChannelQueryError, ConfigError, RecordErrorsStop, isolatable
 from streaming.waits import poll_until
 
 __all__ = ["POSITION", "SparkStage", "spark_stages"]
 
 log = logging.getLogger(__name__)
+
+# how far the search of a micro-batch for the records its Spark code raises on goes (a try is a Spark
+# job): code that raises on more records than this, or for longer, stops the job (RecordErrorsStop)
+SEARCH_MOST = 100
+SEARCH_S = 300.0
 
 # how the errors of the engine's JVM parts (spark_abs.Runs) begin
 _ENGINE_SAYS = "spark-abs: "
@@ -273,12 +278,8 @@ class SparkStage:
             said(failed),
             records.num_rows,
         )
-        outputs, isolated = isolate(
-            records.num_rows,
-            lambda start, end: self._prepare(records.slice(start, end - start)),
-            _unchanged,
-            failed,
-            isolatable=_the_codes,
+        outputs, isolated = self._search(
+            records.num_rows, lambda start, end: self._prepare(records.slice(start, end - start)), failed
         )
         raised = []
         for one in isolated:
@@ -294,6 +295,20 @@ class SparkStage:
         log.warning("stage %s: %d records (or rows) set aside of %d", self.name, len(raised), records.num_rows)
         table = _in_order(pa.concat_tables([*outputs, *raised], promote_options="permissive"))
         return lambda: table
+
+    def _search(
+        self, rows: int, attempt: Callable[[int, int], pa.Table], failed: Exception
+    ) -> tuple[list[pa.Table], list[Isolated]]:
+        """``isolate`` over ``rows`` rows within ``SEARCH_MOST`` and ``SEARCH_S``: past them, the job stops."""
+        try:
+            return isolate(
+                rows, attempt, _unchanged, failed, isolatable=_the_codes, most=SEARCH_MOST, within_s=SEARCH_S
+            )
+        except SearchBounded as exc:
+            raise RecordErrorsStop(
+                f"stage {self.name}'s Spark code: {exc}. The job stops: code that raises on so many records "
+                "is not a few bad records"
+            ) from None
 
     def _rows_of(self, record: pa.Table) -> pa.Table | None:
         """The rows of ``record`` when it is another stage's Arrow batch of
@@ -314,12 +329,8 @@ class SparkStage:
             [value] = codec.encode_batches(part) or [b""]
             return record.set_column(record.schema.get_field_index("value"), "value", pa.array([value], pa.binary()))
 
-        _, isolated = isolate(
-            rows.num_rows,
-            lambda start, end: self._prepare(carrying(rows.slice(start, end - start))),
-            _unchanged,
-            failed,
-            isolatable=_the_codes,
+        _, isolated = self._search(
+            rows.num_rows, lambda start, end: self._prepare(carrying(rows.slice(start, end - start))), failed
         )
         aside = {one.index for one in isolated}
         kept = rows.filter(pa.array([i not in aside for i in range(rows.num_rows)]))

@@ -20,7 +20,7 @@ from barriers.messages import ChannelId
 from operators.base import WatermarkAware, savepoint_of, takes_origin
 from operators.dead_letters import ORIGIN, ORIGIN_TYPE, DeadLetter, without_origin
 from operators.errors import InputSchemaError
-from operators.isolation import isolate, said
+from operators.isolation import SearchBounded, isolate, said
 from operators.keyed import KeyedAggregate
 from streaming.adapters.serde import codec
 from streaming.adapters.serde.records import EVENT_TIME, PARTIAL, REASON, RECORDS, ROW, Part, is_prepared, part_of
@@ -30,7 +30,7 @@ from streaming.engine.task.output import TaskOutput
 from streaming.engine.task.quarantine import Quarantine
 from streaming.engine.task.record_errors import RecordErrors
 from streaming.engine.task.watermarks import WatermarkTracker
-from streaming.errors import isolatable
+from streaming.errors import RecordErrorsStop, isolatable
 
 __all__ = ["RecordProcessor"]
 
@@ -155,13 +155,21 @@ class RecordProcessor:
             self.errors.rolled_back = True
             self.errors.met(channel, records["offset"].to_pylist(), exc, self.spec.stage)
             failed = exc
-        outputs, isolated = isolate(
-            batch.num_rows,
-            lambda start, end: self._apply(channel, batch.slice(start, end - start)),
-            lambda: savepoint_of(self.operator),
-            failed,
-            isolatable=isolatable,
-        )
+        try:
+            outputs, isolated = isolate(
+                batch.num_rows,
+                lambda start, end: self._apply(channel, batch.slice(start, end - start)),
+                lambda: savepoint_of(self.operator),
+                failed,
+                isolatable=isolatable,
+                most=self.errors.max_records,
+            )
+        except SearchBounded as exc:  # more in this run alone than the brake lets through
+            raise RecordErrorsStop(
+                f"task {self.spec.name}: stage {self.spec.stage}: {exc}: more than max_isolated_records "
+                f"({self.errors.max_records}) in one run of records; the job stops rather than send the stream "
+                "to the dead letters"
+            ) from None
         self._aside = [one.index for one in isolated]
         for one in isolated:
             offset = set_aside(one.index, f"stage {self.spec.stage} raised {said(one.error)}")

@@ -49,7 +49,9 @@ from streaming.engine.metrics import TaskMetrics
 from streaming.engine.task.output import TaskOutput
 from streaming.engine.task.processing import RecordProcessor
 from streaming.engine.task.quarantine import Quarantine
+from streaming.engine.task.record_errors import RecordErrors
 from streaming.engine.task.watermarks import WatermarkTracker, event_time_inputs
+from streaming.errors import RecordErrorsStop
 
 ORDERS = pa.schema([("account", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
 IN0, IN1 = ChannelId("in", 0), ChannelId("in", 1)
@@ -516,6 +518,18 @@ def test_a_record_set_aside_does_not_move_event_time():
     processor.process(IN0, batch(("in", 0, 0, order("x", 1, ts=1_000)), ("in", 0, 1, order("y", 13, ts=999_000))))
     assert [offset for _, offset, _ in io.dead] == [1]
     assert processor.watermarks.current == 1_000  # not 999_000: the record set aside was never there
+
+
+def test_a_run_of_more_records_raising_than_the_brake_lets_through_stops_the_job_without_searching_them_all():
+    pipeline = ingress_pipeline()
+    processor, io = make_processor(pipeline, "s-0", Chain(totals(), raises_at(13)))
+    processor.errors = RecordErrors("s-0", max_records=3, max_share=1.0)
+    with pytest.raises(RecordErrorsStop) as stopped:
+        processor.process(IN0, batch(*(("in", 0, offset, order(f"a{offset}", 13)) for offset in range(50))))
+    said = str(stopped.value)
+    assert "stopped at row 4, 4 set aside" in said  # not at the 50th
+    assert "row 0: ValueError: an amount of 13" in said and "more than max_isolated_records (3)" in said
+    assert io.dead == []  # the job stops: it is restored with a fix, or a higher bound, and sets them aside then
 
 
 def test_an_error_of_the_operator_no_record_causes_fails_the_segment():
