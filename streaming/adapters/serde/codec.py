@@ -150,6 +150,10 @@ def decode(values: Sequence[bytes | None] | pa.Array, schema: ValueSchema = None
     if _bulk_ok(array):
         try:
             table = _bulk(array, schema)
+            if schema is None:
+                # pyarrow 26 infers a list with leading nulls ([null, 1]) as offsets past its values
+                # (apache/arrow#51305): a table that does not validate is read record by record
+                table.validate(full=True)
             if table.num_rows == len(array):
                 return _without_missing(table, schema)
         except Exception:  # any failure of the bulk read: each record is read on its own
@@ -165,6 +169,10 @@ def decode(values: Sequence[bytes | None] | pa.Array, schema: ValueSchema = None
             rejected.append((i, reason))
     if schema is not None:
         return Decoded(pa.Table.from_pylist(rows, schema=schema), index, rejected)
+    # every field of every row (pyarrow names the columns after the first row's alone: a first
+    # record of no fields would lose every other's)
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    rows = [{name: row.get(name) for name in names} for row in rows]
     try:
         return Decoded(pa.Table.from_pylist(rows), index, rejected)
     except Exception:  # without a schema, types that disagree: each row on its own
@@ -355,9 +363,13 @@ def _combine(parts: list[tuple[pa.Table, list[int]]], why: str) -> tuple[pa.Tabl
     tables = [t for t, _ in parts if t.num_rows] or [parts[0][0]]
     index = [i for _, rows in parts for i in rows]
     try:
-        return pa.concat_tables(tables, promote_options="permissive"), index, []
+        together = pa.concat_tables(tables, promote_options="permissive")
     except Exception:  # tables that cannot be one: found one by one below
         pass
+    else:
+        if _valid(together):
+            return together, index, []
+        return _one_by_one(parts, why)
     shared: collections.Counter[pa.Schema] = collections.Counter()
     for table, rows in parts:
         shared[table.schema] += len(set(rows))
@@ -377,7 +389,39 @@ def _combine(parts: list[tuple[pa.Table, list[int]]], why: str) -> tuple[pa.Tabl
             rejected += [(i, f"{why} ({_columns(schema)}): {type(exc).__name__}: {exc}") for i in sorted(set(rows))]
         else:
             index += rows
-    return pa.concat_tables([schema.empty_table(), *kept], promote_options="permissive"), index, rejected
+    combined = pa.concat_tables([schema.empty_table(), *kept], promote_options="permissive")
+    if not _valid(combined):
+        return _one_by_one(parts, why)
+    return combined, index, rejected
+
+
+def _valid(table: pa.Table) -> bool:
+    """Whether ``table``'s arrays are whole: pyarrow 26 can promote nested lists of nulls
+    (``[null, null]`` beside ``[1]``) to offsets past their values."""
+    try:
+        table.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def _one_by_one(parts: list[tuple[pa.Table, list[int]]], why: str) -> tuple[pa.Table, list[int], list[tuple[int, str]]]:
+    """``parts`` joined one at a time, each kept only when the table stays
+    whole (``_valid``): the records of one that breaks it are rejected."""
+    table: pa.Table | None = None
+    index: list[int] = []
+    rejected: list[tuple[int, str]] = []
+    for part, rows in parts:
+        try:
+            joined = part if table is None else pa.concat_tables([table, part], promote_options="permissive")
+            ok = _valid(joined)
+        except Exception:  # noqa: BLE001 - whatever Arrow makes of it, these records do not join the others
+            ok = False
+        if ok:
+            table, index = joined, index + rows
+        else:
+            rejected += [(i, f"{why}: no Arrow type holds it beside the others whole") for i in sorted(set(rows))]
+    return (table if table is not None else pa.table({})), index, rejected
 
 
 def _columns(schema: pa.Schema) -> str:
