@@ -31,6 +31,7 @@ __all__ = [
     "is_prepared",
     "part_of",
     "records_in",
+    "unreadable_header",
     "BATCH_BEGAN",
     "HANDED",
     "stamped",
@@ -175,6 +176,14 @@ def whole_numbers(values: pa.Array) -> WholeNumbers:
     malformed = pc.and_(present, pc.invert(fits)).to_numpy(zero_copy_only=False)
     readable = pc.if_else(fits, text, pa.scalar(None, pa.binary()))
     return WholeNumbers(pc.cast(pc.cast(readable, pa.string()), pa.int64()), malformed)
+
+
+def unreadable_header(name: str, value: bytes | None) -> str:
+    """Why a record whose header ``name`` (``abs.wm``, ``abs.gen``) holds
+    ``value``, no whole number (``whole_numbers``), cannot be read."""
+    value = value or b""  # absent is never unreadable; an empty value is
+    shown = repr(value[:40]) + (f"... ({len(value)} bytes)" if len(value) > 40 else "")
+    return f"header {name} is {shown}, not a whole number (decimal digits of a signed 64-bit integer)"
 
 
 def records_in(table: pa.Table) -> int:

@@ -51,13 +51,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.errors import PySparkException
+from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.logger import PySparkLogger
 from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-from barriers.headers import GENERATION_HEADER, KIND_HEADER
+from barriers.headers import GENERATION_HEADER, KIND_HEADER, WATERMARK_HEADER
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId
 from operators.aggregations import AggregateFunction, Aggregation, input_columns
@@ -74,6 +75,9 @@ from streaming.adapters.serde.records import (
     RECORDS,
     ROW,
     Part,
+    header_values,
+    unreadable_header,
+    whole_numbers,
 )
 from streaming.adapters.spark.decoding import DECODED, SparkDecoding, StageRows
 from streaming.api.pipeline import Ingress, Pipeline, Stage
@@ -91,6 +95,8 @@ SEARCH_S = 300.0
 
 # how the errors of the engine's JVM parts (spark_abs.Runs) begin
 _ENGINE_SAYS = "spark-abs: "
+# what Spark says when it stops or cancels a job rather than runs the code
+_STOPPING = ("SparkContext was shut down", "cancelled", "InterruptedException", "SparkContext has been shutdown")
 
 # the column every row of a stage's Spark code carries: the record it came from
 POSITION = "_position"
@@ -279,11 +285,11 @@ class SparkStage:
             records.num_rows,
         )
         outputs, isolated = self._search(
-            records.num_rows, lambda start, end: self._prepare(records.slice(start, end - start)), failed
+            records.num_rows, lambda start, end: self._prepare(_rows(records, start, end)), failed
         )
         raised = []
         for one in isolated:
-            record = records.slice(one.index, 1)
+            record = _rows(records, one.index, one.index + 1)
             rows = self._rows_of(record)
             if rows is None:
                 raised.append(_raised(record, f"stage {self.name}'s Spark code raised {_first_line(one.error)}"))
@@ -405,7 +411,9 @@ class SparkStage:
         is_control = F.coalesce(F.array_contains(F.col("headers.key"), KIND_HEADER), F.lit(False))
         # Arrow batches: spark_abs.Runs reads them and says which it could not read
         decoding = self._input
-        bad = ~control & (decoding.undecoded() if decoding.arrow_cap is None else F.lit(False))
+        # an ingress record that does not decode, or whose abs.wm or abs.gen is no whole number (as Python's
+        # segmenter rejects it: streaming.adapters.serde.records.whole_numbers)
+        bad = ~control & (decoding.undecoded() | _unreadable_headers() if decoding.arrow_cap is None else F.lit(False))
         good_time = F.when(~control & ~bad, decoding.event_time) if decoding.event_time is not None else F.lit(None)
         marker = F.col(RECORDS).isNotNull()
         raw = F.struct(
@@ -509,10 +517,24 @@ def _raised(record: pa.Table, reason: str) -> pa.Table:
 
 def _the_codes(error: BaseException) -> bool:
     """Whether ``error``, met preparing a micro-batch, may be the stage's
-    code's on a record (``streaming.errors.isolatable``): not one of the
-    engine's own, which its JVM parts raise saying ``spark-abs:`` (a
-    channel read out of order)."""
-    return isolatable(error) and _ENGINE_SAYS not in str(error)
+    code's on a record: an error Spark raised running the plan and pyspark
+    names (``CapturedException``: ``ArithmeticException``,
+    ``NumberFormatException``, a ``PythonException`` of a UDF, ...), not one
+    of the engine's own (its JVM parts say ``spark-abs:``), nor Spark
+    stopping or cancelling the job (a worker that stops, a lost executor:
+    an ``InterruptedException`` is no ``CapturedException``), nor an error
+    of Python's side (``streaming.errors.isolatable``)."""
+    if not (isolatable(error) and isinstance(error, CapturedException)):
+        return False
+    said = str(error)
+    return _ENGINE_SAYS not in said and not any(stop in said for stop in _STOPPING)
+
+
+def _rows(table: pa.Table, start: int, end: int) -> pa.Table:
+    """Rows ``[start, end)`` of ``table`` in arrays of their own: a slice's
+    offsets into a null bitmap are more than pyspark's conversion takes
+    ("Null bitmap with offsets slice not supported")."""
+    return table.take(pa.array(range(start, end), pa.int64()))
 
 
 def _in_order(table: pa.Table) -> pa.Table:
@@ -700,15 +722,38 @@ def _raw(found: list[Row]) -> pa.Table:
     return raw.set_column(6, "timestamp", raw["timestamp"].cast(pa.timestamp("ms")))
 
 
+def _unreadable_headers() -> Column:
+    """Whether a record has an ``abs.wm`` or ``abs.gen`` header that is no
+    whole number: decimal digits of a signed 64-bit integer, as
+    ``whole_numbers`` reads them in Python."""
+
+    def unreadable(header: Column) -> Column:
+        text = header["value"].cast("string")
+        whole = text.rlike(r"^[+-]?[0-9]{1,19}$") & text.try_cast("bigint").isNotNull()
+        return header["key"].isin(WATERMARK_HEADER, GENERATION_HEADER) & ~F.coalesce(whole, F.lit(False))
+
+    return F.coalesce(F.exists("headers", unreadable), F.lit(False))
+
+
 def _assemble(prepared: pa.Table, raw: pa.Table, reasons: Callable[[pa.ChunkedArray], list[str]]) -> pa.Table:
     """The Spark side's two results as one table: the code's rows with the
     markers, and the raw records (control records, and undecodable ones
-    with the reason the Python decoder gives, or Spark's)."""
+    with the reason: an unreadable header's, or the one the Python decoder
+    gives, or Spark's)."""
     control = raw[_CONTROL].to_pylist()
     records = raw.drop_columns([_CONTROL]).cast(RECORD_SCHEMA, safe=False)
-    said = iter(reasons(records.filter(pc.invert(raw[_CONTROL]))["value"]))
+    data = records.filter(pc.invert(raw[_CONTROL]))
+    said = iter(reasons(data["value"]))
+    headers = {name: header_values(data, name) for name in (WATERMARK_HEADER, GENERATION_HEADER)}
+    unreadable = {name: whole_numbers(values).malformed for name, values in headers.items()}
+    why_data = []
+    for i in range(data.num_rows):
+        value_reason = next(said)
+        bad = [name for name in headers if unreadable[name][i]]
+        why_data.append(unreadable_header(bad[0], headers[bad[0]][i].as_py()) if bad else value_reason)
+    told = iter(why_data)
     parts = pa.array([Part.CONTROL if c else Part.REJECTED for c in control], pa.int8())
-    why = pa.array([None if c else next(said) for c in control], pa.string())
+    why = pa.array([None if c else next(told) for c in control], pa.string())
     return pa.concat_tables(
         [prepared, records.append_column(PART, parts).append_column(REASON, why)], promote_options="permissive"
     )

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from barriers.headers import GENERATION_HEADER, KIND_HEADER, WATERMARK_HEADER
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId
-from streaming.adapters.serde.records import header_values, is_prepared, whole_numbers
+from streaming.adapters.serde.records import header_values, is_prepared, unreadable_header, whole_numbers
 from streaming.engine.task.watermarks import WATERMARK_KIND
 from streaming.errors import TaskError
 
@@ -157,7 +157,7 @@ class Segmenter:
             read = whole_numbers(raw)
             looked_at = kinds == _WATERMARK if prepared else kinds != _CONTROL  # a barrier's decoding checks its own
             for i in np.flatnonzero(read.malformed & looked_at):
-                reasons.setdefault(int(i), _unreadable(name, raw[int(i)].as_py()))
+                reasons.setdefault(int(i), unreadable_header(name, raw[int(i)].as_py()))
             if name == GENERATION_HEADER:
                 generations = read.values
         if not prepared:
@@ -283,10 +283,3 @@ class SegmentPace:
 
 _DATA, _CONTROL, _WATERMARK, _SKIP, _REJECTED = range(5)
 _KINDS = (SegmentKind.DATA, SegmentKind.CONTROL, SegmentKind.WATERMARK, SegmentKind.SKIP, SegmentKind.REJECTED)
-
-
-def _unreadable(name: str, value: bytes | None) -> str:
-    """Why a record whose header ``name`` holds ``value`` cannot be read."""
-    value = value or b""  # absent is never unreadable; an empty value is
-    shown = repr(value[:40]) + (f"... ({len(value)} bytes)" if len(value) > 40 else "")
-    return f"header {name} is {shown}, not a whole number (decimal digits of a signed 64-bit integer)"

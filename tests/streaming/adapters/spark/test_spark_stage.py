@@ -296,6 +296,22 @@ def test_records_the_code_raises_on_are_set_aside_and_the_rest_is_prepared_witho
     assert records_in(prepared) == 7
 
 
+def test_an_ingress_record_whose_abs_wm_or_abs_gen_is_no_whole_number_is_rejected_by_spark_as_by_python(spark):
+    stage = SparkStage(spark, _stage("SELECT _position, user FROM {input} WHERE amount > 0"), INGRESS)
+    good = json.dumps({"user": "a", "amount": 5, "ts": 1}).encode()
+    records = _records((0, 0, good), (0, 1, good), (0, 2, good), (0, 3, good)).to_pylist()
+    records[1]["headers"] = [{"key": "abs.wm", "value": b"zz"}]
+    records[2]["headers"] = [{"key": "abs.gen", "value": b"9" * 30}]
+    records[3]["headers"] = [{"key": "abs.wm", "value": b"-42"}]  # a whole number: read
+    prepared = _sorted(stage.records(pa.Table.from_pylist(records, schema=RECORD_SCHEMA)))
+    rejected = part_of(prepared, Part.REJECTED)
+    assert dict(zip(rejected["offset"].to_pylist(), rejected[REASON].to_pylist())) == {
+        1: "header abs.wm is b'zz', not a whole number (decimal digits of a signed 64-bit integer)",
+        2: f"header abs.gen is {b'9' * 30!r}, not a whole number (decimal digits of a signed 64-bit integer)",
+    }
+    assert part_of(prepared, Part.ROW)["offset"].to_pylist() == [0, 3]
+
+
 def test_a_channel_read_out_of_offset_order_fails_the_micro_batch_with_the_reason(spark):
     code = SparkStage(spark, _stage("SELECT _position, user FROM {input}"), INGRESS)
     records = _records((0, 5, {"user": "a", "amount": 1, "ts": 1}), (0, 4, {"user": "b", "amount": 1, "ts": 1}))
@@ -466,3 +482,15 @@ def test_partials_with_a_timestamp_among_the_codes_columns_and_no_null_key(spark
     prepared = code.records(_records((0, 0, {"user": "a", "amount": 5, "ts": 1}), (0, 1, {"user": "a", "ts": 2})))
     assert part_of(prepared, Part.PARTIAL)[PARTIAL].to_pylist() == [{"user": "a", "n": 2}]
     assert part_of(prepared, Part.ROW).num_rows == 0
+
+
+def test_only_errors_spark_raised_running_the_code_are_searched_not_a_job_stopped_or_python_s_own(spark):
+    from pyspark.errors.exceptions.captured import ArithmeticException, CapturedException
+
+    from streaming.adapters.spark.stage import _the_codes
+
+    assert _the_codes(ArithmeticException(desc="[DIVIDE_BY_ZERO] Division by zero.", stackTrace="at x"))
+    # a worker that stops interrupts or cancels its job: no record's doing (before, good records were set aside)
+    assert not _the_codes(CapturedException(desc="Job 3 cancelled because SparkContext was shut down", stackTrace="x"))
+    assert not _the_codes(ValueError("Null bitmap with offsets slice not supported"))
+    assert not _the_codes(ChannelQueryError("a micro-batch read a channel in more than one partition"))
