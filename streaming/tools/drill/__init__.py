@@ -8,6 +8,7 @@ injected at moments drawn from a seed, its output checked at the end.
 - ``feed``: the workload produced while the job runs, and its progress;
 - ``job``: the drilled job's ``spark-abs run`` process and its workers;
 - ``failures``: injecting each failure kind;
+- ``poison``: the records no schema expected that the poison kind appends;
 - ``cluster``: the failure kinds of the local cluster;
 - ``verify``: the checks once the job drained;
 - ``checks``: the output and dead letters checked with great-expectations;
