@@ -21,9 +21,10 @@ its state to ``snapshot()`` and taking it back in ``restore()``.
 - ``_arrow`` and ``_time``: private Arrow and event-time helpers.
 
 ``require_columns`` and ``row_index`` help write operators of one's own
-(the demo's, ``spark_abs_examples.money``, use them)."""
+(the demo's, ``spark_abs_examples.money``, use them); ``concat`` puts the
+outputs of several ``process()`` calls together, as a task does."""
 
-from operators._arrow import require_columns, row_index
+from operators._arrow import concat, require_columns, row_index
 from operators.aggregations import AggregateFunction, Aggregation, count, max_, min_, sum_
 from operators.base import Chain, MultiInputOperator, Operator, Stateless, WatermarkAware
 from operators.dead_letters import DeadLetter, DeadLetterBatch, DeadLetters, Reason
@@ -58,6 +59,7 @@ __all__ = [
     # writing operators
     "require_columns",
     "row_index",
+    "concat",
     # stateless
     "Passthrough",
     "MapBatches",

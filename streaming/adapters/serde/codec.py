@@ -150,11 +150,9 @@ def decode(values: Sequence[bytes | None] | pa.Array, schema: ValueSchema = None
     if _bulk_ok(array):
         try:
             table = _bulk(array, schema)
-            if schema is None:
-                # pyarrow 26 infers a list with leading nulls ([null, 1]) as offsets past its values
-                # (apache/arrow#51305): a table that does not validate is read record by record
-                table.validate(full=True)
-            if table.num_rows == len(array):
+            # without a schema, pyarrow 26 infers a list with leading nulls ([null, 1]) as offsets past
+            # its values (apache/arrow#51305): a table that does not validate is read record by record
+            if table.num_rows == len(array) and (schema is not None or _valid(table)):
                 return _without_missing(table, schema)
         except Exception:  # any failure of the bulk read: each record is read on its own
             pass

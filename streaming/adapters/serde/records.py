@@ -31,7 +31,7 @@ __all__ = [
     "is_prepared",
     "part_of",
     "records_in",
-    "unreadable_header",
+    "unreadable_headers",
     "BATCH_BEGAN",
     "HANDED",
     "stamped",
@@ -178,12 +178,29 @@ def whole_numbers(values: pa.Array) -> WholeNumbers:
     return WholeNumbers(pc.cast(pc.cast(readable, pa.string()), pa.int64()), malformed)
 
 
-def unreadable_header(name: str, value: bytes | None) -> str:
+def _unreadable_header(name: str, value: bytes | None) -> str:
     """Why a record whose header ``name`` (``abs.wm``, ``abs.gen``) holds
     ``value``, no whole number (``whole_numbers``), cannot be read."""
     value = value or b""  # absent is never unreadable; an empty value is
     shown = repr(value[:40]) + (f"... ({len(value)} bytes)" if len(value) > 40 else "")
     return f"header {name} is {shown}, not a whole number (decimal digits of a signed 64-bit integer)"
+
+
+def unreadable_headers(table: pa.Table, names: Sequence[str]) -> tuple[dict[int, str], dict[str, WholeNumbers]]:
+    """Why records of ``table`` cannot be read: for each whose headers
+    ``names`` (``abs.wm``, ``abs.gen``) hold one that is no whole number,
+    the first such (row -> ``_unreadable_header``); and each header read,
+    by name (one no record has is not read: an ingress's records, as a rule)."""
+    reasons: dict[int, str] = {}
+    read: dict[str, WholeNumbers] = {}
+    for name in names:
+        raw = header_values(table, name)
+        if raw.null_count == len(raw):
+            continue
+        read[name] = numbers = whole_numbers(raw)
+        for i in np.flatnonzero(numbers.malformed):
+            reasons.setdefault(int(i), _unreadable_header(name, raw[int(i)].as_py()))
+    return reasons, read
 
 
 def records_in(table: pa.Table) -> int:

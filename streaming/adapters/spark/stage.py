@@ -75,9 +75,7 @@ from streaming.adapters.serde.records import (
     RECORDS,
     ROW,
     Part,
-    header_values,
-    unreadable_header,
-    whole_numbers,
+    unreadable_headers,
 )
 from streaming.adapters.spark.decoding import DECODED, SparkDecoding, StageRows
 from streaming.api.pipeline import Ingress, Pipeline, Stage
@@ -269,7 +267,7 @@ class SparkStage:
     def _isolating(self, batch: DataFrame, failed: Exception) -> Callable[[], pa.Table]:
         """``batch``, on which preparing raised ``failed``, prepared again
         from its records read into Python, without those the stage's code
-        raises on alone (``streaming.engine.task.record_errors.isolate``; the
+        raises on alone (``operators.isolation.isolate``; the
         code keeps no state: nothing to put back between tries), each of
         them a ``Part.RAISED`` row with the exception.  When the records
         cannot be read (Kafka is away), ``failed`` is raised: not a record's
@@ -292,7 +290,7 @@ class SparkStage:
             record = _rows(records, one.index, one.index + 1)
             rows = self._rows_of(record)
             if rows is None:
-                raised.append(_raised(record, f"stage {self.name}'s Spark code raised {_first_line(one.error)}"))
+                raised.append(_raised(record, self.name, one.error))
                 continue
             # a stage's Arrow batch: the rows the code raises on alone go aside, the others on in the record
             output, aside = self._without_raising_rows(record, rows, one.error)
@@ -340,8 +338,7 @@ class SparkStage:
         )
         aside = {one.index for one in isolated}
         kept = rows.filter(pa.array([i not in aside for i in range(rows.num_rows)]))
-        why = f"stage {self.name}'s Spark code raised"
-        raised = [_raised(carrying(rows.slice(one.index, 1)), f"{why} {_first_line(one.error)}") for one in isolated]
+        raised = [_raised(carrying(rows.slice(one.index, 1)), self.name, one.error) for one in isolated]
         return (self._prepare(carrying(kept)) if kept.num_rows else record.slice(0, 0)), raised
 
     def _collect(self, batch: DataFrame) -> Callable[[], pa.Table]:
@@ -502,14 +499,11 @@ class SparkStage:
         return _in_order(self._collect(self._spark.createDataFrame(records).coalesce(1))())
 
 
-def _first_line(error: Exception) -> str:
-    """``error`` as a dead letter says it: its type and the first line of its
-    message (Spark adds the query's context on the lines after it)."""
-    return said(error).splitlines()[0]
-
-
-def _raised(record: pa.Table, reason: str) -> pa.Table:
-    """``record`` as a ``Part.RAISED`` row with ``reason``."""
+def _raised(record: pa.Table, stage: str, error: Exception) -> pa.Table:
+    """``record`` as a ``Part.RAISED`` row: stage ``stage``'s Spark code
+    raised ``error`` on it (its type and the first line of its message:
+    Spark adds the query's context on the lines after it)."""
+    reason = f"stage {stage}'s Spark code raised {said(error).splitlines()[0]}"
     return record.append_column(PART, pa.array([int(Part.RAISED)], pa.int8())).append_column(
         REASON, pa.array([reason], pa.string())
     )
@@ -743,15 +737,8 @@ def _assemble(prepared: pa.Table, raw: pa.Table, reasons: Callable[[pa.ChunkedAr
     control = raw[_CONTROL].to_pylist()
     records = raw.drop_columns([_CONTROL]).cast(RECORD_SCHEMA, safe=False)
     data = records.filter(pc.invert(raw[_CONTROL]))
-    said = iter(reasons(data["value"]))
-    headers = {name: header_values(data, name) for name in (WATERMARK_HEADER, GENERATION_HEADER)}
-    unreadable = {name: whole_numbers(values).malformed for name, values in headers.items()}
-    why_data = []
-    for i in range(data.num_rows):
-        value_reason = next(said)
-        bad = [name for name in headers if unreadable[name][i]]
-        why_data.append(unreadable_header(bad[0], headers[bad[0]][i].as_py()) if bad else value_reason)
-    told = iter(why_data)
+    unreadable, _ = unreadable_headers(data, (WATERMARK_HEADER, GENERATION_HEADER))
+    told = iter(unreadable.get(i, why) for i, why in enumerate(reasons(data["value"])))
     parts = pa.array([Part.CONTROL if c else Part.REJECTED for c in control], pa.int8())
     why = pa.array([None if c else next(told) for c in control], pa.string())
     return pa.concat_tables(

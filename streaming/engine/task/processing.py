@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
+from operators import concat
 from operators.base import WatermarkAware, savepoint_of, takes_origin
 from operators.dead_letters import ORIGIN, ORIGIN_TYPE, DeadLetter, without_origin
 from operators.errors import InputSchemaError
@@ -70,8 +71,6 @@ class RecordProcessor:
         self._open_inputs = open_inputs
         # what a row the operator raises on does (``record_errors``): the job's record_errors and its brake
         self.errors = errors or RecordErrors(spec.name)
-        # the rows of the last run through the operator that it raised on, set aside
-        self._aside: list[int] = []
         self._multi_input = bool(getattr(operator, "inputs", None))
         # how each input channel's records are read: an ingress topic's as its schema says (JSON
         # or Avro, never an Arrow batch), a stage's output topic's as Arrow batches within the cap
@@ -105,15 +104,15 @@ class RecordProcessor:
         # outputs of this segment carry the watermark from before it: no record
         # of the segment is older than that
         watermark = self.downstream_watermark
-        ingress = self._readings.get(channel, _UNKNOWN_CHANNEL).max_decoded_bytes is None
-        self._aside = []
+        ingress = self._is_ingress(channel)
+        aside: list[int] = []  # rows the operator raised on, set aside
         if decoded.table.num_rows:
             batch = self._traced(channel, rows, decoded)
             set_aside = (
                 self._record_aside(channel, rows, decoded.index) if ingress else self._row_aside(channel, batch, rows)
             )
             try:
-                output = self._operate(channel, batch, rows, set_aside)
+                output, aside = self._operate(channel, batch, rows, set_aside)
             except InputSchemaError as exc:
                 # records the operator cannot take at all: quarantined, with the reason
                 for index in sorted(set(decoded.index)):
@@ -122,7 +121,7 @@ class RecordProcessor:
             self.quarantine.from_operator(channel, self.operator, rows)
             self.output.emit(output, watermark)
         # rows set aside do not move event time: as if they had not been there
-        self.watermarks.observe(channel, *self._without_aside(rows, decoded, ingress=ingress))
+        self.watermarks.observe(channel, *_without(aside, rows, decoded, ingress=ingress))
         self.watermark_moved(channel)
         self.counters["records"] += rows.num_rows
         self.metrics.records_in[channel].inc(rows.num_rows)
@@ -134,16 +133,16 @@ class RecordProcessor:
 
     def _operate(
         self, channel: ChannelId, batch: pa.Table, records: pa.Table, set_aside: Callable[[int, str], int]
-    ) -> pa.Table:
+    ) -> tuple[pa.Table, list[int]]:
         """``batch`` (rows read from ``records`` of ``channel``) through the
-        operator; when it raises, the operator is put back and the rows it
-        raises on alone are set aside (``record_errors``): ``set_aside(i, reason)``
-        sends row i to the dead letters and says the offset of its record."""
+        operator: its output, and the rows set aside.  When it raises, the
+        operator is put back and the rows it raises on alone are set aside
+        (``record_errors``): ``set_aside(i, reason)`` sends row i to the dead
+        letters and says the offset of its record."""
         self.errors.processed(batch.num_rows)
-        self._aside = []
         back = savepoint_of(self.operator)
         try:
-            return self._apply(channel, batch)
+            return self._apply(channel, batch), []
         except InputSchemaError:
             back()
             self.errors.rolled_back = True
@@ -170,24 +169,10 @@ class RecordProcessor:
                 f"({self.errors.max_records}) in one run of records; the job stops rather than send the stream "
                 "to the dead letters"
             ) from None
-        self._aside = [one.index for one in isolated]
         for one in isolated:
             offset = set_aside(one.index, f"stage {self.spec.stage} raised {said(one.error)}")
             self.errors.isolate(channel, offset, one.error)
-        return _together(outputs)
-
-    def _without_aside(self, rows: pa.Table, decoded: codec.Decoded, *, ingress: bool) -> tuple[pa.Table, pa.Table]:
-        """``rows`` and their decoded table without the rows the operator
-        raised on (``_operate``; an ingress record goes with its row)."""
-        if not self._aside:
-            return rows, decoded.table
-        kept = np.ones(decoded.table.num_rows, dtype=bool)
-        kept[self._aside] = False
-        if ingress:
-            records = np.ones(rows.num_rows, dtype=bool)
-            records[[decoded.index[i] for i in self._aside]] = False
-            rows = rows.filter(pa.array(records))
-        return rows, decoded.table.filter(pa.array(kept))
+        return (concat(outputs) if outputs else pa.table({})), [one.index for one in isolated]
 
     def _record_aside(
         self, channel: ChannelId, records: pa.Table, record_of: Sequence[int]
@@ -229,7 +214,7 @@ class RecordProcessor:
         if not self._origins:
             return without_origin(table)
         position = table.schema.get_field_index(ORIGIN)
-        ingress = self._readings.get(channel, _UNKNOWN_CHANNEL).max_decoded_bytes is None
+        ingress = self._is_ingress(channel)
         carried = None if position < 0 or ingress else table[ORIGIN]
         if carried is not None and carried.type == ORIGIN_TYPE and carried.null_count == 0:
             return table  # every row names its ingress record
@@ -268,7 +253,7 @@ class RecordProcessor:
         if batch.num_rows:
             set_aside = self._row_aside(channel, batch, None, made.select(["topic", "partition", "offset"]))
             try:
-                output = self._operate(channel, batch, made, set_aside)
+                output, _ = self._operate(channel, batch, made, set_aside)
             except InputSchemaError as exc:
                 # rows the operator cannot take at all: quarantined as the code gave them, with the reason
                 output = None
@@ -353,13 +338,18 @@ class RecordProcessor:
             self.forward_watermark()
 
 
-def _together(outputs: list[pa.Table]) -> pa.Table:
-    """The outputs of the tries that went through, as one table (columns
-    unified: a try's rows may lack a column another's have)."""
-    filled = [output for output in outputs if output.num_rows]
-    if len(filled) > 1:
-        return pa.concat_tables(filled, promote_options="permissive")
-    return filled[0] if filled else (outputs[0] if outputs else pa.table({}))
+def _without(aside: list[int], rows: pa.Table, decoded: codec.Decoded, *, ingress: bool) -> tuple[pa.Table, pa.Table]:
+    """``rows`` and their decoded table without the rows ``aside`` (those
+    the operator raised on; an ingress record goes with its row)."""
+    if not aside:
+        return rows, decoded.table
+    kept = np.ones(decoded.table.num_rows, dtype=bool)
+    kept[aside] = False
+    if ingress:
+        records = np.ones(rows.num_rows, dtype=bool)
+        records[[decoded.index[i] for i in aside]] = False
+        rows = rows.filter(pa.array(records))
+    return rows, decoded.table.filter(pa.array(kept))
 
 
 def _origin(topic: str, partitions: pa.Array | pa.ChunkedArray, offsets: pa.Array | pa.ChunkedArray) -> pa.StructArray:

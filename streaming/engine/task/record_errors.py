@@ -18,20 +18,18 @@ Some errors are not a record's: ``MemoryError`` and the engine's own errors
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from barriers.messages import ChannelId
 from operators.isolation import said
+from streaming.api.settings import RECORD_ERRORS
 from streaming.errors import RecordErrorsStop
 
 __all__ = ["RecordErrors", "ISOLATE", "FAIL", "POLICIES"]
 
-log = logging.getLogger(__name__)
-
 # what a record error does (JobSettings.record_errors): the row to the dead letters, or the job stops
-ISOLATE, FAIL = "isolate", "fail"
-POLICIES = (ISOLATE, FAIL)
+POLICIES = RECORD_ERRORS
+ISOLATE, FAIL = RECORD_ERRORS
 
 # the isolated records an error of the brake names
 _NAMED = 5

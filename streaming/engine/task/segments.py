@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from barriers.headers import GENERATION_HEADER, KIND_HEADER, WATERMARK_HEADER
 from barriers.lineage import Lineage
 from barriers.messages import ChannelId
-from streaming.adapters.serde.records import header_values, is_prepared, unreadable_header, whole_numbers
+from streaming.adapters.serde.records import header_values, is_prepared, unreadable_headers, whole_numbers
 from streaming.engine.task.watermarks import WATERMARK_KIND
 from streaming.errors import TaskError
 
@@ -150,16 +150,13 @@ class Segmenter:
         prepared = is_prepared(table)
         # a stage's Spark code read the data records' headers itself (try_cast: unreadable is absent); the
         # watermark records it hands over as they came are read here
-        for name in (WATERMARK_HEADER,) if prepared else (WATERMARK_HEADER, GENERATION_HEADER):
-            raw = header_values(table, name)
-            if raw.null_count == len(raw):
-                continue  # no record has it (an ingress's records, as a rule): nothing to read
-            read = whole_numbers(raw)
-            looked_at = kinds == _WATERMARK if prepared else kinds != _CONTROL  # a barrier's decoding checks its own
-            for i in np.flatnonzero(read.malformed & looked_at):
-                reasons.setdefault(int(i), unreadable_header(name, raw[int(i)].as_py()))
-            if name == GENERATION_HEADER:
-                generations = read.values
+        unreadable, read = unreadable_headers(
+            table, (WATERMARK_HEADER,) if prepared else (WATERMARK_HEADER, GENERATION_HEADER)
+        )
+        looked_at = kinds == _WATERMARK if prepared else kinds != _CONTROL  # a barrier's decoding checks its own
+        reasons.update((i, why) for i, why in unreadable.items() if looked_at[i])
+        if GENERATION_HEADER in read:
+            generations = read[GENERATION_HEADER].values
         if not prepared:
             for channel, first, last in self._skip:
                 if channel.topic not in names:

@@ -38,7 +38,7 @@ from streaming.tools.drill.plan import (
     must_restore,
     restore_problem,
 )
-from streaming.tools.drill.poison import HOSTILE, hostile_records, poison_records
+from streaming.tools.drill.poison import HOSTILE, hostile_records, own_poison
 from streaming.tools.drill.workload import DrillWorkload, InputRecord
 
 __all__ = ["FailureInjector", "retention_cut"]
@@ -139,22 +139,22 @@ class FailureInjector:
         if self.pipeline is None:
             raise ConfigError("the poison kind needs the drilled pipeline (FailureInjector(pipeline=...))")
         poisoned = self.workload.poisoned if self.workload is not None else None
-        records = poison_records(self.pipeline, poisoned, dict(self.last_sent()))
+        hostile = hostile_records(self.pipeline)
+        own = own_poison(self.pipeline, poisoned, dict(self.last_sent()))
         producer = kafka_clients.raw_producer(self.job.connection.kafka, acks="all")
         try:
             sent = [
-                (record, producer.send(record.topic, value=record.value, headers=list(record.headers), partition=p))
-                for record, p in ((r, r.partition) for r in records)
+                (r, producer.send(r.topic, value=r.value, headers=list(r.headers), partition=r.partition))
+                for r in (*hostile, *own)
             ]
             producer.flush(60)
             for record, future in sent:
                 self.poisoned.append((f"{record.topic}:{record.partition}", future.get(timeout=60).offset))
         finally:
             producer.close()
-        own = len(records) - len(hostile_records(self.pipeline))
         self.log(
-            f"  {len(records) - own} records no schema expected on the ingress topics ({', '.join(HOSTILE[:-1])}; "
-            f"{HOSTILE[-1]} on an Avro ingress) and {own} of the workload's own its code raises on"
+            f"  {len(hostile)} records no schema expected on the ingress topics ({', '.join(HOSTILE[:-1])}; "
+            f"{HOSTILE[-1]} on an Avro ingress) and {len(own)} of the workload's own its code raises on"
         )
 
     def _kill_a_worker(self, rng: random.Random) -> None:

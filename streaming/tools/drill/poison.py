@@ -21,7 +21,7 @@ from streaming.adapters.serde.codec import ARROW_FORMAT, encode_batches
 from streaming.api.pipeline import Ingress, Pipeline
 from streaming.tools.drill.workload import InputRecord
 
-__all__ = ["HOSTILE", "hostile_records", "poison_records"]
+__all__ = ["HOSTILE", "hostile_records", "own_poison"]
 
 _MARK = ((DRILL_HEADER, b"poison"),)
 
@@ -69,15 +69,15 @@ def hostile_records(pipeline: Pipeline) -> list[InputRecord]:
     return out
 
 
-def poison_records(
+def own_poison(
     pipeline: Pipeline,
     poisoned: Callable[[InputRecord], list[InputRecord]] | None,
     last: Mapping[str, InputRecord],
 ) -> list[InputRecord]:
-    """``hostile_records``, then the workload's records its pipeline's code
-    raises on (``DrillWorkload.poisoned``), made from ``last``: the last
-    record the workload sent on each ingress topic."""
-    out = hostile_records(pipeline)
+    """The workload's records its pipeline's code raises on
+    (``DrillWorkload.poisoned``), made from ``last``: the last record the
+    workload sent on each ingress topic, each marked with ``DRILL_HEADER``."""
+    out = []
     if poisoned is not None:
         for ingress in pipeline.ingress:
             sent = last.get(ingress.topic)

@@ -13,10 +13,10 @@ import json
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from task_cases import make_task
 
 from spark_abs_examples import carts, money
 from streaming.adapters.serde.records import RECORD_SCHEMA
-from streaming.engine.task.stage_task import StageTask, TaskIO, TaskOptions
 
 KEY = b"k" * 32
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -43,26 +43,10 @@ def hostile_values(fields: list[str]) -> st.SearchStrategy[bytes]:
     )
 
 
-class Recorded:
-    def __init__(self) -> None:
-        self.dead: list[int] = []
-
-    def io(self) -> TaskIO:
-        return TaskIO(
-            send=lambda *record: None,
-            append_barrier=lambda channels, headers: {c: 0 for c in channels},
-            publish=lambda event: None,
-            dead_letter=lambda channel, offset, key, value, headers, reason: self.dead.append(offset),
-            write_snapshot=lambda *a, **k: None,
-            stage_epoch=lambda epoch, table: None,
-        )
-
-
 def fed(pipeline, task: str, records: list[tuple[bytes, list[tuple[str, bytes]]]], cuts: list[int]):
-    """``records`` (value, headers) at offsets 0, 1, ... of partition 0, fed to ``task`` in micro-batches cut at ``cuts``."""
-    recorded = Recorded()
-    stage = StageTask(pipeline, pipeline.task(task), recorded.io(), options=TaskOptions(job_key=KEY))
-    stage.recover()
+    """``records`` (value, headers) at offsets 0, 1, ... of partition 0, fed to ``task`` (on recorded
+    I/O, ``task_cases``) in micro-batches cut at ``cuts``; the task and the offsets of its dead letters."""
+    stage, io = make_task(pipeline, task, sink=pipeline.stage(pipeline.task(task).stage).sink is not None, job_key=KEY)
     topic = pipeline.ingress[0].topic
     rows = [
         {
@@ -80,7 +64,7 @@ def fed(pipeline, task: str, records: list[tuple[bytes, list[tuple[str, bytes]]]
     bounds = sorted({0, *(c for c in cuts if 0 < c < len(rows)), len(rows)})
     for start, end in zip(bounds[:-1], bounds[1:]):
         stage.process_batch(table.slice(start, end - start))
-    return stage, recorded
+    return stage, [offset for _, offset, _ in io.dead]
 
 
 def mixed(good: st.SearchStrategy[bytes], bad: st.SearchStrategy[tuple[bytes, list]]):
@@ -119,13 +103,13 @@ def test_no_record_a_plain_producer_writes_fails_the_money_task_and_each_bad_one
     records, cuts = data
     pipeline = money.pipeline("fuzzed")
     everything = [(value, headers) for value, headers, _ in records]
-    stage, recorded = fed(pipeline, "legs-0", everything, cuts)
+    stage, dead = fed(pipeline, "legs-0", everything, cuts)
     bad = [offset for offset, (_, _, good) in enumerate(records) if not good]
     # a record of the wrong shape may still be a transfer (JSON that happens to fit): then it is no dead letter
-    assert len(recorded.dead) == len(set(recorded.dead)), "a record dead-lettered twice"
-    assert set(recorded.dead) <= set(bad), "a well-formed transfer dead-lettered"
+    assert len(dead) == len(set(dead)), "a record dead-lettered twice"
+    assert set(dead) <= set(bad), "a well-formed transfer dead-lettered"
     alone, _ = fed(pipeline, "legs-0", [(v, h) for v, h, good in records if good], [])
-    undecided = len(bad) - len(recorded.dead)
+    undecided = len(bad) - len(dead)
     assert stage.counters["output_rows"] >= alone.counters["output_rows"]
     assert stage.counters["output_rows"] <= alone.counters["output_rows"] + 2 * undecided
 
@@ -150,7 +134,7 @@ PRICELESS = st.builds(
 def test_records_the_carts_function_raises_on_are_set_aside_and_the_carts_are_those_of_the_others(data):
     records, cuts = data
     pipeline = carts.pipeline("fuzzed")
-    stage, recorded = fed(pipeline, "abandoned-carts-0", [(v, h) for v, h, _ in records], cuts)
+    stage, dead = fed(pipeline, "abandoned-carts-0", [(v, h) for v, h, _ in records], cuts)
     alone, _ = fed(pipeline, "abandoned-carts-0", [(v, h) for v, h, good in records if good], [])
     bad = {offset for offset, (_, _, good) in enumerate(records) if not good}
     priceless = {
@@ -158,7 +142,7 @@ def test_records_the_carts_function_raises_on_are_set_aside_and_the_carts_are_th
         for offset, (value, headers, good) in enumerate(records)
         if not good and not headers and value.startswith(b'{"user"') and b'"price": null' in value
     }
-    assert len(recorded.dead) == len(set(recorded.dead)) and set(recorded.dead) <= bad
-    assert priceless <= set(recorded.dead)
-    if set(recorded.dead) == bad:  # every bad record decided: the carts are exactly those of the good ones
+    assert len(dead) == len(set(dead)) and set(dead) <= bad
+    assert priceless <= set(dead)
+    if set(dead) == bad:  # every bad record decided: the carts are exactly those of the good ones
         assert {u: stage.operator.state_of(u) for u in "uv"} == {u: alone.operator.state_of(u) for u in "uv"}

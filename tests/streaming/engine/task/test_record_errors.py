@@ -7,8 +7,10 @@ the first records), counted per checkpoint interval."""
 from __future__ import annotations
 
 import pytest
+from task_cases import batch, make_task
 
 from barriers.messages import ChannelId
+from spark_abs_examples import carts
 from streaming.engine.task.record_errors import FAIL, RecordErrors
 from streaming.errors import RecordErrorsStop
 
@@ -61,43 +63,13 @@ def test_a_state_put_back_is_said_once_at_the_end_of_its_interval():
 
 
 def test_a_task_whose_code_fails_on_every_record_stops_at_the_brake_naming_the_first_records():
-    import json
-
-    import pyarrow as pa
-
-    from spark_abs_examples import carts
-    from streaming.adapters.serde.records import RECORD_SCHEMA
-    from streaming.engine.task.stage_task import StageTask, TaskIO, TaskOptions
-
-    dead = []
-    io = TaskIO(
-        send=lambda *a: None,
-        append_barrier=lambda channels, headers: {c: 0 for c in channels},
-        publish=lambda event: None,
-        dead_letter=lambda channel, offset, key, value, headers, reason: dead.append(offset),
-        write_snapshot=lambda *a, **k: None,
-        stage_epoch=lambda epoch, table: None,
-    )
     pipeline = carts.pipeline("braked")
-    task = StageTask(pipeline, pipeline.task("abandoned-carts-0"), io, options=TaskOptions(job_key=b"k" * 32))
-    task.recover()
+    task, io = make_task(pipeline, "abandoned-carts-0", sink=True, job_key=b"k" * 32)
     # a bug that breaks every record: every item comes without a price
     events = [{"user": f"u{i}", "action": "add", "price": None, "ts": 1_000 + i} for i in range(40)]
-    rows = [
-        {
-            "topic": pipeline.ingress[0].topic,
-            "partition": 0,
-            "offset": i,
-            "key": None,
-            "value": json.dumps(e).encode(),
-            "headers": [],
-            "timestamp": None,
-        }
-        for i, e in enumerate(events)
-    ]
     with pytest.raises(RecordErrorsStop) as stopped:
-        task.process_batch(pa.Table.from_pylist(rows, schema=RECORD_SCHEMA))
+        task.process_batch(batch(*((pipeline.ingress[0].topic, 0, i, e) for i, e in enumerate(events))))
     said = str(stopped.value)
     assert "21 of 40 records, more than max_isolated_share (0.5)" in said
     assert "the job stops rather than send the stream" in said and "offset 0: TypeError: unsupported operand" in said
-    assert dead == list(range(21))  # set aside up to the brake, then the job stops
+    assert [offset for _, offset, _ in io.dead] == list(range(21))  # set aside up to the brake, then the job stops
