@@ -48,6 +48,9 @@ __all__ = [
     "DEAD_LETTER_TRUNCATED",
     "DEAD_LETTER_ORIGINAL_BYTES",
     "DEAD_LETTER_ORIGINAL_SHA256",
+    "DEAD_LETTER_GENERATION",
+    "DEAD_LETTER_AFTER_CHECKPOINT",
+    "DEAD_LETTER_RESTORED",
     "DRILL_HEADER",
 ]
 
@@ -96,6 +99,14 @@ DEAD_LETTER_ORIGINAL = "spark-abs-original"
 DEAD_LETTER_TRUNCATED = "spark-abs-truncated"
 DEAD_LETTER_ORIGINAL_BYTES = "spark-abs-original-bytes"
 DEAD_LETTER_ORIGINAL_SHA256 = "spark-abs-original-sha256"
+# the generation that sent a task's dead letter, and the newest checkpoint whose snapshot the task had
+# taken (or that it started from) when it sent it: a restore to that checkpoint or an older one reads
+# the record again, and the letter is superseded (``streaming.adapters.kafka.dead_letters``)
+DEAD_LETTER_GENERATION = "spark-abs-generation"
+DEAD_LETTER_AFTER_CHECKPOINT = "spark-abs-after-checkpoint"
+# the key of a restore's mark in the dead-letter topic: generation g starts from checkpoint c, and
+# every letter of an older generation sent after c is superseded (signed with the job's key)
+DEAD_LETTER_RESTORED = b"spark-abs-restored"
 # a record a restore drill sent to be a dead letter (its poison kind): references leave it out, the
 # engine reads it as any other record
 DRILL_HEADER = "spark-abs-drill"

@@ -18,7 +18,7 @@ from streaming.api.config import KafkaAccess
 from streaming.errors import KafkaUnavailableError
 from streaming.waits import Deadline
 
-__all__ = ["read_range", "retention_ms"]
+__all__ = ["read_range", "read_to_end", "retention_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -110,3 +110,32 @@ def retention_ms(kafka: KafkaAccess, topic: str) -> int | None:
     finally:
         admin.close()
     return None
+
+
+def read_to_end(kafka: KafkaAccess, topic: str, timeout_ms: int) -> list:
+    """Every committed record of ``topic`` (read_committed), partition by
+    partition in offset order, up to the end offsets when the read began;
+    none when the topic does not exist."""
+    consumer = kafka_clients.consumer(
+        kafka,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+    )
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        if not partitions:
+            return []
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        ends = consumer.end_offsets(partitions)
+        records: dict[TopicPartition, list] = {tp: [] for tp in partitions}
+        # an open transaction keeps a read_committed reader below the end: stop when nothing comes
+        while any(consumer.position(tp) < ends[tp] for tp in partitions):
+            batch = consumer.poll(timeout_ms=timeout_ms)
+            if not batch:
+                break
+            for tp, got in batch.items():
+                records[tp].extend(got)
+        return [r for tp in partitions for r in records[tp]]
+    finally:
+        consumer.close()

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from kafka import TopicPartition
 from kafka.errors import AuthorizationError, KafkaError
 
 from barriers.headers import EPOCH_HEADER, MARKER_SIGNATURE_HEADER
 from streaming.adapters.kafka import clients as kafka_clients
 from streaming.adapters.kafka.admin import create_topic
 from streaming.adapters.kafka.producer import DELIVERY_BOUND_S, close_producer, producer, within
+from streaming.adapters.kafka.ranges import read_to_end
 from streaming.adapters.kafka.transactions import JavaTransactions, TxnRecord
 from streaming.adapters.objects import StoreLocation
 from streaming.adapters.serde import avro, codec
@@ -257,7 +257,7 @@ def read_kafka_output(
     }
     values: list[bytes] = []
     skipped: dict[str, int] = {}
-    for record in _read_to_end(kafka, topic, timeout_ms):
+    for record in read_to_end(kafka, topic, timeout_ms):
         epoch = dict(record.headers or []).get(EPOCH_HEADER)
         if epoch is not None and epoch in superseded:
             skipped[epoch.decode()] = skipped.get(epoch.decode(), 0) + 1
@@ -279,7 +279,7 @@ def _commit_keys(
     left out.  Without it every marker counts and a tombstone, a null
     value, takes its marker away."""
     latest: dict[bytes, bytes | None] = {}
-    for record in _read_to_end(kafka, topic, timeout_ms):
+    for record in read_to_end(kafka, topic, timeout_ms):
         if not record.key:
             continue
         if key is not None:
@@ -298,35 +298,6 @@ def _commit_keys(
                 continue
         latest[record.key] = record.value
     return {marker for marker, value in latest.items() if value is not None}
-
-
-def _read_to_end(kafka: KafkaAccess, topic: str, timeout_ms: int) -> list:
-    """Every committed record of ``topic`` (read_committed), partition by
-    partition in offset order, up to the end offsets when the read began;
-    none when the topic does not exist."""
-    consumer = kafka_clients.consumer(
-        kafka,
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-    )
-    try:
-        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-        if not partitions:
-            return []
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        ends = consumer.end_offsets(partitions)
-        records: dict[TopicPartition, list] = {tp: [] for tp in partitions}
-        # an open transaction keeps a read_committed reader below the end: stop when nothing comes
-        while any(consumer.position(tp) < ends[tp] for tp in partitions):
-            batch = consumer.poll(timeout_ms=timeout_ms)
-            if not batch:
-                break
-            for tp, got in batch.items():
-                records[tp].extend(got)
-        return [r for tp in partitions for r in records[tp]]
-    finally:
-        consumer.close()
 
 
 def kafka_records(

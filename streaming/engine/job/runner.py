@@ -63,13 +63,15 @@ from pathlib import Path
 from barriers.coordinator import CheckpointStatus
 from barriers.failures import CheckpointFailure
 from barriers.messages import ChannelId, CheckpointOptions
-from streaming.adapters.kafka.admin import check_broker
+from streaming.adapters.kafka.admin import check_broker, end_offsets
+from streaming.adapters.kafka.dead_letters import DeadLetterTopic, Restored
 from streaming.adapters.objects import open_store, store_patiently
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api import partitioning
 from streaming.api.config import Connection, MetricsSettings, default_home
 from streaming.api.pipeline import Pipeline, Scale, load_pipeline
 from streaming.api.settings import JobSettings, skip_range
+from streaming.api.topics import dead_letter_topic
 from streaming.engine import metrics
 from streaming.engine.job.coordinator import (
     CheckpointRecord,
@@ -391,18 +393,28 @@ class JobRunner:
             reason,
         )
         # a rescale or a change writes the checkpoint again under a new id: what it came from is what counts
-        warn_of_a_rollback(
-            self.log,
-            self.pipeline,
-            self.store,
-            plan.rescaled_from or plan.changed_from or plan.checkpoint_id,
-            plan.generation,
-        )
+        source = plan.rescaled_from or plan.changed_from or plan.checkpoint_id
+        warn_of_a_rollback(self.log, self.pipeline, self.store, source, plan.generation)
+        self._mark_restore(Restored(plan.generation, source or 0))
         # workers that still run restore in place (their Spark stays up); dead ones start again
         self._launch(plan.generation, plan.checkpoint_id)
         self.restores.append(record)  # a restore that could not start (Kafka away) is not counted
         metrics.restored(self.job, cause)
         return record
+
+    def _mark_restore(self, restored: Restored) -> None:
+        """The dead letters older generations sent after the restored
+        checkpoint are sent again by the replay: a signed mark in the
+        dead-letter topic supersedes them, before any worker starts.  A
+        topic with no letter gets none (an empty topic stays empty: no
+        record was set aside)."""
+        if not any(end_offsets(self.connection.kafka, dead_letter_topic(self.job), 1).values()):
+            return
+        letters = DeadLetterTopic(self.connection.kafka, self.job, delivery_timeout_s=self.settings.delivery_timeout_s)
+        try:
+            letters.mark_restore(restored, self.key)
+        finally:
+            letters.close()
 
     def _stop_a_repeated_failure(self, reason: str) -> None:
         """A ``JobFailed`` when a task failed at the same place (its task,

@@ -74,6 +74,7 @@ class TaskController:
         counters: collections.Counter,
         *,
         job_key: bytes | None = None,
+        snapshotted: int = 0,
     ):
         self.task = task
         self.generation = generation
@@ -96,6 +97,9 @@ class TaskController:
         self._changes_since: int | None = None
         # channel state a restore copied and the task has not all processed yet (``StageTask.recover``)
         self.copied: CopiedReplay | None = None
+        # the newest checkpoint whose snapshot the task took, or the one it started from (0: none):
+        # what it sends from now on, a restore to that checkpoint sends again (its dead letters say it)
+        self.snapshotted = snapshotted
 
     def barrier_path(self, checkpoint_id: int, **walls: float | None) -> None:
         """When checkpoint ``checkpoint_id``'s barrier got where (wall clock:
@@ -133,6 +137,7 @@ class TaskController:
         if handler is None:
             raise TaskError(f"{self.task}: checkpoint {barrier.checkpoint_id}: no barrier handler drives the task")
         rest = self.copied.rest({c: handler.position(c) for c in self.copied.ends}) if self.copied else {}
+        self.snapshotted = max(self.snapshotted, barrier.checkpoint_id)
         self._taken[barrier.checkpoint_id] = TakenSnapshot(
             state,
             self.output.take_epoch(),

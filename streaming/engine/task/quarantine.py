@@ -10,12 +10,18 @@ from __future__ import annotations
 import collections
 import json
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
-from barriers.headers import DEAD_LETTER_ORIGINAL, DEAD_LETTER_READ_FROM, DEAD_LETTER_ROW
+from barriers.headers import (
+    DEAD_LETTER_AFTER_CHECKPOINT,
+    DEAD_LETTER_GENERATION,
+    DEAD_LETTER_ORIGINAL,
+    DEAD_LETTER_READ_FROM,
+    DEAD_LETTER_ROW,
+)
 from barriers.messages import BarrierRejected, ChannelId
 from operators.dead_letters import ORIGIN, DeadLetter, DeadLetters
 from streaming.engine.metrics import TaskMetrics
@@ -51,11 +57,14 @@ def _original(records: pa.Table, index: int) -> Original:
 
 
 class Quarantine:
-    """The dead letters of task ``task``, sent with ``io.dead_letter(channel,
-    offset, key, value, headers, reason)`` (a ``TaskIO``'s), counted in
-    ``metrics``; a row an operator gave up on is sent as the ingress record
-    it came from (of one of ``ingress_topics``, topic: partitions), read
-    back by ``io.read_range``."""
+    """The dead letters of task ``task`` of generation ``generation``, sent
+    with ``io.dead_letter(channel, offset, key, value, headers, reason,
+    notes)`` (a ``TaskIO``'s), counted in ``metrics``; a row an operator gave
+    up on is sent as the ingress record it came from (of one of
+    ``ingress_topics``, topic: partitions), read back by ``io.read_range``.
+    Each letter's notes name the generation and ``after_checkpoint()``, the
+    newest checkpoint the task had snapshotted or started from: a restore to
+    it or an older one supersedes the letter (``streaming.adapters.kafka.dead_letters``)."""
 
     def __init__(
         self,
@@ -64,10 +73,14 @@ class Quarantine:
         counters: collections.Counter,
         metrics: TaskMetrics,
         *,
+        generation: int,
+        after_checkpoint: Callable[[], int],
         ingress_topics: Mapping[str, int] | None = None,
     ):
         self.task = task
         self.io = io
+        self.generation = str(generation).encode()
+        self.after_checkpoint = after_checkpoint
         self.counters = counters
         self.metrics = metrics
         # the job's ingress topics and their partition counts: the only records read back
@@ -77,7 +90,7 @@ class Quarantine:
         """One input record (a one-row batch table), with ``reason``
         (``counted_as``: one of ``REASONS``)."""
         self._count(counted_as)
-        self.io.dead_letter(
+        self._send(
             channel,
             int(row["offset"][0].as_py()),
             row["key"][0].as_py(),
@@ -86,11 +99,26 @@ class Quarantine:
             reason,
         )
 
+    def _send(
+        self,
+        channel: ChannelId,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        reason: str,
+    ) -> None:
+        notes = [
+            (DEAD_LETTER_GENERATION, self.generation),
+            (DEAD_LETTER_AFTER_CHECKPOINT, str(self.after_checkpoint()).encode()),
+        ]
+        self.io.dead_letter(channel, offset, key, value, headers, reason, notes)
+
     def row(self, channel: ChannelId, value: bytes, reason: str, *, counted_as: str = "given_up") -> None:
         """A row made from input records (``value``: the row as JSON), with
         ``reason`` (``counted_as``: one of ``REASONS``)."""
         self._count(counted_as)
-        self.io.dead_letter(channel, -1, None, value, [], reason)
+        self._send(channel, -1, None, value, [], reason)
 
     def _count(self, counted_as: str) -> None:
         self.counters["dead_letters"] += 1
@@ -104,7 +132,7 @@ class Quarantine:
         self.counters["rejected_control_records"] += 1
         self.metrics.dead_letter("rejected_control")
         log.warning("%s: control record at %s offset %d rejected: %s", self.task, channel, offset, rejected)
-        self.io.dead_letter(
+        self._send(
             channel,
             offset,
             row["key"][0].as_py(),
@@ -157,10 +185,10 @@ class Quarantine:
             original, why = originals.get(source, offset)
             self._count(counted_as)
             if original is None:
-                self.io.dead_letter(source, offset, None, value, [*notes, (DEAD_LETTER_ORIGINAL, why.encode())], reason)
+                self._send(source, offset, None, value, [*notes, (DEAD_LETTER_ORIGINAL, why.encode())], reason)
             else:
                 key, body, headers = original
-                self.io.dead_letter(source, offset, key, body, [*headers, *notes], reason)
+                self._send(source, offset, key, body, [*headers, *notes], reason)
 
 
 def _origin_of(value: Any) -> tuple[ChannelId, int] | None:

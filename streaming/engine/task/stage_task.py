@@ -129,13 +129,15 @@ class TaskIO:
     """What a task talks to, given to it so the processing core stays testable:
     ``send(channel, key, value, headers)`` for output records, ``append_barrier``
     (channels, headers) -> offsets, ``publish(ControlEvent)``, ``dead_letter``
-    (channel, offset, key, value, headers, reason), ``write_snapshot`` (the
+    (channel, offset, key, value, headers, reason, notes), ``write_snapshot`` (the
     store's ``write_task``), ``stage_epoch(epoch, table)`` for sink tasks."""
 
     send: Callable[[ChannelId, bytes | None, bytes, list[tuple[str, bytes]]], None]
     append_barrier: Callable[[tuple[ChannelId, ...], list[tuple[str, bytes]]], Mapping[ChannelId, int]]
     publish: Callable[[ControlEvent], Any]
-    dead_letter: Callable[[ChannelId, int, bytes | None, bytes | None, list[tuple[str, bytes]], str], None]
+    dead_letter: Callable[
+        [ChannelId, int, bytes | None, bytes | None, list[tuple[str, bytes]], str, list[tuple[str, bytes]]], None
+    ]
     write_snapshot: Callable[..., Any]
     stage_epoch: Callable[[int, pa.Table], Any] | None = None
     flush: Callable[[], None] = lambda: None
@@ -217,7 +219,13 @@ class StageTask:
         self.gate = _input_gate(pipeline, spec, io, self.generation, self.lineage, self.counters, options, clock)
         self.watermarks = WatermarkTracker(event_time_inputs(pipeline, spec), self.start.watermarks, clock=clock)
         self.quarantine = Quarantine(
-            spec.name, io, self.counters, self.metrics, ingress_topics={i.topic: i.partitions for i in pipeline.ingress}
+            spec.name,
+            io,
+            self.counters,
+            self.metrics,
+            generation=self.generation,
+            after_checkpoint=lambda: self.controller.snapshotted,
+            ingress_topics={i.topic: i.partitions for i in pipeline.ingress},
         )
         self.output = TaskOutput(pipeline, spec, io, self.generation, self.counters, self.metrics)
         self.record_errors = RecordErrors(
@@ -255,7 +263,15 @@ class StageTask:
             self.processor.forward_watermark,
             self.record_errors,
         )
-        self.controller = TaskController(spec.name, self.generation, io, wiring, self.counters, job_key=self.job_key)
+        self.controller = TaskController(
+            spec.name,
+            self.generation,
+            io,
+            wiring,
+            self.counters,
+            job_key=self.job_key,
+            snapshotted=self.start.checkpoint_id or 0,
+        )
         self.handler = BarrierHandler(
             self.controller,
             spec.inputs,

@@ -17,6 +17,7 @@ from streaming.errors import SparkAbsError
 from streaming.tools.cli import (
     checkpoints,
     compare,
+    dead_letters,
     demo,
     drill,
     local,
@@ -32,7 +33,21 @@ from streaming.tools.cli import (
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 # every command's module, in the order --help lists them
-COMMANDS = (local, smoke, demo, run, worker, checkpoints, state, restore, ui, compare, drill, simulate)
+COMMANDS = (
+    local,
+    smoke,
+    demo,
+    run,
+    worker,
+    checkpoints,
+    state,
+    restore,
+    dead_letters,
+    ui,
+    compare,
+    drill,
+    simulate,
+)
 
 DESCRIPTION = """\
 spark-abs: Asynchronous Barrier Snapshots (Chandy-Lamport) for pipelines of

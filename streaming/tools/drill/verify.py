@@ -157,21 +157,20 @@ class DrillVerification:
         return sorted(done)
 
     def _dead_letter_frame(self) -> pd.DataFrame:
-        from kafka import TopicPartition
+        from streaming.adapters.kafka.dead_letters import read_dead_letters
 
-        from streaming.adapters.kafka import clients as kafka_clients
-        from streaming.api.topics import dead_letter_topic
-
-        consumer = kafka_clients.consumer(self.connection.kafka, enable_auto_commit=False, consumer_timeout_ms=3000)
-        tp = TopicPartition(dead_letter_topic(self.job.job), 0)
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
+        found = read_dead_letters(self.connection.kafka, self.job.job, self.connection.job_key(self.job.job))
+        if found.superseded:
+            self.log(
+                f"dead letters: {len(found.superseded)} sent again by a restore's replay ("
+                + "; ".join(str(r) for r in found.restores)
+                + "), the first ones left out as superseded"
+            )
         seen: dict[tuple[str, int], list[str]] = {}
-        for record in consumer:
+        for record in found.letters:
             headers = {k: v.decode(errors="replace") for k, v in record.headers}
             source = (headers.get(DEAD_LETTER_SOURCE, ""), int(headers.get(DEAD_LETTER_SOURCE_OFFSET, -1)))
             seen.setdefault(source, []).append(headers.get(DEAD_LETTER_REASON, ""))
-        consumer.close()
         frame = dead_letter_frame(self.malformed, seen, self.workload.by_design)
         unmade = frame[~frame["made_malformed"]]
         designed = Counter(zip(unmade[unmade["expected"]]["reason"], unmade[unmade["expected"]]["source"]))

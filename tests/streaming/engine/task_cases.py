@@ -100,7 +100,7 @@ class RecordedIO:
     def _publish(self, event):
         self.events.append(event)
 
-    def _dead(self, channel, offset, key, value, headers, reason):
+    def _dead(self, channel, offset, key, value, headers, reason, notes):
         self.dead.append((str(channel), offset, reason))
         self.letters.append(
             {
@@ -110,6 +110,7 @@ class RecordedIO:
                 "value": value,
                 "headers": dict(headers),
                 "reason": reason,
+                "notes": dict(notes),
             }
         )
 

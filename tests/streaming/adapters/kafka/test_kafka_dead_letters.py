@@ -1,14 +1,29 @@
 """The dead-letter topic on a real broker: a dead letter keeps the record and
-its reason, and one too large to send is cut with a note of what it was."""
+its reason, one too large to send is cut with a note of what it was, and a
+letter a restore's replay sends again supersedes the first: readers see each once."""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import pytest
 
 from barriers.messages import ChannelId
-from streaming.adapters.kafka.dead_letters import DeadLetterTopic, fit_dead_letter
+from streaming.adapters.kafka.dead_letters import (
+    DeadLetterTopic,
+    Restored,
+    fit_dead_letter,
+    read_dead_letters,
+    sort_dead_letters,
+)
+from streaming.api.job_key import JobKey
+
+KEY = JobKey.derive("s" * 32, "orders")
+
+
+def _sent(generation: int, after: int) -> list[tuple[str, bytes]]:
+    return [("spark-abs-generation", str(generation).encode()), ("spark-abs-after-checkpoint", str(after).encode())]
 
 
 @pytest.mark.integration
@@ -33,7 +48,69 @@ def test_dead_letters_keep_the_record_and_its_reason(connection, unique_name, re
     assert headers["spark-abs-original-bytes"] == str(len(huge)).encode()
     assert headers["spark-abs-original-sha256"] == hashlib.sha256(huge).hexdigest().encode()
     assert headers["spark-abs-reason"] == b"value is not JSON" and headers["h"] == b"v"
+
+    # generation 0 sent the first after checkpoint 3, the second after 4; generation 1 starts from
+    # 3 and sends the second again: read back, each record is one letter, the newest
+    key = JobKey.derive("s" * 32, unique_name)
+    letters.mark_restore(Restored(1, 3), key)
+    letters.send(ChannelId("in", 0), 7, b"k", b"again", [], "value is not JSON", _sent(1, 3))
+    letters.flush()
+    found = read_dead_letters(connection.kafka, unique_name, key)
+    assert [r.value for r in found.letters] == [b"{broken", b"again"] and found.restores == [Restored(1, 3)]
+    assert len(found.superseded) == 0  # the first two carried no generation: never superseded
     letters.close()
+
+
+@dataclass
+class _Record:
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    offset: int = 0
+
+
+def _mark(restored: Restored, key: JobKey = KEY) -> _Record:
+    letters = DeadLetterTopic.__new__(DeadLetterTopic)  # the record mark_restore sends, without a broker
+    sent = []
+    letters.topic = "t"
+    letters._sends = type("Sends", (), {"send": lambda self, *a, **k: sent.append(k), "flush": lambda self: None})()
+    letters.mark_restore(restored, key)
+    return _Record(sent[0]["key"], sent[0]["value"], sent[0]["headers"])
+
+
+def test_a_restore_supersedes_the_letters_older_generations_sent_after_its_checkpoint():
+    letter = {
+        name: _Record(None, name.encode(), _sent(*at))
+        for name, at in {
+            "before": (0, 2),  # gen 0 after checkpoint 2: covered by checkpoint 3, not read again
+            "replayed": (0, 3),  # gen 0 after checkpoint 3: read again from 3
+            "later": (0, 5),  # a snapshot the restore did not keep (5 never completed)
+            "own": (1, 3),  # generation 1's own, from 3: covered by checkpoint 4, which generation 2 restores
+            "next": (2, 4),  # generation 2's: no restore after it
+        }.items()
+    }
+    # a mark counts wherever it is: a worker of an older generation may still send after it
+    records = [letter["before"], _mark(Restored(1, 3)), letter["replayed"], letter["own"], letter["later"]]
+    found = sort_dead_letters([*records, _mark(Restored(2, 4)), letter["next"]], KEY)
+    assert [r.value for r in found.letters] == [b"before", b"own", b"next"]
+    assert [r.value for r in found.superseded] == [b"replayed", b"later"]
+    assert found.restores == [Restored(1, 3), Restored(2, 4)]
+    # from the beginning (no complete checkpoint): every older letter is superseded
+    assert Restored(1, 0).supersedes(0, 0) and not Restored(1, 0).supersedes(1, 0)
+
+
+def test_only_the_jobs_own_restore_marks_count():
+    letter = _Record(None, b"x", _sent(0, 7))
+    forged = _mark(Restored(9, 0), JobKey.derive("other" * 8, "orders"))
+    unsigned = _Record(b"spark-abs-restored", b'{"generation": 9, "checkpoint": 0}', [], offset=12)
+    tampered = _mark(Restored(1, 8))
+    tampered.value = b'{"generation": 1, "checkpoint": 0}'
+    found = sort_dead_letters([letter, forged, unsigned, tampered], KEY)
+    assert found.letters == [letter] and found.restores == [] and len(found.ignored) == 3
+    assert "offset 12: a restore mark not signed by job orders" in found.ignored
+    # a letter whose notes do not read (someone else wrote it) is never superseded
+    odd = _Record(None, b"y", [("spark-abs-generation", b"zz"), ("spark-abs-after-checkpoint", b"9")])
+    assert sort_dead_letters([odd, _mark(Restored(1, 0))], KEY).letters == [odd]
 
 
 def test_a_dead_letter_too_large_to_send_is_cut_with_a_note_of_what_it_was():

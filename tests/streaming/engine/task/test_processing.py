@@ -202,7 +202,13 @@ def make_processor(pipeline, name, operator, *, open_inputs=None, max_decoded_by
         operator,
         max_decoded_bytes=max_decoded_bytes,
         quarantine=Quarantine(
-            spec.name, io, counters, task_metrics, ingress_topics={i.topic: i.partitions for i in pipeline.ingress}
+            spec.name,
+            io,
+            counters,
+            task_metrics,
+            generation=0,
+            after_checkpoint=lambda: 0,
+            ingress_topics={i.topic: i.partitions for i in pipeline.ingress},
         ),
         output=TaskOutput(pipeline, spec, io, 0, counters, task_metrics),
         watermarks=WatermarkTracker(event_time_inputs(pipeline, spec), {}, clock=clock or Clock()),

@@ -140,6 +140,28 @@ def test_malformed_records_and_forged_barriers_become_dead_letters_with_reasons(
     assert task.handler.pending == () and task.handler.position(A) == 4
 
 
+def test_a_dead_letter_names_its_generation_and_the_newest_snapshot_its_task_took():
+    # what a restore to that snapshot or an older one reads again, and so sends again
+    task, io = make_task(counting_pipeline(), start=TaskStart(generation=2, checkpoint_id=5))
+    task.process_batch(
+        batch(
+            ("in", 0, 0, b"{oops"),
+            ("in", 0, 1, Barrier(6, 2, job="job")),
+            ("in", 1, 0, b"{while aligning"),  # before barrier 6 on its channel: in checkpoint 6
+            ("in", 1, 1, Barrier(6, 2, job="job")),
+            ("in", 0, 2, b"{after"),
+        )
+    )
+    notes = [
+        (letter["notes"]["spark-abs-generation"], letter["notes"]["spark-abs-after-checkpoint"])
+        for letter in io.letters
+    ]
+    assert notes == [(b"2", b"5"), (b"2", b"5"), (b"2", b"6")]
+    fresh, io = make_task(counting_pipeline())
+    fresh.process_batch(batch(("in", 0, 0, b"{oops")))
+    assert io.letters[0]["notes"] == {"spark-abs-generation": b"0", "spark-abs-after-checkpoint": b"0"}
+
+
 def test_records_a_plain_producer_can_write_are_dead_letters_and_the_task_goes_on():
     """What one malformed record from any producer did to a job (a task
     failing on every restore): an amount of 5,000 digits, ``abs.wm: zz`` and

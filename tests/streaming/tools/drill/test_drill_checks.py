@@ -100,12 +100,12 @@ def test_the_output_suite_takes_a_key_of_one_column():
     }
 
 
-def test_the_dead_letter_suite_wants_a_letter_with_a_reason_for_every_malformed_record_and_no_other():
+def test_the_dead_letter_suite_wants_one_letter_with_a_reason_for_every_malformed_record_and_no_other():
     good = pd.DataFrame(
         {
             "source": ["t:0", "t:1"],
             "offset": [4, 9],
-            "letters": [1, 2],
+            "letters": [1, 1],
             "reason": ["not JSON", "x"],
             "made_malformed": [True, True],
             "expected": [True, True],
@@ -117,8 +117,11 @@ def test_the_dead_letter_suite_wants_a_letter_with_a_reason_for_every_malformed_
     (result,) = drill_checks.validate({"dead_letters": (drill_checks.dead_letter_suite, dropped)})
     assert _failed(result) == {
         "every malformed record became a dead letter with its reason",
-        "no malformed record without a dead letter",
+        "every malformed record is one dead letter, not none, not two",
     }
+    twice = good.assign(letters=[1, 2])
+    (result,) = drill_checks.validate({"dead_letters": (drill_checks.dead_letter_suite, twice)})
+    assert _failed(result) == {"every malformed record is one dead letter, not none, not two"}
     # a record the pipeline quarantined on its own (late for its window): the output lacks it
     late = pd.concat(
         [
@@ -180,7 +183,7 @@ def test_the_dead_letter_table_expects_the_letters_of_records_made_malformed_and
     (result,) = drill_checks.validate({"dead_letters": (drill_checks.dead_letter_suite, frame)})
     assert _failed(result) == {
         "every malformed record became a dead letter with its reason",
-        "no malformed record without a dead letter",
+        "every malformed record is one dead letter, not none, not two",
         "no record quarantined but those the drill made malformed or the workload quarantines by design",
     }
     nothing_by_design = dead_letter_frame([("t:0", 4)], seen, lambda reason: False)

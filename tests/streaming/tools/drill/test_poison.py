@@ -33,7 +33,7 @@ class Recorded:
             send=lambda *record: setattr(self, "sent", self.sent + 1),
             append_barrier=lambda channels, headers: {c: 0 for c in channels},
             publish=lambda event: None,
-            dead_letter=lambda channel, offset, key, value, headers, reason: self.dead.append(
+            dead_letter=lambda channel, offset, key, value, headers, reason, notes: self.dead.append(
                 (str(channel), offset, reason)
             ),
             write_snapshot=lambda *a, **k: None,
