@@ -49,15 +49,16 @@ def test_dead_letters_keep_the_record_and_its_reason(connection, unique_name, re
     assert headers["spark-abs-original-sha256"] == hashlib.sha256(huge).hexdigest().encode()
     assert headers["spark-abs-reason"] == b"value is not JSON" and headers["h"] == b"v"
 
-    # generation 0 sent the first after checkpoint 3, the second after 4; generation 1 starts from
-    # 3 and sends the second again: read back, each record is one letter, the newest
+    # generation 0 sent one after checkpoint 4; generation 1 starts from 3 and sends it again: read
+    # back, each record is one letter, the newest (the two above had no notes: never superseded)
     key = JobKey.derive("s" * 32, unique_name)
+    letters.send(ChannelId("in", 0), 8, b"k", b"first", [], "value is not JSON", _sent(0, 4))
     letters.mark_restore(Restored(1, 3), key)
     letters.send(ChannelId("in", 0), 7, b"k", b"again", [], "value is not JSON", _sent(1, 3))
     letters.flush()
     found = read_dead_letters(connection.kafka, unique_name, key)
-    assert [r.value for r in found.letters] == [b"{broken", b"again"] and found.restores == [Restored(1, 3)]
-    assert len(found.superseded) == 0  # the first two carried no generation: never superseded
+    assert [r.value for r in found.letters] == [b"{broken", cut.value, b"again"]
+    assert found.restores == [Restored(1, 3)] and [r.value for r in found.superseded] == [b"first"]
     letters.close()
 
 
