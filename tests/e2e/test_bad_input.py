@@ -7,7 +7,9 @@ why) in favour of the previous one, with the output still exact."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 
@@ -218,3 +220,54 @@ def test_an_error_in_the_pipeline_stops_the_job_at_once_with_the_reason(connecti
     assert "stopped on an error in the pipeline, which no restore can fix" in said
     assert "stage clean: its Spark code failed on its input" in said and "nope" in said
     assert runner.restores == []
+
+
+def test_a_failure_that_repeats_at_one_place_stops_the_job_and_a_restore_skips_its_records(
+    connection, unique_name, tmp_path
+):
+    """A record the stage's code fails on without being its culprit (it
+    asks for more memory than there is) fails its task at every restore: the
+    runner stops the job after three, naming the task, the channel, the
+    offsets and the command that restores past them; run so, the records
+    go to the dead letters and the job ends with every other record's output."""
+    job = f"pad-{unique_name[-8:]}"
+    settings = JobSettings(store=f"file://{tmp_path / 'store'}", interval_s=1.0, timeout_s=60)
+    runner = JobRunner("support.pipelines:padding_pipeline", settings, connection, job=job)
+    topic = runner.pipeline.ingress[0].topic
+    ids = [*range(1, 41), 2**62, *range(41, 81)]
+    try:
+        runner.prepare()
+        producer = KafkaProducer(**connection.kafka.client_options())
+        for i in ids:
+            producer.send(topic, value=json.dumps({"id": i, "key": f"k{i}"}).encode(), partition=0)
+        producer.flush()
+        producer.close()
+        runner.start()
+        with pytest.raises(JobFailed) as failed:
+            _step_until(runner, lambda: False, 300, "the job to stop")
+    finally:
+        runner.close()
+    said = str(failed.value)
+    assert f"task pad-0 failed 3 times in a row on {topic}:0" in said and "MemoryError" in said, said
+    assert len(runner.restores) == 2  # the third failure stops the job: no third restore
+    restore, skip = re.search(r"--restore (\d+) --skip-records (\S+)", said).groups()
+    first, last = (int(n) for n in skip.rpartition(":")[2].split("-"))
+    assert first <= ids.index(2**62) <= last, said
+
+    # restored past the records: they are dead letters, each once, and the job goes on
+    skipping = dataclasses.replace(settings, skip_records=(skip,))
+    runner = JobRunner("support.pipelines:padding_pipeline", skipping, connection, job=job)
+    try:
+        runner.start(restore=int(restore) or None)
+        run_until_caught_up(runner, 240)
+    finally:
+        runner.close()
+    output = read_committed_output(sink_location(settings, job, connection)).to_pylist()
+    skipped = set(ids[first : last + 1])
+    assert sorted(row["id"] for row in output) == sorted(set(ids) - skipped)
+    assert all(row["key"] == f"k{row['id']}".ljust(row["id"], ".")[:12] for row in output)
+    letters = _dead_letter_records(connection, job)
+    assert sorted(json.loads(r.value)["id"] for r in letters) == sorted(skipped)
+    assert {dict(r.headers)["spark-abs-reason"] for r in letters} == {
+        f"skipped at a restore: {topic}:0 offsets {first}..{last} (--skip-records)".encode()
+    }

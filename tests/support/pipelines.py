@@ -3,10 +3,13 @@ in the worker processes the tests start."""
 
 from __future__ import annotations
 
+import pyarrow as pa
+
+from operators import map_batches
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.tools.compare.slow import EVENTS
 
-__all__ = ["bad_spark_pipeline"]
+__all__ = ["bad_spark_pipeline", "padding_pipeline"]
 
 
 def bad_spark_pipeline(job: str = "bad-spark"):
@@ -18,4 +21,22 @@ def bad_spark_pipeline(job: str = "bad-spark"):
         job,
         (Ingress(events, 1, EVENTS),),
         (Stage("clean", (events,), spark="SELECT _position, nope FROM {input}", sink=Sink()),),
+    )
+
+
+def _padded(batch: pa.Table) -> pa.Table:
+    """Each key padded to its id's width, then cut to 12 characters: an id
+    of 2^62 asks for more memory than there is (a ``MemoryError``, which no
+    record is taken to cause: the task fails, it does not set the record aside)."""
+    keys = [key.ljust(width, ".")[:12] for key, width in zip(batch["key"].to_pylist(), batch["id"].to_pylist())]
+    return batch.set_column(batch.schema.get_field_index("key"), "key", pa.array(keys, pa.string()))
+
+
+def padding_pipeline(job: str = "padding"):
+    """One stage of Python code that fails on one record at every restore (``_padded``)."""
+    events = f"{job}.events"
+    return Pipeline(
+        job,
+        (Ingress(events, 1, EVENTS),),
+        (Stage("pad", (events,), lambda: map_batches(_padded), sink=Sink()),),
     )
