@@ -1,6 +1,7 @@
 """Session fixtures: the local runtime (real Kafka broker and S3 server) and
 one Spark session, each started once per test session; per-test names so
-tests never share a topic or a bucket prefix.
+tests never share a topic or a bucket prefix, and the topics a test made
+deleted after it (a broker with thousands of partitions restarts slowly).
 
 And the Hypothesis profile of the operator tests (``tests/operators`` and
 the demo's operators in ``tests/streaming/tools``), ``operators``, applied by
@@ -68,6 +69,35 @@ def connection(runtime_settings: LocalRuntimeSettings) -> Iterator[Connection]:
     if not was_running:
         for line in runtime.down():
             _say(line)
+
+
+@pytest.fixture(scope="session")
+def _topic_admin(connection: Connection) -> Iterator:
+    """One admin client for the session's topic clean-up."""
+    from streaming.adapters.kafka.admin import admin_client
+
+    admin = admin_client(connection.kafka)
+    yield admin
+    admin.close()
+
+
+@pytest.fixture(autouse=True)
+def _topics_deleted_after(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The topics a test on the local runtime made, deleted after it (the
+    broker's own, ``__consumer_offsets`` and the like, are left; so are the
+    topics of fixtures wider than the test, made before it)."""
+    if "connection" not in request.fixturenames:
+        yield
+        return
+    admin = request.getfixturevalue("_topic_admin")
+    before = set(admin.list_topics())
+    yield
+    made = sorted(t for t in set(admin.list_topics()) - before if not t.startswith("_"))
+    if made:
+        try:
+            admin.delete_topics(made, timeout_ms=30_000)
+        except Exception as exc:  # a clean-up that failed must not fail the test
+            _say(f"deleting the topics of {request.node.name} failed: {exc}")
 
 
 @pytest.fixture(scope="session")
