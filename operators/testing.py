@@ -5,7 +5,6 @@ of the uninterrupted one (the resume contract of ``operators.base``)."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
@@ -74,9 +73,10 @@ def parquet_roundtrip(state: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
     """``state`` written to Parquet and read back, as the snapshot store does."""
     restored = {}
     for name, table in state.items():
-        buffer = io.BytesIO()
+        # in memory Arrow owns: no Python object for Arrow's threads to release (the snapshot store's reading)
+        buffer = pa.BufferOutputStream()
         pq.write_table(table, buffer)
-        restored[name] = pq.read_table(io.BytesIO(buffer.getvalue()))
+        restored[name] = pq.read_table(pa.BufferReader(buffer.getvalue()))
     return restored
 
 

@@ -109,10 +109,7 @@ class SnapshotReader:
         if digest != part.sha256:
             raise SnapshotCorruptError(f"{where} checksum mismatch: sha256 {digest}, {part.sha256} was written")
         try:
-            # ParquetFile reads synchronously: pq.read_table's dataset scan can release its
-            # reader of these bytes on an Arrow thread after returning, which aborts the
-            # process ("terminate called without an active exception") if it is exiting
-            with pq.ParquetFile(pa.BufferReader(data)) as parquet:
+            with pq.ParquetFile(pa.BufferReader(_arrow_owned(data))) as parquet:
                 table = parquet.read()
         except (pa.ArrowException, OSError) as exc:
             raise SnapshotCorruptError(f"{where} is not readable Parquet: {exc}") from exc
@@ -161,3 +158,15 @@ class SnapshotReader:
         if checkpoint_id in self.checkpoints():
             return f"{directory}/{relative} does not exist"
         return f"{directory} does not exist"
+
+
+def _arrow_owned(data: bytes) -> pa.Buffer:
+    """``data`` copied into memory Arrow owns.  Parquet decodes columns on
+    Arrow's threads, and one of them may release its reader after ``read``
+    returned: were the reader's buffer the Python ``bytes``, that release
+    takes the GIL, and in a process that is exiting it aborts it ("terminate
+    called without an active exception", from ``arrow::py::PyBuffer``'s
+    destructor), after a command had printed all it had to say."""
+    out = pa.BufferOutputStream()
+    out.write(data)
+    return out.getvalue()
