@@ -13,6 +13,7 @@ commands share (``options``).
 - ``checkpoints``: a job's checkpoints listed, shown, compared, verified, collected;
 - ``state``: a checkpoint's state as tables;
 - ``restore``: a restore, or what one would do;
+- ``dead_letters``: a job's dead letters, each once;
 - ``ui``: the web page of a job;
 - ``compare``: aligned vs unaligned side by side;
 - ``drill``: a restore drill;
