@@ -18,7 +18,7 @@ from streaming.api.config import KafkaAccess
 from streaming.errors import KafkaUnavailableError
 from streaming.waits import Deadline
 
-__all__ = ["read_range", "read_to_end", "retention_ms"]
+__all__ = ["read_range", "read_to_end", "retention_ms", "topic_config"]
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,8 @@ def read_range(
     return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA)
 
 
-def retention_ms(kafka: KafkaAccess, topic: str) -> int | None:
-    """The topic's ``retention.ms`` (None: unlimited or unknown)."""
+def topic_config(kafka: KafkaAccess, topic: str, name: str) -> str | None:
+    """The value of the topic's setting ``name`` (None: unknown, said in the log)."""
     from kafka.admin import ConfigResource, ConfigResourceType
 
     from streaming.adapters.kafka.admin import admin_client
@@ -103,13 +103,22 @@ def retention_ms(kafka: KafkaAccess, topic: str) -> int | None:
     admin = admin_client(kafka)
     try:
         result = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="All")
-        value = int(result["topic"][topic]["retention.ms"]["value"])
-        return None if value < 0 else value
+        return str(result["topic"][topic][name]["value"])
     except (KafkaError, KeyError, ValueError, TypeError) as exc:
-        log.warning("retention of topic %s unknown: %s", topic, exc)
+        log.warning("%s of topic %s unknown: %s", name, topic, exc)
     finally:
         admin.close()
     return None
+
+
+def retention_ms(kafka: KafkaAccess, topic: str) -> int | None:
+    """The topic's ``retention.ms`` (None: unlimited or unknown)."""
+    value = topic_config(kafka, topic, "retention.ms")
+    try:
+        return None if value is None or int(value) < 0 else int(value)
+    except ValueError:
+        log.warning("retention of topic %s unknown: retention.ms is %r", topic, value)
+        return None
 
 
 def read_to_end(kafka: KafkaAccess, topic: str, timeout_ms: int) -> list:

@@ -26,7 +26,7 @@ from barriers.headers import EPOCH_HEADER, MARKER_SIGNATURE_HEADER
 from streaming.adapters.kafka import clients as kafka_clients
 from streaming.adapters.kafka.admin import create_topic
 from streaming.adapters.kafka.producer import DELIVERY_BOUND_S, close_producer, producer, within
-from streaming.adapters.kafka.ranges import read_to_end
+from streaming.adapters.kafka.ranges import read_to_end, topic_config
 from streaming.adapters.kafka.transactions import JavaTransactions, TxnRecord
 from streaming.adapters.objects import StoreLocation
 from streaming.adapters.serde import avro, codec
@@ -43,6 +43,38 @@ from streaming.errors import ConfigError, KafkaUnavailableError, SinkError, Sink
 __all__ = ["kafka_records", "registered_avro", "KafkaSink", "read_kafka_output", "KafkaOutput"]
 
 log = logging.getLogger(__name__)
+
+
+# the commits topic keeps every record: compacted, a record anyone wrote with a marker's key (a
+# tombstone, say) would erase the signed marker, and an epoch committed could be published again
+COMMITS_TOPIC_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
+
+
+def _refuse_compacted(kafka: KafkaAccess, topic: str, transactional_id: str) -> None:
+    """A ``SinkError`` when the commits ``topic`` is compacted (made so by an
+    earlier release, or by hand), saying how to change it."""
+    policy = topic_config(kafka, topic, "cleanup.policy")
+    if policy is not None and "compact" in policy.split(","):
+        raise SinkError(
+            f"Kafka sink {transactional_id}: its commits topic {topic} is compacted (cleanup.policy={policy}): "
+            "any writer of a record with a marker's key would erase the signed marker, and the epoch could be "
+            "published twice. Make it keep every record, then start the job again: kafka-configs.sh "
+            f"--bootstrap-server ... --alter --entity-type topics --entity-name {topic} --add-config "
+            "'cleanup.policy=delete,retention.ms=-1,retention.bytes=-1'"
+        )
+    if policy is None:
+        log.warning(
+            "Kafka sink %s: the cleanup policy of %s is unknown; it must not be compact", transactional_id, topic
+        )
+
+
+def _fenced(exc: BaseException) -> bool:
+    """Whether kafka-python's ``exc`` says a newer instance fenced the
+    producer: the error itself, or the error a failed background request left
+    the transaction in ("Cannot execute transactional method because we are
+    in an error state", with that error as its argument)."""
+    causes = [exc, *(arg for arg in exc.args if isinstance(arg, BaseException))]
+    return any("Fenced" in type(cause).__name__ for cause in causes)
 
 
 # a commit-topic key: the epoch it follows was committed after the checkpoint a restore went back to
@@ -77,7 +109,8 @@ class KafkaSink(TwoPhaseSink):
         self.delivery_timeout_s = delivery_timeout_s
         self.commit_topic = commits_topic(topic)
         self._kafka = kafka
-        create_topic(kafka, self.commit_topic, 1, config={"cleanup.policy": "compact"})
+        create_topic(kafka, self.commit_topic, 1, config=COMMITS_TOPIC_CONFIG)
+        _refuse_compacted(kafka, self.commit_topic, transactional_id)
         if client not in KAFKA_SINK_CLIENTS:
             raise ConfigError(f"Kafka sink {transactional_id}: client {client!r}: use one of {KAFKA_SINK_CLIENTS}")
         # Kafka's Java client, on the broker's transaction protocol (the second since Kafka 4.0)
@@ -160,7 +193,7 @@ class KafkaSink(TwoPhaseSink):
 
     def _supersede(self, epochs: list[int], checkpoint: int) -> None:
         """Mark ``epochs`` superseded in the commit topic, in one transaction
-        (idempotent: the topic is compacted by key)."""
+        (idempotent: a reader takes a key's latest signed record)."""
         value = f"restored to checkpoint {checkpoint}".encode()
         marks = [self._marker_txn_record(self._marker(epoch) + _SUPERSEDED, value) for epoch in epochs]
         self._transact(marks, f"marking epochs {epochs} of {self.topic} superseded")
@@ -199,7 +232,7 @@ class KafkaSink(TwoPhaseSink):
                 self._producer.send(topic, key=key, value=value, partition=partition, headers=list(headers))
             self._end_transaction(self._producer.commit_transaction, what)
         except KafkaError as exc:
-            if "Fenced" in type(exc).__name__:
+            if _fenced(exc):
                 raise SinkFencedError(f"sink task {self.task_id}: {what}: a newer instance took over") from exc
             self._abort_quietly()
             raise SinkError(f"sink task {self.task_id}: {what} failed: {exc}") from exc
