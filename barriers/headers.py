@@ -51,6 +51,7 @@ __all__ = [
     "DEAD_LETTER_GENERATION",
     "DEAD_LETTER_AFTER_CHECKPOINT",
     "DEAD_LETTER_RESTORED",
+    "DEAD_LETTER_SIGNATURE",
     "DRILL_HEADER",
 ]
 
@@ -107,6 +108,7 @@ DEAD_LETTER_AFTER_CHECKPOINT = "spark-abs-after-checkpoint"
 # the key of a restore's mark in the dead-letter topic: generation g starts from checkpoint c, and
 # every letter of an older generation sent after c is superseded (signed with the job's key)
 DEAD_LETTER_RESTORED = b"spark-abs-restored"
+DEAD_LETTER_SIGNATURE = "spark-abs-signature"
 # a record a restore drill sent to be a dead letter (its poison kind): references leave it out, the
 # engine reads it as any other record
 DRILL_HEADER = "spark-abs-drill"

@@ -45,6 +45,20 @@ def _step_until(runner, condition, timeout_s: float, what: str) -> None:
         runner.step()
 
 
+def _stopped(runner, timeout_s: float, feed=lambda: None) -> str:
+    """What the ``JobFailed`` says that stops ``runner``'s job within
+    ``timeout_s``, started once its topics are made and ``feed`` wrote its input."""
+    try:
+        runner.prepare()
+        feed()
+        runner.start()
+        with pytest.raises(JobFailed) as failed:
+            _step_until(runner, lambda: False, timeout_s, "the job to stop")
+    finally:
+        runner.close()
+    return str(failed.value)
+
+
 def _dead_letter_records(connection, job: str) -> list:
     """The job's dead letters, each once: a letter a restore's replay sent again supersedes the first."""
     return read_dead_letters(connection.kafka, job, connection.job_key(job)).letters
@@ -209,14 +223,7 @@ def test_an_error_in_the_pipeline_stops_the_job_at_once_with_the_reason(connecti
     runner = JobRunner(
         "support.pipelines:bad_spark_pipeline", settings, connection, job=f"bad-spark-{unique_name[-8:]}"
     )
-    try:
-        runner.prepare()
-        runner.start()
-        with pytest.raises(JobFailed) as failed:
-            _step_until(runner, lambda: False, 120, "the job to fail")
-    finally:
-        runner.close()
-    said = str(failed.value)
+    said = _stopped(runner, 120)
     assert "stopped on an error in the pipeline, which no restore can fix" in said
     assert "stage clean: its Spark code failed on its input" in said and "nope" in said
     assert runner.restores == []
@@ -235,19 +242,15 @@ def test_a_failure_that_repeats_at_one_place_stops_the_job_and_a_restore_skips_i
     runner = JobRunner("support.pipelines:padding_pipeline", settings, connection, job=job)
     topic = runner.pipeline.ingress[0].topic
     ids = [*range(1, 41), 2**62, *range(41, 81)]
-    try:
-        runner.prepare()
+
+    def feed() -> None:
         producer = KafkaProducer(**connection.kafka.client_options())
         for i in ids:
             producer.send(topic, value=json.dumps({"id": i, "key": f"k{i}"}).encode(), partition=0)
         producer.flush()
         producer.close()
-        runner.start()
-        with pytest.raises(JobFailed) as failed:
-            _step_until(runner, lambda: False, 300, "the job to stop")
-    finally:
-        runner.close()
-    said = str(failed.value)
+
+    said = _stopped(runner, 300, feed)
     assert f"task pad-0 failed 3 times in a row on {topic}:0" in said and "MemoryError" in said, said
     assert len(runner.restores) == 2  # the third failure stops the job: no third restore
     restore, skip = re.search(r"--restore (\d+) --skip-records (\S+)", said).groups()

@@ -27,6 +27,7 @@ from barriers.headers import (
     DEAD_LETTER_ORIGINAL_SHA256,
     DEAD_LETTER_REASON,
     DEAD_LETTER_RESTORED,
+    DEAD_LETTER_SIGNATURE,
     DEAD_LETTER_SOURCE,
     DEAD_LETTER_SOURCE_OFFSET,
     DEAD_LETTER_TRUNCATED,
@@ -40,7 +41,15 @@ from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
 from streaming.api.topics import dead_letter_topic
 
-__all__ = ["DeadLetterLog", "DeadLetterTopic", "Restored", "fit_dead_letter", "read_dead_letters", "sort_dead_letters"]
+__all__ = [
+    "DeadLetterLog",
+    "DeadLetterTopic",
+    "Restored",
+    "fit_dead_letter",
+    "read_dead_letters",
+    "restore_mark",
+    "sort_dead_letters",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +67,6 @@ _REASON_CHARS = 2000
 
 # a restore mark's signature: the job key's over this, the job, and the mark's value
 _RESTORED_SIGNED = b"dead-letters-restored"
-_SIGNATURE = "spark-abs-signature"
 
 
 def _record_bytes(key: bytes | None, value: bytes | None, headers: Headers) -> int:
@@ -139,11 +147,8 @@ class DeadLetterTopic:
         """Mark that generation ``restored.generation`` starts from
         ``restored.checkpoint``: the letters older generations sent after it
         are superseded.  Signed with the job's ``key``; in Kafka on return."""
-        value = restored.to_json()
-        signature = key.sign(_RESTORED_SIGNED, key.job.encode(), value)
-        self._sends.send(
-            self.topic, key=DEAD_LETTER_RESTORED, value=value, headers=[(_SIGNATURE, signature.encode())], partition=0
-        )
+        mark, value, headers = restore_mark(restored, key)
+        self._sends.send(self.topic, key=mark, value=value, headers=headers, partition=0)
         self._sends.flush()
         log.info("dead letters: %s", restored)
 
@@ -181,6 +186,13 @@ class Restored:
         return f"generation {self.generation} restored from {start}"
 
 
+def restore_mark(restored: Restored, key: JobKey) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """The key, value and headers of ``restored``'s mark, signed with the job's ``key``."""
+    value = restored.to_json()
+    signature = key.sign(_RESTORED_SIGNED, key.job.encode(), value)
+    return DEAD_LETTER_RESTORED, value, [(DEAD_LETTER_SIGNATURE, signature.encode())]
+
+
 def _whole(headers: dict[str, bytes], name: str) -> int | None:
     text = headers.get(name, b"").decode("ascii", "replace")
     return int(text) if text.isdigit() and len(text) < 19 else None
@@ -188,7 +200,7 @@ def _whole(headers: dict[str, bytes], name: str) -> int | None:
 
 def _restored(record: Any, key: JobKey) -> Restored | str:
     """The mark ``record`` holds, or why it does not count."""
-    signature = dict(record.headers or []).get(_SIGNATURE)
+    signature = dict(record.headers or []).get(DEAD_LETTER_SIGNATURE)
     value = record.value or b""
     if not key.verify(signature, _RESTORED_SIGNED, key.job.encode(), value):
         return f"offset {record.offset}: a restore mark not signed by job {key.job}"

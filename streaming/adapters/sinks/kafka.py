@@ -60,7 +60,7 @@ def _refuse_compacted(kafka: KafkaAccess, topic: str, transactional_id: str) -> 
             "any writer of a record with a marker's key would erase the signed marker, and the epoch could be "
             "published twice. Make it keep every record, then start the job again: kafka-configs.sh "
             f"--bootstrap-server ... --alter --entity-type topics --entity-name {topic} --add-config "
-            "'cleanup.policy=delete,retention.ms=-1,retention.bytes=-1'"
+            f"'{','.join(f'{name}={value}' for name, value in COMMITS_TOPIC_CONFIG.items())}'"
         )
     if policy is None:
         log.warning(

@@ -9,6 +9,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from barriers.headers import (
+    DEAD_LETTER_AFTER_CHECKPOINT,
+    DEAD_LETTER_GENERATION,
+    DEAD_LETTER_REASON,
+    DEAD_LETTER_SOURCE,
+    DEAD_LETTER_SOURCE_OFFSET,
+)
 from streaming.tools.cli.options import runtime_settings
 
 __all__ = ["register", "run", "letter_rows", "render"]
@@ -51,11 +58,11 @@ def letter_rows(records: Sequence[Any], superseded: bool = False) -> list[dict[s
         rows.append(
             {
                 "offset": record.offset,
-                "source": headers.get("spark-abs-source"),
-                "source offset": headers.get("spark-abs-source-offset"),
-                "generation": headers.get("spark-abs-generation"),
-                "after checkpoint": headers.get("spark-abs-after-checkpoint"),
-                "reason": headers.get("spark-abs-reason"),
+                "source": headers.get(DEAD_LETTER_SOURCE),
+                "source offset": headers.get(DEAD_LETTER_SOURCE_OFFSET),
+                "generation": headers.get(DEAD_LETTER_GENERATION),
+                "after checkpoint": headers.get(DEAD_LETTER_AFTER_CHECKPOINT),
+                "reason": headers.get(DEAD_LETTER_REASON),
                 "superseded": superseded,
                 "key": _text(record.key) if record.key is not None else None,
                 "value": _text(record.value)[:2000],
@@ -64,12 +71,17 @@ def letter_rows(records: Sequence[Any], superseded: bool = False) -> list[dict[s
     return rows
 
 
+def _rows(found: Any, superseded: bool) -> list[dict[str, Any]]:
+    """The letters of ``found`` (a ``DeadLetterLog``), with its superseded ones when asked, in topic order."""
+    rows = letter_rows(found.letters) + (letter_rows(found.superseded, True) if superseded else [])
+    return sorted(rows, key=lambda row: row["offset"])
+
+
 def render(job: str, found: Any, last: int, superseded: bool) -> str:
     """What ``spark-abs dead-letters`` prints of ``found`` (a ``DeadLetterLog``)."""
     from streaming.tools.views import as_text, titled_table
 
-    rows = letter_rows(found.letters) + (letter_rows(found.superseded, True) if superseded else [])
-    rows.sort(key=lambda row: row["offset"])
+    rows = _rows(found, superseded)
     shown = rows[-last:] if last > 0 else []
     lines = [
         f"job {job}: {len(found.letters)} dead letters"
@@ -84,7 +96,8 @@ def render(job: str, found: Any, last: int, superseded: bool) -> str:
             for row in shown
         ]
         parts.append(titled_table(title, _COLUMNS, table_rows, right=("offset", "source offset")))
-    reasons = collections.Counter((row["reason"] or "").split(":")[0][:80] for row in letter_rows(found.letters))
+    counted = [row for row in rows if not row["superseded"]] if superseded else rows
+    reasons = collections.Counter((row["reason"] or "").split(":")[0][:80] for row in counted)
     if reasons:
         parts.append(titled_table("by reason", ("letters", "reason"), [(n, r) for r, n in reasons.most_common()]))
     for ignored in found.ignored:
@@ -99,8 +112,7 @@ def run(args: argparse.Namespace) -> int:
     connection = Connection.from_env(os.environ) or Connection.load(runtime_settings(args))
     found = read_dead_letters(connection.kafka, args.job, connection.job_key(args.job))
     if args.json:
-        rows = letter_rows(found.letters) + (letter_rows(found.superseded, True) if args.superseded else [])
-        for row in sorted(rows, key=lambda row: row["offset"]):
+        for row in _rows(found, args.superseded):
             print(json.dumps(row))
         return 0
     print(render(args.job, found, args.last, args.superseded))

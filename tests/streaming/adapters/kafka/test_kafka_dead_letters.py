@@ -15,6 +15,7 @@ from streaming.adapters.kafka.dead_letters import (
     Restored,
     fit_dead_letter,
     read_dead_letters,
+    restore_mark,
     sort_dead_letters,
 )
 from streaming.api.job_key import JobKey
@@ -71,12 +72,7 @@ class _Record:
 
 
 def _mark(restored: Restored, key: JobKey = KEY) -> _Record:
-    letters = DeadLetterTopic.__new__(DeadLetterTopic)  # the record mark_restore sends, without a broker
-    sent = []
-    letters.topic = "t"
-    letters._sends = type("Sends", (), {"send": lambda self, *a, **k: sent.append(k), "flush": lambda self: None})()
-    letters.mark_restore(restored, key)
-    return _Record(sent[0]["key"], sent[0]["value"], sent[0]["headers"])
+    return _Record(*restore_mark(restored, key))
 
 
 def test_a_restore_supersedes_the_letters_older_generations_sent_after_its_checkpoint():
