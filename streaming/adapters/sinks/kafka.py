@@ -68,13 +68,14 @@ def _refuse_compacted(kafka: KafkaAccess, topic: str, transactional_id: str) -> 
         )
 
 
-def _fenced(exc: BaseException) -> bool:
+def _fenced(exc: BaseException, last_error: BaseException | None = None) -> bool:
     """Whether kafka-python's ``exc`` says a newer instance fenced the
     producer: the error itself, or the error a failed background request left
-    the transaction in ("Cannot execute transactional method because we are
-    in an error state", with that error as its argument)."""
-    causes = [exc, *(arg for arg in exc.args if isinstance(arg, BaseException))]
-    return any("Fenced" in type(cause).__name__ for cause in causes)
+    the transaction in (``last_error``, the transaction manager's; ``exc`` then
+    says only "Cannot execute transactional method because we are in an
+    error state", or carries that error as an argument)."""
+    causes = [exc, last_error, *(arg for arg in exc.args if isinstance(arg, BaseException))]
+    return any(cause is not None and "Fenced" in type(cause).__name__ for cause in causes)
 
 
 # a commit-topic key: the epoch it follows was committed after the checkpoint a restore went back to
@@ -232,7 +233,8 @@ class KafkaSink(TwoPhaseSink):
                 self._producer.send(topic, key=key, value=value, partition=partition, headers=list(headers))
             self._end_transaction(self._producer.commit_transaction, what)
         except KafkaError as exc:
-            if _fenced(exc):
+            manager = getattr(self._producer, "_transaction_manager", None)
+            if _fenced(exc, getattr(manager, "last_error", None)):
                 raise SinkFencedError(f"sink task {self.task_id}: {what}: a newer instance took over") from exc
             self._abort_quietly()
             raise SinkError(f"sink task {self.task_id}: {what} failed: {exc}") from exc
