@@ -32,6 +32,7 @@ __all__ = [
     "ALIGNMENT_TIMEOUT_HEADER",
     "HELD_BUDGET_HEADER",
     "GENERATION_HEADER",
+    "CHANNEL_HEADER",
     "SIGNATURE_HEADER",
     "WATERMARK_HEADER",
     "IDLE_HEADER",
@@ -70,6 +71,9 @@ ALIGNMENT_TIMEOUT_HEADER = "abs.timeout_ms"
 HELD_BUDGET_HEADER = "abs.held_budget"
 # carried by data records too: the generation of the task that wrote them
 GENERATION_HEADER = "abs.gen"
+# the channel (``topic:partition``) a barrier or a cancellation was written for: signed with it, so a
+# copy appended to another channel does not verify there
+CHANNEL_HEADER = "abs.channel"
 # the job key's signature of a barrier or of a control event
 SIGNATURE_HEADER = "abs.sig"
 

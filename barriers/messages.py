@@ -3,9 +3,14 @@ seeds' "markers") and cancellations, and their encoding as Kafka-header-friendly
 ``(str, bytes)`` pairs.
 
 Decoding validates everything: a record whose headers claim to be a barrier
-but are incomplete, malformed, of another job or (when the job signs its
-barriers) not signed with the job's key is rejected with a ``BarrierRejected``
-that says why.  Nothing here does I/O."""
+but are incomplete, malformed, of another job, written for another channel
+than the one it was read from or (when the job signs its barriers) not signed
+with the job's key is rejected with a ``BarrierRejected`` that says why.
+
+A signed barrier is bound to its channel: the signature covers the
+``abs.channel`` header, so a copy appended to another channel, ahead of the
+barrier the upstream task writes there, is rejected instead of cutting the
+channel where no task cut it.  Nothing here does I/O."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from barriers.errors import BarrierRejected
 from barriers.headers import (
     ALIGNMENT_HEADER,
     ALIGNMENT_TIMEOUT_HEADER,
+    CHANNEL_HEADER,
     CHECKPOINT_HEADER,
     GENERATION_HEADER,
     HEADER_PREFIX,
@@ -193,9 +199,13 @@ def is_control(headers: Headers | Mapping[str, bytes | None] | None) -> bool:
     return any(key == KIND_HEADER for key, _ in items)
 
 
-def encode(message: Barrier | CancelBarrier, *, key: bytes | None = None) -> list[tuple[str, bytes]]:
-    """The headers of the Kafka record that carries ``message``; signed with
-    ``key`` (HMAC-SHA256 over the other headers) when one is given."""
+def encode(
+    message: Barrier | CancelBarrier, *, key: bytes | None = None, channel: ChannelId | None = None
+) -> list[tuple[str, bytes]]:
+    """The headers of the Kafka record that carries ``message`` on ``channel``;
+    signed with ``key`` (HMAC-SHA256 over the other headers, the channel's
+    included) when one is given.  A signed record names its channel: without
+    one, a copy of it would verify on every channel of the job."""
     if isinstance(message, Barrier):
         fields: dict[str, str] = {
             KIND_HEADER: "barrier",
@@ -220,6 +230,10 @@ def encode(message: Barrier | CancelBarrier, *, key: bytes | None = None) -> lis
         }
     else:
         raise TypeError(f"cannot encode {type(message).__name__} as a control record")
+    if channel is not None:
+        fields[CHANNEL_HEADER] = str(channel)
+    elif key is not None:
+        raise ValueError(f"a signed {type(message).__name__} names the channel it is written to")
     headers = [(name, value.encode()) for name, value in fields.items()]
     if key is not None:
         headers.append((SIGNATURE_HEADER, _sign(headers, key).encode()))
@@ -231,9 +245,12 @@ def decode(
     *,
     job: str | None = None,
     key: bytes | None = None,
+    channel: ChannelId | None = None,
 ) -> Barrier | CancelBarrier:
-    """The barrier or cancellation in ``headers``; ``BarrierRejected`` with the
-    reason when they are not a valid one (for ``job``, signed with ``key``)."""
+    """The barrier or cancellation in ``headers``, read from ``channel``;
+    ``BarrierRejected`` with the reason when they are not a valid one (for
+    ``job``, written for ``channel``, signed with ``key``).  With a key, a
+    record that names no channel is rejected as well."""
     items = list(headers.items() if isinstance(headers, Mapping) else headers)
     fields: dict[str, str] = {}
     for name, raw in items:
@@ -259,6 +276,12 @@ def decode(
     record_job = fields.get(JOB_HEADER, "")
     if job is not None and record_job != job:
         raise BarrierRejected(f"belongs to job {record_job!r}, not {job!r}")
+    if channel is not None:
+        named = fields.get(CHANNEL_HEADER)
+        if named is None and key is not None:
+            raise BarrierRejected(f"names no channel, but this job binds its barriers to theirs ({channel})")
+        if named is not None and named != str(channel):
+            raise BarrierRejected(f"written for channel {named!r}, read from {channel}: a copy, not this channel's")
     checkpoint_id = _integer(fields, CHECKPOINT_HEADER, minimum=1)
     generation = _integer(fields, GENERATION_HEADER, minimum=0)
     if kind == "cancel":
@@ -301,7 +324,11 @@ def _integer(fields: Mapping[str, str], name: str, *, minimum: int, required: bo
 
 
 def _sign(headers: Iterable[tuple[str, bytes]], key: bytes) -> str:
+    """HMAC-SHA256 over the headers sorted by name, each name and value
+    length-prefixed: no two sets of headers give the same input (a value
+    holding a NUL included)."""
     digest = hmac.new(key, digestmod=hashlib.sha256)
     for name, value in sorted(headers):
-        digest.update(name.encode() + b"\0" + value + b"\0")
+        for part in (name.encode(), value):
+            digest.update(len(part).to_bytes(8, "big") + part)
     return digest.hexdigest()

@@ -79,7 +79,7 @@ def _records(topic: str, offsets: range, values: list[bytes], headers: list | No
 def _task(pipeline: Pipeline, name: str, sent: list) -> StageTask:
     io = TaskIO(
         send=lambda channel, key, value, headers: sent.append((value, headers)),
-        append_barrier=lambda channels, headers: {c: 0 for c in channels},
+        append_barrier=lambda markers: {c: 0 for c in markers},
         publish=lambda event: None,
         dead_letter=lambda *letter: None,
         write_snapshot=lambda *args, **kwargs: None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from barriers import messages
 from barriers.messages import (
     Alignment,
     Barrier,
@@ -50,20 +51,66 @@ def test_data_records_are_not_control_records():
 
 def test_signed_barriers_verify_and_forgeries_are_rejected():
     key = b"job-secret"
+    here = ChannelId("in", 0)
     barrier = Barrier(5, 0, CheckpointOptions.unaligned(), job="j")
-    assert decode(encode(barrier, key=key), key=key) == barrier
+    assert decode(encode(barrier, key=key, channel=here), key=key, channel=here) == barrier
     with pytest.raises(BarrierRejected, match="unsigned"):
-        decode(encode(barrier), key=key)
-    tampered = [(k, b"6" if k == "abs.checkpoint" else v) for k, v in encode(barrier, key=key)]
+        decode(encode(barrier, channel=here), key=key, channel=here)
+    tampered = [(k, b"6" if k == "abs.checkpoint" else v) for k, v in encode(barrier, key=key, channel=here)]
     with pytest.raises(BarrierRejected, match="signature"):
-        decode(tampered, key=key)
+        decode(tampered, key=key, channel=here)
     with pytest.raises(BarrierRejected, match="signature"):
-        decode(encode(barrier, key=b"other"), key=key)
+        decode(encode(barrier, key=b"other", channel=here), key=key, channel=here)
     # a signature a writer made up of any bytes is rejected, never an error of another kind
     for made_up in ("é".encode(), b"", ("0" * 64 + "é").encode(), b"\xff"):
-        forged = [(k, v) for k, v in encode(barrier) if k != "abs.sig"] + [("abs.sig", made_up)]
+        forged = [(k, v) for k, v in encode(barrier, channel=here) if k != "abs.sig"] + [("abs.sig", made_up)]
         with pytest.raises(BarrierRejected, match="signature|not UTF-8"):
-            decode(forged, key=key)
+            decode(forged, key=key, channel=here)
+
+
+def test_a_signed_barrier_verifies_on_its_own_channel_only():
+    """A copy of barrier n appended to another channel, ahead of the one the
+    upstream task writes there, would cut that channel where no task did:
+    the copy names its own channel, under the signature."""
+    key = b"job-secret"
+    ingress, internal = ChannelId("in", 0), ChannelId("spark-abs.j.a-b", 1)
+    for message in (Barrier(5, 2, CheckpointOptions.aligned(), job="j"), CancelBarrier(5, 2, "gone", "j")):
+        signed = encode(message, key=key, channel=ingress)
+        with pytest.raises(BarrierRejected, match=r"written for channel 'in:0', read from spark-abs.j.a-b:1"):
+            decode(signed, job="j", key=key, channel=internal)
+        # the channel rewritten to the one it is copied to: the signature no longer matches
+        moved = [(k, str(internal).encode() if k == "abs.channel" else v) for k, v in signed]
+        with pytest.raises(BarrierRejected, match="signature"):
+            decode(moved, job="j", key=key, channel=internal)
+        # no channel at all, re-signed by nobody: a job that signs wants one
+        bare = [(k, v) for k, v in signed if k != "abs.channel"]
+        with pytest.raises(BarrierRejected, match="signature"):
+            decode(bare, job="j", key=key, channel=internal)
+    with pytest.raises(ValueError, match="names the channel"):
+        encode(Barrier(5, job="j"), key=key)
+
+
+def test_a_signed_barrier_names_its_channel_when_the_job_signs():
+    key = b"job-secret"
+    # signed by the key's holder without a channel (no encode does that): still refused on a channel
+    unbound = encode(Barrier(5, job="j"), channel=ChannelId("in", 0))
+    unbound = [(k, v) for k, v in unbound if k != "abs.channel"]
+    unbound.append(("abs.sig", messages._sign(unbound, key).encode()))
+    assert decode(unbound, job="j", key=key) == Barrier(5, job="j")
+    with pytest.raises(BarrierRejected, match="names no channel"):
+        decode(unbound, job="j", key=key, channel=ChannelId("in", 0))
+
+
+def test_the_signature_tells_headers_apart_whatever_their_values_hold():
+    """Each name and value is length-prefixed under the signature: before, a
+    value holding NULs could stand for the headers after it."""
+    key = b"job-secret"
+    here = ChannelId("in", 0)
+    signed = dict(encode(CancelBarrier(3, 0, "r", "j"), key=key, channel=here))
+    merged = {k: v for k, v in signed.items() if k != "abs.gen"}
+    merged["abs.checkpoint"] = signed["abs.checkpoint"] + b"\0abs.gen\0" + signed["abs.gen"]
+    with pytest.raises(BarrierRejected, match="signature"):
+        decode(list(merged.items()), job="j", key=key, channel=here)
 
 
 @pytest.mark.parametrize(

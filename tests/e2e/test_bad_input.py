@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from barriers.headers import FORMAT_HEADER
-from barriers.messages import Barrier, CancelBarrier, encode
+from barriers.messages import Barrier, CancelBarrier, ChannelId, encode
 from spark_abs_examples import money
-from streaming.adapters.kafka.control.events import Ack, Committed, Complete
+from streaming.adapters.kafka.control.events import Ack, Committed, Complete, ControlEvent, Trigger
 from streaming.adapters.kafka.control.transport import ControlTopic
 from streaming.adapters.kafka.dead_letters import read_dead_letters
 from streaming.adapters.objects import open_store
@@ -38,11 +38,11 @@ from streaming.errors import JobFailed
 pytestmark = pytest.mark.integration
 
 
-def _step_until(runner, condition, timeout_s: float, what: str) -> None:
+def _step_until(runner, condition, timeout_s: float, what: str, *, trigger: bool = True) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        runner.step()
+        runner.step(trigger=trigger)
 
 
 def _stopped(runner, timeout_s: float, feed=lambda: None) -> str:
@@ -94,9 +94,11 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         sent_nowhere = producer.send(topic, value=nowhere, headers=[("trace", b"me")], partition=1).get(timeout=30)
         # another job's barrier, signed with its key; a barrier of this job's, of a generation to come
         elsewhere = connection.job_key("someone-else").barriers
-        producer.send(topic, value=b"", headers=encode(Barrier(1, job="someone-else"), key=elsewhere), partition=0)
+        foreign = encode(Barrier(1, job="someone-else"), key=elsewhere, channel=ChannelId(topic, 0))
+        producer.send(topic, value=b"", headers=foreign, partition=0)
         key = connection.job_key(job).barriers
-        producer.send(topic, value=b"", headers=encode(Barrier(99, generation=7, job=job), key=key), partition=1)
+        ahead = encode(Barrier(99, generation=7, job=job), key=key, channel=ChannelId(topic, 1))
+        producer.send(topic, value=b"", headers=ahead, partition=1)
         producer.flush()
         producer.close()
         runner.start()
@@ -213,6 +215,129 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
     committed = [e for e in control.wait_for(lambda e: False, 5) if isinstance(e, Committed)]
     control.close()
     assert committed and max(e.checkpoint_id for e in committed) < done + 500
+
+
+def _copy_barrier_ahead(kafka, job: str, at: ChannelId, offset: int, checkpoint_id: int, onto) -> dict:
+    """What a writer to the job's topics without its key can do with barrier
+    ``checkpoint_id``: copy the record at ``offset`` of ingress channel ``at``
+    onto half the channels ``onto``, and the barrier the trigger event on the
+    control topic shows onto the other half, each copy appended at once (ahead
+    of the barrier the upstream task writes there).  The offset of each copy."""
+    reader = KafkaConsumer(**kafka.client_options(), enable_auto_commit=False)
+    try:
+        reader.assign([TopicPartition(at.topic, at.partition)])
+        reader.seek(TopicPartition(at.topic, at.partition), offset)
+        (ingress_copy,) = [r for rs in reader.poll(10_000, max_records=1).values() for r in rs]
+        control = TopicPartition(control_topic(job), 0)
+        reader.assign([control])
+        reader.seek_to_beginning(control)
+        shown = None
+        deadline = time.monotonic() + 30
+        while shown is None and time.monotonic() < deadline:
+            for record in (r for rs in reader.poll(1000).values() for r in rs):
+                event = ControlEvent.decode(record.value)
+                if isinstance(event, Trigger) and event.checkpoint_id == checkpoint_id:
+                    shown = event.barrier_headers()
+        assert shown is not None, f"no trigger of checkpoint {checkpoint_id} on the control topic"
+    finally:
+        reader.close()
+    writer = KafkaProducer(**kafka.client_options())
+    sent = {
+        channel: writer.send(
+            channel.topic, value=b"", headers=ingress_copy.headers if i % 2 == 0 else shown, partition=channel.partition
+        )
+        for i, channel in enumerate(onto)
+    }
+    writer.flush()
+    writer.close()
+    return {channel: future.get(timeout=30).offset for channel, future in sent.items()}
+
+
+def _barriers_on(kafka, channel: ChannelId, checkpoint_id: int) -> list[tuple[int, int]]:
+    """(offset, data records before it) of every record of ``channel`` that carries barrier ``checkpoint_id``."""
+    reader = KafkaConsumer(**kafka.client_options(), enable_auto_commit=False)
+    tp = TopicPartition(channel.topic, channel.partition)
+    try:
+        reader.assign([tp])
+        reader.seek_to_beginning(tp)
+        end = reader.end_offsets([tp])[tp]
+        found, data = [], 0
+        while reader.position(tp) < end:
+            for record in (r for rs in reader.poll(1000).values() for r in rs):
+                headers = dict(record.headers)
+                if (
+                    headers.get("abs.kind") == b"barrier"
+                    and headers.get("abs.checkpoint") == str(checkpoint_id).encode()
+                ):
+                    found.append((record.offset, data))
+                elif "abs.kind" not in headers:
+                    data += 1
+        return found
+    finally:
+        reader.close()
+
+
+def test_a_barrier_copied_ahead_of_its_own_onto_internal_channels_cuts_nothing(connection, unique_name, tmp_path):
+    """A writer to the job's topics without its key copies barrier n (from an
+    ingress partition, and from the trigger event on the control topic) onto
+    every channel the accounts stage reads, ahead of the barrier the legs
+    stage writes there, with a backlog between; then a worker dies and the
+    job restores checkpoint n.  Were a copy taken, each accounts task would
+    snapshot at it, and the restore would skip the records between the copy
+    and the real barrier as stale: lost.  Each copy is a dead letter with its
+    reason, and the output is exact."""
+    job = f"copied-{unique_name[-8:]}"
+    settings = JobSettings(
+        store=f"file://{tmp_path / 'store'}", interval_s=1.0, timeout_s=120, max_records_per_batch=100
+    )
+    runner = JobRunner("spark_abs_examples.money:pipeline", settings, connection, job=job)
+    ingress = runner.pipeline.ingress[0]
+    internal = sorted({c for t in runner.pipeline.tasks() if t.stage == "accounts" for c in t.inputs})
+    data = money.make_transfers(1600)
+    kafka = connection.kafka
+    try:
+        runner.prepare()
+        money.produce_transfers(kafka, ingress.topic, data[:200], ingress.partitions, end=False)
+        runner.start()
+        _step_until(runner, lambda: runner.coordinator.completed(), 240, "a first checkpoint")
+        # from here to the restore, the one checkpoint triggered here: the restore takes it
+        _step_until(runner, runner.coordinator.coordinator.can_trigger, 60, "no checkpoint pending", trigger=False)
+        money.produce_transfers(kafka, ingress.topic, data[200:1300], ingress.partitions, end=False)
+        barrier = runner.coordinator.trigger()
+        assert barrier is not None
+        n = barrier.checkpoint_id
+        at = ChannelId(ingress.topic, 0)
+        offset = runner.coordinator.records[n].ingress_offsets[str(at)]
+        copies = _copy_barrier_ahead(kafka, job, at, offset, n, internal)
+        _step_until(
+            runner,
+            lambda: n in [r.checkpoint_id for r in runner.coordinator.completed()],
+            240,
+            "checkpoint n",
+            trigger=False,
+        )
+        for channel in internal:  # the copy came first, legs' own barrier after records the copy would cut off
+            (copy, before_copy), (real, before_real) = _barriers_on(kafka, channel, n)
+            assert copy == copies[channel] and real > copy and before_real > before_copy, (channel, copy, real)
+        kill_worker(runner, "accounts")
+        _step_until(runner, lambda: runner.restores, 60, "the restore", trigger=False)
+        assert runner.restores[0].checkpoint_id == n
+        money.produce_transfers(kafka, ingress.topic, data[1300:], ingress.partitions, end=True)
+        run_until_caught_up(runner, 240)
+    finally:
+        runner.close()
+    output = money.normalise(read_committed_output(sink_location(settings, job, connection)))
+    assert output == money.expected_output(data)
+    reasons = sorted(dict(r.headers)["spark-abs-reason"].decode() for r in _dead_letter_records(connection, job))
+    assert reasons == sorted(
+        "rejected control record: "
+        + (
+            f"written for channel '{at}', read from {c}: a copy, not this channel's"
+            if i % 2 == 0
+            else "unsigned, but this job signs its barriers"
+        )
+        for i, c in enumerate(internal)
+    )
 
 
 def test_an_error_in_the_pipeline_stops_the_job_at_once_with_the_reason(connection, unique_name, tmp_path):

@@ -10,7 +10,7 @@ only moves bytes and reports offsets."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from kafka import KafkaProducer
@@ -230,14 +230,18 @@ class CheckedSends:
 
 
 def append_markers(
-    producer: KafkaProducer, channels: Iterable[ChannelId], headers: Headers, timeout_s: float = DELIVERY_BOUND_S
+    producer: KafkaProducer, markers: Mapping[ChannelId, Headers], timeout_s: float = DELIVERY_BOUND_S
 ) -> dict[ChannelId, int]:
-    """Append one empty record carrying ``headers`` to each channel and return
-    the offset each got.  Everything sent to a channel before this call comes
-    before the marker (the producer is flushed first).  While the broker is
-    unreachable this waits, up to ``timeout_s`` (``patiently``)."""
+    """Append one empty record to each channel of ``markers``, carrying that
+    channel's headers, and return the offset each got.  Everything sent to a
+    channel before this call comes before the marker (the producer is flushed
+    first).  While the broker is unreachable this waits, up to ``timeout_s``
+    (``patiently``)."""
     patiently(lambda t: producer.flush(timeout=t), "the records before a marker", timeout_s)
-    futures = {c: producer.send(c.topic, value=b"", headers=list(headers), partition=c.partition) for c in channels}
+    futures = {
+        c: producer.send(c.topic, value=b"", headers=list(headers), partition=c.partition)
+        for c, headers in markers.items()
+    }
     return {
         channel: patiently(future.get, f"a marker for {channel}", timeout_s).offset
         for channel, future in futures.items()

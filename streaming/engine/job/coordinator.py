@@ -29,7 +29,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,11 +106,11 @@ class CheckpointRecord:
 @dataclass
 class CoordinatorIO:
     """What the coordinator service talks to, given to it (as ``TaskIO`` is to
-    a task): ``inject(channels, headers)`` appends a barrier to each ingress
-    channel and returns the offset each got; ``publish`` and ``poll(timeout_s)``
+    a task): ``inject({channel: headers})`` appends a barrier to each ingress
+    channel, each with its own headers, and returns the offset each got; ``publish`` and ``poll(timeout_s)``
     are the job's control topic."""
 
-    inject: Callable[[Sequence[ChannelId], list[tuple[str, bytes]]], Mapping[ChannelId, int]]
+    inject: Callable[[Mapping[ChannelId, list[tuple[str, bytes]]]], Mapping[ChannelId, int]]
     publish: Callable[[ControlEvent], Any]
     poll: Callable[[float], list[ControlEvent]]
     close: Callable[[], None] = lambda: None
@@ -152,7 +152,7 @@ def kafka_io(
         control.close()
 
     return CoordinatorIO(
-        inject=lambda channels, headers: append_markers(barriers, channels, headers, bound_s),
+        inject=lambda markers: append_markers(barriers, markers, bound_s),
         publish=control.publish,
         poll=control.poll if observe is None else lambda timeout_s: observe(control.poll(timeout_s)),
         close=close,
@@ -530,9 +530,9 @@ class CoordinatorService:
         triggered_at = time.monotonic()  # the injection counts towards the checkpoint's time
         barrier = self.coordinator.trigger(options or self.options, timestamp_ms=int(time.time() * 1000))
         metrics.checkpoint_triggered(self.pipeline.job, barrier.options)
-        headers = encode(barrier, key=self.job_key)
+        markers = {c: encode(barrier, key=self.job_key, channel=c) for c in self.pipeline.ingress_channels()}
         try:
-            offsets = self.io.inject(self.pipeline.ingress_channels(), headers)
+            offsets = self.io.inject(markers)
         except KafkaUnavailableError as exc:
             self.kafka_troubles += 1
             # some channels may hold the barrier: the abort lets the tasks that saw it go on
@@ -551,7 +551,7 @@ class CoordinatorService:
                 checkpoint_id=barrier.checkpoint_id,
                 generation=self.generation,
                 offsets=by_channel,
-                barrier=announced_barrier(headers),
+                barrier=announced_barrier(barrier),
             )
         )
         return barrier

@@ -156,15 +156,15 @@ class TaskController:
             return
         self.forward_watermark()  # event-time progress before the barrier belongs to its epoch
         self._flush(barrier.checkpoint_id)
-        headers = encode(barrier, key=self.job_key)
-        offsets = self.io.append_barrier(outputs, headers)
+        # each output's copy names and signs its channel: it verifies on that one only
+        offsets = self.io.append_barrier({c: encode(barrier, key=self.job_key, channel=c) for c in outputs})
         self._paths.setdefault(barrier.checkpoint_id, {})["forwarded"] = time.time()
         self.io.publish(
             Announce(
                 checkpoint_id=barrier.checkpoint_id,
                 task=self.task,
                 generation=self.generation,
-                barrier=announced_barrier(headers),
+                barrier=announced_barrier(barrier),
                 offsets={str(c): o for c, o in offsets.items()},
             )
         )

@@ -128,12 +128,12 @@ class TaskOptions:
 class TaskIO:
     """What a task talks to, given to it so the processing core stays testable:
     ``send(channel, key, value, headers)`` for output records, ``append_barrier``
-    (channels, headers) -> offsets, ``publish(ControlEvent)``, ``dead_letter``
+    ({channel: headers}) -> offsets, ``publish(ControlEvent)``, ``dead_letter``
     (channel, offset, key, value, headers, reason, notes), ``write_snapshot`` (the
     store's ``write_task``), ``stage_epoch(epoch, table)`` for sink tasks."""
 
     send: Callable[[ChannelId, bytes | None, bytes, list[tuple[str, bytes]]], None]
-    append_barrier: Callable[[tuple[ChannelId, ...], list[tuple[str, bytes]]], Mapping[ChannelId, int]]
+    append_barrier: Callable[[Mapping[ChannelId, list[tuple[str, bytes]]]], Mapping[ChannelId, int]]
     publish: Callable[[ControlEvent], Any]
     dead_letter: Callable[
         [ChannelId, int, bytes | None, bytes | None, list[tuple[str, bytes]], str, list[tuple[str, bytes]]], None
@@ -283,7 +283,7 @@ class StageTask:
         )
         self.controller.handler = self.handler
         self._lock = threading.RLock()
-        self.inbox = ControlInbox(spec.name, pipeline.job, spec.inputs, self.handler, self._lock, self.job_key)
+        self.inbox = ControlInbox(spec.name, pipeline.job, spec.inputs, self.handler, self._lock)
         self._started = time.monotonic()
         # channel state still to process again (``recover``), its copied part handed over in runs
         # (``start_replay``, and ahead of every batch)
@@ -444,7 +444,7 @@ class StageTask:
     def _decode_control(self, channel: ChannelId, row: pa.Table) -> Barrier | CancelBarrier | None:
         headers = [(h["key"], h["value"]) for h in row["headers"][0].as_py()]
         try:
-            return decode(headers, job=self.pipeline.job, key=self.job_key)
+            return decode(headers, job=self.pipeline.job, key=self.job_key, channel=channel)
         except BarrierRejected as exc:
             self.quarantine.control_record(channel, row, exc)
             return None

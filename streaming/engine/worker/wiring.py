@@ -257,7 +257,7 @@ class TaskFactory:
             stage_epoch = sink.stage
         return TaskIO(
             send=lambda c, k, v, h: self.producer.send(c.topic, key=k, value=v, headers=h, partition=c.partition),
-            append_barrier=lambda channels, headers: append_markers(self.producer, channels, headers),
+            append_barrier=lambda markers: append_markers(self.producer, markers),
             publish=self.control.publish,
             dead_letter=self.dead_letters.send,
             write_snapshot=self._write_snapshot(name),

@@ -93,9 +93,9 @@ class RecordedIO:
         self.records.append((channel, value, dict(headers)))
         self.log.append(("send", str(channel)))
 
-    def _barrier(self, channels, headers):
-        self.log.append(("barrier", tuple(map(str, channels))))
-        return {c: 100 + i for i, c in enumerate(channels)}
+    def _barrier(self, markers):
+        self.log.append(("barrier", tuple(map(str, markers))))
+        return {c: 100 + i for i, c in enumerate(markers)}
 
     def _publish(self, event):
         self.events.append(event)

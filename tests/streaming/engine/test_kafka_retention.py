@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from task_cases import batch, make_task
 
-from barriers.messages import Barrier, ChannelId, CheckpointOptions, encode
+from barriers.messages import Barrier, ChannelId, CheckpointOptions
 from operators import KeyedAggregate, count, sum_
 from streaming.adapters.kafka.control.events import Trigger, announced_barrier
 from streaming.adapters.snapshots import Manifest, PartInfo, TaskSnapshot
@@ -200,7 +200,7 @@ def _unaligned_checkpoint(risky, caplog, copy_everything=False):
             Trigger(
                 checkpoint_id=1,
                 generation=0,
-                barrier=announced_barrier(encode(barrier)),
+                barrier=announced_barrier(barrier),
                 offsets={"in:0": 50, "in:1": 30},
             )
         )

@@ -148,7 +148,7 @@ class _Control:
 
     def io(self) -> CoordinatorIO:
         return CoordinatorIO(
-            inject=lambda channels, headers: {c: 10 for c in channels},
+            inject=lambda markers: {c: 10 for c in markers},
             publish=lambda event: None,
             poll=self._poll,
         )

@@ -3,7 +3,9 @@
 nowhere else:
 
 - ``trigger``: the coordinator injected barrier n; the ingress offsets it got
-  and the barrier's headers (an unaligned task may snapshot on it);
+  and the barrier's fields (an unaligned task may snapshot on it), unsigned:
+  the event's own signature vouches for them, and a barrier's signature here
+  would be one any reader of the topic could copy onto a channel;
 - ``announce``: a task forwarded barrier n; the offsets on its outputs;
 - ``ready``: a task's query runs (the coordinator triggers once all are);
   ``replaying``: records of restored channel state it has still to read;
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from barriers.failures import CheckpointFailure
-from streaming.adapters.serde.records import Headers
+from barriers.messages import Barrier, encode
 from streaming.adapters.snapshots.format import TaskCheckpointMetrics, TaskSnapshot
 from streaming.errors import ConfigError, parse_choice
 
@@ -431,7 +433,9 @@ _FIELDS[ControlKind.ABORT]["reason"] = (_failure(CheckpointFailure.USER), Checkp
 _FIELDS[ControlKind.ABORT]["detail"] = (str, "aborted by the coordinator")
 
 
-def announced_barrier(headers: Headers) -> dict[str, str]:
-    """A barrier's headers as JSON-friendly text, for the ``trigger`` and
-    ``announce`` events; ``announced_headers`` is the way back."""
-    return {name: value.decode() for name, value in headers}
+def announced_barrier(barrier: Barrier) -> dict[str, str]:
+    """``barrier``'s fields as JSON-friendly text, for the ``trigger`` and
+    ``announce`` events (``barrier_headers`` is the way back): unsigned and
+    bound to no channel, so nothing in an event verifies as a barrier on a
+    channel of the job."""
+    return {name: value.decode() for name, value in encode(barrier)}

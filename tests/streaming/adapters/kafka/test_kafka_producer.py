@@ -20,11 +20,13 @@ def test_markers_land_after_everything_sent_before_them(connection, unique_name,
     producer = KafkaProducer(**connection.kafka.client_options())
     for i in range(5):
         producer.send(unique_name, value=b"x", partition=i % 2)
-    offsets = append_markers(producer, [ChannelId(unique_name, 0), ChannelId(unique_name, 1)], [("m", b"1")])
+    markers = {ChannelId(unique_name, 0): [("m", b"0")], ChannelId(unique_name, 1): [("m", b"1")]}
+    offsets = append_markers(producer, markers)
     producer.close()
     assert offsets == {ChannelId(unique_name, 0): 3, ChannelId(unique_name, 1): 2}
-    last = read_partition(connection.kafka, unique_name, 0)[-1]
-    assert (last.offset, last.headers) == (3, [("m", b"1")])
+    for partition, offset in ((0, 3), (1, 2)):  # each channel's marker carries its own headers
+        last = read_partition(connection.kafka, unique_name, partition)[-1]
+        assert (last.offset, last.headers) == (offset, [("m", str(partition).encode())])
 
 
 class _Future:

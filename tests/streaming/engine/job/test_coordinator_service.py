@@ -15,7 +15,7 @@ import pytest
 from barriers.coordinator import CheckpointStatus
 from barriers.failures import CheckpointFailure
 from barriers.handler import CheckpointKind
-from barriers.messages import ChannelId, decode
+from barriers.messages import BarrierRejected, ChannelId, decode
 from operators import KeyedAggregate, count
 from streaming.adapters.kafka.control.events import Abort, Ack, Committed, ControlEvent, ControlKind, Decline, Ready
 from streaming.adapters.objects import open_store
@@ -51,9 +51,9 @@ class MemoryIO:
     def io(self) -> CoordinatorIO:
         return CoordinatorIO(inject=self._inject, publish=self.published.append, poll=self._poll, close=self._close)
 
-    def _inject(self, channels, headers):
+    def _inject(self, markers):
         offsets = {}
-        for channel in channels:
+        for channel, headers in markers.items():
             offsets[channel] = self.ends.get(channel, 10)
             self.ends[channel] = offsets[channel] + 1
             self.injected.append((channel, list(headers)))
@@ -143,11 +143,15 @@ def test_trigger_injects_barrier_n_into_every_ingress_partition_and_announces_it
     barrier = service.trigger()
     assert barrier.checkpoint_id == 5 and barrier.generation == 2
     assert [c for c, _ in memory.injected] == [ChannelId("orders", 0), ChannelId("orders", 1)]
-    assert all(decode(headers, job=JOB) == barrier for _, headers in memory.injected)
+    # each partition's barrier names it: a copy on the other partition is refused there
+    assert all(decode(headers, job=JOB, channel=c) == barrier for c, headers in memory.injected)
+    with pytest.raises(BarrierRejected, match="written for channel 'orders:0'"):
+        decode(memory.injected[0][1], job=JOB, channel=ChannelId("orders", 1))
     (trigger,) = memory.published
     assert trigger.kind is ControlKind.TRIGGER and trigger.checkpoint_id == 5
     assert trigger.offsets == {"orders:0": 10, "orders:1": 10}
     assert decode(trigger.barrier_headers(), job=JOB) == barrier
+    assert "abs.sig" not in trigger.barrier and "abs.channel" not in trigger.barrier
     assert service.records[5].status is CheckpointStatus.PENDING
     assert service.trigger() is None  # one pending at a time (max_concurrent=1)
     assert len(memory.injected) == 2

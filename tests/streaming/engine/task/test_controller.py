@@ -17,7 +17,7 @@ import pytest
 from barriers.failures import CheckpointFailure
 from barriers.handler import BarrierHandler, CheckpointKind, TaskCheckpoint
 from barriers.lineage import Lineage
-from barriers.messages import Barrier, ChannelId, decode
+from barriers.messages import Barrier, BarrierRejected, ChannelId, decode
 from operators.state import StateChanges
 from streaming.adapters.kafka.control.events import Announce, Decline, announced_barrier
 from streaming.engine.task.controller import TaskController, TaskWiring
@@ -48,10 +48,10 @@ class IO:
         if self.fail_flush is not None:
             raise self.fail_flush
 
-    def append_barrier(self, outputs, headers) -> dict[ChannelId, int]:
+    def append_barrier(self, markers) -> dict[ChannelId, int]:
         self.log.append("barrier")
-        self.barriers.append((tuple(outputs), headers))
-        return {c: 100 + i for i, c in enumerate(outputs)}
+        self.barriers.append(dict(markers))
+        return {c: 100 + i for i, c in enumerate(markers)}
 
     def publish(self, event) -> None:
         self.log.append(event.kind.value)
@@ -144,14 +144,22 @@ def test_an_aligned_checkpoint_snapshots_forwards_a_signed_barrier_announces_it_
 
     # what was sent before is in Kafka before the snapshot; the watermark goes before the barrier
     assert task.log == ["flush", "watermark", "flush", "barrier", "announce"]
-    ((outputs, headers),) = task.io.barriers
-    assert outputs == OUT and decode(headers, job="job", key=KEY) == barrier
+    (markers,) = task.io.barriers
+    assert tuple(markers) == OUT
+    # each output's copy verifies on its own channel only
+    for channel, headers in markers.items():
+        assert decode(headers, job="job", key=KEY, channel=channel) == barrier
+        other = next(c for c in OUT if c != channel)
+        with pytest.raises(BarrierRejected, match="written for channel"):
+            decode(headers, job="job", key=KEY, channel=other)
     (announce,) = task.io.events
+    # the announcement carries the barrier's fields, and no signature a reader could copy onto a channel
+    assert "abs.sig" not in announce.barrier and "abs.channel" not in announce.barrier
     assert announce == Announce(
         checkpoint_id=1,
         task="count-0",
         generation=GENERATION,
-        barrier=announced_barrier(headers),
+        barrier=announced_barrier(barrier),
         offsets={"spark-abs.job.count:0": 100, "spark-abs.job.count:1": 101},
     )
     ((checkpoint, taken),) = task.uploader.submitted

@@ -15,7 +15,7 @@ import pytest
 from task_cases import HEADER_TYPE, RecordedIO, batch, make_task
 
 from barriers.lineage import Lineage
-from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions, encode
+from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions
 from operators import Chain, KeyedAggregate, count, filter_rows, map_batches, sum_
 from operators.windows import TumblingWindowAggregate
 from streaming.adapters.kafka.control.events import ControlKind, Trigger, announced_barrier
@@ -368,9 +368,7 @@ def test_a_checkpoint_completes_during_the_replay_of_copied_channel_state_and_re
     assert task.replay_run()  # offsets 3 and 4
     barrier = Barrier(3, generation=1, job="job", options=CheckpointOptions.unaligned())
     announced = {"in:0": 20, "in:1": 0}
-    task.on_control(
-        Trigger(checkpoint_id=3, generation=1, barrier=announced_barrier(encode(barrier)), offsets=announced)
-    )
+    task.on_control(Trigger(checkpoint_id=3, generation=1, barrier=announced_barrier(barrier), offsets=announced))
     task.tick()  # the announcement: the snapshot
     task.start_replay()  # the rest of the replay
     task.wait_for_uploads()
@@ -436,7 +434,7 @@ def test_an_announcement_during_a_large_batch_is_taken_between_its_segments():
     event = Trigger(
         checkpoint_id=1,
         generation=0,
-        barrier=announced_barrier(encode(barrier)),
+        barrier=announced_barrier(barrier),
         offsets={"in:0": 1000, "in:1": 0},
     )
     sent_before = []
@@ -494,7 +492,7 @@ def test_a_slow_operator_gets_runs_of_its_time_budget_so_an_announcement_waits_o
     task, io = make_task(pipeline, sink=True, segment_ms=40, clock=lambda: now[0])
     barrier = Barrier(1, job="job", options=CheckpointOptions.unaligned())
     event = Trigger(
-        checkpoint_id=1, generation=0, barrier=announced_barrier(encode(barrier)), offsets={"in:0": 2000, "in:1": 0}
+        checkpoint_id=1, generation=0, barrier=announced_barrier(barrier), offsets={"in:0": 2000, "in:1": 0}
     )
     task.process_batch(batch(*[("in", 0, i, {"account": "x", "amount": 1}) for i in range(1020)]))
     task.wait_for_uploads()

@@ -383,7 +383,7 @@ def test_a_checkpoint_written_now_stores_names_and_shows_the_same_words(tmp_path
     coordinator = CoordinatorService(
         pipeline,
         CoordinatorIO(
-            inject=lambda channels, headers: {c: 3 for c in channels},
+            inject=lambda markers: {c: 3 for c in markers},
             publish=lambda event: None,
             poll=lambda timeout_s: [acks.pop(0) for _ in range(len(acks))],
         ),
@@ -400,7 +400,7 @@ def test_a_checkpoint_written_now_stores_names_and_shows_the_same_words(tmp_path
             pipeline.task(name),
             TaskIO(
                 send=lambda *_: None,
-                append_barrier=lambda channels, headers: {c: 0 for c in channels},
+                append_barrier=lambda markers: {c: 0 for c in markers},
                 publish=acks.append,
                 dead_letter=lambda *_: None,
                 write_snapshot=store.write_task,
