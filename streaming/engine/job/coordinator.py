@@ -465,8 +465,10 @@ class CoordinatorService:
         self.records: dict[int, CheckpointRecord] = {}
         self.readiness = TaskReadiness(self.tasks, clock)
         self.clock = clock
-        # when each task was last heard (any event of this generation naming it): its worker's liveness
+        # when each task was last heard (a progress event of this generation, numbered higher than the
+        # last read: a copy appended again is no news): its worker's liveness
         self.heard_at: dict[str, float] = {}
+        self._progress_numbers: dict[str, int] = {}
         job = pipeline.job
         # failed checkpoints in a row: counted from 0 each generation, against the job's tolerable number
         self.failures = CheckpointFailureTolerance(lambda count: metrics.failed_in_a_row(job, count), clock)
@@ -568,9 +570,11 @@ class CoordinatorService:
     def handle(self, event: ControlEvent) -> None:
         if not event.belongs_to(self.generation):
             return
-        task = getattr(event, "task", None)
-        if task in self.readiness.tasks:
-            self.heard_at[task] = self.clock()
+        if isinstance(event, Progress) and event.task in self.readiness.tasks:
+            if event.sequence <= self._progress_numbers.get(event.task, 0):
+                return  # a copy of one read already (or unnumbered): neither news nor a sign of life
+            self._progress_numbers[event.task] = event.sequence
+            self.heard_at[event.task] = self.clock()
         if isinstance(event, (Ready, Progress, Replayed)):
             self.readiness.handle(event)
         elif isinstance(event, Committed):

@@ -117,7 +117,7 @@ class RemoteMembers:
         self.job = job
         self.settings_json = settings_json
         self.timeout_s = timeout_s
-        self.groups = RemoteGroups(dict(groups), timeout_s)
+        self.groups = RemoteGroups(dict(groups), timeout_s, runner=runner)
         self._new_renewal = new_renewal
         self._renewal: Any = None
         self.generation = 0

@@ -128,7 +128,15 @@ class RemoteWorker(Worker):
         sequence = 0
         while not self._stop.is_set():
             sequence += 1  # a copy of an earlier heartbeat is no news to the runner (RemoteGroups)
-            beat = Heartbeat(self.group, self.incarnation, socket.gethostname(), self.membership.running, sequence)
+            lease = self.membership.lease
+            beat = Heartbeat(
+                self.group,
+                self.incarnation,
+                socket.gethostname(),
+                self.membership.running,
+                sequence,
+                runner=lease.runner if lease is not None else "",
+            )
             try:
                 self.control.publish(beat)
             except SparkAbsError as exc:  # the broker is away: the next one tries again

@@ -9,6 +9,12 @@ member running each group in this generation.  A remote worker (``spark-abs
 worker``) publishes a **heartbeat** every ``HEARTBEAT_INTERVAL_S`` from a
 thread of its own, running or idle.
 
+- A heartbeat counts only when it answers this runner: it names the runner
+  incarnation whose lease its sender follows, and its number (counted up
+  from 1 by its sender) is higher than the last one read from that sender.
+  After a runner restarts, a dead worker's old heartbeats appended again
+  answer the runner before it: they make no one a member and keep no one
+  alive.
 - A heartbeat of a group with no member in the current generation makes its
   sender the member: the next lease names it and it starts the group's tasks
   from the generation's checkpoint.  A group runs at most once per
@@ -65,6 +71,8 @@ HEARTBEAT_INTERVAL_S = 1.0
 WAITING_NOTICE_S = 30.0
 # own events further apart than this: the topic (or this process) stalled, and silence before does not count
 TOPIC_GAP_S = 3.0
+# workers answering another runner remembered per group (a writer appending made-up ones fills no memory)
+_UNANSWERED_MAX = 64
 
 
 def incarnation() -> str:
@@ -129,6 +137,8 @@ class RemoteGroups:
     groups: dict[str, list[str]]
     timeout_s: float
     clock: Callable[[], float] = time.monotonic
+    # this runner's incarnation: the heartbeats that count answer it
+    runner: str = ""
     members: dict[str, str] = field(default_factory=dict)
     standby: dict[str, str] = field(default_factory=dict)
     hosts: dict[str, str] = field(default_factory=dict)  # incarnation -> host, for messages
@@ -138,6 +148,10 @@ class RemoteGroups:
     reported: dict[str, int | None] = field(default_factory=dict)
     # incarnation -> the sequence of its latest heartbeat read
     _sequences: dict[str, int] = field(default_factory=dict)
+    # group -> {incarnation: what it runs}: workers heard answering another runner's lease (one that
+    # has not heard this runner yet), while they say they run tasks; a pause waits for them too
+    unanswered: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    _answering_elsewhere: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.liveness = PeerSilence(self.timeout_s, clock=self.clock)
@@ -149,11 +163,16 @@ class RemoteGroups:
         """A remote worker's heartbeat in ``generation``: ``JOINED`` when it
         made its sender a member (the lease should say so at once), ``LOST``
         when a member that ran the generation's tasks says it no longer does
-        (it stopped them: the job must restore), else None."""
-        if beat.sequence:  # a copy of an earlier heartbeat (appended again by another writer) is no news
-            if beat.sequence <= self._sequences.get(beat.incarnation, 0):
-                return None
-            self._sequences[beat.incarnation] = beat.sequence
+        (it stopped them: the job must restore), else None.  A heartbeat that
+        answers another runner, or is numbered no higher than the last one
+        read from its sender (a copy appended again), is no news."""
+        if beat.group in self.groups and beat.runner != self.runner:
+            self._answers_elsewhere(beat)
+            return None
+        if beat.sequence <= self._sequences.get(beat.incarnation, 0):
+            return None
+        self._sequences[beat.incarnation] = beat.sequence
+        self.unanswered.get(beat.group, {}).pop(beat.incarnation, None)
         self.hosts[beat.incarnation] = beat.host
         if beat.group not in self.groups:
             if beat.group not in self._refused:
@@ -192,6 +211,26 @@ class RemoteGroups:
             )
         return None
 
+    def _answers_elsewhere(self, beat: Heartbeat) -> None:
+        """A worker that follows another runner's lease: one of a runner before
+        this one that has not heard this one yet, or a copy of an old heartbeat.
+        It counts for nothing but a pause's wait while it says it runs tasks."""
+        heard = self.unanswered.setdefault(beat.group, {})
+        if beat.running is None:
+            heard.pop(beat.incarnation, None)
+        elif beat.incarnation in heard or len(heard) < _UNANSWERED_MAX:
+            heard[beat.incarnation] = beat.running
+        if beat.incarnation not in self._answering_elsewhere and len(self._answering_elsewhere) < _UNANSWERED_MAX:
+            self._answering_elsewhere.add(beat.incarnation)
+            log.info(
+                "a heartbeat of %s (group %s) answers runner %s, not this one (%s): a worker that has not heard "
+                "this runner's lease yet, or a copy of an old heartbeat; it counts once it answers this runner",
+                beat.incarnation,
+                beat.group,
+                beat.runner or "(none yet)",
+                self.runner,
+            )
+
     def silent(self) -> list[str]:
         return self.liveness.silent()
 
@@ -220,10 +259,14 @@ class RemoteGroups:
 
     def forget_reports(self) -> None:
         self.reported.clear()
+        self.unanswered.clear()
 
     def still_running(self) -> list[str]:
-        """Members that have not said since ``forget_reports`` that their tasks stopped."""
-        return sorted(g for g in self.members if g not in self.reported or self.reported[g] is not None)
+        """Members that have not said since ``forget_reports`` that their tasks
+        stopped, and groups a worker following another runner's lease said it
+        runs tasks of (until it answers this runner)."""
+        members = {g for g in self.members if g not in self.reported or self.reported[g] is not None}
+        return sorted(members | {g for g, heard in self.unanswered.items() if heard})
 
     def missing(self) -> list[str]:
         """Groups nobody runs yet in this generation."""
@@ -310,7 +353,7 @@ class Membership:
         if lease.generation < newest.generation:
             return True
         same_runner = lease.runner == newest.runner and lease.generation == newest.generation
-        return same_runner and 0 < lease.sequence <= newest.sequence
+        return same_runner and lease.sequence <= newest.sequence
 
     def check(self) -> Action | None:
         """A ``stop`` once the runner's lease lapsed while this worker runs tasks."""

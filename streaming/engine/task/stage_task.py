@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import itertools
 import logging
 import threading
 import time
@@ -285,6 +286,8 @@ class StageTask:
         self._lock = threading.RLock()
         self.inbox = ControlInbox(spec.name, pipeline.job, spec.inputs, self.handler, self._lock)
         self._started = time.monotonic()
+        # numbers the task's progress events (taken on the worker's beat thread: count is atomic)
+        self._progress_numbers = itertools.count(1)
         # channel state still to process again (``recover``), its copied part handed over in runs
         # (``start_replay``, and ahead of every batch)
         self.restored = RestoredChannelState(
@@ -426,6 +429,7 @@ class StageTask:
             positions={str(c): self.handler.position(c) for c in self.spec.inputs},
             records=self.counters["records"],
             set_aside=self.counters["set_aside"],
+            sequence=next(self._progress_numbers),
         )
 
     def _announce_replayed(self, records: int) -> None:

@@ -11,14 +11,21 @@ nowhere else:
   ``replaying``: records of restored channel state it has still to read;
   ``endpoint``: where its worker process serves its metrics;
 - ``replayed``: a restored task has processed its channel state again;
-- ``progress``: a task's position on each input channel, twice a second (lag);
+- ``progress``: a task's position on each input channel, twice a second (lag),
+  numbered: the runner's sign that the task's process is alive;
 - ``ack`` / ``decline``: a task's snapshot is uploaded, or it cannot take one;
 - ``complete`` / ``abort``: the coordinator's verdict on checkpoint n (an
   abort with the checkpoints failed in a row and how many the job tolerates);
 - ``committed``: a sink task made epoch n visible;
 - ``lease``: the runner is alive, and which worker runs each remote group in
   which generation (``streaming.engine.remote.membership``);
-- ``heartbeat``: a remote worker (``spark-abs worker``) is alive.
+- ``heartbeat``: a remote worker (``spark-abs worker``) is alive, answering
+  the lease of the runner it follows.
+
+Progress events, leases and heartbeats, the events that say their sender is
+alive, are numbered by their sender from 1; a reader takes only a number
+higher than the last it read from that sender as news, so a copy appended
+again by someone who can write to the topic keeps no one alive.
 
 Every event but the heartbeat carries the generation it belongs to
 (``belongs_to``); readers ignore other generations.  How events are signed
@@ -221,7 +228,10 @@ class Replayed(ControlEvent):
 @dataclass(frozen=True, slots=True)
 class Progress(ControlEvent):
     """A task's next offset on each input channel, the records it processed,
-    and those its stage's code raised on, set aside (``set_aside``)."""
+    and those its stage's code raised on, set aside (``set_aside``).  It is
+    how the runner knows the task's process is alive: ``sequence`` counts a
+    task's progress events up from 1 in its generation, and only a higher
+    one than the runner read last is news (a copy appended again is not)."""
 
     kind = ControlKind.PROGRESS
     task: str
@@ -229,6 +239,7 @@ class Progress(ControlEvent):
     positions: Mapping[str, int] = field(default_factory=dict)
     records: int = 0
     set_aside: int = 0
+    sequence: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,8 +351,8 @@ class Lease(ControlEvent):
     timeout_s: float
     ended: bool = False  # the runner stopped: members stop their tasks now
     note: str = ""  # why a lease names no members (a pause), for the workers' messages
-    # counts the runner's publications of leases up: a copy of an earlier one, appended again
-    # by someone who can write to the topic, is not taken for news (0: not counted)
+    # counts the runner's publications of leases up from 1: a copy of an earlier one, appended again
+    # by someone who can write to the topic, is not taken for news
     sequence: int = 0
 
 
@@ -356,8 +367,11 @@ class Heartbeat(ControlEvent):
     incarnation: str
     host: str
     running: int | None
-    # counts this incarnation's heartbeats up: a copy of an earlier one is not taken for news
+    # counts this incarnation's heartbeats up from 1: a copy of an earlier one is not taken for news
     sequence: int = 0
+    # the incarnation of the runner whose lease the worker follows ("" before it heard one): a runner
+    # takes only heartbeats that answer it, so old ones appended again after it restarted are no news
+    runner: str = ""
 
 
 def _failure(default: CheckpointFailure) -> Callable[[object], CheckpointFailure]:

@@ -5,6 +5,7 @@ generations' events are handled."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -17,7 +18,16 @@ from barriers.failures import CheckpointFailure
 from barriers.handler import CheckpointKind
 from barriers.messages import BarrierRejected, ChannelId, decode
 from operators import KeyedAggregate, count
-from streaming.adapters.kafka.control.events import Abort, Ack, Committed, ControlEvent, ControlKind, Decline, Ready
+from streaming.adapters.kafka.control.events import (
+    Abort,
+    Ack,
+    Committed,
+    ControlEvent,
+    ControlKind,
+    Decline,
+    Progress,
+    Ready,
+)
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskParts
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
@@ -403,3 +413,23 @@ def test_retention_keeps_the_newest_checkpoint_that_verifies_when_newer_ones_do_
             assert store.latest_verified()[0].checkpoint_id == 5
     assert completed == [5, 6, 7, 8, 9]
     assert store.completed() == [7, 8, 9]
+
+
+def test_only_a_tasks_newer_progress_is_a_sign_of_life(store, tmp_path):
+    """A task's progress events are numbered: one numbered no higher than
+    the last read (a copy appended again by someone who can write to the
+    topic, or one numbered 0) keeps no frozen worker alive and moves no position."""
+    clock = Clock()
+    memory = MemoryIO()
+    service, _, _ = _service(store, memory, tmp_path, clock=clock)
+    progress = Progress(task="count-0", generation=2, positions={"orders:0": 4}, sequence=1)
+    memory.inbox = [progress]
+    service.poll()
+    assert service.heard_at == {"count-0": clock.now} and service.positions["count-0"] == {"orders:0": 4}
+    clock.now += 30
+    memory.inbox = [progress, dataclasses.replace(progress, positions={"orders:0": 9}, sequence=0)]
+    service.poll()
+    assert service.heard_at == {"count-0": clock.now - 30} and service.positions["count-0"] == {"orders:0": 4}
+    memory.inbox = [dataclasses.replace(progress, positions={"orders:0": 9}, sequence=2)]
+    service.poll()
+    assert service.heard_at == {"count-0": clock.now} and service.positions["count-0"] == {"orders:0": 9}

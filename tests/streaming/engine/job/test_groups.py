@@ -77,7 +77,7 @@ def test_remote_groups_are_the_jobs_own_and_are_not_started_or_killed_here(tmp_p
         runner.store.close()
 
 
-def test_a_worker_that_joins_while_the_runner_pauses_its_groups_is_told_to_pause_too(tmp_path: Path):
+def test_a_worker_of_the_runner_before_is_told_to_pause_and_waited_for_until_it_answers_this_runner(tmp_path: Path):
     from streaming.api.config import Connection
     from streaming.engine.job.runner import JobRunner, RunOptions
     from streaming.engine.remote.membership import ActionKind, Heartbeat, Membership
@@ -102,15 +102,18 @@ def test_a_worker_that_joins_while_the_runner_pauses_its_groups_is_told_to_pause
         # a worker of the runner before this one, still running generation 3's tasks
         worker = Membership(runner.job, "all", "h:1:abc", running=3, started=3)
         runner.remote.paused = (4, "checkpoint 7 is being rescaled to accounts=3")
-        runner.remote.observe([Heartbeat("all", "h:1:abc", "h", 3)])
+        runner.remote.renew()
+        # its heartbeat answers the runner before: it joins nothing, and the pause waits for it
+        runner.remote.observe([Heartbeat("all", "h:1:abc", "h", 3, 41, runner="old:1:xyz")])
+        assert runner.remote.groups.members == {} and runner.remote.groups.still_running() == ["all"]
         pause = leases.published[-1]
-        assert runner.remote.groups.members == {"all": "h:1:abc"}
         assert (pause.generation, pause.checkpoint, pause.members) == (4, None, {})
         action = worker.on_lease(pause)
         assert action is not None and action.kind is ActionKind.STOP and "being rescaled" in action.reason
+        # stopped, it answers this runner: it joins, and says its tasks stopped
+        runner.remote.observe([Heartbeat("all", "h:1:abc", "h", None, 42, runner=pause.runner)])
+        assert runner.remote.groups.members == {"all": "h:1:abc"} and runner.remote.groups.still_running() == []
         runner.remote.paused = None
-        runner.remote.observe([Heartbeat("all", "h:1:abc", "h", None)])
-        assert runner.remote.groups.still_running() == []
         assert runner.remote.lease().members == {"all": "h:1:abc"}  # the next generation names it again
     finally:
         runner.store.close()

@@ -9,6 +9,7 @@ integration tests run them."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from types import SimpleNamespace
 
@@ -22,6 +23,7 @@ from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S, WAITING_NOT
 
 GROUPS = {"legs": ["legs-0"], "accounts": ["accounts-0", "accounts-1"]}
 TIMEOUT_S = 10.0
+RUNNER = "runner:1:abc"
 
 
 class Clock:
@@ -54,7 +56,7 @@ class Renewals:
 def _members(clock: Clock | None = None, groups=GROUPS) -> tuple[RemoteMembers, Renewals]:
     renewals = Renewals()
     members = RemoteMembers(
-        "runner:1:abc",
+        RUNNER,
         "spark_abs_examples.money:pipeline",
         "money",
         '{"store": "file:///x"}',
@@ -63,12 +65,17 @@ def _members(clock: Clock | None = None, groups=GROUPS) -> tuple[RemoteMembers, 
         renewals,
     )
     if clock is not None:  # the membership's decisions on the test's clock
-        members.groups = RemoteGroups(dict(groups), TIMEOUT_S, clock=clock)
+        members.groups = RemoteGroups(dict(groups), TIMEOUT_S, clock=clock, runner=members.runner)
     return members, renewals
 
 
-def _beat(group: str, who: str, running: int | None, sequence: int = 0) -> Heartbeat:
-    return Heartbeat(group, who, who.split(":")[0], running, sequence)
+_BEATS = itertools.count(1)
+
+
+def _beat(group: str, who: str, running: int | None, sequence: int | None = None, runner=RUNNER) -> Heartbeat:
+    """``who``'s heartbeat answering ``runner``'s lease, numbered after every one before unless ``sequence``."""
+    number = next(_BEATS) if sequence is None else sequence
+    return Heartbeat(group, who, who.split(":")[0], running, number, runner=runner)
 
 
 def _own_lease(members: RemoteMembers) -> Lease:

@@ -5,6 +5,7 @@ and why a broker outage restores nobody."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 
@@ -38,7 +39,16 @@ class Clock:
         self.now += seconds - int(seconds)
 
 
+_NUMBERS = itertools.count(1)
+
+
+def beat(group, incarnation, host, running, sequence=None, *, runner="") -> Heartbeat:
+    """A heartbeat answering ``runner`` (a ``RemoteGroups``' own is "" unless given), numbered after every one before."""
+    return Heartbeat(group, incarnation, host, running, next(_NUMBERS) if sequence is None else sequence, runner)
+
+
 def lease(generation=1, members=None, *, groups=None, ended=False, timeout_s=10.0, job="money") -> Lease:
+    """The runner's lease, numbered after every one before (a copy of one is no news)."""
     return Lease(
         runner="host:1:abc",
         generation=generation,
@@ -51,6 +61,7 @@ def lease(generation=1, members=None, *, groups=None, ended=False, timeout_s=10.
         members=members or {},
         timeout_s=timeout_s,
         ended=ended,
+        sequence=next(_NUMBERS),
     )
 
 
@@ -87,8 +98,8 @@ def test_lease_and_heartbeat_round_trip_through_control_events():
     event = ControlEvent.decode(original.encode())
     assert event.kind is ControlKind.LEASE
     assert event == original
-    beat = Heartbeat("legs", "w1", "host-a", 3)
-    assert ControlEvent.decode(beat.encode()) == beat
+    heartbeat = beat("legs", "w1", "host-a", 3, runner="host:1:abc")
+    assert ControlEvent.decode(heartbeat.encode()) == heartbeat
 
 
 @pytest.mark.parametrize(
@@ -105,9 +116,9 @@ def test_a_group_runs_once_a_generation_a_second_worker_waits_as_standby(caplog)
     clock = Clock()
     groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=clock)
     assert groups.missing() == ["legs"]
-    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 1) is HeartbeatOutcome.JOINED
+    assert groups.on_heartbeat(beat("legs", "w1", "a", None), 1) is HeartbeatOutcome.JOINED
     assert groups.members == {"legs": "w1"}
-    assert groups.on_heartbeat(Heartbeat("legs", "w2", "b", None), 1) is None
+    assert groups.on_heartbeat(beat("legs", "w2", "b", None), 1) is None
     assert groups.members == {"legs": "w1"} and groups.standby == {"legs": "w2"}
     assert any("standby" in line for line in caplog.messages)
     groups.drop("legs")  # w1 taken for dead: its standby runs the group
@@ -117,12 +128,12 @@ def test_a_group_runs_once_a_generation_a_second_worker_waits_as_standby(caplog)
 def test_a_silent_member_is_named_and_a_new_generation_restarts_its_clock():
     clock = Clock()
     groups = RemoteGroups({"legs": ["legs-0"], "accounts": ["accounts-0"]}, 10.0, clock=clock)
-    groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 1)
-    groups.on_heartbeat(Heartbeat("accounts", "w2", "b", None), 1)
+    groups.on_heartbeat(beat("legs", "w1", "a", None), 1)
+    groups.on_heartbeat(beat("accounts", "w2", "b", None), 1)
     groups.own()
     for _ in range(11):
         clock.advance(1, own=groups)
-        groups.on_heartbeat(Heartbeat("accounts", "w2", "b", 1), 1)
+        groups.on_heartbeat(beat("accounts", "w2", "b", 1), 1)
     assert groups.silent() == ["legs"]
     groups.drop("legs")
     groups.new_generation({"legs": ["legs-0"], "accounts": ["accounts-0", "accounts-1"]})
@@ -132,12 +143,12 @@ def test_a_silent_member_is_named_and_a_new_generation_restarts_its_clock():
 
 def test_a_member_that_stopped_the_generations_tasks_is_lost():
     groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=Clock())
-    groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 4)
-    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 4) is None  # not started yet
-    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", 4), 4) is None
-    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 4) is HeartbeatOutcome.LOST
+    groups.on_heartbeat(beat("legs", "w1", "a", None), 4)
+    assert groups.on_heartbeat(beat("legs", "w1", "a", None), 4) is None  # not started yet
+    assert groups.on_heartbeat(beat("legs", "w1", "a", 4), 4) is None
+    assert groups.on_heartbeat(beat("legs", "w1", "a", None), 4) is HeartbeatOutcome.LOST
     # restoring in place into the next generation is not a loss
-    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", 4), 5) is None
+    assert groups.on_heartbeat(beat("legs", "w1", "a", 4), 5) is None
 
 
 def test_a_copy_of_an_earlier_heartbeat_is_no_news():
@@ -146,9 +157,9 @@ def test_a_copy_of_an_earlier_heartbeat_is_no_news():
     job would restore) nor that a silent one is alive."""
     clock = Clock()
     groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=clock)
-    idle = Heartbeat("legs", "w1", "a", None, 1)
+    idle = beat("legs", "w1", "a", None, 1)
     groups.on_heartbeat(idle, 4)
-    running = Heartbeat("legs", "w1", "a", 4, 2)
+    running = beat("legs", "w1", "a", 4, 2)
     assert groups.on_heartbeat(running, 4) is None
     assert groups.on_heartbeat(idle, 4) is None  # the copy: not LOST
     groups.own()
@@ -156,14 +167,14 @@ def test_a_copy_of_an_earlier_heartbeat_is_no_news():
     assert groups.on_heartbeat(running, 4) is None  # the copy again: the member stays silent
     assert groups.liveness.silent() == ["legs"]
     # its next heartbeat, stopped, is news
-    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", None, 3), 4) is HeartbeatOutcome.LOST
+    assert groups.on_heartbeat(beat("legs", "w1", "a", None, 3), 4) is HeartbeatOutcome.LOST
 
 
 def test_heartbeats_of_a_group_the_job_does_not_run_remotely_are_refused_once(caplog):
     caplog.set_level(logging.INFO, logger="streaming")
     groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=Clock())
-    assert groups.on_heartbeat(Heartbeat("windows", "w9", "c", None), 1) is None
-    assert groups.on_heartbeat(Heartbeat("windows", "w9", "c", None), 1) is None
+    assert groups.on_heartbeat(beat("windows", "w9", "c", None), 1) is None
+    assert groups.on_heartbeat(beat("windows", "w9", "c", None), 1) is None
     assert groups.members == {} and len(caplog.messages) == 1 and "'windows'" in caplog.messages[0]
 
 
@@ -261,22 +272,62 @@ def test_a_worker_knows_when_the_job_runs_no_group_of_its_name():
 
 def test_the_runner_knows_when_every_member_stopped_its_tasks():
     groups = RemoteGroups({"legs": ["legs-0"], "accounts": ["accounts-0"]}, 10.0, clock=Clock())
-    groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 1)
-    groups.on_heartbeat(Heartbeat("accounts", "w2", "b", None), 1)
-    groups.on_heartbeat(Heartbeat("legs", "w1", "a", 1), 1)
+    groups.on_heartbeat(beat("legs", "w1", "a", None), 1)
+    groups.on_heartbeat(beat("accounts", "w2", "b", None), 1)
+    groups.on_heartbeat(beat("legs", "w1", "a", 1), 1)
     groups.forget_reports()  # a pause asked for: nobody has answered yet
     assert groups.still_running() == ["accounts", "legs"]
-    groups.on_heartbeat(Heartbeat("legs", "w1", "a", 1), 1)
-    groups.on_heartbeat(Heartbeat("accounts", "w2", "b", None), 1)
+    groups.on_heartbeat(beat("legs", "w1", "a", 1), 1)
+    groups.on_heartbeat(beat("accounts", "w2", "b", None), 1)
     assert groups.still_running() == ["legs"]
-    groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 1)
+    groups.on_heartbeat(beat("legs", "w1", "a", None), 1)
     assert groups.still_running() == []
 
 
-def test_a_worker_of_the_runner_before_joins_still_running_until_it_says_it_stopped():
-    groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=Clock())
+def test_a_worker_of_the_runner_before_counts_as_running_until_it_answers_this_runner_stopped():
+    groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=Clock(), runner="r2")
     groups.forget_reports()  # a new runner about to rescale: it pauses whoever is out there
-    assert groups.on_heartbeat(Heartbeat("legs", "w1", "a", 3), 0) is HeartbeatOutcome.JOINED
-    assert groups.still_running() == ["legs"]
-    groups.on_heartbeat(Heartbeat("legs", "w1", "a", None), 0)
+    # still following the runner before, running its generation 3: no member, but the pause waits for it
+    assert groups.on_heartbeat(beat("legs", "w1", "a", 3, runner="r1"), 0) is None
+    assert groups.members == {} and groups.still_running() == ["legs"]
+    # it heard this runner's lease and stopped: it answers this runner, joins, and runs nothing
+    assert groups.on_heartbeat(beat("legs", "w1", "a", None, runner="r2"), 0) is HeartbeatOutcome.JOINED
     assert groups.still_running() == []
+
+
+def test_after_a_runner_restarts_a_dead_workers_old_heartbeats_appended_again_are_no_news(caplog):
+    """Runner r1 ran group legs on w1, which died with it.  Someone who can
+    write to the control topic appends w1's old heartbeats again, in order,
+    once runner r2 started.  Before heartbeats answered a runner, the first
+    made w1 the member: w2, alive, waited as its standby, and the copies,
+    numbered higher each time, kept w1 from going silent: no restore, no
+    checkpoint, for good.  They answer r1, so r2 takes none of them."""
+    caplog.set_level(logging.INFO, logger="streaming")
+    old = [beat("legs", "w1", "a", 4, sequence=n, runner="r1") for n in range(1, 40)]
+    clock = Clock()
+    groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=clock, runner="r2")
+    groups.own()
+    assert [groups.on_heartbeat(copy, 5) for copy in old[:3]] == [None] * 3
+    assert groups.members == {}
+    assert groups.on_heartbeat(beat("legs", "w2", "b", None, sequence=1, runner="r2"), 5) is HeartbeatOutcome.JOINED
+    assert groups.members == {"legs": "w2"} and groups.standby == {}
+    for copy in old[3:]:
+        clock.advance(1, own=groups)
+        assert groups.on_heartbeat(copy, 5) is None
+        assert groups.members == {"legs": "w2"}
+    assert groups.silent() == ["legs"]  # w2 said nothing since: the copies kept no one alive
+    # one line for the worker that answers another runner, not one per copy
+    assert sum("answers runner r1" in line for line in caplog.messages) == 1
+
+
+def test_a_heartbeat_or_lease_numbered_0_is_no_news():
+    """Senders number from 1: a record numbered 0 (a copy with its number
+    taken off, or a writer's own) is never news."""
+    groups = RemoteGroups({"legs": ["legs-0"]}, 10.0, clock=Clock())
+    assert groups.on_heartbeat(beat("legs", "w1", "a", None, sequence=0), 1) is None
+    assert groups.members == {}
+    member = Membership("money", "legs", "w1", clock=Clock())
+    current = lease(2, {"legs": "w1"})
+    assert member.on_lease(current).kind is ActionKind.START
+    member.running = 2
+    assert member.on_lease(dataclasses.replace(current, members={}, sequence=0)) is None  # not a STOP
