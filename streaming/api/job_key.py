@@ -69,6 +69,12 @@ class JobKey:
         one of its own, so that no signature of one kind of record passes for another's."""
         return hmac.new(self.key, b"barriers", hashlib.sha256).digest()
 
+    @property
+    def store(self) -> bytes:
+        """The key the store's job files are signed with (``_JOB.json``, manifests,
+        ``_TASK.json``: ``streaming.adapters.snapshots.signing``): one of its own."""
+        return hmac.new(self.key, b"store", hashlib.sha256).digest()
+
     def sign(self, *parts: bytes) -> str:
         digest = hmac.new(self.key, digestmod=hashlib.sha256)
         for part in parts:

@@ -31,6 +31,12 @@ manifest, so a restore can tell a damaged checkpoint and fall back to an older
 one (``latest_verified``).  The manifest and ``_JOB.json`` appear atomically: a
 rename on a local filesystem, a single PUT on S3.
 
+``_JOB.json``, the manifests and every ``_TASK.json`` are signed with the
+job's store key (``signing``): one a writer of the store edited, wrote or
+copied from another place does not verify, so its checkpoint is corrupt (a
+restore falls back past it) or, for ``_JOB.json``, the job stops with the
+reason.
+
 Every ``OSError`` from the filesystem becomes a ``StoreError`` naming the store
 URI; a missing checkpoint or task raises ``SnapshotMissingError`` and damaged
 content ``SnapshotCorruptError``, each naming the checkpoint, task and part.
@@ -41,8 +47,9 @@ documents), ``reading`` (listing and reading back, every part checked),
 a checkpoint can be restored, which one a restore picks, and the newest that
 verifies, remembered), ``retention`` (deleting checkpoints, and which ones
 go: ``plan_retention``, the one rule of the coordinator and of ``checkpoints
-gc``), ``jobs`` (generations and restore history) and ``store`` (the
-``SnapshotStore``: one handle to the rest).
+gc``), ``jobs`` (generations and restore history), ``signing`` (the job
+files' signatures) and ``store`` (the ``SnapshotStore``: one handle to the
+rest).
 """
 
 from streaming.adapters.snapshots.format import (

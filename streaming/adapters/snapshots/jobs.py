@@ -16,6 +16,7 @@ import pyarrow.fs as pafs
 from streaming.adapters.objects import ObjectFiles, StoreLocation
 from streaming.adapters.snapshots.format import GenerationStart, JobMeta, now
 from streaming.adapters.snapshots.layout import JOB, Layout, checkpoint_dir_name
+from streaming.adapters.snapshots.signing import StoreSigner
 from streaming.errors import SnapshotCorruptError
 
 __all__ = ["JobHistory", "jobs_in"]
@@ -39,10 +40,11 @@ def jobs_in(location: StoreLocation) -> list[str]:
 
 
 class JobHistory:
-    def __init__(self, files: ObjectFiles, layout: Layout, job: str):
+    def __init__(self, files: ObjectFiles, layout: Layout, job: str, signer: StoreSigner):
         self.files = files
         self.layout = layout
         self.job = job
+        self.signer = signer
 
     def read(self) -> JobMeta | None:
         """The job's metadata, or None before its first generation."""
@@ -50,6 +52,7 @@ class JobHistory:
         data = self.files.read(path, "reading the job metadata")
         if data is None:
             return None
+        data = self.signer.body(data, f"job {self.job}: {self.files.uri(path)}", "job")
         try:
             meta = JobMeta.from_json(data)
         except ValueError as exc:
@@ -60,7 +63,7 @@ class JobHistory:
         if meta.job != self.job:
             raise ValueError(f"job metadata of {meta.job!r} cannot be written for job {self.job!r}")
         with self.files.io("writing the job metadata"):
-            self.files.write(self.layout.job_file, meta.to_json().encode(), atomic=True)
+            self.files.write(self.layout.job_file, self.signer.sign(meta.to_json().encode(), "job"), atomic=True)
 
     def first_generation(self, scale: Mapping[str, Any] | None = None) -> None:
         """Record generation 0, a fresh start (at ``scale``, ``Scale`` as

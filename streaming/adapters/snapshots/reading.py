@@ -18,6 +18,7 @@ from operators.state import apply_chain, stored_keys
 from streaming.adapters.objects import ObjectFiles
 from streaming.adapters.snapshots.format import LoadedTask, Manifest, PartInfo, StateLink, TaskSnapshot
 from streaming.adapters.snapshots.layout import CHECKPOINT_DIR, MANIFEST, TASK, Layout, escape
+from streaming.adapters.snapshots.signing import StoreSigner
 from streaming.errors import SnapshotCorruptError, SnapshotMissingError
 
 __all__ = ["SnapshotReader"]
@@ -26,12 +27,14 @@ log = logging.getLogger(__name__)
 
 
 class SnapshotReader:
-    """Reads the checkpoints of job ``job`` laid out by ``layout`` in ``files``."""
+    """Reads the checkpoints of job ``job`` laid out by ``layout`` in
+    ``files``; ``signer`` verifies each manifest and ``_TASK.json``."""
 
-    def __init__(self, files: ObjectFiles, layout: Layout, job: str):
+    def __init__(self, files: ObjectFiles, layout: Layout, job: str, signer: StoreSigner):
         self.files = files
         self.layout = layout
         self.job = job
+        self.signer = signer
 
     def checkpoints(self) -> list[int]:
         """Every checkpoint directory, complete or not, ascending."""
@@ -62,6 +65,9 @@ class SnapshotReader:
                 f"checkpoint {checkpoint_id} of job {self.job} is not complete: "
                 f"{self.why_missing(checkpoint_id, MANIFEST)}"
             )
+        data = self.signer.body(
+            data, f"checkpoint {checkpoint_id}: manifest {self.files.uri(path)}", "manifest", str(checkpoint_id)
+        )
         try:
             manifest = Manifest.from_json(data)
             if manifest.checkpoint_id != checkpoint_id or manifest.job != self.job:
@@ -78,6 +84,9 @@ class SnapshotReader:
         data = self.files.read(path, f"reading checkpoint {checkpoint_id} task {task}")
         if data is None:
             return None
+        data = self.signer.body(
+            data, f"checkpoint {checkpoint_id} task {task}: {self.files.uri(path)}", "task", str(checkpoint_id), task
+        )
         try:
             snapshot = TaskSnapshot.from_json(data)
             if snapshot.task != task or snapshot.checkpoint_id != checkpoint_id:

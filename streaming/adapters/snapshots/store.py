@@ -17,6 +17,7 @@ from streaming.adapters.snapshots.jobs import JobHistory
 from streaming.adapters.snapshots.layout import Layout
 from streaming.adapters.snapshots.reading import SnapshotReader
 from streaming.adapters.snapshots.retention import Retention, RetentionPlan
+from streaming.adapters.snapshots.signing import StoreSigner
 from streaming.adapters.snapshots.verify import NewestVerified, Verifier
 from streaming.adapters.snapshots.writing import SnapshotWriter, TaskParts
 from streaming.errors import ConfigError
@@ -34,9 +35,14 @@ class SnapshotStore:
     ``_JOB.json``; task writes may run in parallel.
 
     One job: the store's handle.  Each method hands its work to one of the
-    parts, which the constructor builds on one ``ObjectFiles`` and ``Layout``."""
+    parts, which the constructor builds on one ``ObjectFiles`` and ``Layout``.
 
-    def __init__(self, location: StoreLocation, job: str, *, upload_threads: int = 4):
+    ``key``: the job's store key (``JobKey.store``), which signs and verifies
+    ``_JOB.json``, the manifests and every ``_TASK.json``
+    (``streaming.adapters.snapshots.signing``).  Every runner, worker and tool
+    passes it; None (nothing signed, nothing verified) is for unit tests."""
+
+    def __init__(self, location: StoreLocation, job: str, *, key: bytes | None = None, upload_threads: int = 4):
         try:
             self.layout = Layout(location, job)
         except ValueError as exc:
@@ -46,10 +52,13 @@ class SnapshotStore:
         self.location = location
         self.job = job
         self.files = ObjectFiles(location, "snapshot store")
-        self.reader = SnapshotReader(self.files, self.layout, job)
+        signer = StoreSigner(job, key)
+        self.reader = SnapshotReader(self.files, self.layout, job, signer)
         self.verifier = Verifier(self.reader)
-        self.history = JobHistory(self.files, self.layout, job)
-        self.writer = SnapshotWriter(self.files, self.layout, job, upload_threads=upload_threads, name=repr(self))
+        self.history = JobHistory(self.files, self.layout, job, signer)
+        self.writer = SnapshotWriter(
+            self.files, self.layout, job, signer, upload_threads=upload_threads, name=repr(self)
+        )
         self.retention = Retention(self.reader)
         self.newest_verified = NewestVerified(self.verifier, self.read_job)
 

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from streaming.adapters.objects import ObjectFiles
 from streaming.adapters.snapshots.format import LINK_KINDS, Manifest, PartInfo, StateLink, TaskSnapshot, now
 from streaming.adapters.snapshots.layout import Layout, escape
+from streaming.adapters.snapshots.signing import StoreSigner
 
 __all__ = ["SnapshotWriter", "TaskParts", "ChainStep", "part_bytes"]
 
@@ -62,7 +63,10 @@ class SnapshotWriter:
     threads of ``write_task_async``.  ``name`` is the store as an error about
     a closed writer names it."""
 
-    def __init__(self, files: ObjectFiles, layout: Layout, job: str, *, upload_threads: int, name: str):
+    def __init__(
+        self, files: ObjectFiles, layout: Layout, job: str, signer: StoreSigner, *, upload_threads: int, name: str
+    ):
+        self.signer = signer
         self.files = files
         self.layout = layout
         self.job = job
@@ -118,7 +122,8 @@ class SnapshotWriter:
                 metadata=dict(parts.metadata),
                 state_chains=state_chains,
             )
-            self.files.write(self.layout.task_file(checkpoint_id, task), snapshot.to_json().encode())
+            signed = self.signer.sign(snapshot.to_json().encode(), "task", str(checkpoint_id), task)
+            self.files.write(self.layout.task_file(checkpoint_id, task), signed)
         log.debug(
             "chk-%d task %s: snapshot written (%d state parts, %d channel parts, %d bytes, %.3f s)",
             checkpoint_id,
@@ -168,7 +173,8 @@ class SnapshotWriter:
             metrics=dict(metrics or {}),
         )
         with self.files.io(f"writing the manifest of checkpoint {checkpoint_id}"):
-            self.files.write(self.layout.manifest(checkpoint_id), manifest.to_json().encode(), atomic=True)
+            signed = self.signer.sign(manifest.to_json().encode(), "manifest", str(checkpoint_id))
+            self.files.write(self.layout.manifest(checkpoint_id), signed, atomic=True)
         log.debug(
             "chk-%d: complete, manifest written (%d tasks, generation %d)",
             checkpoint_id,

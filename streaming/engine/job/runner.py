@@ -199,7 +199,7 @@ class JobRunner:
         )
         self.log_dir = options.log_dir or default_home() / "runs" / self.job
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.store = SnapshotStore(open_store(settings.store, connection), self.job)
+        self.store = SnapshotStore(open_store(settings.store, connection), self.job, key=self.key.store)
         # a restore into a changed pipeline may drop these stages' state (streaming.engine.restore.changes)
         self.recovery = RestoreService(self.declared, self.store, settings, connection, options.allow_dropped)
         self.max_restores = options.max_restores

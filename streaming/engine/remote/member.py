@@ -186,7 +186,9 @@ class RemoteWorker(Worker):
             return
         if settings.store != self.settings.store:
             self.store.close()
-            self.store = SnapshotStore(open_store(settings.store, self.connection), lease.job)
+            self.store = SnapshotStore(
+                open_store(settings.store, self.connection), lease.job, key=self.connection.job_key(lease.job).store
+            )
         self.settings = settings
 
     def serve(self) -> int:

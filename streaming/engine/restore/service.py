@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from barriers.handler import CheckpointKind
 from streaming.adapters.kafka.admin import earliest_offsets
+from streaming.adapters.kafka.control.transport import newest_generation
 from streaming.adapters.kafka.dead_letters import DeadLetterTopic
 from streaming.adapters.kafka.producer import close_producer, producer, write_records
 from streaming.adapters.kafka.ranges import read_range
@@ -50,6 +51,7 @@ from streaming.adapters.serde import codec
 from streaming.adapters.sinks.factory import open_sink, sink_location
 from streaming.adapters.snapshots import JobMeta, Manifest, SnapshotStore, TaskParts
 from streaming.adapters.snapshots.format import options_as_stored, stored_name
+from streaming.adapters.snapshots.layout import JOB
 from streaming.api.config import Connection
 from streaming.api.pipeline import Pipeline, Scale, SinkKind, TaskSpec
 from streaming.api.settings import JobSettings
@@ -164,8 +166,13 @@ class RestoreService:
         settings: JobSettings,
         connection: Connection,
         allow_dropped: AllowDropped | None = None,
+        generation_heard: Callable[[], int | None] | None = None,
     ):
         self.declared = declared
+        # the newest generation the job's signed events name (``newest_generation``; a test gives its own)
+        self._generation_heard = generation_heard or (
+            lambda: newest_generation(connection.kafka, declared.job, connection.job_key(declared.job))
+        )
         self.allow_dropped = allow_dropped or AllowDropped.none()
         self.job = declared.job
         self.store = store
@@ -213,6 +220,7 @@ class RestoreService:
         manifest, skipped = self.pick(checkpoint_id)
         meta = store_patiently(self.store.read_job, "reading the job")
         generation = (meta.generation if meta else 0) + 1
+        self._refuse_a_rolled_back_history(generation)
         current = recorded_scale(meta) or running
         wanted = {**current.parallelism, **parallelism}
         rescale = change = None
@@ -250,6 +258,21 @@ class RestoreService:
             manifest if rescale is not None or change is not None else None,
             change,
         )
+
+    def _refuse_a_rolled_back_history(self, generation: int) -> None:
+        """A ``JobFailed`` when the control topic already names ``generation``
+        or a later one: the store's ``_JOB.json`` was put back to an older copy
+        (signed, so it verifies), and a new generation would reuse a number
+        whose signed barriers and events are still in Kafka."""
+        heard = self._generation_heard()
+        if heard is not None and heard >= generation:
+            raise JobFailed(
+                f"job {self.job}: the store's job history ({JOB}) says generation {generation - 1} is the newest, "
+                f"but the job's control topic holds events of generation {heard}: the history was rolled back "
+                f"to an older copy. Starting generation {generation} would reuse a number whose barriers and "
+                "events are still in Kafka. Put back the store's newest "
+                f"{JOB} (from a backup or the bucket's versions) and restart"
+            )
 
     def _plan_change(
         self, manifest: Manifest, wanted: Mapping[str, int], generation: int, cause: str

@@ -175,7 +175,9 @@ class Worker:
 
         job = self.pipeline.job
         kafka = self.connection.kafka
-        self.store = SnapshotStore(open_store(self.settings.store, self.connection), job)
+        self.store = SnapshotStore(
+            open_store(self.settings.store, self.connection), job, key=self.connection.job_key(job).store
+        )
         delivery_s = self.settings.delivery_timeout_s
         self.control = ControlTopic(
             kafka,

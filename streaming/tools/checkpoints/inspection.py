@@ -33,14 +33,18 @@ with SQL.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import pyarrow as pa
 
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.adapters.snapshots.jobs import jobs_in
-from streaming.api.config import Connection, KafkaAccess
+from streaming.api.config import ENV, Connection, KafkaAccess
+from streaming.api.job_key import JobKey, read_secret_file
 from streaming.api.pipeline import Pipeline
 from streaming.engine.restore.changes import AllowDropped, PipelineChange
 from streaming.engine.restore.rescale import RescalePlan
@@ -70,6 +74,8 @@ __all__ = [
     "state_keys",
     "to_spark",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class Checkpoints:
@@ -104,7 +110,8 @@ class Checkpoints:
                     names_like(job, jobs, "jobs in the store") if jobs else "it holds no job at all (is --store right?)"
                 )
                 raise ConfigError(f"job {job!r} has no history or checkpoints in store {location.uri}; {has}")
-        return cls(SnapshotStore(location, job), kafka=connection.kafka if connection else None)
+        store = SnapshotStore(location, job, key=_store_key(job, connection))
+        return cls(store, kafka=connection.kafka if connection else None)
 
     def close(self) -> None:
         self.store.close()
@@ -204,3 +211,24 @@ def to_spark(spark, table: pa.Table, *, view: str | None = None):
     if view:
         frame.createOrReplaceTempView(view)
     return frame
+
+
+def _store_key(job: str, connection: Connection | None) -> bytes | None:
+    """Job ``job``'s store key, from the connection's job secret or, for a
+    store read without a connection, ``SPARK_ABS_JOB_SECRET`` or
+    ``SPARK_ABS_JOB_SECRET_FILE``; None without any (the job's files are
+    then read without checking their signatures, which ``--verbose`` says)."""
+    if connection is not None and (connection.job_secret or connection.job_secret_file):
+        return connection.job_key(job).store
+    if os.environ.get(ENV["job_secret"]):
+        return JobKey.derive(os.environ[ENV["job_secret"]], job).store
+    if os.environ.get(ENV["job_secret_file"]):
+        secret = read_secret_file(Path(os.environ[ENV["job_secret_file"]]), ENV["job_secret_file"])
+        return JobKey.derive(secret, job).store
+    log.debug(
+        "no job secret (%s or %s): job %s's files in the store are read without checking their signatures",
+        ENV["job_secret"],
+        ENV["job_secret_file"],
+        job,
+    )
+    return None

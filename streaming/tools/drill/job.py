@@ -87,7 +87,9 @@ class DrilledJob:
         self.delivery_timeout_s = settings.delivery_timeout_s
         self.store_uri = store_uri
         self.max_restores = max_restores
-        self.store = SnapshotStore(open_store(store_uri, connection), job)
+        # signed with the job's key (a unit test drives one without a connection)
+        key = connection.job_key(job).store if connection is not None else None
+        self.store = SnapshotStore(open_store(store_uri, connection), job, key=key)
         self.log_dir = default_home() / "runs" / job
         report_dir.mkdir(parents=True, exist_ok=True)
         self.fault_file = report_dir / "faults"

@@ -18,6 +18,7 @@ import pytest
 from streaming.adapters.objects import ObjectFiles, open_store
 from streaming.adapters.snapshots.format import Manifest, StateLink, TaskSnapshot
 from streaming.adapters.snapshots.layout import Layout
+from streaming.adapters.snapshots.signing import StoreSigner
 from streaming.adapters.snapshots.writing import SnapshotWriter, TaskParts, part_bytes
 from streaming.errors import StoreError
 
@@ -27,9 +28,8 @@ JOB = "money"
 @pytest.fixture
 def writer(tmp_path: Path):
     location = open_store(f"file://{tmp_path}/store")
-    writer = SnapshotWriter(
-        ObjectFiles(location, "snapshot store"), Layout(location, JOB), JOB, upload_threads=2, name="the test's store"
-    )
+    files, layout = ObjectFiles(location, "snapshot store"), Layout(location, JOB)
+    writer = SnapshotWriter(files, layout, JOB, StoreSigner(JOB, None), upload_threads=2, name="the test's store")
     yield writer
     writer.close()
 

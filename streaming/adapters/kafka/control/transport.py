@@ -27,7 +27,7 @@ from streaming.api.topics import control_topic, control_topic_job
 from streaming.errors import ConfigError, KafkaUnavailableError
 from streaming.waits import Deadline
 
-__all__ = ["ControlTopic", "control_jobs", "send_event"]
+__all__ = ["ControlTopic", "control_jobs", "newest_generation", "send_event"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,17 @@ class ControlTopic:
         self._consumer.seek(self._tp, end)
         return end
 
+    def seek(self, offset: int) -> None:
+        """Read from ``offset`` on."""
+        self._consumer.seek(self._tp, offset)
+
+    def position(self) -> int:
+        """The offset of the next record ``poll`` reads."""
+        try:
+            return self._consumer.position(self._tp)
+        except KafkaError as exc:
+            raise KafkaUnavailableError(f"cannot find the position on the control topic {self.topic}: {exc}") from exc
+
     def publish(self, event: ControlEvent, timeout_s: float | None = None) -> int:
         """Send ``event`` and wait until Kafka has it (``send_event``), at most
         ``timeout_s`` (default: the delivery timeout)."""
@@ -168,3 +179,34 @@ class ControlTopic:
     def close(self) -> None:
         close_producer(self._producer, f"control topic {self.topic}")
         self._consumer.close()
+
+
+# how many of the control topic's newest records ``newest_generation`` reads: every event names the
+# generation it belongs to, and a runner publishes several a second, so the tail holds the newest
+GENERATION_TAIL = 2000
+
+
+def newest_generation(kafka: KafkaAccess, job: str, key: JobKey, timeout_s: float = 30.0) -> int | None:
+    """The newest generation any event on job ``job``'s control topic that
+    verifies with ``key`` names, among its last ``GENERATION_TAIL`` records
+    (None when none names one).  Events are signed and the store's
+    ``_JOB.json`` is not the only record of the generations: one rolled back
+    to an older copy (signed too) names a generation older than this."""
+    control = ControlTopic(kafka, job, key)
+    try:
+        end = control.seek_to_end()
+        control.seek(max(0, end - GENERATION_TAIL))
+        newest: int | None = None
+        deadline = Deadline(timeout_s)
+        while control.position() < end:
+            if deadline.passed():
+                raise KafkaUnavailableError(
+                    f"reading the last {GENERATION_TAIL} events of {control.topic} took more than {timeout_s:g} s"
+                )
+            for event in control.poll(0.5):
+                generation = getattr(event, "generation", None)
+                if isinstance(generation, int) and (newest is None or generation > newest):
+                    newest = generation
+        return newest
+    finally:
+        control.close()

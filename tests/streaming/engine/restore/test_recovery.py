@@ -44,7 +44,7 @@ def store(tmp_path, monkeypatch):
 
 def service(store, tmp_path, allow=None) -> RestoreService:
     settings = JobSettings(store=f"file://{tmp_path}/store")
-    return RestoreService(changing_pipeline(JOB, "base"), store, settings, CONNECTION, allow)
+    return RestoreService(changing_pipeline(JOB, "base"), store, settings, CONNECTION, allow, lambda: None)
 
 
 def prepare(restores: RestoreService):

@@ -11,6 +11,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import replace
 from datetime import datetime
 
@@ -25,6 +26,7 @@ from operators.state import KeyedState
 from streaming.adapters.objects import open_store
 from streaming.adapters.serde.records import RECORD_SCHEMA
 from streaming.adapters.snapshots import SnapshotStore, TaskParts
+from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
 from streaming.engine.job.coordinator import CompletionHooks, CoordinatorIO, CoordinatorService
@@ -111,9 +113,13 @@ def _checkpoint(store: SnapshotStore, cid: int, balances: dict[str, int], *, gen
     )
 
 
+SECRET = "a-secret-of-the-tests-own-0123456789"
+
+
 @pytest.fixture
 def store(tmp_path):
-    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB)
+    # signed as a job's runner signs it: the commands verify with the same secret (``_cli``)
+    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB, key=JobKey.derive(SECRET, JOB).store)
     store.next_generation(None)
     store.next_generation(3)  # generation 2, restored from checkpoint 3
     _checkpoint(store, 4, {"a": 10, "b": -10, "c": 0})
@@ -220,38 +226,50 @@ def test_restore_plan_skips_what_does_not_verify(store, tmp_path):
         Checkpoints(store).restore_plan(5)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
+def _cli(*args: str, secret: str | None = None) -> subprocess.CompletedProcess:
+    """The command; with ``secret`` (the one the ``store`` fixture signed with) as the job secret and no
+    local runtime to take another from."""
+    env = dict(os.environ)
+    if secret is not None:
+        env |= {"SPARK_ABS_JOB_SECRET": secret, "SPARK_ABS_HOME": tempfile.mkdtemp()}
+        env.pop("SPARK_ABS_KAFKA_BOOTSTRAP", None)
     return subprocess.run(
-        [sys.executable, "-m", "streaming.tools.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "streaming.tools.cli", *args], capture_output=True, text=True, timeout=120, env=env
     )
 
 
 def test_the_commands(store, tmp_path):
     where = ("--store", f"file://{tmp_path}/store", "--job", JOB)
-    shown = _cli("checkpoints", "show", "5", *where, "--json")
+    shown = _cli("checkpoints", "show", "5", *where, "--json", secret=SECRET)
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["checkpoint_id"] == 5
-    assert _cli("checkpoints", "verify", *where).returncode == 0
-    state = _cli("state", "5", *where, "--channels")
+    assert _cli("checkpoints", "verify", *where, secret=SECRET).returncode == 0
+    state = _cli("state", "5", *where, "--channels", secret=SECRET)
     assert state.returncode == 0, state.stderr
     assert "channel state: 4 records, 2 rows" in state.stdout
     out = tmp_path / "out" / "balances.parquet"
-    exported = _cli("state", "4", *where, "--table", "balances", "--output", str(out))
+    exported = _cli("state", "4", *where, "--table", "balances", "--output", str(out), secret=SECRET)
     assert exported.returncode == 0, exported.stderr
     assert pq.read_table(out).num_rows == 4
-    csv = _cli("state", "5", *where, "--channels", "--output", str(tmp_path / "out" / "channels.csv"))
+    csv = _cli("state", "5", *where, "--channels", "--output", str(tmp_path / "out" / "channels.csv"), secret=SECRET)
     assert csv.returncode == 0, csv.stderr
     assert (tmp_path / "out" / "channels-records.csv").read_text().count("\n") == 5
-    assert _cli("checkpoints", "diff", "4", *where).returncode == 2  # diff takes two ids
+    assert _cli("checkpoints", "diff", "4", *where, secret=SECRET).returncode == 2  # diff takes two ids
     part = next((tmp_path / "store" / JOB / "checkpoints" / "chk-00000004").rglob("balances.parquet"))
     part.write_bytes(part.read_bytes()[:-3] + b"xyz")
-    verify = _cli("checkpoints", "verify", *where)
+    verify = _cli("checkpoints", "verify", *where, secret=SECRET)
     assert verify.returncode == 1
     assert "1 of 2 checkpoint(s) verify" in verify.stdout and "checksum mismatch" in verify.stdout
-    dry = _cli("restore", *where, "4", "--dry-run")
+    dry = _cli("restore", *where, "4", "--dry-run", secret=SECRET)
     assert dry.returncode == 2 and "checkpoint 4 cannot be restored" in dry.stderr
-    dry = _cli("restore", *where, "--dry-run")
+    dry = _cli("restore", *where, "--dry-run", secret=SECRET)
     assert dry.returncode == 0 and "a restore picks checkpoint 5" in dry.stdout
+    # a writer of the store without the job's key edits checkpoint 5's manifest: it no longer verifies
+    manifest = tmp_path / "store" / JOB / "checkpoints" / "chk-00000005" / "_MANIFEST.json"
+    manifest.write_text(manifest.read_text().replace('"generation": 2', '"generation": 3'))
+    verify = _cli("checkpoints", "verify", *where, secret=SECRET)
+    assert verify.returncode == 1 and "0 of 2 checkpoint(s) verify" in verify.stdout
+    assert "its signature does not match job ledger's key" in verify.stdout
 
 
 def test_a_table_without_named_keys_is_compared_row_by_row(tmp_path):

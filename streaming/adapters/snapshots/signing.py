@@ -1,0 +1,76 @@
+"""The store's job files signed with the job's store key
+(``JobKey.store``): ``_JOB.json``, each checkpoint's manifest and each
+task's ``_TASK.json``.  Whoever can write the store but does not hold the
+key cannot make a restore read a file it wrote or edited: a manifest or
+``_TASK.json`` that does not verify makes its checkpoint corrupt (a restore
+falls back past it), a ``_JOB.json`` that does not verify stops the job
+with the reason.
+
+A signed file is the JSON object itself with a first member ``"mac"``: the
+HMAC-SHA256, under the store key, of the job's name, the file's place
+(``job``, ``manifest <id>``, ``task <id> <task>``: a file copied to another
+place does not verify there) and the exact bytes of the object without that
+member, each length-prefixed.  Any JSON reader still reads the file; the
+member is always ``{"mac": "<64 hex digits>", `` at the start, so the bytes
+it covers are recovered exactly, without parsing."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+
+from streaming.errors import SnapshotCorruptError
+
+__all__ = ["StoreSigner"]
+
+_PREFIX = b'{"mac": "'
+_SIGNED = re.compile(rb'\{"mac": "([0-9a-f]{64})", ')
+
+
+class StoreSigner:
+    """Signs and verifies job ``job``'s files with ``key`` (None: a store
+    read and written without signatures, for tests and the simulator only:
+    every production constructor passes the job's store key)."""
+
+    def __init__(self, job: str, key: bytes | None):
+        self.job = job
+        self.key = key
+
+    @property
+    def signs(self) -> bool:
+        return self.key is not None
+
+    def sign(self, body: bytes, *place: str) -> bytes:
+        """``body`` (a JSON object's bytes) as a signed file of ``place``."""
+        if self.key is None:
+            return body
+        if not body.startswith(b"{") or body[1:].lstrip().startswith(b"}"):
+            raise ValueError("only a non-empty JSON object is signed")
+        mac = self._mac(body, place)
+        return _PREFIX + mac.encode() + b'", ' + body[1:]
+
+    def body(self, data: bytes, what: str, *place: str) -> bytes:
+        """The bytes ``data`` signs, once verified; a ``SnapshotCorruptError``
+        naming ``what`` and why when they are not signed with the job's key."""
+        if self.key is None:
+            return data
+        matched = _SIGNED.match(data)
+        if matched is None:
+            raise SnapshotCorruptError(
+                f"{what} is not signed with job {self.job}'s key (written by someone else, or by a version "
+                "that did not sign the store's files)"
+            )
+        body = b"{" + data[matched.end() :]
+        if not hmac.compare_digest(matched.group(1), self._mac(body, place).encode()):
+            raise SnapshotCorruptError(
+                f"{what}: its signature does not match job {self.job}'s key (edited, or copied from another place)"
+            )
+        return body
+
+    def _mac(self, body: bytes, place: tuple[str, ...]) -> str:
+        assert self.key is not None
+        digest = hmac.new(self.key, digestmod=hashlib.sha256)
+        for part in (self.job.encode(), " ".join(place).encode(), body):
+            digest.update(len(part).to_bytes(8, "big") + part)
+        return digest.hexdigest()
