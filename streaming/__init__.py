@@ -23,6 +23,8 @@ The sub-packages, from the top down (docs/architecture/layers.md has the layers)
   call or a thread within a bound), each error naming its bound;
 - ``streaming.private_files``: local files written whole (temporary file,
   then rename), owner-only ones (0600), and secrets read only from those;
+- ``streaming.hosts``: the ``Host`` names an HTTP server of the project
+  answers (the web UI, the metrics endpoints);
 - ``streaming.errors``: every error, under ``SparkAbsError``;
   ``streaming.console``: what a command shows of the log (``install``).
 

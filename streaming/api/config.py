@@ -61,6 +61,7 @@ ENV = {
     "job_secret_file": "SPARK_ABS_JOB_SECRET_FILE",
     # where a process serves its Prometheus metrics (MetricsSettings.from_env)
     "metrics_host": "SPARK_ABS_METRICS_HOST",
+    "metrics_allow_host": "SPARK_ABS_METRICS_ALLOW_HOST",
     "metrics_port": "SPARK_ABS_METRICS_PORT",
 }
 

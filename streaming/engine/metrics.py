@@ -20,14 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import socket
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -36,6 +39,7 @@ from barriers.failures import CheckpointFailure
 from barriers.messages import Alignment, ChannelId, CheckpointOptions
 from streaming.api.config import ENV, MetricsSettings
 from streaming.errors import ConfigError
+from streaming.hosts import LOOPBACK_HOSTS, host_name, is_loopback
 from streaming.private_files import write_atomically
 
 if TYPE_CHECKING:  # what a task measured: an annotation here (the snapshot format loads the store)
@@ -412,7 +416,7 @@ def serve(settings: MetricsSettings, option: str) -> MetricsServer | None:
     if settings.port is None:
         return None
     try:
-        server, _ = start_http_server(settings.port, addr=settings.host, registry=REGISTRY)
+        server = _serve_checked(settings.host, settings.port, metric_hosts(settings.host))
     except OSError as exc:
         raise ConfigError(
             f"{option} {settings.port}: cannot serve metrics on {settings.host}:{settings.port} ({exc.strerror or exc}); "
@@ -423,6 +427,52 @@ def serve(settings: MetricsSettings, option: str) -> MetricsServer | None:
         host = socket.gethostname()  # bound to every interface: others reach it by the host's name
     port = server.server_address[1]
     return MetricsServer(server, f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+
+
+def metric_hosts(bound: str, environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The names a request's ``Host`` may give an endpoint bound to
+    ``bound``: the loopback names; off loopback also the address bound, this
+    host's name (what the targets file gives Prometheus) and the names in
+    ``SPARK_ABS_METRICS_ALLOW_HOST`` (comma-separated), for a Prometheus that
+    reaches it by another."""
+    environ = os.environ if environ is None else environ
+    names = set(LOOPBACK_HOSTS)
+    if not is_loopback(bound):
+        names |= {host_name(bound), host_name(socket.gethostname()), host_name(socket.getfqdn())}
+        names |= {host_name(n) for n in environ.get(ENV["metrics_allow_host"], "").split(",") if n.strip()}
+    names.discard("")
+    return frozenset(names - {"0.0.0.0", "::"})
+
+
+def _serve_checked(host: str, port: int, hosts: frozenset[str]) -> WSGIServer:
+    """prometheus-client's exposition (``make_wsgi_app``) behind a check of
+    the ``Host`` header, on a thread of its own: a request naming another host
+    (a web page that rebound its name to this address) is a 400."""
+    app = make_wsgi_app(REGISTRY)
+    allowed = ", ".join(sorted(hosts))
+
+    def checked(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if host_name(environ.get("HTTP_HOST", "")) not in hosts:
+            start_response("400 Bad Request", [("Content-Type", "text/plain; charset=utf-8")])
+            return [
+                f"400: these metrics answer to {allowed} (any port), not to the Host this request names; "
+                f"a Prometheus that reaches them by another name goes in {ENV['metrics_allow_host']}\n".encode()
+            ]
+        return app(environ, start_response)
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    server = make_server(host, port, checked, Server, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="spark-abs-metrics", daemon=True).start()
+    return server
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Scrapes are not logged."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 class Targets:

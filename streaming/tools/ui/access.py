@@ -17,7 +17,6 @@ and, when the page is exposed, a token.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from werkzeug.serving import WSGIRequestHandler
 from werkzeug.wrappers import Response as BaseResponse
 
 from streaming.errors import ConfigError
+from streaming.hosts import LOOPBACK_HOSTS, host_name, is_loopback
 from streaming.private_files import read_private
 
 __all__ = [
@@ -45,31 +45,10 @@ __all__ = [
 
 # the environment variable a token comes from (or a file: read_token)
 TOKEN_ENV = "SPARK_ABS_UI_TOKEN"
-# the names a Host header may give unless told more, with any port
-LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 # the cookie ``?token=`` sets
 COOKIE = "spark_abs_ui_token"
 _QUERY = "token"
 _REDACT = re.compile(r"([?&]token=)[^&\s\"]*")
-
-
-def host_name(host: str) -> str:
-    """The host name of a ``Host`` header, lower-cased, without its port or an
-    IPv6 address's brackets: ``[::1]:8050`` is ``::1``."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` serves loopback only (``localhost``, 127.0.0.0/8, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: whatever it resolves to, not known to be loopback
-        return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,8 @@ import dataclasses
 import json
 import re
 import socket
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -72,6 +74,34 @@ def test_the_endpoint_serves_the_registry_and_closes(job):
     with pytest.raises(OSError):
         scrape(server.url, timeout=2)
     assert metrics.serve(MetricsSettings.off(), "--metrics-port") is None
+
+
+def test_the_endpoint_answers_only_the_names_it_is_reached_by(job):
+    """A web page that rebinds its own name to 127.0.0.1 reaches a loopback
+    endpoint with its name in ``Host``: refused, as the web UI refuses it."""
+    server = metrics.serve(MetricsSettings(port=0), "--metrics-port")
+    try:
+        for host, status in (("127.0.0.1", 200), ("localhost", 200), ("evil.example", 400), ("", 400)):
+            request = urllib.request.Request(server.url, headers={"Host": f"{host}:1" if host else ""})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    got, body = answer.status, answer.read()
+            except urllib.error.HTTPError as refused:
+                got, body = refused.code, refused.read()
+            assert got == status, (host, got, body[:200])
+            if status == 400:
+                assert b"answer to 127.0.0.1, ::1, localhost (any port)" in body and b"spark_abs" not in body
+    finally:
+        server.close()
+    # off loopback: the address bound, this host's names and those the operator adds
+    named = metrics.metric_hosts("0.0.0.0", {"SPARK_ABS_METRICS_ALLOW_HOST": "prometheus.lan, Scraper:9090"})
+    assert {"localhost", socket.gethostname().lower(), "prometheus.lan", "scraper"} <= named
+    assert "0.0.0.0" not in named and "evil.example" not in named
+    assert metrics.metric_hosts("127.0.0.1", {"SPARK_ABS_METRICS_ALLOW_HOST": "prometheus.lan"}) == {
+        "localhost",
+        "127.0.0.1",
+        "::1",
+    }
 
 
 def test_a_port_in_use_is_refused_naming_the_option():
