@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 from streaming.api.job_key import JobKey, read_secret_file
 from streaming.errors import ConfigError, RuntimeNotRunningError
+from streaming.private_files import read_private
 
 __all__ = [
     "ENV",
@@ -55,6 +56,10 @@ ENV = {
     "spark_master": "SPARK_ABS_SPARK_MASTER",
     # a Confluent-compatible schema registry's API (Avro ingress resolved by schema id)
     "schema_registry": "SPARK_ABS_SCHEMA_REGISTRY",
+    # the registry's basic-auth user and a file holding its password, and a CA file for https://
+    "schema_registry_user": "SPARK_ABS_SCHEMA_REGISTRY_USER",
+    "schema_registry_password_file": "SPARK_ABS_SCHEMA_REGISTRY_PASSWORD_FILE",
+    "schema_registry_ca_file": "SPARK_ABS_SCHEMA_REGISTRY_CA_FILE",
     "maven_repo": "SPARK_ABS_MAVEN_REPO",
     # the secret the job's key is derived from (streaming.api.job_key), or a file holding it
     "job_secret": "SPARK_ABS_JOB_SECRET",
@@ -282,7 +287,8 @@ class KafkaAccess:
         object.__setattr__(self, "_secret", self.password)
         if self.password_file is not None:
             _readable(self.password_file, "kafka_password_file")
-            object.__setattr__(self, "_secret", self.password_file.read_text().strip())
+            # a file of this user's no one else may read or write (read_private says how to fix it)
+            object.__setattr__(self, "_secret", read_secret_file(self.password_file, ENV["kafka_password_file"]))
         if not protocol.startswith("SASL_"):
             given = [
                 ENV[n] for n in ("kafka_sasl_mechanism", "kafka_username", "kafka_password") if getattr(self, n[6:])
@@ -321,6 +327,8 @@ class KafkaAccess:
             raise ConfigError(f"{ENV['kafka_key_file']} given without {ENV['kafka_cert_file']}")
         for name, path in files.items():
             _readable(path, "kafka_" + name)
+        if self.key_file is not None:  # the client's private key: this user's alone, as every secret file
+            read_private(self.key_file, ENV["kafka_key_file"])
 
     def __str__(self) -> str:
         return self.servers
@@ -373,7 +381,7 @@ class KafkaAccess:
             options |= {
                 "kafka.ssl.keystore.type": "PEM",
                 "kafka.ssl.keystore.certificate.chain": self.cert_file.read_text(),
-                "kafka.ssl.keystore.key": self.key_file.read_text(),
+                "kafka.ssl.keystore.key": read_private(self.key_file, ENV["kafka_key_file"]),
             }
         return options
 
@@ -512,8 +520,8 @@ class Connection:
                 f"`spark-abs local up`, or set {ENV['kafka_bootstrap']} and the other "
                 "SPARK_ABS_* variables"
             )
-        try:
-            data = json.loads(path.read_text())
+        try:  # it holds the job secret: a file of this user's no one else may read or write
+            data = json.loads(read_private(path, "the connection file"))
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"connection file {path} is unreadable: {exc}") from exc
         return cls.from_dict(data.get("connection", {}))

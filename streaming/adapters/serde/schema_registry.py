@@ -16,20 +16,28 @@ names the registry and the bound.  An id the registry does not have is an
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import os
+import ssl
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import fastavro
 
 from streaming.api.avro_schema import subject_of
+from streaming.api.config import ENV
 from streaming.api.pipeline import Pipeline
 from streaming.errors import ConfigError, SparkAbsError
+from streaming.hosts import is_loopback
+from streaming.private_files import read_private
 from streaming.waits import WaitTimeout, retry
 
 __all__ = [
@@ -78,12 +86,36 @@ class UnknownSchemaError(SparkAbsError):
 
 class SchemaRegistry:
     """The registry whose Confluent-compatible API is at ``url``
-    (``http://host:port/apis/ccompat/v7`` for Apicurio's)."""
+    (``http://host:port/apis/ccompat/v7`` for Apicurio's); with ``username``
+    and ``password``, reached with HTTP basic authentication (over https://,
+    or http:// to loopback only); ``ca_file``: the CA its https:// certificate
+    is checked against.  A redirect to another host (or from https:// to
+    http://) is refused: what a registry answers comes from the registry."""
 
-    def __init__(self, url: str, *, bound_s: float = REGISTRY_BOUND_S, timeout_s: float = 10.0):
+    def __init__(
+        self,
+        url: str,
+        *,
+        bound_s: float = REGISTRY_BOUND_S,
+        timeout_s: float = 10.0,
+        username: str | None = None,
+        password: str | None = None,
+        ca_file: str | None = None,
+    ):
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ConfigError(f"schema registry {url!r}: give its API's URL, http://host:port/apis/ccompat/v7")
+        if username and parsed.scheme == "http" and not is_loopback(parsed.hostname or ""):
+            raise ConfigError(
+                f"schema registry {url}: credentials would cross the network in clear over http://; give its https:// URL"
+            )
+        context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self._opener = urllib.request.build_opener(
+            _SameOrigin(_origin(url)), urllib.request.HTTPSHandler(context=context)
+        )
+        self._authorization = (
+            "Basic " + base64.b64encode(f"{username}:{password or ''}".encode()).decode() if username else None
+        )
         self.url = url.rstrip("/")
         self.bound_s = bound_s
         self.timeout_s = timeout_s
@@ -216,13 +248,14 @@ class SchemaRegistry:
     ) -> Any:
         bound_s = self.bound_s if bound_s is None else bound_s
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.url + path, data=data, method=method, headers={"Content-Type": _CONTENT_TYPE, "Accept": _CONTENT_TYPE}
-        )
+        headers = {"Content-Type": _CONTENT_TYPE, "Accept": _CONTENT_TYPE}
+        if self._authorization is not None:
+            headers["Authorization"] = self._authorization
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
 
         def once() -> Any:
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                with self._opener.open(request, timeout=self.timeout_s) as response:
                     body = response.read(MAX_ANSWER_BYTES + 1)
             except urllib.error.HTTPError as exc:
                 said = exc.read(300).decode(errors="replace")
@@ -324,6 +357,28 @@ def unbounded_items(schema: Any) -> str | None:
     return walk(schema, "", 0)
 
 
+def _origin(url: str) -> tuple[str, str]:
+    parsed = urllib.parse.urlparse(url)
+    return parsed.scheme.lower(), parsed.netloc.lower()
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follows a registry's redirects on its own scheme and host only."""
+
+    def __init__(self, origin: tuple[str, str]):
+        self.origin = origin
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        target = urllib.parse.urljoin(req.full_url, newurl)
+        if _origin(target) != self.origin:
+            raise ConfigError(
+                f"schema registry {self.origin[0]}://{self.origin[1]}: {req.get_method()} {req.full_url} was "
+                f"redirected (HTTP {code}) to {target}, another scheme or host: refused, as a registry's answers "
+                "come from the registry (give the URL it redirects to, if it is yours)"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 def _quote(subject: str) -> str:
     return urllib.parse.quote(subject, safe="")
 
@@ -331,11 +386,22 @@ def _quote(subject: str) -> str:
 _current: SchemaRegistry | None = None
 
 
-def use_registry(url: str | None) -> SchemaRegistry | None:
+def use_registry(url: str | None, environ: Mapping[str, str] | None = None) -> SchemaRegistry | None:
     """Make the registry at ``url`` (None or "": none) the one this process's
-    decoders read writer schemas from; returns it."""
+    decoders read writer schemas from, reached with the credentials and CA
+    ``SPARK_ABS_SCHEMA_REGISTRY_USER``, ``_PASSWORD_FILE`` (a file only its
+    owner may read) and ``_CA_FILE`` give; returns it."""
     global _current
-    _current = SchemaRegistry(url) if url else None
+    environ = os.environ if environ is None else environ
+    user = environ.get(ENV["schema_registry_user"]) or None
+    password_file = environ.get(ENV["schema_registry_password_file"])
+    password = (
+        read_private(Path(password_file), ENV["schema_registry_password_file"]).strip() if password_file else None
+    )
+    if user and password is None:
+        raise ConfigError(f"{ENV['schema_registry_user']} is set: set {ENV['schema_registry_password_file']} too")
+    ca_file = environ.get(ENV["schema_registry_ca_file"]) or None
+    _current = SchemaRegistry(url, username=user, password=password, ca_file=ca_file) if url else None
     return _current
 
 

@@ -77,6 +77,7 @@ def test_load_prefers_the_environment_then_the_file(tmp_path):
         Connection.load(settings, environ={})
     settings.runtime_dir.mkdir(parents=True)
     settings.connection_file.write_text(json.dumps({"connection": _conn().to_dict()}))
+    settings.connection_file.chmod(0o600)  # it holds the job secret: the runtime writes it so
     assert Connection.load(settings, environ={}) == _conn()
     other = _conn(kafka=KafkaAccess("elsewhere:9092"))
     assert Connection.load(settings, environ=other.as_env()) == other
@@ -86,6 +87,7 @@ def test_a_corrupt_connection_file_is_a_clear_error(tmp_path):
     settings = LocalRuntimeSettings(home=tmp_path)
     settings.runtime_dir.mkdir(parents=True)
     settings.connection_file.write_text("{not json")
+    settings.connection_file.chmod(0o600)
     with pytest.raises(ConfigError, match="unreadable"):
         Connection.load(settings, environ={})
 
@@ -107,6 +109,8 @@ def tls_files(tmp_path) -> dict[str, Path]:
         path.write_text(f"-----BEGIN {path.stem}-----\n")
     password = tmp_path / "password"
     password.write_text('s3cr3t"pw\n')
+    for secret in (files["key"], password):  # secrets: this user's alone
+        secret.chmod(0o600)
     return {**files, "password": password}
 
 
@@ -142,6 +146,13 @@ def _sasl(tls_files, **over) -> KafkaAccess:
 def test_kafka_access_names_the_variable_that_is_wrong(tls_files, over, message):
     with pytest.raises(ConfigError, match=message):
         _sasl(tls_files, **over)
+
+
+@pytest.mark.parametrize(("name", "variable"), [("password", "PASSWORD_FILE"), ("key", "KEY_FILE")])
+def test_a_kafka_secret_file_others_may_read_is_refused_saying_how_to_fix_it(tls_files, name, variable):
+    tls_files[name].chmod(0o644)
+    with pytest.raises(ConfigError, match=f"SPARK_ABS_KAFKA_{variable} .* can be read by others .*chmod 600"):
+        _sasl(tls_files, cert_file=tls_files["cert"], key_file=tls_files["key"])
 
 
 def test_an_unreadable_ca_file_is_refused(tls_files):

@@ -235,8 +235,16 @@ def test_a_kafka_sink_writes_avro_registered_under_its_topic(registry_connection
 
 class _Hostile(http.server.BaseHTTPRequestHandler):
     answers: dict[str, bytes] = {}
+    redirects: dict[str, str] = {}
+    authorizations: list[str | None] = []
 
     def do_GET(self):  # noqa: N802 - http.server's name
+        self.authorizations.append(self.headers.get("Authorization"))
+        if self.path in self.redirects:
+            self.send_response(302)
+            self.send_header("Location", self.redirects[self.path])
+            self.end_headers()
+            return
         body = self.answers.get(self.path)
         self.send_response(200 if body is not None else 404)
         self.end_headers()
@@ -271,6 +279,47 @@ def test_a_schema_the_registry_answers_malformed_is_refused_with_the_reason(host
     _Hostile.answers = {"/schemas/ids/7": answer}
     with pytest.raises(MalformedAnswer, match=says):
         registry.parsed(7)
+
+
+def test_a_redirect_to_another_host_is_refused_and_one_on_the_registry_followed(hostile):
+    server, registry = hostile
+    schema = json.dumps({"schema": json.dumps(V1)}).encode()
+    port = server.server_port
+    _Hostile.answers = {"/schemas/ids/8": schema}
+    _Hostile.redirects = {
+        "/schemas/ids/7": f"http://127.0.0.2:{port}/schemas/ids/8",  # another host, the same server behind it
+        "/schemas/ids/9": "/schemas/ids/8",
+    }
+    try:
+        with pytest.raises(ConfigError, match=r"redirected \(HTTP 302\) to http://127.0.0.2:\d+/schemas/ids/8"):
+            registry.parsed(7)
+        assert registry.parsed(9)["name"] == "Reading"
+    finally:
+        _Hostile.redirects = {}
+
+
+def test_credentials_go_with_every_request_and_never_in_clear_off_loopback(hostile, tmp_path):
+    server, _ = hostile
+    password = tmp_path / "registry.password"
+    password.write_text("s3cret\n")
+    password.chmod(0o600)
+    environ = {
+        "SPARK_ABS_SCHEMA_REGISTRY_USER": "reader",
+        "SPARK_ABS_SCHEMA_REGISTRY_PASSWORD_FILE": str(password),
+    }
+    registry = use_registry(f"http://127.0.0.1:{server.server_port}", environ)
+    _Hostile.answers = {"/schemas/ids/8": json.dumps({"schema": json.dumps(V1)}).encode()}
+    _Hostile.authorizations = []
+    try:
+        registry.parsed(8)
+        assert _Hostile.authorizations == ["Basic cmVhZGVyOnMzY3JldA=="]  # reader:s3cret
+        assert "s3cret" not in repr(registry)
+        with pytest.raises(ConfigError, match="in clear over http://; give its https:// URL"):
+            SchemaRegistry("http://registry.example:8080", username="reader", password="s3cret")
+        with pytest.raises(ConfigError, match="set SPARK_ABS_SCHEMA_REGISTRY_PASSWORD_FILE too"):
+            use_registry("http://127.0.0.1:1", {"SPARK_ABS_SCHEMA_REGISTRY_USER": "reader"})
+    finally:
+        use_registry(None)
 
 
 def test_versions_that_are_not_numbers_and_versions_without_an_id_are_refused(hostile):
