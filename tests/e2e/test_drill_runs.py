@@ -55,8 +55,10 @@ def _run(connection, runtime_settings, spark, report_dir, lines, **options):
 
 
 @pytest.fixture(scope="module")
-def orders_drill(connection, runtime_settings, spark, tmp_path_factory) -> Iterator[tuple]:
-    """The orders drill, one failure of each of ``ORDERS_KINDS``: (the run, its report directory, the lines logged)."""
+def orders_drill(connection, runtime_settings, spark, tmp_path_factory, _topic_admin) -> Iterator[tuple]:
+    """The orders drill, one failure of each of ``ORDERS_KINDS``: (the run, its report directory, the lines
+    logged).  The topics it made are deleted after the module, as a test's are after the test (conftest)."""
+    before = set(_topic_admin.list_topics())
     collector = LineCollector().attach()
     report_dir = tmp_path_factory.mktemp("orders-drill") / "report"
     try:
@@ -75,6 +77,9 @@ def orders_drill(connection, runtime_settings, spark, tmp_path_factory) -> Itera
     finally:
         collector.detach()
     yield run, report_dir, lines
+    made = sorted(t for t in set(_topic_admin.list_topics()) - before if not t.startswith("_"))
+    if made:
+        _topic_admin.delete_topics(made, timeout_ms=30_000)
 
 
 def _outcomes(run) -> dict:
