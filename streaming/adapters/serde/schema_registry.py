@@ -34,10 +34,10 @@ import fastavro
 
 from streaming.api.avro_schema import subject_of
 from streaming.api.config import ENV
+from streaming.api.job_key import read_secret_file
 from streaming.api.pipeline import Pipeline
 from streaming.errors import ConfigError, SparkAbsError
 from streaming.hosts import is_loopback
-from streaming.private_files import read_private
 from streaming.waits import WaitTimeout, retry
 
 __all__ = [
@@ -395,9 +395,7 @@ def use_registry(url: str | None, environ: Mapping[str, str] | None = None) -> S
     environ = os.environ if environ is None else environ
     user = environ.get(ENV["schema_registry_user"]) or None
     password_file = environ.get(ENV["schema_registry_password_file"])
-    password = (
-        read_private(Path(password_file), ENV["schema_registry_password_file"]).strip() if password_file else None
-    )
+    password = read_secret_file(Path(password_file), ENV["schema_registry_password_file"]) if password_file else None
     if user and password is None:
         raise ConfigError(f"{ENV['schema_registry_user']} is set: set {ENV['schema_registry_password_file']} too")
     ca_file = environ.get(ENV["schema_registry_ca_file"]) or None

@@ -16,10 +16,9 @@ it covers are recovered exactly, without parsing."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 
+from streaming.api.job_key import JobKey
 from streaming.errors import SnapshotCorruptError
 
 __all__ = ["StoreSigner"]
@@ -35,11 +34,8 @@ class StoreSigner:
 
     def __init__(self, job: str, key: bytes | None):
         self.job = job
-        self.key = key
-
-    @property
-    def signs(self) -> bool:
-        return self.key is not None
+        # JobKey's signature is the length-prefixed HMAC-SHA256 this format needs
+        self.key = None if key is None else JobKey(job, key)
 
     def sign(self, body: bytes, *place: str) -> bytes:
         """``body`` (a JSON object's bytes) as a signed file of ``place``."""
@@ -47,7 +43,7 @@ class StoreSigner:
             return body
         if not body.startswith(b"{") or body[1:].lstrip().startswith(b"}"):
             raise ValueError("only a non-empty JSON object is signed")
-        mac = self._mac(body, place)
+        mac = self.key.sign(self.job.encode(), " ".join(place).encode(), body)
         return _PREFIX + mac.encode() + b'", ' + body[1:]
 
     def body(self, data: bytes, what: str, *place: str) -> bytes:
@@ -62,15 +58,8 @@ class StoreSigner:
                 "that did not sign the store's files)"
             )
         body = b"{" + data[matched.end() :]
-        if not hmac.compare_digest(matched.group(1), self._mac(body, place).encode()):
+        if not self.key.verify(matched.group(1), self.job.encode(), " ".join(place).encode(), body):
             raise SnapshotCorruptError(
                 f"{what}: its signature does not match job {self.job}'s key (edited, or copied from another place)"
             )
         return body
-
-    def _mac(self, body: bytes, place: tuple[str, ...]) -> str:
-        assert self.key is not None
-        digest = hmac.new(self.key, digestmod=hashlib.sha256)
-        for part in (self.job.encode(), " ".join(place).encode(), body):
-            digest.update(len(part).to_bytes(8, "big") + part)
-        return digest.hexdigest()
