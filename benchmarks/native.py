@@ -39,12 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import functions as F
 
     from streaming.adapters.spark.session import spark_session
-    from streaming.api.config import Connection, SparkSettings
+    from streaming.api.config import Connection
 
     connection = Connection.load()
     spark = spark_session(
-        SparkSettings(
-            master=connection.spark_master,
+        connection.spark_settings(
             app_name="bench-native",
             extra_conf=(
                 ("spark.sql.streaming.stateStore.providerClass", STATE_STORES[args.state_store]),

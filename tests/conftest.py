@@ -138,10 +138,9 @@ def secure_connection(secure_runtime_settings: LocalRuntimeSettings) -> Iterator
 @pytest.fixture(scope="session")
 def spark(connection: Connection, runtime_settings: LocalRuntimeSettings):
     from streaming.adapters.spark.session import spark_session
-    from streaming.api.config import SparkSettings
 
     # with Spark's Delta reader: the examples' Delta table is read back through it
-    session = spark_session(SparkSettings(master=connection.spark_master, delta=True), runtime_settings, progress=_say)
+    session = spark_session(connection.spark_settings(delta=True), runtime_settings, progress=_say)
     yield session
     session.stop()
 

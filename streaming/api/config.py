@@ -54,6 +54,8 @@ ENV = {
     "s3_bucket": "SPARK_ABS_S3_BUCKET",
     "s3_region": "SPARK_ABS_S3_REGION",
     "spark_master": "SPARK_ABS_SPARK_MASTER",
+    # a file holding the Spark cluster's shared secret (spark.authenticate.secret): its owner's alone
+    "spark_secret_file": "SPARK_ABS_SPARK_SECRET_FILE",
     # a Confluent-compatible schema registry's API (Avro ingress resolved by schema id)
     "schema_registry": "SPARK_ABS_SCHEMA_REGISTRY",
     # the registry's basic-auth user and a file holding its password, and a CA file for https://
@@ -93,7 +95,7 @@ KAFKA_SECURITY_ENV_FIELDS = (
 )
 
 # optional services: a job that uses none of them needs none
-OPTIONAL_ENV_FIELDS = ("schema_registry",)
+OPTIONAL_ENV_FIELDS = ("schema_registry", "spark_secret_file")
 
 
 def default_home(environ: Mapping[str, str] | None = None) -> Path:
@@ -135,9 +137,10 @@ class LocalRuntimeSettings:
     kafka_controller_port: int = 0
     s3_port: int = 0
     registry_port: int = 0
-    # Credentials and bucket of the local S3 server (loopback only).
-    s3_access_key: str = "sparkabs"
-    s3_secret_key: str = field(default="sparkabs-secret", repr=False)
+    # Credentials of the local S3 server (loopback only): "" = generated on first start into
+    # <runtime>/secrets/s3.keys (its owner's alone) and kept; its bucket.
+    s3_access_key: str = ""
+    s3_secret_key: str = field(default="", repr=False)
     s3_bucket: str = "spark-abs"
     # Heap of each broker JVM.
     kafka_heap: str = "512m"
@@ -435,6 +438,9 @@ class Connection:
     s3_bucket: str
     s3_region: str = "us-east-1"
     spark_master: str = "local[2]"
+    # a file holding the Spark cluster's shared secret (its owner's alone): drivers then run with
+    # spark.authenticate and spark.network.crypto.enabled; "" when the master asks for none
+    spark_secret_file: str = ""
     # a Confluent-compatible schema registry's API base (http://host:port/apis/ccompat/v7 for
     # Apicurio's, the local runtime's); "" when there is none
     schema_registry: str = ""
@@ -469,6 +475,19 @@ class Connection:
             CONNECTION_ENV_FIELDS + KAFKA_SECURITY_ENV_FIELDS + OPTIONAL_ENV_FIELDS + ("job_secret", "job_secret_file")
         )
         return {ENV[name]: data.get(name, "") for name in names}
+
+    def spark_settings(self, **changes: Any) -> SparkSettings:
+        """The Spark session settings of a driver on this connection's master: its secret file, and
+        whether the session carries secrets (a secured Kafka's credentials go into its source
+        options, so a remote master must authenticate and encrypt its RPC)."""
+        return SparkSettings(
+            **{
+                "master": self.spark_master,
+                "secret_file": self.spark_secret_file,
+                "carries_secrets": self.kafka.is_secured,
+                **changes,
+            }
+        )
 
     def job_key(self, job: str) -> JobKey:
         """The key job ``job`` signs its control events, leases and barriers with."""
@@ -548,6 +567,11 @@ class SparkSettings:
     delta: bool = False
     # Extra spark.* options, applied last.
     extra_conf: tuple[tuple[str, str], ...] = ()
+    # A file holding the cluster's shared secret (owner-only): spark.authenticate, with RPC encryption
+    secret_file: str = ""
+    # The session's options hold secrets (a secured Kafka's credentials): a master elsewhere must
+    # authenticate and encrypt its RPC, or the session is refused
+    carries_secrets: bool = False
 
     def __post_init__(self) -> None:
         if self.shuffle_partitions < 1:

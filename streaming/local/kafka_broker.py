@@ -341,7 +341,7 @@ class KafkaStarter:
             )
             self._progress(f"Kafka {name} ready after {took:.1f} s")
         if security is not None and started:
-            security.grant_job_user(kafka.servers)
+            security.revoke_wildcards(kafka.servers)
 
     def _cluster_id(self, names: list[str]) -> str:
         """The id the formatted nodes have (a node formatted again must match), else a new one."""

@@ -11,8 +11,9 @@ and one password file per user.  The users:
   controller listener (loopback, SASL_PLAINTEXT with PLAIN) and the broker
   listener between brokers use it;
 - ``spark-abs``: the jobs' user, whose credentials the connection file
-  names; all rights on topics, consumer groups and transactional ids, and
-  the cluster's Describe and IdempotentWrite;
+  names; no right until ``grant_job`` gives it the ACLs one job needs
+  (``spark-abs local grant --secure``; prefixed on the job's own resources,
+  literal on its ingress and sink topics: ``streaming.adapters.kafka.acls``);
 - ``outsider``: authenticates, may do nothing (tests use it).
 
 The listener clients use is SASL_SSL (SCRAM-SHA-512 or -256); the
@@ -34,9 +35,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from streaming.adapters.kafka import clients as kafka_clients
+from streaming.adapters.kafka import acls
+from streaming.adapters.kafka.acls import Grant
 from streaming.api.config import KafkaAccess
-from streaming.errors import ServiceStartError
+from streaming.api.pipeline import Pipeline
 from streaming.private_files import write_private
 
 __all__ = ["ADMIN", "JOB_USER", "OUTSIDER", "MECHANISM", "BrokerSecurity"]
@@ -181,32 +183,16 @@ class BrokerSecurity:
             f"super.users=User:{ADMIN}",
         ]
 
-    def grant_job_user(self, servers: str) -> None:
-        """Grant ``spark-abs`` what a job needs (as ``admin``; idempotent)."""
-        from kafka.admin import (
-            ACL,
-            ACLOperation,
-            ACLPermissionType,
-            ACLResourcePatternType,
-            ResourcePattern,
-            ResourceType,
-        )
+    def revoke_wildcards(self, servers: str) -> int:
+        """Remove what an earlier version granted ``spark-abs`` at start (All on every topic, group
+        and transactional id): the job user holds only what ``grant_job`` gives (as ``admin``;
+        idempotent).  How many ACLs went."""
+        everything = [Grant(kind, "*", ("ALL",)) for kind in ("TOPIC", "GROUP", "TRANSACTIONAL_ID")]
+        return acls.revoke(self.access(servers, ADMIN), JOB_USER, everything)
 
-        def allow(operation: ACLOperation, kind: ResourceType, name: str) -> ACL:
-            pattern = ResourcePattern(kind, name, ACLResourcePatternType.LITERAL)
-            return ACL(f"User:{JOB_USER}", "*", operation, ACLPermissionType.ALLOW, pattern)
-
-        acls = [
-            allow(ACLOperation.ALL, ResourceType.TOPIC, "*"),
-            allow(ACLOperation.ALL, ResourceType.GROUP, "*"),
-            allow(ACLOperation.ALL, ResourceType.TRANSACTIONAL_ID, "*"),
-            allow(ACLOperation.DESCRIBE, ResourceType.CLUSTER, "kafka-cluster"),
-            allow(ACLOperation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, "kafka-cluster"),
-        ]
-        admin = kafka_clients.admin(self.access(servers, ADMIN))
-        try:
-            result = admin.create_acls(acls)
-        finally:
-            admin.close()
-        if result.get("failed"):
-            raise ServiceStartError(f"granting the ACLs of {JOB_USER} failed: {result['failed']}")
+    def grant_job(self, servers: str, pipeline: Pipeline) -> list[Grant]:
+        """Grant ``spark-abs`` what ``pipeline``'s job needs (``acls.job_grants``, with cleanup: a
+        drill's retention kind and the tests delete topics), as ``admin``; idempotent."""
+        grants = acls.job_grants(pipeline, cleanup=True)
+        acls.grant(self.access(servers, ADMIN), JOB_USER, grants)
+        return grants

@@ -30,11 +30,13 @@ from pathlib import Path
 
 import pyspark
 
+from streaming.adapters.kafka.acls import Grant
 from streaming.adapters.objects import ensure_bucket
 from streaming.adapters.spark import jars
 from streaming.api.config import Connection, LocalRuntimeSettings
 from streaming.api.job_key import generate_secret, read_secret_file, write_secret_file
-from streaming.errors import ConfigError
+from streaming.api.pipeline import Pipeline
+from streaming.errors import ConfigError, RuntimeNotRunningError
 from streaming.local import artifacts, kafka_broker, processes, s3_server, schema_registry, spark_cluster
 from streaming.local.artifacts import FETCHABLE, ON_DEMAND
 from streaming.local.kafka_broker import KafkaStarter
@@ -187,13 +189,15 @@ class LocalRuntime:
             }
             self.services.ports_file.write_text(json.dumps(ports))
             servers = ",".join(f"127.0.0.1:{ports[n]}" for n in self.services.kafka_names())
+            s3_keys = s3_server.keys(self.services)
             connection = Connection(
                 kafka=self.services.kafka_access(servers, JOB_USER),
                 s3_endpoint=f"http://127.0.0.1:{ports['s3']}",
-                s3_access_key=s.s3_access_key,
-                s3_secret_key=s.s3_secret_key,
+                s3_access_key=s3_keys[0],
+                s3_secret_key=s3_keys[1],
                 s3_bucket=s.s3_bucket,
                 spark_master=f"spark://127.0.0.1:{ports['spark']}" if spark_ports else "local[2]",
+                spark_secret_file=str(spark_cluster.secret_file(self._dir)) if spark_ports else "",
                 schema_registry="" if registry_port is None else api_url(registry_port),
                 job_secret_file=str(self._job_secret()),
             )
@@ -276,6 +280,17 @@ class LocalRuntime:
                 self.services.ports_file.unlink(missing_ok=True)
                 report.append(f"purged data and logs under {self._dir}")
         return report
+
+    def grant(self, pipeline: Pipeline) -> list[Grant]:
+        """On the secured runtime, grant its job user the ACLs ``pipeline``'s job needs and nothing
+        more (``BrokerSecurity.grant_job``, as ``admin``); the grants made."""
+        security = self.services.kafka_security()
+        recorded = self._recorded()
+        if security is None:
+            raise ConfigError("only the secured runtime (`spark-abs local up --secure`) has ACLs to grant")
+        if recorded is None:
+            raise RuntimeNotRunningError("the secured runtime is not up: run `spark-abs local up --secure`")
+        return security.grant_job(recorded.kafka.servers, pipeline)
 
     def stop_service(self, name: str, *, kill: bool = False) -> int | None:
         """Stop one service (``kafka``, ``s3`` or ``registry``; on a cluster ``kafka-1``,

@@ -7,7 +7,17 @@ and log under the runtime directory.
 Workers offer more cores than the machine has on purpose: a core of a
 standalone worker is a slot for one executor thread, and every worker group
 of a job is an application that asks for two (``spark.cores.max``), so the
-groups of a job run at once instead of queueing for slots."""
+groups of a job run at once instead of queueing for slots.
+
+The cluster takes only applications that hold its secret: the master, the
+workers and every driver run with ``spark.authenticate`` and
+``spark.network.crypto.enabled`` (RPC authenticated and encrypted), the
+secret generated on first start into ``<runtime>/secrets/spark.secret``
+(its owner's alone; the connection names the file).  Without it, any user
+of the machine could submit an application to the master and run code as
+the runtime's owner.  The master's REST submission server is off, and
+neither web UI kills anything.  A master or worker started by an earlier
+version without authentication is stopped and started again."""
 
 from __future__ import annotations
 
@@ -19,10 +29,12 @@ from pathlib import Path
 
 import pyspark
 
+from streaming.api.job_key import generate_secret, read_secret_file, write_secret_file
 from streaming.errors import ServiceStartError
 from streaming.local import processes
 from streaming.local.processes import ServiceSpec
 from streaming.local.services import Progress, RuntimeServices
+from streaming.private_files import write_private
 from streaming.waits import poll_until
 
 __all__ = [
@@ -30,7 +42,9 @@ __all__ = [
     "WORKER_CORES",
     "WORKER_MEMORY",
     "alive_workers",
+    "daemon_conf",
     "master_spec",
+    "secret_file",
     "spark_home",
     "specs",
     "worker_spec",
@@ -54,12 +68,52 @@ def _env(runtime_dir: Path) -> dict[str, str]:
     }
 
 
+def secret_file(runtime_dir: Path) -> Path:
+    """The file of the cluster's shared secret (``spark.authenticate.secret``)."""
+    return runtime_dir / "secrets" / "spark.secret"
+
+
+def _secret(runtime_dir: Path) -> str:
+    """The cluster's secret: generated on first start, its owner's alone, then kept."""
+    path = secret_file(runtime_dir)
+    if not path.exists():
+        write_secret_file(path, generate_secret())
+    return read_secret_file(path, "the Spark cluster's secret file")
+
+
+def daemon_conf(secret: str) -> dict[str, str]:
+    """What the master and each worker run with: RPC authenticated by
+    ``secret`` and encrypted, no REST submissions, no kill links."""
+    return {
+        "spark.authenticate": "true",
+        "spark.authenticate.secret": secret,
+        "spark.network.crypto.enabled": "true",
+        "spark.master.rest.enabled": "false",
+        "spark.ui.killEnabled": "false",
+    }
+
+
+_AUTHENTICATED = "spark.authenticate true"
+
+
 def _properties(runtime_dir: Path, name: str) -> Path:
+    """The properties file of ``name`` (it holds the secret: its owner's alone)."""
     path = runtime_dir / "spark" / f"{name}.properties"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        path.write_text("# written by spark-abs local up; its path tells this process apart\n")
+    lines = ["# written by spark-abs local up; its path tells this process apart"]
+    lines += [f"{key} {value}" for key, value in daemon_conf(_secret(runtime_dir)).items()]
+    text = "\n".join(lines) + "\n"
+    if not path.exists() or path.read_text() != text:
+        write_private(path, text)
     return path
+
+
+def _authenticated(spec: ServiceSpec) -> bool:
+    """Whether the process of ``spec`` was started with authentication on (its properties say so)."""
+    try:
+        return _AUTHENTICATED in Path(spec.marker).read_text().splitlines()
+    except OSError:
+        return False
 
 
 def master_spec(runtime_dir: Path, port: int = 0, web_port: int = 0) -> ServiceSpec:
@@ -152,6 +206,12 @@ class SparkStarter:
             return {}
         names = ["spark", "spark_web", *(f"spark-worker-{i}_web" for i in range(1, workers + 1))]
         probe = specs(self.services)
+        running = [spec for spec in probe if processes.running_pid(spec.pid_path, spec.marker) is not None]
+        if any(not _authenticated(spec) for spec in running):
+            # started without authentication (an earlier version): every application was welcome
+            self._progress("restarting the Spark cluster with authentication and encryption on")
+            for spec in reversed(running):
+                processes.stop(spec.pid_path, spec.marker)
         master_running = processes.running_pid(probe[0].pid_path, probe[0].marker) is not None
         ports: dict[str, int] = {}
         for name in names:

@@ -1,6 +1,8 @@
 """The Kafka sink end to end, on the secured runtime (``local up --secure``:
 SASL_SSL, SCRAM, ACLs on; the job as user ``spark-abs``, every client and
-Spark's Kafka source given its credentials): a runner stopped before its first checkpoint
+Spark's Kafka source given its credentials, and granted only the ACLs the
+docs list for this job, prefixed on its own topics and transactional ids:
+``local grant``; the input produced as another user): a runner stopped before its first checkpoint
 (the next one restores from the beginning, as generation 1: what generation
 0 wrote is stale), windows committed in Kafka transactions, a worker killed
 after the first checkpoint, and read_committed readers see every window
@@ -11,7 +13,7 @@ as they complete, one checkpoint's per-task detail as `checkpoints show`
 computes it, and the generations its restores started.  The job's password
 appears nowhere the job printed, logged or stored (its output, the
 runtime's and the workers' logs, the store, the metrics page, the UI's
-pages)."""
+pages, Spark's event logs of every worker)."""
 
 from __future__ import annotations
 
@@ -30,12 +32,14 @@ from selenium.webdriver.common.by import By
 from ui_browser import chromium, rows, screenshot, section, served, wait, xpath_rows
 
 from spark_abs_examples import money
-from streaming.adapters.kafka.admin import end_offsets
+from streaming.adapters.kafka.admin import create_topic, end_offsets
 from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import kill_worker, run_until_caught_up
 from streaming.engine.job.runner import JobRunner, RunOptions
-from streaming.errors import ConfigError
+from streaming.errors import ConfigError, KafkaAccessError
+from streaming.local import LocalRuntime
+from streaming.local.kafka_security import ADMIN
 from streaming.tools.checkpoints.inspection import Checkpoints
 from streaming.tools.tables import path_table
 from streaming.tools.ui.app import JobSource, create_app
@@ -60,10 +64,24 @@ def _committed(kafka: KafkaAccess, topic: str) -> list[dict]:
 
 
 def test_kafka_sink_is_exactly_once_across_a_restore(
-    secure_connection, secure_runtime_settings, spark, unique_name, tmp_path, lines, capfd
+    secure_connection, secure_runtime_settings, spark, unique_name, tmp_path, lines, capfd, monkeypatch
 ):
     connection = secure_connection
     job = f"ks-{unique_name[-8:]}"
+    runtime = LocalRuntime(secure_runtime_settings)
+    runtime.grant(money.kafka_pipeline(job))
+    # the job user has what this job needs, nothing more: not another job's topics
+    with pytest.raises(KafkaAccessError, match="did not authorize user 'spark-abs'"):
+        create_topic(connection.kafka, f"spark-abs.other-{job}.control", 1)
+    producer_access = runtime.services.kafka_security().access(connection.kafka.servers, ADMIN)
+    # every worker's Spark writes an event log, as spark-defaults.conf tells the JVMs they launch
+    conf_dir, events = tmp_path / "spark-conf", tmp_path / "events"
+    conf_dir.mkdir()
+    events.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        f"spark.eventLog.enabled true\nspark.eventLog.dir file://{events}\nspark.eventLog.compress false\n"
+    )
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
     settings = JobSettings(store=f"file://{tmp_path}/store", interval_s=0.7, max_records_per_batch=200)
 
     def job_runner(settings: JobSettings) -> JobRunner:
@@ -83,7 +101,7 @@ def test_kafka_sink_is_exactly_once_across_a_restore(
     data = money.make_transfers(1000)
     try:
         runner.prepare()
-        money.produce_transfers(kafka, topic, data[:500], partitions, end=False)
+        money.produce_transfers(producer_access, topic, data[:500], partitions, end=False)
         runner.start()
         # generation 0 writes records to every internal topic, then its runner stops before any checkpoint
         deadline = time.monotonic() + 180
@@ -105,7 +123,7 @@ def test_kafka_sink_is_exactly_once_across_a_restore(
             assert time.monotonic() < deadline, "\n".join(lines)
             runner.step()
         kill_worker(runner, "all")
-        money.produce_transfers(kafka, topic, data[500:], partitions, end=True)
+        money.produce_transfers(producer_access, topic, data[500:], partitions, end=True)
         run_until_caught_up(runner, 240)
         pages = _the_ui_shows_the_running_job(runner, settings.store, connection)
         assert runner.endpoints.server is not None
@@ -128,8 +146,9 @@ def test_kafka_sink_is_exactly_once_across_a_restore(
         _the_password_is_nowhere(
             secret,
             texts=[printed.out, printed.err, "\n".join(lines), *pages],
-            dirs=[tmp_path / "runs", tmp_path / "store", secure_runtime_settings.runtime_dir / "logs"],
+            dirs=[tmp_path / "runs", tmp_path / "store", secure_runtime_settings.runtime_dir / "logs", events],
         )
+    assert len(list(events.iterdir())) >= 2, "every generation's worker writes an event log"
 
 
 def _the_password_is_nowhere(password: str, texts: list[str], dirs: list[Path]) -> None:

@@ -1,7 +1,14 @@
 """The Spark session factory: Spark's Kafka connector (and Delta's, when a
 job asks) on the classpath, resolved once into the cache (``jars``), the
 engine's own classes (``jvm``), and the project's settings applied in one
-place (``spark_conf``); a local master's driver bound to the loopback."""
+place (``spark_conf``); a local master's driver bound to the loopback.
+
+Secrets: a session given the cluster's secret file authenticates and
+encrypts its RPC (``spark.authenticate``, ``spark.network.crypto.enabled``);
+a session whose options hold a secured Kafka's credentials refuses a master
+elsewhere that does not (``unprotected_rpc``: the credentials would travel
+to executors in the clear); and Spark's redaction also hides a Kafka
+client key's PEM and a JAAS config, in the UI, the event log and plans."""
 
 from __future__ import annotations
 
@@ -18,10 +25,11 @@ from pyspark.sql import SparkSession
 from streaming.adapters.spark.jars import connector_jars, delta_jars, require_tool
 from streaming.adapters.spark.jvm import helper_jar
 from streaming.adapters.spark.query import STOP_BOUND_S
-from streaming.api.config import LocalRuntimeSettings, SparkSettings
+from streaming.api.config import ENV, LocalRuntimeSettings, SparkSettings
+from streaming.api.job_key import read_secret_file
 from streaming.errors import ConfigError
 
-__all__ = ["spark_session", "spark_conf", "local_master"]
+__all__ = ["REDACTION", "spark_session", "spark_conf", "local_master", "unprotected_rpc"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +46,15 @@ _LOCAL_MASTER = re.compile(r"local(\[(\d+|\*)\])?")
 # are advertised as spark.driver.host.  With a master elsewhere the executors must reach the driver:
 # where it binds is the deployment's (SparkSettings.extra_conf, or SPARK_LOCAL_IP)
 LOCAL_DRIVER_ADDRESS = "127.0.0.1"
+
+
+# Spark's redaction (spark.redaction.regex, matched against an option's name and its value, in the
+# UI's environment, the event log and the options plans show): Spark's default, plus a client
+# key's PEM (kafka.ssl.keystore.key, whose name and value the default misses) and a JAAS config
+REDACTION = r"(?i)secret|password|token|access[.]?key|keystore[.]key|PRIVATE KEY|jaas"
+
+# what a master elsewhere must run with when the session's options hold secrets
+RPC_PROTECTION = ("spark.authenticate", "spark.network.crypto.enabled")
 
 
 _LOOPBACK_HOST = re.compile(r"localhost|127(\.\d{1,3}){3}|\[::1\]")
@@ -93,7 +110,16 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         # come: Spark's FAIR pools break ties by pool name, so with every pool idle between
         # micro-batches, queries named late in the alphabet waited for minutes behind the others
         "spark.scheduler.mode": "FIFO",
+        "spark.redaction.regex": REDACTION,
     }
+    if settings.secret_file:
+        # the cluster's shared secret: RPC with the master, the workers and the executors
+        # authenticated and encrypted (executors are given it by their worker, not in their conf)
+        conf |= {
+            "spark.authenticate": "true",
+            "spark.authenticate.secret": read_secret_file(Path(settings.secret_file), ENV["spark_secret_file"]),
+            "spark.network.crypto.enabled": "true",
+        }
     if local_master(settings.master):
         conf |= {"spark.driver.bindAddress": LOCAL_DRIVER_ADDRESS, "spark.driver.host": LOCAL_DRIVER_ADDRESS}
     if settings.master.startswith("spark://"):
@@ -113,6 +139,34 @@ def spark_conf(settings: SparkSettings, jars: list[Path]) -> dict[str, str]:
         }
     conf.update(dict(settings.extra_conf))
     return conf
+
+
+def unprotected_rpc(settings: SparkSettings, conf: dict[str, str]) -> list[str]:
+    """What of ``RPC_PROTECTION`` a session with options ``conf`` lacks, where that matters: its
+    options hold secrets (``carries_secrets``) and its executors run elsewhere (not a
+    ``local_master``); empty otherwise."""
+    if not settings.carries_secrets or local_master(settings.master):
+        return []
+    return [name for name in RPC_PROTECTION if conf.get(name, "false").strip().lower() != "true"]
+
+
+def _refuse_unprotected_rpc(settings: SparkSettings, conf: dict[str, str]) -> None:
+    """A ``ConfigError`` when ``unprotected_rpc`` names anything, Spark's defaults
+    (spark-defaults.conf, as the launched JVM read them) under ``conf``."""
+    if not unprotected_rpc(settings, conf):
+        return
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    missing = unprotected_rpc(settings, {**dict(SparkConf().getAll()), **conf})
+    if missing:
+        raise ConfigError(
+            f"the Spark master {settings.master} runs executors elsewhere, and this job's Kafka source options "
+            "hold its credentials: Spark's RPC must be authenticated and encrypted, or they travel in the clear. "
+            f"Set {' and '.join(f'{name}=true' for name in missing)} (spark-defaults.conf, on the master and "
+            f"workers too) with a shared secret ({ENV['spark_secret_file']}, or spark.authenticate.secret); "
+            "see docs/operations/security.md"
+        )
 
 
 def spark_session(
@@ -143,8 +197,10 @@ def spark_session(
     if settings.ui_enabled and local_master(settings.master):
         # the Spark UI binds SPARK_LOCAL_IP, not spark.driver.bindAddress: every interface without it
         os.environ.setdefault("SPARK_LOCAL_IP", LOCAL_DRIVER_ADDRESS)
+    conf = spark_conf(settings, jars)
+    _refuse_unprotected_rpc(settings, conf)
     builder = SparkSession.builder.master(master_url(settings.master)).appName(settings.app_name)
-    for key, value in spark_conf(settings, jars).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

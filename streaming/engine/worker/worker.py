@@ -52,7 +52,7 @@ from streaming.adapters.kafka.producer import CheckedSends, producer
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks.kafka import KafkaSink
 from streaming.adapters.snapshots import SnapshotStore
-from streaming.api.config import Connection, MetricsSettings, SparkSettings
+from streaming.api.config import Connection, MetricsSettings
 from streaming.api.pipeline import Pipeline, Scale, load_pipeline
 from streaming.api.settings import JobSettings
 from streaming.engine import faults, metrics
@@ -195,9 +195,7 @@ class Worker:
             delivery_s + _FLUSH_MARGIN_S,
         )
         self.dead_letters = DeadLetterTopic(kafka, job, delivery_timeout_s=delivery_s)
-        self._spark = self._spark or spark_session(
-            SparkSettings(master=self.connection.spark_master, app_name=f"spark-abs-{job}")
-        )
+        self._spark = self._spark or spark_session(self.connection.spark_settings(app_name=f"spark-abs-{job}"))
 
     def _start_tasks(self) -> None:
         """Every task of this worker, then one query per stage over the

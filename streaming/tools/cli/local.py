@@ -26,11 +26,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "action",
-        choices=["up", "down", "status", "fetch", "env"],
+        choices=["up", "down", "status", "fetch", "env", "grant"],
         help="up: start what is not running (idempotent); down: stop what up started; "
         "status: what runs where (exit 1 unless all run); "
         "fetch: only download/build the artifacts into the cache (the schema registry's too); "
-        'env: the SPARK_ABS_* variables that point commands at it (eval "$(spark-abs local env --cluster)")',
+        'env: the SPARK_ABS_* variables that point commands at it (eval "$(spark-abs local env --cluster)"); '
+        "grant (with --secure and --pipeline): give the job user the Kafka ACLs that pipeline's job needs, "
+        "prefixed on the job's own topics and transactional ids, literal on its ingress and sink topics "
+        "(the user has none until then), and print them as kafka-acls.sh arguments",
     )
     parser.add_argument(
         "--cluster",
@@ -53,6 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "up keeps a registry started since the last down and starts none (`spark-abs run` starts it for a "
         "pipeline that uses one)",
     )
+    parser.add_argument("--pipeline", metavar="MODULE:FUNCTION", help="with grant: the pipeline whose job is granted")
+    parser.add_argument("--job", help="with grant: the job's name (default: the pipeline's own)")
     parser.add_argument(
         "--only", action="append", choices=FETCHABLE, help="with fetch: just this artifact (repeatable)"
     )
@@ -78,6 +83,18 @@ def run(args: argparse.Namespace) -> int:
     elif args.action == "down":
         for line in runtime.down(purge=args.purge):
             log.info(line)
+    elif args.action == "grant":
+        from streaming.api.pipeline import load_pipeline
+        from streaming.local.kafka_security import JOB_USER
+        from streaming.tools.cli.options import import_from_here
+
+        if not args.pipeline:
+            raise ConfigError("grant needs --pipeline MODULE:FUNCTION (and --job, when not the pipeline's own)")
+        import_from_here()
+        pipeline = load_pipeline(args.pipeline, args.job)
+        for grant in runtime.grant(pipeline):
+            print(grant.render(JOB_USER))
+        log.info(f"granted user {JOB_USER} what job {pipeline.job} needs on the secured runtime's broker")
     elif args.action == "env":
         connection = Connection.load(runtime.settings, environ={})
         for name, value in connection.as_env().items():

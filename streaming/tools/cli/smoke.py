@@ -8,7 +8,7 @@ import os
 import time
 import uuid
 
-from streaming.api.config import Connection, SparkSettings
+from streaming.api.config import Connection
 from streaming.tools.cli.options import runtime_settings
 
 __all__ = ["register", "run"]
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     check_broker(connection.kafka)
     log.info("starting Spark (local master) with the Kafka connector")
     started = time.monotonic()
-    spark = spark_session(SparkSettings(master=connection.spark_master), settings, progress=log.info)
+    spark = spark_session(connection.spark_settings(), settings, progress=log.info)
     log.info(f"Spark {spark.version} ready in {time.monotonic() - started:.1f} s")
     run_id = uuid.uuid4().hex[:8]
     try:

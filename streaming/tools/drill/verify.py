@@ -84,9 +84,8 @@ class DrillVerification:
         if self.spark is not None:
             return self.spark
         from streaming.adapters.spark.session import spark_session
-        from streaming.api.config import SparkSettings
 
-        return spark_session(SparkSettings(master=self.connection.spark_master, app_name=f"{self.job.job}-reference"))
+        return spark_session(self.connection.spark_settings(app_name=f"{self.job.job}-reference"))
 
     def _output(self, reference: pd.DataFrame) -> pd.DataFrame:
         """The committed output as a frame (empty, with the reference's

@@ -139,3 +139,30 @@ def test_a_cluster_id_never_reads_as_an_option(monkeypatch):
     draws = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=b"\x01" * 16)])
     monkeypatch.setattr(kafka_broker.uuid, "uuid4", lambda: next(draws))
     assert kafka_broker.cluster_id() == "AQEBAQEBAQEBAQEBAQEBAQ"
+
+
+def test_the_cluster_and_its_drivers_share_a_secret_of_their_own_and_encrypt_their_rpc(tmp_path):
+    """Every daemon's properties name the cluster's generated secret (the file and the
+    properties its owner's alone, made once); a driver given the secret file authenticates
+    and encrypts; no REST submissions, no kill links."""
+    from streaming.adapters.spark.session import spark_conf
+    from streaming.api.config import SparkSettings
+
+    master = spark_cluster.master_spec(tmp_path, 7077, 8080)
+    worker = spark_cluster.worker_spec(tmp_path, 1, 7077, 8081)
+    secret_file = spark_cluster.secret_file(tmp_path)
+    secret = secret_file.read_text().strip()
+    assert len(secret) >= 40 and secret_file.stat().st_mode & 0o777 == 0o600
+    for spec in (master, worker):
+        path = Path(spec.marker)
+        assert path.stat().st_mode & 0o777 == 0o600
+        conf = dict(line.split(" ", 1) for line in path.read_text().splitlines() if not line.startswith("#"))
+        assert conf == spark_cluster.daemon_conf(secret)
+        assert conf["spark.authenticate"] == conf["spark.network.crypto.enabled"] == "true"
+        assert conf["spark.master.rest.enabled"] == conf["spark.ui.killEnabled"] == "false"
+    spark_cluster.master_spec(tmp_path, 7077, 8080)
+    assert secret_file.read_text().strip() == secret  # kept
+    driver = spark_conf(SparkSettings(master="spark://127.0.0.1:7077", secret_file=str(secret_file)), [])
+    assert (driver["spark.authenticate"], driver["spark.network.crypto.enabled"]) == ("true", "true")
+    assert driver["spark.authenticate.secret"] == secret
+    assert "spark.authenticate" not in spark_conf(SparkSettings(master="spark://127.0.0.1:7077"), [])

@@ -30,12 +30,24 @@ def test_up_is_idempotent_and_status_tells_what_runs(connection, runtime_setting
     assert "kafka" in rendered and "s3" in rendered and "running" in rendered
 
 
-def test_the_s3_server_stores_and_lists_objects(connection, unique_name):
+def test_the_s3_server_stores_and_lists_objects_with_the_runtimes_own_keys_only(
+    connection, runtime_settings, unique_name
+):
     store = open_store(f"s3://{connection.s3_bucket}/tests/{unique_name}", connection)
     with store.filesystem.open_output_stream(store.path("a.json")) as out:
         out.write(b'{"ok": true}')
     with store.filesystem.open_input_stream(store.path("a.json")) as src:
         assert src.read() == b'{"ok": true}'
+    # the keys are the runtime's own, generated and kept its owner's; the fixed ones an
+    # earlier version used (public, in its source) open nothing
+    keys_file = runtime_settings.runtime_dir / "secrets" / "s3.keys"
+    assert keys_file.stat().st_mode & 0o777 == 0o600
+    assert connection.s3_secret_key in keys_file.read_text() and len(connection.s3_secret_key) >= 40
+    public = dataclasses.replace(connection, s3_access_key="sparkabs", s3_secret_key="sparkabs-secret")
+    with pytest.raises(OSError):
+        open_store(f"s3://{connection.s3_bucket}/tests/{unique_name}", public).filesystem.open_input_stream(
+            store.path("a.json")
+        ).read()
     store.filesystem.delete_dir(store.root)
 
 

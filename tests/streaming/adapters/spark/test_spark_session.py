@@ -53,3 +53,41 @@ def test_a_driver_of_a_master_elsewhere_binds_where_the_deployment_says(master):
 def test_the_session_of_the_local_runtime_has_its_driver_on_loopback(spark, connection):
     assert local_master(connection.spark_master)
     assert [spark.conf.get(key) for key in BIND] == [LOCAL_DRIVER_ADDRESS] * 2
+
+
+@pytest.mark.parametrize("master", ["spark://spark-master:7077", "spark://10.0.0.5:7077", "yarn", "k8s://h:443"])
+def test_a_session_holding_kafkas_credentials_needs_authenticated_encrypted_rpc_to_a_master_elsewhere(master):
+    from streaming.adapters.spark.session import unprotected_rpc
+
+    secured = SparkSettings(master=master, carries_secrets=True)
+    assert unprotected_rpc(secured, {}) == ["spark.authenticate", "spark.network.crypto.enabled"]
+    assert unprotected_rpc(secured, {"spark.authenticate": "true"}) == ["spark.network.crypto.enabled"]
+    both = {"spark.authenticate": "true", "spark.network.crypto.enabled": "TRUE"}
+    assert unprotected_rpc(secured, both) == []
+    assert unprotected_rpc(SparkSettings(master=master), {}) == []  # nothing secret in its options
+    for local in LOCAL:
+        assert unprotected_rpc(SparkSettings(master=local, carries_secrets=True), {}) == []
+
+
+def test_spark_redacts_a_kafka_client_keys_pem_and_a_jaas_config_as_it_does_a_password():
+    """Spark matches spark.redaction.regex against each option's name and value: its default
+    misses kafka.ssl.keystore.key and the PEM in it."""
+    import re
+
+    from streaming.adapters.spark.session import REDACTION
+
+    regex = re.compile(REDACTION.removeprefix("(?i)"), re.IGNORECASE)
+    options = {
+        "kafka.ssl.keystore.key": "-----BEGIN PRIVATE KEY-----\nMIGH...\n-----END PRIVATE KEY-----",
+        "kafka.sasl.jaas.config": 'ScramLoginModule required username="u" password="p";',
+        "spark.authenticate.secret": "s",
+        "fs.s3a.access.key": "a",
+    }
+    for name in options:
+        assert regex.search(name), name
+    assert regex.search(options["kafka.ssl.keystore.key"].split("\n")[0])
+    default = re.compile(r"secret|password|token|access[.]?key", re.IGNORECASE)
+    assert not default.search("kafka.ssl.keystore.key") and not default.search(options["kafka.ssl.keystore.key"])
+    for harmless in ("kafka.bootstrap.servers", "subscribe", "startingOffsets", "maxOffsetsPerTrigger"):
+        assert not regex.search(harmless), harmless
+    assert spark_conf(SparkSettings(), [])["spark.redaction.regex"] == REDACTION
