@@ -489,12 +489,20 @@ class Connection:
             }
         )
 
-    def job_key(self, job: str) -> JobKey:
-        """The key job ``job`` signs its control events, leases and barriers with."""
+    def job_key(self, job: str, *, cluster: str) -> JobKey:
+        """The key job ``job`` signs its control events, leases and barriers with on the Kafka
+        cluster whose id is ``cluster`` (``streaming.adapters.kafka.admin.job_key`` asks Kafka)."""
+        return JobKey.derive(self._job_secret(), job, cluster=cluster)
+
+    def store_key(self, job: str) -> bytes:
+        """The key job ``job``'s store files are signed with (``JobKey.store_key``)."""
+        return JobKey.store_key(self._job_secret(), job)
+
+    def _job_secret(self) -> str:
         if self.job_secret:
-            return JobKey.derive(self.job_secret, job)
+            return self.job_secret
         if self.job_secret_file:
-            return JobKey.derive(read_secret_file(Path(self.job_secret_file), ENV["job_secret_file"]), job)
+            return read_secret_file(Path(self.job_secret_file), ENV["job_secret_file"])
         raise ConfigError(
             f"no job secret: set {ENV['job_secret']}, or {ENV['job_secret_file']} to a file only "
             "its owner can read (the local runtime generates one: `spark-abs local up`)"

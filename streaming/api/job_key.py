@@ -5,9 +5,14 @@ to the job's Kafka topics appended (docs/operations/security.md).
 The operator holds one secret: ``SPARK_ABS_JOB_SECRET``, or a file named by
 ``SPARK_ABS_JOB_SECRET_FILE`` that only its owner can read; the local runtime
 generates one (``<home>/runtime/job.secret``) and lists it in its connection
-file.  Each job signs with a key derived from it and the job's name (HMAC-SHA256),
-so a record signed for one job does not verify in another.  The secret never
-comes from Kafka or the store, and no repr, log line or error shows it."""
+file.  Each job signs what it writes to Kafka with a key derived from it, the
+job's name and the Kafka cluster's id (HMAC-SHA256), so a record signed for
+one job, or on another cluster (staging, with the same secret), does not
+verify.  The store's files are signed with a key of their own
+(``store_key``: the secret and the job, not Kafka, so a checkpoint can be
+read while Kafka is away), which the store's signer binds to the store's
+place.  The secret never comes from Kafka or the store, and no repr, log
+line or error shows it."""
 
 from __future__ import annotations
 
@@ -25,6 +30,17 @@ __all__ = ["JobKey", "MIN_SECRET_CHARS", "generate_secret", "read_secret_file", 
 # a secret shorter than this is refused: it could be guessed
 MIN_SECRET_CHARS = 32
 _DERIVATION = b"spark-abs job key\0"
+_CLUSTER = b"kafka cluster\0"
+
+
+def _root(secret: str, job: str) -> bytes:
+    """What every key of job ``job`` is derived from; the secret checked for length."""
+    if len(secret) < MIN_SECRET_CHARS:
+        raise ConfigError(
+            f"the job secret has {len(secret)} characters, fewer than {MIN_SECRET_CHARS}: "
+            "generate one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+        )
+    return hmac.new(secret.encode(), _DERIVATION + job.encode(), hashlib.sha256).digest()
 
 
 def generate_secret() -> str:
@@ -54,26 +70,26 @@ class JobKey:
     key: bytes = field(repr=False)
 
     @classmethod
-    def derive(cls, secret: str, job: str) -> JobKey:
-        """Job ``job``'s key from the operator's ``secret``."""
-        if len(secret) < MIN_SECRET_CHARS:
-            raise ConfigError(
-                f"the job secret has {len(secret)} characters, fewer than {MIN_SECRET_CHARS}: "
-                "generate one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
-            )
-        return cls(job, hmac.new(secret.encode(), _DERIVATION + job.encode(), hashlib.sha256).digest())
+    def derive(cls, secret: str, job: str, *, cluster: str) -> JobKey:
+        """Job ``job``'s key on the Kafka cluster whose id is ``cluster``, from the operator's ``secret``."""
+        if not cluster:
+            raise ConfigError("a job's key is bound to its Kafka cluster: give the cluster's id")
+        bound = _root(secret, job)
+        tagged = _CLUSTER + len(cluster).to_bytes(8, "big") + cluster.encode()
+        return cls(job, hmac.new(bound, tagged, hashlib.sha256).digest())
+
+    @staticmethod
+    def store_key(secret: str, job: str) -> bytes:
+        """The key job ``job``'s store files are signed with (``_JOB.json``, manifests,
+        ``_TASK.json``: ``streaming.adapters.snapshots.signing``, which binds it to the
+        store's place): one of its own, from the ``secret`` and the job, not Kafka."""
+        return hmac.new(_root(secret, job), b"store", hashlib.sha256).digest()
 
     @property
     def barriers(self) -> bytes:
         """The key barriers and cancellations are signed with (``barriers.messages.encode``):
         one of its own, so that no signature of one kind of record passes for another's."""
         return hmac.new(self.key, b"barriers", hashlib.sha256).digest()
-
-    @property
-    def store(self) -> bytes:
-        """The key the store's job files are signed with (``_JOB.json``, manifests,
-        ``_TASK.json``: ``streaming.adapters.snapshots.signing``): one of its own."""
-        return hmac.new(self.key, b"store", hashlib.sha256).digest()
 
     def sign(self, *parts: bytes) -> str:
         digest = hmac.new(self.key, digestmod=hashlib.sha256)

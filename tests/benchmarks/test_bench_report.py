@@ -10,6 +10,7 @@ from benchmarks.__main__ import PROFILES, _markdown, _ratios, _variants
 from benchmarks.profiles import summarise
 from benchmarks.runs import Run, percentile, spark_task_metrics
 from benchmarks.workloads import PARTITIONS, partition_of
+from streaming.adapters.snapshots import UNSIGNED
 
 
 def test_percentiles_by_nearest_rank():
@@ -99,7 +100,7 @@ def test_a_run_is_done_when_a_committed_checkpoint_shows_its_input_read(tmp_path
     from streaming.adapters.objects import open_store
     from streaming.adapters.snapshots import SnapshotStore, TaskParts
 
-    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), "bench")
+    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), "bench", key=UNSIGNED)
     # (checkpoint, in-flight range on events:0 when the task took its snapshot); 2 is not committed
     for cid, (start, end) in ((1, (40, 101)), (2, (100, 102)), (3, (100, 103))):
         snap = store.write_task(

@@ -13,7 +13,7 @@ import pytest
 from kafka import KafkaProducer
 
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore
 from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.runner import JobRunner
@@ -58,7 +58,7 @@ def _checkpoint(connection, tmp_path, job: str, mode: str, before: dict[int, int
         assert record.status == "completed", record.reason
     finally:
         runner.close()
-    store = SnapshotStore(open_store(settings.store, connection), job)
+    store = SnapshotStore(open_store(settings.store, connection), job, key=UNSIGNED)
     manifest = store.read_manifest(barrier.checkpoint_id)
     loaded = store.load_task(barrier.checkpoint_id, "slow-0")
     covered = sum(pc.sum(t["n"]).as_py() or 0 for t in loaded.state.values() if "n" in t.column_names)

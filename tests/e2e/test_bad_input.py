@@ -21,6 +21,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from barriers.headers import FORMAT_HEADER
 from barriers.messages import Barrier, CancelBarrier, ChannelId, encode
 from spark_abs_examples import money
+from streaming.adapters.kafka.admin import job_key
 from streaming.adapters.kafka.control.events import Ack, Committed, Complete, ControlEvent, Trigger
 from streaming.adapters.kafka.control.transport import ControlTopic
 from streaming.adapters.kafka.dead_letters import read_dead_letters
@@ -28,7 +29,7 @@ from streaming.adapters.objects import open_store
 from streaming.adapters.serde.codec import ARROW_FORMAT, ARROW_ON_INGRESS, encode_batches
 from streaming.adapters.sinks.factory import sink_location
 from streaming.adapters.sinks.object_store import read_committed_output
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore
 from streaming.api.settings import JobSettings
 from streaming.api.topics import control_topic
 from streaming.engine import metrics
@@ -62,7 +63,7 @@ def _stopped(runner, timeout_s: float, feed=lambda: None) -> str:
 
 def _dead_letter_records(connection, job: str) -> list:
     """The job's dead letters, each once: a letter a restore's replay sent again supersedes the first."""
-    return read_dead_letters(connection.kafka, job, connection.job_key(job)).letters
+    return read_dead_letters(connection.kafka, job, job_key(connection, job)).letters
 
 
 def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique_name, tmp_path, lines):
@@ -95,10 +96,10 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         nowhere = json.dumps({"id": -1, "source": None, "target": None, "amount": 5, "ts": 1}).encode()
         sent_nowhere = producer.send(topic, value=nowhere, headers=[("trace", b"me")], partition=1).get(timeout=30)
         # another job's barrier, signed with its key; a barrier of this job's, of a generation to come
-        elsewhere = connection.job_key("someone-else").barriers
+        elsewhere = job_key(connection, "someone-else").barriers
         foreign = encode(Barrier(1, job="someone-else"), key=elsewhere, channel=ChannelId(topic, 0))
         producer.send(topic, value=b"", headers=foreign, partition=0)
-        key = connection.job_key(job).barriers
+        key = job_key(connection, job).barriers
         ahead = encode(Barrier(99, generation=7, job=job), key=key, channel=ChannelId(topic, 1))
         producer.send(topic, value=b"", headers=ahead, partition=1)
         producer.flush()
@@ -180,7 +181,7 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         _step_until(runner, lambda: finished(newest), 120, "the checkpoint after m", trigger=False)
 
         # damage the newest complete checkpoint, then lose a worker: the restore skips it, and takes m
-        reader = SnapshotStore(open_store(settings.store, connection), job)
+        reader = SnapshotStore(open_store(settings.store, connection), job, key=UNSIGNED)
         assert reader.completed()[-1] == newest
         part = next(Path(checkpoints, f"chk-{newest:08d}").glob("accounts-0/state/*.parquet"))
         raw = bytearray(part.read_bytes())
@@ -247,7 +248,7 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
     unsigned = {"job_name": job, "reader": "runner", "reason": "unsigned"}
     assert metrics.REGISTRY.get_sample_value("spark_abs_control_rejected_total", unsigned) == 20
     assert "rejected: unsigned" in worker_logs and "every hundredth is logged from here on" in worker_logs
-    control = ControlTopic(kafka, job, connection.job_key(job))
+    control = ControlTopic(kafka, job, job_key(connection, job))
     committed = [e for e in control.wait_for(lambda e: False, 5) if isinstance(e, Committed)]
     control.close()
     assert committed and max(e.checkpoint_id for e in committed) < done + 500

@@ -28,7 +28,7 @@ from kafka import KafkaProducer
 from streaming.adapters.objects import ensure_bucket, open_store
 from streaming.adapters.sinks.factory import sink_location
 from streaming.adapters.sinks.object_store import read_committed_output
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore
 from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import run_until_caught_up
@@ -70,7 +70,7 @@ def test_one_checkpoint_restored_into_a_stage_replaced_and_a_changed_state_schem
     store = f"s3://{connection.s3_bucket}/{unique_name}"
     settings = JobSettings(store=store, mode="aligned", interval_s=0.5, timeout_s=60)
     kafka, topic = connection.kafka, f"{job}.events"
-    reader = SnapshotStore(open_store(store, connection), job)
+    reader = SnapshotStore(open_store(store, connection), job, key=UNSIGNED)
 
     def runner(shape: str, options: RunOptions | None = None) -> JobRunner:
         return JobRunner(_reference(shape), settings, connection, job=job, options=options)

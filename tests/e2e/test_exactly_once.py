@@ -22,7 +22,7 @@ from streaming.adapters.kafka.ranges import read_range
 from streaming.adapters.objects import ensure_bucket, open_store
 from streaming.adapters.sinks.factory import sink_location
 from streaming.adapters.sinks.object_store import read_committed_output
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore
 from streaming.api.settings import JobSettings
 from streaming.api.topics import dead_letter_topic
 from streaming.engine import metrics
@@ -73,7 +73,7 @@ def _run(
     **settings,
 ):
     settings = JobSettings(store=store, interval_s=0.7, timeout_s=60, max_records_per_batch=200, **settings)
-    reader = SnapshotStore(open_store(store, connection), job)
+    reader = SnapshotStore(open_store(store, connection), job, key=UNSIGNED)
     money = []
 
     def in_flight(channel, start, end):

@@ -32,7 +32,7 @@ from selenium.webdriver.common.by import By
 from ui_browser import chromium, rows, screenshot, section, served, wait, xpath_rows
 
 from spark_abs_examples import money
-from streaming.adapters.kafka.admin import create_topic, end_offsets
+from streaming.adapters.kafka.admin import create_topic, end_offsets, job_key
 from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import kill_worker, run_until_caught_up
@@ -192,7 +192,7 @@ def _the_ui_shows_the_running_job(runner: JobRunner, store: str, connection) -> 
     """`spark-abs ui` of the job (live: its store and control topic) in headless Chromium; the pages it showed."""
     job = runner.job
     newest = max(r.checkpoint_id for r in runner.coordinator.completed())
-    watch, pages = ControlWatch(connection.kafka, job, connection.job_key(job)), []
+    watch, pages = ControlWatch(connection.kafka, job, job_key(connection, job)), []
     app = create_app(JobSource(store, job, connection), refresh_s=2, watch=watch)
     with closing(watch), served(app) as url, chromium() as browser:
         # the history: every checkpoint the store holds complete, the runner's newest among them, charted

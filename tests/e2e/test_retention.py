@@ -25,7 +25,7 @@ from streaming.adapters.kafka.admin import create_topic, delete_records, earlies
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks.factory import sink_location
 from streaming.adapters.sinks.object_store import read_committed_output
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore
 from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import run_until_caught_up
@@ -80,7 +80,7 @@ def test_a_range_retention_deleted_is_named_and_the_restore_falls_back(connectio
     # partition 0's backlog is 59 minutes old (time retention may take it any moment), partition 1's is new
     _produce(kafka, topic, 0, range(0, 600), timestamp_ms=int(time.time() * 1000) - HOUR_MS + 60_000)
     _produce(kafka, topic, 1, range(100_000, 100_600))
-    store = SnapshotStore(open_store(settings.store, connection), job)
+    store = SnapshotStore(open_store(settings.store, connection), job, key=UNSIGNED)
     deadline = time.monotonic() + 240  # a bound for a stuck run (about 70 s on a quiet machine)
     try:
         runner.start()

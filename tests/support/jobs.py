@@ -14,7 +14,7 @@ from typing import Any
 from spark_abs_examples import money
 from streaming.adapters.kafka.ranges import read_range
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore
 from streaming.api.config import KafkaAccess
 from streaming.engine.job.runner import JobRunner, RunOptions
 from streaming.testing import LineCollector
@@ -45,7 +45,7 @@ def _range_reader(kafka: KafkaAccess):
 def money_job(pipeline_ref: str, settings, connection, job: str, options: RunOptions | None = None) -> MoneyJob:
     """A ``JobRunner`` for ``pipeline_ref`` (a money pipeline) whose
     completed checkpoints are counted as they complete, its lines kept."""
-    store = SnapshotStore(open_store(settings.store, connection), job)
+    store = SnapshotStore(open_store(settings.store, connection), job, key=UNSIGNED)
     holder: list[MoneyJob] = []
     lines = LineCollector().attach().lines
     runner = JobRunner(

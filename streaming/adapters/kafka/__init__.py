@@ -2,7 +2,9 @@
 
 - ``clients``: every client, made from a ``KafkaAccess``, and Kafka's
   refusals explained;
-- ``admin``: topics, their offsets and their retention;
+- ``admin``: topics, their offsets and their retention; the cluster's id, and
+  the job's key bound to it (``job_key``);
+- ``acls``: the ACLs one job needs, from its pipeline, granted and revoked;
 - ``producer``: the producer factory, sends whose failures are raised
   (``CheckedSends``) and markers and records appended to explicit channels;
 - ``ranges``: offset ranges of a channel read back in bulk;

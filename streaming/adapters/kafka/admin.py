@@ -18,13 +18,16 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from barriers.messages import ChannelId
 from streaming.adapters.kafka import clients as kafka_clients
 from streaming.adapters.kafka.clients import RECONNECT, refusal
-from streaming.api.config import KafkaAccess
+from streaming.api.config import Connection, KafkaAccess
+from streaming.api.job_key import JobKey
 from streaming.errors import ConfigError, KafkaUnavailableError
 from streaming.waits import poll_until
 
 __all__ = [
     "replication",
     "admin_client",
+    "cluster_id",
+    "job_key",
     "check_broker",
     "create_topic",
     "delete_topics",
@@ -45,6 +48,34 @@ log = logging.getLogger(__name__)
 def admin_client(kafka: KafkaAccess, timeout_s: float = 15.0) -> KafkaAdminClient:
     """An admin client on ``kafka`` (``kafka_clients.admin``)."""
     return kafka_clients.admin(kafka, timeout_s)
+
+
+_CLUSTER_IDS: dict[str, str] = {}
+_CLUSTER_IDS_LOCK = threading.Lock()
+
+
+def cluster_id(kafka: KafkaAccess, timeout_s: float = 15.0) -> str:
+    """The id of the Kafka cluster at ``kafka`` (asked once per process and servers: it never
+    changes while the cluster lives); a ``KafkaUnavailableError`` when no broker answers."""
+    with _CLUSTER_IDS_LOCK:
+        known = _CLUSTER_IDS.get(kafka.servers)
+    if known:
+        return known
+    admin = admin_client(kafka, timeout_s)
+    try:
+        found = admin.describe_cluster().get("cluster_id") or ""
+    finally:
+        admin.close()
+    if not found:
+        raise KafkaUnavailableError(f"Kafka at {kafka.servers} names no cluster id (a broker older than 0.10.1?)")
+    with _CLUSTER_IDS_LOCK:
+        _CLUSTER_IDS[kafka.servers] = found
+    return found
+
+
+def job_key(connection: Connection, job: str) -> JobKey:
+    """Job ``job``'s key on ``connection``'s Kafka cluster (``Connection.job_key``, bound to its id)."""
+    return connection.job_key(job, cluster=cluster_id(connection.kafka))
 
 
 def replication(brokers: int) -> tuple[int, int]:

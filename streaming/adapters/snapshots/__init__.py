@@ -62,6 +62,7 @@ from streaming.adapters.snapshots.format import (
     TaskSnapshot,
 )
 from streaming.adapters.snapshots.layout import checkpoint_dir_name
+from streaming.adapters.snapshots.signing import UNSIGNED
 from streaming.adapters.snapshots.store import SnapshotStore
 from streaming.adapters.snapshots.writing import TaskParts
 
@@ -75,5 +76,6 @@ __all__ = [
     "JobMeta",
     "SnapshotStore",
     "TaskParts",
+    "UNSIGNED",
     "checkpoint_dir_name",
 ]

@@ -17,7 +17,7 @@ from streaming.adapters.snapshots.jobs import JobHistory
 from streaming.adapters.snapshots.layout import Layout
 from streaming.adapters.snapshots.reading import SnapshotReader
 from streaming.adapters.snapshots.retention import Retention, RetentionPlan
-from streaming.adapters.snapshots.signing import StoreSigner
+from streaming.adapters.snapshots.signing import StoreSigner, Unsigned
 from streaming.adapters.snapshots.verify import NewestVerified, Verifier
 from streaming.adapters.snapshots.writing import SnapshotWriter, TaskParts
 from streaming.errors import ConfigError
@@ -37,12 +37,13 @@ class SnapshotStore:
     One job: the store's handle.  Each method hands its work to one of the
     parts, which the constructor builds on one ``ObjectFiles`` and ``Layout``.
 
-    ``key``: the job's store key (``JobKey.store``), which signs and verifies
-    ``_JOB.json``, the manifests and every ``_TASK.json``
-    (``streaming.adapters.snapshots.signing``).  Every runner, worker and tool
-    passes it; None (nothing signed, nothing verified) is for unit tests."""
+    ``key``: the job's store key (``JobKey.store_key``), which signs and verifies
+    ``_JOB.json``, the manifests and every ``_TASK.json``, bound to this store's
+    place (``streaming.adapters.snapshots.signing``).  Every runner and worker
+    passes it; ``UNSIGNED`` (nothing signed, nothing verified), said explicitly,
+    is for unit tests, the simulator, and tools without the job's secret."""
 
-    def __init__(self, location: StoreLocation, job: str, *, key: bytes | None = None, upload_threads: int = 4):
+    def __init__(self, location: StoreLocation, job: str, *, key: bytes | Unsigned, upload_threads: int = 4):
         try:
             self.layout = Layout(location, job)
         except ValueError as exc:
@@ -52,7 +53,8 @@ class SnapshotStore:
         self.location = location
         self.job = job
         self.files = ObjectFiles(location, "snapshot store")
-        signer = StoreSigner(job, key)
+        # location.uri is canonical (open_store: a resolved directory, or bucket/prefix)
+        signer = StoreSigner(job, key, location.uri)
         self.reader = SnapshotReader(self.files, self.layout, job, signer)
         self.verifier = Verifier(self.reader)
         self.history = JobHistory(self.files, self.layout, job, signer)

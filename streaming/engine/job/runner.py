@@ -53,6 +53,7 @@ each worker its own; the runner lists every endpoint in
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -63,12 +64,13 @@ from pathlib import Path
 from barriers.coordinator import CheckpointStatus
 from barriers.failures import CheckpointFailure
 from barriers.messages import ChannelId, CheckpointOptions
-from streaming.adapters.kafka.admin import check_broker, end_offsets
+from streaming.adapters.kafka.admin import check_broker, end_offsets, job_key
 from streaming.adapters.kafka.dead_letters import DeadLetterTopic, Restored
 from streaming.adapters.objects import open_store, store_patiently
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.api import partitioning
 from streaming.api.config import Connection, MetricsSettings, default_home
+from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Pipeline, Scale, load_pipeline
 from streaming.api.settings import JobSettings, skip_range
 from streaming.api.topics import dead_letter_topic
@@ -182,8 +184,8 @@ class JobRunner:
         self.settings = settings
         check_skip_records(self.pipeline, settings)
         self.connection = connection
-        # signs the job's control events, leases and barriers: without it the job does not start
-        self.key = connection.job_key(self.job)
+        # the job's secret is needed now: without it the job does not start
+        connection.store_key(self.job)
         self.on_complete = on_complete
         self.worker_env = dict(options.worker_env)
         # which worker group runs which tasks, at the job's scale, and which groups run remotely
@@ -199,7 +201,7 @@ class JobRunner:
         )
         self.log_dir = options.log_dir or default_home() / "runs" / self.job
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.store = SnapshotStore(open_store(settings.store, connection), self.job, key=self.key.store)
+        self.store = SnapshotStore(open_store(settings.store, connection), self.job, key=connection.store_key(self.job))
         # a restore into a changed pipeline may drop these stages' state (streaming.engine.restore.changes)
         self.recovery = RestoreService(self.declared, self.store, settings, connection, options.allow_dropped)
         self.max_restores = options.max_restores
@@ -231,6 +233,12 @@ class JobRunner:
         )
         # the runner's metrics endpoint and the targets file of every endpoint of the job
         self.endpoints = RunnerEndpoints(self.metrics_settings, self.log_dir, self.job, self.log)
+
+    @functools.cached_property
+    def key(self) -> JobKey:
+        """What signs the job's control events, leases and barriers: its key on its Kafka
+        cluster (asked for the cluster's id when first needed)."""
+        return job_key(self.connection, self.job)
 
     def _supervisor(self) -> WorkerSupervisor:
         return WorkerSupervisor(

@@ -187,7 +187,7 @@ class RemoteWorker(Worker):
         if settings.store != self.settings.store:
             self.store.close()
             self.store = SnapshotStore(
-                open_store(settings.store, self.connection), lease.job, key=self.connection.job_key(lease.job).store
+                open_store(settings.store, self.connection), lease.job, key=self.connection.store_key(lease.job)
             )
         self.settings = settings
 

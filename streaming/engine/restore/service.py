@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from barriers.handler import CheckpointKind
-from streaming.adapters.kafka.admin import earliest_offsets
+from streaming.adapters.kafka.admin import earliest_offsets, job_key
 from streaming.adapters.kafka.control.transport import newest_generation
 from streaming.adapters.kafka.dead_letters import DeadLetterTopic
 from streaming.adapters.kafka.producer import close_producer, producer, write_records
@@ -171,7 +171,7 @@ class RestoreService:
         self.declared = declared
         # the newest generation the job's signed events name (``newest_generation``; a test gives its own)
         self._generation_heard = generation_heard or (
-            lambda: newest_generation(connection.kafka, declared.job, connection.job_key(declared.job))
+            lambda: newest_generation(connection.kafka, declared.job, job_key(connection, declared.job))
         )
         self.allow_dropped = allow_dropped or AllowDropped.none()
         self.job = declared.job
@@ -390,7 +390,7 @@ class RestoreService:
                 delivery_timeout_s=self.settings.delivery_timeout_s,
                 kafka_client=self.settings.kafka_sink_client,
                 # a Kafka sink's commit markers are signed with the job's key
-                key=self.connection.job_key(self.job) if stage.sink.kind is SinkKind.KAFKA else None,
+                key=job_key(self.connection, self.job) if stage.sink.kind is SinkKind.KAFKA else None,
             )
             try:
                 sink.recover(source)

@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 
 from barriers.messages import ChannelId
 from streaming import console
+from streaming.adapters.kafka.admin import job_key
 from streaming.adapters.kafka.control.events import Complete, ControlEvent, Heartbeat, Lease, Ready
 from streaming.adapters.kafka.control.transport import ControlTopic
 from streaming.adapters.kafka.dead_letters import DeadLetterTopic
@@ -176,13 +177,13 @@ class Worker:
         job = self.pipeline.job
         kafka = self.connection.kafka
         self.store = SnapshotStore(
-            open_store(self.settings.store, self.connection), job, key=self.connection.job_key(job).store
+            open_store(self.settings.store, self.connection), job, key=self.connection.store_key(job)
         )
         delivery_s = self.settings.delivery_timeout_s
         self.control = ControlTopic(
             kafka,
             job,
-            self.connection.job_key(job),
+            job_key(self.connection, job),
             delivery_timeout_s=delivery_s,
             on_rejected=functools.partial(metrics.control_rejected, job, "worker"),
         )

@@ -43,6 +43,7 @@ import pyarrow as pa
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.adapters.snapshots.jobs import jobs_in
+from streaming.adapters.snapshots.signing import UNSIGNED, Unsigned
 from streaming.api.config import ENV, Connection, KafkaAccess
 from streaming.api.job_key import JobKey, read_secret_file
 from streaming.api.pipeline import Pipeline
@@ -213,22 +214,22 @@ def to_spark(spark, table: pa.Table, *, view: str | None = None):
     return frame
 
 
-def _store_key(job: str, connection: Connection | None) -> bytes | None:
+def _store_key(job: str, connection: Connection | None) -> bytes | Unsigned:
     """Job ``job``'s store key, from the connection's job secret or, for a
     store read without a connection, ``SPARK_ABS_JOB_SECRET`` or
-    ``SPARK_ABS_JOB_SECRET_FILE``; None without any (the job's files are
+    ``SPARK_ABS_JOB_SECRET_FILE``; ``UNSIGNED`` without any (the job's files are
     then read without checking their signatures, which ``--verbose`` says)."""
     if connection is not None and (connection.job_secret or connection.job_secret_file):
-        return connection.job_key(job).store
+        return connection.store_key(job)
     if os.environ.get(ENV["job_secret"]):
-        return JobKey.derive(os.environ[ENV["job_secret"]], job).store
+        return JobKey.store_key(os.environ[ENV["job_secret"]], job)
     if os.environ.get(ENV["job_secret_file"]):
         secret = read_secret_file(Path(os.environ[ENV["job_secret_file"]]), ENV["job_secret_file"])
-        return JobKey.derive(secret, job).store
+        return JobKey.store_key(secret, job)
     log.debug(
         "no job secret (%s or %s): job %s's files in the store are read without checking their signatures",
         ENV["job_secret"],
         ENV["job_secret_file"],
         job,
     )
-    return None
+    return UNSIGNED

@@ -16,6 +16,7 @@ from barriers.headers import (
     DEAD_LETTER_SOURCE,
     DEAD_LETTER_SOURCE_OFFSET,
 )
+from streaming.adapters.kafka.admin import job_key
 from streaming.tools.cli.options import runtime_settings
 
 __all__ = ["register", "run", "letter_rows", "render"]
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from streaming.api.config import Connection
 
     connection = Connection.from_env(os.environ) or Connection.load(runtime_settings(args))
-    found = read_dead_letters(connection.kafka, args.job, connection.job_key(args.job))
+    found = read_dead_letters(connection.kafka, args.job, job_key(connection, args.job))
     if args.json:
         for row in _rows(found, args.superseded):
             print(json.dumps(row))

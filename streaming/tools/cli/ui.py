@@ -7,6 +7,7 @@ import logging
 import os
 from pathlib import Path
 
+from streaming.adapters.kafka.admin import job_key
 from streaming.api.config import default_home
 from streaming.tools.cli.options import add_store_options, store_connection
 
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     watch = None
     if connection and not args.store_only:
         try:  # the page shows only control events the job's key vouches for
-            watch = ControlWatch(connection.kafka, args.job, connection.job_key(args.job))
+            watch = ControlWatch(connection.kafka, args.job, job_key(connection, args.job))
         except ConfigError as exc:  # no job secret here: the store alone
             log.warning(f"{exc}; the page shows the store alone (no live view of the control topic)")
     home = Path(args.home).expanduser().resolve() if args.home else default_home()

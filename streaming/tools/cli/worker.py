@@ -6,6 +6,7 @@ import argparse
 import functools
 import logging
 
+from streaming.adapters.kafka.admin import job_key
 from streaming.engine import metrics
 from streaming.tools.cli.options import connection_for, export_home, import_from_here
 
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     control = ControlTopic(
         connection.kafka,
         args.job,
-        connection.job_key(args.job),
+        job_key(connection, args.job),
         on_rejected=functools.partial(metrics.control_rejected, args.job, "worker"),
     )
     bound = args.wait_for_runner or None

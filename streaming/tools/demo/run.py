@@ -116,7 +116,7 @@ class _MoneyCheck:
         from streaming.adapters.snapshots import SnapshotStore
 
         self.connection = connection
-        self.reader = SnapshotStore(open_store(store_uri, connection), job, key=connection.job_key(job).store)
+        self.reader = SnapshotStore(open_store(store_uri, connection), job, key=connection.store_key(job))
         self.money: list[Any] = []
         self._money_in_checkpoint = money_in_checkpoint
 

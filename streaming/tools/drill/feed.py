@@ -107,13 +107,14 @@ class ProgressWatch:
     progress events on the control topic), watched until ``stop`` is set;
     with remote worker groups, who the runner's lease names (``lease``) and
     what each worker said last (``beats``: incarnation -> its heartbeat and
-    when it was read, on ``clock``)."""
+    when it was read, on ``clock``).  ``key``: the job's key, or what gives it
+    once the watch starts (it asks Kafka for the cluster's id)."""
 
     def __init__(
         self,
         kafka: KafkaAccess,
         pipeline: Pipeline,
-        key: JobKey,
+        key: JobKey | Callable[[], JobKey],
         stop: threading.Event,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -134,7 +135,8 @@ class ProgressWatch:
         while not self.stop.is_set() or control is None:
             try:
                 if control is None:
-                    control = ControlTopic(self.kafka, self.job, self.key)
+                    key = self.key if isinstance(self.key, JobKey) else self.key()
+                    control = ControlTopic(self.kafka, self.job, key)
                 self.take(control.poll(0.5))
             except Exception:  # the broker may be down (a drill's outage): try again
                 time.sleep(1.0)

@@ -22,6 +22,7 @@ import pyarrow.fs as pafs
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore
 from streaming.adapters.snapshots.format import GenerationStart
+from streaming.adapters.snapshots.signing import UNSIGNED
 from streaming.api.config import Connection, default_home
 from streaming.api.settings import Mode, StateSnapshots
 from streaming.engine import faults
@@ -88,7 +89,7 @@ class DrilledJob:
         self.store_uri = store_uri
         self.max_restores = max_restores
         # signed with the job's key (a unit test drives one without a connection)
-        key = connection.job_key(job).store if connection is not None else None
+        key = connection.store_key(job) if connection is not None else UNSIGNED
         self.store = SnapshotStore(open_store(store_uri, connection), job, key=key)
         self.log_dir = default_home() / "runs" / job
         report_dir.mkdir(parents=True, exist_ok=True)

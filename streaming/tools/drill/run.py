@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from streaming.adapters.kafka.admin import job_key
 from streaming.adapters.serde.schema_registry import registry_users
 from streaming.api.config import Connection, LocalRuntimeSettings, default_home
 from streaming.api.pipeline import load_pipeline, pipeline_reference
@@ -205,7 +206,9 @@ class Drill:
         self.started = time.monotonic()
         self.outcomes: list[FailureOutcome] = []
         self._stop = threading.Event()  # the workload's end, and the progress watch's
-        self.watch = ProgressWatch(connection.kafka, self.pipeline, connection.job_key(self.pipeline.job), self._stop)
+        self.watch = ProgressWatch(
+            connection.kafka, self.pipeline, lambda: job_key(connection, self.pipeline.job), self._stop
+        )
         self.feed = WorkloadFeed(
             connection.kafka, self.workload, self.pipeline, seed=seed, rate=self.rate, stop=self._stop
         )

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from barriers.headers import DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, DEAD_LETTER_SOURCE_OFFSET
+from streaming.adapters.kafka.admin import job_key
 from streaming.api.config import Connection
 from streaming.api.pipeline import Pipeline
 from streaming.errors import ConfigError, KafkaUnavailableError, SnapshotMissingError
@@ -158,7 +159,7 @@ class DrillVerification:
     def _dead_letter_frame(self) -> pd.DataFrame:
         from streaming.adapters.kafka.dead_letters import read_dead_letters
 
-        found = read_dead_letters(self.connection.kafka, self.job.job, self.connection.job_key(self.job.job))
+        found = read_dead_letters(self.connection.kafka, self.job.job, job_key(self.connection, self.job.job))
         if found.superseded:
             self.log(
                 f"dead letters: {len(found.superseded)} sent again by a restore's replay ("
@@ -203,7 +204,7 @@ class DrillVerification:
         from streaming.adapters.sinks.kafka import read_kafka_output
 
         # only the superseded marks the job signed count
-        output = read_kafka_output(self.connection.kafka, topic, key=self.connection.job_key(self.job.job))
+        output = read_kafka_output(self.connection.kafka, topic, key=job_key(self.connection, self.job.job))
         if output.superseded:
             self.log(
                 f"output: {sum(output.superseded.values())} records of {len(output.superseded)} epochs the Kafka "

@@ -19,7 +19,7 @@ import pytest
 from operators import KeyedAggregate, count
 from streaming.adapters.objects import open_store
 from streaming.adapters.snapshots import SnapshotStore, TaskParts
-from streaming.adapters.snapshots.signing import StoreSigner
+from streaming.adapters.snapshots.signing import UNSIGNED, StoreSigner, Unsigned
 from streaming.api.config import Connection, KafkaAccess
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
@@ -31,8 +31,8 @@ JOB = "ledger"
 KEY = b"k" * 32
 
 
-def _store(root: Path, key: bytes | None = KEY) -> SnapshotStore:
-    return SnapshotStore(open_store(f"file://{root}/store"), JOB, key=key)
+def _store(root: Path, key: bytes | Unsigned = KEY, name: str = "store") -> SnapshotStore:
+    return SnapshotStore(open_store(f"file://{root}/{name}"), JOB, key=key)
 
 
 def _checkpoint(store: SnapshotStore, checkpoint_id: int) -> None:
@@ -50,7 +50,7 @@ def _chk(root: Path, checkpoint_id: int) -> Path:
 
 
 def test_a_signed_file_is_still_json_and_verifies_only_as_written_and_where_written():
-    signer = StoreSigner(JOB, KEY)
+    signer = StoreSigner(JOB, KEY, "file:///stores/a")
     body = json.dumps({"format_version": 2, "job": JOB}, indent=2).encode()
     signed = signer.sign(body, "manifest", "5")
     assert json.loads(signed)["job"] == JOB  # any JSON reader still reads it
@@ -60,12 +60,19 @@ def test_a_signed_file_is_still_json_and_verifies_only_as_written_and_where_writ
     with pytest.raises(SnapshotCorruptError, match="copied from another place"):
         signer.body(signed, "the manifest", "manifest", "6")
     with pytest.raises(SnapshotCorruptError, match="signature does not match"):
-        StoreSigner("another-job", KEY).body(signed, "the manifest", "manifest", "5")
+        StoreSigner("another-job", KEY, "file:///stores/a").body(signed, "the manifest", "manifest", "5")
     with pytest.raises(SnapshotCorruptError, match="is not signed with job ledger's key"):
         signer.body(body, "the manifest", "manifest", "5")
-    # without a key (unit tests only) nothing is signed and a signed file still reads
-    assert StoreSigner(JOB, None).sign(body, "job") == body
-    assert json.loads(StoreSigner(JOB, None).body(signed, "the manifest", "manifest", "5"))["job"] == JOB
+    with pytest.raises(SnapshotCorruptError, match="or another store"):
+        StoreSigner(JOB, KEY, "s3://staging/stores/a").body(signed, "the manifest", "manifest", "5")
+    with pytest.raises(TypeError, match="UNSIGNED said explicitly"):
+        StoreSigner(JOB, None, "file:///stores/a")  # type: ignore[arg-type]
+    # UNSIGNED, said explicitly (unit tests, tools without the secret): nothing signed, a signed file still reads
+    assert StoreSigner(JOB, UNSIGNED, "file:///stores/a").sign(body, "job") == body
+    assert (
+        json.loads(StoreSigner(JOB, UNSIGNED, "file:///stores/a").body(signed, "the manifest", "manifest", "5"))["job"]
+        == JOB
+    )
 
 
 def test_an_edited_manifest_or_task_file_makes_its_checkpoint_corrupt_and_a_restore_falls_back(tmp_path):
@@ -94,7 +101,7 @@ def test_a_manifest_copied_to_another_checkpoint_or_written_unsigned_is_corrupt(
         _checkpoint(store, 2)
         shutil.copy(_chk(tmp_path, 1) / "_MANIFEST.json", _chk(tmp_path, 2) / "_MANIFEST.json")
         assert "copied from another place" in store.verify(2)[0]
-        with _store(tmp_path / "other", key=None) as unsigned:  # a manifest the writer made whole
+        with _store(tmp_path / "other", key=UNSIGNED) as unsigned:  # a manifest the writer made whole
             _checkpoint(unsigned, 2)
         shutil.copy(_chk(tmp_path / "other", 2) / "_MANIFEST.json", _chk(tmp_path, 2) / "_MANIFEST.json")
         assert "is not signed with job ledger's key" in store.verify(2)[0]
@@ -136,3 +143,18 @@ def test_a_job_history_put_back_to_an_older_signed_copy_is_refused_by_the_next_r
         store.next_generation(None)
         store.next_generation(None)
         assert restores.prepare(None, {}, pipeline.scale, lambda: 9, "restart").generation == 3
+
+
+def test_a_checkpoint_copied_from_another_store_of_the_same_job_and_secret_does_not_verify(tmp_path):
+    """Staging and production with the same secret and job name: a checkpoint of staging's store
+    copied into production's is corrupt there, and a restore does not take it."""
+    with _store(tmp_path, name="production") as production, _store(tmp_path, name="staging") as staging:
+        production.first_generation()
+        staging.first_generation()
+        _checkpoint(production, 1)
+        for checkpoint_id in (1, 2):
+            _checkpoint(staging, checkpoint_id)
+        copied = tmp_path / "production" / JOB / "checkpoints" / "chk-00000002"
+        shutil.copytree(tmp_path / "staging" / JOB / "checkpoints" / "chk-00000002", copied)
+        assert production.latest_verified()[0].checkpoint_id == 1
+        assert staging.latest_verified()[0].checkpoint_id == 2

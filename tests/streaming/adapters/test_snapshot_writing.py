@@ -18,7 +18,7 @@ import pytest
 from streaming.adapters.objects import ObjectFiles, open_store
 from streaming.adapters.snapshots.format import Manifest, StateLink, TaskSnapshot
 from streaming.adapters.snapshots.layout import Layout
-from streaming.adapters.snapshots.signing import StoreSigner
+from streaming.adapters.snapshots.signing import UNSIGNED, StoreSigner
 from streaming.adapters.snapshots.writing import SnapshotWriter, TaskParts, part_bytes
 from streaming.errors import StoreError
 
@@ -29,7 +29,9 @@ JOB = "money"
 def writer(tmp_path: Path):
     location = open_store(f"file://{tmp_path}/store")
     files, layout = ObjectFiles(location, "snapshot store"), Layout(location, JOB)
-    writer = SnapshotWriter(files, layout, JOB, StoreSigner(JOB, None), upload_threads=2, name="the test's store")
+    writer = SnapshotWriter(
+        files, layout, JOB, StoreSigner(JOB, UNSIGNED, "file:///stores/a"), upload_threads=2, name="the test's store"
+    )
     yield writer
     writer.close()
 

@@ -17,6 +17,7 @@ from barriers.handler import CheckpointKind, Switch
 from barriers.messages import CheckpointOptions, InFlightFormat
 from streaming.adapters.objects import StoreLocation, ensure_bucket, open_store, s3_filesystem
 from streaming.adapters.snapshots import (
+    UNSIGNED,
     JobMeta,
     Manifest,
     SnapshotStore,
@@ -154,7 +155,7 @@ def test_write_task_rejects_bad_input(store):
     with pytest.raises(ValueError, match="file name"):
         store.write_task(1, 1, "..", TaskParts())
     with pytest.raises(ConfigError):
-        SnapshotStore(store.location, "")
+        SnapshotStore(store.location, "", key=UNSIGNED)
     assert store.checkpoints() == []
 
 
@@ -352,7 +353,7 @@ def test_unreachable_s3_endpoint_is_a_store_error():
         s3_bucket="nowhere",
     )
     location = StoreLocation(s3_filesystem(connection, max_attempts=1), "nowhere/snapshots", "s3://nowhere/snapshots")
-    store = SnapshotStore(location, JOB)
+    store = SnapshotStore(location, JOB, key=UNSIGNED)
     with pytest.raises(StoreError, match=r"s3://nowhere/snapshots: listing checkpoints failed"):
         store.completed()
     with pytest.raises(StoreError, match=r"s3://nowhere/snapshots: writing checkpoint 1 task A failed"):
@@ -365,7 +366,7 @@ def test_unreachable_s3_endpoint_is_a_store_error():
 def test_snapshots_on_the_s3_server(connection, unique_name):
     ensure_bucket(connection)
     location = open_store(f"s3://{connection.s3_bucket}/tests/{unique_name}", connection)
-    with SnapshotStore(location, JOB) as store:
+    with SnapshotStore(location, JOB, key=UNSIGNED) as store:
         assert store.checkpoints() == [] and store.read_job() is None
         state = _state()
         futures = {

@@ -1,5 +1,6 @@
-"""The job's key: derived per job from the operator's secret, which comes from
-a variable or a file only its owner can read and is never shown."""
+"""The job's key: derived per job and Kafka cluster from the operator's secret,
+which comes from a variable or a file only its owner can read and is never
+shown; the store's key per job, without Kafka."""
 
 from __future__ import annotations
 
@@ -15,9 +16,15 @@ SECRET = "an operator's secret, of more than 32 characters"
 
 
 def test_each_job_signs_with_a_key_of_its_own_and_nothing_shows_it():
-    orders, payments = JobKey.derive(SECRET, "orders"), JobKey.derive(SECRET, "payments")
-    assert orders == JobKey.derive(SECRET, "orders")
+    orders, payments = JobKey.derive(SECRET, "orders", cluster="c1"), JobKey.derive(SECRET, "payments", cluster="c1")
+    assert orders == JobKey.derive(SECRET, "orders", cluster="c1")
     assert orders.key != payments.key and orders.barriers not in (orders.key, payments.barriers)
+    # the same secret and job on another Kafka cluster (staging's): another key
+    staging = JobKey.derive(SECRET, "orders", cluster="c2")
+    assert staging.key != orders.key and staging.barriers != orders.barriers
+    assert JobKey.store_key(SECRET, "orders") not in (orders.key, staging.key, JobKey.store_key(SECRET, "payments"))
+    with pytest.raises(ConfigError, match="bound to its Kafka cluster"):
+        JobKey.derive(SECRET, "orders", cluster="")
     signature = orders.sign(b"topic", b"value")
     assert orders.verify(signature, b"topic", b"value") and orders.verify(signature.encode(), b"topic", b"value")
     assert not payments.verify(signature, b"topic", b"value")
@@ -28,14 +35,15 @@ def test_each_job_signs_with_a_key_of_its_own_and_nothing_shows_it():
     connection = Connection(
         KafkaAccess("k:9092"), "http://s3:9000", "access", "s3-secret-value", "b", job_secret=SECRET
     )
-    assert SECRET not in repr(connection) and connection.job_key("orders") == orders
+    assert SECRET not in repr(connection) and connection.job_key("orders", cluster="c1") == orders
+    assert connection.store_key("orders") == JobKey.store_key(SECRET, "orders")
 
 
 def test_a_short_or_missing_secret_is_refused_saying_what_to_set():
     with pytest.raises(ConfigError, match="fewer than 32"):
-        JobKey.derive("short", "orders")
+        JobKey.derive("short", "orders", cluster="c1")
     with pytest.raises(ConfigError, match=f"no job secret: set {ENV['job_secret']}"):
-        Connection(KafkaAccess("k:9092"), "http://s3:9000", "a", "s", "b").job_key("orders")
+        Connection(KafkaAccess("k:9092"), "http://s3:9000", "a", "s", "b").store_key("orders")
     assert len(generate_secret()) >= 32 and generate_secret() != generate_secret()
 
 
@@ -50,7 +58,9 @@ def test_the_secret_comes_from_a_variable_or_a_file_only_its_owner_can_read(tmp_
     write_secret_file(path, SECRET)
     assert os.stat(path).st_mode & 0o777 == 0o600
     from_file = Connection.from_env(base | {ENV["job_secret_file"]: str(path)})
-    assert from_file is not None and from_file.job_key("orders") == JobKey.derive(SECRET, "orders")
+    assert from_file is not None and from_file.job_key("orders", cluster="c") == JobKey.derive(
+        SECRET, "orders", cluster="c"
+    )
     # a worker process is given the file's name, not the secret
     assert from_file.as_env()[ENV["job_secret_file"]] == str(path) and from_file.as_env()[ENV["job_secret"]] == ""
     # a worker started over an environment that names another secret gets its runner's
@@ -58,7 +68,7 @@ def test_the_secret_comes_from_a_variable_or_a_file_only_its_owner_can_read(tmp_
     assert Connection.from_env(inherited | from_file.as_env()) == from_file
     path.chmod(0o640)
     with pytest.raises(ConfigError, match=r"SPARK_ABS_JOB_SECRET_FILE .* can be read by others"):
-        from_file.job_key("orders")
+        from_file.job_key("orders", cluster="c")
     with pytest.raises(ConfigError, match=r"can be read by others \(mode 640\): `chmod 600"):
         read_secret_file(path)
     with pytest.raises(ConfigError, match="cannot be read"):

@@ -25,7 +25,7 @@ from barriers.messages import ChannelId, CheckpointOptions
 from operators import KeyedAggregate, count
 from streaming.adapters.kafka.control.events import Ack, ControlEvent, Decline, Ready
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskParts
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore, TaskCheckpointMetrics, TaskParts
 from streaming.api.config import MetricsSettings
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
@@ -212,7 +212,7 @@ def _ack(store: SnapshotStore, task: str, checkpoint_id: int) -> Ack:
 def test_the_coordinator_counts_triggers_completions_aborts_and_times_them(job, tmp_path):
     pipeline = Pipeline(job, (Ingress("in", 2),), (Stage("count", ("in",), count_by_k, parallelism=2, sink=Sink()),))
     control = _Control()
-    with SnapshotStore(open_store(str(tmp_path / "store")), job) as store:
+    with SnapshotStore(open_store(str(tmp_path / "store")), job, key=UNSIGNED) as store:
         service = CoordinatorService(pipeline, control.io(), store, JobSettings(store=f"file://{tmp_path}/store"))
         service.trigger()
         service.poll()

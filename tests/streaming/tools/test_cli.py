@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from streaming.adapters.snapshots import UNSIGNED
 from streaming.local.processes import free_port
 
 
@@ -121,7 +122,7 @@ def _store_with_jobs(tmp_path, *jobs: str) -> str:
 
     uri = f"file://{tmp_path}/store"
     for job in jobs:
-        with SnapshotStore(open_store(uri), job) as store:
+        with SnapshotStore(open_store(uri), job, key=UNSIGNED) as store:
             store.first_generation()
     return uri
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore, TaskParts
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore, TaskParts
 from streaming.api.pipeline import Sink
 from streaming.engine.job import operations
 from streaming.tools.checkpoints.inspection import Checkpoints
@@ -41,7 +41,7 @@ def _write(store: SnapshotStore, cid: int, *, complete: bool = True) -> None:
 
 def _store(tmp_path: Path) -> tuple[SnapshotStore, str]:
     uri = f"file://{tmp_path}/store"
-    store = SnapshotStore(open_store(uri), JOB)
+    store = SnapshotStore(open_store(uri), JOB, key=UNSIGNED)
     for cid in (1, 2):
         _write(store, cid)
     _write(store, 3, complete=False)
@@ -71,7 +71,7 @@ def test_every_checkpoint_is_verified_and_the_restore_pick_is_marked(tmp_path):
 
 
 def test_nothing_usable_says_a_restore_starts_from_the_beginning(tmp_path):
-    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
+    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB, key=UNSIGNED)
     _write(store, 1, complete=False)
     text = render_checkpoints(JOB, Checkpoints(store).rows(), 0)
     store.close()

@@ -72,9 +72,13 @@ def outsider(secure_runtime_settings, job_kafka) -> KafkaAccess:
 
 
 @pytest.fixture(scope="module")
-def topic(job_kafka) -> str:
-    """A topic of the job's, one record in it."""
-    name = "secured-topic"
+def topic(job_kafka, secure_runtime_settings) -> str:
+    """A topic of the job's (under the prefix the runtime granted job ``secured``), one record in it."""
+    from spark_abs_examples import money
+    from streaming.local import LocalRuntime
+
+    LocalRuntime(secure_runtime_settings).grant(money.pipeline("secured"))
+    name = "spark-abs.secured.topic"
     create_topic(job_kafka, name, 1)
     sends = CheckedSends(producer(job_kafka), "a record")
     sends.send(name, value=b"x", partition=0)

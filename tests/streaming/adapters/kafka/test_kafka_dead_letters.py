@@ -20,7 +20,7 @@ from streaming.adapters.kafka.dead_letters import (
 )
 from streaming.api.job_key import JobKey
 
-KEY = JobKey.derive("s" * 32, "orders")
+KEY = JobKey.derive("s" * 32, "orders", cluster="test-cluster")
 
 
 def _sent(generation: int, after: int) -> list[tuple[str, bytes]]:
@@ -52,7 +52,7 @@ def test_dead_letters_keep_the_record_and_its_reason(connection, unique_name, re
 
     # generation 0 sent one after checkpoint 4; generation 1 starts from 3 and sends it again: read
     # back, each record is one letter, the newest (the two above had no notes: never superseded)
-    key = JobKey.derive("s" * 32, unique_name)
+    key = JobKey.derive("s" * 32, unique_name, cluster="test-cluster")
     letters.send(ChannelId("in", 0), 8, b"k", b"first", [], "value is not JSON", _sent(0, 4))
     letters.mark_restore(Restored(1, 3), key)
     letters.send(ChannelId("in", 0), 7, b"k", b"again", [], "value is not JSON", _sent(1, 3))
@@ -98,7 +98,7 @@ def test_a_restore_supersedes_the_letters_older_generations_sent_after_its_check
 
 def test_only_the_jobs_own_restore_marks_count():
     letter = _Record(None, b"x", _sent(0, 7))
-    forged = _mark(Restored(9, 0), JobKey.derive("other" * 8, "orders"))
+    forged = _mark(Restored(9, 0), JobKey.derive("other" * 8, "orders", cluster="test-cluster"))
     unsigned = _Record(b"spark-abs-restored", b'{"generation": 9, "checkpoint": 0}', [], offset=12)
     tampered = _mark(Restored(1, 8))
     tampered.value = b'{"generation": 1, "checkpoint": 0}'

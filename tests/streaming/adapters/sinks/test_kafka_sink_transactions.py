@@ -10,7 +10,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from streaming import read_kafka_output  # what a user reads output with
-from streaming.adapters.kafka.admin import create_topic, end_offsets
+from streaming.adapters.kafka.admin import create_topic, end_offsets, job_key
 from streaming.adapters.kafka.ranges import topic_config
 from streaming.adapters.kafka.transactions import JavaTransactions
 from streaming.adapters.objects import open_store
@@ -94,7 +94,7 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name, clien
     create_topic(connection.kafka, topic, 1)
     staging = open_store(f"s3://{connection.s3_bucket}/tests/{unique_name}", connection)
     txid = f"{unique_name}-sink-0"
-    key = connection.job_key(unique_name)
+    key = job_key(connection, unique_name)
     # a compacted commits topic (an earlier release made them so) is refused, saying how to change it:
     # a record anyone wrote with a marker's key would erase the marker when compaction runs
     compacted = f"{unique_name}-compacted"

@@ -197,7 +197,7 @@ def test_a_kafka_sink_writes_its_topic_in_transactions_of_the_job_s_task(tmp_pat
 
 
 def test_a_kafka_sink_is_given_the_delivery_bound_key_and_client_asked_for(tmp_path, kafka_sinks):
-    key = JobKey.derive("s" * 32, "orders")
+    key = JobKey.derive("s" * 32, "orders", cluster="test-cluster")
     sink = open_sink(
         Sink("kafka", "orders.out"),
         open_store(str(tmp_path / "sink")),

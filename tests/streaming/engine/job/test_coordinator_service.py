@@ -29,7 +29,7 @@ from streaming.adapters.kafka.control.events import (
     Ready,
 )
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore, TaskCheckpointMetrics, TaskParts
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore, TaskCheckpointMetrics, TaskParts
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
 from streaming.engine import metrics
@@ -90,7 +90,7 @@ class Clock:
 
 @pytest.fixture
 def store(tmp_path: Path):
-    with SnapshotStore(open_store(str(tmp_path / "store")), JOB) as snapshots:
+    with SnapshotStore(open_store(str(tmp_path / "store")), JOB, key=UNSIGNED) as snapshots:
         yield snapshots
 
 

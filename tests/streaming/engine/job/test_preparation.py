@@ -14,7 +14,7 @@ import pytest
 
 from operators import filter_rows
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore
 from streaming.adapters.snapshots.writing import TaskParts
 from streaming.api.config import Connection, KafkaAccess
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
@@ -70,7 +70,7 @@ def kafka(monkeypatch) -> _Kafka:
 
 @pytest.fixture
 def store(tmp_path) -> Iterator[SnapshotStore]:
-    with SnapshotStore(open_store(f"file://{tmp_path}/store"), "money") as snapshots:
+    with SnapshotStore(open_store(f"file://{tmp_path}/store"), "money", key=UNSIGNED) as snapshots:
         yield snapshots
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from spark_abs_examples.money import pipeline
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore, TaskParts
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore, TaskParts
 from streaming.api.pipeline import Sink
 from streaming.engine.job.rollback import warn_of_a_rollback
 
@@ -25,7 +25,7 @@ class _Runner:
     def __init__(self, tmp_path: Path, sink: Sink):
         self.job = "money"
         self.pipeline = pipeline("money", sink=sink)
-        self.store = SnapshotStore(open_store(f"file://{tmp_path}/store"), "money")
+        self.store = SnapshotStore(open_store(f"file://{tmp_path}/store"), "money", key=UNSIGNED)
         self.store.first_generation()
         self.log = logging.LoggerAdapter(logging.getLogger(LOGGER), {"job": "money"})
 

@@ -9,6 +9,7 @@ import threading
 import pytest
 from kafka import KafkaProducer
 
+from streaming.adapters.kafka.admin import job_key
 from streaming.adapters.kafka.control.events import Lease
 from streaming.adapters.kafka.control.transport import ControlTopic, send_event
 from streaming.engine.remote.member import check_lease, wait_for_lease
@@ -35,7 +36,7 @@ def test_a_lease_for_another_job_or_pipeline_is_refused_saying_what_to_run():
 @pytest.mark.integration
 def test_a_worker_waiting_for_its_runner_takes_no_lease_the_jobs_key_did_not_sign(connection, unique_name, tmp_path):
     job, marker = unique_name, tmp_path / "ran"
-    control = ControlTopic(connection.kafka, job, connection.job_key(job))
+    control = ControlTopic(connection.kafka, job, job_key(connection, job))
     control.seek_to_end()
     # anyone who can write to the topic: a lease that would run a command, for no job in particular
     forged = _lease("", f'subprocess:run?args=["touch","{marker}"]')
@@ -46,7 +47,7 @@ def test_a_worker_waiting_for_its_runner_takes_no_lease_the_jobs_key_did_not_sig
     assert control.rejected == {"unsigned": 1} and not marker.exists()
     # the runner's own lease, for another pipeline than this worker's: refused, nothing run
     runner = KafkaProducer(**connection.kafka.client_options())
-    send_event(runner, control.topic, _lease(job, "money?partitions=3"), connection.job_key(job))
+    send_event(runner, control.topic, _lease(job, "money?partitions=3"), job_key(connection, job))
     runner.close()
     with pytest.raises(LeaseRefused, match="start it with the runner's pipeline"):
         wait_for_lease(control, job, PIPELINE, stop=threading.Event(), timeout_s=20)

@@ -12,7 +12,7 @@ from barriers.messages import ChannelId
 from operators import KeyedAggregate, count
 from spark_abs_examples.changing import pipeline as changing_pipeline
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore
 from streaming.api.config import Connection, KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.restore import service as recovery
@@ -34,7 +34,7 @@ def counted(keys: list[str], column: str = "n") -> dict[str, pa.Table]:
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     monkeypatch.setattr(recovery, "earliest_offsets", lambda kafka, channels: {c: 0 for c in channels})
-    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB)
+    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB, key=UNSIGNED)
     store.first_generation(scale=changing_pipeline(JOB, "added").scale.to_json())
     state = {"seen-0": counted(["a", "b"], "seen"), "counts-0": counted(["a", "a", "b"])}
     write_checkpoint(store, changing_pipeline(JOB, "added"), 4, 0, state, position=20)

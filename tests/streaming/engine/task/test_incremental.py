@@ -13,13 +13,13 @@ from test_task import counting_pipeline
 
 from barriers.messages import Barrier, CancelBarrier, CheckpointOptions
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore
 from streaming.engine.task.uploads import Incremental
 
 
 @pytest.fixture
 def store(tmp_path: Path):
-    with SnapshotStore(open_store(str(tmp_path / "snapshots")), "job") as snapshots:
+    with SnapshotStore(open_store(str(tmp_path / "snapshots")), "job", key=UNSIGNED) as snapshots:
         yield snapshots
 
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 from operators import KeyedAggregate, count
 from spark_abs_examples.changing import pipeline as changing_pipeline
 from streaming.adapters.objects import open_store
-from streaming.adapters.snapshots import SnapshotStore
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore
 from support.checkpoints import write_checkpoint
 
 JOB = "j"
@@ -25,7 +25,7 @@ def _dry_run(tmp_path, shape: str, *more: str) -> subprocess.CompletedProcess:
 
 
 def test_each_stage_said_and_nothing_changed(tmp_path):
-    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB)
+    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB, key=UNSIGNED)
     operator = KeyedAggregate("key", {"n": count()})
     operator.process(pa.table({"key": ["a", "a", "b"]}))
     write_checkpoint(store, changing_pipeline(JOB, "base"), 3, 0, {"counts-0": operator.snapshot()}, position=7)

@@ -25,7 +25,7 @@ from operators import KeyedAggregate, count, sum_
 from operators.state import KeyedState
 from streaming.adapters.objects import open_store
 from streaming.adapters.serde.records import RECORD_SCHEMA
-from streaming.adapters.snapshots import SnapshotStore, TaskParts
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore, TaskParts
 from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
@@ -119,7 +119,7 @@ SECRET = "a-secret-of-the-tests-own-0123456789"
 @pytest.fixture
 def store(tmp_path):
     # signed as a job's runner signs it: the commands verify with the same secret (``_cli``)
-    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB, key=JobKey.derive(SECRET, JOB).store)
+    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB, key=JobKey.store_key(SECRET, JOB))
     store.next_generation(None)
     store.next_generation(3)  # generation 2, restored from checkpoint 3
     _checkpoint(store, 4, {"a": 10, "b": -10, "c": 0})
@@ -177,7 +177,7 @@ def test_channel_state_marks_stale_and_control_records_and_decodes_the_rest(stor
 
 
 def test_a_range_without_kafka_is_reported_not_dropped(tmp_path):
-    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
+    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB, key=UNSIGNED)
     snap = store.write_task(1, 0, "t-0", TaskParts(positions={CHANNEL: 9}, in_flight={CHANNEL: (3, 9)}))
     store.write_manifest(1, 0, {"t-0": snap})
     channels = Checkpoints(store).channel_state(1)
@@ -273,7 +273,7 @@ def test_the_commands(store, tmp_path):
 
 
 def test_a_table_without_named_keys_is_compared_row_by_row(tmp_path):
-    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
+    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB, key=UNSIGNED)
     for cid, marks in ((1, [5, 7, None]), (2, [7, 9, None])):
         snap = store.write_task(cid, 0, "w-0", TaskParts(state={"watermark": pa.table({"watermark": marks})}))
         store.write_manifest(cid, 0, {"w-0": snap})
@@ -283,7 +283,7 @@ def test_a_table_without_named_keys_is_compared_row_by_row(tmp_path):
 
 
 def test_an_empty_state_with_placeholder_types_does_not_break_reading_a_stage(tmp_path):
-    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
+    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB, key=UNSIGNED)
     empty = KeyedState(["account"], ["balance"]).snapshot()  # no rows yet: placeholder int64 columns
     snaps = {
         "accounts-0": store.write_task(1, 0, "accounts-0", TaskParts(state={"balances": empty})),
@@ -297,7 +297,7 @@ def test_an_empty_state_with_placeholder_types_does_not_break_reading_a_stage(tm
 
 
 def test_equal_rows_of_a_table_without_keys_count_one_by_one(tmp_path):
-    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
+    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB, key=UNSIGNED)
     for cid, marks in ((1, [7, 7]), (2, [7])):
         snap = store.write_task(cid, 0, "w-0", TaskParts(state={"watermark": pa.table({"watermark": marks})}))
         store.write_manifest(cid, 0, {"w-0": snap})
@@ -308,7 +308,7 @@ def test_equal_rows_of_a_table_without_keys_count_one_by_one(tmp_path):
 
 
 def test_channels_of_different_stages_decode_each_with_its_own_columns(tmp_path):
-    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB)
+    store = SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB, key=UNSIGNED)
     legs = _records([(1, b'{"account": "a", "amount": 5}', {})])
     transfers = _records([(1, b'{"id": 9, "source": "a", "target": "b"}', {})])
     snaps = {
@@ -329,10 +329,10 @@ def test_channels_of_different_stages_decode_each_with_its_own_columns(tmp_path)
 
 
 def test_a_restore_with_nothing_to_restore_from_says_so(tmp_path):
-    SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB).close()
+    SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB, key=UNSIGNED).close()
     done = _cli("restore", "--store", f"file://{tmp_path}/s", "--job", JOB, "--pipeline", "x:y")
     assert done.returncode == 2 and "it holds no job at all" in done.stderr, done.stderr  # a job never run here
-    with SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB) as store:
+    with SnapshotStore(open_store(f"file://{tmp_path}/s"), JOB, key=UNSIGNED) as store:
         store.first_generation()  # a job that started, and never completed a checkpoint
     done = _cli("restore", "--store", f"file://{tmp_path}/s", "--job", JOB, "--pipeline", "x:y")
     assert done.returncode == 2 and "no checkpoint verifies, nothing to restore from" in done.stderr, done.stderr
@@ -396,7 +396,7 @@ def test_a_checkpoint_written_now_stores_names_and_shows_the_same_words(tmp_path
         sink=Sink(),
     )
     pipeline = Pipeline("legacy", (Ingress("in", 4, schema),), (stage,))
-    store = SnapshotStore(open_store(f"file://{tmp_path}/now"), "legacy")
+    store = SnapshotStore(open_store(f"file://{tmp_path}/now"), "legacy", key=UNSIGNED)
     acks: list = []
     coordinator = CoordinatorService(
         pipeline,

@@ -16,7 +16,7 @@ import pytest
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks.factory import sink_location
 from streaming.adapters.sinks.object_store import ObjectStoreSink
-from streaming.adapters.snapshots import SnapshotStore, TaskParts
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore, TaskParts
 from streaming.api.settings import JobSettings
 from streaming.tools.checkpoints.gc import GcPlan, apply_gc, plan_gc
 from streaming.tools.views import render_gc
@@ -49,7 +49,7 @@ def _files(fs: pafs.FileSystem, root: str) -> set[str]:
 def test_gc_removes_exactly_what_the_dry_run_listed(uri):
     connection, store_uri = uri
     location = open_store(store_uri, connection)
-    store = SnapshotStore(location, JOB)
+    store = SnapshotStore(location, JOB, key=UNSIGNED)
     store.next_generation(None)
     store.next_generation(1)  # the current generation started from checkpoint 1
     for cid in (1, 2, 4, 5):
@@ -110,7 +110,7 @@ def test_gc_removes_exactly_what_the_dry_run_listed(uri):
 def test_gc_keeps_every_checkpoint_a_kept_one_links_to(tmp_path) -> None:
     """Incremental checkpoints: 3 links to 1 (its base) and 2 (aborted, never
     complete); with one checkpoint kept, gc removes neither and says why."""
-    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB)
+    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB, key=UNSIGNED)
     keys = {b"spark-abs.keys": b'["k"]'}
     base = store.write_task(
         1, 1, "a-0", TaskParts(chains={"t": [("base", pa.table({"k": [1], "n": [1]}).replace_schema_metadata(keys))]})
@@ -169,12 +169,12 @@ def test_gc_and_the_coordinator_give_up_the_same_checkpoints(tmp_path, damaged) 
     ``gc`` (a handle of its own, verifying from the newest) would, and
     neither ever the newest checkpoint that verifies."""
     uri = f"file://{tmp_path}/store"
-    running = SnapshotStore(open_store(uri), JOB)
+    running = SnapshotStore(open_store(uri), JOB, key=UNSIGNED)
     for cid in range(1, 9):
         _write(running, cid, complete=cid != 4)  # 4: abandoned, never complete
         if cid in damaged:
             (Path(running.layout.part(cid, "accounts-0/state/balances.parquet"))).unlink()
-        with SnapshotStore(open_store(uri), JOB) as fresh:
+        with SnapshotStore(open_store(uri), JOB, key=UNSIGNED) as fresh:
             gc = plan_gc(fresh, None, retain=3, grace_s=0)
             picked, _ = fresh.latest_verified()
         assert set(running.apply_retention(3)) == _retained_away(gc), cid

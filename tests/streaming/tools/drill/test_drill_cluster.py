@@ -137,7 +137,7 @@ def test_the_watch_keeps_the_latest_lease_and_each_workers_latest_heartbeat():
     watch = ProgressWatch(
         KafkaAccess("b:9092"),
         money.pipeline("w"),
-        JobKey.derive("s" * 32, "w"),
+        JobKey.derive("s" * 32, "w", cluster="test-cluster"),
         threading.Event(),
         clock=lambda: now[0],
     )
@@ -288,7 +288,12 @@ def _runner(hosts) -> subprocess.Popen:
 
 
 def _cluster(hosts, *, runtime=None, heartbeat_timeout_s=8.0, wait=None):
-    watch = ProgressWatch(KafkaAccess("b:9092"), money.pipeline("w"), JobKey.derive("s" * 32, "w"), threading.Event())
+    watch = ProgressWatch(
+        KafkaAccess("b:9092"),
+        money.pipeline("w"),
+        JobKey.derive("s" * 32, "w", cluster="test-cluster"),
+        threading.Event(),
+    )
     job = types.SimpleNamespace(
         job="drill-x",
         hosts=hosts,

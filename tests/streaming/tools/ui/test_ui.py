@@ -27,7 +27,7 @@ from operators.state import KeyedState
 from streaming.adapters.kafka.control.events import Abort, Ack, Complete, Decline, Progress, Ready, Trigger
 from streaming.adapters.objects import open_store
 from streaming.adapters.serde.records import RECORD_SCHEMA
-from streaming.adapters.snapshots import SnapshotStore, TaskParts
+from streaming.adapters.snapshots import UNSIGNED, SnapshotStore, TaskParts
 from streaming.api.job_key import JobKey
 from streaming.tools.ui.app import JobSource, create_app
 from streaming.tools.ui.live import ControlWatch
@@ -105,7 +105,7 @@ def _checkpoint(store: SnapshotStore, cid: int, generation: int, balances: dict[
 def store_dir(tmp_path) -> Path:
     """Job ledger: generation 0 took checkpoint 1, generation 1 (restored
     from it) took 2 and left 3 without a manifest."""
-    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB)
+    store = SnapshotStore(open_store(f"file://{tmp_path}/store"), JOB, key=UNSIGNED)
     store.first_generation(scale=SCALE)
     _checkpoint(store, 1, 0, {"a": 10, "b": -10}, 0.8)
     store.next_generation(1, scale=SCALE, cause="worker_died")
@@ -200,7 +200,7 @@ def _liveness(html: str) -> list[tuple[str, str]]:
 def test_a_job_without_a_checkpoint_for_longer_than_the_alert_bound_is_called_stalled(
     store_dir, home, after, level, said
 ):
-    with SnapshotStore(open_store(f"file://{store_dir}"), JOB) as store:
+    with SnapshotStore(open_store(f"file://{store_dir}"), JOB, key=UNSIGNED) as store:
         completed = datetime.fromisoformat(store.read_manifest(2).created_at).timestamp()
     app = create_app(JobSource(f"file://{store_dir}", JOB, home=home), clock=lambda: completed + after)
     ((shown_level, shown),) = _liveness(app.test_client().get("/").get_data(as_text=True))
@@ -311,7 +311,7 @@ class _Topic:
 
 
 def _watching(topic: _Topic, monkeypatch) -> ControlWatch:
-    watch = ControlWatch("127.0.0.1:1", JOB, JobKey.derive("s" * 32, JOB))
+    watch = ControlWatch("127.0.0.1:1", JOB, JobKey.derive("s" * 32, JOB, cluster="test-cluster"))
     monkeypatch.setattr(watch, "_open", lambda: (topic, 0))
     return watch
 
@@ -416,7 +416,7 @@ def test_a_job_without_a_control_topic_says_so():
         def _open(self):
             return None
 
-    view = _NoTopic("127.0.0.1:1", JOB, JobKey.derive("s" * 32, JOB)).look()
+    view = _NoTopic("127.0.0.1:1", JOB, JobKey.derive("s" * 32, JOB, cluster="test-cluster")).look()
     assert view.problem == f"Kafka has no topic spark-abs.{JOB}.control" and view.in_progress == ()
 
 

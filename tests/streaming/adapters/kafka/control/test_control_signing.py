@@ -11,7 +11,7 @@ from streaming.adapters.kafka.control.events import Complete
 from streaming.adapters.kafka.control.signing import RejectedEvent, verified_event
 from streaming.api.job_key import JobKey
 
-KEY = JobKey.derive("a secret of the job's operator, long enough", "j")
+KEY = JobKey.derive("a secret of the job's operator, long enough", "j", cluster="test-cluster")
 
 
 def test_only_events_signed_with_the_jobs_key_verify():
@@ -20,8 +20,8 @@ def test_only_events_signed_with_the_jobs_key_verify():
     value = event.encode()
     signed = [(SIGNATURE_HEADER, KEY.sign(topic.encode(), value).encode())]
     assert verified_event(topic, KEY, value, signed, 12) == event
-    other_job = JobKey.derive("a secret of the job's operator, long enough", "k")
-    other_secret = JobKey.derive("another operator's secret, just as long", "j")
+    other_job = JobKey.derive("a secret of the job's operator, long enough", "k", cluster="test-cluster")
+    other_secret = JobKey.derive("another operator's secret, just as long", "j", cluster="test-cluster")
     forged = Complete(checkpoint_id=5, generation=1).encode()
     cases = [
         (value, [], "unsigned", "unsigned"),

@@ -9,12 +9,13 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaTimeoutError
 
 from barriers.headers import SIGNATURE_HEADER
+from streaming.adapters.kafka.admin import job_key
 from streaming.adapters.kafka.control.events import Complete, Lease, Progress, Trigger
 from streaming.adapters.kafka.control.transport import ControlTopic, send_event
 from streaming.api.job_key import JobKey
 from streaming.errors import ConfigError, KafkaUnavailableError
 
-KEY = JobKey.derive("a secret of the job's operator, long enough", "j")
+KEY = JobKey.derive("a secret of the job's operator, long enough", "j", cluster="test-cluster")
 
 
 def test_a_send_refused_at_once_is_a_clear_kafka_error_naming_what():
@@ -31,7 +32,7 @@ def test_a_send_refused_at_once_is_a_clear_kafka_error_naming_what():
 
 @pytest.mark.integration
 def test_control_topic_delivers_signed_events_in_order_and_counts_the_rest(connection, unique_name):
-    key = connection.job_key(unique_name)
+    key = job_key(connection, unique_name)
     control = ControlTopic(connection.kafka, unique_name, key)
     heard: list[str] = []
     reader = ControlTopic(connection.kafka, unique_name, key, on_rejected=heard.append)
@@ -40,7 +41,7 @@ def test_control_topic_delivers_signed_events_in_order_and_counts_the_rest(conne
     forger = KafkaProducer(**connection.kafka.client_options())
     forger.send(control.topic, value=b"garbage", partition=0).get(10)
     forger.send(control.topic, value=Complete(checkpoint_id=1, generation=0).encode(), partition=0).get(10)
-    stranger = JobKey.derive("not the secret of this job's operator", unique_name)
+    stranger = JobKey.derive("not the secret of this job's operator", unique_name, cluster="test-cluster")
     forger.send(
         control.topic,
         value=(forged := Complete(checkpoint_id=2, generation=0).encode()),
@@ -55,6 +56,6 @@ def test_control_topic_delivers_signed_events_in_order_and_counts_the_rest(conne
     assert reader.rejected == {"unsigned": 2, "signature": 1}
     assert sorted(heard) == ["signature", "unsigned", "unsigned"]
     with pytest.raises(ConfigError, match="needs that job's key"):
-        ControlTopic(connection.kafka, unique_name, stranger.derive("x" * 40, "another"))
+        ControlTopic(connection.kafka, unique_name, stranger.derive("x" * 40, "another", cluster="test-cluster"))
     control.close()
     reader.close()
