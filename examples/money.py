@@ -235,9 +235,26 @@ def pipeline(
     )
 
 
-def kafka_pipeline(job: str = "money-demo") -> Pipeline:
-    """The demo with its windows committed to the Kafka topic ``<job>.windows`` in transactions."""
-    return pipeline(job, sink=Sink("kafka", f"{job}.windows"))
+# the windows as Avro records, for a Kafka sink that registers its schema (kafka_pipeline(avro=True))
+WINDOWS_AVRO = {
+    "type": "record",
+    "name": "Window",
+    "namespace": "money",
+    "fields": [
+        {"name": "account", "type": "string"},
+        {"name": "window_start", "type": "long"},
+        {"name": "window_end", "type": "long"},
+        {"name": "net", "type": "long"},
+        {"name": "legs", "type": "long"},
+    ],
+}
+
+
+def kafka_pipeline(job: str = "money-demo", *, avro: bool = False) -> Pipeline:
+    """The demo with its windows committed to the Kafka topic ``<job>.windows`` in transactions:
+    JSON, or with ``avro`` Avro records of ``WINDOWS_AVRO`` in the Confluent wire format, the
+    schema registered under ``<job>.windows-value`` in the schema registry."""
+    return pipeline(job, sink=Sink("kafka", f"{job}.windows", avro=WINDOWS_AVRO if avro else None))
 
 
 def make_transfers(count_: int, *, accounts: int = 10, seed: int = 7) -> list[dict]:

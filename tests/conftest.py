@@ -62,9 +62,9 @@ def connection(runtime_settings: LocalRuntimeSettings) -> Iterator[Connection]:
     was_running = runtime.status().all_running
     conn = runtime.up()
     # the test process's producers and references find Avro schemas in the runtime's registry, if it runs one
-    from streaming.adapters.serde.schema_registry import use_registry
+    from streaming.adapters.serde.schema_registry import use_connection_registry
 
-    use_registry(conn.schema_registry or None)
+    use_connection_registry(conn)
     yield conn
     if not was_running:
         for line in runtime.down():
@@ -106,11 +106,11 @@ def registry_connection(connection: Connection, runtime_settings: LocalRuntimeSe
     time), for the tests that read or write Avro through one: the
     connection names it, and the test process's producers and references
     find schemas in it.  Stopped with the runtime (``connection``)."""
-    from streaming.adapters.serde.schema_registry import use_registry
+    from streaming.adapters.serde.schema_registry import use_connection_registry
     from streaming.local import LocalRuntime
 
     conn = LocalRuntime(runtime_settings, progress=_say).up(registry=True)
-    use_registry(conn.schema_registry)
+    use_connection_registry(conn)
     return conn
 
 
@@ -122,13 +122,14 @@ def secure_runtime_settings() -> LocalRuntimeSettings:
 
 @pytest.fixture(scope="session")
 def secure_connection(secure_runtime_settings: LocalRuntimeSettings) -> Iterator[Connection]:
-    """The secured runtime (SASL_SSL, SCRAM, ACLs on), brought up once, as the
-    job's user ``spark-abs``; stopped at the end only if this session started it."""
+    """The secured runtime (SASL_SSL, SCRAM, ACLs on) with its schema registry (its own user and
+    password), brought up once, as the job's user ``spark-abs``; stopped at the end only if this
+    session started it."""
     from streaming.local import LocalRuntime
 
     runtime = LocalRuntime(secure_runtime_settings, progress=_say)
     was_running = runtime.status().all_running
-    conn = runtime.up()
+    conn = runtime.up(registry=True)
     yield conn
     if not was_running:
         for line in runtime.down():

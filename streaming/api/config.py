@@ -95,7 +95,13 @@ KAFKA_SECURITY_ENV_FIELDS = (
 )
 
 # optional services: a job that uses none of them needs none
-OPTIONAL_ENV_FIELDS = ("schema_registry", "spark_secret_file")
+OPTIONAL_ENV_FIELDS = (
+    "schema_registry",
+    "schema_registry_user",
+    "schema_registry_password_file",
+    "schema_registry_ca_file",
+    "spark_secret_file",
+)
 
 
 def default_home(environ: Mapping[str, str] | None = None) -> Path:
@@ -444,6 +450,11 @@ class Connection:
     # a Confluent-compatible schema registry's API base (http://host:port/apis/ccompat/v7 for
     # Apicurio's, the local runtime's); "" when there is none
     schema_registry: str = ""
+    # its basic-auth user and a file holding the password (its owner's alone), and a CA file for
+    # https:// ("" when it asks for none; the local runtime's registry asks for its own)
+    schema_registry_user: str = ""
+    schema_registry_password_file: str = ""
+    schema_registry_ca_file: str = ""
     # what the job's key is derived from (``job_key``): the secret, or a file holding it (which
     # only its owner may read; worker processes are given its name); "" when not given
     job_secret: str = field(default="", repr=False)

@@ -199,6 +199,10 @@ class LocalRuntime:
                 spark_master=f"spark://127.0.0.1:{ports['spark']}" if spark_ports else "local[2]",
                 spark_secret_file=str(spark_cluster.secret_file(self._dir)) if spark_ports else "",
                 schema_registry="" if registry_port is None else api_url(registry_port),
+                schema_registry_user="" if registry_port is None else schema_registry.USER,
+                schema_registry_password_file=""
+                if registry_port is None
+                else str(schema_registry.password_file(self._dir)),
                 job_secret_file=str(self._job_secret()),
             )
             ensure_bucket(connection)

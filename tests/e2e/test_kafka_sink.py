@@ -2,7 +2,9 @@
 SASL_SSL, SCRAM, ACLs on; the job as user ``spark-abs``, every client and
 Spark's Kafka source given its credentials, and granted only the ACLs the
 docs list for this job, prefixed on its own topics and transactional ids:
-``local grant``; the input produced as another user): a runner stopped before its first checkpoint
+``local grant``; the input produced as another user; the windows written as
+Avro whose schema the sink registers in the runtime's registry, which takes
+only the runtime's user): a runner stopped before its first checkpoint
 (the next one restores from the beginning, as generation 1: what generation
 0 wrote is stale), windows committed in Kafka transactions, a worker killed
 after the first checkpoint, and read_committed readers see every window
@@ -18,6 +20,7 @@ pages, Spark's event logs of every worker)."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import threading
 import time
@@ -26,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+import fastavro
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 from selenium.webdriver.common.by import By
@@ -33,6 +37,7 @@ from ui_browser import chromium, rows, screenshot, section, served, wait, xpath_
 
 from spark_abs_examples import money
 from streaming.adapters.kafka.admin import create_topic, end_offsets, job_key
+from streaming.adapters.serde.schema_registry import SchemaRegistry, registry_of
 from streaming.api.config import KafkaAccess
 from streaming.api.settings import JobSettings
 from streaming.engine.job.operations import kill_worker, run_until_caught_up
@@ -48,7 +53,9 @@ from streaming.tools.ui.live import ControlWatch
 pytestmark = pytest.mark.integration
 
 
-def _committed(kafka: KafkaAccess, topic: str) -> list[dict]:
+def _committed(kafka: KafkaAccess, topic: str, registry: SchemaRegistry) -> list[dict]:
+    """The committed windows, each value an Avro record in the Confluent wire format whose
+    writer schema the registry gives by its id."""
     consumer = KafkaConsumer(
         **kafka.client_options(),
         isolation_level="read_committed",
@@ -58,8 +65,13 @@ def _committed(kafka: KafkaAccess, topic: str) -> list[dict]:
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
-    rows = [json.loads(r.value) for r in consumer]
+    values = [r.value for r in consumer]
     consumer.close()
+    rows = []
+    for value in values:
+        assert value[0] == 0, "the Confluent wire format: magic byte 0, then the schema's id"
+        writer = fastavro.parse_schema(json.loads(registry.schema(int.from_bytes(value[1:5], "big"))))
+        rows.append(fastavro.schemaless_reader(io.BytesIO(value[5:]), writer, None))
     return rows
 
 
@@ -69,7 +81,8 @@ def test_kafka_sink_is_exactly_once_across_a_restore(
     connection = secure_connection
     job = f"ks-{unique_name[-8:]}"
     runtime = LocalRuntime(secure_runtime_settings)
-    runtime.grant(money.kafka_pipeline(job))
+    runtime.grant(money.kafka_pipeline(job, avro=True))
+    assert connection.schema_registry and connection.schema_registry_user
     # the job user has what this job needs, nothing more: not another job's topics
     with pytest.raises(KafkaAccessError, match="did not authorize user 'spark-abs'"):
         create_topic(connection.kafka, f"spark-abs.other-{job}.control", 1)
@@ -86,12 +99,13 @@ def test_kafka_sink_is_exactly_once_across_a_restore(
 
     def job_runner(settings: JobSettings) -> JobRunner:
         return JobRunner(
-            "spark_abs_examples.money:kafka_pipeline",
+            "spark_abs_examples.money:kafka_pipeline?avro=true",
             settings,
             connection,
             job=job,
             options=RunOptions(
-                workers={"all": [t.name for t in money.kafka_pipeline(job).tasks()]}, log_dir=tmp_path / "runs"
+                workers={"all": [t.name for t in money.kafka_pipeline(job, avro=True).tasks()]},
+                log_dir=tmp_path / "runs",
             ),
         )
 
@@ -132,16 +146,17 @@ def test_kafka_sink_is_exactly_once_across_a_restore(
     finally:
         runner.close()
     assert [r.generation for r in runner.restores] == [1, 2]
-    rows = _committed(connection.kafka, f"{job}.windows")
+    rows = _committed(connection.kafka, f"{job}.windows", registry_of(connection))
     assert money.normalise_rows(rows) == money.expected_output(data)
     # and Spark SQL's reference, read from the secured broker as the job's user
     reference = money.money_reference(spark, runner.pipeline, connection.kafka)
     assert money.normalise_rows(rows) == money.normalise_rows(reference.to_dict("records"))
     printed = capfd.readouterr()
-    # neither Kafka's password nor the job secret its key comes from
+    # neither Kafka's password, nor the job secret its key comes from, nor the registry's password
     for secret in (
         connection.kafka.client_options()["sasl_plain_password"],
         secure_runtime_settings.job_secret_file.read_text().strip(),
+        Path(connection.schema_registry_password_file).read_text().strip(),
     ):
         _the_password_is_nowhere(
             secret,

@@ -33,7 +33,7 @@ from typing import Any
 import fastavro
 
 from streaming.api.avro_schema import subject_of
-from streaming.api.config import ENV
+from streaming.api.config import ENV, Connection
 from streaming.api.job_key import read_secret_file
 from streaming.api.pipeline import Pipeline
 from streaming.errors import ConfigError, SparkAbsError
@@ -49,6 +49,8 @@ __all__ = [
     "UnknownSchemaError",
     "subject_of",
     "use_registry",
+    "use_connection_registry",
+    "registry_of",
     "current_registry",
     "REGISTRY_BOUND_S",
     "check_registry",
@@ -263,6 +265,13 @@ class SchemaRegistry:
                     raise UnknownSchemaError(f"{missing} is not in the schema registry at {self.url}") from exc
                 if exc.code >= 500:
                     raise ConnectionError(f"HTTP {exc.code}: {said}") from exc
+                if exc.code in (401, 403):
+                    given = "refused the credentials given" if self._authorization else "asks for credentials"
+                    raise ConfigError(
+                        f"schema registry {self.url}: {method} {path} refused (HTTP {exc.code}): it {given}; set "
+                        f"{ENV['schema_registry_user']} and {ENV['schema_registry_password_file']} (the local "
+                        "runtime's connection file names its registry's own)"
+                    ) from exc
                 raise ConfigError(
                     f"schema registry {self.url}: {method} {path} refused (HTTP {exc.code}): {said}"
                 ) from exc
@@ -391,15 +400,51 @@ def use_registry(url: str | None, environ: Mapping[str, str] | None = None) -> S
     decoders read writer schemas from, reached with the credentials and CA
     ``SPARK_ABS_SCHEMA_REGISTRY_USER``, ``_PASSWORD_FILE`` (a file only its
     owner may read) and ``_CA_FILE`` give; returns it."""
-    global _current
     environ = os.environ if environ is None else environ
-    user = environ.get(ENV["schema_registry_user"]) or None
-    password_file = environ.get(ENV["schema_registry_password_file"])
+    return _use(
+        url,
+        environ.get(ENV["schema_registry_user"]) or "",
+        environ.get(ENV["schema_registry_password_file"]) or "",
+        environ.get(ENV["schema_registry_ca_file"]) or "",
+    )
+
+
+def use_connection_registry(connection: Connection) -> SchemaRegistry | None:
+    """``use_registry`` for the registry ``connection`` names, with the credentials and CA it names
+    (the local runtime's registry asks for its own user and password)."""
+    return _use(
+        connection.schema_registry,
+        connection.schema_registry_user,
+        connection.schema_registry_password_file,
+        connection.schema_registry_ca_file,
+    )
+
+
+def registry_of(connection: Connection) -> SchemaRegistry:
+    """A client of the registry ``connection`` names, with its credentials (a ``ConfigError`` when
+    it names none)."""
+    if not connection.schema_registry:
+        raise ConfigError("the connection names no schema registry (spark-abs local up --registry starts one)")
+    registry = _client(
+        connection.schema_registry,
+        connection.schema_registry_user,
+        connection.schema_registry_password_file,
+        connection.schema_registry_ca_file,
+    )
+    assert registry is not None
+    return registry
+
+
+def _client(url: str | None, user: str, password_file: str, ca_file: str) -> SchemaRegistry | None:
     password = read_secret_file(Path(password_file), ENV["schema_registry_password_file"]) if password_file else None
     if user and password is None:
         raise ConfigError(f"{ENV['schema_registry_user']} is set: set {ENV['schema_registry_password_file']} too")
-    ca_file = environ.get(ENV["schema_registry_ca_file"]) or None
-    _current = SchemaRegistry(url, username=user, password=password, ca_file=ca_file) if url else None
+    return SchemaRegistry(url, username=user or None, password=password, ca_file=ca_file or None) if url else None
+
+
+def _use(url: str | None, user: str, password_file: str, ca_file: str) -> SchemaRegistry | None:
+    global _current
+    _current = _client(url, user, password_file, ca_file)
     return _current
 
 

@@ -24,7 +24,7 @@ from streaming.adapters.kafka.control.transport import ControlTopic
 from streaming.adapters.kafka.dead_letters import DeadLetterTopic
 from streaming.adapters.kafka.producer import CheckedSends, append_markers
 from streaming.adapters.kafka.ranges import read_range, retention_ms
-from streaming.adapters.serde.schema_registry import current_registry, use_registry
+from streaming.adapters.serde.schema_registry import current_registry, use_connection_registry
 from streaming.adapters.sinks.delta import DeltaSink
 from streaming.adapters.sinks.factory import open_sink, sink_location
 from streaming.adapters.sinks.kafka import KafkaSink, kafka_records, registered_avro
@@ -116,7 +116,7 @@ class TaskFactory:
         if previous is not None:
             previous.close()
         # where Avro ingress with registry=True finds its writers' schemas
-        use_registry(connection.schema_registry or None)
+        use_connection_registry(connection)
 
     def open_sinks(self, names: list[str]) -> None:
         """The sinks of tasks ``names``, opened and recovered side by side

@@ -496,9 +496,9 @@ def run_drill(
         # with the schema registry when the pipeline reads or writes Avro through one
         connection = runtime.up(registry=bool(registry_users(load_pipeline(pipeline))))
     # a workload's producer and reference find Avro schemas in the job's registry
-    from streaming.adapters.serde.schema_registry import use_registry
+    from streaming.adapters.serde.schema_registry import use_connection_registry
 
-    use_registry(connection.schema_registry or None)
+    use_connection_registry(connection)
     store_uri = settings.store_uri or f"s3://{connection.s3_bucket}/drills"
     report_dir = Path(settings.report_dir or default_home() / "drills" / time.strftime("%Y%m%d-%H%M%S"))
     phases: list[DrillReport] = []

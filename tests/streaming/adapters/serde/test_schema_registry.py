@@ -12,15 +12,20 @@ those a dead letter, never a task that fails or reads for ever."""
 
 from __future__ import annotations
 
+import base64
+import http.client
 import http.server
 import json
 import threading
 import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from streaming.adapters.serde import avro, codec
+from streaming.adapters.serde import avro, codec, schema_registry
 from streaming.adapters.serde.records import REASON, RECORD_SCHEMA, ROW, Part, part_of
 from streaming.adapters.serde.schema_registry import (
     MAX_ANSWER_BYTES,
@@ -29,6 +34,7 @@ from streaming.adapters.serde.schema_registry import (
     SchemaRegistry,
     UnknownSchemaError,
     current_registry,
+    registry_of,
     subject_of,
     use_registry,
 )
@@ -83,18 +89,33 @@ def _written(topic: str, registry: SchemaRegistry, rows: list[tuple[dict, dict]]
 
 @pytest.mark.integration
 def test_schemas_are_registered_once_and_fetched_by_id(registry_connection, unique_name):
-    registry = SchemaRegistry(registry_connection.schema_registry)
+    registry = registry_of(registry_connection)
     subject = subject_of(f"{unique_name}.readings")
     first = registry.register(subject, json.dumps(V1))
     assert registry.register(subject, json.dumps(V1)) == first
     second = registry.register(subject, json.dumps(V2))
     assert second != first
-    fresh = SchemaRegistry(registry_connection.schema_registry)  # nothing cached: from the registry
+    fresh = registry_of(registry_connection)  # nothing cached: from the registry
     assert json.loads(fresh.schema(second))["fields"][3]["name"] == "site"
     assert fresh.ids(subject) == [first, second]
     assert fresh.ids(subject_of(f"{unique_name}.none")) == []
     with pytest.raises(UnknownSchemaError, match="schema id 987654 is not in the schema registry"):
         fresh.schema(987654)
+    # the local registry answers only its user (another user of the machine: a 401), and only on a
+    # loopback name (a page rebinding its name to 127.0.0.1: a 400); its health check stays open
+    url = urllib.parse.urlparse(registry_connection.schema_registry)
+    anyone = SchemaRegistry(registry_connection.schema_registry, bound_s=1)
+    with pytest.raises(ConfigError, match="401"):
+        anyone.ids(subject)
+    password = Path(registry_connection.schema_registry_password_file).read_text().strip()
+    for host, status in ((f"evil.example:{url.port}", 400), (f"localhost:{url.port}", 200)):
+        connection = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+        token = base64.b64encode(f"{registry_connection.schema_registry_user}:{password}".encode()).decode()
+        connection.request("GET", f"{url.path}/subjects", headers={"Host": host, "Authorization": f"Basic {token}"})
+        assert connection.getresponse().status == status, host
+        connection.close()
+    with urllib.request.urlopen(f"http://{url.netloc}/health/ready", timeout=10) as health:
+        assert health.status == 200
 
 
 @pytest.mark.integration
@@ -206,7 +227,7 @@ def test_a_kafka_sink_writes_avro_registered_under_its_topic(registry_connection
     topic = f"{unique_name}.out"
     create_topic(registry_connection.kafka, topic, 1)
     sink_spec = Sink("kafka", topic, avro=READER)
-    registry = SchemaRegistry(registry_connection.schema_registry)
+    registry = registry_of(registry_connection)
     sink = KafkaSink(
         open_store(str(tmp_path)),
         "out-0",
@@ -332,7 +353,7 @@ def test_versions_that_are_not_numbers_and_versions_without_an_id_are_refused(ho
         registry.ids("s-value")
 
 
-def test_a_value_of_a_writer_schema_of_items_of_no_bytes_is_a_dead_letter_not_a_read_for_ever(hostile):
+def test_a_value_of_a_writer_schema_of_items_of_no_bytes_is_a_dead_letter_not_a_read_for_ever(hostile, monkeypatch):
     server, registry = hostile
     nulls = json.dumps({"schema": json.dumps(NULLS)}).encode()
     _Hostile.answers = {
@@ -344,11 +365,9 @@ def test_a_value_of_a_writer_schema_of_items_of_no_bytes_is_a_dead_letter_not_a_
     reader = avro_schema(shape, confluent_wire=True, registry=True, subject="t-value", what="t")
     # 2^62 items declared in ten bytes (a zigzag long), then nothing
     value = b"\x00" + (9).to_bytes(4, "big") + b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01"
-    previous = use_registry(registry.url)
-    try:
-        table, index, rejected = avro.decode(pa.array([value], pa.binary()), reader)
-    finally:
-        use_registry(previous.url if previous is not None else None)
+    # the process's registry for the decoder, until the test ends (then the session's, credentials and all)
+    monkeypatch.setattr(schema_registry, "_current", registry)
+    table, index, rejected = avro.decode(pa.array([value], pa.binary()), reader)
     assert table.num_rows == 0 and index == []
     [(at, reason)] = rejected
     assert at == 0
