@@ -118,9 +118,11 @@ class RecordProcessor:
                 for index in sorted(set(decoded.index)):
                     self.quarantine.record(channel, rows.slice(index, 1), str(exc), counted_as="refused")
                 output = None
-            self.quarantine.from_operator(channel, self.operator, rows)
+            given_up = self.quarantine.from_operator(channel, self.operator, rows)
+            aside = sorted({*aside, *_given_up(batch, given_up)}) if given_up else aside
             self.output.emit(output, watermark)
-        # rows set aside do not move event time: as if they had not been there
+        # rows set aside, and rows the operator gave up on (dead letters it chose), do not move
+        # event time: as if they had not been there
         self.watermarks.observe(channel, *_without(aside, rows, decoded, ingress=ingress))
         self.watermark_moved(channel)
         self.counters["records"] += rows.num_rows
@@ -336,6 +338,19 @@ class RecordProcessor:
         if self.watermarks.has_event_time:
             self.watermark_moved(min(self.spec.inputs))
             self.forward_watermark()
+
+
+def _given_up(batch: pa.Table, origins: set[tuple[ChannelId, int]]) -> list[int]:
+    """The rows of ``batch`` whose origin is among ``origins`` (those the operator gave up on)."""
+    if ORIGIN not in batch.column_names:
+        return []
+    found = []
+    for index, origin in enumerate(batch[ORIGIN].to_pylist()):
+        if isinstance(origin, dict) and origin.get("offset") is not None:
+            named = (ChannelId(str(origin["topic"]), int(origin["partition"])), int(origin["offset"]))
+            if named in origins:
+                found.append(index)
+    return found
 
 
 def _without(aside: list[int], rows: pa.Table, decoded: codec.Decoded, *, ingress: bool) -> tuple[pa.Table, pa.Table]:

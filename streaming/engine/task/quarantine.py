@@ -141,7 +141,9 @@ class Quarantine:
             f"rejected control record: {rejected.reason}",
         )
 
-    def from_operator(self, channel: ChannelId, operator: Any, records: pa.Table | None = None) -> None:
+    def from_operator(
+        self, channel: ChannelId, operator: Any, records: pa.Table | None = None
+    ) -> set[tuple[ChannelId, int]]:
         """The rows ``operator`` gave up on since the last call (its
         ``dead_letters``), read from ``channel`` (``records``: the records just
         read, where an origin on ``channel`` is found without asking Kafka).
@@ -153,11 +155,14 @@ class Quarantine:
         cannot be read back (retention removed it, Kafka does not answer in
         ``ORIGINAL_READ_S``), or the origin is a record of a stage-to-stage
         topic (the row came from an aggregate), the value is the row, and
-        ``spark-abs-original`` says why."""
+        ``spark-abs-original`` says why.  Returns the origins of the rows given
+        up (the ingress records they came from, where they name one)."""
         letters = getattr(operator, "dead_letters", None)
         if not isinstance(letters, DeadLetters) or not len(letters):
-            return
-        self.letters(channel, letters.drain(), records)
+            return set()
+        drained = letters.drain()
+        self.letters(channel, drained, records)
+        return {origin for origin in (_origin_of(letter.row.get(ORIGIN)) for letter in drained) if origin is not None}
 
     def letters(
         self,
