@@ -49,7 +49,29 @@ __all__ = [
     "is_control",
     "encode",
     "decode",
+    "UNSIGNED",
+    "Unsigned",
 ]
+
+
+class Unsigned(enum.Enum):
+    """What a writer or reader is given instead of a key when nothing is signed or verified, said
+    explicitly (the simulator, unit tests, tools without the job's secret): no key is ever
+    left out by default."""
+
+    UNSIGNED = "unsigned"
+
+
+UNSIGNED = Unsigned.UNSIGNED
+
+
+def _key(key: bytes | Unsigned) -> bytes | None:
+    """``key``'s bytes, or None for ``UNSIGNED``; a ``TypeError`` for anything else (None included)."""
+    if isinstance(key, Unsigned):
+        return None
+    if not isinstance(key, bytes) or not key:
+        raise TypeError("a key is the job's barrier key (bytes), or UNSIGNED said explicitly")
+    return key
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -200,12 +222,13 @@ def is_control(headers: Headers | Mapping[str, bytes | None] | None) -> bool:
 
 
 def encode(
-    message: Barrier | CancelBarrier, *, key: bytes | None = None, channel: ChannelId | None = None
+    message: Barrier | CancelBarrier, *, key: bytes | Unsigned, channel: ChannelId | None = None
 ) -> list[tuple[str, bytes]]:
     """The headers of the Kafka record that carries ``message`` on ``channel``;
     signed with ``key`` (HMAC-SHA256 over the other headers, the channel's
-    included) when one is given.  A signed record names its channel: without
-    one, a copy of it would verify on every channel of the job."""
+    included) unless it is ``UNSIGNED``.  A signed record names its channel:
+    without one, a copy of it would verify on every channel of the job."""
+    signing = _key(key)
     if isinstance(message, Barrier):
         fields: dict[str, str] = {
             KIND_HEADER: "barrier",
@@ -232,11 +255,11 @@ def encode(
         raise TypeError(f"cannot encode {type(message).__name__} as a control record")
     if channel is not None:
         fields[CHANNEL_HEADER] = str(channel)
-    elif key is not None:
+    elif signing is not None:
         raise ValueError(f"a signed {type(message).__name__} names the channel it is written to")
     headers = [(name, value.encode()) for name, value in fields.items()]
-    if key is not None:
-        headers.append((SIGNATURE_HEADER, _sign(headers, key).encode()))
+    if signing is not None:
+        headers.append((SIGNATURE_HEADER, _sign(headers, signing).encode()))
     return headers
 
 
@@ -244,13 +267,15 @@ def decode(
     headers: Headers | Mapping[str, bytes | None],
     *,
     job: str | None = None,
-    key: bytes | None = None,
+    key: bytes | Unsigned,
     channel: ChannelId | None = None,
 ) -> Barrier | CancelBarrier:
     """The barrier or cancellation in ``headers``, read from ``channel``;
     ``BarrierRejected`` with the reason when they are not a valid one (for
-    ``job``, written for ``channel``, signed with ``key``).  With a key, a
-    record that names no channel is rejected as well."""
+    ``job``, written for ``channel``, signed with ``key``; ``UNSIGNED``:
+    signatures are not checked).  With a key, a record that names no channel
+    is rejected as well."""
+    verifying = _key(key)
     items = list(headers.items() if isinstance(headers, Mapping) else headers)
     fields: dict[str, str] = {}
     for name, raw in items:
@@ -265,20 +290,20 @@ def decode(
     kind = fields.get(KIND_HEADER)
     if kind not in ("barrier", "cancel"):
         raise BarrierRejected(f"{KIND_HEADER} is {kind!r}, expected 'barrier' or 'cancel'")
-    if key is not None:
+    if verifying is not None:
         signature = fields.pop(SIGNATURE_HEADER, None)
         if signature is None:
             raise BarrierRejected("unsigned, but this job signs its barriers")
         unsigned = [(n, v or b"") for n, v in items if n.startswith(HEADER_PREFIX) and n != SIGNATURE_HEADER]
         # bytes on both sides: compare_digest refuses str that is not ASCII, and a writer chooses the header
-        if not hmac.compare_digest(signature.encode(), _sign(unsigned, key).encode()):
+        if not hmac.compare_digest(signature.encode(), _sign(unsigned, verifying).encode()):
             raise BarrierRejected("signature does not match the job's key")
     record_job = fields.get(JOB_HEADER, "")
     if job is not None and record_job != job:
         raise BarrierRejected(f"belongs to job {record_job!r}, not {job!r}")
     if channel is not None:
         named = fields.get(CHANNEL_HEADER)
-        if named is None and key is not None:
+        if named is None and verifying is not None:
             raise BarrierRejected(f"names no channel, but this job binds its barriers to theirs ({channel})")
         if named is not None and named != str(channel):
             raise BarrierRejected(f"written for channel {named!r}, read from {channel}: a copy, not this channel's")

@@ -143,12 +143,15 @@ def drill_workload(
     return DrillWorkload(endless, expected, tuple(keys), sums=(), poison_ready=True, poisoned=poisoned)
 
 
-def committed(kafka: KafkaAccess, topic: str) -> pd.DataFrame:
-    """The rows a Kafka sink committed to ``topic`` (read_committed), without
-    the epochs it marked superseded after a restore to an older checkpoint."""
+def committed(connection: Connection, job: str, topic: str) -> pd.DataFrame:
+    """The rows job ``job``'s Kafka sink committed to ``topic`` (read_committed), without
+    the epochs it marked superseded after a restore to an older checkpoint (marks the
+    job's key vouches for)."""
+    from streaming.adapters.kafka.admin import job_key
     from streaming.adapters.sinks.kafka import read_kafka_output
 
-    return pd.DataFrame([json.loads(v) for v in read_kafka_output(kafka, topic, timeout_ms=1500).values])
+    output = read_kafka_output(connection.kafka, topic, timeout_ms=1500, key=job_key(connection, job))
+    return pd.DataFrame([json.loads(v) for v in output.values])
 
 
 def committed_delta(spark, table_uri: str, connection: Connection) -> pd.DataFrame:
@@ -193,7 +196,7 @@ def output(spark, pipeline: Pipeline, store: str, connection: Connection) -> pd.
         return committed_delta(spark, delta_table_uri(sink, location), connection)
     if sink.topic is None:
         raise ValueError(f"{pipeline.job}: output() reads a Kafka or Delta sink, not {sink.kind}")
-    return committed(connection.kafka, sink.topic)
+    return committed(connection, pipeline.job, sink.topic)
 
 
 def differences(output: pd.DataFrame, expected: pd.DataFrame, keys: Sequence[str], *, limit: int = 10) -> list[str]:

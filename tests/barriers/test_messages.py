@@ -7,6 +7,7 @@ import pytest
 
 from barriers import messages
 from barriers.messages import (
+    UNSIGNED,
     Alignment,
     Barrier,
     BarrierRejected,
@@ -33,15 +34,15 @@ OPTIONS = [
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: o.describe())
 def test_barrier_round_trips_through_headers(options):
     barrier = Barrier(42, 3, options, 1_700_000_000_000, "payments")
-    headers = encode(barrier)
+    headers = encode(barrier, key=UNSIGNED)
     assert all(isinstance(k, str) and isinstance(v, bytes) for k, v in headers)
     assert is_control(headers)
-    assert decode(headers, job="payments") == barrier
+    assert decode(headers, job="payments", key=UNSIGNED) == barrier
 
 
 def test_cancel_round_trips_and_headers_may_be_a_mapping():
     cancel = CancelBarrier(7, 1, "task b declined", "job")
-    assert decode(dict(encode(cancel))) == cancel
+    assert decode(dict(encode(cancel, key=UNSIGNED)), key=UNSIGNED) == cancel
 
 
 def test_data_records_are_not_control_records():
@@ -55,7 +56,7 @@ def test_signed_barriers_verify_and_forgeries_are_rejected():
     barrier = Barrier(5, 0, CheckpointOptions.unaligned(), job="j")
     assert decode(encode(barrier, key=key, channel=here), key=key, channel=here) == barrier
     with pytest.raises(BarrierRejected, match="unsigned"):
-        decode(encode(barrier, channel=here), key=key, channel=here)
+        decode(encode(barrier, channel=here, key=UNSIGNED), key=key, channel=here)
     tampered = [(k, b"6" if k == "abs.checkpoint" else v) for k, v in encode(barrier, key=key, channel=here)]
     with pytest.raises(BarrierRejected, match="signature"):
         decode(tampered, key=key, channel=here)
@@ -63,7 +64,9 @@ def test_signed_barriers_verify_and_forgeries_are_rejected():
         decode(encode(barrier, key=b"other", channel=here), key=key, channel=here)
     # a signature a writer made up of any bytes is rejected, never an error of another kind
     for made_up in ("é".encode(), b"", ("0" * 64 + "é").encode(), b"\xff"):
-        forged = [(k, v) for k, v in encode(barrier, channel=here) if k != "abs.sig"] + [("abs.sig", made_up)]
+        forged = [(k, v) for k, v in encode(barrier, channel=here, key=UNSIGNED) if k != "abs.sig"] + [
+            ("abs.sig", made_up)
+        ]
         with pytest.raises(BarrierRejected, match="signature|not UTF-8"):
             decode(forged, key=key, channel=here)
 
@@ -93,7 +96,7 @@ def test_a_signed_barrier_verifies_on_its_own_channel_only():
 def test_a_signed_barrier_names_its_channel_when_the_job_signs():
     key = b"job-secret"
     # signed by the key's holder without a channel (no encode does that): still refused on a channel
-    unbound = encode(Barrier(5, job="j"), channel=ChannelId("in", 0))
+    unbound = encode(Barrier(5, job="j"), channel=ChannelId("in", 0), key=UNSIGNED)
     unbound = [(k, v) for k, v in unbound if k != "abs.channel"]
     unbound.append(("abs.sig", messages._sign(unbound, key).encode()))
     assert decode(unbound, job="j", key=key) == Barrier(5, job="j")
@@ -128,21 +131,21 @@ def test_the_signature_tells_headers_apart_whatever_their_values_hold():
     ],
 )
 def test_malformed_barriers_are_rejected_with_a_reason(change, reason):
-    headers = dict(encode(Barrier(3, 0, CheckpointOptions.aligned(), job="j")))
+    headers = dict(encode(Barrier(3, 0, CheckpointOptions.aligned(), job="j"), key=UNSIGNED))
     for name, value in change.items():
         if value is None:
             headers.pop(name)
         else:
             headers[name] = value
     with pytest.raises(BarrierRejected, match=reason) as caught:
-        decode(list(headers.items()), job="j")
+        decode(list(headers.items()), job="j", key=UNSIGNED)
     assert caught.value.reason
 
 
 def test_a_header_given_twice_is_rejected():
-    headers = encode(Barrier(3)) + [("abs.checkpoint", b"4")]
+    headers = encode(Barrier(3), key=UNSIGNED) + [("abs.checkpoint", b"4")]
     with pytest.raises(BarrierRejected, match="twice"):
-        decode(headers)
+        decode(headers, key=UNSIGNED)
 
 
 def test_option_constructors_validate():
@@ -174,3 +177,13 @@ def test_channel_names_round_trip():
         ChannelId.parse("no-partition")
     with pytest.raises(ValueError, match="contain no ':'"):
         ChannelId.parse("a:b:0")  # Kafka topic names have no ':'
+
+
+def test_a_key_is_given_or_unsigned_is_said_never_left_out():
+    barrier = Barrier(5, job="j")
+    for call in (lambda: encode(barrier), lambda: decode(encode(barrier, key=UNSIGNED))):
+        with pytest.raises(TypeError, match="key"):
+            call()
+    for key in (None, b"", "text"):
+        with pytest.raises(TypeError, match="UNSIGNED said explicitly"):
+            encode(barrier, key=key, channel=ChannelId("in", 0))  # type: ignore[arg-type]

@@ -128,8 +128,18 @@ def test_bad_records_a_failing_store_and_a_damaged_checkpoint(connection, unique
         plain.flush()
         plain.close()
         hostile = KafkaProducer(**kafka.client_options())
-        hostile.send(topic, value=b"", headers=encode(Barrier(done + 10_000, runner.generation, job=job)), partition=0)
-        hostile.send(topic, value=b"", headers=encode(CancelBarrier(done + 1, runner.generation, "", job)), partition=1)
+        hostile.send(
+            topic,
+            value=b"",
+            headers=encode(Barrier(done + 10_000, runner.generation, job=job), key=UNSIGNED),
+            partition=0,
+        )
+        hostile.send(
+            topic,
+            value=b"",
+            headers=encode(CancelBarrier(done + 1, runner.generation, "", job), key=UNSIGNED),
+            partition=1,
+        )
         victim = runner.pipeline.tasks()[-1].name
         for checkpoint_id in range(done + 1, done + 20):
             ack = Ack(checkpoint_id=checkpoint_id, task=victim, generation=runner.generation)

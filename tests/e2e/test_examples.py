@@ -99,10 +99,10 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
         while len(runner.restores) < 2 and time.monotonic() < deadline:
             runner.step()
         # before any input ends, windows close: the quiet orders partition and the table hold nothing back
-        while check.committed(kafka, windows).empty and time.monotonic() < deadline:
+        while check.committed(registry_connection, runner.job, windows).empty and time.monotonic() < deadline:
             for _ in range(20):
                 runner.step()
-        early = len(check.committed(kafka, windows))
+        early = len(check.committed(registry_connection, runner.job, windows))
         feed.join(max(1.0, deadline - time.monotonic()))
         check.produce(kafka, [], end=runner.pipeline)
         run_until_caught_up(runner, max(1.0, deadline - time.monotonic()))

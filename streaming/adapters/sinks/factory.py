@@ -3,6 +3,7 @@ its output is made visible, said for people (``sink_place``)."""
 
 from __future__ import annotations
 
+from barriers.messages import Unsigned
 from streaming.adapters.kafka.producer import DELIVERY_BOUND_S
 from streaming.adapters.objects import StoreLocation, open_store
 from streaming.adapters.serde.schema_registry import subject_of
@@ -43,7 +44,7 @@ def open_sink(
     kafka: KafkaAccess,
     connection: Connection | None = None,
     delivery_timeout_s: float = DELIVERY_BOUND_S,
-    key: JobKey | None = None,
+    key: JobKey | Unsigned,
     kafka_client: str = "java",
 ) -> ObjectStoreSink | KafkaSink | DeltaSink:
     """The sink of sink task ``task`` of job ``job`` (``connection``: the S3

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from kafka.errors import AuthorizationError, KafkaError
 
 from barriers.headers import EPOCH_HEADER, MARKER_SIGNATURE_HEADER
+from barriers.messages import Unsigned
 from streaming.adapters.kafka import clients as kafka_clients
 from streaming.adapters.kafka.admin import create_topic
 from streaming.adapters.kafka.producer import DELIVERY_BOUND_S, close_producer, producer, within
@@ -99,13 +100,14 @@ class KafkaSink(TwoPhaseSink):
         topic: str,
         transactional_id: str,
         delivery_timeout_s: float = DELIVERY_BOUND_S,
-        key: JobKey | None = None,
+        key: JobKey | Unsigned,
         client: str = "java",
     ):
         super().__init__(staging, task_id)
         self.topic = topic
         # signs the markers of the commits topic; the markers read back must carry its signature
-        self._key = key
+        # (UNSIGNED, said explicitly: tests only)
+        self._key = None if isinstance(key, Unsigned) else key
         # a transaction's sends, commit and abort each end within it (kafka-python's wait for good)
         self.delivery_timeout_s = delivery_timeout_s
         self.commit_topic = commits_topic(topic)
@@ -276,9 +278,7 @@ class KafkaOutput:
     superseded: dict[str, int] = field(default_factory=dict)
 
 
-def read_kafka_output(
-    kafka: KafkaAccess, topic: str, *, timeout_ms: int = 3000, key: JobKey | None = None
-) -> KafkaOutput:
+def read_kafka_output(kafka: KafkaAccess, topic: str, *, timeout_ms: int = 3000, key: JobKey | Unsigned) -> KafkaOutput:
     """The records a Kafka sink committed to ``topic`` (read_committed),
     without those of epochs its commit topic marks superseded: committed
     after the checkpoint a restore went back to, and written again by the
@@ -287,7 +287,9 @@ def read_kafka_output(
     counts only when the job signed it: a forged one hides nothing."""
     superseded = {
         marker[: -len(_SUPERSEDED)]
-        for marker in _commit_keys(kafka, commits_topic(topic), timeout_ms, key=key, topic_of=topic)
+        for marker in _commit_keys(
+            kafka, commits_topic(topic), timeout_ms, key=None if isinstance(key, Unsigned) else key, topic_of=topic
+        )
         if marker.endswith(_SUPERSEDED)
     }
     values: list[bytes] = []

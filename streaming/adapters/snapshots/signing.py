@@ -19,23 +19,13 @@ it covers are recovered exactly, without parsing."""
 
 from __future__ import annotations
 
-import enum
 import re
 
+from barriers.messages import UNSIGNED, Unsigned
 from streaming.api.job_key import JobKey
 from streaming.errors import SnapshotCorruptError
 
 __all__ = ["UNSIGNED", "StoreSigner", "Unsigned"]
-
-
-class Unsigned(enum.Enum):
-    """What a store is given instead of a key when nothing is signed or verified: unit tests,
-    the simulator, and tools reading a store without the job's secret (they say so)."""
-
-    UNSIGNED = "unsigned"
-
-
-UNSIGNED = Unsigned.UNSIGNED
 
 _PREFIX = b'{"mac": "'
 _SIGNED = re.compile(rb'\{"mac": "([0-9a-f]{64})", ')

@@ -37,7 +37,7 @@ from typing import Any
 from barriers.coordinator import CheckpointCoordinator, CheckpointStatus, CompletedCheckpoint, PendingCheckpoint
 from barriers.failures import CheckpointFailure
 from barriers.handler import CheckpointKind
-from barriers.messages import Barrier, ChannelId, CheckpointOptions, encode
+from barriers.messages import Barrier, ChannelId, CheckpointOptions, Unsigned, encode
 from streaming.adapters.kafka.control.events import (
     Abort,
     Ack,
@@ -441,7 +441,7 @@ class CoordinatorService:
         *,
         start: CoordinatorStart | None = None,
         hooks: CompletionHooks | None = None,
-        job_key: bytes | None = None,
+        job_key: bytes | Unsigned,
         clock: Callable[[], float] = time.monotonic,
     ):
         start = start or CoordinatorStart()

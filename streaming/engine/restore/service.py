@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from barriers.handler import CheckpointKind
+from barriers.messages import UNSIGNED
 from streaming.adapters.kafka.admin import earliest_offsets, job_key
 from streaming.adapters.kafka.control.transport import newest_generation
 from streaming.adapters.kafka.dead_letters import DeadLetterTopic
@@ -390,7 +391,7 @@ class RestoreService:
                 delivery_timeout_s=self.settings.delivery_timeout_s,
                 kafka_client=self.settings.kafka_sink_client,
                 # a Kafka sink's commit markers are signed with the job's key
-                key=job_key(self.connection, self.job) if stage.sink.kind is SinkKind.KAFKA else None,
+                key=job_key(self.connection, self.job) if stage.sink.kind is SinkKind.KAFKA else UNSIGNED,
             )
             try:
                 sink.recover(source)

@@ -22,7 +22,7 @@ from typing import Any
 
 from barriers.failures import CheckpointFailure
 from barriers.handler import BarrierHandler, TaskCheckpoint
-from barriers.messages import Barrier, ChannelId, encode
+from barriers.messages import Barrier, ChannelId, Unsigned, encode
 from operators.base import changes_of, snapshot_later_of
 from streaming.adapters.kafka.control.events import Announce, Decline, announced_barrier
 from streaming.engine import faults
@@ -73,7 +73,7 @@ class TaskController:
         wiring: TaskWiring,
         counters: collections.Counter,
         *,
-        job_key: bytes | None = None,
+        job_key: bytes | Unsigned,
         snapshotted: int = 0,
     ):
         self.task = task

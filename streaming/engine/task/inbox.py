@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping
 
 from barriers.handler import BarrierHandler
-from barriers.messages import Alignment, Barrier, BarrierRejected, ChannelId, decode
+from barriers.messages import UNSIGNED, Alignment, Barrier, BarrierRejected, ChannelId, decode
 from streaming.adapters.kafka.control.events import Abort, Announce, ControlEvent, Trigger
 
 __all__ = ["ControlInbox"]
@@ -64,7 +64,7 @@ class ControlInbox:
     def _announced(self, event: Trigger | Announce) -> None:
         # the fields come unsigned: the event's signature, verified as it was read, vouches for them
         try:
-            barrier = decode(event.barrier_headers(), job=self.job)
+            barrier = decode(event.barrier_headers(), job=self.job, key=UNSIGNED)
         except BarrierRejected as exc:
             log.warning("%s: announcement of checkpoint %d ignored: %s", self.task, event.checkpoint_id, exc)
             return

@@ -38,6 +38,7 @@ from barriers.messages import (
     BarrierRejected,
     CancelBarrier,
     ChannelId,
+    Unsigned,
     decode,
 )
 from operators.isolation import said
@@ -112,8 +113,8 @@ class TaskOptions:
     incremental: Incremental | None = None
     # copied channel state replayed in runs of this many records
     replay_run_records: int = REPLAY_RUN_RECORDS
-    # the job's key: barriers and control events signed and checked with it (None: unsigned)
-    job_key: bytes | None = None
+    # the job's barrier key: barriers signed and checked with it (UNSIGNED, said explicitly: neither)
+    job_key: bytes | Unsigned = field(kw_only=True)
     # the most bytes one Arrow record of an internal topic may take decompressed (JobSettings.max_decoded_bytes)
     max_decoded_bytes: int = JobSettings.default("max_decoded_bytes")
     # what a record the stage's code raises on does, and the brake (JobSettings.record_errors,
@@ -201,11 +202,10 @@ class StageTask:
         io: TaskIO,
         *,
         start: TaskStart | None = None,
-        options: TaskOptions | None = None,
+        options: TaskOptions,
         clock: Callable[[], float] = time.monotonic,
         upload: concurrent.futures.Executor | None = None,
     ):
-        options = options or TaskOptions()
         self.pipeline = pipeline
         self.spec = spec
         self.io = io

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 import pyarrow as pa
 
 from barriers.headers import DRILL_HEADER, FORMAT_HEADER, GENERATION_HEADER, WATERMARK_HEADER
-from barriers.messages import Barrier, encode
+from barriers.messages import UNSIGNED, Barrier, encode
 from streaming.adapters.serde.codec import ARROW_FORMAT, encode_batches
 from streaming.api.pipeline import Ingress, Pipeline
 from streaming.tools.drill.workload import InputRecord
@@ -51,7 +51,7 @@ def _hostile(ingress: Ingress, job: str) -> list[tuple[bytes, tuple[tuple[str, b
         (arrow, ((FORMAT_HEADER, ARROW_FORMAT),)),
         (b"{}", ((WATERMARK_HEADER, b"zz"),)),
         (b"{}", ((GENERATION_HEADER, b"zz"),)),
-        (b"", tuple(encode(Barrier(1, job=job)))),
+        (b"", tuple(encode(Barrier(1, job=job), key=UNSIGNED))),  # a barrier without the job's key
     ]
     if ingress.avro is not None:
         records.append((b"\x00" + struct.pack(">I", 2**31 - 1) + b"\x02\x04", ()))

@@ -7,7 +7,7 @@ import json
 
 import pyarrow as pa
 
-from barriers.messages import Barrier, CancelBarrier, encode
+from barriers.messages import UNSIGNED, Barrier, CancelBarrier, encode
 from streaming.adapters.snapshots import TaskSnapshot
 from streaming.engine.task.stage_task import StageTask, TaskIO, TaskOptions
 
@@ -22,7 +22,7 @@ def batch(*records) -> pa.Table:
     for topic, partition, offset, value, *rest in records:
         headers = []
         if isinstance(value, (Barrier, CancelBarrier)):
-            headers, value = encode(value), b""
+            headers, value = encode(value, key=UNSIGNED), b""
         elif isinstance(value, dict):
             value = json.dumps(value).encode()
         if rest:
@@ -129,6 +129,7 @@ def make_task(pipeline, name="count-0", sink=False, **kwargs):
     are ``StageTask``'s and ``TaskOptions``' (``copy_in_flight=True``, ...)."""
     recorded = RecordedIO()
     options = {k: kwargs.pop(k) for k in list(kwargs) if k in TaskOptions.__dataclass_fields__}
+    options.setdefault("job_key", UNSIGNED)  # a test that signs says so
     task = StageTask(pipeline, pipeline.task(name), recorded.io(sink), options=TaskOptions(**options), **kwargs)
     task.recover()
     return task, recorded

@@ -213,7 +213,9 @@ def test_the_coordinator_counts_triggers_completions_aborts_and_times_them(job, 
     pipeline = Pipeline(job, (Ingress("in", 2),), (Stage("count", ("in",), count_by_k, parallelism=2, sink=Sink()),))
     control = _Control()
     with SnapshotStore(open_store(str(tmp_path / "store")), job, key=UNSIGNED) as store:
-        service = CoordinatorService(pipeline, control.io(), store, JobSettings(store=f"file://{tmp_path}/store"))
+        service = CoordinatorService(
+            pipeline, control.io(), store, JobSettings(store=f"file://{tmp_path}/store"), job_key=UNSIGNED
+        )
         service.trigger()
         service.poll()
         assert _value("spark_abs_checkpoints_triggered_total", job_name=job, mode="aligned") == 1

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from barriers.failures import CheckpointFailure
-from barriers.messages import Barrier, encode
+from barriers.messages import UNSIGNED, Barrier, encode
 from streaming.adapters.snapshots.format import TaskCheckpointMetrics, TaskSnapshot
 from streaming.errors import ConfigError, parse_choice
 
@@ -452,4 +452,4 @@ def announced_barrier(barrier: Barrier) -> dict[str, str]:
     ``announce`` events (``barrier_headers`` is the way back): unsigned and
     bound to no channel, so nothing in an event verifies as a barrier on a
     channel of the job."""
-    return {name: value.decode() for name, value in encode(barrier)}
+    return {name: value.decode() for name, value in encode(barrier, key=UNSIGNED)}

@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from barriers.messages import UNSIGNED
 from streaming.adapters.serde import avro, codec, schema_registry
 from streaming.adapters.serde.records import REASON, RECORD_SCHEMA, ROW, Part, part_of
 from streaming.adapters.serde.schema_registry import (
@@ -234,6 +235,7 @@ def test_a_kafka_sink_writes_avro_registered_under_its_topic(registry_connection
         kafka=registry_connection.kafka,
         topic=topic,
         transactional_id=f"t-{unique_name}",
+        key=UNSIGNED,
     )
     try:
         rows = pa.table({"sensor": ["a", "b"], "value": [1, 2], "unit": ["C", "F"]})
@@ -241,7 +243,7 @@ def test_a_kafka_sink_writes_avro_registered_under_its_topic(registry_connection
         assert sink.commit(1)
     finally:
         sink.close()
-    values = read_kafka_output(registry_connection.kafka, topic).values
+    values = read_kafka_output(registry_connection.kafka, topic, key=UNSIGNED).values
     ids = registry.ids(subject_of(topic))
     assert len(ids) == 1 and all(v[0] == 0 and int.from_bytes(v[1:5], "big") == ids[0] for v in values)
     read_as = avro_schema(READER, confluent_wire=True, registry=True, subject=subject_of(topic), what=topic)

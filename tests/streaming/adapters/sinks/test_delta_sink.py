@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from barriers.messages import UNSIGNED
 from streaming import read_delta_output  # what a user reads output with
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks.base import Recovery
@@ -36,7 +37,13 @@ def place(request, tmp_path, unique_name):
 def _sink(place, task: str = "task-0", job: str = "j") -> DeltaSink:
     location, table, connection = place
     sink = open_sink(
-        Sink("delta", table=table), location, task, job=job, kafka=KafkaAccess("unused:9092"), connection=connection
+        Sink("delta", table=table),
+        location,
+        task,
+        job=job,
+        kafka=KafkaAccess("unused:9092"),
+        connection=connection,
+        key=UNSIGNED,
     )
     assert isinstance(sink, DeltaSink)
     return sink
@@ -176,7 +183,14 @@ def test_a_table_elsewhere_than_s3_or_a_path_is_refused(tmp_path):
     from streaming.errors import ConfigError
 
     with pytest.raises(ConfigError, match="give s3://bucket/path or a local path"):
-        open_sink(Sink("delta", table="gs://b/t"), open_store(str(tmp_path)), "t", job="j", kafka=KafkaAccess("x:1"))
+        open_sink(
+            Sink("delta", table="gs://b/t"),
+            open_store(str(tmp_path)),
+            "t",
+            job="j",
+            kafka=KafkaAccess("x:1"),
+            key=UNSIGNED,
+        )
 
 
 def test_where_each_sink_commits_its_output_is_said(tmp_path):

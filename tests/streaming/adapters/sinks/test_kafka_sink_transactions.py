@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from barriers.messages import UNSIGNED
 from streaming import read_kafka_output  # what a user reads output with
 from streaming.adapters.kafka.admin import create_topic, end_offsets, job_key
 from streaming.adapters.kafka.ranges import topic_config
@@ -102,7 +103,15 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name, clien
     with pytest.raises(
         SinkError, match=r"is compacted \(cleanup.policy=compact\).*--add-config 'cleanup.policy=delete"
     ):
-        KafkaSink(staging, "task-0", kafka=connection.kafka, topic=compacted, transactional_id=txid, client=client)
+        KafkaSink(
+            staging,
+            "task-0",
+            kafka=connection.kafka,
+            topic=compacted,
+            transactional_id=txid,
+            client=client,
+            key=UNSIGNED,
+        )
     # someone who can write to the commits topic forges markers: epoch 1 committed, epoch 1 superseded
     create_topic(connection.kafka, f"{topic}.commits", 1, config=COMMITS_TOPIC_CONFIG)
     forger = KafkaProducer(**connection.kafka.client_options())
@@ -111,7 +120,7 @@ def test_kafka_sink_two_phase_commit_and_recovery(connection, unique_name, clien
     forger.flush(30)
     forger.close()
     forged_markers = KafkaSink(
-        staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, client=client
+        staging, "task-0", kafka=connection.kafka, topic=topic, transactional_id=txid, client=client, key=UNSIGNED
     )
     assert forged_markers._committed(1)  # without the job's key a forged marker passes ...
     assert topic_config(connection.kafka, f"{topic}.commits", "cleanup.policy") == "delete"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pyarrow.fs as pafs
 import pytest
 
+from barriers.messages import UNSIGNED
 from streaming.adapters.kafka.producer import DELIVERY_BOUND_S
 from streaming.adapters.objects import open_store
 from streaming.adapters.sinks import factory
@@ -149,7 +150,7 @@ def test_a_sink_kind_that_is_no_family_is_a_clear_error():
 
 def test_an_object_store_sink_writes_under_its_location(tmp_path):
     location = open_store(str(tmp_path / "sink"))
-    sink = open_sink(Sink(), location, "w-1", job="orders", kafka=KAFKA)
+    sink = open_sink(Sink(), location, "w-1", job="orders", kafka=KAFKA, key=UNSIGNED)
     assert type(sink) is ObjectStoreSink
     assert sink.task_id == "w-1"
     assert sink.output_path(7) == location.path("output", "epoch-000000000007", "w-1.parquet")
@@ -157,7 +158,7 @@ def test_an_object_store_sink_writes_under_its_location(tmp_path):
 
 def test_a_delta_sink_commits_to_the_table_under_its_location_as_the_job_s_task(tmp_path):
     location = open_store(str(tmp_path / "sink"))
-    sink = open_sink(Sink("delta"), location, "w-1", job="orders", kafka=KAFKA, connection=CONNECTION)
+    sink = open_sink(Sink("delta"), location, "w-1", job="orders", kafka=KAFKA, connection=CONNECTION, key=UNSIGNED)
     assert type(sink) is DeltaSink
     assert sink.task_id == "w-1"
     assert sink.table_uri == str((tmp_path / "sink" / "table").resolve())
@@ -169,7 +170,13 @@ def test_a_delta_sink_commits_to_the_table_under_its_location_as_the_job_s_task(
 def test_a_delta_sink_on_s3_reaches_the_table_through_the_connection(tmp_path):
     location = open_store(str(tmp_path / "sink"))
     sink = open_sink(
-        Sink("delta", table="s3://lake/orders"), location, "w-0", job="orders", kafka=KAFKA, connection=CONNECTION
+        Sink("delta", table="s3://lake/orders"),
+        location,
+        "w-0",
+        job="orders",
+        kafka=KAFKA,
+        connection=CONNECTION,
+        key=UNSIGNED,
     )
     assert sink.table_uri == "s3://lake/orders"
     assert sink._options == {
@@ -183,7 +190,7 @@ def test_a_delta_sink_on_s3_reaches_the_table_through_the_connection(tmp_path):
 
 def test_a_kafka_sink_writes_its_topic_in_transactions_of_the_job_s_task(tmp_path, kafka_sinks):
     location = open_store(str(tmp_path / "sink"))
-    sink = open_sink(Sink("kafka", "orders.out"), location, "w-2", job="orders", kafka=KAFKA)
+    sink = open_sink(Sink("kafka", "orders.out"), location, "w-2", job="orders", kafka=KAFKA, key=UNSIGNED)
     assert isinstance(sink, kafka_sinks)
     assert sink.location is location and sink.task == "w-2"
     assert sink.kwargs == {
@@ -191,7 +198,7 @@ def test_a_kafka_sink_writes_its_topic_in_transactions_of_the_job_s_task(tmp_pat
         "topic": "orders.out",
         "transactional_id": "spark-abs-orders-w-2",
         "delivery_timeout_s": DELIVERY_BOUND_S,
-        "key": None,
+        "key": UNSIGNED,
         "client": "java",
     }
 
@@ -215,4 +222,4 @@ def test_a_kafka_sink_without_a_topic_is_refused_before_reaching_kafka(tmp_path,
     sink = Sink("kafka", "orders.out")
     object.__setattr__(sink, "topic", None)  # what Sink itself refuses: the factory's own guard
     with pytest.raises(ConfigError, match="sink task w-0: a Kafka sink names no topic"):
-        open_sink(sink, open_store(str(tmp_path / "sink")), "w-0", job="orders", kafka=KAFKA)
+        open_sink(sink, open_store(str(tmp_path / "sink")), "w-0", job="orders", kafka=KAFKA, key=UNSIGNED)

@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from barriers.headers import FORMAT_HEADER, GENERATION_HEADER
 from barriers.lineage import Lineage
-from barriers.messages import Barrier, ChannelId, encode
+from barriers.messages import UNSIGNED, Barrier, ChannelId, encode
 from operators import KeyedAggregate, count, max_, sum_
 from streaming.adapters.serde import avro
 from streaming.adapters.serde.codec import ARROW_FORMAT
@@ -50,7 +50,7 @@ def _records(*rows) -> pa.Table:
     for partition, offset, value in rows:
         headers = []
         if isinstance(value, Barrier):
-            headers, value = encode(value), b""
+            headers, value = encode(value, key=UNSIGNED), b""
         elif isinstance(value, dict):
             value = json.dumps(value).encode()
         out.append(
@@ -338,7 +338,7 @@ def _arrow_records(*rows) -> pa.Table:
         headers = [{"key": FORMAT_HEADER, "value": ARROW_FORMAT}]
         headers += [{"key": GENERATION_HEADER, "value": str(g).encode()} for g in written]
         if isinstance(value, Barrier):
-            headers, value = [{"key": k, "value": v} for k, v in encode(value)], b""
+            headers, value = [{"key": k, "value": v} for k, v in encode(value, key=UNSIGNED)], b""
         elif isinstance(value, pa.Table):
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, value.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:

@@ -122,6 +122,7 @@ def _service(store, memory, tmp_path, clock=None, **settings) -> tuple[Coordinat
         JobSettings(store=f"file://{tmp_path}/store", **settings),
         start=CoordinatorStart(generation=2, next_checkpoint_id=5),
         hooks=CompletionHooks(completed.append, tmp_path / "progress.jsonl"),
+        job_key=UNSIGNED,
         **({"clock": clock} if clock else {}),
     )
     return service, said, completed
@@ -154,13 +155,13 @@ def test_trigger_injects_barrier_n_into_every_ingress_partition_and_announces_it
     assert barrier.checkpoint_id == 5 and barrier.generation == 2
     assert [c for c, _ in memory.injected] == [ChannelId("orders", 0), ChannelId("orders", 1)]
     # each partition's barrier names it: a copy on the other partition is refused there
-    assert all(decode(headers, job=JOB, channel=c) == barrier for c, headers in memory.injected)
+    assert all(decode(headers, job=JOB, channel=c, key=UNSIGNED) == barrier for c, headers in memory.injected)
     with pytest.raises(BarrierRejected, match="written for channel 'orders:0'"):
-        decode(memory.injected[0][1], job=JOB, channel=ChannelId("orders", 1))
+        decode(memory.injected[0][1], job=JOB, channel=ChannelId("orders", 1), key=UNSIGNED)
     (trigger,) = memory.published
     assert trigger.kind is ControlKind.TRIGGER and trigger.checkpoint_id == 5
     assert trigger.offsets == {"orders:0": 10, "orders:1": 10}
-    assert decode(trigger.barrier_headers(), job=JOB) == barrier
+    assert decode(trigger.barrier_headers(), job=JOB, key=UNSIGNED) == barrier
     assert "abs.sig" not in trigger.barrier and "abs.channel" not in trigger.barrier
     assert service.records[5].status is CheckpointStatus.PENDING
     assert service.trigger() is None  # one pending at a time (max_concurrent=1)
@@ -385,6 +386,7 @@ def test_barriers_kafka_does_not_take_abort_the_checkpoint_without_counting_it_a
         store,
         JobSettings(store=f"file://{tmp_path}/store"),
         start=CoordinatorStart(generation=2, next_checkpoint_id=5),
+        job_key=UNSIGNED,
     )
     collector = LineCollector(logger="streaming.engine.job.coordinator").attach()
     _COLLECTORS.append(collector)

@@ -10,7 +10,7 @@ import pytest
 
 from barriers.headers import GENERATION_HEADER
 from barriers.lineage import Lineage
-from barriers.messages import Barrier, ChannelId, encode
+from barriers.messages import UNSIGNED, Barrier, ChannelId, encode
 from spark_abs_examples import money as money_example
 from spark_abs_examples.money import Balances
 from streaming.adapters.serde import codec
@@ -88,7 +88,7 @@ def checkpoint():
     ranged = [
         (10, legs(("a", 1)), arrow(0)),  # generation 0, after generation 1's cut at 9: stale
         (11, legs(("g", 2), ("a", -2)), arrow(1)),
-        (12, b"", encode(Barrier(6, job=JOB))),
+        (12, b"", encode(Barrier(6, job=JOB), key=UNSIGNED)),
     ]
     stale_lineage = Lineage().after_restore(1, {on_0: 3, on_2: 9})
     loaded = {

@@ -20,7 +20,7 @@ import threading
 import pytest
 
 from barriers.failures import CheckpointFailure
-from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions, encode
+from barriers.messages import UNSIGNED, Barrier, CancelBarrier, ChannelId, CheckpointOptions, encode
 from streaming.adapters.kafka.control.events import Abort, Announce, Complete, Trigger, announced_barrier
 from streaming.engine.task.inbox import ControlInbox
 
@@ -219,7 +219,7 @@ def test_a_barrier_without_an_alignment_timeout_waits_for_the_barriers_themselve
 
 def test_a_cancellation_in_the_announced_headers_is_not_an_announcement():
     handler = Handler()
-    headers = {name: value.decode() for name, value in encode(CancelBarrier(3, reason="gone", job=JOB))}
+    headers = {name: value.decode() for name, value in encode(CancelBarrier(3, reason="gone", job=JOB), key=UNSIGNED)}
     _inbox(handler).offer(Announce(3, "parse-0", 0, barrier=headers, offsets={"in:1": 8}))
     assert handler.calls == []
 

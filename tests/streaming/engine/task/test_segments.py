@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 
 from barriers.lineage import Lineage
-from barriers.messages import Barrier, ChannelId, encode
+from barriers.messages import UNSIGNED, Barrier, ChannelId, encode
 from streaming.engine.task.segments import Segmenter, SegmentKind, SegmentPace
 from streaming.engine.task.watermarks import watermark_headers
 
@@ -37,7 +37,7 @@ def test_runs_split_at_channels_and_at_every_control_or_watermark_record():
         [
             (0, 0, b"{}", []),
             (0, 1, b"{}", []),
-            (0, 2, b"", encode(Barrier(1, job="j"))),
+            (0, 2, b"", encode(Barrier(1, job="j"), key=UNSIGNED)),
             (0, 3, b"", watermark_headers(5, 0)),
             (0, 4, b"", watermark_headers(6, 0)),
             (0, 5, b"{}", []),
@@ -159,13 +159,13 @@ def test_a_record_whose_number_headers_are_unreadable_is_a_rejected_segment_of_i
 
 
 def test_a_barrier_with_an_unreadable_number_header_is_left_to_the_barrier_checks():
-    barrier = encode(Barrier(1, job="j")) + [("abs.wm", b"zz")]
+    barrier = encode(Barrier(1, job="j"), key=UNSIGNED) + [("abs.wm", b"zz")]
     (segment,) = Segmenter([], 0, Lineage()).cut(records([(0, 0, b"", barrier)]))
     assert segment.kind is SegmentKind.CONTROL and segment.reason == ""
 
 
 def test_records_an_operator_named_to_skip_are_dead_letters_and_barriers_among_them_stay():
-    table = records([(0, o, b"{}", []) for o in range(4)] + [(0, 4, b"", encode(Barrier(1, job="j")))])
+    table = records([(0, o, b"{}", []) for o in range(4)] + [(0, 4, b"", encode(Barrier(1, job="j"), key=UNSIGNED))])
     table = pa.concat_tables([table, records([(0, 5, b"{}", []), (1, 2, b"{}", [])])])
     segmenter = Segmenter([], 0, Lineage(), skip=[(ChannelId("t", 0), 2, 5), (ChannelId("other", 0), 0, 9)])
     cut = segmenter.cut(table)

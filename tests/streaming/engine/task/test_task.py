@@ -15,7 +15,7 @@ import pytest
 from task_cases import HEADER_TYPE, RecordedIO, batch, make_task
 
 from barriers.lineage import Lineage
-from barriers.messages import Barrier, CancelBarrier, ChannelId, CheckpointOptions
+from barriers.messages import UNSIGNED, Barrier, CancelBarrier, ChannelId, CheckpointOptions
 from operators import Chain, KeyedAggregate, count, filter_rows, map_batches, sum_
 from operators.windows import TumblingWindowAggregate
 from streaming.adapters.kafka.control.events import ControlKind, Trigger, announced_barrier
@@ -520,7 +520,7 @@ def test_held_records_past_the_memory_budget_are_read_back_from_kafka_when_relea
         counting_pipeline(),
         counting_pipeline().task("count-0"),
         io,
-        options=TaskOptions(max_segment_records=50, held_memory_bytes=budget),
+        options=TaskOptions(max_segment_records=50, held_memory_bytes=budget, job_key=UNSIGNED),
     )
     task.recover()
     task.process_batch(batch(("in", 0, 0, Barrier(1, job="job"))))

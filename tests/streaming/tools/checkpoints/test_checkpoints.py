@@ -30,7 +30,7 @@ from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Ingress, Pipeline, Sink, Stage
 from streaming.api.settings import JobSettings
 from streaming.engine.job.coordinator import CompletionHooks, CoordinatorIO, CoordinatorService
-from streaming.engine.task.stage_task import StageTask, TaskIO
+from streaming.engine.task.stage_task import StageTask, TaskIO, TaskOptions
 from streaming.errors import SnapshotMissingError
 from streaming.tools.checkpoints.inspection import Checkpoints, channel_rows, classify_channel_records, state_keys
 from streaming.tools.views import render_checkpoints, render_detail, render_diff, render_restore_plan
@@ -374,7 +374,7 @@ def _batch(*records: tuple[str, int, int, dict | Barrier]) -> pa.Table:
             "key": [None] * len(records),
             "value": [b"" if isinstance(v, Barrier) else json.dumps(v).encode() for _, _, _, v in records],
             "headers": [
-                [{"key": k, "value": h} for k, h in encode(v)] if isinstance(v, Barrier) else []
+                [{"key": k, "value": h} for k, h in encode(v, key=UNSIGNED)] if isinstance(v, Barrier) else []
                 for _, _, _, v in records
             ],
             "timestamp": [None] * len(records),
@@ -410,6 +410,7 @@ def test_a_checkpoint_written_now_stores_names_and_shows_the_same_words(tmp_path
             store=f"file://{tmp_path}/now", mode="aligned-timeout", alignment_timeout_ms=200, held_bytes_budget=1000000
         ),
         hooks=CompletionHooks(progress_log=tmp_path / "checkpoints.jsonl"),
+        job_key=UNSIGNED,
     )
     barrier = coordinator.trigger()
     tasks = [
@@ -424,6 +425,7 @@ def test_a_checkpoint_written_now_stores_names_and_shows_the_same_words(tmp_path
                 write_snapshot=store.write_task,
                 stage_epoch=lambda epoch, rows: None,
             ),
+            options=TaskOptions(job_key=UNSIGNED),
         )
         for name in ("count-0", "count-1")
     ]
