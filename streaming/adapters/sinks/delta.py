@@ -2,7 +2,16 @@
 commit with the task's application transaction at the epoch's number (a
 commit again writes nothing), rows naming their task and epoch
 (``DELTA_COLUMNS``), output after a restored checkpoint deleted.
-``read_delta_output`` reads the table without the sink's columns."""
+``read_delta_output`` reads the table without the sink's columns.
+
+Each commit that sets the transaction's version also carries, in its
+commit info, the version and its signature under the job's key
+(``abs.txn``, ``abs.txn.sig``).  Before the sink takes an epoch as
+committed because the table's version says so, it finds the commit that
+vouches for that version; when none does (someone without the key raised
+it, so that every later epoch would look committed and be dropped), the
+sink stops with a ``SinkError`` naming the version, instead of losing the
+epochs."""
 
 from __future__ import annotations
 
@@ -17,9 +26,11 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, SchemaMismatchError
 
 from barriers.headers import EPOCH_HEADER
+from barriers.messages import Unsigned
 from streaming.adapters.objects import StoreLocation
 from streaming.adapters.sinks.base import TwoPhaseSink
 from streaming.api.config import Connection
+from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Sink
 from streaming.errors import ConfigError, SinkError, StoreError
 from streaming.waits import WaitTimeout, retry
@@ -31,6 +42,12 @@ log = logging.getLogger(__name__)
 
 # the columns a Delta sink adds to every row: the sink task and the epoch that wrote it
 DELTA_COLUMNS = ("_abs_task", "_abs_epoch")
+
+
+# the commit info members that vouch for a transaction's version (DeltaSink._vouching)
+TXN_MEMBER, TXN_SIGNATURE_MEMBER = "abs.txn", "abs.txn.sig"
+# how far back in the table's history the commit that set a version is looked for
+_VOUCHING_COMMITS = 2000
 
 
 # Delta commits that lose a race with another task's commit (delta-rs retries plain appends
@@ -80,11 +97,15 @@ class DeltaSink(TwoPhaseSink):
         table_uri: str,
         app_id: str,
         storage_options: dict[str, str],
+        key: JobKey | Unsigned,
         writer: str | None = None,
     ):
         super().__init__(staging, task_id)
         self.table_uri = table_uri
         self.app_id = app_id
+        # signs each version of the transaction it sets (UNSIGNED, said explicitly: tests only)
+        self._key = None if isinstance(key, Unsigned) else key
+        self._vouched: set[int] = set()
         # what the rows' _abs_task says: the job and the task, so that tables shared by jobs keep them apart
         self.writer = writer or task_id
         self._options = storage_options
@@ -111,7 +132,43 @@ class DeltaSink(TwoPhaseSink):
 
     def _committed(self, epoch: int) -> bool:
         version = self.committed_version()
-        return version is not None and version >= epoch
+        if version is None or version < epoch:
+            return False
+        self._check_vouched(version)
+        return True
+
+    def _vouching(self, version: int) -> dict[str, str]:
+        """The commit info members that vouch for the transaction's ``version``."""
+        if self._key is None:
+            return {}
+        signature = self._key.sign(b"delta-txn", self.app_id.encode(), str(version).encode())
+        return {TXN_MEMBER: f"{self.app_id}:{version}", TXN_SIGNATURE_MEMBER: signature}
+
+    def _check_vouched(self, version: int) -> None:
+        """A ``SinkError`` unless a commit of the table signed with the job's key set the
+        transaction to ``version`` (looked for among the newest ``_VOUCHING_COMMITS``)."""
+        if self._key is None or version in self._vouched:
+            return
+        table = self._loaded()
+        wanted = f"{self.app_id}:{version}"
+        try:
+            history = [] if table is None else table.history(_VOUCHING_COMMITS)
+        except (OSError, DeltaError) as exc:
+            raise StoreError(
+                f"sink task {self.task_id}: reading the history of {self.table_uri} failed: {exc}"
+            ) from exc
+        for commit in history:
+            if commit.get(TXN_MEMBER) == wanted and self._key.verify(
+                commit.get(TXN_SIGNATURE_MEMBER), b"delta-txn", self.app_id.encode(), str(version).encode()
+            ):
+                self._vouched.add(version)
+                return
+        raise SinkError(
+            f"sink task {self.task_id}: Delta table {self.table_uri} says application transaction {self.app_id} "
+            f"is at version {version}, but no commit signed with the job's key set it: someone without the key "
+            "wrote the table's log, and every epoch up to that version would look committed and be dropped. "
+            "Take that commit out of the table (restore the table to an earlier version) and start the job again"
+        )
 
     def _committed_elsewhere(self, epoch: int) -> bool:
         return self._committed(epoch)
@@ -124,7 +181,7 @@ class DeltaSink(TwoPhaseSink):
         rows = rows.append_column(DELTA_COLUMNS[1], pa.array([epoch] * rows.num_rows, pa.int64()))
         properties = CommitProperties(
             app_transactions=[Transaction(self.app_id, epoch)],
-            custom_metadata={EPOCH_HEADER: self._marker(epoch)},
+            custom_metadata={EPOCH_HEADER: self._marker(epoch), **self._vouching(epoch)},
         )
 
         def append() -> None:
@@ -151,7 +208,9 @@ class DeltaSink(TwoPhaseSink):
         if table is None or version is None or version <= checkpoint:
             return [], []
         epochs = self._epochs_after(table, checkpoint)
-        back = CommitProperties(app_transactions=[Transaction(self.app_id, checkpoint)])
+        back = CommitProperties(
+            app_transactions=[Transaction(self.app_id, checkpoint)], custom_metadata=self._vouching(checkpoint)
+        )
         writer = self.writer.replace("'", "''")
         predicate = f"{DELTA_COLUMNS[0]} = '{writer}' AND {DELTA_COLUMNS[1]} > {int(checkpoint)}"
 

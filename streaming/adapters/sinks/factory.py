@@ -58,6 +58,7 @@ def open_sink(
             table_uri=uri,
             app_id=f"spark-abs/{job}/{task}",
             storage_options=delta_storage_options(uri, connection),
+            key=key,
             writer=f"{job}/{task}",
         )
     if sink.kind is SinkKind.KAFKA:

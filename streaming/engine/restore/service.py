@@ -72,6 +72,9 @@ __all__ = ["RESTORE_CAUSES", "RestoreRecord", "RestorePlan", "RestoreService", "
 
 log = logging.getLogger(__name__)
 
+# the sinks that sign what they commit (a Kafka sink's markers, a Delta sink's versions)
+_SIGNING_SINKS = (SinkKind.KAFKA, SinkKind.DELTA)
+
 # why a job restores: the stable word the store's ``_JOB.json`` and the restores metric keep, and
 # what it says to a person
 RESTORE_CAUSES = {
@@ -391,7 +394,7 @@ class RestoreService:
                 delivery_timeout_s=self.settings.delivery_timeout_s,
                 kafka_client=self.settings.kafka_sink_client,
                 # a Kafka sink's commit markers are signed with the job's key
-                key=job_key(self.connection, self.job) if stage.sink.kind is SinkKind.KAFKA else UNSIGNED,
+                key=job_key(self.connection, self.job) if stage.sink.kind in _SIGNING_SINKS else UNSIGNED,
             )
             try:
                 sink.recover(source)

@@ -11,7 +11,7 @@ import threading
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from barriers.messages import UNSIGNED
 from streaming import read_delta_output  # what a user reads output with
@@ -20,6 +20,7 @@ from streaming.adapters.sinks.base import Recovery
 from streaming.adapters.sinks.delta import DELTA_COLUMNS, DeltaSink, delta_storage_options
 from streaming.adapters.sinks.factory import open_sink
 from streaming.api.config import KafkaAccess
+from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Sink
 from streaming.errors import SinkError
 
@@ -34,7 +35,7 @@ def place(request, tmp_path, unique_name):
     return open_store(f"{root}/sink", connection), f"{root}/table", connection
 
 
-def _sink(place, task: str = "task-0", job: str = "j") -> DeltaSink:
+def _sink(place, task: str = "task-0", job: str = "j", key=UNSIGNED) -> DeltaSink:
     location, table, connection = place
     sink = open_sink(
         Sink("delta", table=table),
@@ -43,7 +44,7 @@ def _sink(place, task: str = "task-0", job: str = "j") -> DeltaSink:
         job=job,
         kafka=KafkaAccess("unused:9092"),
         connection=connection,
-        key=UNSIGNED,
+        key=key,
     )
     assert isinstance(sink, DeltaSink)
     return sink
@@ -212,3 +213,36 @@ def test_where_each_sink_commits_its_output_is_said(tmp_path):
 
 
 READER_FOR_SAY = {"type": "record", "name": "Out", "fields": [{"name": "k", "type": "string"}]}
+
+
+def test_a_transaction_version_raised_by_a_writer_without_the_key_stops_the_sink_instead_of_dropping_epochs(
+    tmp_path, epoch_rows
+):
+    """A writer of the table's log appends a commit setting the sink task's application
+    transaction to 1,000,000: every later epoch would look committed and be skipped.  The
+    sink's own versions are signed in their commit info; this one is not, and the sink stops
+    saying so.  A sink without the key (UNSIGNED) takes the version as it is."""
+    place = (open_store(str(tmp_path / "sink")), str(tmp_path / "table"), None)
+    key = JobKey.derive("s" * 32, "j", cluster="test-cluster")
+    sink = _sink(place, key=key)
+    sink.stage(1, epoch_rows(1))
+    assert sink.commit(1) is True
+    sink.stage(2, epoch_rows(2))
+    write_deltalake(
+        str(tmp_path / "table"),
+        pa.table({"value": ["forged"]}),
+        mode="append",
+        schema_mode="merge",
+        commit_properties=CommitProperties(app_transactions=[Transaction("spark-abs/j/task-0", 1_000_000)]),
+    )
+    with pytest.raises(SinkError, match="is at version 1000000, but no commit signed with the job's key set it"):
+        sink.commit(2)
+    assert _values(place) == ["1:0", "1:1", "1:2", "forged"]  # epoch 2 neither written nor dropped as committed
+    # the sink's own version, signed, is taken: a sink again after a restart finds epoch 1 committed
+    again = _sink((place[0], str(tmp_path / "other-table"), None), key=key)
+    again.stage(1, epoch_rows(1))
+    assert again.commit(1) is True and again.commit(1) is False
+    # without the key (unit tests only), the version is taken as it is: epoch 2 looks committed
+    unsigned = _sink(place)
+    unsigned.stage(2, epoch_rows(2))
+    assert unsigned.commit(2) is False
