@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -35,6 +36,47 @@ def test_topics_are_replicated_on_three_brokers(cluster, unique_name):
         admin.close()
     assert [len(p["replica_nodes"]) for p in described["partitions"]] == [3, 3]
     assert configs["topic"][unique_name]["min.insync.replicas"]["value"] == "2"
+
+
+_MEMBER = """
+import sys
+from streaming.adapters.spark.session import spark_session
+from streaming.api.config import Connection, LocalRuntimeSettings
+connection = Connection.load(LocalRuntimeSettings.cluster())
+spark = spark_session(connection.spark_settings(app_name="member"), LocalRuntimeSettings.cluster())
+assert spark.range(10).count() == 10
+print("ran", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_driver_with_the_secret_runs_and_no_command_line_of_the_machine_shows_the_secret(cluster, runtime_settings):
+    """pyspark puts every option it is given on the command line of the JVM it launches, which
+    any user of the machine reads: the secret is set in the running JVM instead."""
+    _, connection = cluster
+    secret = Path(connection.spark_secret_file).read_text().strip()
+    env = {"SPARK_ABS_HOME": str(runtime_settings.home), "PATH": "/usr/bin:/bin", "HOME": str(runtime_settings.home)}
+    member = subprocess.Popen(
+        [sys.executable, "-c", _MEMBER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        assert member.stdout is not None and member.stdout.readline().strip() == "ran"
+        lines = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                lines.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue
+        assert any("spark-submit" in line or "SparkSubmit" in line for line in lines)  # the driver's JVM is there
+        assert not [line for line in lines if secret in line]
+    finally:
+        member.kill()
+        member.wait(10)
 
 
 _STRANGER = """

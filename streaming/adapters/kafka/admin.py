@@ -64,6 +64,10 @@ def cluster_id(kafka: KafkaAccess, timeout_s: float = 15.0) -> str:
     admin = admin_client(kafka, timeout_s)
     try:
         found = admin.describe_cluster().get("cluster_id") or ""
+    except KafkaError as exc:  # a broker that went away between the connection and the answer
+        raise refusal(
+            kafka, exc, "to describe the cluster", f"asking Kafka at {kafka} for its cluster id failed"
+        ) from exc
     finally:
         admin.close()
     if not found:

@@ -104,6 +104,8 @@ class DeltaSink(TwoPhaseSink):
         self.table_uri = table_uri
         self.app_id = app_id
         # signs each version of the transaction it sets (UNSIGNED, said explicitly: tests only)
+        if not isinstance(key, JobKey | Unsigned):
+            raise TypeError("a Delta sink's key is the job's key (JobKey), or UNSIGNED said explicitly")
         self._key = None if isinstance(key, Unsigned) else key
         self._vouched: set[int] = set()
         # what the rows' _abs_task says: the job and the task, so that tables shared by jobs keep them apart

@@ -56,6 +56,11 @@ REDACTION = r"(?i)secret|password|token|access[.]?key|keystore[.]key|PRIVATE KEY
 # what a master elsewhere must run with when the session's options hold secrets
 RPC_PROTECTION = ("spark.authenticate", "spark.network.crypto.enabled")
 
+# options that never go on the command line launching Spark's JVM (pyspark passes every option
+# it is given there as --conf, which any user of the machine reads in /proc/<pid>/cmdline): they
+# are set in the JVM's SparkConf once it runs
+SECRET_CONF = ("spark.authenticate.secret",)
+
 
 _LOOPBACK_HOST = re.compile(r"localhost|127(\.\d{1,3}){3}|\[::1\]")
 
@@ -155,9 +160,8 @@ def _refuse_unprotected_rpc(settings: SparkSettings, conf: dict[str, str]) -> No
     (spark-defaults.conf, as the launched JVM read them) under ``conf``."""
     if not unprotected_rpc(settings, conf):
         return
-    from pyspark import SparkConf, SparkContext
+    from pyspark import SparkConf
 
-    SparkContext._ensure_initialized()
     missing = unprotected_rpc(settings, {**dict(SparkConf().getAll()), **conf})
     if missing:
         raise ConfigError(
@@ -167,6 +171,20 @@ def _refuse_unprotected_rpc(settings: SparkSettings, conf: dict[str, str]) -> No
             f"workers too) with a shared secret ({ENV['spark_secret_file']}, or spark.authenticate.secret); "
             "see docs/operations/security.md"
         )
+
+
+def _launch_without_secrets(conf: dict[str, str]) -> None:
+    """Start Spark's JVM (once per process) with ``conf`` on its command line but for
+    ``SECRET_CONF``: the session then sets those in the running JVM's conf."""
+    from pyspark import SparkConf, SparkContext
+
+    if SparkContext._gateway is not None:
+        return
+    public = SparkConf(loadDefaults=False)
+    for key, value in conf.items():
+        if key not in SECRET_CONF:
+            public.set(key, value)
+    SparkContext._ensure_initialized(conf=public)
 
 
 def spark_session(
@@ -198,6 +216,7 @@ def spark_session(
         # the Spark UI binds SPARK_LOCAL_IP, not spark.driver.bindAddress: every interface without it
         os.environ.setdefault("SPARK_LOCAL_IP", LOCAL_DRIVER_ADDRESS)
     conf = spark_conf(settings, jars)
+    _launch_without_secrets(conf)
     _refuse_unprotected_rpc(settings, conf)
     builder = SparkSession.builder.master(master_url(settings.master)).appName(settings.app_name)
     for key, value in conf.items():

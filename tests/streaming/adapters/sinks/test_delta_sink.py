@@ -242,6 +242,8 @@ def test_a_transaction_version_raised_by_a_writer_without_the_key_stops_the_sink
     again = _sink((place[0], str(tmp_path / "other-table"), None), key=key)
     again.stage(1, epoch_rows(1))
     assert again.commit(1) is True and again.commit(1) is False
+    with pytest.raises(TypeError, match="UNSIGNED said explicitly"):
+        _sink(place, key=None)  # a key left out is no unsigned sink
     # without the key (unit tests only), the version is taken as it is: epoch 2 looks committed
     unsigned = _sink(place)
     unsigned.stage(2, epoch_rows(2))
