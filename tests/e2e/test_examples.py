@@ -95,7 +95,8 @@ def test_every_example_survives_a_kill_and_gives_its_spark_sql_reference(
         while not runner.restores and time.monotonic() < deadline:
             runner.step()
         # what the first restore read (retention may delete it before the end)
-        restored = runner.store.read_manifest(runner.restores[0].checkpoint_id) if runner.restores else None
+        first = runner.restores[0].checkpoint_id if runner.restores else None
+        restored = runner.store.read_manifest(first) if first is not None else None
         while len(runner.restores) < 2 and time.monotonic() < deadline:
             runner.step()
         # before any input ends, windows close: the quiet orders partition and the table hold nothing back

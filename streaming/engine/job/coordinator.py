@@ -575,6 +575,11 @@ class CoordinatorService:
                 return  # a copy of one read already (or unnumbered): neither news nor a sign of life
             self._progress_numbers[event.task] = event.sequence
             self.heard_at[event.task] = self.clock()
+        elif isinstance(event, Ready) and event.task in self.readiness.tasks and event.task not in self.heard_at:
+            # a task's first word: its silence counts from here until it says its progress (a Spark
+            # application's first micro-batch may come more than the heartbeat timeout after launch);
+            # a copy of a Ready read already is no sign of life
+            self.heard_at[event.task] = self.clock()
         if isinstance(event, (Ready, Progress, Replayed)):
             self.readiness.handle(event)
         elif isinstance(event, Committed):

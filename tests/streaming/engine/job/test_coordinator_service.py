@@ -424,6 +424,15 @@ def test_only_a_tasks_newer_progress_is_a_sign_of_life(store, tmp_path):
     clock = Clock()
     memory = MemoryIO()
     service, _, _ = _service(store, memory, tmp_path, clock=clock)
+    # its Ready is its first word, once: silence counts from there, and a copy refreshes nothing
+    ready = Ready(task="count-0", generation=2)
+    memory.inbox = [ready]
+    service.poll()
+    assert service.heard_at == {"count-0": clock.now}
+    clock.now += 10
+    memory.inbox = [ready]
+    service.poll()
+    assert service.heard_at == {"count-0": clock.now - 10}
     progress = Progress(task="count-0", generation=2, positions={"orders:0": 4}, sequence=1)
     memory.inbox = [progress]
     service.poll()
