@@ -25,7 +25,7 @@ from pathlib import Path
 from streaming.errors import ConfigError
 from streaming.private_files import read_private, write_private
 
-__all__ = ["JobKey", "MIN_SECRET_CHARS", "generate_secret", "read_secret_file", "write_secret_file"]
+__all__ = ["JobKey", "MIN_SECRET_CHARS", "generate_secret", "kept_secret", "read_secret_file", "write_secret_file"]
 
 # a secret shorter than this is refused: it could be guessed
 MIN_SECRET_CHARS = 32
@@ -53,6 +53,14 @@ def read_secret_file(path: Path, what: str = "the job secret file") -> str:
     that only its owner can read or write (``read_private``: a ``ConfigError``
     that says how to fix it)."""
     return read_private(path, what).strip()
+
+
+def kept_secret(path: Path, what: str = "the job secret file") -> str:
+    """The secret in ``path``: generated there on first use (``write_secret_file``), then kept and
+    read back checked (``read_secret_file``)."""
+    if not path.exists():
+        write_secret_file(path, generate_secret())
+    return read_secret_file(path, what)
 
 
 def write_secret_file(path: Path, secret: str) -> None:

@@ -34,7 +34,7 @@ from streaming.adapters.kafka.acls import Grant
 from streaming.adapters.objects import ensure_bucket
 from streaming.adapters.spark import jars
 from streaming.api.config import Connection, LocalRuntimeSettings
-from streaming.api.job_key import generate_secret, read_secret_file, write_secret_file
+from streaming.api.job_key import kept_secret
 from streaming.api.pipeline import Pipeline
 from streaming.errors import ConfigError, RuntimeNotRunningError
 from streaming.local import artifacts, kafka_broker, processes, s3_server, schema_registry, spark_cluster
@@ -235,11 +235,8 @@ class LocalRuntime:
     def _job_secret(self) -> Path:
         """The file of the runtime's job secret: generated on first start (readable by its owner only),
         then kept; checked."""
-        path = self.settings.job_secret_file
-        if not path.exists():
-            write_secret_file(path, generate_secret())
-        read_secret_file(path)
-        return path
+        kept_secret(self.settings.job_secret_file)
+        return self.settings.job_secret_file
 
     def _write_connection(self, connection: Connection, ports: dict[str, int]) -> None:
         """The connection file, its owner's alone (it names credentials)."""

@@ -32,7 +32,7 @@ from xml.sax.saxutils import escape
 
 from streaming.adapters.spark.jars import COMPLETE, MAVEN_CENTRAL, maven_errors, maven_settings, require_tool
 from streaming.api.config import ENV
-from streaming.api.job_key import generate_secret, read_secret_file, write_secret_file
+from streaming.api.job_key import kept_secret
 from streaming.errors import ArtifactResolutionError
 from streaming.local import processes
 from streaming.local.processes import ServiceSpec
@@ -64,10 +64,7 @@ def password_file(runtime_dir: Path) -> Path:
 
 def password(runtime_dir: Path) -> str:
     """The registry user's password: generated on first use, its owner's alone, then kept."""
-    path = password_file(runtime_dir)
-    if not path.exists():
-        write_secret_file(path, generate_secret())
-    return read_secret_file(path, "the schema registry's password file")
+    return kept_secret(password_file(runtime_dir), "the schema registry's password file")
 
 
 def server_spec(

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pyspark
 
-from streaming.api.job_key import generate_secret, read_secret_file, write_secret_file
+from streaming.api.job_key import kept_secret
 from streaming.errors import ServiceStartError
 from streaming.local import processes
 from streaming.local.processes import ServiceSpec
@@ -75,10 +75,7 @@ def secret_file(runtime_dir: Path) -> Path:
 
 def _secret(runtime_dir: Path) -> str:
     """The cluster's secret: generated on first start, its owner's alone, then kept."""
-    path = secret_file(runtime_dir)
-    if not path.exists():
-        write_secret_file(path, generate_secret())
-    return read_secret_file(path, "the Spark cluster's secret file")
+    return kept_secret(secret_file(runtime_dir), "the Spark cluster's secret file")
 
 
 def daemon_conf(secret: str) -> dict[str, str]:
