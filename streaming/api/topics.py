@@ -10,6 +10,11 @@
 - ``<topic>.commits``: a Kafka sink's commit markers, beside the sink's
   own topic (``commits_topic``).
 
+A Kafka sink task's transactional id is named the same way,
+``spark-abs.<job>.<task>`` (``transactional_id``): a job's name has no dot,
+so the prefix ``spark-abs.<job>.`` (``job_prefix``) an ACL grants covers
+the job's own topics and transactional ids and no other job's.
+
 Ingress topics and a Kafka sink's topic are the user's, named in the
 pipeline."""
 
@@ -21,7 +26,9 @@ __all__ = [
     "control_topic",
     "control_topic_job",
     "dead_letter_topic",
+    "job_prefix",
     "stage_topic",
+    "transactional_id",
     "writer_of",
 ]
 
@@ -31,21 +38,27 @@ _CONTROL = ".control"
 _GENERATION = ".g"
 
 
-def _job_prefix(job: str) -> str:
+def job_prefix(job: str) -> str:
+    """What every topic and transactional id of job ``job``'s own starts with."""
     return f"{PREFIX}{job}."
+
+
+def transactional_id(job: str, task: str) -> str:
+    """The transactional id of job ``job``'s Kafka sink task ``task``."""
+    return f"{job_prefix(job)}{task}"
 
 
 def stage_topic(job: str, stage: str, generation: int | None = None) -> str:
     """The topic of ``stage``'s output in job ``job``; with ``generation``,
     the one a rescale or a change made in that generation."""
-    base = f"{_job_prefix(job)}{stage}"
+    base = f"{job_prefix(job)}{stage}"
     return base if generation is None else f"{base}{_GENERATION}{generation}"
 
 
 def writer_of(topic: str, job: str) -> str | None:
     """The stage whose output ``topic`` is (``stage_topic``'s either form);
     None for a topic of no stage (an ingress topic)."""
-    prefix = _job_prefix(job)
+    prefix = job_prefix(job)
     if not topic.startswith(prefix):
         return None
     name = topic[len(prefix) :]
@@ -69,7 +82,7 @@ def control_topic_job(topic: str) -> str | None:
 
 def dead_letter_topic(job: str) -> str:
     """Job ``job``'s dead-letter topic."""
-    return f"{_job_prefix(job)}dead-letters"
+    return f"{job_prefix(job)}dead-letters"
 
 
 def commits_topic(sink_topic: str) -> str:

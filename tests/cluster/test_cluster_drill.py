@@ -5,7 +5,9 @@ master), one failure of each cluster kind (a Kafka node of three, a Spark
 worker, the group's member without and with a standby, the runner of a
 remote member), each recovered as its kind must (no restore for a node, a
 restore for the group or the runner, the standby or a new worker running the
-group, the same member after the runner, in the same process), the output
+group, the same member after the runner, in the same process, though every old
+heartbeat was appended to the control topic again after the runner
+restarted: a dead worker's ones make it no member), the output
 equal to the reference for every window, each once, and the runner's last
 lease stopping the member's tasks when the job ends.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.request
 
 import pytest
@@ -83,6 +86,9 @@ def test_a_short_cluster_drill_strikes_each_cluster_kind_once_and_passes(cluster
     assert "a new worker" in outcomes[FailureKind.GROUP].note
     kept = "the member kept" if len(groups) == 1 else f"the {len(groups)} members kept"
     assert kept in outcomes[FailureKind.RUNNER_REMOTE].note
+    # the latest heartbeats of the member and of the workers killed before, appended again after the restart
+    copies = re.search(r"(\d+) old heartbeats of (\d+) worker", outcomes[FailureKind.RUNNER_REMOTE].note)
+    assert copies and int(copies[2]) >= 2, outcomes[FailureKind.RUNNER_REMOTE].note
     assert "waits as standby" in runner_log and "went silent" in runner_log
     failed = {o.expectation for suite in report.checks for o in suite.outcomes if not o.success}
     assert failed == set() and run.passed, said

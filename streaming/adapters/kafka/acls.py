@@ -6,8 +6,8 @@ Prefixed where the job names its own resources, literal where the
 pipeline names someone else's:
 
 - topics ``spark-abs.<job>.`` (internal topics, control topic, dead
-  letters) and transactional ids ``spark-abs-<job>-`` (the Kafka sink's):
-  prefixed;
+  letters) and transactional ids ``spark-abs.<job>.`` (the Kafka sink's):
+  prefixed (a job's name has no dot: no other job's name starts so);
 - each ingress topic: Create, Describe, DescribeConfigs, Read and Write
   (the runner appends its barriers to the ingress partitions);
 - a Kafka sink's topic and its ``.commits`` topic: Create, Describe,
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from streaming.adapters.kafka import clients
 from streaming.api.config import KafkaAccess
 from streaming.api.pipeline import Pipeline, SinkKind
-from streaming.api.topics import PREFIX, commits_topic
+from streaming.api.topics import commits_topic, job_prefix
 from streaming.errors import ConfigError
 
 __all__ = ["Grant", "grant", "job_grants", "revoke"]
@@ -73,8 +73,8 @@ def job_grants(pipeline: Pipeline, *, cleanup: bool = False) -> list[Grant]:
     job = pipeline.job
     extra = _CLEANUP if cleanup else ()
     grants = [
-        Grant("TOPIC", f"{PREFIX}{job}.", (*_CREATE_AND_READ, "WRITE", *extra), prefixed=True),
-        Grant("TRANSACTIONAL_ID", f"spark-abs-{job}-", ("DESCRIBE", "WRITE"), prefixed=True),
+        Grant("TOPIC", job_prefix(job), (*_CREATE_AND_READ, "WRITE", *extra), prefixed=True),
+        Grant("TRANSACTIONAL_ID", job_prefix(job), ("DESCRIBE", "WRITE"), prefixed=True),
         *(Grant("GROUP", group, ("DESCRIBE", "READ"), prefixed=True) for group in SPARK_GROUPS),
         Grant("CLUSTER", CLUSTER, ("DESCRIBE", "IDEMPOTENT_WRITE")),
     ]

@@ -5,12 +5,20 @@ commit again writes nothing), rows naming their task and epoch
 ``read_delta_output`` reads the table without the sink's columns.
 
 Each commit that sets the transaction's version also carries, in its
-commit info, the version and its signature under the job's key
-(``abs.txn``, ``abs.txn.sig``).  Before the sink takes an epoch as
-committed because the table's version says so, it finds the commit that
-vouches for that version; when none does (someone without the key raised
-it, so that every later epoch would look committed and be dropped), the
-sink stops with a ``SinkError`` naming the version, instead of losing the
+commit info, the version, the job's generation that set it and their
+signature under the job's key (``abs.txn``, ``abs.txn.gen``,
+``abs.txn.sig``).  Within a generation the sink only raises the version;
+a restore's new generation may set it back (taking later epochs back).
+So the newest signed commit of the sink's transaction must carry the
+highest (generation, version) of all its signed commits, and the version
+the table reports.  Before the sink takes the table's version as the truth
+(an epoch committed because the version says so, output taken back after
+a restore), it checks that; when it does not hold, someone without the key
+wrote the table's log (a version raised, so that every later epoch would
+look committed and be dropped; or an older signed commit copied, setting
+the version back to one a restore took back, or back within a
+generation, so that epochs would be written twice), and the sink stops
+with a ``SinkError`` naming the version, instead of losing or repeating
 epochs."""
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ DELTA_COLUMNS = ("_abs_task", "_abs_epoch")
 
 
 # the commit info members that vouch for a transaction's version (DeltaSink._vouching)
-TXN_MEMBER, TXN_SIGNATURE_MEMBER = "abs.txn", "abs.txn.sig"
+TXN_MEMBER, TXN_GENERATION_MEMBER, TXN_SIGNATURE_MEMBER = "abs.txn", "abs.txn.gen", "abs.txn.sig"
 # how far back in the table's history the commit that set a version is looked for
 _VOUCHING_COMMITS = 2000
 
@@ -98,6 +106,7 @@ class DeltaSink(TwoPhaseSink):
         app_id: str,
         storage_options: dict[str, str],
         key: JobKey | Unsigned,
+        generation: int,
         writer: str | None = None,
     ):
         super().__init__(staging, task_id)
@@ -107,7 +116,9 @@ class DeltaSink(TwoPhaseSink):
         if not isinstance(key, JobKey | Unsigned):
             raise TypeError("a Delta sink's key is the job's key (JobKey), or UNSIGNED said explicitly")
         self._key = None if isinstance(key, Unsigned) else key
-        self._vouched: set[int] = set()
+        self.generation = generation  # the job's generation this sink writes in
+        # (the table's log version, the transaction's version) last found vouched for
+        self._vouched: tuple[int, int] | None = None
         # what the rows' _abs_task says: the job and the task, so that tables shared by jobs keep them apart
         self.writer = writer or task_id
         self._options = storage_options
@@ -139,38 +150,79 @@ class DeltaSink(TwoPhaseSink):
         self._check_vouched(version)
         return True
 
+    def _signed(self, version: int, generation: int) -> str:
+        assert self._key is not None
+        return self._key.sign(b"delta-txn", self.app_id.encode(), str(version).encode(), str(generation).encode())
+
     def _vouching(self, version: int) -> dict[str, str]:
-        """The commit info members that vouch for the transaction's ``version``."""
+        """The commit info members that vouch for the transaction's ``version``, set in this generation."""
         if self._key is None:
             return {}
-        signature = self._key.sign(b"delta-txn", self.app_id.encode(), str(version).encode())
-        return {TXN_MEMBER: f"{self.app_id}:{version}", TXN_SIGNATURE_MEMBER: signature}
+        return {
+            TXN_MEMBER: f"{self.app_id}:{version}",
+            TXN_GENERATION_MEMBER: str(self.generation),
+            TXN_SIGNATURE_MEMBER: self._signed(version, self.generation),
+        }
+
+    def _vouched_by(self, commit: dict) -> tuple[int, int] | None:
+        """(generation, version) a commit's info vouches for, of this sink's transaction; None when
+        it vouches for none (another task's, none at all, or not signed with the job's key)."""
+        said, generation = commit.get(TXN_MEMBER), commit.get(TXN_GENERATION_MEMBER)
+        prefix = f"{self.app_id}:"
+        if not isinstance(said, str) or not said.startswith(prefix) or not isinstance(generation, str):
+            return None
+        try:
+            found = (int(generation), int(said[len(prefix) :]))
+        except ValueError:
+            return None
+        assert self._key is not None
+        signature = commit.get(TXN_SIGNATURE_MEMBER)
+        if not isinstance(signature, str) or not self._key.verify(
+            signature, b"delta-txn", self.app_id.encode(), str(found[1]).encode(), str(found[0]).encode()
+        ):
+            return None
+        return found
 
     def _check_vouched(self, version: int) -> None:
-        """A ``SinkError`` unless a commit of the table signed with the job's key set the
-        transaction to ``version`` (looked for among the newest ``_VOUCHING_COMMITS``)."""
-        if self._key is None or version in self._vouched:
+        """A ``SinkError`` unless the newest commit of the table signed with the job's key for
+        this transaction set it to ``version``, and no older one carries a higher (generation,
+        version) (among the newest ``_VOUCHING_COMMITS`` commits)."""
+        if self._key is None:
             return
         table = self._loaded()
-        wanted = f"{self.app_id}:{version}"
+        if table is None:
+            return
+        if self._vouched == (table.version(), version):
+            return
         try:
-            history = [] if table is None else table.history(_VOUCHING_COMMITS)
+            history = table.history(_VOUCHING_COMMITS)  # newest first
         except (OSError, DeltaError) as exc:
             raise StoreError(
                 f"sink task {self.task_id}: reading the history of {self.table_uri} failed: {exc}"
             ) from exc
-        for commit in history:
-            if commit.get(TXN_MEMBER) == wanted and self._key.verify(
-                commit.get(TXN_SIGNATURE_MEMBER), b"delta-txn", self.app_id.encode(), str(version).encode()
-            ):
-                self._vouched.add(version)
-                return
-        raise SinkError(
+        vouched = [found for found in map(self._vouched_by, history) if found is not None]
+        said = (
             f"sink task {self.task_id}: Delta table {self.table_uri} says application transaction {self.app_id} "
-            f"is at version {version}, but no commit signed with the job's key set it: someone without the key "
-            "wrote the table's log, and every epoch up to that version would look committed and be dropped. "
-            "Take that commit out of the table (restore the table to an earlier version) and start the job again"
+            f"is at version {version}, but "
         )
+        fix = (
+            "Take the commits after the sink's last signed one out of the table (restore the table to that "
+            "version) and start the job again"
+        )
+        if not vouched or vouched[0][1] != version:
+            raise SinkError(
+                said + "no commit signed with the job's key set it: someone without the key wrote the table's "
+                "log, and every epoch up to that version would look committed and be dropped (or, set back, "
+                "be written twice). " + fix
+            )
+        if vouched[0] < max(vouched):
+            raise SinkError(
+                said + f"the commit that set it copies the signed commit info of generation {vouched[0][0]}, "
+                f"older than a later commit's (generation {max(vouched)[0]}, version {max(vouched)[1]}): someone "
+                "without the key set the version back to one the sink set before, so that epochs would be "
+                "dropped as committed or written twice. " + fix
+            )
+        self._vouched = (table.version(), version)
 
     def _committed_elsewhere(self, epoch: int) -> bool:
         return self._committed(epoch)
@@ -207,6 +259,8 @@ class DeltaSink(TwoPhaseSink):
         same commit (so epochs numbered again after it are written again)."""
         table = self._loaded()
         version = None if table is None else table.transaction_version(self.app_id)
+        if version is not None:
+            self._check_vouched(version)  # a version set back by a copied commit would leave epochs behind
         if table is None or version is None or version <= checkpoint:
             return [], []
         epochs = self._epochs_after(table, checkpoint)

@@ -17,7 +17,7 @@ from streaming.adapters.snapshots.jobs import JobHistory
 from streaming.adapters.snapshots.layout import Layout
 from streaming.adapters.snapshots.reading import SnapshotReader
 from streaming.adapters.snapshots.retention import Retention, RetentionPlan
-from streaming.adapters.snapshots.signing import StoreSigner, Unsigned
+from streaming.adapters.snapshots.signing import UNSIGNED, StoreSigner, Unsigned
 from streaming.adapters.snapshots.verify import NewestVerified, Verifier
 from streaming.adapters.snapshots.writing import SnapshotWriter, TaskParts
 from streaming.errors import ConfigError
@@ -52,6 +52,7 @@ class SnapshotStore:
             raise ConfigError(f"upload_threads must be at least 1, got {upload_threads}")
         self.location = location
         self.job = job
+        self.signed = key is not UNSIGNED  # the job's files are signed and verified
         self.files = ObjectFiles(location, "snapshot store")
         # location.uri is canonical (open_store: a resolved directory, or bucket/prefix)
         signer = StoreSigner(job, key, location.uri)

@@ -41,7 +41,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from barriers.handler import CheckpointKind
-from barriers.messages import UNSIGNED
 from streaming.adapters.kafka.admin import earliest_offsets, job_key
 from streaming.adapters.kafka.control.transport import newest_generation
 from streaming.adapters.kafka.dead_letters import DeadLetterTopic
@@ -49,12 +48,12 @@ from streaming.adapters.kafka.producer import close_producer, producer, write_re
 from streaming.adapters.kafka.ranges import read_range
 from streaming.adapters.objects import StoreLocation, store_patiently
 from streaming.adapters.serde import codec
-from streaming.adapters.sinks.factory import open_sink, sink_location
+from streaming.adapters.sinks.factory import open_sink, sink_key, sink_location
 from streaming.adapters.snapshots import JobMeta, Manifest, SnapshotStore, TaskParts
 from streaming.adapters.snapshots.format import options_as_stored, stored_name
 from streaming.adapters.snapshots.layout import JOB
 from streaming.api.config import Connection
-from streaming.api.pipeline import Pipeline, Scale, SinkKind, TaskSpec
+from streaming.api.pipeline import Pipeline, Scale, TaskSpec
 from streaming.api.settings import JobSettings
 from streaming.engine.kafka_retention import KafkaKept, pick_restorable
 from streaming.engine.restore.changes import AllowDropped, PipelineChange, plan_change
@@ -73,7 +72,6 @@ __all__ = ["RESTORE_CAUSES", "RestoreRecord", "RestorePlan", "RestoreService", "
 log = logging.getLogger(__name__)
 
 # the sinks that sign what they commit (a Kafka sink's markers, a Delta sink's versions)
-_SIGNING_SINKS = (SinkKind.KAFKA, SinkKind.DELTA)
 
 # why a job restores: the stable word the store's ``_JOB.json`` and the restores metric keep, and
 # what it says to a person
@@ -338,7 +336,7 @@ class RestoreService:
         change, source = plan.change, plan.source
         if change is None or source is None or plan.checkpoint_id is None:
             raise ValueError("write_changed needs a restore plan into a changed pipeline")
-        self._recover_sinks(change.pipeline, change.source)
+        self._recover_sinks(change.pipeline, change.source, change.generation)
         provenance = {"changed_from": change.source}
         metrics = {**provenance, "scale": change.scale.to_json(), "changes": [_change_json(c) for c in change.changes]}
         self._write_checkpoint(
@@ -357,7 +355,7 @@ class RestoreService:
         rescale, source = plan.rescale, plan.source
         if rescale is None or source is None or plan.checkpoint_id is None:
             raise ValueError("write_rescaled needs a rescaling restore plan")
-        self._recover_sinks(self.declared.rescaled(rescale.old), rescale.source)
+        self._recover_sinks(self.declared.rescaled(rescale.old), rescale.source, rescale.generation)
         self._write_rerouted(rescale)
         self._dead_letter_undecodable(rescale)
         provenance = {"rescaled_from": rescale.source}
@@ -372,16 +370,20 @@ class RestoreService:
         )
         self.log.info("%s: written as checkpoint %d", rescale.describe(), plan.checkpoint_id)
 
-    def _recover_sinks(self, pipeline: Pipeline, source: int) -> None:
-        """Every sink task of ``pipeline`` recovers to checkpoint ``source``."""
+    def _recover_sinks(self, pipeline: Pipeline, source: int, generation: int) -> None:
+        """Every sink task of ``pipeline`` recovers to checkpoint ``source``, in ``generation``."""
         location = sink_location(self.settings, self.job, self.connection)
         tasks = [spec for spec in pipeline.tasks() if pipeline.stage(spec.stage).sink is not None]
         # side by side: a Kafka sink starts a JVM for its transactions (about a second each)
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, len(tasks)))) as pool:
-            for done in [pool.submit(self._recover_sink, pipeline, spec, location, source) for spec in tasks]:
+            for done in [
+                pool.submit(self._recover_sink, pipeline, spec, location, source, generation) for spec in tasks
+            ]:
                 done.result()
 
-    def _recover_sink(self, pipeline: Pipeline, spec: TaskSpec, location: StoreLocation, source: int) -> None:
+    def _recover_sink(
+        self, pipeline: Pipeline, spec: TaskSpec, location: StoreLocation, source: int, generation: int
+    ) -> None:
         stage = pipeline.stage(spec.stage)
         if stage.sink is not None:
             sink = open_sink(
@@ -394,7 +396,8 @@ class RestoreService:
                 delivery_timeout_s=self.settings.delivery_timeout_s,
                 kafka_client=self.settings.kafka_sink_client,
                 # a Kafka sink's commit markers are signed with the job's key
-                key=job_key(self.connection, self.job) if stage.sink.kind in _SIGNING_SINKS else UNSIGNED,
+                key=sink_key(stage.sink, self.job, self.connection, lambda: job_key(self.connection, self.job)),
+                generation=generation,
             )
             try:
                 sink.recover(source)

@@ -252,10 +252,11 @@ class RecordProcessor:
         if batch.num_rows and self._origins and self._prepared_at_records and self._is_ingress(channel):
             # each row stands at the ingress record it came from: its origin, as a Python stage's rows have it
             batch = batch.append_column(ORIGIN, _origin(channel.topic, made["partition"], made["offset"]))
+        excluded: list[int] = []  # rows the operator raised on or gave up on
         if batch.num_rows:
             set_aside = self._row_aside(channel, batch, None, made.select(["topic", "partition", "offset"]))
             try:
-                output, _ = self._operate(channel, batch, made, set_aside)
+                output, excluded = self._operate(channel, batch, made, set_aside)
             except InputSchemaError as exc:
                 # rows the operator cannot take at all: quarantined as the code gave them, with the reason
                 output = None
@@ -266,13 +267,23 @@ class RecordProcessor:
                         f"the stage's operator cannot take the rows its Spark code gives: {exc}",
                         counted_as="refused",
                     )
-            self.quarantine.from_operator(channel, self.operator)
+            given_up = self.quarantine.from_operator(channel, self.operator)
+            excluded = sorted({*excluded, *_given_up(batch, given_up)}) if given_up else excluded
             self.output.emit(output, watermark)
         partials = part_of(rows, Part.PARTIAL)
         if partials.num_rows:
             self.output.emit(self.operator.merge_partials(pa.Table.from_struct_array(partials[PARTIAL])), watermark)
         markers = part_of(rows, Part.MARKER)
-        self.watermarks.observe_event_time(channel, pc.max(markers[EVENT_TIME]).as_py())
+        highest = pc.max(markers[EVENT_TIME]).as_py()
+        if excluded:
+            # rows set aside or given up on do not move event time, as on the Python path: the run
+            # moves it as far as the rows kept, where they carry the event-time column (the records
+            # the code filtered out then move it with the next run's); otherwise as Spark measured it
+            kept = np.ones(batch.num_rows, dtype=bool)
+            kept[excluded] = False
+            carried, in_kept = self.watermarks.event_time_of(channel, batch.filter(pa.array(kept)))
+            highest = in_kept if carried else highest
+        self.watermarks.observe_event_time(channel, highest)
         self.watermark_moved(channel)
         records = (pc.sum(markers[RECORDS]).as_py() or 0) + raised.num_rows
         self.counters["records"] += records

@@ -26,7 +26,7 @@ from streaming.adapters.kafka.producer import CheckedSends, append_markers
 from streaming.adapters.kafka.ranges import read_range, retention_ms
 from streaming.adapters.serde.schema_registry import current_registry, use_connection_registry
 from streaming.adapters.sinks.delta import DeltaSink
-from streaming.adapters.sinks.factory import open_sink, sink_location
+from streaming.adapters.sinks.factory import open_sink, sink_key, sink_location
 from streaming.adapters.sinks.kafka import KafkaSink, kafka_records, registered_avro
 from streaming.adapters.sinks.object_store import ObjectStoreSink
 from streaming.adapters.snapshots import SnapshotStore
@@ -206,7 +206,8 @@ class TaskFactory:
             connection=self.connection,
             delivery_timeout_s=self.settings.delivery_timeout_s,
             kafka_client=self.settings.kafka_sink_client,
-            key=self.control.key,
+            key=sink_key(declared, self.pipeline.job, self.connection, lambda: self.control.key),
+            generation=self.generation,
         )
         try:
             recovery = sink.recover(self.restore or 0)

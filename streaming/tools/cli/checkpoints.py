@@ -59,6 +59,7 @@ Operator and channel state as tables: `spark-abs state N`.""",
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from streaming.errors import ConfigError
     from streaming.tools import views
     from streaming.tools.checkpoints import gc
     from streaming.tools.checkpoints.inspection import CheckpointDetail
@@ -89,6 +90,12 @@ def run(args: argparse.Namespace) -> int:
             from streaming.adapters.sinks.factory import sink_location
 
             _ids(args, (0,))
+            if not args.dry_run and not checkpoints.store.signed:
+                raise ConfigError(
+                    f"checkpoints gc deletes what job {args.job}'s manifests say is superseded, and without the "
+                    "job's secret it cannot tell the job's manifests from anyone's: set SPARK_ABS_JOB_SECRET_FILE "
+                    "(or SPARK_ABS_JOB_SECRET), or look first with --dry-run"
+                )
             sink = sink_location(JobSettings(store=args.store), args.job, connection)
             plan = gc.plan_gc(checkpoints.store, sink, retain=args.retain, grace_s=args.grace, progress=log.info)
             if not args.dry_run:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 from pathlib import Path
@@ -94,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     watch = None
     if connection and not args.store_only:
         try:  # the page shows only control events the job's key vouches for
-            watch = ControlWatch(connection.kafka, args.job, job_key(connection, args.job))
+            connection.store_key(args.job)  # a job secret is at hand (its Kafka key asks Kafka: on first look)
+            watch = ControlWatch(connection.kafka, args.job, functools.partial(job_key, connection, args.job))
         except ConfigError as exc:  # no job secret here: the store alone
             log.warning(f"{exc}; the page shows the store alone (no live view of the control topic)")
     home = Path(args.home).expanduser().resolve() if args.home else default_home()

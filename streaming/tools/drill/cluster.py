@@ -18,8 +18,11 @@ and what each must come to once a checkpoint completed after it:
   standby, then the member SIGKILLed: the job restores and the standby runs
   the group;
 - ``runner-remote``: the runner SIGKILLed and started again, at once or once
-  its lease lapsed (every member said it stopped its tasks); the job
-  restores and the same members, one for every group, run them.
+  its lease lapsed (every member said it stopped its tasks); then every
+  heartbeat sent before the kill (the killed workers' too, signed by the
+  job's key) is appended to the control topic again, byte for byte, as a
+  writer of the topic without the key could: the job restores and the same
+  members, one for every group, run them.
 
 A kind that must restore recovers only once a checkpoint of a later
 generation completed (``FailureInjector``).  A failure the drill found
@@ -38,12 +41,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kafka import TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
+
+from streaming.adapters.kafka import clients as kafka_clients
 from streaming.adapters.kafka.admin import out_of_sync
+from streaming.api.topics import control_topic
 from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S
 from streaming.errors import SparkAbsError
 from streaming.tools.drill.job import pid_of
 from streaming.tools.drill.plan import RUNNER_RESTARTS, FailureKind, FailureOutcome
-from streaming.waits import WaitTimeout, poll_until
+from streaming.waits import Deadline, WaitTimeout, poll_until
 
 __all__ = ["ClusterFailures", "Struck", "until"]
 
@@ -89,6 +97,8 @@ class ClusterFailures:
         self.job = injector.job
         self.watch = injector.watch
         self.down: str | None = None  # a node killed and not started again yet
+        # the heartbeats of the members killed, as the topic held them (runner-remote appends them again)
+        self.dead_heartbeats: dict[str, list[ConsumerRecord]] = {}
 
     @property
     def hosts(self):
@@ -213,6 +223,7 @@ class ClusterFailures:
         killed, process = found
         t0, newest = self._now()
         self.hosts.kill(process)  # without a standby, the drill's next poll starts a worker for the group
+        self.dead_heartbeats[killed] = self.latest_heartbeats(killed)
 
         def runs() -> None:
             now = self.watch.members().get(group)
@@ -280,10 +291,54 @@ class ClusterFailures:
             )
         return members
 
+    def latest_heartbeats(self, incarnation: str) -> list[ConsumerRecord]:
+        """``incarnation``'s latest heartbeats (``KEPT_BEATS``) on the
+        control topic, as Kafka holds them (signed with the job's key)."""
+        offsets = set(self.watch.heartbeat_offsets(incarnation))
+        if not offsets:
+            return []
+        partition = TopicPartition(control_topic(self.job.job), 0)
+        consumer = kafka_clients.consumer(
+            self.job.connection.kafka, enable_auto_commit=False, client_id="spark-abs-drill-replay"
+        )
+        found: list[ConsumerRecord] = []
+        try:
+            consumer.assign([partition])
+            consumer.seek(partition, min(offsets))
+            deadline = Deadline(MEMBER_WAIT_S)
+            while consumer.position(partition) <= max(offsets) and not deadline.passed():
+                for records in consumer.poll(timeout_ms=500).values():
+                    found += [r for r in records if r.offset in offsets]
+        finally:
+            consumer.close()
+        return found
+
+    def replay_heartbeats(self) -> tuple[int, int]:
+        """The latest heartbeats of the members and of the workers the drill
+        killed (kept when it killed them) appended to the control topic
+        again, key, value and headers (the job's signature) as they were:
+        (records, workers)."""
+        beats = dict(self.dead_heartbeats)
+        for member in self.watch.members().values():
+            beats[member] = self.latest_heartbeats(member)
+        copies = [r for records in beats.values() for r in records]
+        if not copies:
+            return 0, 0
+        producer = kafka_clients.raw_producer(self.job.connection.kafka, acks="all")
+        try:
+            for r in copies:
+                producer.send(r.topic, key=r.key, value=r.value, headers=list(r.headers), partition=0)
+            producer.flush(MEMBER_WAIT_S)
+        finally:
+            producer.close()
+        return len(copies), sum(1 for records in beats.values() if records)
+
     def _runner(self, outcome: FailureOutcome) -> Struck:
         t0, newest = self._now()
         members = self.kill_runner(outcome, lapse=outcome.failure.moment == RUNNER_RESTARTS[0])
         self.job.start_runner()
+        copies, workers = self.replay_heartbeats()  # a dead worker's among them: none may rejoin
+        outcome.add_note(f"{copies} old heartbeats of {workers} worker(s) appended again")
 
         def kept() -> None:
             now = self.watch.members()

@@ -8,6 +8,7 @@ latest heartbeat), each on a thread of its own until the drill sets their
 
 from __future__ import annotations
 
+import collections
 import random
 import threading
 import time
@@ -20,7 +21,10 @@ from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Pipeline
 from streaming.tools.drill.workload import DrillWorkload, InputRecord
 
-__all__ = ["ProgressWatch", "WorkloadFeed"]
+__all__ = ["KEPT_BEATS", "ProgressWatch", "WorkloadFeed"]
+
+# the latest heartbeats of each worker whose offsets the watch keeps (the cluster drill appends them again)
+KEPT_BEATS = 30
 
 
 class WorkloadFeed:
@@ -127,6 +131,8 @@ class ProgressWatch:
         self.clock = clock
         self.lease: Lease | None = None
         self.beats: dict[str, tuple[Heartbeat, float]] = {}
+        # incarnation -> the offsets of its latest heartbeats on the control topic
+        self.beat_offsets: dict[str, collections.deque[int]] = {}
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._listen, name="drill-control", daemon=True)
 
@@ -152,6 +158,9 @@ class ProgressWatch:
                     self.lease = event
                 elif isinstance(event, Heartbeat):
                     self.beats[event.incarnation] = (event, self.clock())
+                    if event.offset >= 0:  # read from the topic
+                        kept = self.beat_offsets.setdefault(event.incarnation, collections.deque(maxlen=KEPT_BEATS))
+                        kept.append(event.offset)
                 if not isinstance(event, Progress):
                     continue
                 reached = self.furthest.setdefault(event.generation, {})
@@ -163,6 +172,11 @@ class ProgressWatch:
         """Group -> the incarnation the runner's latest lease names its member (empty before any lease)."""
         with self.lock:
             return dict(self.lease.members) if self.lease is not None else {}
+
+    def heartbeat_offsets(self, incarnation: str) -> list[int]:
+        """The offsets of ``incarnation``'s latest heartbeats (at most ``KEPT_BEATS``)."""
+        with self.lock:
+            return list(self.beat_offsets.get(incarnation, ()))
 
     def heartbeats(self, since: float) -> dict[str, Heartbeat]:
         """Incarnation -> its latest heartbeat, of those read after ``since`` (on ``clock``)."""

@@ -13,7 +13,7 @@ topic does not exist is reported, not created."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kafka.errors import KafkaError
@@ -81,10 +81,20 @@ class ControlView:
 class ControlWatch:
     """The control topic of ``job`` on ``kafka``, followed from its last
     ``tail`` events on (those that verify with the job's ``key``: what
-    anyone else wrote there is not shown); ``look`` may be called from any
-    thread."""
+    anyone else wrote there is not shown; or what gives it when the topic is
+    first read, since the key asks Kafka for its cluster's id: with Kafka
+    down the page shows the store and says why there is no live view);
+    ``look`` may be called from any thread."""
 
-    def __init__(self, kafka: KafkaAccess, job: str, key: JobKey, *, tail: int = 5000, timeout_s: float = 3.0):
+    def __init__(
+        self,
+        kafka: KafkaAccess,
+        job: str,
+        key: JobKey | Callable[[], JobKey],
+        *,
+        tail: int = 5000,
+        timeout_s: float = 3.0,
+    ):
         self.kafka = kafka
         self.job = job
         self.key = key
@@ -132,6 +142,8 @@ class ControlWatch:
         finally:
             admin.close()
         end = end_offsets(self.kafka, self.topic_name, 1)[0]
+        if not isinstance(self.key, JobKey):
+            self.key = self.key()
         return ControlTopic(self.kafka, self.job, self.key, start_at=max(0, end - self.tail)), end
 
     def _read(self, topic: ControlTopic) -> None:

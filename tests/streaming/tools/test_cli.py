@@ -212,3 +212,22 @@ def test_a_worker_whose_runner_never_comes_gives_up_after_its_bound_and_leaves_n
     assert job not in control_jobs(connection.kafka)
     negative = _run("worker", "--job", job, "--pipeline", "x:y", "--group", "all", "--wait-for-runner", "-1")
     assert negative.returncode == 2 and "--wait-for-runner -1: give seconds >= 0" in negative.stderr
+
+
+def test_gc_deletes_nothing_without_the_jobs_secret_and_says_how_to_give_it(tmp_path):
+    from streaming.adapters.objects import open_store
+    from streaming.adapters.snapshots import SnapshotStore
+    from streaming.api.job_key import JobKey
+
+    secret = "a-job-secret-of-more-than-32-characters"
+    uri = f"file://{tmp_path}/store"
+    with SnapshotStore(open_store(uri), "orders", key=JobKey.store_key(secret, "orders")) as store:
+        store.first_generation()
+    gc = ("checkpoints", "gc", "--store", uri, "--job", "orders")
+    unset = {"SPARK_ABS_JOB_SECRET": "", "SPARK_ABS_JOB_SECRET_FILE": ""}
+    done = _run("--home", str(tmp_path), *gc, env=unset)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "without the job's secret" in done.stderr and "SPARK_ABS_JOB_SECRET_FILE" in done.stderr
+    assert "--dry-run" in done.stderr
+    done = _run("--home", str(tmp_path), *gc, env={**unset, "SPARK_ABS_JOB_SECRET": secret})
+    assert done.returncode == 0, done.stderr

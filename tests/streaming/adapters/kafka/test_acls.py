@@ -1,5 +1,5 @@
 """The ACLs a job needs, computed from its pipeline: prefixed on what the job
-names (its ``spark-abs.J.`` topics, ``spark-abs-J-`` transactional ids, Spark's
+names (its ``spark-abs.J.`` topics, ``spark-abs.J.`` transactional ids, Spark's
 consumer groups), literal on what the pipeline names (ingress and sink topics),
 nothing on ``*``.  The secured runtime grants exactly these
 (``tests/e2e/test_kafka_sink.py`` runs a job on them)."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from spark_abs_examples import money
 from streaming.adapters.kafka.acls import Grant, job_grants
+from streaming.api.topics import control_topic, transactional_id
 
 
 def test_a_job_gets_prefixes_of_its_own_and_literal_grants_on_the_topics_its_pipeline_names():
@@ -16,7 +17,12 @@ def test_a_job_gets_prefixes_of_its_own_and_literal_grants_on_the_topics_its_pip
     assert not [g for g in grants if g.name == "*" or "ALL" in g.operations]
     own = by_name[("TOPIC", "spark-abs.j1.")]
     assert own.prefixed and set(own.operations) == {"CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ", "WRITE"}
-    assert by_name[("TRANSACTIONAL_ID", "spark-abs-j1-")].prefixed
+    assert by_name[("TRANSACTIONAL_ID", "spark-abs.j1.")].prefixed
+    # the prefixes cover the job's own names, and not those of a job whose name starts with j1
+    for mine in (transactional_id("j1", "windows-0"), control_topic("j1")):
+        assert mine.startswith("spark-abs.j1.")
+    for theirs in (transactional_id("j1-other", "windows-0"), control_topic("j1-other")):
+        assert not theirs.startswith("spark-abs.j1.")
     assert {g.name for g in grants if g.resource == "GROUP"} == {"spark-kafka-source-", "spark-kafka-relation-"}
     ingress = by_name[("TOPIC", "j1.transfers")]
     # the runner appends its barriers to the ingress partitions: it writes there too

@@ -35,7 +35,7 @@ def place(request, tmp_path, unique_name):
     return open_store(f"{root}/sink", connection), f"{root}/table", connection
 
 
-def _sink(place, task: str = "task-0", job: str = "j", key=UNSIGNED) -> DeltaSink:
+def _sink(place, task: str = "task-0", job: str = "j", key=UNSIGNED, generation: int = 1) -> DeltaSink:
     location, table, connection = place
     sink = open_sink(
         Sink("delta", table=table),
@@ -45,6 +45,7 @@ def _sink(place, task: str = "task-0", job: str = "j", key=UNSIGNED) -> DeltaSin
         kafka=KafkaAccess("unused:9092"),
         connection=connection,
         key=key,
+        generation=generation,
     )
     assert isinstance(sink, DeltaSink)
     return sink
@@ -191,6 +192,7 @@ def test_a_table_elsewhere_than_s3_or_a_path_is_refused(tmp_path):
             job="j",
             kafka=KafkaAccess("x:1"),
             key=UNSIGNED,
+            generation=1,
         )
 
 
@@ -248,3 +250,52 @@ def test_a_transaction_version_raised_by_a_writer_without_the_key_stops_the_sink
     unsigned = _sink(place)
     unsigned.stage(2, epoch_rows(2))
     assert unsigned.commit(2) is False
+
+
+def test_a_signed_commit_copied_to_set_the_version_back_stops_the_sink_instead_of_dropping_epochs(tmp_path, epoch_rows):
+    """Generation 1 commits epochs 1 to 3; generation 2 restores checkpoint 1 and takes 2
+    and 3 back (the version set back to 1, signed).  A writer of the table's log then copies
+    epoch 3's signed commit info onto a commit setting the version to 3 again: each of its
+    members verifies, but it is older than the take-back.  Generation 2's epochs 2 and 3
+    would look committed and be dropped; the sink stops saying why.  The same copy within a
+    generation, setting the version back, would have epochs written twice: refused too."""
+    from deltalake import DeltaTable
+
+    place = (open_store(str(tmp_path / "sink")), str(tmp_path / "table"), None)
+    key = JobKey.derive("s" * 32, "j", cluster="test-cluster")
+    first = _sink(place, key=key, generation=1)
+    for epoch in (1, 2, 3):
+        first.stage(epoch, epoch_rows(epoch))
+        assert first.commit(epoch) is True
+    info = {m: c[m] for c in DeltaTable(place[1]).history(1) for m in c if m.startswith("abs.txn")}
+    assert info["abs.txn"] == "spark-abs/j/task-0:3" and info["abs.txn.gen"] == "1"
+    second = _sink(place, key=key, generation=2)
+    assert second.recover(1).retracted == [2, 3]
+
+    def copy(table: str, version: int, members: dict) -> None:
+        write_deltalake(
+            table,
+            pa.table({"value": ["copied"]}),
+            mode="append",
+            schema_mode="merge",
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction("spark-abs/j/task-0", version)], custom_metadata=members
+            ),
+        )
+
+    copy(place[1], 3, info)
+    second.stage(2, epoch_rows(2))
+    with pytest.raises(SinkError, match="copies the signed commit info of generation 1, older than a later commit"):
+        second.commit(2)
+    assert "2:0" not in _values(place)  # neither written nor dropped as committed
+    # within one generation: epoch 3's info copied again after epoch 4, setting the version back to 3
+    other = (place[0], str(tmp_path / "other"), None)
+    sink = _sink(other, key=key, generation=1)
+    for epoch in (3, 4):
+        sink.stage(epoch, epoch_rows(epoch))
+        assert sink.commit(epoch) is True
+    info = {m: c[m] for c in DeltaTable(other[1]).history(2)[1:] for m in c if m.startswith("abs.txn")}
+    assert info["abs.txn"].endswith(":3")
+    copy(other[1], 3, info)
+    with pytest.raises(SinkError, match="copies the signed commit info of generation 1"):
+        _sink(other, key=key, generation=2).recover(3)  # would leave epoch 4's rows and write it again

@@ -150,7 +150,7 @@ def test_a_sink_kind_that_is_no_family_is_a_clear_error():
 
 def test_an_object_store_sink_writes_under_its_location(tmp_path):
     location = open_store(str(tmp_path / "sink"))
-    sink = open_sink(Sink(), location, "w-1", job="orders", kafka=KAFKA, key=UNSIGNED)
+    sink = open_sink(Sink(), location, "w-1", job="orders", kafka=KAFKA, key=UNSIGNED, generation=1)
     assert type(sink) is ObjectStoreSink
     assert sink.task_id == "w-1"
     assert sink.output_path(7) == location.path("output", "epoch-000000000007", "w-1.parquet")
@@ -158,7 +158,9 @@ def test_an_object_store_sink_writes_under_its_location(tmp_path):
 
 def test_a_delta_sink_commits_to_the_table_under_its_location_as_the_job_s_task(tmp_path):
     location = open_store(str(tmp_path / "sink"))
-    sink = open_sink(Sink("delta"), location, "w-1", job="orders", kafka=KAFKA, connection=CONNECTION, key=UNSIGNED)
+    sink = open_sink(
+        Sink("delta"), location, "w-1", job="orders", kafka=KAFKA, connection=CONNECTION, key=UNSIGNED, generation=1
+    )
     assert type(sink) is DeltaSink
     assert sink.task_id == "w-1"
     assert sink.table_uri == str((tmp_path / "sink" / "table").resolve())
@@ -177,6 +179,7 @@ def test_a_delta_sink_on_s3_reaches_the_table_through_the_connection(tmp_path):
         kafka=KAFKA,
         connection=CONNECTION,
         key=UNSIGNED,
+        generation=1,
     )
     assert sink.table_uri == "s3://lake/orders"
     assert sink._options == {
@@ -190,13 +193,15 @@ def test_a_delta_sink_on_s3_reaches_the_table_through_the_connection(tmp_path):
 
 def test_a_kafka_sink_writes_its_topic_in_transactions_of_the_job_s_task(tmp_path, kafka_sinks):
     location = open_store(str(tmp_path / "sink"))
-    sink = open_sink(Sink("kafka", "orders.out"), location, "w-2", job="orders", kafka=KAFKA, key=UNSIGNED)
+    sink = open_sink(
+        Sink("kafka", "orders.out"), location, "w-2", job="orders", kafka=KAFKA, key=UNSIGNED, generation=1
+    )
     assert isinstance(sink, kafka_sinks)
     assert sink.location is location and sink.task == "w-2"
     assert sink.kwargs == {
         "kafka": KAFKA,
         "topic": "orders.out",
-        "transactional_id": "spark-abs-orders-w-2",
+        "transactional_id": "spark-abs.orders.w-2",
         "delivery_timeout_s": DELIVERY_BOUND_S,
         "key": UNSIGNED,
         "client": "java",
@@ -213,6 +218,7 @@ def test_a_kafka_sink_is_given_the_delivery_bound_key_and_client_asked_for(tmp_p
         kafka=KAFKA,
         delivery_timeout_s=7.5,
         key=key,
+        generation=1,
         kafka_client="python",
     )
     assert (sink.kwargs["delivery_timeout_s"], sink.kwargs["key"], sink.kwargs["client"]) == (7.5, key, "python")
@@ -222,4 +228,28 @@ def test_a_kafka_sink_without_a_topic_is_refused_before_reaching_kafka(tmp_path,
     sink = Sink("kafka", "orders.out")
     object.__setattr__(sink, "topic", None)  # what Sink itself refuses: the factory's own guard
     with pytest.raises(ConfigError, match="sink task w-0: a Kafka sink names no topic"):
-        open_sink(sink, open_store(str(tmp_path / "sink")), "w-0", job="orders", kafka=KAFKA, key=UNSIGNED)
+        open_sink(
+            sink, open_store(str(tmp_path / "sink")), "w-0", job="orders", kafka=KAFKA, key=UNSIGNED, generation=1
+        )
+
+
+def test_a_delta_table_is_signed_with_a_key_of_the_stores_and_never_asks_kafka():
+    """A Delta table is kept beside the store and checked without Kafka: its key comes from
+    the store's (a move to another Kafka cluster leaves its signed versions valid); a Kafka
+    sink's markers are signed with the job's Kafka key; an object-store sink signs nothing."""
+    import dataclasses
+
+    from streaming.adapters.sinks.factory import sink_key
+
+    secret = "a-job-secret-of-more-than-32-characters"
+    connection = dataclasses.replace(CONNECTION, job_secret=secret)
+    kafka_key = JobKey.derive(secret, "orders", cluster="prod")
+
+    def asks_kafka() -> JobKey:
+        raise AssertionError("a Delta or object-store sink's key asked Kafka")
+
+    delta = sink_key(Sink("delta"), "orders", connection, asks_kafka)
+    assert isinstance(delta, JobKey) and delta == JobKey("orders", JobKey.store_key(secret, "orders"))
+    assert delta.sign(b"delta-txn") != kafka_key.sign(b"delta-txn")
+    assert sink_key(Sink("kafka", "orders.out"), "orders", connection, lambda: kafka_key) is kafka_key
+    assert sink_key(Sink(), "orders", connection, asks_kafka) is UNSIGNED

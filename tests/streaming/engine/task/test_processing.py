@@ -681,10 +681,11 @@ PREPARED = pa.schema(
 )
 
 
-def prepared(*parts: tuple) -> pa.Table:
+def prepared(*parts: tuple, row_type: pa.DataType = ROW_TYPE) -> pa.Table:
     """Rows of a prepared micro-batch of channel in:0: (part, offset, what):
     a row's values, a marker's (records, highest event time), a rejected
     record's (value, reason), a partial aggregate's values."""
+    schema = PREPARED.set(PREPARED.get_field_index(ROW), pa.field(ROW, row_type))
     rows = []
     for part, offset, what in parts:
         row = {"topic": "in", "partition": 0, "offset": offset, "headers": [], PART: int(part)}
@@ -697,7 +698,31 @@ def prepared(*parts: tuple) -> pa.Table:
         elif part is Part.PARTIAL:
             row[PARTIAL] = what
         rows.append(row)
-    return pa.Table.from_pylist(rows, schema=PREPARED)
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+@pytest.mark.parametrize("operator", ["raises", "gives up"])
+def test_rows_of_prepared_code_the_operator_raises_on_or_gives_up_on_do_not_move_event_time(operator):
+    """As on the Python path: Spark measured the run's event time over every
+    record, the one whose row the operator raises on (amount 13) or gives
+    up on (no account) too; the run moves event time as far as the rows
+    kept."""
+    pipeline = ingress_pipeline(event_time="ts")
+    chosen = Chain(totals(), raises_at(13)) if operator == "raises" else KeepsOrigin()
+    processor, io = make_processor(pipeline, "s-0", chosen)
+    timed = pa.struct([("account", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
+    bad = {"account": "y", "amount": 13} if operator == "raises" else {"account": None, "amount": 2}
+    processor.process(
+        IN0,
+        prepared(
+            (Part.ROW, 0, {"account": "x", "amount": 1, "ts": 1_000}),
+            (Part.ROW, 1, {**bad, "ts": 999_000}),
+            (Part.MARKER, 1, (2, 999_000)),
+            row_type=timed,
+        ),
+    )
+    assert [offset for _, offset, _ in io.dead] == [1]
+    assert processor.watermarks.current == 1_000  # not 999_000: the row set aside was never there
 
 
 def test_a_prepared_micro_batch_sends_rows_partials_and_rejected_records_where_they_belong():

@@ -29,6 +29,7 @@ from streaming.adapters.objects import open_store
 from streaming.adapters.serde.records import RECORD_SCHEMA
 from streaming.adapters.snapshots import UNSIGNED, SnapshotStore, TaskParts
 from streaming.api.job_key import JobKey
+from streaming.api.topics import control_topic
 from streaming.tools.ui.app import JobSource, create_app
 from streaming.tools.ui.live import ControlWatch
 from streaming.tools.ui.liveness import STALLED_S
@@ -314,6 +315,32 @@ def _watching(topic: _Topic, monkeypatch) -> ControlWatch:
     watch = ControlWatch("127.0.0.1:1", JOB, JobKey.derive("s" * 32, JOB, cluster="test-cluster"))
     monkeypatch.setattr(watch, "_open", lambda: (topic, 0))
     return watch
+
+
+def test_the_key_asked_of_a_kafka_that_is_down_leaves_the_page_up_and_says_why(store_dir, home, monkeypatch):
+    """The control topic's key binds Kafka's cluster id: asked on the first
+    look, not before the page is served, so a page over the store alone
+    still comes up while Kafka is down, saying why there is no live view."""
+    from streaming.errors import KafkaUnavailableError
+    from streaming.tools.ui import live
+
+    class _Admin:
+        def list_topics(self):
+            return [control_topic(JOB)]
+
+        def close(self):
+            pass
+
+    def no_cluster_id():
+        raise KafkaUnavailableError("no Kafka broker answers at 127.0.0.1:1")
+
+    monkeypatch.setattr(live, "admin_client", lambda kafka, timeout_s: _Admin())
+    monkeypatch.setattr(live, "end_offsets", lambda kafka, topic, partitions: [0])
+    watch = ControlWatch("127.0.0.1:1", JOB, no_cluster_id)
+    app = create_app(JobSource(f"file://{store_dir}", JOB, home=home), watch=watch)
+    page = app.test_client().get("/")
+    assert page.status_code == 200
+    assert "no Kafka broker answers at 127.0.0.1:1" in unescape(page.get_data(as_text=True))
 
 
 def test_the_control_topic_shows_checkpoints_in_progress_and_aborted(store_dir, home, monkeypatch):
