@@ -24,7 +24,8 @@ test: $(STAMP) $(BROWSER) $(PROMTOOL)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not integration" -n auto --maxprocesses 4
+	$(BIN)/python -m pytest -m integration
 
 # the documentation site (docs/, mkdocs.yml) served at http://127.0.0.1:8000
 docs: $(STAMP)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -28,6 +29,12 @@ from hypothesis import HealthCheck, settings
 from streaming.api.config import Connection, LocalRuntimeSettings
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
+
+# a pytest-xdist worker's __main__ (execnet's) has neither __spec__ nor __file__, which
+# pyspark.sql.connect (imported by great-expectations) takes for a doctest run, and exits
+_main = sys.modules["__main__"]
+if getattr(_main, "__spec__", None) is None and not hasattr(_main, "__file__"):
+    _main.__file__ = "pytest-xdist-worker"
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_TESTS, os.environ.get("PYTHONPATH")) if p)
 
 _common = dict(
