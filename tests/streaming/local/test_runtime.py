@@ -22,8 +22,10 @@ def test_up_is_idempotent_and_status_tells_what_runs(connection, runtime_setting
     assert before.all_running
     again = runtime.up()
     after = runtime.status()
-    # the same runtime (its schema registry too, when a test of this session started it: it is kept)
-    assert dataclasses.replace(again, schema_registry="") == dataclasses.replace(connection, schema_registry="")
+    # the same runtime (its schema registry and its credentials too, when a test of this session started it
+    # after the session's connection was made: it is kept)
+    registry = dict(schema_registry="", schema_registry_user="", schema_registry_password_file="")
+    assert dataclasses.replace(again, **registry) == dataclasses.replace(connection, **registry)
     assert [s.pid for s in after.services] == [s.pid for s in before.services]
     assert Connection.load(runtime_settings, environ={}) == again
     rendered = after.render()
