@@ -53,6 +53,17 @@ def _say(message: str) -> None:
     print(f"[spark-abs] {message}", flush=True)
 
 
+# fixtures of the real runtime: a test that takes one runs with the integration tests (one process, one
+# runtime), never among the tests make test spreads over every core
+_RUNTIME_FIXTURES = frozenset({"connection", "spark", "registry_connection", "cluster", "secure_connection"})
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if _RUNTIME_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(scope="session")
 def runtime_settings() -> LocalRuntimeSettings:
     return LocalRuntimeSettings()

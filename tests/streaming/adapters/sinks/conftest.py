@@ -10,7 +10,7 @@ import pytest
 from streaming.adapters.objects import open_store
 
 
-@pytest.fixture(params=["file", "s3"])
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.integration)])  # s3: the real runtime
 def location(request, tmp_path, unique_name):
     """A sink's staging location on a local filesystem, and on the runtime's S3 server."""
     if request.param == "file":

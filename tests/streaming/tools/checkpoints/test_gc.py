@@ -24,7 +24,7 @@ from streaming.tools.views import render_gc
 JOB = "ledger"
 
 
-@pytest.fixture(params=["file", "s3"])
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.integration)])  # s3: the real runtime
 def uri(request, tmp_path, unique_name):
     if request.param == "file":
         return None, f"file://{tmp_path}/store"
