@@ -216,13 +216,16 @@ class WatermarkTracker:
         self._move(channel, latest)
 
     def event_time_of(self, channel: ChannelId, rows: pa.Table) -> tuple[bool, int | None]:
-        """Whether ``rows`` (of ``channel``) carry its event-time column, and
-        the highest event time among them (ms, None when none has one), as
-        ``observe_event_time`` takes it."""
+        """Whether ``rows`` (of ``channel``) carry its event-time column (ms
+        or a timestamp), and the highest event time among them (ms, None
+        when none has one), as ``observe_event_time`` takes it."""
         source = self._inputs.get(channel)
         if source is None or source.column is None or source.column not in rows.column_names:
             return False, None
-        return True, _millis(rows[source.column]) if rows.num_rows else None
+        values = rows[source.column]
+        if not (pa.types.is_integer(values.type) or pa.types.is_timestamp(values.type)):
+            return False, None  # a column of that name the stage's code made, but no time
+        return True, _millis(values) if rows.num_rows else None
 
     def observe_event_time(self, channel: ChannelId, highest: int | None) -> None:
         """Records of ingress channel ``channel`` were processed whose highest

@@ -725,6 +725,24 @@ def test_rows_of_prepared_code_the_operator_raises_on_or_gives_up_on_do_not_move
     assert processor.watermarks.current == 1_000  # not 999_000: the row set aside was never there
 
 
+def test_a_prepared_row_column_named_like_event_time_but_no_time_leaves_event_time_to_spark():
+    """The stage's code made a text column of the event-time column's name: the run's event time is
+    Spark's measure, as when the rows carry no such column, and the task goes on."""
+    pipeline = ingress_pipeline(event_time="ts")
+    processor, io = make_processor(pipeline, "s-0", KeepsOrigin())
+    texts = pa.struct([("account", pa.string()), ("amount", pa.int64()), ("ts", pa.string())])
+    processor.process(
+        IN0,
+        prepared(
+            (Part.ROW, 0, {"account": "x", "amount": 1, "ts": "early"}),
+            (Part.ROW, 1, {"account": None, "amount": 2, "ts": "late"}),
+            (Part.MARKER, 1, (2, 5_000)),
+            row_type=texts,
+        ),
+    )
+    assert [offset for _, offset, _ in io.dead] == [1] and processor.watermarks.current == 5_000
+
+
 def test_a_prepared_micro_batch_sends_rows_partials_and_rejected_records_where_they_belong():
     pipeline = ingress_pipeline(event_time="ts")
     operator = Merging()
