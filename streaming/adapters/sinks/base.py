@@ -30,10 +30,23 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from barriers.messages import Unsigned
 from streaming.adapters.objects import ObjectFiles, StoreLocation
+from streaming.api.job_key import JobKey
 from streaming.errors import SinkError, StoreError
 
-__all__ = ["Recovery"]
+__all__ = ["Recovery", "signing_key"]
+
+
+def signing_key(key: JobKey | Unsigned, sink: str) -> JobKey | None:
+    """What a ``sink`` (its kind, for the error) signs and verifies with: ``key``, or None for
+    ``UNSIGNED``; a ``TypeError`` for anything else, None included (no sink is unsigned by default)."""
+    if isinstance(key, Unsigned):
+        return None
+    if not isinstance(key, JobKey):
+        raise TypeError(f"a {sink} sink's key is the job's key (JobKey), or UNSIGNED said explicitly")
+    return key
+
 
 log = logging.getLogger(__name__)
 

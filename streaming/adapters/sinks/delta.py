@@ -36,7 +36,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, SchemaMismatchEr
 from barriers.headers import EPOCH_HEADER
 from barriers.messages import Unsigned
 from streaming.adapters.objects import StoreLocation
-from streaming.adapters.sinks.base import TwoPhaseSink
+from streaming.adapters.sinks.base import TwoPhaseSink, signing_key
 from streaming.api.config import Connection
 from streaming.api.job_key import JobKey
 from streaming.api.pipeline import Sink
@@ -113,9 +113,7 @@ class DeltaSink(TwoPhaseSink):
         self.table_uri = table_uri
         self.app_id = app_id
         # signs each version of the transaction it sets (UNSIGNED, said explicitly: tests only)
-        if not isinstance(key, JobKey | Unsigned):
-            raise TypeError("a Delta sink's key is the job's key (JobKey), or UNSIGNED said explicitly")
-        self._key = None if isinstance(key, Unsigned) else key
+        self._key = signing_key(key, "Delta")
         self.generation = generation  # the job's generation this sink writes in
         # (the table's log version, the transaction's version) last found vouched for
         self._vouched: tuple[int, int] | None = None
@@ -150,9 +148,9 @@ class DeltaSink(TwoPhaseSink):
         self._check_vouched(version)
         return True
 
-    def _signed(self, version: int, generation: int) -> str:
-        assert self._key is not None
-        return self._key.sign(b"delta-txn", self.app_id.encode(), str(version).encode(), str(generation).encode())
+    def _signed_parts(self, version: int, generation: int) -> tuple[bytes, ...]:
+        """What the signature of the transaction's ``version`` set in ``generation`` covers."""
+        return b"delta-txn", self.app_id.encode(), str(version).encode(), str(generation).encode()
 
     def _vouching(self, version: int) -> dict[str, str]:
         """The commit info members that vouch for the transaction's ``version``, set in this generation."""
@@ -161,7 +159,7 @@ class DeltaSink(TwoPhaseSink):
         return {
             TXN_MEMBER: f"{self.app_id}:{version}",
             TXN_GENERATION_MEMBER: str(self.generation),
-            TXN_SIGNATURE_MEMBER: self._signed(version, self.generation),
+            TXN_SIGNATURE_MEMBER: self._key.sign(*self._signed_parts(version, self.generation)),
         }
 
     def _vouched_by(self, commit: dict) -> tuple[int, int] | None:
@@ -177,9 +175,7 @@ class DeltaSink(TwoPhaseSink):
             return None
         assert self._key is not None
         signature = commit.get(TXN_SIGNATURE_MEMBER)
-        if not isinstance(signature, str) or not self._key.verify(
-            signature, b"delta-txn", self.app_id.encode(), str(found[1]).encode(), str(found[0]).encode()
-        ):
+        if not isinstance(signature, str) or not self._key.verify(signature, *self._signed_parts(found[1], found[0])):
             return None
         return found
 

@@ -32,7 +32,7 @@ from streaming.adapters.kafka.transactions import JavaTransactions, TxnRecord
 from streaming.adapters.objects import StoreLocation
 from streaming.adapters.serde import avro, codec
 from streaming.adapters.serde.schema_registry import SchemaRegistry, subject_of
-from streaming.adapters.sinks.base import TwoPhaseSink
+from streaming.adapters.sinks.base import TwoPhaseSink, signing_key
 from streaming.api.avro_schema import AvroSchema
 from streaming.api.config import KafkaAccess
 from streaming.api.job_key import JobKey
@@ -107,7 +107,7 @@ class KafkaSink(TwoPhaseSink):
         self.topic = topic
         # signs the markers of the commits topic; the markers read back must carry its signature
         # (UNSIGNED, said explicitly: tests only)
-        self._key = _signing(key)
+        self._key = signing_key(key, "Kafka")
         # a transaction's sends, commit and abort each end within it (kafka-python's wait for good)
         self.delivery_timeout_s = delivery_timeout_s
         self.commit_topic = commits_topic(topic)
@@ -287,7 +287,9 @@ def read_kafka_output(kafka: KafkaAccess, topic: str, *, timeout_ms: int = 3000,
     counts only when the job signed it: a forged one hides nothing."""
     superseded = {
         marker[: -len(_SUPERSEDED)]
-        for marker in _commit_keys(kafka, commits_topic(topic), timeout_ms, key=_signing(key), topic_of=topic)
+        for marker in _commit_keys(
+            kafka, commits_topic(topic), timeout_ms, key=signing_key(key, "Kafka"), topic_of=topic
+        )
         if marker.endswith(_SUPERSEDED)
     }
     values: list[bytes] = []
@@ -299,15 +301,6 @@ def read_kafka_output(kafka: KafkaAccess, topic: str, *, timeout_ms: int = 3000,
         elif record.value:
             values.append(record.value)
     return KafkaOutput(values, dict(sorted(skipped.items())))
-
-
-def _signing(key: JobKey | Unsigned) -> JobKey | None:
-    """``key``, or None for ``UNSIGNED``; a ``TypeError`` for anything else (None included)."""
-    if isinstance(key, Unsigned):
-        return None
-    if not isinstance(key, JobKey):
-        raise TypeError("a Kafka sink's key is the job's key (JobKey), or UNSIGNED said explicitly")
-    return key
 
 
 def _marker_signature(key: JobKey, sink_topic: str, marker: bytes, value: bytes) -> bytes:

@@ -71,8 +71,6 @@ __all__ = ["RESTORE_CAUSES", "RestoreRecord", "RestorePlan", "RestoreService", "
 
 log = logging.getLogger(__name__)
 
-# the sinks that sign what they commit (a Kafka sink's markers, a Delta sink's versions)
-
 # why a job restores: the stable word the store's ``_JOB.json`` and the restores metric keep, and
 # what it says to a person
 RESTORE_CAUSES = {
@@ -395,7 +393,6 @@ class RestoreService:
                 connection=self.connection,
                 delivery_timeout_s=self.settings.delivery_timeout_s,
                 kafka_client=self.settings.kafka_sink_client,
-                # a Kafka sink's commit markers are signed with the job's key
                 key=sink_key(stage.sink, self.job, self.connection, lambda: job_key(self.connection, self.job)),
                 generation=generation,
             )

@@ -18,11 +18,11 @@ and what each must come to once a checkpoint completed after it:
   standby, then the member SIGKILLed: the job restores and the standby runs
   the group;
 - ``runner-remote``: the runner SIGKILLed and started again, at once or once
-  its lease lapsed (every member said it stopped its tasks); then every
-  heartbeat sent before the kill (the killed workers' too, signed by the
-  job's key) is appended to the control topic again, byte for byte, as a
-  writer of the topic without the key could: the job restores and the same
-  members, one for every group, run them.
+  its lease lapsed (every member said it stopped its tasks); then the
+  latest heartbeats of every member and of every worker the drill killed
+  (signed by the job's key) are appended to the control topic again, byte
+  for byte, as a writer of the topic without the key could: the job
+  restores and the same members, one for every group, run them.
 
 A kind that must restore recovers only once a checkpoint of a later
 generation completed (``FailureInjector``).  A failure the drill found
@@ -41,17 +41,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kafka import TopicPartition
-from kafka.consumer.fetcher import ConsumerRecord
-
+from barriers.messages import ChannelId
 from streaming.adapters.kafka import clients as kafka_clients
 from streaming.adapters.kafka.admin import out_of_sync
+from streaming.adapters.kafka.ranges import read_range
 from streaming.api.topics import control_topic
 from streaming.engine.remote.membership import HEARTBEAT_INTERVAL_S
 from streaming.errors import SparkAbsError
 from streaming.tools.drill.job import pid_of
 from streaming.tools.drill.plan import RUNNER_RESTARTS, FailureKind, FailureOutcome
-from streaming.waits import Deadline, WaitTimeout, poll_until
+from streaming.waits import WaitTimeout, poll_until
 
 __all__ = ["ClusterFailures", "Struck", "until"]
 
@@ -98,7 +97,7 @@ class ClusterFailures:
         self.watch = injector.watch
         self.down: str | None = None  # a node killed and not started again yet
         # the heartbeats of the members killed, as the topic held them (runner-remote appends them again)
-        self.dead_heartbeats: dict[str, list[ConsumerRecord]] = {}
+        self.dead_heartbeats: dict[str, list[dict]] = {}
 
     @property
     def hosts(self):
@@ -291,27 +290,18 @@ class ClusterFailures:
             )
         return members
 
-    def latest_heartbeats(self, incarnation: str) -> list[ConsumerRecord]:
+    def latest_heartbeats(self, incarnation: str) -> list[dict]:
         """``incarnation``'s latest heartbeats (``KEPT_BEATS``) on the
-        control topic, as Kafka holds them (signed with the job's key)."""
+        control topic, as Kafka holds them (signed with the job's key):
+        records as ``read_range`` gives them."""
         offsets = set(self.watch.heartbeat_offsets(incarnation))
         if not offsets:
             return []
-        partition = TopicPartition(control_topic(self.job.job), 0)
-        consumer = kafka_clients.consumer(
-            self.job.connection.kafka, enable_auto_commit=False, client_id="spark-abs-drill-replay"
+        channel = ChannelId(control_topic(self.job.job), 0)
+        records = read_range(
+            self.job.connection.kafka, channel, min(offsets), max(offsets) + 1, timeout_s=MEMBER_WAIT_S
         )
-        found: list[ConsumerRecord] = []
-        try:
-            consumer.assign([partition])
-            consumer.seek(partition, min(offsets))
-            deadline = Deadline(MEMBER_WAIT_S)
-            while consumer.position(partition) <= max(offsets) and not deadline.passed():
-                for records in consumer.poll(timeout_ms=500).values():
-                    found += [r for r in records if r.offset in offsets]
-        finally:
-            consumer.close()
-        return found
+        return [r for r in records.to_pylist() if r["offset"] in offsets]
 
     def replay_heartbeats(self) -> tuple[int, int]:
         """The latest heartbeats of the members and of the workers the drill
@@ -327,7 +317,8 @@ class ClusterFailures:
         producer = kafka_clients.raw_producer(self.job.connection.kafka, acks="all")
         try:
             for r in copies:
-                producer.send(r.topic, key=r.key, value=r.value, headers=list(r.headers), partition=0)
+                headers = [(h["key"], h["value"]) for h in r["headers"]]
+                producer.send(r["topic"], key=r["key"], value=r["value"], headers=headers, partition=0)
             producer.flush(MEMBER_WAIT_S)
         finally:
             producer.close()
